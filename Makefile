@@ -1,0 +1,107 @@
+# tpserve — build, test, run.  `make help` lists the targets.
+#
+# Library sources are found by wildcard so each module (and each test) is one
+# file added, never a Makefile edit.  `make asan` builds the same tree into
+# build/asan with AddressSanitizer + UBSan and runs the same suite.
+
+BUILD   ?= build
+CC      ?= gcc
+PYTHON  ?= python3
+SAN     ?=
+OPT     ?= -O2
+PKGS    := jansson libmicrohttpd openblas
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread \
+           -I. -Iengine -Ikernels -Iserver $(SAN)
+# Recursive (=) so pkg-config runs after deps.sh has installed the packages.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread $(SAN)
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+
+LIB_SRCS  := $(wildcard engine/*.c kernels/cpu/*.c kernels/common/*.c) \
+             $(filter-out server/main.c,$(wildcard server/*.c))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+CU_SRCS   := $(wildcard kernels/cuda/*.cu)
+CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/cuda/%.o)
+NVCC      := $(shell command -v nvcc 2>/dev/null)
+NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Werror \
+             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+GRAPHS    := $(BUILD)/graphs/.stamp
+DEPS_OK   := $(BUILD)/.deps
+
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench
+
+all: $(BUILD)/tpserve cuda
+
+help:
+	@echo "make            build build/tpserve (and kernels/cuda when nvcc exists)"
+	@echo "make test       build and run unit + integration tests"
+	@echo "make asan       the same suite under AddressSanitizer + UBSan"
+	@echo "make run        install deps, build, serve the example graph (cpu)"
+	@echo "make graphs     regenerate example graphs and reference outputs"
+
+# Installs missing Debian packages once; re-checked when the stamp is gone.
+$(DEPS_OK):
+	@mkdir -p $(BUILD)
+	@pkg-config --exists $(PKGS) check libcurl && command -v wrk >/dev/null \
+	  && $(PYTHON) -c "import numpy" 2>/dev/null || ./scripts/deps.sh
+	@touch $@
+deps: $(DEPS_OK)
+
+$(BUILD)/obj/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libtpserve.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tpserve: $(BUILD)/obj/server/main.o $(BUILD)/libtpserve.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtpserve.a tests/unit/check_main.h | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
+
+ifneq ($(NVCC),)
+cuda: $(CU_OBJS)
+$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h) engine/dtype.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+else
+cuda:
+	@echo "nvcc not found: skipping kernels/cuda (cpu backend only)"
+endif
+
+$(GRAPHS): graphs/gen_examples.py | $(DEPS_OK)
+	@mkdir -p $(BUILD)/graphs
+	$(PYTHON) graphs/gen_examples.py --out $(BUILD)/graphs
+	@touch $@
+graphs: $(GRAPHS)
+
+unit: $(TEST_BINS)
+	@fail=0; for t in $(TEST_BINS); do \
+	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $$t || fail=1; done; exit $$fail
+
+integration: $(BUILD)/tpserve $(GRAPHS)
+	@fail=0; for t in tests/integration/*.sh; do \
+	  [ -f "$$t" ] || continue; echo "== $$t"; \
+	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) sh $$t || fail=1; done; exit $$fail
+
+test: all $(GRAPHS)
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  $(if $(NVCC),NVCC=) test
+
+run: $(BUILD)/tpserve $(GRAPHS)
+	$(BUILD)/tpserve serve --config config/default.json
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d

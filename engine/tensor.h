@@ -1,0 +1,34 @@
+/* tensor.h — a strided view of memory, the one currency between the engine
+ * and every kernel. Views (permute, slice, ...) are tensors with the same data
+ * and other strides, never copies; kernels must honour strides on inputs and
+ * write outputs contiguously unless told otherwise. */
+#ifndef TP_TENSOR_H
+#define TP_TENSOR_H
+
+#include <stdint.h>
+
+#include "dtype.h"
+
+#define TP_MAX_DIMS 8
+
+typedef struct tp_tensor {
+    void *data; /* address of element [0, 0, ...] */
+    tp_dtype dtype;
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];
+    int64_t stride[TP_MAX_DIMS]; /* in elements, not bytes */
+} tp_tensor;
+
+int64_t tp_tensor_numel(const tp_tensor *t);
+/* Fills row-major strides for t->shape. */
+void tp_tensor_set_contiguous(tp_tensor *t);
+int tp_tensor_is_contiguous(const tp_tensor *t);
+/* Builds a contiguous tensor descriptor over data. */
+tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape);
+/* Copies src into dst element by element; shapes must match, dtypes must
+ * match; either side may be strided. */
+void tp_tensor_copy(tp_tensor *dst, const tp_tensor *src);
+/* Formats a shape as "[2, 3, 4]" into buf. */
+const char *tp_shape_str(char *buf, int len, int ndim, const int64_t *shape);
+
+#endif

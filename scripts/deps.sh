@@ -1,0 +1,22 @@
+#!/bin/sh
+# Installs what tpserve needs to build and test on a fresh Debian machine.
+# Idempotent: checks each package first, so `make` can call it cheaply.
+set -e
+PKGS="build-essential pkg-config libmicrohttpd-dev libjansson-dev check libopenblas-dev libcurl4-openssl-dev curl wrk"
+missing=""
+for p in $PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "deps: installing$missing"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+# numpy drives the example-graph generator and its unsharded reference.
+PY=${PYTHON:-python3}
+if ! $PY -c "import numpy" >/dev/null 2>&1; then
+    echo "deps: installing numpy for $PY"
+    $PY -m pip install -q numpy 2>/dev/null || $PY -m pip install -q --break-system-packages numpy
+fi
