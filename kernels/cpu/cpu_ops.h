@@ -1,0 +1,21 @@
+/* cpu_ops.h — compute and copy kernels of the cpu backend, one rank each.
+ *
+ * Inputs may be strided views (any strides, including 0 for broadcast and
+ * permuted orders); the output is a contiguous tensor whose shape the engine
+ * has already inferred. Float ops compute in FP32 and round once on store, so
+ * FP16/BF16 results match an FP32 reference rounded to the output type. */
+#ifndef TP_CPU_OPS_H
+#define TP_CPU_OPS_H
+
+#include "ops.h"
+#include "status.h"
+#include "tensor.h"
+
+/* Runs op (kind COMPUTE or COPY: add sub mul gelu silu relu softmax
+ * layer_norm rms_norm matmul attention embedding cat reshape contiguous).
+ * rank/world are needed by embedding with vocab_parallel. Fails (without
+ * crashing) on an id out of range or an op it does not implement. */
+tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                     tp_tensor *out, int rank, int world, tp_err *err);
+
+#endif
