@@ -1,0 +1,62 @@
+/* engine.h — the engine as the CLI and the HTTP server see it: load a graph
+ * once, then run global (unsharded) tensors through every rank.
+ *
+ * Thread-safe: tp_engine_infer may be called from many threads; calls are
+ * serialized inside (the batcher, a later layer, forms the batches). */
+#ifndef TP_ENGINE_H
+#define TP_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "status.h"
+#include "tensor.h"
+
+typedef struct tp_engine tp_engine;
+
+typedef struct {
+    const char *backend; /* "cpu" (default when NULL), "cuda", "auto" */
+} tp_engine_opts;
+
+/* A global, contiguous, row-major host tensor. Request inputs are owned by
+ * the caller; outputs returned by tp_engine_infer are owned by the caller
+ * and released with tp_host_tensors_free. */
+typedef struct {
+    char name[128];
+    tp_dtype dtype;
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];
+    void *data;
+    size_t nbytes;
+} tp_host_tensor;
+
+/* Graph input/output metadata with global shapes; -1 marks the batch dim. */
+typedef struct {
+    const char *name;
+    tp_dtype dtype;
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];
+} tp_io_desc;
+
+tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
+                           tp_err *err);
+void tp_engine_free(tp_engine *e);
+
+const char *tp_engine_model_name(const tp_engine *e);
+const char *tp_engine_backend_name(const tp_engine *e);
+int tp_engine_world_size(const tp_engine *e);
+int tp_engine_n_inputs(const tp_engine *e);
+int tp_engine_n_outputs(const tp_engine *e);
+const tp_io_desc *tp_engine_input(const tp_engine *e, int i);
+const tp_io_desc *tp_engine_output(const tp_engine *e, int i);
+
+/* Runs one request. inputs: every graph input exactly once, any order, by
+ * name. On success *outputs is a new array of every graph output (in graph
+ * order). Bad inputs give TP_INVALID / TP_NOT_FOUND with a message naming the
+ * input and expected vs got; engine failures give TP_BACKEND / TP_INTERNAL. */
+tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
+                          tp_host_tensor **outputs, int *n_outputs, tp_err *err);
+void tp_host_tensors_free(tp_host_tensor *t, int n);
+
+#endif
