@@ -1,0 +1,842 @@
+#!/usr/bin/env python3
+"""Generate the example tpgraph v1 graphs, their weights, inputs and references.
+
+    python3 graphs/gen_examples.py --out DIR [--selfcheck]
+
+For every example and world size this writes into DIR
+
+    NAME.json                the tpgraph (see ../shared/GRAPH_FORMAT.md)
+    NAME.safetensors         the UNSHARDED parameters (the loader slices them)
+    NAME.inputs.safetensors  the GLOBAL input tensors, with a concrete batch
+    NAME.ref.safetensors     the GLOBAL reference outputs, by output name
+
+plus DIR/manifest.json listing them with their dtype and tolerance.
+
+The references are computed by plain, unsharded numpy code (ref_* below) on the
+global tensors in float64, from the exact stored (already rounded) values, and
+then cast to the output datatype. They never simulate ranks.
+
+--selfcheck reads the files back from DIR and runs every graph through an
+independent SPMD interpreter (simulate() below: shards by placement, runs the
+node list on each rank, implements the collectives, reassembles the outputs by
+placement), once in float64 (must agree with the float64 reference to ~1e-12)
+and once emulating the engine's arithmetic (FP32 compute, every node rounded
+to its datatype on store; must pass the manifest tolerance with headroom).
+
+Only python3 + numpy. Deterministic: every example has a fixed seed.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+# --------------------------------------------------------------------------
+# safetensors (minimal, pure numpy)
+# --------------------------------------------------------------------------
+
+# safetensors dtype -> numpy storage dtype (BF16 is kept as raw uint16 bits).
+ST_NP = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+}
+# tpgraph (KServe v2) datatype -> safetensors dtype
+KS_ST = {"FP32": "F32", "FP16": "F16", "BF16": "BF16", "INT32": "I32", "INT64": "I64"}
+FLOAT_TYPES = ("FP32", "FP16", "BF16")
+INT_TYPES = ("INT32", "INT64")
+
+
+def f32_to_bf16_bits(a):
+    """float32 -> bf16 bits: top 16 bits with round-to-nearest-even."""
+    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    u = a.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN
+    return r
+
+
+def bf16_bits_to_f32(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def to_storage(x, datatype):
+    """float64/int values -> the raw array stored for a tpgraph datatype."""
+    if datatype == "FP32":
+        return np.asarray(x, dtype=np.float32)
+    if datatype == "FP16":
+        return np.asarray(x, dtype=np.float16)
+    if datatype == "BF16":
+        return f32_to_bf16_bits(np.asarray(x, dtype=np.float32))
+    if datatype == "INT32":
+        return np.asarray(x, dtype=np.int32)
+    if datatype == "INT64":
+        return np.asarray(x, dtype=np.int64)
+    raise ValueError("datatype %r" % datatype)
+
+
+def from_storage(raw, st_dtype):
+    """raw stored array -> exact values (float64 for floats, int64 for ints)."""
+    if st_dtype == "BF16":
+        return bf16_bits_to_f32(raw).astype(np.float64)
+    if st_dtype in ("I32", "I64"):
+        return np.asarray(raw).astype(np.int64)
+    return np.asarray(raw).astype(np.float64)
+
+
+def save_safetensors(path, tensors):
+    """tensors: {name: (st_dtype, raw ndarray)}. Tensors are laid out by
+    decreasing item size (then name) so every tensor is naturally aligned;
+    the header is padded with spaces to a multiple of 8."""
+    names = sorted(tensors, key=lambda n: (-ST_NP[tensors[n][0]].itemsize, n))
+    header, blobs, off = {}, [], 0
+    for n in names:
+        st, raw = tensors[n]
+        data = np.ascontiguousarray(raw, dtype=ST_NP[st]).tobytes()
+        header[n] = {"dtype": st, "shape": [int(s) for s in raw.shape],
+                     "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((-len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def load_safetensors(path):
+    """-> {name: (st_dtype, raw ndarray)}; validates header and offsets."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    if len(buf) < 8:
+        raise ValueError("%s: shorter than the 8-byte header length" % path)
+    (hlen,) = struct.unpack("<Q", buf[:8])
+    if hlen > len(buf) - 8:
+        raise ValueError("%s: header length %d runs past the file" % (path, hlen))
+    header = json.loads(buf[8:8 + hlen].decode("utf-8"))
+    data = memoryview(buf)[8 + hlen:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        st = info["dtype"]
+        if st not in ST_NP:
+            raise ValueError("%s: tensor %s: unsupported dtype %s" % (path, name, st))
+        shape = tuple(int(s) for s in info["shape"])
+        b, e = info["data_offsets"]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * ST_NP[st].itemsize
+        if not (0 <= b <= e <= len(data)) or e - b != nbytes:
+            raise ValueError("%s: tensor %s: bad data_offsets %r" % (path, name, [b, e]))
+        out[name] = (st, np.frombuffer(data[b:e], dtype=ST_NP[st]).reshape(shape).copy())
+    return out
+
+
+# --------------------------------------------------------------------------
+# graph builder
+# --------------------------------------------------------------------------
+
+class Graph:
+    def __init__(self, name, world):
+        self.name = name
+        self.world = world
+        self.j = {"format": "tpgraph", "version": 1, "name": name, "world_size": world,
+                  "weights": name + ".safetensors",
+                  "inputs": [], "params": [], "outputs": [], "nodes": []}
+
+    def input(self, name, datatype, shape, placement):
+        self.j["inputs"].append({"name": name, "datatype": datatype,
+                                 "shape": list(shape), "placement": placement})
+        return name
+
+    def param(self, name, datatype, shape, placement, tensor=None):
+        p = {"name": name, "datatype": datatype, "shape": list(shape), "placement": placement}
+        if tensor is not None:
+            p["tensor"] = tensor
+        self.j["params"].append(p)
+        return name
+
+    def node(self, name, op, inputs, /, **attrs):
+        # attrs may themselves be called "op" (collectives), hence positional-only
+        fallback = attrs.pop("fallback", False)
+        n = {"name": name, "op": op, "inputs": list(inputs)}
+        if attrs:
+            n["attrs"] = attrs
+        if fallback:
+            n["fallback"] = True
+        self.j["nodes"].append(n)
+        return name
+
+    def output(self, name, placement):
+        self.j["outputs"].append({"name": name, "placement": placement})
+
+
+class Example:
+    """One generated graph: the JSON plus the stored tensors and the float64
+    reference outputs (by output name)."""
+
+    def __init__(self, graph, dtype, rtol, params, inputs, ref, about):
+        self.graph = graph          # Graph
+        self.dtype = dtype          # manifest dtype (of the float compute)
+        self.rtol = rtol
+        self.params = params        # {tensor key: (st_dtype, raw)}
+        self.inputs = inputs        # {input name: (st_dtype, raw)}
+        self.ref = ref              # {output name: (datatype, float64 ndarray)}
+        self.about = about
+
+    @property
+    def name(self):
+        return self.graph.name
+
+
+def rand(rng, shape, scale, datatype, offset=0.0):
+    """Random values, rounded to datatype. Returns (raw, exact float64)."""
+    x = offset + scale * rng.standard_normal(shape)
+    raw = to_storage(x, datatype)
+    return raw, from_storage(raw, KS_ST[datatype])
+
+
+# --------------------------------------------------------------------------
+# references: plain unsharded numpy on global tensors, float64
+# --------------------------------------------------------------------------
+
+def ref_gelu(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    erf = np.frompyfunc(math.erf, 1, 1)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def ref_silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def ref_softmax_last(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def ref_layer_norm(x, w, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def ref_rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def ref_causal_mha(q, k, v, n_heads):
+    """q, k, v: [B, S, H] -> [B, S, H], heads are contiguous column blocks."""
+    B, S, H = q.shape
+    dh = H // n_heads
+    out = np.zeros_like(q)
+    for b in range(B):
+        for h in range(n_heads):
+            cols = slice(h * dh, (h + 1) * dh)
+            qh, kh, vh = q[b, :, cols], k[b, :, cols], v[b, :, cols]
+            for i in range(S):
+                s = kh[: i + 1] @ qh[i] / math.sqrt(dh)   # keys 0..i only
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                out[b, i, cols] = p @ vh[: i + 1]
+    return out
+
+
+# --------------------------------------------------------------------------
+# examples
+# --------------------------------------------------------------------------
+
+def ex_mlp_sp(d, dtype="FP32", approximate=None, suffix="", rtol=1e-4, seed=100):
+    """Sequence-parallel MLP (Megatron-SP): x sequence-sharded -> all_gather
+    -> column-parallel w1 -> gelu -> row-parallel w2 -> reduce_scatter back to
+    sequence-sharded."""
+    B, S, H, F = 3, 8, 32, 64
+    rng = np.random.default_rng(seed + d)
+    name = "mlp_sp%s_tp%d" % (suffix, d)
+    g = Graph(name, d)
+    g.input("x", dtype, ["B", S, H], "shard(1)")
+    g.param("w1", dtype, [H, F], "shard(1)")
+    g.param("w2", dtype, [F, H], "shard(0)")
+    g.node("x_full", "all_gather", ["x"], dim=1)
+    g.node("h", "matmul", ["x_full", "w1"])
+    gattrs = {} if approximate is None else {"approximate": approximate}
+    g.node("a", "gelu", ["h"], **gattrs)
+    g.node("y_partial", "matmul", ["a", "w2"])
+    g.node("y", "reduce_scatter", ["y_partial"], dim=1, op="sum")
+    g.output("y", "shard(1)")
+
+    x_raw, x = rand(rng, (B, S, H), 1.0, dtype)
+    w1_raw, w1 = rand(rng, (H, F), 1.0 / math.sqrt(H), dtype)
+    w2_raw, w2 = rand(rng, (F, H), 1.0 / math.sqrt(F), dtype)
+    st = KS_ST[dtype]
+    y = ref_gelu(x @ w1, approximate or "none") @ w2
+    return Example(g, dtype, rtol, {"w1": (st, w1_raw), "w2": (st, w2_raw)},
+                   {"x": (st, x_raw)}, {"y": (dtype, y)},
+                   "sequence-parallel MLP, gelu approximate=%s" % (approximate or "default(none)"))
+
+
+def ex_megatron_block(d):
+    """A pre-norm transformer block with Megatron tensor parallelism."""
+    B, S, H, NH, F = 2, 8, 64, 8, 128
+    DH, HL, NHL = H // NH, H // d, NH // d
+    dtype, st = "FP32", "F32"
+    rng = np.random.default_rng(200 + d)
+    name = "megatron_block_tp%d" % d
+    g = Graph(name, d)
+    g.input("x", dtype, ["B", S, H], "replicate")
+    g.param("ln1_w", dtype, [H], "replicate", tensor="ln1.weight")
+    g.param("ln1_b", dtype, [H], "replicate", tensor="ln1.bias")
+    g.param("w_qkv", dtype, [H, 3 * H], "shard(1)", tensor="attn.qkv.weight")
+    g.param("wo", dtype, [H, H], "shard(0)", tensor="attn.out.weight")
+    g.param("rms_w", dtype, [H], "replicate", tensor="ln2.weight")
+    g.param("w_gate", dtype, [H, F], "shard(1)", tensor="mlp.gate.weight")
+    g.param("w_up", dtype, [F, H], "shard(0)", tensor="mlp.up.weight")
+    g.param("w_down", dtype, [F, H], "shard(0)", tensor="mlp.down.weight")
+
+    g.node("ln1", "layer_norm", ["x", "ln1_w", "ln1_b"], eps=1e-5)
+    g.node("qkv", "matmul", ["ln1", "w_qkv"])                   # [B, S, 3*HL]
+    # this rank's columns are [q heads | k heads | v heads] (see the packing)
+    g.node("q_cols", "slice", ["qkv"], dim=-1, start=0, length=HL)
+    g.node("k_cols", "slice", ["qkv"], dim=2, start=HL, length=HL)
+    g.node("v_cols", "slice", ["qkv"], dim=-1, start=2 * HL, length=HL)
+    for t in "qkv":
+        g.node(t + "_heads", "view", [t + "_cols"], shape=[-1, S, NHL, DH])
+        g.node(t, "permute", [t + "_heads"], dims=[0, 2, 1, 3])  # [B, NHL, S, DH]
+    g.node("attn", "attention", ["q", "k", "v"], fallback=True, causal=True)
+    g.node("attn_bshd", "permute", ["attn"], dims=[0, 2, 1, 3])
+    g.node("attn_m", "reshape", ["attn_bshd"], shape=[-1, S, HL])
+    g.node("o_partial", "matmul", ["attn_m", "wo"])
+    g.node("o", "all_reduce", ["o_partial"], op="sum")
+    g.node("h1", "add", ["x", "o"])
+    g.node("n2", "rms_norm", ["h1", "rms_w"], eps=1e-6)
+    g.node("gate", "matmul", ["n2", "w_gate"])
+    g.node("up", "matmul", ["n2", "w_up"], transpose_b=True)
+    g.node("gate_act", "silu", ["gate"])
+    g.node("act", "mul", ["gate_act", "up"])
+    g.node("down_partial", "matmul", ["act", "w_down"])
+    g.node("down", "all_reduce", ["down_partial"], op="sum")
+    g.node("y", "add", ["h1", "down"])
+    g.output("y", "replicate")
+    g.output("h1", "replicate")
+
+    x_raw, x = rand(rng, (B, S, H), 1.0, dtype)
+    ln1_w_raw, ln1_w = rand(rng, (H,), 0.1, dtype, offset=1.0)
+    ln1_b_raw, ln1_b = rand(rng, (H,), 0.1, dtype)
+    wq_raw, wq = rand(rng, (H, H), 1.0 / math.sqrt(H), dtype)
+    wk_raw, wk = rand(rng, (H, H), 1.0 / math.sqrt(H), dtype)
+    wv_raw, wv = rand(rng, (H, H), 1.0 / math.sqrt(H), dtype)
+    wo_raw, wo = rand(rng, (H, H), 1.0 / math.sqrt(H), dtype)
+    rms_w_raw, rms_w = rand(rng, (H,), 0.1, dtype, offset=1.0)
+    wg_raw, wg = rand(rng, (H, F), 1.0 / math.sqrt(H), dtype)
+    wu_raw, wu = rand(rng, (F, H), 1.0 / math.sqrt(H), dtype)   # stored [F, H]
+    wd_raw, wd = rand(rng, (F, H), 1.0 / math.sqrt(F), dtype)
+    # Rank-major packing: column block r (width 3*HL) = [wq_r | wk_r | wv_r],
+    # where wX_r are the columns of rank r's heads.
+    blocks = []
+    for r in range(d):
+        c = slice(r * HL, (r + 1) * HL)
+        blocks += [wq_raw[:, c], wk_raw[:, c], wv_raw[:, c]]
+    wqkv_raw = np.ascontiguousarray(np.concatenate(blocks, axis=1))
+
+    # reference: the plain block with the logical wq, wk, wv, w_up^T
+    ln = ref_layer_norm(x, ln1_w, ln1_b, 1e-5)
+    att = ref_causal_mha(ln @ wq, ln @ wk, ln @ wv, NH)
+    h1 = x + att @ wo
+    n2 = ref_rms_norm(h1, rms_w, 1e-6)
+    y = h1 + (ref_silu(n2 @ wg) * (n2 @ wu.T)) @ wd
+    params = {"ln1.weight": (st, ln1_w_raw), "ln1.bias": (st, ln1_b_raw),
+              "attn.qkv.weight": (st, wqkv_raw), "attn.out.weight": (st, wo_raw),
+              "ln2.weight": (st, rms_w_raw), "mlp.gate.weight": (st, wg_raw),
+              "mlp.up.weight": (st, wu_raw), "mlp.down.weight": (st, wd_raw)}
+    return Example(g, dtype, 1e-4, params, {"x": (st, x_raw)},
+                   {"y": (dtype, y), "h1": (dtype, h1)}, "Megatron transformer block")
+
+
+def ex_a2a_reshard(d):
+    """Ulysses-style resharding: sequence-sharded -> all_to_all ->
+    hidden-sharded (full sequence) -> elementwise -> all_to_all back."""
+    B, S, H = 2, 8, 32
+    dtype, st = "FP32", "F32"
+    rng = np.random.default_rng(300 + d)
+    name = "a2a_reshard_tp%d" % d
+    g = Graph(name, d)
+    g.input("x", dtype, ["B", S, H], "shard(1)")
+    g.param("scale", dtype, [H], "shard(0)")
+    g.node("xh", "all_to_all", ["x"], split_dim=2, concat_dim=1)      # [B, S, H/d]
+    g.node("m", "mul", ["xh", "scale"])
+    g.node("r", "relu", ["m"])
+    g.node("rt", "transpose", ["r"], dim0=1, dim1=2)                  # [B, H/d, S] view
+    g.node("back_t", "all_to_all", ["rt"], split_dim=2, concat_dim=1)  # [B, H, S/d]
+    g.node("y_view", "transpose", ["back_t"], dim0=-1, dim1=-2)       # [B, S/d, H] view
+    g.node("y", "contiguous", ["y_view"])
+    g.node("y_full", "all_gather", ["y"], dim=1)                      # [B, S, H]
+    g.node("z", "cat", ["x", "y_view"], dim=2)                        # [B, S/d, 2H]
+    g.output("y", "shard(1)")
+    g.output("y_full", "replicate")
+    g.output("z", "shard(1)")
+
+    x_raw, x = rand(rng, (B, S, H), 1.0, dtype)
+    s_raw, s = rand(rng, (H,), 1.0, dtype)
+    y = np.maximum(x * s, 0.0)
+    return Example(g, dtype, 1e-4, {"scale": (st, s_raw)}, {"x": (st, x_raw)},
+                   {"y": (dtype, y), "y_full": (dtype, y),
+                    "z": (dtype, np.concatenate([x, y], axis=2))},
+                   "all_to_all resharding")
+
+
+def ex_vocab_embed(d, id_dtype="INT64", suffix=""):
+    """Vocab-parallel embedding + tied LM head, and a tour of the remaining
+    collective variants (all_reduce max/avg, reduce_scatter avg, broadcast)."""
+    B, S, V, E = 2, 8, 64, 32
+    VL = V // d
+    dtype, st = "FP32", "F32"
+    rng = np.random.default_rng(400 + d + (7 if id_dtype == "INT32" else 0))
+    name = "vocab_embed%s_tp%d" % (suffix, d)
+    g = Graph(name, d)
+    g.input("ids", id_dtype, ["B", S], "replicate")
+    g.param("table", dtype, [V, E], "shard(0)")
+    g.node("emb_partial", "embedding", ["ids", "table"], fallback=True, vocab_parallel=True)
+    g.node("emb", "all_reduce", ["emb_partial"], op="sum")            # [B, S, E]
+    # exactly one rank has a nonzero row, the others zeros -> max = relu(emb)
+    g.node("emb_relu", "all_reduce", ["emb_partial"], op="max")
+    g.node("emb_rs_avg", "reduce_scatter", ["emb_partial"], dim=2, op="avg")  # emb/d
+    g.node("logits_local", "matmul", ["emb", "table"], transpose_b=True)     # [B, S, V/d]
+    g.node("logits", "all_gather", ["logits_local"], dim=-1)                 # [B, S, V]
+    g.node("probs", "softmax", ["logits"], dim=-1)
+    g.node("logits_mean", "all_reduce", ["logits_local"], op="avg")
+    g.node("logits_r1", "broadcast", ["logits_local"], src=1)
+    g.node("logits_delta", "sub", ["logits_local", "logits_r1"])
+    for o, p in (("emb", "replicate"), ("emb_relu", "replicate"),
+                 ("emb_rs_avg", "shard(2)"), ("probs", "replicate"),
+                 ("logits_mean", "replicate"), ("logits_r1", "replicate"),
+                 ("logits_delta", "shard(2)")):
+        g.output(o, p)
+
+    table_raw, table = rand(rng, (V, E), 0.5, dtype)
+    ids = rng.integers(0, V, size=(B, S))
+    # make sure the ends of every rank's vocab range are hit
+    edges = sorted({0, V - 1} | {r * VL for r in range(d)} | {r * VL - 1 for r in range(1, d)})
+    ids.reshape(-1)[: len(edges)] = edges
+    ids_raw = to_storage(ids, id_dtype)
+
+    emb = table[ids]
+    logits = emb @ table.T
+    blocks = logits.reshape(B, S, d, VL)
+    r1 = logits[..., VL:2 * VL]
+    ref = {"emb": emb, "emb_relu": np.maximum(emb, 0.0), "emb_rs_avg": emb / d,
+           "probs": ref_softmax_last(logits), "logits_mean": blocks.mean(axis=2),
+           "logits_r1": r1, "logits_delta": logits - np.tile(r1, (1, 1, d))}
+    return Example(g, dtype, 1e-4, {"table": (st, table_raw)},
+                   {"ids": (KS_ST[id_dtype], ids_raw)},
+                   {k: (dtype, v) for k, v in ref.items()},
+                   "vocab-parallel embedding with %s ids" % id_dtype)
+
+
+def all_examples():
+    out = []
+    for d in (2, 4):
+        out.append(ex_mlp_sp(d))
+        out.append(ex_megatron_block(d))
+        out.append(ex_a2a_reshard(d))
+        out.append(ex_vocab_embed(d))
+        out.append(ex_mlp_sp(d, "FP16", approximate="tanh", suffix="_fp16", rtol=5e-3, seed=110))
+        out.append(ex_mlp_sp(d, "BF16", approximate="none", suffix="_bf16", rtol=2e-2, seed=120))
+        out.append(ex_vocab_embed(d, "INT32", suffix="_i32"))
+    return out
+
+
+def write_example(ex, out_dir):
+    n = ex.name
+    with open(os.path.join(out_dir, n + ".json"), "w") as f:
+        json.dump(ex.graph.j, f, indent=1)
+        f.write("\n")
+    save_safetensors(os.path.join(out_dir, n + ".safetensors"), ex.params)
+    save_safetensors(os.path.join(out_dir, n + ".inputs.safetensors"), ex.inputs)
+    save_safetensors(os.path.join(out_dir, n + ".ref.safetensors"),
+                     {k: (KS_ST[dt], to_storage(v, dt)) for k, (dt, v) in ex.ref.items()})
+    return {"name": n, "json": n + ".json", "inputs": n + ".inputs.safetensors",
+            "ref": n + ".ref.safetensors", "world_size": ex.graph.world,
+            "dtype": ex.dtype, "rtol": ex.rtol}
+
+
+# --------------------------------------------------------------------------
+# selfcheck: an independent SPMD interpreter of the JSON graph
+# --------------------------------------------------------------------------
+
+ATTRS = {
+    "add": set(), "sub": set(), "mul": set(), "silu": set(), "relu": set(),
+    "gelu": {"approximate"}, "softmax": {"dim"}, "layer_norm": {"eps"},
+    "rms_norm": {"eps"}, "matmul": {"transpose_b"}, "attention": {"causal", "scale"},
+    "embedding": {"vocab_parallel"}, "view": {"shape"}, "reshape": {"shape"},
+    "permute": {"dims"}, "transpose": {"dim0", "dim1"},
+    "slice": {"dim", "start", "length"}, "cat": {"dim"}, "contiguous": set(),
+    "all_gather": {"dim"}, "reduce_scatter": {"dim", "op"}, "all_reduce": {"op"},
+    "all_to_all": {"split_dim", "concat_dim"}, "broadcast": {"src"},
+}
+VIEW_OPS = {"view", "permute", "transpose", "slice"}
+COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
+
+
+class GraphError(Exception):
+    pass
+
+
+def _dim(k, nd):
+    if not -nd <= k < nd:
+        raise GraphError("dim %d out of range for rank-%d tensor" % (k, nd))
+    return k % nd
+
+
+def _placement(p):
+    if p == "replicate":
+        return None
+    if p.startswith("shard(") and p.endswith(")"):
+        return int(p[6:-1])
+    raise GraphError("bad placement %r" % p)
+
+
+def _shard(x, p, r, d, what):
+    k = _placement(p)
+    if k is None:
+        return x.copy()
+    k = _dim(k, x.ndim)
+    if x.shape[k] % d:
+        raise GraphError("%s: dim %d (%d) not divisible by %d" % (what, k, x.shape[k], d))
+    c = x.shape[k] // d
+    return np.ascontiguousarray(np.take(x, range(r * c, (r + 1) * c), axis=k))
+
+
+def _round(x, datatype):
+    """Emulate storing a float32 result in datatype."""
+    if datatype == "FP32":
+        return x.astype(np.float32)
+    if datatype == "FP16":
+        return x.astype(np.float16).astype(np.float32)
+    if datatype == "BF16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(x))
+    return x
+
+
+def _compute(op, a, ins, r, d):
+    ct = next((x.dtype for x in ins if x.dtype.kind == "f"), np.float64)
+    if op in ("add", "sub", "mul"):
+        x, y = ins
+        np.broadcast_shapes(x.shape, y.shape)
+        return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](x, y)
+    x = ins[0]
+    if op == "relu":
+        return np.maximum(x, 0)
+    if op == "silu":
+        return x / (1 + np.exp(-x))
+    if op == "gelu":
+        appr = a.get("approximate", "none")
+        if appr == "tanh":
+            c = math.sqrt(2 / math.pi)
+            return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x * x * x)))
+        if appr != "none":
+            raise GraphError("gelu approximate=%r" % appr)
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        return (0.5 * x * (1 + erf(x.astype(np.float64) / math.sqrt(2)))).astype(ct)
+    if op == "softmax":
+        k = _dim(a.get("dim", -1), x.ndim)
+        e = np.exp(x - x.max(axis=k, keepdims=True))
+        return e / e.sum(axis=k, keepdims=True)
+    if op == "layer_norm":
+        w, b = ins[1], ins[2]
+        if w.shape != x.shape[-1:] or b.shape != x.shape[-1:]:
+            raise GraphError("layer_norm shapes %s %s %s" % (x.shape, w.shape, b.shape))
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + ct.type(a.get("eps", 1e-5))) * w + b
+    if op == "rms_norm":
+        w = ins[1]
+        if w.shape != x.shape[-1:]:
+            raise GraphError("rms_norm shapes %s %s" % (x.shape, w.shape))
+        ms = (x * x).mean(axis=-1, keepdims=True)
+        return x / np.sqrt(ms + ct.type(a.get("eps", 1e-6))) * w
+    if op == "matmul":
+        b = ins[1]
+        if a.get("transpose_b", False):
+            b = np.swapaxes(b, -1, -2)
+        if x.shape[-1] != b.shape[-2]:
+            raise GraphError("matmul shapes %s x %s" % (x.shape, b.shape))
+        return np.matmul(x, b)
+    if op == "attention":
+        q, k, v = ins
+        if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+            raise GraphError("attention shapes %s %s %s" % (q.shape, k.shape, v.shape))
+        scale = a.get("scale", 1.0 / math.sqrt(q.shape[-1]))
+        s = np.matmul(q, np.swapaxes(k, -1, -2)) * ct.type(scale)
+        if a.get("causal", False):
+            S, T = s.shape[-2:]
+            if S != T:
+                raise GraphError("causal attention with S != T")
+            s = np.where(np.triu(np.ones((S, T), bool), 1), -np.inf, s)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+        return np.matmul(p, v)
+    if op == "embedding":
+        ids, table = ins
+        if ids.dtype.kind != "i":
+            raise GraphError("embedding ids must be integer")
+        if a.get("vocab_parallel", False):
+            vl = table.shape[0]
+            loc = ids - r * vl
+            hit = (loc >= 0) & (loc < vl)
+            return np.where(hit[..., None], table[np.where(hit, loc, 0)], 0).astype(table.dtype)
+        if ids.min() < 0 or ids.max() >= table.shape[0]:
+            raise GraphError("embedding id out of range")
+        return table[ids]
+    if op == "cat":
+        k = _dim(a["dim"], x.ndim)
+        return np.concatenate(ins, axis=k)
+    if op == "contiguous":
+        return np.ascontiguousarray(x)
+    if op == "reshape":
+        return np.reshape(x, a["shape"])
+    if op == "view":
+        v = x.view()
+        try:
+            v.shape = tuple(a["shape"])      # raises if the strides do not allow it
+        except AttributeError as e:
+            raise GraphError("view %s -> %s: %s" % (x.shape, a["shape"], e))
+        return v
+    if op == "permute":
+        dims = [_dim(k, x.ndim) for k in a["dims"]]
+        if sorted(dims) != list(range(x.ndim)):
+            raise GraphError("permute dims %r" % a["dims"])
+        return np.transpose(x, dims)
+    if op == "transpose":
+        return np.swapaxes(x, _dim(a["dim0"], x.ndim), _dim(a["dim1"], x.ndim))
+    if op == "slice":
+        k = _dim(a["dim"], x.ndim)
+        st, ln = a["start"], a["length"]
+        if st < 0 or ln < 0 or st + ln > x.shape[k]:
+            raise GraphError("slice out of range")
+        idx = [slice(None)] * x.ndim
+        idx[k] = slice(st, st + ln)
+        return x[tuple(idx)]
+    raise GraphError("unknown op %r" % op)
+
+
+def _collective(op, a, xs, d):
+    nd = xs[0].ndim
+    for x in xs:
+        if x.shape != xs[0].shape:
+            raise GraphError("ranks disagree on shape")
+
+    def reduce(kind):
+        if kind == "max":
+            acc = xs[0]
+            for x in xs[1:]:
+                acc = np.maximum(acc, x)
+            return acc
+        acc = xs[0].copy()
+        for x in xs[1:]:
+            acc = acc + x
+        if kind == "avg":
+            acc = acc / acc.dtype.type(d)
+        elif kind != "sum":
+            raise GraphError("reduce op %r" % kind)
+        return acc
+
+    def split(x, k):
+        if x.shape[k] % d:
+            raise GraphError("split dim %d (%d) not divisible by %d" % (k, x.shape[k], d))
+        return np.split(x, d, axis=k)
+
+    if op == "all_gather":
+        k = _dim(a["dim"], nd)
+        full = np.concatenate(xs, axis=k)
+        return [full.copy() for _ in range(d)]
+    if op == "all_reduce":
+        if a["op"] not in ("sum", "avg", "max"):
+            raise GraphError("all_reduce op %r" % a["op"])
+        red = reduce(a["op"])
+        return [red.copy() for _ in range(d)]
+    if op == "reduce_scatter":
+        if a["op"] not in ("sum", "avg"):
+            raise GraphError("reduce_scatter op %r" % a["op"])
+        k = _dim(a["dim"], nd)
+        return [np.ascontiguousarray(c) for c in split(reduce(a["op"]), k)]
+    if op == "all_to_all":
+        ks, kc = _dim(a["split_dim"], nd), _dim(a["concat_dim"], nd)
+        chunks = [split(x, ks) for x in xs]            # chunks[src][dst]
+        return [np.concatenate([chunks[j][r] for j in range(d)], axis=kc) for r in range(d)]
+    if op == "broadcast":
+        src = a["src"]
+        if not 0 <= src < d:
+            raise GraphError("broadcast src %d" % src)
+        return [np.ascontiguousarray(xs[src]) for _ in range(d)]
+    raise GraphError("unknown collective %r" % op)
+
+
+def simulate(gj, params_st, inputs_st, mode):
+    """Run the graph on gj["world_size"] simulated ranks.
+    mode "exact": float64 everywhere; "emulate": float32 compute, every
+    non-view node rounded to its datatype. Returns {output: global float64}."""
+    d = gj["world_size"]
+    env = [dict() for _ in range(d)]
+    dtypes = {}
+
+    def load(st_raw, datatype, shape, what):
+        st, raw = st_raw
+        if st != KS_ST[datatype]:
+            raise GraphError("%s: stored dtype %s, declared %s" % (what, st, datatype))
+        if len(shape) != raw.ndim or any(s != "B" and s != n for s, n in zip(shape, raw.shape)):
+            raise GraphError("%s: stored shape %s, declared %s" % (what, list(raw.shape), shape))
+        v = from_storage(raw, st)
+        if datatype in FLOAT_TYPES and mode == "emulate":
+            v = v.astype(np.float32)
+        return v
+
+    for decl, store, kind in ((gj["inputs"], inputs_st, "input"), (gj["params"], params_st, "param")):
+        for t in decl:
+            key = t.get("tensor", t["name"]) if kind == "param" else t["name"]
+            if t["name"] in dtypes:
+                raise GraphError("name %s used twice" % t["name"])
+            if key not in store:
+                raise GraphError("%s %s missing from safetensors" % (kind, key))
+            if kind == "param" and "B" in t["shape"]:
+                raise GraphError("param %s has a batch dim" % t["name"])
+            g = load(store[key], t["datatype"], t["shape"], "%s %s" % (kind, t["name"]))
+            for r in range(d):
+                env[r][t["name"]] = _shard(g, t["placement"], r, d, t["name"])
+            dtypes[t["name"]] = t["datatype"]
+
+    for n in gj["nodes"]:
+        name, op, a = n["name"], n["op"], n.get("attrs", {})
+        try:
+            if name in dtypes:
+                raise GraphError("name used twice")
+            if op not in ATTRS:
+                raise GraphError("unknown op")
+            bad = set(a) - ATTRS[op]
+            if bad:
+                raise GraphError("unknown attrs %s" % sorted(bad))
+            for i in n["inputs"]:
+                if i not in dtypes:
+                    raise GraphError("input %s not defined earlier" % i)
+            in_dt = [dtypes[i] for i in n["inputs"]]
+            dt = in_dt[1] if op == "embedding" else in_dt[0]
+            floats = {t for t in in_dt if t in FLOAT_TYPES}
+            if len(floats) > 1:
+                raise GraphError("mixed float datatypes %s" % sorted(floats))
+            if op in COLLECTIVES:
+                outs = _collective(op, a, [env[r][n["inputs"][0]] for r in range(d)], d)
+            else:
+                outs = [_compute(op, a, [env[r][i] for i in n["inputs"]], r, d) for r in range(d)]
+            if op not in VIEW_OPS and mode == "emulate":
+                outs = [_round(o, dt) for o in outs]
+        except (GraphError, KeyError, ValueError) as e:
+            raise GraphError("%s: node %s (%s): %s" % (gj["name"], name, op, e))
+        dtypes[name] = dt
+        for r in range(d):
+            env[r][name] = outs[r]
+
+    result = {}
+    for o in gj["outputs"]:
+        locs = [env[r][o["name"]] for r in range(d)]
+        k = _placement(o["placement"])
+        if k is None:
+            for r in range(1, d):
+                if not np.array_equal(locs[r], locs[0]):
+                    raise GraphError("%s: output %s is 'replicate' but rank %d differs from rank 0"
+                                     % (gj["name"], o["name"], r))
+            full = locs[0]
+        else:
+            full = np.concatenate(locs, axis=k)
+        result[o["name"]] = (dtypes[o["name"]], np.asarray(full, dtype=np.float64))
+    return result
+
+
+def rel_err(out, ref):
+    """The tpserve metric: max|out - ref| / max(max|ref|, 1e-6), in float64."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if ref.size == 0:
+        return 0.0
+    diff = np.abs(out - ref)
+    if not np.all(np.isfinite(diff)):
+        return float("inf")
+    return float(diff.max() / max(float(np.abs(ref).max()), 1e-6))
+
+
+def selfcheck(examples, out_dir):
+    """Re-read every example from out_dir and check the SPMD interpretation
+    of its JSON against the unsharded reference."""
+    with open(os.path.join(out_dir, "manifest.json")) as f:
+        manifest = {m["name"]: m for m in json.load(f)["graphs"]}
+    ok = True
+    print("%-24s %-14s %10s %10s %8s  %s" % ("graph", "output", "exact", "emulated", "rtol", ""))
+    for ex in examples:
+        m = manifest[ex.name]
+        with open(os.path.join(out_dir, m["json"])) as f:
+            gj = json.load(f)
+        params = load_safetensors(os.path.join(out_dir, gj["weights"]))
+        inputs = load_safetensors(os.path.join(out_dir, m["inputs"]))
+        ref_file = load_safetensors(os.path.join(out_dir, m["ref"]))
+        try:
+            exact = simulate(gj, params, inputs, "exact")
+            emul = simulate(gj, params, inputs, "emulate")
+        except GraphError as e:
+            print("FAIL %s: %s" % (ex.name, e))
+            ok = False
+            continue
+        if set(ref_file) != set(o["name"] for o in gj["outputs"]):
+            print("FAIL %s: ref tensors %s != outputs" % (ex.name, sorted(ref_file)))
+            ok = False
+        for oname, (dt, ref64) in ex.ref.items():
+            st, raw = ref_file[oname]
+            e_dt, e_val = exact[oname]
+            m_dt, m_val = emul[oname]
+            bad = []
+            if st != KS_ST[dt] or e_dt != dt:
+                bad.append("dtype ref=%s graph=%s" % (st, e_dt))
+            if raw.shape != ref64.shape or e_val.shape != ref64.shape:
+                bad.append("shape ref=%s graph=%s" % (list(raw.shape), list(e_val.shape)))
+            err_exact = rel_err(e_val, ref64) if not bad else float("inf")
+            err_emul = rel_err(m_val, from_storage(raw, st)) if not bad else float("inf")
+            if err_exact > 1e-9:
+                bad.append("float64 SPMD run disagrees with the reference")
+            if err_emul > m["rtol"] / 2:
+                bad.append("emulated engine arithmetic uses more than half the tolerance")
+            print("%-24s %-14s %10.2e %10.2e %8.0e  %s"
+                  % (ex.name, oname, err_exact, err_emul, m["rtol"], "; ".join(bad) or "ok"))
+            ok = ok and not bad
+    return ok
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--selfcheck", action="store_true",
+                    help="verify every graph with a simulated SPMD run")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    examples = all_examples()
+    entries = [write_example(ex, args.out) for ex in examples]
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump({"graphs": entries}, f, indent=1)
+        f.write("\n")
+    print("wrote %d graphs to %s" % (len(entries), args.out))
+    if args.selfcheck:
+        if not selfcheck(examples, args.out):
+            print("selfcheck FAILED", file=sys.stderr)
+            return 1
+        print("selfcheck passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
