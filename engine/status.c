@@ -45,5 +45,5 @@ void tp_err_prefix(tp_err *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    snprintf(err->msg, sizeof err->msg, "%.500s%.520s", prefix, old);
 }

@@ -1,0 +1,91 @@
+/* graph.h — the tpgraph IR: one flat, topologically ordered node list in
+ * which graph inputs and params are source nodes, so every value has exactly
+ * one producer and one index.
+ *
+ * Invariants (established by tp_graph_load, kept by every pass):
+ *  1. nodes[i].inputs[k] < i (topological order);
+ *  2. names are unique;
+ *  3. after tp_graph_infer(B), every node has a local shape, strides and a
+ *     storage owner: storage == i for nodes that own memory, otherwise the
+ *     index of the node whose memory this view aliases (offset in elements). */
+#ifndef TP_GRAPH_H
+#define TP_GRAPH_H
+
+#include <stdint.h>
+
+#include "ops.h"
+#include "status.h"
+#include "tensor.h"
+
+typedef enum { TP_PLACE_REPLICATE = 0, TP_PLACE_SHARD } tp_place_kind;
+
+typedef struct {
+    tp_place_kind kind;
+    int dim; /* shard(k): k, normalised non-negative */
+} tp_placement;
+
+typedef struct tp_node {
+    char *name;
+    tp_op op;
+    int n_inputs;
+    int *inputs; /* node indices */
+    tp_attrs attrs;
+    int fallback; /* "fallback": true — must run eagerly, outside capture */
+
+    /* Sources (inputs, params): declared global shape and placement. */
+    int g_ndim;
+    int64_t gshape[TP_MAX_DIMS];
+    int batched; /* gshape[0] is the batch dim "B" (its value is ignored) */
+    tp_placement placement;
+    char *tensor_key; /* params: key in the safetensors file */
+
+    /* Inferred by tp_graph_infer for the current batch. */
+    tp_dtype dtype;
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];
+    int64_t stride[TP_MAX_DIMS];
+    int storage;    /* node owning the memory (self when it owns) */
+    int64_t offset; /* element offset into the owner's memory */
+} tp_node;
+
+typedef struct tp_graph {
+    char *path;    /* the JSON file, as given */
+    char *name;
+    char *weights; /* resolved path of the safetensors file, or NULL */
+    int world_size;
+    int n_nodes;
+    tp_node *nodes;
+    int n_inputs, n_params, n_outputs;
+    int *input_ids, *param_ids, *output_ids;
+    tp_placement *output_place;
+    int64_t batch; /* the batch the shapes were last inferred for */
+} tp_graph;
+
+/* Loads and validates a graph: JSON structure, names, ops, attrs, datatypes,
+ * placements, params against the safetensors header, and shapes (inferred
+ * for a small batch). Every error names the file, the node and the reason. */
+tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err);
+void tp_graph_free(tp_graph *g);
+
+/* Index of the node called name, or -1. */
+int tp_graph_find(const tp_graph *g, const char *name);
+
+/* Infers local shapes, strides and storage aliasing for batch B. Views never
+ * copy; reshape/contiguous alias their input when the strides allow. */
+tp_status tp_graph_infer(tp_graph *g, int64_t batch, tp_err *err);
+
+/* Local shape of a source node on one rank for batch B (placement applied).
+ * Fails when a sharded dim is not divisible by the world size. */
+tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t batch,
+                                int64_t *shape, tp_err *err);
+
+/* Whether node i owns memory after inference (not a view, not a source). */
+static inline int tp_node_owns(const tp_graph *g, int i)
+{
+    return g->nodes[i].storage == i;
+}
+
+/* "shard(1)" / "replicate" into buf. */
+const char *tp_placement_str(tp_placement p, char *buf, int len);
+
+#endif

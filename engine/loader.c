@@ -1,0 +1,610 @@
+/* loader.c — tpgraph v1 JSON -> tp_graph, with every validation of the
+ * format's "Errors a loader must name" list. Each message starts with the
+ * file and names the node (or input/param/output) and the reason. */
+#include "graph.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+/* Attrs each op accepts; anything else is an error (the format says an
+ * unknown attr is an error, so a typo never silently means the default). */
+static const char *const op_attrs[TP_OP_COUNT] = {
+    [TP_OP_GELU] = "approximate",
+    [TP_OP_SOFTMAX] = "dim",
+    [TP_OP_LAYER_NORM] = "eps",
+    [TP_OP_RMS_NORM] = "eps",
+    [TP_OP_MATMUL] = "transpose_b",
+    [TP_OP_ATTENTION] = "causal scale",
+    [TP_OP_EMBEDDING] = "vocab_parallel",
+    [TP_OP_VIEW] = "shape",
+    [TP_OP_RESHAPE] = "shape",
+    [TP_OP_PERMUTE] = "dims",
+    [TP_OP_TRANSPOSE] = "dim0 dim1",
+    [TP_OP_SLICE] = "dim start length",
+    [TP_OP_CAT] = "dim",
+    [TP_OP_ALL_GATHER] = "dim",
+    [TP_OP_REDUCE_SCATTER] = "dim op",
+    [TP_OP_ALL_REDUCE] = "op",
+    [TP_OP_ALL_TO_ALL] = "split_dim concat_dim",
+    [TP_OP_BROADCAST] = "src",
+};
+
+/* Attrs without a default. */
+static const char *const op_required[TP_OP_COUNT] = {
+    [TP_OP_VIEW] = "shape",
+    [TP_OP_RESHAPE] = "shape",
+    [TP_OP_PERMUTE] = "dims",
+    [TP_OP_TRANSPOSE] = "dim0 dim1",
+    [TP_OP_SLICE] = "dim start length",
+    [TP_OP_CAT] = "dim",
+    [TP_OP_ALL_GATHER] = "dim",
+    [TP_OP_REDUCE_SCATTER] = "dim",
+    [TP_OP_ALL_TO_ALL] = "split_dim concat_dim",
+};
+
+static int word_in(const char *list, const char *word)
+{
+    size_t n = strlen(word);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ' ');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, word, n) == 0)
+            return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+typedef struct {
+    const char *file;
+    tp_err *err;
+} load_ctx;
+
+static tp_status lfail_prefix(load_ctx *L, tp_status st)
+{
+    tp_err_prefix(L->err, "%s: ", L->file);
+    return st;
+}
+#define LFAIL(L, st, ...) lfail_prefix((L), tp_fail((L)->err, st, __VA_ARGS__))
+
+static char *dupstr(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+static tp_status get_int(load_ctx *L, json_t *v, const char *what, const char *key, int64_t *out)
+{
+    if (!json_is_integer(v))
+        return LFAIL(L, TP_INVALID, "%s: attr '%s' must be an integer", what, key);
+    *out = json_integer_value(v);
+    return TP_OK;
+}
+
+static tp_status get_dim_attr(load_ctx *L, json_t *v, const char *what, const char *key, int *out)
+{
+    int64_t x = 0;
+    tp_status st = get_int(L, v, what, key, &x);
+    if (st != TP_OK)
+        return st;
+    if (x < -TP_MAX_DIMS || x >= TP_MAX_DIMS)
+        return LFAIL(L, TP_INVALID, "%s: attr '%s' = %lld is not a valid dim", what, key, (long long)x);
+    *out = (int)x;
+    return TP_OK;
+}
+
+static tp_status get_bool(load_ctx *L, json_t *v, const char *what, const char *key, int *out)
+{
+    if (!json_is_boolean(v))
+        return LFAIL(L, TP_INVALID, "%s: attr '%s' must be true or false", what, key);
+    *out = json_is_true(v);
+    return TP_OK;
+}
+
+static tp_status get_float(load_ctx *L, json_t *v, const char *what, const char *key, float *out)
+{
+    if (!json_is_number(v))
+        return LFAIL(L, TP_INVALID, "%s: attr '%s' must be a number", what, key);
+    *out = (float)json_number_value(v);
+    return TP_OK;
+}
+
+static tp_status get_int_list(load_ctx *L, json_t *v, const char *what, const char *key,
+                              int64_t *out, int *n)
+{
+    if (!json_is_array(v) || json_array_size(v) > TP_MAX_DIMS)
+        return LFAIL(L, TP_INVALID, "%s: attr '%s' must be an array of at most %d integers", what,
+                     key, TP_MAX_DIMS);
+    *n = (int)json_array_size(v);
+    for (int i = 0; i < *n; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        if (!json_is_integer(e))
+            return LFAIL(L, TP_INVALID, "%s: attr '%s'[%d] must be an integer", what, key, i);
+        out[i] = json_integer_value(e);
+    }
+    return TP_OK;
+}
+
+static tp_status get_reduce(load_ctx *L, json_t *v, const char *what, tp_op op, tp_reduce *out)
+{
+    const char *s = json_string_value(v);
+    if (s && strcmp(s, "sum") == 0)
+        *out = TP_REDUCE_SUM;
+    else if (s && strcmp(s, "avg") == 0)
+        *out = TP_REDUCE_AVG;
+    else if (s && strcmp(s, "max") == 0 && op == TP_OP_ALL_REDUCE)
+        *out = TP_REDUCE_MAX;
+    else
+        return LFAIL(L, TP_INVALID, "%s: attr 'op' must be %s", what,
+                     op == TP_OP_ALL_REDUCE ? "\"sum\", \"avg\" or \"max\"" : "\"sum\" or \"avg\"");
+    return TP_OK;
+}
+
+/* One attr -> the tp_attrs field it sets. */
+static tp_status parse_attr(load_ctx *L, tp_node *n, const char *what, const char *key, json_t *v)
+{
+    tp_attrs *a = &n->attrs;
+    int64_t x = 0;
+    tp_status st = TP_OK;
+    if (strcmp(key, "dim") == 0)
+        st = get_dim_attr(L, v, what, key, &a->dim);
+    else if (strcmp(key, "dim0") == 0)
+        st = get_dim_attr(L, v, what, key, &a->dim0);
+    else if (strcmp(key, "dim1") == 0)
+        st = get_dim_attr(L, v, what, key, &a->dim1);
+    else if (strcmp(key, "split_dim") == 0)
+        st = get_dim_attr(L, v, what, key, &a->split_dim);
+    else if (strcmp(key, "concat_dim") == 0)
+        st = get_dim_attr(L, v, what, key, &a->concat_dim);
+    else if (strcmp(key, "start") == 0)
+        st = get_int(L, v, what, key, &a->start);
+    else if (strcmp(key, "length") == 0)
+        st = get_int(L, v, what, key, &a->length);
+    else if (strcmp(key, "src") == 0) {
+        st = get_int(L, v, what, key, &x);
+        a->src = (int)x;
+        if (st == TP_OK && (x < 0 || x > INT_MAX))
+            return LFAIL(L, TP_INVALID, "%s: attr 'src' = %lld is not a rank", what, (long long)x);
+    } else if (strcmp(key, "shape") == 0)
+        st = get_int_list(L, v, what, key, a->shape, &a->n_shape);
+    else if (strcmp(key, "dims") == 0) {
+        int64_t d[TP_MAX_DIMS];
+        st = get_int_list(L, v, what, key, d, &a->n_dims);
+        for (int i = 0; st == TP_OK && i < a->n_dims; i++)
+            a->dims[i] = (int)d[i];
+    } else if (strcmp(key, "eps") == 0)
+        st = get_float(L, v, what, key, &a->eps);
+    else if (strcmp(key, "scale") == 0) {
+        st = get_float(L, v, what, key, &a->scale);
+        a->has_scale = 1;
+    } else if (strcmp(key, "causal") == 0)
+        st = get_bool(L, v, what, key, &a->causal);
+    else if (strcmp(key, "transpose_b") == 0)
+        st = get_bool(L, v, what, key, &a->transpose_b);
+    else if (strcmp(key, "vocab_parallel") == 0)
+        st = get_bool(L, v, what, key, &a->vocab_parallel);
+    else if (strcmp(key, "approximate") == 0) {
+        const char *s = json_string_value(v);
+        if (!s || (strcmp(s, "none") && strcmp(s, "tanh")))
+            return LFAIL(L, TP_INVALID, "%s: attr 'approximate' must be \"none\" or \"tanh\"", what);
+        a->gelu_tanh = strcmp(s, "tanh") == 0;
+    } else if (strcmp(key, "op") == 0)
+        st = get_reduce(L, v, what, n->op, &a->reduce);
+    return st;
+}
+
+static tp_status parse_attrs(load_ctx *L, tp_node *n, json_t *attrs, const char *what)
+{
+    n->attrs.dim = -1; /* softmax default */
+    n->attrs.eps = n->op == TP_OP_RMS_NORM ? 1e-6f : 1e-5f;
+    if (attrs && !json_is_object(attrs))
+        return LFAIL(L, TP_INVALID, "%s: 'attrs' must be an object", what);
+    const char *key;
+    json_t *v;
+    json_object_foreach(attrs, key, v) {
+        if (!word_in(op_attrs[n->op], key))
+            return LFAIL(L, TP_INVALID, "%s: unknown attr '%s' for op '%s'", what, key,
+                         tp_op_name(n->op));
+        tp_status st = parse_attr(L, n, what, key, v);
+        if (st != TP_OK)
+            return st;
+    }
+    const char *req = op_required[n->op];
+    for (const char *p = req; p && *p;) {
+        char word[32];
+        size_t len = strcspn(p, " ");
+        snprintf(word, sizeof word, "%.*s", (int)len, p);
+        if (!json_object_get(attrs, word))
+            return LFAIL(L, TP_INVALID, "%s: op '%s' needs attr '%s'", what, tp_op_name(n->op), word);
+        p += len;
+        p += *p == ' ';
+    }
+    return TP_OK;
+}
+
+/* "replicate" | "shard(k)"; k is checked against ndim (negative from the end). */
+static tp_status parse_placement(load_ctx *L, json_t *v, const char *what, int ndim, tp_placement *p)
+{
+    const char *s = json_string_value(v);
+    if (!v) {
+        p->kind = TP_PLACE_REPLICATE;
+        return TP_OK;
+    }
+    if (s && strcmp(s, "replicate") == 0) {
+        p->kind = TP_PLACE_REPLICATE;
+        return TP_OK;
+    }
+    int k, used = 0;
+    if (s && sscanf(s, "shard(%d)%n", &k, &used) == 1 && used == (int)strlen(s)) {
+        if (ndim >= 0 && (k < -ndim || k >= ndim))
+            return LFAIL(L, TP_INVALID, "%s: placement '%s' names dim %d of a %d-d tensor", what, s,
+                         k, ndim);
+        p->kind = TP_PLACE_SHARD;
+        p->dim = k < 0 ? k + ndim : k;
+        return TP_OK;
+    }
+    return LFAIL(L, TP_INVALID, "%s: unknown placement '%s' (expected \"replicate\" or \"shard(k)\")",
+                 what, s ? s : "(not a string)");
+}
+
+static int add_name_check(load_ctx *L, tp_graph *g, const char *name, const char *what)
+{
+    if (tp_graph_find(g, name) >= 0) {
+        LFAIL(L, TP_INVALID, "%s: name '%s' is used twice", what, name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Common part of inputs[] and params[] entries. */
+static tp_status parse_source(load_ctx *L, tp_graph *g, json_t *obj, tp_op op, int idx)
+{
+    const char *kind = op == TP_OP_INPUT ? "input" : "param";
+    char what[256];
+    snprintf(what, sizeof what, "%ss[%d]", kind, idx);
+    if (!json_is_object(obj))
+        return LFAIL(L, TP_INVALID, "%s: must be an object", what);
+    const char *name = json_string_value(json_object_get(obj, "name"));
+    if (!name || !*name)
+        return LFAIL(L, TP_INVALID, "%s: missing 'name'", what);
+    snprintf(what, sizeof what, "%s '%s'", kind, name);
+    if (add_name_check(L, g, name, what))
+        return TP_INVALID;
+    tp_node *n = &g->nodes[g->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->storage = g->n_nodes;
+    if (!(n->name = dupstr(name)))
+        return LFAIL(L, TP_NOMEM, "%s: out of memory", what);
+    g->n_nodes++;
+    const char *dt = json_string_value(json_object_get(obj, "datatype"));
+    if (!dt || tp_dtype_from_name(dt, &n->dtype) != 0)
+        return LFAIL(L, TP_INVALID, "%s: unknown datatype '%s' (expected FP32, FP16, BF16, INT32 or INT64)",
+                     what, dt ? dt : "(missing)");
+    json_t *shape = json_object_get(obj, "shape");
+    if (!json_is_array(shape) || json_array_size(shape) > TP_MAX_DIMS)
+        return LFAIL(L, TP_INVALID, "%s: 'shape' must be an array of at most %d dims", what, TP_MAX_DIMS);
+    n->g_ndim = (int)json_array_size(shape);
+    for (int i = 0; i < n->g_ndim; i++) {
+        json_t *d = json_array_get(shape, (size_t)i);
+        if (i == 0 && op == TP_OP_INPUT && json_is_string(d) && strcmp(json_string_value(d), "B") == 0) {
+            n->batched = 1;
+            n->gshape[0] = 1;
+        } else if (json_is_integer(d) && json_integer_value(d) >= 0) {
+            n->gshape[i] = json_integer_value(d);
+        } else {
+            return LFAIL(L, TP_INVALID, "%s: shape[%d] must be a non-negative integer%s", what, i,
+                         op == TP_OP_INPUT && i == 0 ? " or \"B\"" : "");
+        }
+    }
+    tp_status st = parse_placement(L, json_object_get(obj, "placement"), what, n->g_ndim, &n->placement);
+    if (st != TP_OK)
+        return st;
+    if (n->placement.kind == TP_PLACE_SHARD && !(n->batched && n->placement.dim == 0) &&
+        n->gshape[n->placement.dim] % g->world_size != 0)
+        return LFAIL(L, TP_INVALID, "%s: shard(%d) of dim size %lld is not divisible by world_size %d",
+                     what, n->placement.dim, (long long)n->gshape[n->placement.dim], g->world_size);
+    if (op == TP_OP_PARAM) {
+        json_t *t = json_object_get(obj, "tensor");
+        if (t && !json_is_string(t))
+            return LFAIL(L, TP_INVALID, "%s: 'tensor' must be a string", what);
+        if (!(n->tensor_key = dupstr(t ? json_string_value(t) : name)))
+            return LFAIL(L, TP_NOMEM, "%s: out of memory", what);
+    }
+    return TP_OK;
+}
+
+static tp_status parse_node(load_ctx *L, tp_graph *g, json_t *obj, int idx)
+{
+    char what[256];
+    snprintf(what, sizeof what, "nodes[%d]", idx);
+    if (!json_is_object(obj))
+        return LFAIL(L, TP_INVALID, "%s: must be an object", what);
+    const char *name = json_string_value(json_object_get(obj, "name"));
+    if (!name || !*name)
+        return LFAIL(L, TP_INVALID, "%s: missing 'name'", what);
+    snprintf(what, sizeof what, "node '%s'", name);
+    if (add_name_check(L, g, name, what))
+        return TP_INVALID;
+    const char *opname = json_string_value(json_object_get(obj, "op"));
+    tp_op op;
+    if (!opname || tp_op_from_name(opname, &op) != 0)
+        return LFAIL(L, TP_INVALID, "%s: unknown op '%s'", what, opname ? opname : "(missing)");
+    json_t *ins = json_object_get(obj, "inputs");
+    if (!json_is_array(ins))
+        return LFAIL(L, TP_INVALID, "%s: 'inputs' must be an array of names", what);
+    int nin = (int)json_array_size(ins);
+    if (nin < tp_op_min_inputs(op) || nin > tp_op_max_inputs(op))
+        return LFAIL(L, TP_INVALID, "%s: op '%s' takes %d%s%d inputs, got %d", what, opname,
+                     tp_op_min_inputs(op), tp_op_min_inputs(op) == tp_op_max_inputs(op) ? "" : "..",
+                     tp_op_min_inputs(op) == tp_op_max_inputs(op) ? 0 : tp_op_max_inputs(op), nin);
+    tp_node *n = &g->nodes[g->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->storage = g->n_nodes;
+    n->name = dupstr(name);
+    n->inputs = calloc((size_t)nin, sizeof *n->inputs);
+    g->n_nodes++;
+    if (!n->name || !n->inputs)
+        return LFAIL(L, TP_NOMEM, "%s: out of memory", what);
+    n->n_inputs = nin;
+    for (int i = 0; i < nin; i++) {
+        const char *in = json_string_value(json_array_get(ins, (size_t)i));
+        int id = in ? tp_graph_find(g, in) : -1;
+        if (id < 0 || id == g->n_nodes - 1)
+            return LFAIL(L, TP_INVALID, "%s: input '%s' is not defined before this node", what,
+                         in ? in : "(not a string)");
+        n->inputs[i] = id;
+    }
+    json_t *fb = json_object_get(obj, "fallback");
+    if (fb && !json_is_boolean(fb))
+        return LFAIL(L, TP_INVALID, "%s: 'fallback' must be true or false", what);
+    n->fallback = fb && json_is_true(fb);
+    return parse_attrs(L, n, json_object_get(obj, "attrs"), what);
+}
+
+static tp_status parse_outputs(load_ctx *L, tp_graph *g, json_t *outs)
+{
+    if (!json_is_array(outs) || json_array_size(outs) == 0)
+        return LFAIL(L, TP_INVALID, "'outputs' must be a non-empty array");
+    g->n_outputs = (int)json_array_size(outs);
+    g->output_ids = calloc((size_t)g->n_outputs, sizeof *g->output_ids);
+    g->output_place = calloc((size_t)g->n_outputs, sizeof *g->output_place);
+    if (!g->output_ids || !g->output_place)
+        return LFAIL(L, TP_NOMEM, "out of memory");
+    for (int i = 0; i < g->n_outputs; i++) {
+        json_t *o = json_array_get(outs, (size_t)i);
+        const char *name = json_string_value(json_object_get(o, "name"));
+        int id = name ? tp_graph_find(g, name) : -1;
+        if (id < 0 || g->nodes[id].op == TP_OP_PARAM)
+            return LFAIL(L, TP_INVALID, "outputs[%d]: '%s' names no node or input", i,
+                         name ? name : "(missing name)");
+        for (int j = 0; j < i; j++)
+            if (g->output_ids[j] == id)
+                return LFAIL(L, TP_INVALID, "outputs[%d]: name '%s' is used twice", i, name);
+        g->output_ids[i] = id;
+        char what[256];
+        snprintf(what, sizeof what, "output '%s'", name);
+        tp_status st = parse_placement(L, json_object_get(o, "placement"), what, -1, &g->output_place[i]);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+static tp_status parse_header(load_ctx *L, tp_graph *g, json_t *root)
+{
+    if (!json_is_object(root))
+        return LFAIL(L, TP_PARSE, "top level must be a JSON object");
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    if (!fmt || strcmp(fmt, "tpgraph") != 0)
+        return LFAIL(L, TP_INVALID, "unknown format '%s' (expected \"tpgraph\")", fmt ? fmt : "(missing)");
+    json_t *ver = json_object_get(root, "version");
+    if (!json_is_integer(ver) || json_integer_value(ver) != 1)
+        return LFAIL(L, TP_INVALID, "unsupported version %s (this loader reads tpgraph version 1)",
+                     json_is_integer(ver) ? "other than 1" : "(missing or not an integer)");
+    const char *name = json_string_value(json_object_get(root, "name"));
+    if (!name || !*name)
+        return LFAIL(L, TP_INVALID, "missing 'name'");
+    json_t *ws = json_object_get(root, "world_size");
+    if (!json_is_integer(ws) || json_integer_value(ws) < 1 || json_integer_value(ws) > 1024)
+        return LFAIL(L, TP_INVALID, "'world_size' must be an integer in 1..1024");
+    g->world_size = (int)json_integer_value(ws);
+    if (!(g->name = dupstr(name)))
+        return LFAIL(L, TP_NOMEM, "out of memory");
+    return TP_OK;
+}
+
+static tp_status parse_lists(load_ctx *L, tp_graph *g, json_t *root)
+{
+    json_t *inputs = json_object_get(root, "inputs"), *params = json_object_get(root, "params");
+    json_t *nodes = json_object_get(root, "nodes");
+    if (!json_is_array(inputs))
+        return LFAIL(L, TP_INVALID, "'inputs' must be an array");
+    if (params && !json_is_array(params))
+        return LFAIL(L, TP_INVALID, "'params' must be an array");
+    if (!json_is_array(nodes))
+        return LFAIL(L, TP_INVALID, "'nodes' must be an array");
+    size_t total = json_array_size(inputs) + json_array_size(params) + json_array_size(nodes);
+    g->nodes = calloc(total ? total : 1, sizeof *g->nodes);
+    g->input_ids = calloc(json_array_size(inputs) + 1, sizeof(int));
+    g->param_ids = calloc(json_array_size(params) + 1, sizeof(int));
+    if (!g->nodes || !g->input_ids || !g->param_ids)
+        return LFAIL(L, TP_NOMEM, "out of memory");
+    tp_status st = TP_OK;
+    for (size_t i = 0; st == TP_OK && i < json_array_size(inputs); i++) {
+        g->input_ids[g->n_inputs++] = g->n_nodes;
+        st = parse_source(L, g, json_array_get(inputs, i), TP_OP_INPUT, (int)i);
+    }
+    for (size_t i = 0; st == TP_OK && i < json_array_size(params); i++) {
+        g->param_ids[g->n_params++] = g->n_nodes;
+        st = parse_source(L, g, json_array_get(params, i), TP_OP_PARAM, (int)i);
+    }
+    for (size_t i = 0; st == TP_OK && i < json_array_size(nodes); i++)
+        st = parse_node(L, g, json_array_get(nodes, i), (int)i);
+    if (st == TP_OK)
+        st = parse_outputs(L, g, json_object_get(root, "outputs"));
+    return st;
+}
+
+/* weights is relative to the JSON file's directory. */
+static tp_status resolve_weights(load_ctx *L, tp_graph *g, json_t *root)
+{
+    json_t *w = json_object_get(root, "weights");
+    if (!w) {
+        if (g->n_params > 0)
+            return LFAIL(L, TP_INVALID, "graph has params but no 'weights' file");
+        return TP_OK;
+    }
+    if (!json_is_string(w) || !*json_string_value(w))
+        return LFAIL(L, TP_INVALID, "'weights' must be a file name");
+    const char *wp = json_string_value(w);
+    const char *slash = strrchr(g->path, '/');
+    int dirlen = (wp[0] == '/' || !slash) ? 0 : (int)(slash - g->path + 1);
+    size_t n = (size_t)dirlen + strlen(wp) + 1;
+    if (!(g->weights = malloc(n)))
+        return LFAIL(L, TP_NOMEM, "out of memory");
+    snprintf(g->weights, n, "%.*s%s", dirlen, g->path, wp);
+    return TP_OK;
+}
+
+/* Every param must exist in the safetensors file with its declared global
+ * shape and dtype; the header is read, not the data. */
+static tp_status check_params(load_ctx *L, tp_graph *g)
+{
+    if (!g->weights)
+        return TP_OK;
+    st_file *f;
+    tp_status st = st_open(g->weights, &f, L->err);
+    if (st != TP_OK) {
+        tp_err_prefix(L->err, "%s: weights: ", L->file);
+        return st;
+    }
+    for (int i = 0; st == TP_OK && i < g->n_params; i++) {
+        tp_node *n = &g->nodes[g->param_ids[i]];
+        const st_tensor_info *t = st_find(f, n->tensor_key);
+        char a[128], b[128];
+        if (!t)
+            st = LFAIL(L, TP_INVALID, "param '%s': tensor '%s' is missing from %s", n->name,
+                       n->tensor_key, g->weights);
+        else if (t->dtype != n->dtype)
+            st = LFAIL(L, TP_INVALID, "param '%s': declared %s but %s holds %s", n->name,
+                       tp_dtype_name(n->dtype), g->weights, tp_dtype_name(t->dtype));
+        else if (t->ndim != n->g_ndim || memcmp(t->shape, n->gshape, sizeof(int64_t) * (size_t)t->ndim))
+            st = LFAIL(L, TP_INVALID, "param '%s': declared shape %s but %s holds %s", n->name,
+                       tp_shape_str(a, sizeof a, n->g_ndim, n->gshape), g->weights,
+                       tp_shape_str(b, sizeof b, t->ndim, t->shape));
+    }
+    st_close(f);
+    return st;
+}
+
+/* Shapes are checked at two batch sizes so errors that only appear for
+ * B > 1 (a view whose strides work only because a dim is 1) surface at
+ * load time rather than on the first real request. */
+static tp_status check_shapes(load_ctx *L, tp_graph *g)
+{
+    int64_t b0 = 1;
+    for (int i = 0; i < g->n_inputs; i++) {
+        tp_node *n = &g->nodes[g->input_ids[i]];
+        if (n->batched && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
+            b0 = g->world_size;
+    }
+    tp_status st = tp_graph_infer(g, b0, L->err);
+    if (st == TP_OK)
+        st = tp_graph_infer(g, 2 * b0, L->err);
+    if (st == TP_OK)
+        st = tp_graph_infer(g, b0, L->err);
+    if (st != TP_OK)
+        tp_err_prefix(L->err, "%s: ", L->file);
+    return st;
+}
+
+static tp_status load_json(load_ctx *L, json_t **root)
+{
+    json_error_t je;
+    FILE *fp = fopen(L->file, "rb");
+    if (!fp)
+        return LFAIL(L, TP_IO, "cannot open graph: %s", strerror(errno));
+    *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &je);
+    fclose(fp);
+    if (!*root)
+        return LFAIL(L, TP_PARSE, "bad JSON at line %d, column %d: %s", je.line, je.column, je.text);
+    return TP_OK;
+}
+
+tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err)
+{
+    load_ctx L = {path, err};
+    *out = NULL;
+    tp_graph *g = calloc(1, sizeof *g);
+    if (!g || !(g->path = dupstr(path))) {
+        free(g);
+        return tp_fail(err, TP_NOMEM, "%s: out of memory", path);
+    }
+    json_t *root = NULL;
+    tp_status st = load_json(&L, &root);
+    if (st == TP_OK)
+        st = parse_header(&L, g, root);
+    if (st == TP_OK)
+        st = parse_lists(&L, g, root);
+    if (st == TP_OK)
+        st = resolve_weights(&L, g, root);
+    json_decref(root);
+    if (st == TP_OK)
+        st = check_params(&L, g);
+    if (st == TP_OK)
+        st = check_shapes(&L, g);
+    if (st != TP_OK) {
+        tp_graph_free(g);
+        return st;
+    }
+    *out = g;
+    return TP_OK;
+}
+
+void tp_graph_free(tp_graph *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        free(g->nodes[i].name);
+        free(g->nodes[i].inputs);
+        free(g->nodes[i].tensor_key);
+    }
+    free(g->nodes);
+    free(g->input_ids);
+    free(g->param_ids);
+    free(g->output_ids);
+    free(g->output_place);
+    free(g->path);
+    free(g->name);
+    free(g->weights);
+    free(g);
+}
+
+int tp_graph_find(const tp_graph *g, const char *name)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].name && strcmp(g->nodes[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+const char *tp_placement_str(tp_placement p, char *buf, int len)
+{
+    if (p.kind == TP_PLACE_REPLICATE)
+        snprintf(buf, (size_t)len, "replicate");
+    else
+        snprintf(buf, (size_t)len, "shard(%d)", p.dim);
+    return buf;
+}

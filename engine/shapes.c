@@ -1,0 +1,498 @@
+/* shapes.c — shape, stride and aliasing inference for one batch size.
+ *
+ * Views are resolved here, once: a view node records the node that owns the
+ * memory and an element offset, so kernels receive strided tensors and no
+ * view ever copies. Errors name the node and show both shapes. */
+#include <stdio.h>
+#include <string.h>
+
+#include "graph.h"
+
+#define SHAPE(buf, n) tp_shape_str(buf, sizeof buf, (n)->ndim, (n)->shape)
+
+static tp_status node_fail(tp_err *err, const tp_node *n, const char *fmt, const char *a,
+                           const char *b)
+{
+    char msg[600];
+    snprintf(msg, sizeof msg, fmt, a, b);
+    return tp_fail(err, TP_INVALID, "node '%s' (%s): %s", n->name, tp_op_name(n->op), msg);
+}
+
+static tp_status norm_dim(tp_err *err, const tp_node *n, int *dim, int ndim, const char *what)
+{
+    if (*dim < -ndim || *dim >= ndim) {
+        char d[64], nd[32];
+        snprintf(d, sizeof d, "%s %d", what, *dim);
+        snprintf(nd, sizeof nd, "%d", ndim);
+        return node_fail(err, n, "%s is out of range for a %s-d input", d, nd);
+    }
+    if (*dim < 0)
+        *dim += ndim;
+    return TP_OK;
+}
+
+static void contiguous_strides(tp_node *n)
+{
+    tp_tensor t = {0};
+    t.ndim = n->ndim;
+    memcpy(t.shape, n->shape, sizeof t.shape);
+    tp_tensor_set_contiguous(&t);
+    memcpy(n->stride, t.stride, sizeof n->stride);
+}
+
+static void own_contiguous(tp_node *n, int self)
+{
+    contiguous_strides(n);
+    n->storage = self;
+    n->offset = 0;
+}
+
+static void alias_of(tp_node *n, const tp_node *in)
+{
+    n->storage = in->storage;
+    n->offset = in->offset;
+    n->dtype = in->dtype;
+}
+
+static int is_contig(const tp_node *n)
+{
+    tp_tensor t = {0};
+    t.ndim = n->ndim;
+    memcpy(t.shape, n->shape, sizeof t.shape);
+    memcpy(t.stride, n->stride, sizeof t.stride);
+    return tp_tensor_is_contiguous(&t);
+}
+
+tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t batch, int64_t *shape,
+                                tp_err *err)
+{
+    memcpy(shape, n->gshape, sizeof(int64_t) * (size_t)n->g_ndim);
+    if (n->batched)
+        shape[0] = batch;
+    if (n->placement.kind == TP_PLACE_SHARD) {
+        int k = n->placement.dim;
+        if (shape[k] % g->world_size != 0)
+            return tp_fail(err, TP_INVALID, "%s '%s': shard(%d) of dim size %lld is not divisible by world_size %d",
+                           n->op == TP_OP_INPUT ? "input" : "param", n->name, k, (long long)shape[k],
+                           g->world_size);
+        shape[k] /= g->world_size;
+    }
+    return TP_OK;
+}
+
+/* NumPy broadcasting of two shapes. */
+static tp_status infer_binary(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *a = &g->nodes[n->inputs[0]], *b = &g->nodes[n->inputs[1]];
+    char sa[128], sb[128];
+    if (a->dtype != b->dtype)
+        return node_fail(err, n, "input dtypes differ: %s vs %s", tp_dtype_name(a->dtype), tp_dtype_name(b->dtype));
+    n->ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < n->ndim; i++) {
+        int ia = i - (n->ndim - a->ndim), ib = i - (n->ndim - b->ndim);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return node_fail(err, n, "shapes %s and %s do not broadcast", SHAPE(sa, a), SHAPE(sb, b));
+        n->shape[i] = da == 1 ? db : da;
+    }
+    n->dtype = a->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_norm(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    char sa[128], sb[128];
+    if (!tp_dtype_is_float(x->dtype) || x->ndim < 1)
+        return node_fail(err, n, "needs a floating-point input of rank >= 1, got %s %s", tp_dtype_name(x->dtype), SHAPE(sa, x));
+    for (int i = 1; i < n->n_inputs; i++) {
+        tp_node *w = &g->nodes[n->inputs[i]];
+        if (w->ndim != 1 || w->shape[0] != x->shape[x->ndim - 1])
+            return node_fail(err, n, "weight/bias shape %s does not match the last dim of input %s", SHAPE(sb, w), SHAPE(sa, x));
+        if (w->dtype != x->dtype)
+            return node_fail(err, n, "weight/bias dtype %s differs from input dtype %s", tp_dtype_name(w->dtype), tp_dtype_name(x->dtype));
+    }
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_unary(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    if (!tp_dtype_is_float(x->dtype))
+        return node_fail(err, n, "needs a floating-point input, got %s%s", tp_dtype_name(x->dtype), "");
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = x->dtype;
+    if (n->op == TP_OP_SOFTMAX)
+        return norm_dim(err, n, &n->attrs.dim, n->ndim, "dim");
+    return TP_OK;
+}
+
+static tp_status infer_matmul(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *a = &g->nodes[n->inputs[0]], *b = &g->nodes[n->inputs[1]];
+    char sa[128], sb[128];
+    if (a->ndim < 2 || b->ndim < 2)
+        return node_fail(err, n, "needs inputs of rank >= 2, got %s and %s", SHAPE(sa, a), SHAPE(sb, b));
+    if (a->dtype != b->dtype || !tp_dtype_is_float(a->dtype))
+        return node_fail(err, n, "needs matching floating-point dtypes, got %s and %s", tp_dtype_name(a->dtype), tp_dtype_name(b->dtype));
+    int tb = n->attrs.transpose_b;
+    int64_t K = a->shape[a->ndim - 1];
+    int64_t bK = b->shape[b->ndim - (tb ? 1 : 2)], N = b->shape[b->ndim - (tb ? 2 : 1)];
+    if (K != bK)
+        return node_fail(err, n, "inner dims differ: a %s vs b %s", SHAPE(sa, a), SHAPE(sb, b));
+    n->ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < n->ndim - 2; i++) {
+        int ia = i - (n->ndim - a->ndim), ib = i - (n->ndim - b->ndim);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return node_fail(err, n, "batch dims of %s and %s do not broadcast", SHAPE(sa, a), SHAPE(sb, b));
+        n->shape[i] = da == 1 ? db : da;
+    }
+    n->shape[n->ndim - 2] = a->shape[a->ndim - 2];
+    n->shape[n->ndim - 1] = N;
+    n->dtype = a->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_attention(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *q = &g->nodes[n->inputs[0]], *k = &g->nodes[n->inputs[1]], *v = &g->nodes[n->inputs[2]];
+    char sa[128], sb[128];
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return node_fail(err, n, "q, k, v must be 4-d [B, H, S, D]; q is %s, k is %s", SHAPE(sa, q), SHAPE(sb, k));
+    if (k->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] || k->shape[3] != q->shape[3])
+        return node_fail(err, n, "k %s does not match q %s in B, H or D", SHAPE(sb, k), SHAPE(sa, q));
+    if (memcmp(k->shape, v->shape, 4 * sizeof(int64_t)) != 0)
+        return node_fail(err, n, "v %s does not match k %s", SHAPE(sa, v), SHAPE(sb, k));
+    if (q->dtype != k->dtype || q->dtype != v->dtype || !tp_dtype_is_float(q->dtype))
+        return node_fail(err, n, "q, k, v need one floating-point dtype%s%s", "", "");
+    n->ndim = 4;
+    memcpy(n->shape, q->shape, sizeof n->shape);
+    n->dtype = q->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_embedding(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *ids = &g->nodes[n->inputs[0]], *t = &g->nodes[n->inputs[1]];
+    char sa[128];
+    if (ids->dtype != TP_I32 && ids->dtype != TP_I64)
+        return node_fail(err, n, "ids must be INT32 or INT64, got %s%s", tp_dtype_name(ids->dtype), "");
+    if (t->ndim != 2 || !tp_dtype_is_float(t->dtype))
+        return node_fail(err, n, "table must be a 2-d floating-point tensor, got %s %s", tp_dtype_name(t->dtype), SHAPE(sa, t));
+    if (ids->ndim + 1 > TP_MAX_DIMS)
+        return node_fail(err, n, "ids have too many dims%s%s", "", "");
+    n->ndim = ids->ndim + 1;
+    memcpy(n->shape, ids->shape, sizeof(int64_t) * (size_t)ids->ndim);
+    n->shape[ids->ndim] = t->shape[1];
+    n->dtype = t->dtype;
+    return TP_OK;
+}
+
+/* Target shape of view/reshape with one -1 resolved. */
+static tp_status resolve_target(tp_node *n, const tp_node *x, tp_err *err)
+{
+    char sa[128], sb[128];
+    int64_t known = 1, numel = 1;
+    int neg = -1;
+    for (int i = 0; i < x->ndim; i++)
+        numel *= x->shape[i];
+    n->ndim = n->attrs.n_shape;
+    for (int i = 0; i < n->ndim; i++) {
+        int64_t d = n->attrs.shape[i];
+        if (d == -1 && neg < 0)
+            neg = i;
+        else if (d < 0)
+            return node_fail(err, n, "attr shape has an invalid dim (only one -1 is allowed)%s%s", "", "");
+        else
+            known *= d;
+        n->shape[i] = d;
+    }
+    if (neg >= 0) {
+        if (known == 0 || numel % known != 0)
+            return node_fail(err, n, "cannot view input %s as %s", SHAPE(sa, x),
+                             tp_shape_str(sb, sizeof sb, n->ndim, n->attrs.shape));
+        n->shape[neg] = numel / known;
+        known *= n->shape[neg];
+    }
+    if (known != numel)
+        return node_fail(err, n, "input %s and target shape %s have different element counts",
+                         SHAPE(sa, x), SHAPE(sb, n));
+    return TP_OK;
+}
+
+/* Strides for viewing x as n->shape without copying (PyTorch's
+ * computeStride): the input dims split into runs that are contiguous with
+ * each other, and every output dim must fall inside one run. Returns 0 when
+ * impossible, which makes view an error and reshape a copy. */
+static int view_strides(const tp_node *x, tp_node *n)
+{
+    int64_t numel = 1;
+    for (int i = 0; i < x->ndim; i++)
+        numel *= x->shape[i];
+    if (numel == 0 || x->ndim == 0) {
+        contiguous_strides(n);
+        return 1;
+    }
+    int vd = n->ndim - 1;
+    int64_t base = x->stride[x->ndim - 1], tnumel = 1, vnumel = 1;
+    for (int td = x->ndim - 1; td >= 0; td--) {
+        tnumel *= x->shape[td];
+        if (td > 0 && (x->shape[td - 1] == 1 || x->stride[td - 1] == tnumel * base))
+            continue; /* run goes on */
+        while (vd >= 0 && (vnumel < tnumel || n->shape[vd] == 1)) {
+            n->stride[vd] = vnumel * base;
+            vnumel *= n->shape[vd];
+            vd--;
+        }
+        if (vnumel != tnumel)
+            return 0;
+        if (td > 0) {
+            base = x->stride[td - 1];
+            tnumel = vnumel = 1;
+        }
+    }
+    return vd == -1;
+}
+
+static tp_status infer_view(tp_graph *g, tp_node *n, int self, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    tp_status st = resolve_target(n, x, err);
+    if (st != TP_OK)
+        return st;
+    if (view_strides(x, n)) {
+        alias_of(n, x);
+        return TP_OK;
+    }
+    if (n->op == TP_OP_VIEW) {
+        char sa[128], sb[128];
+        return node_fail(err, n, "the strides of input %s do not allow a view as %s (use reshape)",
+                         SHAPE(sa, x), SHAPE(sb, n));
+    }
+    n->dtype = x->dtype;
+    own_contiguous(n, self);
+    return TP_OK;
+}
+
+static tp_status infer_permute(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    int dims[TP_MAX_DIMS], seen[TP_MAX_DIMS] = {0};
+    int nd = n->op == TP_OP_PERMUTE ? n->attrs.n_dims : x->ndim;
+    if (nd != x->ndim) {
+        char sa[128], c[32];
+        snprintf(c, sizeof c, "%d", nd);
+        return node_fail(err, n, "dims has %s entries for input %s", c, SHAPE(sa, x));
+    }
+    for (int i = 0; i < nd; i++)
+        dims[i] = n->op == TP_OP_PERMUTE ? n->attrs.dims[i] : i;
+    if (n->op == TP_OP_TRANSPOSE) {
+        tp_status st = norm_dim(err, n, &n->attrs.dim0, nd, "dim0");
+        if (st == TP_OK)
+            st = norm_dim(err, n, &n->attrs.dim1, nd, "dim1");
+        if (st != TP_OK)
+            return st;
+        dims[n->attrs.dim0] = n->attrs.dim1;
+        dims[n->attrs.dim1] = n->attrs.dim0;
+    }
+    for (int i = 0; i < nd; i++) {
+        tp_status st = norm_dim(err, n, &dims[i], nd, "dims entry");
+        if (st != TP_OK)
+            return st;
+        if (seen[dims[i]]++)
+            return node_fail(err, n, "dims is not a permutation (repeats a dim)%s%s", "", "");
+        if (n->op == TP_OP_PERMUTE)
+            n->attrs.dims[i] = dims[i];
+    }
+    n->ndim = nd;
+    for (int i = 0; i < nd; i++) {
+        n->shape[i] = x->shape[dims[i]];
+        n->stride[i] = x->stride[dims[i]];
+    }
+    alias_of(n, x);
+    return TP_OK;
+}
+
+static tp_status infer_slice(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    tp_status st = norm_dim(err, n, &n->attrs.dim, x->ndim, "dim");
+    if (st != TP_OK)
+        return st;
+    int d = n->attrs.dim;
+    int64_t s = n->attrs.start, len = n->attrs.length;
+    if (s < 0 || len < 0 || s + len > x->shape[d]) {
+        char a[96], b[128];
+        snprintf(a, sizeof a, "start %lld + length %lld", (long long)s, (long long)len);
+        return node_fail(err, n, "%s runs past dim of size %s", a,
+                         (snprintf(b, sizeof b, "%lld", (long long)x->shape[d]), b));
+    }
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    memcpy(n->stride, x->stride, sizeof n->stride);
+    n->shape[d] = len;
+    alias_of(n, x);
+    n->offset += s * x->stride[d];
+    return TP_OK;
+}
+
+static tp_status infer_cat(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x0 = &g->nodes[n->inputs[0]];
+    tp_status st = norm_dim(err, n, &n->attrs.dim, x0->ndim, "dim");
+    if (st != TP_OK)
+        return st;
+    n->ndim = x0->ndim;
+    memcpy(n->shape, x0->shape, sizeof n->shape);
+    n->dtype = x0->dtype;
+    for (int i = 1; i < n->n_inputs; i++) {
+        tp_node *x = &g->nodes[n->inputs[i]];
+        char sa[128], sb[128];
+        int ok = x->ndim == x0->ndim && x->dtype == x0->dtype;
+        for (int k = 0; ok && k < x->ndim; k++)
+            ok = k == n->attrs.dim || x->shape[k] == x0->shape[k];
+        if (!ok)
+            return node_fail(err, n, "input shapes %s and %s differ outside the cat dim (or dtypes differ)",
+                             SHAPE(sa, x0), SHAPE(sb, x));
+        n->shape[n->attrs.dim] += x->shape[n->attrs.dim];
+    }
+    return TP_OK;
+}
+
+static tp_status divisible(tp_err *err, const tp_node *n, const tp_node *x, int dim, int d)
+{
+    if (x->shape[dim] % d == 0)
+        return TP_OK;
+    char a[160], b[64];
+    snprintf(a, sizeof a, "split dim %d of size %lld", dim, (long long)x->shape[dim]);
+    snprintf(b, sizeof b, "world_size %d", d);
+    return node_fail(err, n, "%s is not divisible by %s", a, b);
+}
+
+static tp_status infer_collective(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    int d = g->world_size;
+    tp_attrs *a = &n->attrs;
+    tp_status st = TP_OK;
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = x->dtype;
+    switch (n->op) {
+    case TP_OP_ALL_GATHER:
+        if ((st = norm_dim(err, n, &a->dim, x->ndim, "dim")) == TP_OK)
+            n->shape[a->dim] *= d;
+        break;
+    case TP_OP_REDUCE_SCATTER:
+        if ((st = norm_dim(err, n, &a->dim, x->ndim, "dim")) == TP_OK &&
+            (st = divisible(err, n, x, a->dim, d)) == TP_OK)
+            n->shape[a->dim] /= d;
+        break;
+    case TP_OP_ALL_TO_ALL:
+        if ((st = norm_dim(err, n, &a->split_dim, x->ndim, "split_dim")) == TP_OK &&
+            (st = norm_dim(err, n, &a->concat_dim, x->ndim, "concat_dim")) == TP_OK &&
+            (st = divisible(err, n, x, a->split_dim, d)) == TP_OK) {
+            n->shape[a->split_dim] /= d;
+            n->shape[a->concat_dim] *= d;
+        }
+        break;
+    case TP_OP_BROADCAST:
+        if (a->src >= d) {
+            char s[32], w[32];
+            snprintf(s, sizeof s, "%d", a->src);
+            snprintf(w, sizeof w, "%d", d);
+            return node_fail(err, n, "src rank %s is not below world_size %s", s, w);
+        }
+        break;
+    default:
+        break;
+    }
+    return st;
+}
+
+static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
+{
+    tp_node *n = &g->nodes[i];
+    tp_status st = TP_OK;
+    n->storage = i;
+    n->offset = 0;
+    switch (n->op) {
+    case TP_OP_INPUT:
+    case TP_OP_PARAM:
+        n->ndim = n->g_ndim;
+        st = tp_source_local_shape(g, n, batch, n->shape, err);
+        break;
+    case TP_OP_ADD: case TP_OP_SUB: case TP_OP_MUL:
+        st = infer_binary(g, n, err);
+        break;
+    case TP_OP_GELU: case TP_OP_SILU: case TP_OP_RELU: case TP_OP_SOFTMAX:
+        st = infer_unary(g, n, err);
+        break;
+    case TP_OP_LAYER_NORM: case TP_OP_RMS_NORM:
+        st = infer_norm(g, n, err);
+        break;
+    case TP_OP_MATMUL:
+        st = infer_matmul(g, n, err);
+        break;
+    case TP_OP_ATTENTION:
+        st = infer_attention(g, n, err);
+        break;
+    case TP_OP_EMBEDDING:
+        st = infer_embedding(g, n, err);
+        break;
+    case TP_OP_VIEW: case TP_OP_RESHAPE:
+        return infer_view(g, n, i, err);
+    case TP_OP_PERMUTE: case TP_OP_TRANSPOSE:
+        return infer_permute(g, n, err);
+    case TP_OP_SLICE:
+        return infer_slice(g, n, err);
+    case TP_OP_CONTIGUOUS: {
+        tp_node *x = &g->nodes[n->inputs[0]];
+        n->ndim = x->ndim;
+        memcpy(n->shape, x->shape, sizeof n->shape);
+        memcpy(n->stride, x->stride, sizeof n->stride);
+        if (is_contig(x)) {
+            alias_of(n, x);
+            return TP_OK;
+        }
+        n->dtype = x->dtype;
+        break;
+    }
+    case TP_OP_CAT:
+        st = infer_cat(g, n, err);
+        break;
+    default:
+        st = infer_collective(g, n, err);
+        break;
+    }
+    if (st == TP_OK)
+        own_contiguous(n, i);
+    return st;
+}
+
+tp_status tp_graph_infer(tp_graph *g, int64_t batch, tp_err *err)
+{
+    if (batch < 1)
+        return tp_fail(err, TP_INVALID, "batch size must be >= 1, got %lld", (long long)batch);
+    for (int i = 0; i < g->n_nodes; i++) {
+        tp_status st = infer_node(g, i, batch, err);
+        if (st != TP_OK)
+            return st;
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        tp_placement *p = &g->output_place[i];
+        const tp_node *o = &g->nodes[g->output_ids[i]];
+        if (p->kind == TP_PLACE_SHARD && p->dim < 0)
+            p->dim += o->ndim;
+        if (p->kind == TP_PLACE_SHARD && (p->dim < 0 || p->dim >= o->ndim))
+            return tp_fail(err, TP_INVALID, "output '%s': placement shard names a dim outside its %d-d shape",
+                           o->name, o->ndim);
+    }
+    g->batch = batch;
+    return TP_OK;
+}

@@ -1,0 +1,109 @@
+#include "weights.h"
+
+#include <stdlib.h>
+
+#include "safetensors.h"
+
+struct tp_weights {
+    tp_backend *b;
+    int world, n;
+    void **data; /* [rank * n + p] */
+    size_t bytes;
+    /* load-time only */
+    const tp_graph *g;
+    st_file *f;
+};
+
+static size_t local_bytes(const tp_node *n)
+{
+    size_t e = tp_dtype_size(n->dtype);
+    for (int i = 0; i < n->ndim; i++)
+        e *= (size_t)n->shape[i];
+    return e;
+}
+
+static tp_status load_param(tp_weights *w, int rank, int p, tp_err *err)
+{
+    const tp_node *n = &w->g->nodes[w->g->param_ids[p]];
+    const st_tensor_info *t = st_find(w->f, n->tensor_key);
+    size_t bytes = local_bytes(n);
+    int dim = n->placement.kind == TP_PLACE_SHARD ? n->placement.dim : -1;
+    void **slot = &w->data[rank * w->n + p];
+    tp_status st = w->b->iface->alloc(w->b, rank, bytes, slot, err);
+    if (st != TP_OK)
+        return st;
+    if (w->b->iface->host_addressable)
+        return st_read_shard(w->f, t, dim, rank, w->world, *slot, err);
+    void *staging = malloc(bytes ? bytes : 1);
+    if (!staging)
+        return tp_fail(err, TP_NOMEM, "param '%s': cannot allocate %zu staging bytes", n->name, bytes);
+    st = st_read_shard(w->f, t, dim, rank, w->world, staging, err);
+    if (st == TP_OK) {
+        tp_tensor src = tp_tensor_make(staging, n->dtype, n->ndim, n->shape);
+        tp_tensor dst = tp_tensor_make(*slot, n->dtype, n->ndim, n->shape);
+        st = w->b->iface->copy_in(w->b, rank, &dst, &src, err);
+        if (st == TP_OK)
+            st = w->b->iface->synchronize(w->b, rank, err);
+    }
+    free(staging);
+    return st;
+}
+
+static tp_status load_rank(void *ctx, int rank, tp_err *err)
+{
+    tp_weights *w = ctx;
+    for (int p = 0; p < w->n; p++) {
+        tp_status st = load_param(w, rank, p, err);
+        if (st != TP_OK) {
+            tp_err_prefix(err, "param '%s': ", w->g->nodes[w->g->param_ids[p]].name);
+            return st;
+        }
+    }
+    return TP_OK;
+}
+
+tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, tp_weights **out,
+                          tp_err *err)
+{
+    tp_weights *w = calloc(1, sizeof *w);
+    if (!w)
+        return tp_fail(err, TP_NOMEM, "weights: out of memory");
+    w->b = b;
+    w->world = g->world_size;
+    w->n = g->n_params;
+    w->g = g;
+    w->data = calloc((size_t)(w->world * w->n) + 1, sizeof *w->data);
+    if (!w->data) {
+        free(w);
+        return tp_fail(err, TP_NOMEM, "weights: out of memory");
+    }
+    for (int p = 0; p < w->n; p++)
+        w->bytes += local_bytes(&g->nodes[g->param_ids[p]]);
+    tp_status st = TP_OK;
+    if (w->n > 0 && (st = st_open(g->weights, &w->f, err)) == TP_OK)
+        st = tp_rank_group_run(rg, load_rank, w, NULL, NULL, err);
+    if (w->f)
+        st_close(w->f);
+    w->f = NULL;
+    w->g = NULL;
+    if (st != TP_OK) {
+        tp_weights_free(w);
+        return st;
+    }
+    *out = w;
+    return TP_OK;
+}
+
+void tp_weights_free(tp_weights *w)
+{
+    if (!w)
+        return;
+    for (int i = 0; i < w->world * w->n; i++)
+        if (w->data[i])
+            w->b->iface->free(w->b, i / w->n, w->data[i]);
+    free(w->data);
+    free(w);
+}
+
+void *tp_weights_get(const tp_weights *w, int rank, int p) { return w->data[rank * w->n + p]; }
+size_t tp_weights_bytes(const tp_weights *w) { return w->bytes; }

@@ -1,0 +1,224 @@
+/* cpu_backend.c — the reference backend.
+ *
+ * Capture records each run_op/collective as a command with every tensor
+ * (pointers, shapes, strides) and attrs copied in; replay walks that array
+ * and calls the kernels directly — no graph, no lookups, no allocation —
+ * which is exactly the pointer-stability discipline a CUDA graph imposes. */
+#include "cpu_backend.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives.h"
+#include "cpu_ops.h"
+
+typedef struct {
+    tp_op op;
+    int collective;
+    tp_attrs attrs;
+    int n_ins;
+    tp_tensor *ins;
+    tp_tensor out;
+} cpu_cmd;
+
+struct tp_capture {
+    int rank;
+    int n, cap;
+    cpu_cmd *cmds;
+};
+
+typedef struct {
+    cpu_comm *comm;
+    tp_capture **capturing; /* per rank: the record in progress, or NULL */
+} cpu_ctx;
+
+static cpu_ctx *ctx_of(tp_backend *b) { return b->ctx; }
+
+static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
+{
+    if (ctx_of(b)->capturing[rank])
+        return tp_fail(err, TP_INTERNAL, "rank %d: allocation of %zu bytes during capture", rank, bytes);
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, rounded ? rounded : 64);
+    if (!*out)
+        return tp_fail(err, TP_NOMEM, "rank %d: cannot allocate %zu bytes", rank, bytes);
+    return TP_OK;
+}
+
+static void cpu_free(tp_backend *b, int rank, void *p)
+{
+    (void)b;
+    (void)rank;
+    free(p);
+}
+
+static tp_status cpu_copy(tp_backend *b, int rank, tp_tensor *dst, const tp_tensor *src, tp_err *err)
+{
+    (void)b;
+    (void)rank;
+    (void)err;
+    tp_tensor_copy(dst, src);
+    return TP_OK;
+}
+
+static tp_status record(tp_capture *c, tp_op op, int collective, const tp_attrs *a,
+                        const tp_tensor *ins, int n_ins, const tp_tensor *out, tp_err *err)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 32;
+        cpu_cmd *nc = realloc(c->cmds, (size_t)cap * sizeof *nc);
+        if (!nc)
+            return tp_fail(err, TP_NOMEM, "capture: out of memory");
+        c->cmds = nc;
+        c->cap = cap;
+    }
+    cpu_cmd *cmd = &c->cmds[c->n];
+    cmd->ins = malloc((size_t)n_ins * sizeof *cmd->ins);
+    if (!cmd->ins)
+        return tp_fail(err, TP_NOMEM, "capture: out of memory");
+    memcpy(cmd->ins, ins, (size_t)n_ins * sizeof *ins);
+    cmd->op = op;
+    cmd->collective = collective;
+    cmd->attrs = *a;
+    cmd->n_ins = n_ins;
+    cmd->out = *out;
+    c->n++;
+    return TP_OK;
+}
+
+static tp_status cpu_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
+                            int n_ins, tp_tensor *out, tp_err *err)
+{
+    tp_capture *c = ctx_of(b)->capturing[rank];
+    if (c)
+        return record(c, op, 0, a, ins, n_ins, out, err);
+    return cpu_op_run(op, a, ins, n_ins, out, rank, b->world, err);
+}
+
+static tp_status cpu_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *in,
+                                tp_tensor *out, tp_err *err)
+{
+    tp_capture *c = ctx_of(b)->capturing[rank];
+    if (c)
+        return record(c, op, 1, a, in, 1, out, err);
+    return cpu_collective_run(ctx_of(b)->comm, rank, op, a, in, out, err);
+}
+
+static tp_status cpu_begin_capture(tp_backend *b, int rank, tp_err *err)
+{
+    cpu_ctx *x = ctx_of(b);
+    if (x->capturing[rank])
+        return tp_fail(err, TP_INTERNAL, "rank %d: capture already in progress", rank);
+    x->capturing[rank] = calloc(1, sizeof(tp_capture));
+    if (!x->capturing[rank])
+        return tp_fail(err, TP_NOMEM, "capture: out of memory");
+    x->capturing[rank]->rank = rank;
+    return TP_OK;
+}
+
+static tp_status cpu_end_capture(tp_backend *b, int rank, tp_capture **out, tp_err *err)
+{
+    cpu_ctx *x = ctx_of(b);
+    if (!x->capturing[rank])
+        return tp_fail(err, TP_INTERNAL, "rank %d: end_capture without begin_capture", rank);
+    *out = x->capturing[rank];
+    x->capturing[rank] = NULL;
+    return TP_OK;
+}
+
+static tp_status cpu_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
+{
+    cpu_ctx *x = ctx_of(b);
+    for (int i = 0; i < c->n; i++) {
+        cpu_cmd *cmd = &c->cmds[i];
+        tp_status st = cmd->collective
+                           ? cpu_collective_run(x->comm, rank, cmd->op, &cmd->attrs, cmd->ins, &cmd->out, err)
+                           : cpu_op_run(cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins, &cmd->out, rank, b->world, err);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+static void cpu_capture_free(tp_backend *b, tp_capture *c)
+{
+    (void)b;
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++)
+        free(c->cmds[i].ins);
+    free(c->cmds);
+    free(c);
+}
+
+static tp_status cpu_synchronize(tp_backend *b, int rank, tp_err *err)
+{
+    (void)b;
+    (void)rank;
+    (void)err;
+    return TP_OK; /* kernels run synchronously on the rank's thread */
+}
+
+static void cpu_abort(tp_backend *b) { cpu_comm_abort(ctx_of(b)->comm); }
+static void cpu_reset(tp_backend *b) { cpu_comm_reset(ctx_of(b)->comm); }
+
+static void cpu_destroy(tp_backend *b)
+{
+    cpu_ctx *x = ctx_of(b);
+    for (int r = 0; r < b->world; r++)
+        cpu_capture_free(b, x->capturing[r]);
+    free(x->capturing);
+    cpu_comm_free(x->comm);
+    free(x);
+    free(b);
+}
+
+static const tp_backend_iface cpu_iface = {
+    .name = "cpu",
+    .host_addressable = 1,
+    .alloc = cpu_alloc,
+    .alloc_symmetric = cpu_alloc, /* one address space: every buffer is peer-addressable */
+    .free = cpu_free,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .run_op = cpu_run_op,
+    .collective = cpu_collective,
+    .begin_capture = cpu_begin_capture,
+    .end_capture = cpu_end_capture,
+    .replay = cpu_replay,
+    .capture_free = cpu_capture_free,
+    .synchronize = cpu_synchronize,
+    .abort = cpu_abort,
+    .reset = cpu_reset,
+    .destroy = cpu_destroy,
+};
+
+tp_status tp_cpu_backend_create(int world, tp_backend **out, tp_err *err)
+{
+    tp_backend *b = calloc(1, sizeof *b);
+    cpu_ctx *x = calloc(1, sizeof *x);
+    if (x)
+        x->capturing = calloc((size_t)world, sizeof *x->capturing);
+    if (!b || !x || !x->capturing) {
+        if (x)
+            free(x->capturing);
+        free(x);
+        free(b);
+        return tp_fail(err, TP_NOMEM, "cpu backend: out of memory");
+    }
+    x->comm = cpu_comm_create(world, err);
+    if (!x->comm) {
+        free(x->capturing);
+        free(x);
+        free(b);
+        return TP_NOMEM;
+    }
+    /* One BLAS thread per rank: the ranks are the parallelism. */
+    openblas_set_num_threads(1);
+    b->iface = &cpu_iface;
+    b->ctx = x;
+    b->world = world;
+    *out = b;
+    return TP_OK;
+}

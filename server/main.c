@@ -1,0 +1,31 @@
+/* tpserve — serve tensor-parallel graphs over KServe v2 REST. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "serve.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: tpserve COMMAND ...\n\ncommands:\n");
+    tp_cli_usage(out);
+    fprintf(out, "  tpserve serve [options]\n      serve the graph over HTTP (KServe v2)\n\n");
+    tp_serve_usage(out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "run") == 0)
+        return tp_cli_run(argc - 1, argv + 1);
+    if (strcmp(argv[1], "plan") == 0)
+        return tp_cli_plan(argc - 1, argv + 1);
+    if (strcmp(argv[1], "serve") == 0)
+        return tp_serve_main(argc - 1, argv + 1);
+    fprintf(stderr, "tpserve: unknown command '%s' (try tpserve --help)\n", argv[1]);
+    return 2;
+}
