@@ -1,0 +1,256 @@
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KEY_STR, KEY_INT, KEY_I64 } key_kind;
+
+/* One row per key: the file, the flags, validation and --help all read this
+ * table, so adding a key is one line here plus a struct field. */
+typedef struct {
+    const char *name;
+    key_kind kind;
+    size_t off;     /* offsetof the field in tp_config */
+    size_t size;    /* buffer size for KEY_STR */
+    int64_t min, max;
+    const char *choices; /* "a|b|c" for enumerated strings, else NULL */
+    const char *help;
+} key_desc;
+
+#define STR_KEY(f, ch, h) {#f, KEY_STR, offsetof(tp_config, f), sizeof(((tp_config *)0)->f), 0, 0, ch, h}
+#define INT_KEY(f, lo, hi, h) {#f, KEY_INT, offsetof(tp_config, f), 0, lo, hi, NULL, h}
+#define I64_KEY(f, lo, hi, h) {#f, KEY_I64, offsetof(tp_config, f), 0, lo, hi, NULL, h}
+
+static const key_desc keys[] = {
+    STR_KEY(graph, NULL, "graph JSON file to serve (relative to the working directory)"),
+    STR_KEY(host, NULL, "address to bind (127.0.0.1: only the pod; 0.0.0.0: all interfaces)"),
+    INT_KEY(port, 0, 65535, "TCP port (0: any free port, logged at startup)"),
+    STR_KEY(backend, "cpu|cuda|auto", "engine backend"),
+    INT_KEY(threads, 1, 256, "HTTP threads, and as many inference workers"),
+    I64_KEY(max_body_bytes, 1, INT64_C(1) << 40, "largest request body; bigger gets 413"),
+    INT_KEY(request_timeout_ms, 0, 86400000,
+            "idle-connection timeout, and longest queue wait before 504 (0: none)"),
+    INT_KEY(drain_timeout_ms, 0, 86400000, "SIGTERM/SIGINT: longest wait for in-flight requests"),
+    INT_KEY(max_queue, 1, 1000000, "queued inference requests before 503 (overloaded)"),
+    STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
+};
+#define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
+
+void tp_config_defaults(tp_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "127.0.0.1");
+    c->port = 8000;
+    snprintf(c->backend, sizeof c->backend, "cpu");
+    c->threads = 4;
+    c->max_body_bytes = INT64_C(64) << 20;
+    c->request_timeout_ms = 30000;
+    c->drain_timeout_ms = 10000;
+    c->max_queue = 1024;
+    snprintf(c->log_level, sizeof c->log_level, "info");
+}
+
+/* Accepts "max-body-bytes" as well as "max_body_bytes". */
+static const key_desc *find_key(const char *name)
+{
+    char norm[64];
+    size_t n = strlen(name);
+    if (n >= sizeof norm)
+        return NULL;
+    for (size_t i = 0; i <= n; i++)
+        norm[i] = name[i] == '-' ? '_' : name[i];
+    for (int i = 0; i < N_KEYS; i++)
+        if (strcmp(keys[i].name, norm) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+static int choice_ok(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0)
+            return 1;
+        p += len + (bar ? 1 : 0);
+    }
+    return 0;
+}
+
+/* where: "file 'x.json'" or "--flag", so errors say which layer was wrong. */
+static tp_status set_str(tp_config *c, const key_desc *k, const char *v, const char *where,
+                         tp_err *err)
+{
+    if (strlen(v) >= k->size)
+        return tp_fail(err, TP_INVALID, "%s: '%s' is too long (at most %zu bytes)", where, k->name,
+                       k->size - 1);
+    if (k->choices && !choice_ok(k->choices, v))
+        return tp_fail(err, TP_INVALID, "%s: '%s' must be one of %s, got '%s'", where, k->name,
+                       k->choices, v);
+    memcpy((char *)c + k->off, v, strlen(v) + 1);
+    return TP_OK;
+}
+
+static tp_status set_int(tp_config *c, const key_desc *k, int64_t v, const char *where, tp_err *err)
+{
+    if (v < k->min || v > k->max)
+        return tp_fail(err, TP_INVALID, "%s: '%s' must be in [%" PRId64 ", %" PRId64 "], got %" PRId64,
+                       where, k->name, k->min, k->max, v);
+    if (k->kind == KEY_INT)
+        *(int *)((char *)c + k->off) = (int)v;
+    else
+        *(int64_t *)((char *)c + k->off) = v;
+    return TP_OK;
+}
+
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static tp_status set_json(tp_config *c, const key_desc *k, const json_t *v, const char *where,
+                          tp_err *err)
+{
+    if (k->kind == KEY_STR) {
+        if (!json_is_string(v))
+            return tp_fail(err, TP_INVALID, "%s: '%s' must be a string, got %s", where, k->name,
+                           json_type_name(v));
+        return set_str(c, k, json_string_value(v), where, err);
+    }
+    if (!json_is_integer(v))
+        return tp_fail(err, TP_INVALID, "%s: '%s' must be an integer, got %s", where, k->name,
+                       json_type_name(v));
+    return set_int(c, k, (int64_t)json_integer_value(v), where, err);
+}
+
+static const char *key_list(char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_KEYS && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "", keys[i].name);
+    return buf;
+}
+
+tp_status tp_config_load_file(tp_config *c, const char *path, tp_err *err)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    char where[600];
+    snprintf(where, sizeof where, "config file '%s'", path);
+    if (!root) {
+        if (jerr.line <= 0) /* jansson reports unreadable files without a position */
+            return tp_fail(err, TP_IO, "%s: %s", where, jerr.text);
+        return tp_fail(err, TP_PARSE, "%s: line %d column %d: %s", where, jerr.line, jerr.column,
+                       jerr.text);
+    }
+    tp_status st = TP_OK;
+    if (!json_is_object(root)) {
+        st = tp_fail(err, TP_INVALID, "%s: top level must be a JSON object, got %s", where,
+                     json_type_name(root));
+        json_decref(root);
+        return st;
+    }
+    const char *name;
+    json_t *v;
+    json_object_foreach(root, name, v) {
+        const key_desc *k = strchr(name, '-') ? NULL : find_key(name);
+        if (!k) {
+            char known[512];
+            st = tp_fail(err, TP_INVALID, "%s: unknown key '%s' (known keys: %s)", where, name,
+                         key_list(known, sizeof known));
+            break;
+        }
+        if ((st = set_json(c, k, v, where, err)) != TP_OK)
+            break;
+    }
+    json_decref(root);
+    return st;
+}
+
+static tp_status parse_int(const char *text, const char *where, int64_t *out, tp_err *err)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || errno == ERANGE)
+        return tp_fail(err, TP_INVALID, "%s: '%s' is not an integer", where, text);
+    *out = (int64_t)v;
+    return TP_OK;
+}
+
+tp_status tp_config_set(tp_config *c, const char *key, const char *value, tp_err *err)
+{
+    const key_desc *k = find_key(key);
+    char where[96];
+    snprintf(where, sizeof where, "--%s", key);
+    for (char *p = where; *p; p++)
+        if (*p == '_')
+            *p = '-';
+    if (!k)
+        return tp_fail(err, TP_INVALID, "unknown option '%s'", where);
+    if (k->kind == KEY_STR)
+        return set_str(c, k, value, where, err);
+    int64_t v;
+    tp_status st = parse_int(value, where, &v, err);
+    return st != TP_OK ? st : set_int(c, k, v, where, err);
+}
+
+tp_status tp_config_validate(const tp_config *c, tp_err *err)
+{
+    if (c->graph[0] == '\0')
+        return tp_fail(err, TP_INVALID, "no graph given: pass --graph FILE or set \"graph\" in "
+                       "the --config file");
+    if (c->host[0] == '\0')
+        return tp_fail(err, TP_INVALID, "'host' is empty");
+    tp_config copy = *c;
+    tp_status st = TP_OK;
+    /* Re-applying each value through the setters checks ranges and choices
+     * with the same messages as the file and the flags. */
+    for (int i = 0; i < N_KEYS && st == TP_OK; i++) {
+        const key_desc *k = &keys[i];
+        const char *p = (const char *)c + k->off;
+        if (k->kind == KEY_STR)
+            st = set_str(&copy, k, p, "config", err);
+        else
+            st = set_int(&copy, k, k->kind == KEY_INT ? *(const int *)p : *(const int64_t *)p,
+                         "config", err);
+    }
+    return st;
+}
+
+void tp_config_usage(FILE *f)
+{
+    tp_config d;
+    tp_config_defaults(&d);
+    for (int i = 0; i < N_KEYS; i++) {
+        const key_desc *k = &keys[i];
+        const char *p = (const char *)&d + k->off;
+        char flag[64], def[64];
+        snprintf(flag, sizeof flag, "%s", k->name);
+        for (char *q = flag; *q; q++)
+            if (*q == '_')
+                *q = '-';
+        if (k->kind == KEY_STR)
+            snprintf(def, sizeof def, "%s", *p ? p : "(none)");
+        else
+            snprintf(def, sizeof def, "%" PRId64,
+                     k->kind == KEY_INT ? (int64_t) * (const int *)p : *(const int64_t *)p);
+        fprintf(f, "  --%-20s %-18s %s%s%s (default %s)\n", flag, k->name, k->help,
+                k->choices ? ": " : "", k->choices ? k->choices : "", def);
+    }
+}

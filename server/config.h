@@ -1,0 +1,43 @@
+/* config.h — `tpserve serve` settings: built-in defaults, then a JSON file
+ * (--config), then command-line flags, each layer overriding the one before.
+ *
+ * Every key has one name used both in the file ("max_body_bytes") and on the
+ * command line (--max-body-bytes), so the two never drift apart. */
+#ifndef TP_CONFIG_H
+#define TP_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+typedef struct {
+    char host[256];          /* bind address; a sidecar talks to its pod */
+    int port;                /* 0 lets the kernel pick a free port */
+    char graph[4096];        /* graph JSON path, relative to the working dir */
+    char backend[16];        /* cpu | cuda | auto */
+    int threads;             /* HTTP thread pool size, also inference workers */
+    int64_t max_body_bytes;  /* larger request bodies get 413 */
+    int request_timeout_ms;  /* idle connection / queue wait limit; 0 = none */
+    int drain_timeout_ms;    /* SIGTERM: longest wait for in-flight requests */
+    int max_queue;           /* queued inference requests before 503 */
+    char log_level[8];       /* error | warn | info | debug */
+} tp_config;
+
+void tp_config_defaults(tp_config *c);
+
+/* Applies every key of a JSON object file. Unknown keys and wrong types are
+ * errors naming the key and the file. Keys the file omits keep their value. */
+tp_status tp_config_load_file(tp_config *c, const char *path, tp_err *err);
+
+/* Sets one key from its text form (a command-line value). key uses either
+ * spelling: "max_body_bytes" or "max-body-bytes". */
+tp_status tp_config_set(tp_config *c, const char *key, const char *value, tp_err *err);
+
+/* Checks ranges and enumerations once all layers are applied. */
+tp_status tp_config_validate(const tp_config *c, tp_err *err);
+
+/* Writes the key table (name, type, default, meaning) for --help. */
+void tp_config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,754 @@
+#include "kserve.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static const char *shape_str(char *buf, int ndim, const int64_t *shape)
+{
+    return tp_shape_str(buf, 128, ndim, shape);
+}
+
+static int64_t numel_of(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+/* Names the model's inputs or outputs for "expected one of" messages. */
+static const char *io_names(char *buf, size_t len, const tp_io_desc *io, int n)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s'%s'", i ? ", " : "", io[i].name);
+    return buf;
+}
+
+static int find_io(const tp_io_desc *io, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(io[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* KServe v2 datatypes tpserve does not compute in: named so the client is
+ * told "unsupported", not "unknown". */
+static int known_unsupported(const char *dt)
+{
+    static const char *const names[] = {"BOOL",  "UINT8", "UINT16", "UINT32", "UINT64",
+                                        "INT8",  "INT16", "FP64",   "BYTES"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(dt, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static tp_status parse_datatype(const json_t *jdt, const char *input, tp_dtype *out, tp_err *err)
+{
+    if (!jdt)
+        return tp_fail(err, TP_INVALID, "input '%s': missing 'datatype'", input);
+    if (!json_is_string(jdt))
+        return tp_fail(err, TP_INVALID, "input '%s': 'datatype' must be a string, got %s", input,
+                       jtype(jdt));
+    const char *dt = json_string_value(jdt);
+    if (tp_dtype_from_name(dt, out) == 0)
+        return TP_OK;
+    return tp_fail(err, TP_INVALID,
+                   "input '%s': %s datatype '%s' (supported: FP32, FP16, BF16, INT32, INT64)",
+                   input, known_unsupported(dt) ? "unsupported" : "unknown", dt);
+}
+
+static tp_status parse_shape(const json_t *js, const char *input, tp_host_tensor *t, tp_err *err)
+{
+    if (!js)
+        return tp_fail(err, TP_INVALID, "input '%s': missing 'shape'", input);
+    if (!json_is_array(js))
+        return tp_fail(err, TP_INVALID, "input '%s': 'shape' must be an array, got %s", input,
+                       jtype(js));
+    if (json_array_size(js) > TP_MAX_DIMS)
+        return tp_fail(err, TP_INVALID, "input '%s': shape has %zu dims, at most %d supported",
+                       input, json_array_size(js), TP_MAX_DIMS);
+    t->ndim = (int)json_array_size(js);
+    for (int i = 0; i < t->ndim; i++) {
+        const json_t *d = json_array_get(js, (size_t)i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0)
+            return tp_fail(err, TP_INVALID,
+                           "input '%s': shape[%d] must be a non-negative integer, got %s", input,
+                           i, json_is_integer(d) ? "a negative integer" : jtype(d));
+        t->shape[i] = (int64_t)json_integer_value(d);
+    }
+    return TP_OK;
+}
+
+/* The request shape must equal the model's, except where the model says -1
+ * (the batch dim). Zero-element tensors are refused: no graph computes on
+ * them and they would reach kernels as empty buffers. */
+static tp_status check_shape(const tp_io_desc *d, const tp_host_tensor *t, tp_err *err)
+{
+    char got[128], want[128];
+    int ok = d->ndim == t->ndim;
+    for (int i = 0; ok && i < t->ndim; i++)
+        ok = d->shape[i] < 0 || d->shape[i] == t->shape[i];
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "input '%s': shape %s does not match model shape %s",
+                       d->name, shape_str(got, t->ndim, t->shape),
+                       shape_str(want, d->ndim, d->shape));
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0)
+            return tp_fail(err, TP_INVALID, "input '%s': shape %s has no elements", d->name,
+                           shape_str(got, t->ndim, t->shape));
+        if (n > (INT64_MAX / 8) / t->shape[i])
+            return tp_fail(err, TP_INVALID, "input '%s': shape %s is too large", d->name,
+                           shape_str(got, t->ndim, t->shape));
+        n *= t->shape[i];
+    }
+    return TP_OK;
+}
+
+/* ---- JSON "data" -------------------------------------------------------- */
+
+/* Formats "data[1][0]" for the element path idx[0..depth). */
+static const char *path_str(char *buf, size_t len, const size_t *idx, int depth)
+{
+    size_t off = (size_t)snprintf(buf, len, "data");
+    for (int i = 0; i < depth && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "[%zu]", idx[i]);
+    return buf;
+}
+
+/* Nested data must follow the shape exactly: level d is an array of
+ * shape[d] entries, and the last level holds scalars. */
+static tp_status check_nested(const json_t *v, const tp_host_tensor *t, int dim, size_t *idx,
+                              tp_err *err)
+{
+    char path[160], sh[128];
+    path_str(path, sizeof path, idx, dim);
+    if (!json_is_array(v))
+        return tp_fail(err, TP_INVALID, "input '%s': %s is %s, expected an array of %" PRId64
+                       " (shape %s)", t->name, path, jtype(v), t->shape[dim],
+                       shape_str(sh, t->ndim, t->shape));
+    if ((int64_t)json_array_size(v) != t->shape[dim])
+        return tp_fail(err, TP_INVALID, "input '%s': %s has %zu elements, shape %s needs %" PRId64
+                       " at dim %d", t->name, path, json_array_size(v),
+                       shape_str(sh, t->ndim, t->shape), t->shape[dim], dim);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        idx[dim] = i;
+        if (dim + 1 < t->ndim) {
+            tp_status st = check_nested(e, t, dim + 1, idx, err);
+            if (st != TP_OK)
+                return st;
+        } else if (json_is_array(e) || json_is_object(e)) {
+            return tp_fail(err, TP_INVALID, "input '%s': %s is %s, but shape %s has only %d "
+                           "dims", t->name, path_str(path, sizeof path, idx, dim + 1), jtype(e),
+                           shape_str(sh, t->ndim, t->shape), t->ndim);
+        }
+    }
+    return TP_OK;
+}
+
+/* Flat data: one array of numel scalars. */
+static tp_status check_flat(const json_t *v, const tp_host_tensor *t, int64_t numel, tp_err *err)
+{
+    char sh[128];
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (json_is_array(e) || json_is_object(e))
+            return tp_fail(err, TP_INVALID, "input '%s': data[%zu] is %s; data must be flat or "
+                           "nested exactly like shape %s", t->name, i, jtype(e),
+                           shape_str(sh, t->ndim, t->shape));
+    }
+    if ((int64_t)json_array_size(v) != numel)
+        return tp_fail(err, TP_INVALID, "input '%s': data has %zu elements, shape %s needs %" PRId64,
+                       t->name, json_array_size(v), shape_str(sh, t->ndim, t->shape), numel);
+    return TP_OK;
+}
+
+static tp_status store_float(void *dst, tp_dtype dt, int64_t i, double d, const char *input,
+                             tp_err *err)
+{
+    float f = (float)d;
+    int overflow = !isfinite(f);
+    if (dt == TP_F16)
+        overflow = overflow || (tp_f32_to_f16(f) & 0x7fffu) == 0x7c00u;
+    else if (dt == TP_BF16)
+        overflow = overflow || (tp_f32_to_bf16(f) & 0x7fffu) == 0x7f80u;
+    if (overflow)
+        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " (%g) is out of "
+                       "%s range", input, i, d, tp_dtype_name(dt));
+    tp_store_f32(dst, dt, i, f);
+    return TP_OK;
+}
+
+static tp_status store_elem(void *dst, tp_dtype dt, int64_t i, const json_t *v, const char *input,
+                            tp_err *err)
+{
+    if (tp_dtype_is_float(dt)) {
+        if (!json_is_number(v))
+            return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, "
+                           "expected a number for %s", input, i, jtype(v), tp_dtype_name(dt));
+        return store_float(dst, dt, i, json_number_value(v), input, err);
+    }
+    if (!json_is_integer(v))
+        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, expected "
+                       "an integer for %s", input, i, jtype(v), tp_dtype_name(dt));
+    json_int_t x = json_integer_value(v);
+    if (dt == TP_I64) {
+        ((int64_t *)dst)[i] = (int64_t)x;
+        return TP_OK;
+    }
+    if (x < INT32_MIN || x > INT32_MAX)
+        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " (%" JSON_INTEGER_FORMAT
+                       ") is out of INT32 range", input, i, x);
+    ((int32_t *)dst)[i] = (int32_t)x;
+    return TP_OK;
+}
+
+/* Walks the (already validated) nesting depth-first, storing leaves. */
+static tp_status store_all(const json_t *v, tp_host_tensor *t, int64_t *i, tp_err *err)
+{
+    for (size_t k = 0; k < json_array_size(v); k++) {
+        const json_t *e = json_array_get(v, k);
+        tp_status st = json_is_array(e) ? store_all(e, t, i, err)
+                                        : store_elem(t->data, t->dtype, (*i)++, e, t->name, err);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+static tp_status decode_json_data(const json_t *data, tp_host_tensor *t, tp_err *err)
+{
+    int64_t numel = numel_of(t->ndim, t->shape);
+    if (!json_is_array(data))
+        return tp_fail(err, TP_INVALID, "input '%s': 'data' must be an array, got %s", t->name,
+                       jtype(data));
+    size_t idx[TP_MAX_DIMS];
+    int nested = json_array_size(data) > 0 && json_is_array(json_array_get(data, 0));
+    tp_status st = nested && t->ndim > 0 ? check_nested(data, t, 0, idx, err)
+                                         : check_flat(data, t, numel, err);
+    if (st != TP_OK)
+        return st;
+    t->nbytes = (size_t)numel * tp_dtype_size(t->dtype);
+    if (!(t->data = malloc(t->nbytes)))
+        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name,
+                       t->nbytes);
+    int64_t i = 0;
+    return store_all(data, t, &i, err);
+}
+
+/* ---- binary tensor data ------------------------------------------------- */
+
+/* The binary section of the body, consumed input by input. */
+typedef struct {
+    const unsigned char *p;
+    size_t len, off;
+    int present; /* the request had Inference-Header-Content-Length */
+    long long header_len;
+} bin_tail;
+
+static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail *tail, tp_err *err)
+{
+    char sh[128];
+    if (!tail->present)
+        return tp_fail(err, TP_INVALID, "input '%s' has parameters.binary_data_size but the "
+                       "request has no Inference-Header-Content-Length header", t->name);
+    if (!json_is_integer(jsize) || json_integer_value(jsize) < 0)
+        return tp_fail(err, TP_INVALID, "input '%s': parameters.binary_data_size must be a "
+                       "non-negative integer, got %s", t->name, jtype(jsize));
+    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
+    json_int_t got = json_integer_value(jsize);
+    if ((unsigned long long)got != want)
+        return tp_fail(err, TP_INVALID, "input '%s': binary_data_size %" JSON_INTEGER_FORMAT
+                       " does not match shape %s of %s (%zu bytes)", t->name, got,
+                       shape_str(sh, t->ndim, t->shape), tp_dtype_name(t->dtype), want);
+    if (want > tail->len - tail->off)
+        return tp_fail(err, TP_INVALID, "input '%s': binary data needs %zu bytes at offset %zu "
+                       "of the binary section, but only %zu remain (body %zu bytes, "
+                       "Inference-Header-Content-Length %lld)", t->name, want, tail->off,
+                       tail->len - tail->off, (size_t)tail->header_len + tail->len,
+                       tail->header_len);
+    /* Copied rather than borrowed: the tail is unaligned for the engine's
+     * element types, and the request then owns everything it points to. */
+    if (!(t->data = malloc(want)))
+        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
+    memcpy(t->data, tail->p + tail->off, want);
+    t->nbytes = want;
+    tail->off += want;
+    return TP_OK;
+}
+
+/* ---- inputs ------------------------------------------------------------- */
+
+static tp_status parse_input_name(const json_t *in, size_t pos, const char **name, tp_err *err)
+{
+    if (!json_is_object(in))
+        return tp_fail(err, TP_INVALID, "inputs[%zu] must be an object, got %s", pos, jtype(in));
+    const json_t *jn = json_object_get(in, "name");
+    if (!json_is_string(jn))
+        return tp_fail(err, TP_INVALID, "inputs[%zu]: 'name' must be a string, got %s", pos,
+                       jn ? jtype(jn) : "nothing");
+    *name = json_string_value(jn);
+    return TP_OK;
+}
+
+/* Fills t from one request input already matched to model input d. */
+static tp_status parse_input(const json_t *in, const tp_io_desc *d, tp_host_tensor *t,
+                             bin_tail *tail, tp_err *err)
+{
+    snprintf(t->name, sizeof t->name, "%s", d->name);
+    tp_status st = parse_datatype(json_object_get(in, "datatype"), d->name, &t->dtype, err);
+    if (st != TP_OK)
+        return st;
+    if (t->dtype != d->dtype)
+        return tp_fail(err, TP_INVALID, "input '%s': datatype %s does not match model datatype %s",
+                       d->name, tp_dtype_name(t->dtype), tp_dtype_name(d->dtype));
+    if ((st = parse_shape(json_object_get(in, "shape"), d->name, t, err)) != TP_OK ||
+        (st = check_shape(d, t, err)) != TP_OK)
+        return st;
+    const json_t *params = json_object_get(in, "parameters");
+    if (params && !json_is_object(params))
+        return tp_fail(err, TP_INVALID, "input '%s': 'parameters' must be an object, got %s",
+                       d->name, jtype(params));
+    const json_t *bsize = params ? json_object_get(params, "binary_data_size") : NULL;
+    const json_t *data = json_object_get(in, "data");
+    if (bsize && data)
+        return tp_fail(err, TP_INVALID, "input '%s' has both 'data' and "
+                       "parameters.binary_data_size; send one", d->name);
+    if (bsize)
+        return decode_binary(bsize, t, tail, err);
+    if (!data)
+        return tp_fail(err, TP_INVALID, "input '%s' has no 'data' and no "
+                       "parameters.binary_data_size", d->name);
+    return decode_json_data(data, t, err);
+}
+
+static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, bin_tail *tail,
+                              tp_host_tensor *ts, tp_err *err)
+{
+    char names[512];
+    if (!jin)
+        return tp_fail(err, TP_INVALID, "request has no 'inputs' (model '%s' expects %s)",
+                       m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
+    if (!json_is_array(jin))
+        return tp_fail(err, TP_INVALID, "'inputs' must be an array, got %s", jtype(jin));
+    for (size_t i = 0; i < json_array_size(jin); i++) {
+        const json_t *in = json_array_get(jin, i);
+        const char *name;
+        tp_status st = parse_input_name(in, i, &name, err);
+        if (st != TP_OK)
+            return st;
+        int k = find_io(m->inputs, m->n_inputs, name);
+        if (k < 0)
+            return tp_fail(err, TP_INVALID, "unknown input '%s' (model '%s' inputs: %s)", name,
+                           m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
+        if (ts[k].name[0])
+            return tp_fail(err, TP_INVALID, "input '%s' appears more than once", name);
+        if ((st = parse_input(in, &m->inputs[k], &ts[k], tail, err)) != TP_OK)
+            return st;
+    }
+    for (int k = 0; k < m->n_inputs; k++)
+        if (!ts[k].name[0])
+            return tp_fail(err, TP_INVALID, "missing input '%s' (model '%s' inputs: %s)",
+                           m->inputs[k].name, m->name,
+                           io_names(names, sizeof names, m->inputs, m->n_inputs));
+    if (tail->off != tail->len)
+        return tp_fail(err, TP_INVALID, "binary section has %zu bytes after the last input's "
+                       "data (Inference-Header-Content-Length %lld, body %zu bytes): "
+                       "binary_data_size values do not add up", tail->len - tail->off,
+                       tail->header_len, (size_t)tail->header_len + tail->len);
+    return TP_OK;
+}
+
+/* ---- outputs ------------------------------------------------------------ */
+
+static tp_status get_bool_param(const json_t *params, const char *key, const char *where,
+                                int *out, tp_err *err)
+{
+    const json_t *v = params ? json_object_get(params, key) : NULL;
+    if (!v)
+        return TP_OK;
+    if (!json_is_boolean(v))
+        return tp_fail(err, TP_INVALID, "%s: parameters.%s must be a boolean, got %s", where, key,
+                       jtype(v));
+    *out = json_is_true(v);
+    return TP_OK;
+}
+
+static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t pos,
+                              int binary_default, tp_kserve_output_sel *sel, tp_err *err)
+{
+    char names[512], where[200];
+    if (!json_is_object(o))
+        return tp_fail(err, TP_INVALID, "outputs[%zu] must be an object, got %s", pos, jtype(o));
+    const json_t *jn = json_object_get(o, "name");
+    if (!json_is_string(jn))
+        return tp_fail(err, TP_INVALID, "outputs[%zu]: 'name' must be a string, got %s", pos,
+                       jn ? jtype(jn) : "nothing");
+    const char *name = json_string_value(jn);
+    int k = find_io(m->outputs, m->n_outputs, name);
+    if (k < 0)
+        return tp_fail(err, TP_INVALID, "unknown output '%s' (model '%s' outputs: %s)", name,
+                       m->name, io_names(names, sizeof names, m->outputs, m->n_outputs));
+    snprintf(sel->name, sizeof sel->name, "%s", m->outputs[k].name);
+    snprintf(where, sizeof where, "output '%s'", sel->name);
+    const json_t *params = json_object_get(o, "parameters");
+    if (params && !json_is_object(params))
+        return tp_fail(err, TP_INVALID, "%s: 'parameters' must be an object, got %s", where,
+                       jtype(params));
+    if (params && json_object_get(params, "classification"))
+        return tp_fail(err, TP_INVALID, "%s: parameters.classification is not supported", where);
+    sel->binary = binary_default;
+    return get_bool_param(params, "binary_data", where, &sel->binary, err);
+}
+
+/* No "outputs" means every model output, encoded per binary_data_output. */
+static tp_status parse_outputs(const tp_kserve_model *m, const json_t *jout, int binary_default,
+                               tp_kserve_request *req, tp_err *err)
+{
+    if (jout && !json_is_array(jout))
+        return tp_fail(err, TP_INVALID, "'outputs' must be an array, got %s", jtype(jout));
+    size_t n = jout && json_array_size(jout) ? json_array_size(jout) : (size_t)m->n_outputs;
+    if (!(req->outputs = calloc(n ? n : 1, sizeof *req->outputs)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    req->n_outputs = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        tp_kserve_output_sel *sel = &req->outputs[i];
+        if (!jout || !json_array_size(jout)) {
+            snprintf(sel->name, sizeof sel->name, "%s", m->outputs[i].name);
+            sel->binary = binary_default;
+            continue;
+        }
+        tp_status st = parse_output(m, json_array_get(jout, i), i, binary_default, sel, err);
+        if (st != TP_OK)
+            return st;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(req->outputs[j].name, sel->name) == 0)
+                return tp_fail(err, TP_INVALID, "output '%s' is requested more than once",
+                               sel->name);
+    }
+    return TP_OK;
+}
+
+/* ---- request ------------------------------------------------------------ */
+
+static tp_status split_body(const char *body, size_t len, long long header_len, bin_tail *tail,
+                            size_t *json_len, tp_err *err)
+{
+    memset(tail, 0, sizeof *tail);
+    *json_len = len;
+    if (header_len < 0)
+        return TP_OK;
+    if ((unsigned long long)header_len > len)
+        return tp_fail(err, TP_INVALID, "Inference-Header-Content-Length %lld exceeds the body "
+                       "length %zu", header_len, len);
+    tail->present = 1;
+    tail->header_len = header_len;
+    tail->p = (const unsigned char *)body + header_len;
+    tail->len = len - (size_t)header_len;
+    *json_len = (size_t)header_len;
+    return TP_OK;
+}
+
+static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_tail *tail,
+                            tp_kserve_request *req, tp_err *err)
+{
+    if (!json_is_object(root))
+        return tp_fail(err, TP_PARSE, "request body must be a JSON object, got %s", jtype(root));
+    const json_t *id = json_object_get(root, "id");
+    if (id && !json_is_string(id))
+        return tp_fail(err, TP_INVALID, "'id' must be a string, got %s", jtype(id));
+    if (id && !(req->id = strdup(json_string_value(id))))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    const json_t *params = json_object_get(root, "parameters");
+    if (params && !json_is_object(params))
+        return tp_fail(err, TP_INVALID, "'parameters' must be an object, got %s", jtype(params));
+    int binary_default = 0;
+    tp_status st = get_bool_param(params, "binary_data_output", "request", &binary_default, err);
+    if (st != TP_OK)
+        return st;
+    if (!(req->inputs = calloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *req->inputs)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    req->n_inputs = m->n_inputs;
+    if ((st = parse_inputs(m, json_object_get(root, "inputs"), tail, req->inputs, err)) != TP_OK)
+        return st;
+    return parse_outputs(m, json_object_get(root, "outputs"), binary_default, req, err);
+}
+
+/* Parses one JSON document. Bytes after it are reported apart from plain
+ * syntax errors: they usually mean a binary tail sent without its
+ * Inference-Header-Content-Length header. */
+static tp_status load_json(const char *body, size_t len, json_t **out, tp_err *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    if (!root)
+        return tp_fail(err, TP_PARSE, "malformed JSON in request body at line %d column %d: %s",
+                       jerr.line, jerr.column, jerr.text);
+    size_t end = (size_t)jerr.position;
+    while (end < len && strchr(" \t\r\n", body[end]) && body[end])
+        end++;
+    if (end < len) {
+        json_decref(root);
+        return tp_fail(err, TP_PARSE, "request body has %zu bytes after the JSON document (at "
+                       "byte %zu); a binary tensor tail needs the Inference-Header-Content-Length "
+                       "header", len - end, (size_t)jerr.position);
+    }
+    *out = root;
+    return TP_OK;
+}
+
+tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size_t len,
+                                long long header_len, tp_kserve_request *req, tp_err *err)
+{
+    memset(req, 0, sizeof *req);
+    bin_tail tail;
+    size_t json_len;
+    tp_status st = split_body(body, len, header_len, &tail, &json_len, err);
+    if (st != TP_OK)
+        return st;
+    json_t *root;
+    if ((st = load_json(body, json_len, &root, err)) != TP_OK)
+        return st;
+    st = parse_root(m, root, &tail, req, err);
+    json_decref(root);
+    if (st != TP_OK)
+        tp_kserve_request_free(req);
+    return st;
+}
+
+void tp_kserve_request_free(tp_kserve_request *req)
+{
+    if (!req)
+        return;
+    for (int i = 0; i < req->n_inputs && req->inputs; i++)
+        free(req->inputs[i].data);
+    free(req->inputs);
+    free(req->outputs);
+    free(req->id);
+    memset(req, 0, sizeof *req);
+}
+
+/* ---- response ----------------------------------------------------------- */
+
+static json_t *shape_json(int ndim, const int64_t *shape)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < ndim; i++)
+        json_array_append_new(a, json_integer((json_int_t)shape[i]));
+    return a;
+}
+
+static tp_status data_json(const tp_host_tensor *t, json_t **out, tp_err *err)
+{
+    int64_t n = numel_of(t->ndim, t->shape);
+    json_t *a = json_array();
+    for (int64_t i = 0; a && i < n; i++) {
+        json_t *v;
+        if (tp_dtype_is_float(t->dtype)) {
+            float f = tp_load_f32(t->data, t->dtype, i);
+            if (!isfinite(f)) {
+                json_decref(a);
+                return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
+                               "JSON cannot carry; request this output with "
+                               "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");
+            }
+            v = json_real((double)f);
+        } else if (t->dtype == TP_I32) {
+            v = json_integer(((const int32_t *)t->data)[i]);
+        } else {
+            v = json_integer((json_int_t)((const int64_t *)t->data)[i]);
+        }
+        if (!v || json_array_append_new(a, v) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    if (!a)
+        return tp_fail(err, TP_NOMEM, "output '%s': out of memory encoding JSON", t->name);
+    *out = a;
+    return TP_OK;
+}
+
+static const tp_host_tensor *find_tensor(const tp_host_tensor *ts, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(ts[i].name, name) == 0)
+            return &ts[i];
+    return NULL;
+}
+
+static tp_status output_json(const tp_host_tensor *t, int binary, json_t **out, tp_err *err)
+{
+    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
+    if (t->nbytes != want || (want && !t->data))
+        return tp_fail(err, TP_INTERNAL, "output '%s': engine returned %zu bytes for %zu expected",
+                       t->name, t->nbytes, want);
+    json_t *o = json_pack("{s:s, s:s, s:o}", "name", t->name, "datatype", tp_dtype_name(t->dtype),
+                          "shape", shape_json(t->ndim, t->shape));
+    if (!o)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    if (binary) {
+        json_object_set_new(o, "parameters", json_pack("{s:I}", "binary_data_size",
+                                                        (json_int_t)t->nbytes));
+    } else {
+        json_t *data;
+        tp_status st = data_json(t, &data, err);
+        if (st != TP_OK) {
+            json_decref(o);
+            return st;
+        }
+        json_object_set_new(o, "data", data);
+    }
+    *out = o;
+    return TP_OK;
+}
+
+/* Builds the header document and, for binary outputs, the sum of their sizes. */
+static tp_status response_header(const tp_kserve_model *m, const tp_kserve_request *req,
+                                 const tp_host_tensor *outs, int n_outs, json_t **out,
+                                 size_t *tail_len, tp_err *err)
+{
+    json_t *root = json_pack("{s:s, s:s}", "model_name", m->name, "model_version",
+                             m->version ? m->version : "1");
+    json_t *arr = json_array();
+    if (!root || !arr) {
+        json_decref(root);
+        json_decref(arr);
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    if (req->id)
+        json_object_set_new(root, "id", json_string(req->id));
+    json_object_set_new(root, "outputs", arr);
+    *tail_len = 0;
+    for (int i = 0; i < req->n_outputs; i++) {
+        const tp_kserve_output_sel *sel = &req->outputs[i];
+        const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
+        json_t *o;
+        tp_status st = t ? output_json(t, sel->binary, &o, err)
+                         : tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
+        if (st != TP_OK) {
+            json_decref(root);
+            return st;
+        }
+        json_array_append_new(arr, o);
+        *tail_len += sel->binary ? t->nbytes : 0;
+    }
+    *out = root;
+    return TP_OK;
+}
+
+/* 9 significant digits round-trip every float32, without printing the
+ * 17 digits a double would need. */
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_request *req,
+                                const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                                tp_err *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *root;
+    size_t tail_len;
+    tp_status st = response_header(m, req, outs, n_outs, &root, &tail_len, err);
+    if (st != TP_OK)
+        return st;
+    size_t hlen = json_dumpb(root, NULL, 0, DUMP_FLAGS);
+    char *body = hlen ? malloc(hlen + tail_len + 1) : NULL;
+    if (!body) {
+        json_decref(root);
+        return tp_fail(err, TP_NOMEM, "out of memory for a %zu-byte response", hlen + tail_len);
+    }
+    json_dumpb(root, body, hlen, DUMP_FLAGS);
+    json_decref(root);
+    size_t off = hlen;
+    for (int i = 0; i < req->n_outputs; i++) {
+        const tp_host_tensor *t = find_tensor(outs, n_outs, req->outputs[i].name);
+        if (req->outputs[i].binary && t->nbytes) {
+            memcpy(body + off, t->data, t->nbytes);
+            off += t->nbytes;
+        }
+    }
+    body[off] = '\0'; /* lets pure-JSON bodies be logged as strings */
+    out->body = body;
+    out->len = off;
+    out->header_len = tail_len ? hlen : 0;
+    return TP_OK;
+}
+
+/* ---- small documents ---------------------------------------------------- */
+
+static char *dump_and_free(json_t *doc)
+{
+    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return s;
+}
+
+char *tp_kserve_server_metadata(const char *version)
+{
+    return dump_and_free(json_pack("{s:s, s:s, s:[s]}", "name", "tpserve", "version", version,
+                                   "extensions", "binary_tensor_data"));
+}
+
+static json_t *io_json(const tp_io_desc *io, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        json_array_append_new(a, json_pack("{s:s, s:s, s:o}", "name", io[i].name, "datatype",
+                                           tp_dtype_name(io[i].dtype), "shape",
+                                           shape_json(io[i].ndim, io[i].shape)));
+    return a;
+}
+
+char *tp_kserve_model_metadata(const tp_kserve_model *m)
+{
+    return dump_and_free(json_pack("{s:s, s:[s], s:s, s:o, s:o}", "name", m->name, "versions",
+                                   m->version ? m->version : "1", "platform", "tpserve", "inputs",
+                                   io_json(m->inputs, m->n_inputs), "outputs",
+                                   io_json(m->outputs, m->n_outputs)));
+}
+
+/* Messages quote client text (paths, names) and may be cut mid-character by
+ * tp_err's size; JSON strings must be UTF-8, so such bytes become '?'. */
+char *tp_kserve_error_json(const char *msg)
+{
+    json_t *s = json_string(msg);
+    if (!s) {
+        char clean[sizeof(tp_err)];
+        size_t n = 0;
+        for (; msg[n] && n < sizeof clean - 1; n++)
+            clean[n] = (unsigned char)msg[n] < 0x80 ? msg[n] : '?';
+        clean[n] = '\0';
+        s = json_string(clean);
+    }
+    return dump_and_free(json_pack("{s:o}", "error", s));
+}
+
+char *tp_kserve_bool_json(const char *key, int value)
+{
+    return dump_and_free(json_pack("{s:b}", key, value));
+}

@@ -1,0 +1,72 @@
+/* kserve.h — the KServe v2 (Open Inference Protocol) codec, with no HTTP in
+ * it: request bodies in, tp_host_tensor arrays out, and back.
+ *
+ * Supports JSON tensors (flat or nested "data") and the binary tensor data
+ * extension: a JSON header of Inference-Header-Content-Length bytes followed
+ * by the raw little-endian tensors of every input that carries
+ * parameters.binary_data_size, in input order. Datatypes: FP32 FP16 BF16
+ * INT32 INT64; FP16/BF16 as binary, or as JSON numbers (converted).
+ *
+ * Every error message says what is wrong and where: which input or output,
+ * expected vs got. */
+#ifndef TP_KSERVE_H
+#define TP_KSERVE_H
+
+#include <stddef.h>
+
+#include "engine.h"
+
+/* What the codec validates requests against: the served graph's signature.
+ * Borrowed pointers; the codec never frees them. */
+typedef struct {
+    const char *name;
+    const char *version; /* the one version served, e.g. "1" */
+    const tp_io_desc *inputs;
+    int n_inputs;
+    const tp_io_desc *outputs;
+    int n_outputs;
+} tp_kserve_model;
+
+/* One output to return, in response order. */
+typedef struct {
+    char name[128];
+    int binary; /* 1: raw bytes in the binary tail; 0: JSON "data" */
+} tp_kserve_output_sel;
+
+/* A parsed infer request. Everything is owned by the struct and released by
+ * tp_kserve_request_free. */
+typedef struct {
+    char *id;                      /* NULL when the request had none */
+    tp_host_tensor *inputs;        /* one per model input, in model order */
+    int n_inputs;
+    tp_kserve_output_sel *outputs; /* what to answer with, never empty */
+    int n_outputs;
+} tp_kserve_request;
+
+/* An encoded response body; body is malloc'ed and owned by the caller. */
+typedef struct {
+    char *body;
+    size_t len;
+    size_t header_len; /* JSON header length when a binary tail follows, else 0 */
+} tp_kserve_buf;
+
+/* header_len: the Inference-Header-Content-Length value, or -1 when the
+ * request had none (then the whole body is JSON). On success *req is filled;
+ * on failure it is left empty and err says why (TP_PARSE or TP_INVALID). */
+tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size_t len,
+                                long long header_len, tp_kserve_request *req, tp_err *err);
+void tp_kserve_request_free(tp_kserve_request *req);
+
+/* Encodes the outputs req asked for, taken by name from outs. */
+tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_request *req,
+                                const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                                tp_err *err);
+
+/* Small JSON documents; each returns a malloc'ed string or NULL (no memory). */
+char *tp_kserve_server_metadata(const char *version);
+char *tp_kserve_model_metadata(const tp_kserve_model *m);
+char *tp_kserve_error_json(const char *msg);
+/* {"<key>": true|false}, e.g. {"live": true}. */
+char *tp_kserve_bool_json(const char *key, int value);
+
+#endif

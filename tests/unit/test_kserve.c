@@ -1,0 +1,582 @@
+/* test_kserve.c — the KServe v2 codec without HTTP: every datatype, flat and
+ * nested data, the binary tensor extension both ways, and every error
+ * message (what and where). */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "kserve.h"
+
+/* model "m": x FP32 [-1, 3], n INT64 [-1, 2] -> y FP32 [-1, 3], k INT32 [-1] */
+static const tp_io_desc m_in[] = {
+    {"x", TP_F32, 2, {-1, 3}},
+    {"n", TP_I64, 2, {-1, 2}},
+};
+static const tp_io_desc m_out[] = {
+    {"y", TP_F32, 2, {-1, 3}},
+    {"k", TP_I32, 1, {-1}},
+};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2};
+
+/* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
+static tp_io_desc one_in[1], one_out[1];
+static tp_kserve_model one_model(tp_dtype dt)
+{
+    one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
+    one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1};
+}
+
+#define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
+
+static tp_status parse(const tp_kserve_model *m, const char *json, tp_kserve_request *r, tp_err *e)
+{
+    return tp_kserve_parse_infer(m, json, strlen(json), -1, r, e);
+}
+
+/* Expects a failure whose message contains want. */
+static void expect_error(const tp_kserve_model *m, const char *json, tp_status st, const char *want)
+{
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    tp_status got = parse(m, json, &r, &e);
+    ck_assert_msg(got == st, "status %s for %s (msg: %s)", tp_status_name(got), json, e.msg);
+    ck_assert_msg(strstr(e.msg, want), "message '%s' lacks '%s'", e.msg, want);
+    ck_assert_ptr_null(r.inputs);
+}
+
+static void expect_bin_error(const tp_kserve_model *m, const char *hdr, const void *tail,
+                             size_t tail_len, long long hlen, const char *want)
+{
+    size_t n = strlen(hdr);
+    char *body = malloc(n + tail_len + 1);
+    memcpy(body, hdr, n);
+    if (tail_len)
+        memcpy(body + n, tail, tail_len);
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    tp_status st = tp_kserve_parse_infer(m, body, n + tail_len, hlen < -1 ? (long long)n : hlen,
+                                         &r, &e);
+    free(body);
+    ck_assert_msg(st == TP_INVALID, "status %s (msg: %s)", tp_status_name(st), e.msg);
+    ck_assert_msg(strstr(e.msg, want), "message '%s' lacks '%s'", e.msg, want);
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+START_TEST(flat_fp32_and_int64)
+{
+    tp_kserve_request r;
+    tp_err e;
+    const char *j = "{\"id\":\"r1\",\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3],"
+                    "\"datatype\":\"FP32\",\"data\":[1,2.5,-3,4,5,6e-3]}]}";
+    ck_assert_int_eq(parse(&M, j, &r, &e), TP_OK);
+    ck_assert_str_eq(r.id, "r1");
+    ck_assert_int_eq(r.n_inputs, 2);
+    /* inputs come back in model order whatever the request order */
+    ck_assert_str_eq(r.inputs[0].name, "x");
+    ck_assert_int_eq(r.inputs[0].dtype, TP_F32);
+    ck_assert_int_eq(r.inputs[0].ndim, 2);
+    ck_assert_int_eq(r.inputs[0].shape[0], 2);
+    ck_assert_uint_eq(r.inputs[0].nbytes, 24);
+    const float *x = r.inputs[0].data;
+    ck_assert(x[1] == 2.5f && x[2] == -3.0f && x[5] == 6e-3f);
+    const int64_t *n = r.inputs[1].data;
+    ck_assert(n[0] == 1 && n[3] == 4);
+    /* no "outputs": every model output, as JSON */
+    ck_assert_int_eq(r.n_outputs, 2);
+    ck_assert_str_eq(r.outputs[0].name, "y");
+    ck_assert_int_eq(r.outputs[0].binary, 0);
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
+START_TEST(nested_equals_flat)
+{
+    tp_kserve_request a, b;
+    tp_err e;
+    ck_assert_int_eq(parse(&M, "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3],"
+                               "\"datatype\":\"FP32\",\"data\":[[1,2,3],[4,5,6]]}]}", &a, &e),
+                     TP_OK);
+    ck_assert_int_eq(parse(&M, "{\"inputs\":[{\"name\":\"n\",\"shape\":[2,2],\"datatype\":"
+                               "\"INT64\",\"data\":[[1,2],[3,4]]},{\"name\":\"x\",\"shape\":[2,3],"
+                               "\"datatype\":\"FP32\",\"data\":[1,2,3,4,5,6]}]}", &b, &e),
+                     TP_OK);
+    ck_assert_mem_eq(a.inputs[0].data, b.inputs[0].data, 24);
+    ck_assert_mem_eq(a.inputs[1].data, b.inputs[1].data, 32);
+    ck_assert_ptr_null(a.id);
+    tp_kserve_request_free(&a);
+    tp_kserve_request_free(&b);
+}
+END_TEST
+
+START_TEST(json_numbers_each_dtype)
+{
+    const char *fmt = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"%s\","
+                      "\"data\":[1,-2,%s,65504]}]}";
+    for (int d = 0; d < TP_DTYPE_COUNT; d++) {
+        tp_kserve_model m = one_model((tp_dtype)d);
+        char j[256];
+        snprintf(j, sizeof j, fmt, tp_dtype_name((tp_dtype)d),
+                 tp_dtype_is_float((tp_dtype)d) ? "0.5" : "3");
+        tp_kserve_request r;
+        tp_err e;
+        ck_assert_msg(parse(&m, j, &r, &e) == TP_OK, "%s: %s", j, e.msg);
+        ck_assert_uint_eq(r.inputs[0].nbytes, 4 * tp_dtype_size((tp_dtype)d));
+        ck_assert(tp_load_f32(r.inputs[0].data, (tp_dtype)d, 1) == -2.0f);
+        ck_assert(tp_load_f32(r.inputs[0].data, (tp_dtype)d, 2) ==
+                  (tp_dtype_is_float((tp_dtype)d) ? 0.5f : 3.0f));
+        /* 65504 is exact in FP16, rounds to 65536 in BF16 */
+        float big = tp_load_f32(r.inputs[0].data, (tp_dtype)d, 3);
+        ck_assert(d == TP_BF16 ? big == 65536.0f : big == 65504.0f);
+        tp_kserve_request_free(&r);
+    }
+}
+END_TEST
+
+START_TEST(int64_full_range)
+{
+    tp_kserve_model m = one_model(TP_I64);
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(parse(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":"
+                               "\"INT64\",\"data\":[9223372036854775807,-9223372036854775808,"
+                               "1099511627776,0]}]}", &r, &e),
+                     TP_OK);
+    const int64_t *v = r.inputs[0].data;
+    ck_assert(v[0] == INT64_MAX && v[1] == INT64_MIN && v[2] == (INT64_C(1) << 40));
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
+START_TEST(binary_fp16_and_mixed)
+{
+    tp_kserve_model m = one_model(TP_F16);
+    uint16_t h[4] = {tp_f32_to_f16(1.0f), tp_f32_to_f16(-0.5f), tp_f32_to_f16(2.0f), 0};
+    const char *hdr = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP16\","
+                      "\"parameters\":{\"binary_data_size\":8}}],\"outputs\":[{\"name\":\"u\","
+                      "\"parameters\":{\"binary_data\":true}}]}";
+    size_t n = strlen(hdr);
+    char body[512];
+    memcpy(body, hdr, n);
+    memcpy(body + n, h, 8);
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 8, (long long)n, &r, &e), TP_OK);
+    ck_assert_mem_eq(r.inputs[0].data, h, 8);
+    ck_assert_int_eq(r.outputs[0].binary, 1);
+    tp_kserve_request_free(&r);
+
+    /* one input binary, the other JSON; the tail holds only the binary one */
+    int64_t nv[4] = {7, 8, 9, 10};
+    const char *hdr2 = "{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\","
+                       "\"data\":[1,2,3]},{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\","
+                       "\"parameters\":{\"binary_data_size\":32}}],"
+                       "\"parameters\":{\"binary_data_output\":true}}";
+    n = strlen(hdr2);
+    memcpy(body, hdr2, n);
+    memcpy(body + n, nv, 32);
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, &r, &e), TP_OK);
+    ck_assert_mem_eq(r.inputs[1].data, nv, 32);
+    ck_assert_int_eq(r.outputs[0].binary, 1);
+    ck_assert_int_eq(r.outputs[1].binary, 1);
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
+START_TEST(binary_all_dtypes)
+{
+    for (int d = 0; d < TP_DTYPE_COUNT; d++) {
+        tp_kserve_model m = one_model((tp_dtype)d);
+        size_t es = tp_dtype_size((tp_dtype)d);
+        char hdr[256], body[512];
+        unsigned char raw[32];
+        for (size_t i = 0; i < sizeof raw; i++)
+            raw[i] = (unsigned char)(i * 7 + (size_t)d);
+        int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],"
+                         "\"datatype\":\"%s\",\"parameters\":{\"binary_data_size\":%zu}}]}",
+                         tp_dtype_name((tp_dtype)d), 4 * es);
+        memcpy(body, hdr, (size_t)n);
+        memcpy(body + n, raw, 4 * es);
+        tp_kserve_request r;
+        tp_err e;
+        ck_assert_int_eq(tp_kserve_parse_infer(&m, body, (size_t)n + 4 * es, n, &r, &e), TP_OK);
+        ck_assert_mem_eq(r.inputs[0].data, raw, 4 * es);
+        tp_kserve_request_free(&r);
+    }
+}
+END_TEST
+
+START_TEST(outputs_selection)
+{
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(parse(&M, "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[1,3],"
+                               "\"datatype\":\"FP32\",\"data\":[1,2,3]}],"
+                               "\"parameters\":{\"binary_data_output\":true},"
+                               "\"outputs\":[{\"name\":\"k\",\"parameters\":{\"binary_data\":false}}]}",
+                           &r, &e),
+                     TP_OK);
+    ck_assert_int_eq(r.n_outputs, 1);
+    ck_assert_str_eq(r.outputs[0].name, "k");
+    ck_assert_int_eq(r.outputs[0].binary, 0);
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
+/* ---- responses ---------------------------------------------------------- */
+
+static void make_outputs(tp_host_tensor out[2], float *y, int32_t *k)
+{
+    memset(out, 0, 2 * sizeof *out);
+    snprintf(out[0].name, sizeof out[0].name, "k");
+    out[0].dtype = TP_I32;
+    out[0].ndim = 1;
+    out[0].shape[0] = 2;
+    out[0].data = k;
+    out[0].nbytes = 8;
+    snprintf(out[1].name, sizeof out[1].name, "y");
+    out[1].dtype = TP_F32;
+    out[1].ndim = 2;
+    out[1].shape[0] = 2;
+    out[1].shape[1] = 3;
+    out[1].data = y;
+    out[1].nbytes = 24;
+}
+
+START_TEST(response_json)
+{
+    float y[6] = {0.1f, -2, 3.25f, 1e-7f, 5, 6};
+    int32_t k[2] = {-7, 2147483647};
+    tp_host_tensor outs[2];
+    make_outputs(outs, y, k);
+    tp_kserve_output_sel sel[2] = {{"y", 0}, {"k", 0}};
+    tp_kserve_request req = {.id = "abc", .outputs = sel, .n_outputs = 2};
+    tp_kserve_buf b;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &req, outs, 2, &b, &e), TP_OK);
+    ck_assert_uint_eq(b.header_len, 0);
+    json_error_t je;
+    json_t *doc = json_loadb(b.body, b.len, 0, &je);
+    ck_assert_ptr_nonnull(doc);
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "id")), "abc");
+    ck_assert_str_eq(json_string_value(json_object_get(doc, "model_name")), "m");
+    json_t *o = json_object_get(doc, "outputs");
+    ck_assert_uint_eq(json_array_size(o), 2);
+    json_t *o0 = json_array_get(o, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(o0, "name")), "y");
+    ck_assert_str_eq(json_string_value(json_object_get(o0, "datatype")), "FP32");
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(o0, "shape"), 1)), 3);
+    json_t *d = json_object_get(o0, "data");
+    for (int i = 0; i < 6; i++) /* float32 values survive the text round trip exactly */
+        ck_assert((float)json_number_value(json_array_get(d, (size_t)i)) == y[i]);
+    json_t *d1 = json_object_get(json_array_get(o, 1), "data");
+    ck_assert_int_eq(json_integer_value(json_array_get(d1, 1)), 2147483647);
+    json_decref(doc);
+    free(b.body);
+}
+END_TEST
+
+START_TEST(response_binary_round_trip)
+{
+    float y[6] = {1, 2, 3, 4, 5, NAN}; /* NaN is fine as binary */
+    int32_t k[2] = {3, 4};
+    tp_host_tensor outs[2];
+    make_outputs(outs, y, k);
+    tp_kserve_output_sel sel[2] = {{"y", 1}, {"k", 0}};
+    tp_kserve_request req = {.outputs = sel, .n_outputs = 2};
+    tp_kserve_buf b;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &req, outs, 2, &b, &e), TP_OK);
+    ck_assert_uint_gt(b.header_len, 0);
+    ck_assert_uint_eq(b.len, b.header_len + 24);
+    ck_assert_mem_eq(b.body + b.header_len, y, 24);
+    json_error_t je;
+    json_t *doc = json_loadb(b.body, b.header_len, 0, &je);
+    ck_assert_ptr_nonnull(doc);
+    ck_assert_ptr_null(json_object_get(doc, "id"));
+    json_t *o0 = json_array_get(json_object_get(doc, "outputs"), 0);
+    ck_assert_ptr_null(json_object_get(o0, "data"));
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(o0, "parameters"), "binary_data_size")),
+        24);
+    json_decref(doc);
+
+    /* the response body parses back through the request codec's binary path */
+    tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1};
+    char hdr[256];
+    int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
+                     "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
+    char *req_body = malloc((size_t)n + 24);
+    memcpy(req_body, hdr, (size_t)n);
+    memcpy(req_body + n, b.body + b.header_len, 24);
+    tp_kserve_request r2;
+    ck_assert_int_eq(tp_kserve_parse_infer(&ym, req_body, (size_t)n + 24, n, &r2, &e), TP_OK);
+    ck_assert_mem_eq(r2.inputs[0].data, y, 24);
+    tp_kserve_request_free(&r2);
+    free(req_body);
+    free(b.body);
+}
+END_TEST
+
+START_TEST(response_half_types_as_json)
+{
+    uint16_t h[4] = {tp_f32_to_f16(1.5f), tp_f32_to_f16(-2), 0, tp_f32_to_f16(0.25f)};
+    tp_host_tensor t = {.name = "u", .dtype = TP_F16, .ndim = 2, .shape = {2, 2},
+                        .data = h, .nbytes = 8};
+    tp_kserve_model m = one_model(TP_F16);
+    tp_kserve_output_sel sel = {"u", 0};
+    tp_kserve_request req = {.outputs = &sel, .n_outputs = 1};
+    tp_kserve_buf b;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_build_infer(&m, &req, &t, 1, &b, &e), TP_OK);
+    ck_assert_ptr_nonnull(strstr(b.body, "\"data\":[1.5,-2.0,0.0,0.25]"));
+    ck_assert_ptr_nonnull(strstr(b.body, "\"datatype\":\"FP16\""));
+    free(b.body);
+}
+END_TEST
+
+START_TEST(response_errors)
+{
+    float y[6] = {1, 2, INFINITY, 4, 5, 6};
+    int32_t k[2] = {0, 0};
+    tp_host_tensor outs[2];
+    make_outputs(outs, y, k);
+    tp_kserve_output_sel sel[1] = {{"y", 0}};
+    tp_kserve_request req = {.outputs = sel, .n_outputs = 1};
+    tp_kserve_buf b;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &req, outs, 2, &b, &e), TP_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "output 'y': element 2 is Inf"));
+    ck_assert_ptr_nonnull(strstr(e.msg, "binary_data"));
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &req, outs, 1, &b, &e), TP_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "engine returned no output 'y'"));
+    outs[1].nbytes = 20;
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &req, outs, 2, &b, &e), TP_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "engine returned 20 bytes for 24 expected"));
+}
+END_TEST
+
+/* ---- request errors ----------------------------------------------------- */
+
+#define X_IN(shape, dt, data) \
+    "{\"name\":\"x\",\"shape\":" shape ",\"datatype\":\"" dt "\",\"data\":" data "}"
+#define REQ(...) "{\"inputs\":[" N_OK "," __VA_ARGS__ "]}"
+
+START_TEST(errors_document)
+{
+    expect_error(&M, "{\"inputs\":[", TP_PARSE, "malformed JSON in request body at line 1");
+    expect_error(&M, "", TP_PARSE, "malformed JSON");
+    expect_error(&M, "[1,2]", TP_PARSE, "request body must be a JSON object, got an array");
+    expect_error(&M, "{\"inputs\":[],\"inputs\":[]}", TP_PARSE, "duplicate");
+    expect_error(&M, "{\"inputs\":[]} \n\x01\x02\x03", TP_PARSE,
+                 "request body has 3 bytes after the JSON document (at byte 13); a binary tensor "
+                 "tail needs the Inference-Header-Content-Length header");
+    expect_error(&M, "{}", TP_INVALID, "request has no 'inputs' (model 'm' expects 'x', 'n')");
+    expect_error(&M, "{\"inputs\":{}}", TP_INVALID, "'inputs' must be an array, got an object");
+    expect_error(&M, "{\"id\":5,\"inputs\":[]}", TP_INVALID, "'id' must be a string, got an integer");
+    expect_error(&M, "{\"parameters\":[],\"inputs\":[]}", TP_INVALID, "'parameters' must be an object");
+    expect_error(&M, "{\"parameters\":{\"binary_data_output\":1},\"inputs\":[]}", TP_INVALID,
+                 "request: parameters.binary_data_output must be a boolean, got an integer");
+}
+END_TEST
+
+START_TEST(errors_inputs)
+{
+    expect_error(&M, "{\"inputs\":[3]}", TP_INVALID, "inputs[0] must be an object, got an integer");
+    expect_error(&M, "{\"inputs\":[{\"shape\":[1]}]}", TP_INVALID,
+                 "inputs[0]: 'name' must be a string, got nothing");
+    expect_error(&M, REQ("{\"name\":\"q\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}"),
+                 TP_INVALID, "unknown input 'q' (model 'm' inputs: 'x', 'n')");
+    expect_error(&M, "{\"inputs\":[" N_OK "]}", TP_INVALID,
+                 "missing input 'x' (model 'm' inputs: 'x', 'n')");
+    expect_error(&M, "{\"inputs\":[" N_OK "," N_OK "]}", TP_INVALID,
+                 "input 'n' appears more than once");
+    expect_error(&M, REQ("{\"name\":\"x\",\"shape\":[1,3],\"data\":[1,2,3]}"), TP_INVALID,
+                 "input 'x': missing 'datatype'");
+    expect_error(&M, REQ("{\"name\":\"x\",\"datatype\":\"FP32\",\"data\":[1,2,3]}"), TP_INVALID,
+                 "input 'x': missing 'shape'");
+    expect_error(&M, REQ("{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\"}"), TP_INVALID,
+                 "input 'x' has no 'data' and no parameters.binary_data_size");
+}
+END_TEST
+
+START_TEST(errors_datatype_and_shape)
+{
+    expect_error(&M, REQ(X_IN("[1,3]", "BOOL", "[true,false,true]")), TP_INVALID,
+                 "input 'x': unsupported datatype 'BOOL' (supported: FP32, FP16, BF16, INT32, INT64)");
+    expect_error(&M, REQ(X_IN("[1,3]", "UINT8", "[1,2,3]")), TP_INVALID,
+                 "unsupported datatype 'UINT8'");
+    expect_error(&M, REQ(X_IN("[1,3]", "FLOAT", "[1,2,3]")), TP_INVALID,
+                 "input 'x': unknown datatype 'FLOAT'");
+    expect_error(&M, REQ("{\"name\":\"x\",\"shape\":[1,3],\"datatype\":7,\"data\":[1]}"),
+                 TP_INVALID, "input 'x': 'datatype' must be a string, got an integer");
+    expect_error(&M, REQ(X_IN("[1,3]", "INT32", "[1,2,3]")), TP_INVALID,
+                 "input 'x': datatype INT32 does not match model datatype FP32");
+    expect_error(&M, REQ(X_IN("[2,4]", "FP32", "[1,2,3,4,5,6,7,8]")), TP_INVALID,
+                 "input 'x': shape [2, 4] does not match model shape [-1, 3]");
+    expect_error(&M, REQ(X_IN("[6]", "FP32", "[1,2,3,4,5,6]")), TP_INVALID,
+                 "input 'x': shape [6] does not match model shape [-1, 3]");
+    expect_error(&M, REQ(X_IN("[0,3]", "FP32", "[]")), TP_INVALID,
+                 "input 'x': shape [0, 3] has no elements");
+    expect_error(&M, REQ(X_IN("[-1,3]", "FP32", "[1,2,3]")), TP_INVALID,
+                 "input 'x': shape[0] must be a non-negative integer, got a negative integer");
+    expect_error(&M, REQ(X_IN("[1.5,3]", "FP32", "[1,2,3]")), TP_INVALID,
+                 "input 'x': shape[0] must be a non-negative integer, got a real number");
+    expect_error(&M, REQ(X_IN("[1,1,1,1,1,1,1,1,1]", "FP32", "[1]")), TP_INVALID,
+                 "input 'x': shape has 9 dims, at most 8 supported");
+    expect_error(&M, REQ(X_IN("[4611686018427387904,3]", "FP32", "[1]")), TP_INVALID,
+                 "input 'x': shape [4611686018427387904, 3] is too large");
+}
+END_TEST
+
+START_TEST(errors_data)
+{
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[1,2,3,4,5]")), TP_INVALID,
+                 "input 'x': data has 5 elements, shape [2, 3] needs 6");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "{}")), TP_INVALID,
+                 "input 'x': 'data' must be an array, got an object");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[[1,2,3],[4,5]]")), TP_INVALID,
+                 "input 'x': data[1] has 2 elements, shape [2, 3] needs 3 at dim 1");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[[1,2,3],[4,5,6],[7,8,9]]")), TP_INVALID,
+                 "input 'x': data has 3 elements, shape [2, 3] needs 2 at dim 0");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[[1,2,3],7]")), TP_INVALID,
+                 "input 'x': data[1] is an integer, expected an array of 3 (shape [2, 3])");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[[1,2,3],[4,5,[6]]]")), TP_INVALID,
+                 "input 'x': data[1][2] is an array, but shape [2, 3] has only 2 dims");
+    expect_error(&M, REQ(X_IN("[2,3]", "FP32", "[1,2,[3],4,5,6]")), TP_INVALID,
+                 "input 'x': data[2] is an array; data must be flat or nested exactly like shape [2, 3]");
+    expect_error(&M, REQ(X_IN("[1,3]", "FP32", "[1,\"2\",3]")), TP_INVALID,
+                 "input 'x': data element 1 is a string, expected a number for FP32");
+    expect_error(&M, REQ(X_IN("[1,3]", "FP32", "[1,null,3]")), TP_INVALID,
+                 "input 'x': data element 1 is null, expected a number for FP32");
+    expect_error(&M, REQ(X_IN("[1,3]", "FP32", "[1,2,1e39]")), TP_INVALID,
+                 "input 'x': data element 2 (1e+39) is out of FP32 range");
+    expect_error(&M, "{\"inputs\":[" X_IN("[1,3]", "FP32", "[1,2,3]") ",{\"name\":\"n\","
+                 "\"shape\":[1,2],\"datatype\":\"INT64\",\"data\":[1,2.5]}]}", TP_INVALID,
+                 "input 'n': data element 1 is a real number, expected an integer for INT64");
+    tp_kserve_model m16 = one_model(TP_F16);
+    expect_error(&m16, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP16\","
+                 "\"data\":[1,2,3,70000]}]}", TP_INVALID,
+                 "input 't': data element 3 (70000) is out of FP16 range");
+    tp_kserve_model m32 = one_model(TP_I32);
+    expect_error(&m32, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"INT32\","
+                 "\"data\":[1,2,3,2147483648]}]}", TP_INVALID,
+                 "input 't': data element 3 (2147483648) is out of INT32 range");
+    expect_error(&m32, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"INT32\","
+                 "\"data\":[1,true,3,4]}]}", TP_INVALID,
+                 "input 't': data element 1 is a boolean, expected an integer for INT32");
+}
+END_TEST
+
+START_TEST(errors_binary)
+{
+    const char *hdr = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                      "\"parameters\":{\"binary_data_size\":16}}]}";
+    const char *hdr_bad = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                          "\"parameters\":{\"binary_data_size\":10}}]}";
+    float v[6] = {0};
+    tp_kserve_model m = one_model(TP_F32);
+    expect_bin_error(&m, hdr_bad, v, 10, -2,
+                     "input 't': binary_data_size 10 does not match shape [2, 2] of FP32 (16 bytes)");
+    expect_bin_error(&m, hdr, v, 12, -2,
+                     "input 't': binary data needs 16 bytes at offset 0 of the binary section, "
+                     "but only 12 remain");
+    expect_bin_error(&m, hdr, v, 24, -2, "binary section has 8 bytes after the last input's data");
+    expect_bin_error(&m, hdr, v, 0, -1, "input 't' has parameters.binary_data_size but the "
+                                         "request has no Inference-Header-Content-Length header");
+    expect_bin_error(&m, hdr, v, 16, 100000, "Inference-Header-Content-Length 100000 exceeds the "
+                                             "body length");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}",
+                     v, 16, -2, "input 't' has both 'data' and parameters.binary_data_size");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":{\"binary_data_size\":\"16\"}}]}",
+                     v, 16, -2, "input 't': parameters.binary_data_size must be a non-negative "
+                                "integer, got a string");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":7}]}",
+                     v, 0, -2, "input 't': 'parameters' must be an object, got an integer");
+}
+END_TEST
+
+START_TEST(errors_outputs)
+{
+    const char *in = "{\"inputs\":[" N_OK "," X_IN("[1,3]", "FP32", "[1,2,3]") "],";
+    char j[1024];
+    snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"zz\"}]}", in);
+    expect_error(&M, j, TP_INVALID, "unknown output 'zz' (model 'm' outputs: 'y', 'k')");
+    snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\"},{\"name\":\"y\"}]}", in);
+    expect_error(&M, j, TP_INVALID, "output 'y' is requested more than once");
+    snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\",\"parameters\":{\"binary_data\":\"yes\"}}]}", in);
+    expect_error(&M, j, TP_INVALID, "output 'y': parameters.binary_data must be a boolean, got a string");
+    snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":2}}]}", in);
+    expect_error(&M, j, TP_INVALID, "output 'y': parameters.classification is not supported");
+    snprintf(j, sizeof j, "%s\"outputs\":[\"y\"]}", in);
+    expect_error(&M, j, TP_INVALID, "outputs[0] must be an object, got a string");
+    snprintf(j, sizeof j, "%s\"outputs\":{}}", in);
+    expect_error(&M, j, TP_INVALID, "'outputs' must be an array, got an object");
+}
+END_TEST
+
+/* ---- metadata and small documents -------------------------------------- */
+
+START_TEST(metadata_docs)
+{
+    char *s = tp_kserve_model_metadata(&M);
+    ck_assert_str_eq(s, "{\"name\":\"m\",\"versions\":[\"1\"],\"platform\":\"tpserve\","
+                        "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,3]},"
+                        "{\"name\":\"n\",\"datatype\":\"INT64\",\"shape\":[-1,2]}],"
+                        "\"outputs\":[{\"name\":\"y\",\"datatype\":\"FP32\",\"shape\":[-1,3]},"
+                        "{\"name\":\"k\",\"datatype\":\"INT32\",\"shape\":[-1]}]}");
+    free(s);
+    s = tp_kserve_server_metadata("1.2.3");
+    ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
+                        "\"extensions\":[\"binary_tensor_data\"]}");
+    free(s);
+    s = tp_kserve_bool_json("ready", 0);
+    ck_assert_str_eq(s, "{\"ready\":false}");
+    free(s);
+    s = tp_kserve_error_json("bad \"x\"\n");
+    ck_assert_str_eq(s, "{\"error\":\"bad \\\"x\\\"\\n\"}");
+    free(s);
+    s = tp_kserve_error_json("path '/\xff\xfe'"); /* invalid UTF-8 from a client URL */
+    ck_assert_str_eq(s, "{\"error\":\"path '/?" "?'\"}");
+    free(s);
+}
+END_TEST
+
+static Suite *kserve_suite(void)
+{
+    Suite *s = suite_create("kserve");
+    TCase *p = tcase_create("parse");
+    tcase_add_test(p, flat_fp32_and_int64);
+    tcase_add_test(p, nested_equals_flat);
+    tcase_add_test(p, json_numbers_each_dtype);
+    tcase_add_test(p, int64_full_range);
+    tcase_add_test(p, binary_fp16_and_mixed);
+    tcase_add_test(p, binary_all_dtypes);
+    tcase_add_test(p, outputs_selection);
+    suite_add_tcase(s, p);
+    TCase *b = tcase_create("build");
+    tcase_add_test(b, response_json);
+    tcase_add_test(b, response_binary_round_trip);
+    tcase_add_test(b, response_half_types_as_json);
+    tcase_add_test(b, response_errors);
+    tcase_add_test(b, metadata_docs);
+    suite_add_tcase(s, b);
+    TCase *e = tcase_create("errors");
+    tcase_add_test(e, errors_document);
+    tcase_add_test(e, errors_inputs);
+    tcase_add_test(e, errors_datatype_and_shape);
+    tcase_add_test(e, errors_data);
+    tcase_add_test(e, errors_binary);
+    tcase_add_test(e, errors_outputs);
+    suite_add_tcase(s, e);
+    return s;
+}
+
+TP_CHECK_MAIN(kserve_suite)
