@@ -1,0 +1,258 @@
+/* The engine end to end: every example graph (written by the Python
+ * generator, an independent tool) against its unsharded NumPy reference;
+ * replay determinism; other batch sizes; request validation; and a failing
+ * rank that must become an error, not a hang. */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check_main.h"
+#include "engine.h"
+#include "safetensors.h"
+
+static const char *graphs_dir(void)
+{
+    const char *d = getenv("TP_GRAPHS");
+    return d ? d : "build/graphs";
+}
+
+/* Loads every tensor of a safetensors file as host tensors (copied). */
+static tp_host_tensor *load_tensors(const char *path, int *n)
+{
+    st_file *f;
+    tp_err err;
+    ck_assert_msg(st_open(path, &f, &err) == TP_OK, "%s", err.msg);
+    *n = st_count(f);
+    tp_host_tensor *t = calloc((size_t)*n, sizeof *t);
+    for (int i = 0; i < *n; i++) {
+        const st_tensor_info *info = st_info(f, i);
+        snprintf(t[i].name, sizeof t[i].name, "%s", info->name);
+        t[i].dtype = info->dtype;
+        t[i].ndim = info->ndim;
+        memcpy(t[i].shape, info->shape, sizeof t[i].shape);
+        t[i].nbytes = (size_t)(info->end - info->begin);
+        t[i].data = malloc(t[i].nbytes + 1);
+        memcpy(t[i].data, st_data(f, info), t[i].nbytes);
+    }
+    st_close(f);
+    return t;
+}
+
+/* The metric of graphs/README.md: max|out-ref| / max(max|ref|, 1e-6). */
+static double rel_error(const tp_host_tensor *out, const tp_host_tensor *ref)
+{
+    ck_assert_int_eq(out->dtype, ref->dtype);
+    ck_assert_int_eq(out->ndim, ref->ndim);
+    ck_assert_mem_eq(out->shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim);
+    int64_t n = (int64_t)(ref->nbytes / tp_dtype_size(ref->dtype));
+    double maxdiff = 0, maxref = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        double a = tp_load_f32(out->data, out->dtype, i), b = tp_load_f32(ref->data, ref->dtype, i);
+        if (isnan(a) || fabs(a - b) > maxdiff)
+            maxdiff = isnan(a) ? INFINITY : fabs(a - b);
+        if (fabs(b) > maxref)
+            maxref = fabs(b);
+    }
+    return maxdiff / maxref;
+}
+
+static const tp_host_tensor *find(const tp_host_tensor *t, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(t[i].name, name) == 0)
+            return &t[i];
+    ck_abort_msg("tensor '%s' missing", name);
+    return NULL;
+}
+
+static void run_example(json_t *entry)
+{
+    char path[512], in_path[512], ref_path[512];
+    const char *dir = graphs_dir();
+    snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(entry, "json")));
+    snprintf(in_path, sizeof in_path, "%s/%s", dir, json_string_value(json_object_get(entry, "inputs")));
+    snprintf(ref_path, sizeof ref_path, "%s/%s", dir, json_string_value(json_object_get(entry, "ref")));
+    double rtol = json_number_value(json_object_get(entry, "rtol"));
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    int n_in, n_ref, n_out, n_out2;
+    tp_host_tensor *in = load_tensors(in_path, &n_in), *ref = load_tensors(ref_path, &n_ref);
+    tp_host_tensor *out, *out2;
+    ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
+    ck_assert_int_eq(n_out, n_ref);
+    for (int i = 0; i < n_out; i++) {
+        double r = rel_error(&out[i], find(ref, n_ref, out[i].name));
+        ck_assert_msg(r <= rtol, "%s output '%s': error %.3g > rtol %.3g", path, out[i].name, r, rtol);
+    }
+    /* replaying the same capture gives bit-identical results */
+    ck_assert_msg(tp_engine_infer(e, in, n_in, &out2, &n_out2, &err) == TP_OK, "%s", err.msg);
+    for (int i = 0; i < n_out; i++)
+        ck_assert_mem_eq(out[i].data, out2[i].data, out[i].nbytes);
+    tp_host_tensors_free(out, n_out);
+    tp_host_tensors_free(out2, n_out2);
+    tp_host_tensors_free(in, n_in);
+    tp_host_tensors_free(ref, n_ref);
+    tp_engine_free(e);
+}
+
+START_TEST(examples_match_reference)
+{
+    char mpath[512];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", graphs_dir());
+    json_error_t je;
+    json_t *m = json_load_file(mpath, 0, &je);
+    ck_assert_msg(m != NULL, "%s: %s (run make graphs)", mpath, je.text);
+    json_t *graphs = json_object_get(m, "graphs");
+    ck_assert_int_ge(json_array_size(graphs), 8);
+    size_t i;
+    json_t *entry;
+    json_array_foreach(graphs, i, entry) run_example(entry);
+    json_decref(m);
+}
+END_TEST
+
+static tp_engine *open_example(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", graphs_dir(), name);
+    tp_engine *e;
+    tp_err err;
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    return e;
+}
+
+/* Row b of a batch-3 request equals the batch-1 request of that row alone. */
+START_TEST(smaller_batch_matches_rows)
+{
+    tp_engine *e = open_example("mlp_sp_tp2");
+    char p[512];
+    snprintf(p, sizeof p, "%s/mlp_sp_tp2.inputs.safetensors", graphs_dir());
+    int n_in, n_out, n1;
+    tp_host_tensor *in = load_tensors(p, &n_in), *out, *out1;
+    tp_err err;
+    ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_OK);
+    size_t row_in = in[0].nbytes / (size_t)in[0].shape[0], row_out = out[0].nbytes / (size_t)out[0].shape[0];
+    for (int b = 0; b < in[0].shape[0]; b++) {
+        tp_host_tensor one = in[0];
+        one.shape[0] = 1;
+        one.nbytes = row_in;
+        one.data = (char *)in[0].data + (size_t)b * row_in;
+        ck_assert_msg(tp_engine_infer(e, &one, 1, &out1, &n1, &err) == TP_OK, "%s", err.msg);
+        ck_assert_int_eq(out1[0].shape[0], 1);
+        ck_assert_mem_eq(out1[0].data, (char *)out[0].data + (size_t)b * row_out, row_out);
+        tp_host_tensors_free(out1, n1);
+    }
+    tp_host_tensors_free(out, n_out);
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(e);
+}
+END_TEST
+
+static void expect_infer_error(tp_engine *e, tp_host_tensor *in, int n, const char *a, const char *b)
+{
+    tp_host_tensor *out;
+    int n_out;
+    tp_err err = {{0}};
+    tp_status st = tp_engine_infer(e, in, n, &out, &n_out, &err);
+    ck_assert_int_eq(st, TP_INVALID);
+    ck_assert_ptr_null(out);
+    ck_assert_msg(strstr(err.msg, a) && (!b || strstr(err.msg, b)), "'%s'/'%s' not in: %s", a, b ? b : "", err.msg);
+}
+
+START_TEST(request_validation)
+{
+    tp_engine *e = open_example("mlp_sp_tp2");
+    const tp_io_desc *d = tp_engine_input(e, 0);
+    ck_assert_str_eq(d->name, "x");
+    ck_assert_int_eq(d->shape[0], -1);
+    ck_assert_int_eq(tp_engine_output(e, 0)->shape[0], -1);
+    float buf[2 * 8 * 32] = {0};
+    tp_host_tensor x = {.name = "x", .dtype = TP_F32, .ndim = 3, .shape = {2, 8, 32}, .data = buf, .nbytes = sizeof buf};
+    tp_host_tensor bad = x;
+    expect_infer_error(e, &x, 0, "missing input 'x'", NULL);
+    strcpy(bad.name, "z");
+    expect_infer_error(e, &bad, 1, "unknown input 'z'", NULL);
+    bad = x;
+    bad.dtype = TP_F16;
+    expect_infer_error(e, &bad, 1, "expected datatype FP32, got FP16", NULL);
+    bad = x;
+    bad.shape[2] = 16;
+    bad.nbytes /= 2;
+    expect_infer_error(e, &bad, 1, "expected shape [-1, 8, 32]", "got [2, 8, 16]");
+    bad = x;
+    bad.nbytes -= 4;
+    expect_infer_error(e, &bad, 1, "bytes of data", NULL);
+    tp_host_tensor two[2] = {x, x};
+    expect_infer_error(e, two, 2, "given twice", NULL);
+    tp_host_tensor *out;
+    int n_out;
+    tp_err err;
+    ck_assert_int_eq(tp_engine_infer(e, &x, 1, &out, &n_out, &err), TP_OK);
+    tp_host_tensors_free(out, n_out);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* A kernel failing on one rank (id out of range) aborts its peers' pending
+ * collective: the request fails with the reason and the next one works. */
+START_TEST(failing_rank_is_an_error_not_a_hang)
+{
+    char dir[] = "/tmp/tp_engine_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], wpath[256];
+    snprintf(wpath, sizeof wpath, "%s/w.safetensors", dir);
+    float table[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t ts[2] = {4, 2};
+    st_write_item item = {"t", TP_F32, 2, ts, table};
+    tp_err err;
+    ck_assert_int_eq(st_write(wpath, &item, 1, &err), TP_OK);
+    snprintf(path, sizeof path, "%s/g.json", dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"emb\",\"world_size\":2,\"weights\":\"w.safetensors\","
+               "\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT32\",\"shape\":[\"B\",2],\"placement\":\"shard(1)\"}],"
+               "\"params\":[{\"name\":\"t\",\"datatype\":\"FP32\",\"shape\":[4,2]}],"
+               "\"nodes\":[{\"name\":\"e\",\"op\":\"embedding\",\"inputs\":[\"ids\",\"t\"]},"
+               "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"e\"],\"attrs\":{\"dim\":1}}],"
+               "\"outputs\":[{\"name\":\"g\"}]}");
+    fclose(f);
+    tp_engine *e;
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    int32_t ids[2] = {1, 9}; /* rank 1 gets id 9: out of range */
+    tp_host_tensor in = {.name = "ids", .dtype = TP_I32, .ndim = 2, .shape = {1, 2}, .data = ids, .nbytes = sizeof ids};
+    tp_host_tensor *out;
+    int n;
+    ck_assert_int_ne(tp_engine_infer(e, &in, 1, &out, &n, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
+    ids[1] = 3;
+    ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "%s", err.msg);
+    float want[4] = {3, 4, 7, 8}; /* rows 1 and 3 of the table, gathered */
+    ck_assert_int_eq(out[0].shape[1], 2);
+    ck_assert_int_eq(out[0].shape[2], 2);
+    ck_assert_mem_eq(out[0].data, want, sizeof want);
+    tp_host_tensors_free(out, n);
+    tp_engine_free(e);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+Suite *engine_suite(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("end_to_end");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, examples_match_reference);
+    tcase_add_test(tc, smaller_batch_matches_rows);
+    tcase_add_test(tc, request_validation);
+    tcase_add_test(tc, failing_rank_is_an_error_not_a_hang);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(engine_suite)

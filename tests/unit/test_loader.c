@@ -1,0 +1,231 @@
+/* Loader errors one by one: each malformed graph must be refused with a
+ * message naming the file, the culprit and the reason. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check_main.h"
+#include "graph.h"
+#include "safetensors.h"
+
+static char dir[64];
+
+static void write_file(const char *name, const char *text)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void setup(void)
+{
+    strcpy(dir, "/tmp/tp_loader_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    float w[4 * 6] = {0};
+    int32_t ids[4] = {0};
+    int64_t ws[2] = {4, 6}, is[1] = {4};
+    st_write_item items[] = {{"w", TP_F32, 2, ws, w}, {"ids", TP_I32, 1, is, ids}};
+    char p[256];
+    snprintf(p, sizeof p, "%s/w.safetensors", dir);
+    tp_err err;
+    ck_assert_int_eq(st_write(p, items, 2, &err), TP_OK);
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A valid graph with placeholders: %s for params, nodes and outputs. */
+static const char *HEAD = "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"t\",\"world_size\":2,"
+                          "\"weights\":\"w.safetensors\","
+                          "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",3,4],\"placement\":\"replicate\"}],";
+
+static tp_status load_text(const char *body, tp_graph **g, tp_err *err)
+{
+    char text[4096];
+    snprintf(text, sizeof text, "%s%s}", HEAD, body);
+    write_file("g.json", text);
+    char p[256];
+    snprintf(p, sizeof p, "%s/g.json", dir);
+    return tp_graph_load(p, g, err);
+}
+
+static void expect_error(const char *body, const char *part1, const char *part2)
+{
+    tp_graph *g = NULL;
+    tp_err err = {{0}};
+    tp_status st = load_text(body, &g, &err);
+    ck_assert_msg(st != TP_OK, "graph unexpectedly loaded: %s", body);
+    ck_assert_ptr_null(g);
+    ck_assert_msg(strstr(err.msg, "g.json") != NULL, "no file name in: %s", err.msg);
+    ck_assert_msg(strstr(err.msg, part1) != NULL, "'%s' not in: %s", part1, err.msg);
+    if (part2)
+        ck_assert_msg(strstr(err.msg, part2) != NULL, "'%s' not in: %s", part2, err.msg);
+}
+
+#define PARAM_W "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"}],"
+#define OUT(n) "\"outputs\":[{\"name\":\"" n "\",\"placement\":\"shard(2)\"}]"
+
+START_TEST(valid_graph_loads)
+{
+    tp_graph *g = NULL;
+    tp_err err = {{0}};
+    tp_status st = load_text(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"]}]," OUT("h"), &g, &err);
+    ck_assert_msg(st == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(g->n_nodes, 3);
+    int h = tp_graph_find(g, "h");
+    ck_assert_int_eq(g->nodes[h].shape[2], 3); /* 6 / 2 ranks */
+    ck_assert_int_eq(g->nodes[h].ndim, 3);
+    tp_graph_free(g);
+}
+END_TEST
+
+START_TEST(missing_file)
+{
+    tp_graph *g;
+    tp_err err;
+    ck_assert_int_eq(tp_graph_load("/nonexistent/x.json", &g, &err), TP_IO);
+    ck_assert(strstr(err.msg, "/nonexistent/x.json") && strstr(err.msg, "No such file"));
+}
+END_TEST
+
+START_TEST(bad_json_line_column)
+{
+    write_file("g.json", "{\"format\": \"tpgraph\",\n  \"version\": 1,,\n}");
+    char p[256];
+    snprintf(p, sizeof p, "%s/g.json", dir);
+    tp_graph *g;
+    tp_err err;
+    ck_assert_int_eq(tp_graph_load(p, &g, &err), TP_PARSE);
+    ck_assert_msg(strstr(err.msg, "line 2") && strstr(err.msg, "column"), "%s", err.msg);
+}
+END_TEST
+
+START_TEST(unknown_format_version)
+{
+    write_file("g.json", "{\"format\":\"onnx\",\"version\":1}");
+    char p[256];
+    snprintf(p, sizeof p, "%s/g.json", dir);
+    tp_graph *g;
+    tp_err err;
+    ck_assert_int_ne(tp_graph_load(p, &g, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "unknown format 'onnx'"), "%s", err.msg);
+    write_file("g.json", "{\"format\":\"tpgraph\",\"version\":2}");
+    ck_assert_int_ne(tp_graph_load(p, &g, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "version"), "%s", err.msg);
+}
+END_TEST
+
+START_TEST(unknown_op_attr_datatype)
+{
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"conv2d\",\"inputs\":[\"x\"]}]," OUT("h"), "node 'h'", "unknown op 'conv2d'");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"],\"attrs\":{\"transpose_c\":true}}]," OUT("h"),
+                 "node 'h'", "unknown attr 'transpose_c'");
+    expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP8\",\"shape\":[4,6]}],\"nodes\":[]," OUT("x"), "param 'w'", "unknown datatype 'FP8'");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"all_reduce\",\"inputs\":[\"x\"],\"attrs\":{\"op\":\"min\"}}]," OUT("h"),
+                 "node 'h'", "attr 'op'");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"all_gather\",\"inputs\":[\"x\"]}]," OUT("h"), "node 'h'", "needs attr 'dim'");
+}
+END_TEST
+
+START_TEST(names_twice_or_undefined)
+{
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"w\",\"op\":\"relu\",\"inputs\":[\"x\"]}]," OUT("w"), "node 'w'", "used twice");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"relu\",\"inputs\":[\"g\"]},{\"name\":\"g\",\"op\":\"relu\",\"inputs\":[\"x\"]}]," OUT("h"),
+                 "node 'h'", "'g' is not defined before");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"relu\",\"inputs\":[\"h\"]}]," OUT("h"), "node 'h'", "not defined before");
+    expect_error(PARAM_W "\"nodes\":[]," OUT("nope"), "outputs[0]", "'nope'");
+}
+END_TEST
+
+START_TEST(shape_mismatch_names_both_shapes)
+{
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"],\"attrs\":{\"transpose_b\":true}}]," OUT("h"),
+                 "node 'h'", "a [1, 3, 4] vs b [4, 3]");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"h\",\"op\":\"add\",\"inputs\":[\"x\",\"w\"]}]," OUT("h"), "[4, 3]", "do not broadcast");
+    expect_error(PARAM_W "\"nodes\":[{\"name\":\"t\",\"op\":\"transpose\",\"inputs\":[\"x\"],\"attrs\":{\"dim0\":1,\"dim1\":2}},"
+                 "{\"name\":\"v\",\"op\":\"view\",\"inputs\":[\"t\"],\"attrs\":{\"shape\":[-1,12]}}]," OUT("v"),
+                 "node 'v'", "strides");
+}
+END_TEST
+
+START_TEST(non_divisible_shard_and_split)
+{
+    expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"}],"
+                 "\"nodes\":[{\"name\":\"h\",\"op\":\"reduce_scatter\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":1}}]," OUT("h"),
+                 "node 'h'", "split dim 1 of size 3 is not divisible by world_size 2");
+    expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"},"
+                 "{\"name\":\"w2\",\"tensor\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(0)\"}],"
+                 "\"nodes\":[{\"name\":\"h\",\"op\":\"all_to_all\",\"inputs\":[\"x\"],\"attrs\":{\"split_dim\":-2,\"concat_dim\":0}}]," OUT("h"),
+                 "node 'h'", "not divisible");
+    /* 3 is not divisible by 2: input shard on a static dim */
+    tp_graph *g;
+    tp_err err;
+    write_file("g.json", "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"t\",\"world_size\":2,"
+                         "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",3],\"placement\":\"shard(1)\"}],"
+                         "\"nodes\":[],\"outputs\":[{\"name\":\"x\"}]}");
+    char p[256];
+    snprintf(p, sizeof p, "%s/g.json", dir);
+    ck_assert_int_ne(tp_graph_load(p, &g, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "input 'x'") && strstr(err.msg, "not divisible"), "%s", err.msg);
+}
+END_TEST
+
+START_TEST(param_vs_safetensors)
+{
+    expect_error("\"params\":[{\"name\":\"q\",\"datatype\":\"FP32\",\"shape\":[4,6]}],\"nodes\":[]," OUT("x"),
+                 "param 'q'", "missing from");
+    expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[6,4]}],\"nodes\":[]," OUT("x"),
+                 "param 'w'", "declared shape [6, 4] but");
+    expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP16\",\"shape\":[4,6]}],\"nodes\":[]," OUT("x"),
+                 "param 'w'", "declared FP16");
+}
+END_TEST
+
+START_TEST(malformed_safetensors_header)
+{
+    write_file("w.safetensors", "\x10\0\0\0\0\0\0\0{\"w\": {\"dtype\":");
+    expect_error(PARAM_W "\"nodes\":[]," OUT("x"), "w.safetensors", NULL);
+    /* offsets past the end of the file */
+    const char hdr[] = "{\"w\":{\"dtype\":\"F32\",\"shape\":[4,6],\"data_offsets\":[0,96]}}";
+    char buf[256];
+    uint64_t n = sizeof hdr - 1;
+    memcpy(buf, &n, 8);
+    memcpy(buf + 8, hdr, n);
+    char p[256];
+    snprintf(p, sizeof p, "%s/w.safetensors", dir);
+    FILE *f = fopen(p, "wb");
+    fwrite(buf, 1, 8 + n + 10, f);
+    fclose(f);
+    expect_error(PARAM_W "\"nodes\":[]," OUT("x"), "w.safetensors", "past the end");
+}
+END_TEST
+
+Suite *loader_suite(void)
+{
+    Suite *s = suite_create("loader");
+    TCase *tc = tcase_create("errors");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, valid_graph_loads);
+    tcase_add_test(tc, missing_file);
+    tcase_add_test(tc, bad_json_line_column);
+    tcase_add_test(tc, unknown_format_version);
+    tcase_add_test(tc, unknown_op_attr_datatype);
+    tcase_add_test(tc, names_twice_or_undefined);
+    tcase_add_test(tc, shape_mismatch_names_both_shapes);
+    tcase_add_test(tc, non_divisible_shard_and_split);
+    tcase_add_test(tc, param_vs_safetensors);
+    tcase_add_test(tc, malformed_safetensors_header);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(loader_suite)
