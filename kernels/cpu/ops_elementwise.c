@@ -1,0 +1,205 @@
+/* ops_elementwise.c — add/sub/mul with NumPy broadcasting, gelu/silu/relu.
+ *
+ * Operands are coalesced into as few dims as their strides allow, then run
+ * row by row along the innermost dim. FP32 rows are computed in place from the
+ * operands' memory; FP16/BF16 rows go through small FP32 chunks (load, compute,
+ * round on store); integers wrap like two's complement. */
+#include <string.h>
+
+#include "common/tp_math.h"
+#include "ops_internal.h"
+
+#define CHUNK 256
+
+/* o[i] = EXPR(x = a[i*sa], y = b[i*sb]), specialised for the common strides. */
+#define BIN_LOOP(T, EXPR)                                                           \
+    do {                                                                            \
+        if (sa == 1 && sb == 1) {                                                   \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = a[i], y = b[i];                                               \
+                o[i] = EXPR;                                                        \
+            }                                                                       \
+        } else if (sa == 1 && sb == 0) {                                            \
+            T y = b[0];                                                             \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = a[i];                                                         \
+                o[i] = EXPR;                                                        \
+            }                                                                       \
+        } else if (sa == 0 && sb == 1) {                                            \
+            T x = a[0];                                                             \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T y = b[i];                                                         \
+                o[i] = EXPR;                                                        \
+            }                                                                       \
+        } else {                                                                    \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = a[i * sa], y = b[i * sb];                                     \
+                o[i] = EXPR;                                                        \
+            }                                                                       \
+        }                                                                           \
+    } while (0)
+
+static void bin_f32(tp_op op, const float *a, int64_t sa, const float *b, int64_t sb, float *o,
+                    int64_t n)
+{
+    switch (op) {
+    case TP_OP_ADD: BIN_LOOP(float, x + y); break;
+    case TP_OP_SUB: BIN_LOOP(float, x - y); break;
+    default: BIN_LOOP(float, x * y); break;
+    }
+}
+
+/* Unsigned arithmetic so overflow wraps instead of being undefined. */
+static void bin_i32(tp_op op, const int32_t *a, int64_t sa, const int32_t *b, int64_t sb,
+                    int32_t *o, int64_t n)
+{
+    switch (op) {
+    case TP_OP_ADD: BIN_LOOP(int32_t, (int32_t)((uint32_t)x + (uint32_t)y)); break;
+    case TP_OP_SUB: BIN_LOOP(int32_t, (int32_t)((uint32_t)x - (uint32_t)y)); break;
+    default: BIN_LOOP(int32_t, (int32_t)((uint32_t)x * (uint32_t)y)); break;
+    }
+}
+
+static void bin_i64(tp_op op, const int64_t *a, int64_t sa, const int64_t *b, int64_t sb,
+                    int64_t *o, int64_t n)
+{
+    switch (op) {
+    case TP_OP_ADD: BIN_LOOP(int64_t, (int64_t)((uint64_t)x + (uint64_t)y)); break;
+    case TP_OP_SUB: BIN_LOOP(int64_t, (int64_t)((uint64_t)x - (uint64_t)y)); break;
+    default: BIN_LOOP(int64_t, (int64_t)((uint64_t)x * (uint64_t)y)); break;
+    }
+}
+
+/* FP16/BF16: widen CHUNK elements at a time, compute in FP32, round once. */
+static void bin_half(tp_op op, tp_dtype dt, const char *a, int64_t sa, const char *b, int64_t sb,
+                     char *o, int64_t n)
+{
+    float fa[CHUNK], fb[CHUNK], fo[CHUNK];
+    size_t es = tp_dtype_size(dt);
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+        int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        ops_load_row(a + i0 * sa * (int64_t)es, dt, sa, sa ? m : 1, fa);
+        ops_load_row(b + i0 * sb * (int64_t)es, dt, sb, sb ? m : 1, fb);
+        bin_f32(op, fa, sa ? 1 : 0, fb, sb ? 1 : 0, fo, m);
+        ops_store_row(o + i0 * (int64_t)es, dt, 1, m, fo);
+    }
+}
+
+static void bin_row(tp_op op, tp_dtype dt, const char *a, int64_t sa, const char *b, int64_t sb,
+                    char *o, int64_t n)
+{
+    switch (dt) {
+    case TP_F32:
+        bin_f32(op, (const float *)a, sa, (const float *)b, sb, (float *)o, n);
+        break;
+    case TP_I32:
+        bin_i32(op, (const int32_t *)a, sa, (const int32_t *)b, sb, (int32_t *)o, n);
+        break;
+    case TP_I64:
+        bin_i64(op, (const int64_t *)a, sa, (const int64_t *)b, sb, (int64_t *)o, n);
+        break;
+    default:
+        bin_half(op, dt, a, sa, b, sb, o, n);
+        break;
+    }
+}
+
+tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out,
+                     tp_err *err)
+{
+    char s1[96], s2[96], s3[96];
+    if (a->dtype != out->dtype || b->dtype != out->dtype)
+        return tp_fail(err, TP_INVALID, "%s: input dtypes %s and %s (output %s) differ",
+                       tp_op_name(op), tp_dtype_name(a->dtype), tp_dtype_name(b->dtype),
+                       tp_dtype_name(out->dtype));
+    int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
+    if (ops_broadcast_strides(a, out->ndim, out->shape, sa) ||
+        ops_broadcast_strides(b, out->ndim, out->shape, sb))
+        return tp_fail(err, TP_INVALID, "%s: shapes %s and %s do not broadcast to %s",
+                       tp_op_name(op), tp_shape_str(s1, sizeof s1, a->ndim, a->shape),
+                       tp_shape_str(s2, sizeof s2, b->ndim, b->shape),
+                       tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[3] = {sa, sb, out->stride};
+    ops_layout l;
+    ops_layout_init(&l, out->ndim, out->shape, 3, st);
+    int iter = l.nd - 1;
+    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
+    tp_dtype dt = out->dtype;
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
+        bin_row(op, dt, ops_at(a->data, dt, p.off[0]), l.stride[0][iter],
+                ops_at(b->data, dt, p.off[1]), l.stride[1][iter], ops_at(out->data, dt, p.off[2]),
+                n);
+    return TP_OK;
+}
+
+/* y[i] = f(x[i*sx]) for one activation, chosen outside the loop. */
+static void unary_f32(tp_op op, int gelu_tanh, const float *x, int64_t sx, float *y, int64_t n)
+{
+    switch (op) {
+    case TP_OP_GELU:
+        if (gelu_tanh) {
+            for (int64_t i = 0; i < n; i++)
+                y[i] = tp_gelu_tanh(x[i * sx]);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                y[i] = tp_gelu_erf(x[i * sx]);
+        }
+        break;
+    case TP_OP_SILU:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = tp_silu(x[i * sx]);
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = tp_relu(x[i * sx]);
+        break;
+    }
+}
+
+static void unary_row(tp_op op, int gelu_tanh, tp_dtype dt, const char *x, int64_t sx, char *y,
+                      int64_t n)
+{
+    if (dt == TP_F32) {
+        unary_f32(op, gelu_tanh, (const float *)x, sx, (float *)y, n);
+        return;
+    }
+    float buf[CHUNK];
+    size_t es = tp_dtype_size(dt);
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+        int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        ops_load_row(x + i0 * sx * (int64_t)es, dt, sx, m, buf);
+        unary_f32(op, gelu_tanh, buf, 1, buf, m);
+        ops_store_row(y + i0 * (int64_t)es, dt, 1, m, buf);
+    }
+}
+
+tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out,
+                    tp_err *err)
+{
+    char s1[96], s2[96];
+    if (x->dtype != out->dtype || !tp_dtype_is_float(x->dtype))
+        return tp_fail(err, TP_INVALID, "%s: needs a float input of the output dtype, got %s -> %s",
+                       tp_op_name(op), tp_dtype_name(x->dtype), tp_dtype_name(out->dtype));
+    if (!ops_same_shape(x, out))
+        return tp_fail(err, TP_INVALID, "%s: input shape %s does not match output %s",
+                       tp_op_name(op), tp_shape_str(s1, sizeof s1, x->ndim, x->shape),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[2] = {x->stride, out->stride};
+    ops_layout l;
+    ops_layout_init(&l, out->ndim, out->shape, 2, st);
+    int iter = l.nd - 1;
+    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
+    int gt = attrs ? attrs->gelu_tanh : 0;
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
+        unary_row(op, gt, x->dtype, ops_at(x->data, x->dtype, p.off[0]), l.stride[0][iter],
+                  ops_at(out->data, out->dtype, p.off[1]), n);
+    return TP_OK;
+}

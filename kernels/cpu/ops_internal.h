@@ -1,0 +1,104 @@
+/* ops_internal.h — helpers shared by the cpu kernels (kernels/cpu/ops_*.c).
+ * Not part of the backend API; cpu_ops.h is. */
+#ifndef TP_CPU_OPS_INTERNAL_H
+#define TP_CPU_OPS_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_ops.h"
+
+#define OPS_MAX_OPERANDS 4
+
+/* Element address of offset off (in elements) from base. */
+static inline char *ops_at(const void *base, tp_dtype dt, int64_t off)
+{
+    return (char *)base + off * (int64_t)tp_dtype_size(dt);
+}
+
+static inline int ops_same_shape(const tp_tensor *a, const tp_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+/* An iteration space shared by up to OPS_MAX_OPERANDS strided operands,
+ * after coalescing: size-1 dims dropped and adjacent dims merged wherever
+ * every operand allows it. Always at least one dim. */
+typedef struct {
+    int nd, nops;
+    int64_t shape[TP_MAX_DIMS];
+    int64_t stride[OPS_MAX_OPERANDS][TP_MAX_DIMS];
+} ops_layout;
+
+/* A position in the first `iter` dims of a layout, with every operand's
+ * element offset. Zero-initialise to start at the origin. */
+typedef struct {
+    int64_t idx[TP_MAX_DIMS];
+    int64_t off[OPS_MAX_OPERANDS];
+} ops_pos;
+
+/* strides[k] points at nd strides of operand k. */
+void ops_layout_init(ops_layout *l, int nd, const int64_t *shape, int nops,
+                     const int64_t *const *strides);
+/* Product of the first `iter` dims. */
+int64_t ops_layout_count(const ops_layout *l, int iter);
+/* Advances p over the first `iter` dims (odometer order). */
+void ops_pos_next(const ops_layout *l, ops_pos *p, int iter);
+
+/* Strides of t broadcast (NumPy rules) to the nd-dim shape: missing and
+ * size-1 dims get stride 0. Returns -1 if t does not broadcast. */
+int ops_broadcast_strides(const tp_tensor *t, int nd, const int64_t *shape, int64_t *out);
+
+/* n elements at stride s of dtype dt, widened to f32 / rounded from f32. */
+void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst);
+void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *src);
+/* Whole tensor (any strides, any dtype) into a contiguous f32 buffer. */
+void ops_gather_f32(const tp_tensor *t, float *dst);
+
+/* A growable float scratch buffer. */
+typedef struct {
+    float *p;
+    size_t cap;
+} ops_buf;
+tp_status ops_buf_reserve(ops_buf *b, size_t n, tp_err *err);
+void ops_buf_free(ops_buf *b);
+
+/* Allocates n floats or fails with TP_NOMEM naming what. */
+tp_status ops_alloc_f32(float **p, size_t n, const char *what, tp_err *err);
+
+/* t as an FP32 tensor: t itself (strides kept) when it is FP32, else a
+ * contiguous FP32 copy in *owned (free it). */
+tp_status ops_as_f32(const tp_tensor *t, tp_tensor *f, float **owned, const char *what,
+                     tp_err *err);
+
+/* c[M,N] (row-major, ldc = N) = alpha * a[M,K] . b[K,N], with a and b given
+ * by element strides. Layouts BLAS cannot take are first copied into the
+ * scratch buffers. K = 0 gives zeros. */
+tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t sam,
+                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c,
+                    ops_buf *sa, ops_buf *sb, tp_err *err);
+
+/* One function per op family. */
+tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out,
+                     tp_err *err);
+tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out,
+                    tp_err *err);
+tp_status cpu_softmax(const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                   tp_tensor *out, tp_err *err);
+tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
+                     tp_tensor *out, tp_err *err);
+tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
+                        const tp_tensor *v, tp_tensor *out, tp_err *err);
+tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_tensor *table,
+                        tp_tensor *out, int rank, int world, tp_err *err);
+tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                  tp_err *err);
+tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err);
+
+#endif

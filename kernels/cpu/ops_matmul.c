@@ -1,0 +1,182 @@
+/* ops_matmul.c — matmul through OpenBLAS sgemm, with batch broadcasting.
+ *
+ * Strided matrices go to BLAS as they are whenever one of their two strides
+ * is 1 (row-major, or column-major passed as a transpose); anything else is
+ * first copied into contiguous scratch. The batch dims and M are coalesced
+ * together, so [B, S, K] x [K, N] with a contiguous is a single sgemm.
+ * FP16/BF16 are widened to FP32, multiplied, and rounded once on store. */
+#include <cblas.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_internal.h"
+
+/* Can BLAS read a rows x cols matrix with strides (sr, sc) directly? */
+static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, CBLAS_TRANSPOSE *t,
+                       int64_t *ld)
+{
+    if ((cols == 1 || sc == 1) && (rows == 1 || sr >= cols)) {
+        *t = CblasNoTrans;
+        *ld = rows == 1 ? cols : sr;
+    } else if ((rows == 1 || sr == 1) && (cols == 1 || sc >= rows)) {
+        *t = CblasTrans;
+        *ld = cols == 1 ? rows : sc;
+    } else {
+        return 0;
+    }
+    if (*ld < 1)
+        *ld = 1;
+    return *ld <= INT_MAX;
+}
+
+/* Copies a strided matrix into buf (row-major, ld = cols). */
+static tp_status pack(const float **m, int64_t rows, int64_t cols, int64_t sr, int64_t sc,
+                      ops_buf *buf, tp_err *err)
+{
+    tp_status s = ops_buf_reserve(buf, (size_t)(rows * cols), err);
+    if (s != TP_OK)
+        return s;
+    for (int64_t i = 0; i < rows; i++)
+        ops_load_row(*m + i * sr, TP_F32, sc, cols, buf->p + i * cols);
+    *m = buf->p;
+    return TP_OK;
+}
+
+tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t sam,
+                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c,
+                    ops_buf *sa, ops_buf *sb, tp_err *err)
+{
+    if (M == 0 || N == 0)
+        return TP_OK;
+    if (K == 0) {
+        memset(c, 0, (size_t)(M * N) * sizeof(float));
+        return TP_OK;
+    }
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return tp_fail(err, TP_INVALID, "matmul: %lld x %lld x %lld exceeds BLAS int range",
+                       (long long)M, (long long)K, (long long)N);
+    CBLAS_TRANSPOSE ta, tb;
+    int64_t lda, ldb;
+    tp_status s;
+    if (!blas_layout(M, K, sam, sak, &ta, &lda)) {
+        if ((s = pack(&a, M, K, sam, sak, sa, err)) != TP_OK)
+            return s;
+        ta = CblasNoTrans;
+        lda = K;
+    }
+    if (!blas_layout(K, N, sbk, sbn, &tb, &ldb)) {
+        if ((s = pack(&b, K, N, sbk, sbn, sb, err)) != TP_OK)
+            return s;
+        tb = CblasNoTrans;
+        ldb = N;
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, a,
+                (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)N);
+    return TP_OK;
+}
+
+/* The matmul problem after validation. */
+typedef struct {
+    int64_t M, N, K;
+    int64_t sak, sbk, sbn; /* column stride of a; b as a [K, N] matrix */
+    ops_layout l;          /* [batch..., M] over a (0), b (1), out (2) */
+} mm_plan;
+
+static tp_status mm_plan_init(mm_plan *pl, const tp_tensor *a, const tp_tensor *b, int tb,
+                              const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96];
+    int na = a->ndim, nbd = b->ndim, no = out->ndim, nb = no - 2;
+    if (na < 2 || nbd < 2 || no < 2)
+        goto bad;
+    pl->M = a->shape[na - 2];
+    pl->K = a->shape[na - 1];
+    pl->N = tb ? b->shape[nbd - 2] : b->shape[nbd - 1];
+    int64_t kb = tb ? b->shape[nbd - 1] : b->shape[nbd - 2];
+    if (kb != pl->K || out->shape[no - 2] != pl->M || out->shape[no - 1] != pl->N)
+        goto bad;
+    pl->sak = a->stride[na - 1];
+    pl->sbk = tb ? b->stride[nbd - 1] : b->stride[nbd - 2];
+    pl->sbn = tb ? b->stride[nbd - 2] : b->stride[nbd - 1];
+    tp_tensor ab = *a, bb = *b; /* batch dims only */
+    ab.ndim -= 2;
+    bb.ndim -= 2;
+    int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
+    if (ops_broadcast_strides(&ab, nb, out->shape, sa) || ops_broadcast_strides(&bb, nb, out->shape, sb))
+        goto bad;
+    sa[nb] = a->stride[na - 2];
+    sb[nb] = 0;
+    const int64_t *st[3] = {sa, sb, out->stride};
+    ops_layout_init(&pl->l, nb + 1, out->shape, 3, st);
+    return TP_OK;
+bad:
+    return tp_fail(err, TP_INVALID, "matmul%s: shapes %s and %s do not give %s",
+                   tb ? " (transpose_b)" : "", tp_shape_str(s1, sizeof s1, a->ndim, a->shape),
+                   tp_shape_str(s2, sizeof s2, b->ndim, b->shape),
+                   tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
+}
+
+/* a, b FP32 (any strides); c contiguous FP32 with out's shape. When b does
+ * not change along the innermost coalesced dim, that dim becomes the M of
+ * one sgemm; otherwise every row is its own sgemm. */
+static tp_status matmul_f32(const mm_plan *pl, const float *a, const float *b, float *c,
+                            tp_err *err)
+{
+    const ops_layout *l = &pl->l;
+    int last = l->nd - 1, fold = l->stride[1][last] == 0;
+    int iter = fold ? last : l->nd;
+    int64_t m = fold ? l->shape[last] : 1, sam = fold ? l->stride[0][last] : 0;
+    int64_t n = ops_layout_count(l, iter);
+    ops_buf sa = {0}, sb = {0};
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    tp_status s = TP_OK;
+    for (int64_t r = 0; r < n && s == TP_OK; r++, ops_pos_next(l, &p, iter))
+        s = ops_sgemm(m, pl->N, pl->K, 1.0f, a + p.off[0], sam, pl->sak, b + p.off[1], pl->sbk,
+                      pl->sbn, c + p.off[2], &sa, &sb, err);
+    ops_buf_free(&sa);
+    ops_buf_free(&sb);
+    return s;
+}
+
+/* FP16/BF16: widen both inputs, multiply in FP32, round once. */
+static tp_status matmul_half(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out,
+                             tp_err *err)
+{
+    tp_tensor af, bf;
+    float *ao = NULL, *bo = NULL, *co = NULL;
+    int64_t n = tp_tensor_numel(out);
+    mm_plan pl;
+    tp_status s = ops_as_f32(a, &af, &ao, "matmul", err);
+    if (s == TP_OK)
+        s = ops_as_f32(b, &bf, &bo, "matmul", err);
+    if (s == TP_OK)
+        s = ops_alloc_f32(&co, (size_t)n, "matmul", err);
+    if (s == TP_OK)
+        s = mm_plan_init(&pl, &af, &bf, tb, out, err);
+    if (s == TP_OK)
+        s = matmul_f32(&pl, af.data, bf.data, co, err);
+    if (s == TP_OK)
+        ops_store_row(out->data, out->dtype, 1, n, co);
+    free(ao);
+    free(bo);
+    free(co);
+    return s;
+}
+
+tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
+                     tp_tensor *out, tp_err *err)
+{
+    int tb = attrs ? attrs->transpose_b : 0;
+    if (a->dtype != out->dtype || b->dtype != out->dtype || !tp_dtype_is_float(out->dtype))
+        return tp_fail(err, TP_INVALID, "matmul: needs float inputs of the output dtype, got %s x %s -> %s",
+                       tp_dtype_name(a->dtype), tp_dtype_name(b->dtype), tp_dtype_name(out->dtype));
+    mm_plan pl;
+    tp_status s = mm_plan_init(&pl, a, b, tb, out, err);
+    if (s != TP_OK || tp_tensor_numel(out) == 0)
+        return s;
+    if (out->dtype != TP_F32)
+        return matmul_half(a, b, tb, out, err);
+    return matmul_f32(&pl, a->data, b->data, out->data, err);
+}

@@ -1,0 +1,208 @@
+/* ops_util.c — strided iteration, dtype conversion of rows, scratch buffers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_internal.h"
+
+static int can_merge(const ops_layout *l, const int64_t *const *strides, int outer, int inner_j)
+{
+    for (int k = 0; k < l->nops; k++)
+        if (strides[k][outer] != l->stride[k][inner_j] * l->shape[inner_j])
+            return 0;
+    return 1;
+}
+
+void ops_layout_init(ops_layout *l, int nd, const int64_t *shape, int nops,
+                     const int64_t *const *strides)
+{
+    ops_layout r; /* built innermost first, reversed at the end */
+    r.nd = 0;
+    r.nops = nops;
+    for (int i = nd - 1; i >= 0; i--) {
+        if (shape[i] == 1)
+            continue;
+        if (r.nd > 0 && can_merge(&r, strides, i, r.nd - 1)) {
+            r.shape[r.nd - 1] *= shape[i];
+            continue;
+        }
+        r.shape[r.nd] = shape[i];
+        for (int k = 0; k < nops; k++)
+            r.stride[k][r.nd] = strides[k][i];
+        r.nd++;
+    }
+    if (r.nd == 0) {
+        r.shape[0] = 1;
+        for (int k = 0; k < nops; k++)
+            r.stride[k][0] = 0;
+        r.nd = 1;
+    }
+    l->nd = r.nd;
+    l->nops = nops;
+    for (int d = 0; d < r.nd; d++) {
+        l->shape[d] = r.shape[r.nd - 1 - d];
+        for (int k = 0; k < nops; k++)
+            l->stride[k][d] = r.stride[k][r.nd - 1 - d];
+    }
+}
+
+int64_t ops_layout_count(const ops_layout *l, int iter)
+{
+    int64_t n = 1;
+    for (int d = 0; d < iter; d++)
+        n *= l->shape[d];
+    return n;
+}
+
+void ops_pos_next(const ops_layout *l, ops_pos *p, int iter)
+{
+    for (int d = iter - 1; d >= 0; d--) {
+        p->idx[d]++;
+        for (int k = 0; k < l->nops; k++)
+            p->off[k] += l->stride[k][d];
+        if (p->idx[d] < l->shape[d])
+            return;
+        for (int k = 0; k < l->nops; k++)
+            p->off[k] -= l->stride[k][d] * l->shape[d];
+        p->idx[d] = 0;
+    }
+}
+
+int ops_broadcast_strides(const tp_tensor *t, int nd, const int64_t *shape, int64_t *out)
+{
+    if (t->ndim > nd)
+        return -1;
+    for (int i = 0; i < nd; i++) {
+        int j = i - (nd - t->ndim);
+        if (j < 0)
+            out[i] = 0;
+        else if (t->shape[j] == shape[i])
+            out[i] = t->shape[j] == 1 ? 0 : t->stride[j];
+        else if (t->shape[j] == 1)
+            out[i] = 0;
+        else
+            return -1;
+    }
+    return 0;
+}
+
+void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst)
+{
+    switch (dt) {
+    case TP_F32: {
+        const float *p = base;
+        if (s == 1) {
+            memcpy(dst, p, (size_t)n * sizeof(float));
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = p[i * s];
+        }
+        break;
+    }
+    case TP_F16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tp_f16_to_f32(((const uint16_t *)base)[i * s]);
+        break;
+    case TP_BF16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tp_bf16_to_f32(((const uint16_t *)base)[i * s]);
+        break;
+    case TP_I32:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)((const int32_t *)base)[i * s];
+        break;
+    case TP_I64:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = (float)((const int64_t *)base)[i * s];
+        break;
+    default:
+        break;
+    }
+}
+
+void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *src)
+{
+    switch (dt) {
+    case TP_F32: {
+        float *p = base;
+        if (s == 1) {
+            memcpy(p, src, (size_t)n * sizeof(float));
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                p[i * s] = src[i];
+        }
+        break;
+    }
+    case TP_F16:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)base)[i * s] = tp_f32_to_f16(src[i]);
+        break;
+    case TP_BF16:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)base)[i * s] = tp_f32_to_bf16(src[i]);
+        break;
+    default: /* integer outputs never come from float math */
+        break;
+    }
+}
+
+void ops_gather_f32(const tp_tensor *t, float *dst)
+{
+    if (tp_tensor_numel(t) == 0)
+        return;
+    const int64_t *st[1] = {t->stride};
+    ops_layout l;
+    ops_layout_init(&l, t->ndim, t->shape, 1, st);
+    int iter = l.nd - 1;
+    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
+        ops_load_row(ops_at(t->data, t->dtype, p.off[0]), t->dtype, l.stride[0][iter], n,
+                     dst + r * n);
+}
+
+tp_status ops_alloc_f32(float **p, size_t n, const char *what, tp_err *err)
+{
+    *p = malloc((n ? n : 1) * sizeof(float));
+    if (!*p)
+        return tp_fail(err, TP_NOMEM, "%s: cannot allocate %zu floats of scratch", what, n);
+    return TP_OK;
+}
+
+tp_status ops_buf_reserve(ops_buf *b, size_t n, tp_err *err)
+{
+    if (n <= b->cap)
+        return TP_OK;
+    float *p = realloc(b->p, n * sizeof(float));
+    if (!p)
+        return tp_fail(err, TP_NOMEM, "cannot allocate %zu floats of scratch", n);
+    b->p = p;
+    b->cap = n;
+    return TP_OK;
+}
+
+void ops_buf_free(ops_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+tp_status ops_as_f32(const tp_tensor *t, tp_tensor *f, float **owned, const char *what,
+                     tp_err *err)
+{
+    *owned = NULL;
+    if (t->dtype == TP_F32) {
+        *f = *t;
+        return TP_OK;
+    }
+    if (!tp_dtype_is_float(t->dtype))
+        return tp_fail(err, TP_INVALID, "%s: expected a float tensor, got %s", what,
+                       tp_dtype_name(t->dtype));
+    tp_status s = ops_alloc_f32(owned, (size_t)tp_tensor_numel(t), what, err);
+    if (s != TP_OK)
+        return s;
+    ops_gather_f32(t, *owned);
+    *f = tp_tensor_make(*owned, TP_F32, t->ndim, t->shape);
+    return TP_OK;
+}

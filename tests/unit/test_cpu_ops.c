@@ -1,0 +1,884 @@
+/* test_cpu_ops.c — every cpu kernel against hand-computed values or a naive
+ * reference computed here in double precision.
+ *
+ * Tolerances:
+ * - FP32 elementwise / activations: 1e-6 absolute (hand values to 7 digits);
+ * - FP32 softmax, norms: 1e-6 / 2e-6 absolute; matmul, attention: 1e-5
+ *   absolute + 1e-5 relative against the double reference;
+ * - FP16/BF16: elementwise ops are exact against the FP32 result rounded to
+ *   the type (the kernels round once); matmul on exactly representable
+ *   inputs is exact, on random inputs within 1 ulp of the rounded reference
+ *   (2^-10 relative for FP16, 2^-7 for BF16); attention likewise within
+ *   2 ulp (score order differs from the reference). */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "cpu/cpu_ops.h"
+
+static tp_err err;
+
+static tp_tensor mk(void *data, tp_dtype dt, int nd, const int64_t *shape)
+{
+    return tp_tensor_make(data, dt, nd, shape);
+}
+
+/* A strided view over data. */
+static tp_tensor view(void *data, tp_dtype dt, int nd, const int64_t *shape, const int64_t *stride)
+{
+    tp_tensor t = tp_tensor_make(data, dt, nd, shape);
+    for (int i = 0; i < nd; i++)
+        t.stride[i] = stride[i];
+    return t;
+}
+
+static tp_attrs attrs0(void)
+{
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    a.eps = 1e-5f;
+    return a;
+}
+
+static tp_status run(tp_op op, const tp_attrs *a, tp_tensor *ins, int n, tp_tensor *out)
+{
+    err.msg[0] = 0;
+    return cpu_op_run(op, a, ins, n, out, 0, 1, &err);
+}
+
+#define RUN_OK(op, a, ins, n, out) \
+    ck_assert_msg(run(op, a, ins, n, out) == TP_OK, "%s failed: %s", tp_op_name(op), err.msg)
+
+static void expect_near(const float *got, const float *want, int64_t n, float atol, float rtol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float tol = atol + rtol * fabsf(want[i]);
+        ck_assert_msg(fabsf(got[i] - want[i]) <= tol, "element %lld: got %.8g want %.8g (tol %g)",
+                      (long long)i, got[i], want[i], tol);
+    }
+}
+
+static uint32_t rng = 12345u;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((rng >> 8) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static void fill_rand(float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        p[i] = frand();
+}
+
+static uint16_t to_half(tp_dtype dt, float f) { return dt == TP_F16 ? tp_f32_to_f16(f) : tp_f32_to_bf16(f); }
+static float from_half(tp_dtype dt, uint16_t h) { return dt == TP_F16 ? tp_f16_to_f32(h) : tp_bf16_to_f32(h); }
+static float ulp_rel(tp_dtype dt) { return dt == TP_F16 ? 1.0f / 1024 : 1.0f / 128; }
+
+/* ------------------------------------------------------------ binary ops */
+
+START_TEST(test_add_broadcast_row)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {10, 20, 30}, o[6];
+    tp_tensor ins[2] = {mk(a, TP_F32, 2, (int64_t[]){2, 3}), mk(b, TP_F32, 1, (int64_t[]){3})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_ADD, NULL, ins, 2, &out);
+    expect_near(o, (float[]){11, 22, 33, 14, 25, 36}, 6, 0, 0);
+    RUN_OK(TP_OP_SUB, NULL, ins, 2, &out);
+    expect_near(o, (float[]){-9, -18, -27, -6, -15, -24}, 6, 0, 0);
+    /* scalar-like [1] on the left */
+    float s[1] = {2};
+    tp_tensor ins2[2] = {mk(s, TP_F32, 1, (int64_t[]){1}), ins[0]};
+    RUN_OK(TP_OP_SUB, NULL, ins2, 2, &out);
+    expect_near(o, (float[]){1, 0, -1, -2, -3, -4}, 6, 0, 0);
+}
+END_TEST
+
+START_TEST(test_mul_broadcast_3d)
+{
+    /* [2,1,3] * [4,1] -> [2,4,3] */
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[4] = {1, -1, 0.5f, 2}, o[24], want[24];
+    tp_tensor ins[2] = {mk(a, TP_F32, 3, (int64_t[]){2, 1, 3}), mk(b, TP_F32, 2, (int64_t[]){4, 1})};
+    tp_tensor out = mk(o, TP_F32, 3, (int64_t[]){2, 4, 3});
+    RUN_OK(TP_OP_MUL, NULL, ins, 2, &out);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 3; k++)
+                want[(i * 4 + j) * 3 + k] = a[i * 3 + k] * b[j];
+    expect_near(o, want, 24, 0, 0);
+}
+END_TEST
+
+START_TEST(test_binary_strided)
+{
+    /* a: transposed view of base [3,2] -> [2,3]; b: slice cols 1..3 of [2,5] */
+    float base_a[6] = {1, 2, 3, 4, 5, 6}; /* [[1,2],[3,4],[5,6]] -> aT = [[1,3,5],[2,4,6]] */
+    float base_b[10] = {0, 10, 20, 30, 0, 0, 40, 50, 60, 0};
+    float o[6];
+    tp_tensor ins[2] = {view(base_a, TP_F32, 2, (int64_t[]){2, 3}, (int64_t[]){1, 2}),
+                        view(base_b + 1, TP_F32, 2, (int64_t[]){2, 3}, (int64_t[]){5, 1})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_SUB, NULL, ins, 2, &out);
+    expect_near(o, (float[]){-9, -17, -25, -38, -46, -54}, 6, 0, 0);
+    /* explicit stride-0 broadcast: a row repeated twice */
+    float row[3] = {1, 2, 3};
+    ins[1] = view(row, TP_F32, 2, (int64_t[]){2, 3}, (int64_t[]){0, 1});
+    RUN_OK(TP_OP_MUL, NULL, ins, 2, &out);
+    expect_near(o, (float[]){1, 6, 15, 2, 8, 18}, 6, 0, 0);
+    /* mismatched shapes are an error */
+    float bad[2] = {0};
+    ins[1] = mk(bad, TP_F32, 1, (int64_t[]){2});
+    ck_assert_int_eq(run(TP_OP_ADD, NULL, ins, 2, &out), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "[2]"));
+}
+END_TEST
+
+START_TEST(test_int_add)
+{
+    int32_t a[6] = {1, 2, 3, 4, 5, INT32_MAX}, b[3] = {10, -20, 1}, o[6];
+    tp_tensor ins[2] = {mk(a, TP_I32, 2, (int64_t[]){2, 3}), mk(b, TP_I32, 1, (int64_t[]){3})};
+    tp_tensor out = mk(o, TP_I32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_ADD, NULL, ins, 2, &out);
+    int32_t want[6] = {11, -18, 4, 14, -15, INT32_MIN}; /* wraps */
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(o[i], want[i]);
+
+    int64_t c[4] = {1, 2, 3, 5000000000LL}, d[4] = {7, 8, 9, 3}, p[4];
+    tp_tensor ins64[2] = {mk(c, TP_I64, 2, (int64_t[]){2, 2}), mk(d, TP_I64, 2, (int64_t[]){2, 2})};
+    tp_tensor out64 = mk(p, TP_I64, 2, (int64_t[]){2, 2});
+    RUN_OK(TP_OP_ADD, NULL, ins64, 2, &out64);
+    ck_assert(p[0] == 8 && p[1] == 10 && p[2] == 12 && p[3] == 5000000003LL);
+    RUN_OK(TP_OP_MUL, NULL, ins64, 2, &out64);
+    ck_assert(p[0] == 7 && p[1] == 16 && p[2] == 27 && p[3] == 15000000000LL);
+    /* transposed int view */
+    ins64[0] = view(c, TP_I64, 2, (int64_t[]){2, 2}, (int64_t[]){1, 2});
+    RUN_OK(TP_OP_SUB, NULL, ins64, 2, &out64);
+    ck_assert(p[0] == -6 && p[1] == 3 - 8 && p[2] == 2 - 9 && p[3] == 5000000000LL - 3);
+}
+END_TEST
+
+START_TEST(test_binary_half)
+{
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    for (int t = 0; t < 2; t++) {
+        tp_dtype dt = dts[t];
+        float af[12], bf[4];
+        uint16_t a[12], b[4], o[12];
+        fill_rand(af, 12);
+        fill_rand(bf, 4);
+        for (int i = 0; i < 12; i++)
+            a[i] = to_half(dt, af[i] * 3);
+        for (int i = 0; i < 4; i++)
+            b[i] = to_half(dt, bf[i]);
+        /* [3,4] * [4], and [3,4] + [3,1] via a stride-0 view of b */
+        tp_tensor ins[2] = {mk(a, dt, 2, (int64_t[]){3, 4}), mk(b, dt, 1, (int64_t[]){4})};
+        tp_tensor out = mk(o, dt, 2, (int64_t[]){3, 4});
+        RUN_OK(TP_OP_MUL, NULL, ins, 2, &out);
+        for (int i = 0; i < 12; i++)
+            ck_assert_uint_eq(o[i], to_half(dt, from_half(dt, a[i]) * from_half(dt, b[i % 4])));
+        ins[1] = view(b, dt, 2, (int64_t[]){3, 4}, (int64_t[]){1, 0});
+        RUN_OK(TP_OP_ADD, NULL, ins, 2, &out);
+        for (int i = 0; i < 12; i++)
+            ck_assert_uint_eq(o[i], to_half(dt, from_half(dt, a[i]) + from_half(dt, b[i / 4])));
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ activations */
+
+START_TEST(test_activations)
+{
+    float x[4] = {1, -1, 0, 2}, o[4];
+    tp_tensor in = mk(x, TP_F32, 1, (int64_t[]){4}), out = mk(o, TP_F32, 1, (int64_t[]){4});
+    tp_attrs a = attrs0();
+    RUN_OK(TP_OP_GELU, &a, &in, 1, &out);
+    expect_near(o, (float[]){0.8413447f, -0.1586553f, 0, 1.9544997f}, 4, 1e-6f, 0);
+    a.gelu_tanh = 1;
+    RUN_OK(TP_OP_GELU, &a, &in, 1, &out);
+    expect_near(o, (float[]){0.8411920f, -0.1588080f, 0, 1.9545977f}, 4, 1e-6f, 0);
+    RUN_OK(TP_OP_SILU, NULL, &in, 1, &out);
+    expect_near(o, (float[]){0.7310586f, -0.2689414f, 0, 1.7615942f}, 4, 1e-6f, 0);
+    RUN_OK(TP_OP_RELU, NULL, &in, 1, &out);
+    expect_near(o, (float[]){1, 0, 0, 2}, 4, 0, 0);
+    /* extreme inputs stay finite */
+    float big[2] = {-200, 200};
+    in = mk(big, TP_F32, 1, (int64_t[]){2});
+    out.shape[0] = 2;
+    RUN_OK(TP_OP_SILU, NULL, &in, 1, &out);
+    ck_assert(o[0] == 0.0f && o[1] == 200.0f);
+}
+END_TEST
+
+START_TEST(test_activations_strided_half)
+{
+    /* relu on a transposed view, FP32 */
+    float base[6] = {-1, 2, 3, -4, 5, -6}, o[6];
+    tp_tensor in = view(base, TP_F32, 2, (int64_t[]){2, 3}, (int64_t[]){1, 2});
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_RELU, NULL, &in, 1, &out);
+    expect_near(o, (float[]){0, 3, 5, 2, 0, 0}, 6, 0, 0);
+    /* gelu FP16/BF16 = FP32 gelu of the widened input, rounded once */
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    for (int t = 0; t < 2; t++) {
+        tp_dtype dt = dts[t];
+        uint16_t h[6], ho[6];
+        for (int i = 0; i < 6; i++)
+            h[i] = to_half(dt, base[i] * 0.7f);
+        in = view(h, dt, 2, (int64_t[]){2, 3}, (int64_t[]){1, 2});
+        out = mk(ho, dt, 2, (int64_t[]){2, 3});
+        tp_attrs a = attrs0();
+        RUN_OK(TP_OP_GELU, &a, &in, 1, &out);
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) {
+                float x = from_half(dt, h[j * 2 + i]);
+                float want = 0.5f * x * (1.0f + erff(x / sqrtf(2.0f)));
+                ck_assert_uint_eq(ho[i * 3 + j], to_half(dt, want));
+            }
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ softmax / norms */
+
+START_TEST(test_softmax_last)
+{
+    float x[6] = {1, 2, 3, 1000, 1001, 1002}, o[6];
+    tp_tensor in = mk(x, TP_F32, 2, (int64_t[]){2, 3}), out = mk(o, TP_F32, 2, (int64_t[]){2, 3});
+    tp_attrs a = attrs0();
+    a.dim = 1;
+    RUN_OK(TP_OP_SOFTMAX, &a, &in, 1, &out);
+    float want[3] = {0.09003057f, 0.24472847f, 0.66524096f};
+    expect_near(o, want, 3, 1e-6f, 0);
+    expect_near(o + 3, want, 3, 1e-6f, 0); /* stable for large inputs */
+    /* fully masked row gives zeros, not NaN */
+    float m[3] = {-INFINITY, -INFINITY, -INFINITY};
+    in = mk(m, TP_F32, 2, (int64_t[]){1, 3});
+    out.shape[0] = 1;
+    RUN_OK(TP_OP_SOFTMAX, &a, &in, 1, &out);
+    expect_near(o, (float[]){0, 0, 0}, 3, 0, 0);
+}
+END_TEST
+
+static void softmax_cols_ref(const float *x, int rows, int cols, float *want)
+{
+    for (int j = 0; j < cols; j++) {
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < rows; i++)
+            mx = fmax(mx, x[i * cols + j]);
+        for (int i = 0; i < rows; i++)
+            s += exp(x[i * cols + j] - mx);
+        for (int i = 0; i < rows; i++)
+            want[i * cols + j] = (float)(exp(x[i * cols + j] - mx) / s);
+    }
+}
+
+START_TEST(test_softmax_dim0)
+{
+    float x[12] = {1, 2, 3, 4, 0, -1, 5, 2, 2, 2, -3, 0.5f}, o[12], want[12];
+    tp_tensor in = mk(x, TP_F32, 2, (int64_t[]){3, 4}), out = mk(o, TP_F32, 2, (int64_t[]){3, 4});
+    tp_attrs a = attrs0();
+    a.dim = 0;
+    RUN_OK(TP_OP_SOFTMAX, &a, &in, 1, &out);
+    softmax_cols_ref(x, 3, 4, want);
+    expect_near(o, want, 12, 1e-6f, 0);
+    ck_assert(fabsf(o[0] - 0.24472847f) < 1e-6f); /* softmax([1,0,2])[0] */
+    /* last dim of a transposed view == dim 0 of the base */
+    float ot[12], wt[12];
+    in = view(x, TP_F32, 2, (int64_t[]){4, 3}, (int64_t[]){1, 4});
+    out = mk(ot, TP_F32, 2, (int64_t[]){4, 3});
+    a.dim = 1;
+    RUN_OK(TP_OP_SOFTMAX, &a, &in, 1, &out);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++)
+            wt[i * 3 + j] = want[j * 4 + i];
+    expect_near(ot, wt, 12, 1e-6f, 0);
+    /* BF16, dim 0: exact vs the FP32 result rounded, given widened inputs */
+    uint16_t h[12], ho[12];
+    float hf[12], hw[12];
+    for (int i = 0; i < 12; i++) {
+        h[i] = tp_f32_to_bf16(x[i] * 0.3f);
+        hf[i] = tp_bf16_to_f32(h[i]);
+    }
+    softmax_cols_ref(hf, 3, 4, hw);
+    in = mk(h, TP_BF16, 2, (int64_t[]){3, 4});
+    out = mk(ho, TP_BF16, 2, (int64_t[]){3, 4});
+    a.dim = 0;
+    RUN_OK(TP_OP_SOFTMAX, &a, &in, 1, &out);
+    for (int i = 0; i < 12; i++)
+        ck_assert_msg(fabsf(tp_bf16_to_f32(ho[i]) - hw[i]) <= hw[i] / 128, "bf16 softmax %d", i);
+}
+END_TEST
+
+static void layer_norm_ref(const float *x, const float *w, const float *b, float *y, int n, double eps)
+{
+    double mean = 0, var = 0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    var /= n;
+    for (int i = 0; i < n; i++)
+        y[i] = (float)((x[i] - mean) / sqrt(var + eps) * (w ? w[i] : 1) + (b ? b[i] : 0));
+}
+
+START_TEST(test_layer_norm)
+{
+    float x[8] = {1, 2, 3, 4, 2, 4, 6, 8}, w[4] = {1, 1, 2, 0.5f}, b[4] = {0, 1, 0, -1};
+    float o[8], want[8];
+    tp_tensor ins[3] = {mk(x, TP_F32, 2, (int64_t[]){2, 4}), mk(w, TP_F32, 1, (int64_t[]){4}),
+                        mk(b, TP_F32, 1, (int64_t[]){4})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){2, 4});
+    tp_attrs a = attrs0();
+    RUN_OK(TP_OP_LAYER_NORM, &a, ins, 3, &out);
+    /* row 0: mean 2.5, var 1.25 -> (x-2.5)/1.118038 */
+    float r = 1.0f / sqrtf(1.25f + 1e-5f);
+    expect_near(o, (float[]){-1.5f * r, -0.5f * r + 1, 0.5f * r * 2, 1.5f * r * 0.5f - 1}, 4, 2e-6f, 0);
+    layer_norm_ref(x + 4, w, b, want + 4, 4, 1e-5);
+    expect_near(o + 4, want + 4, 4, 2e-6f, 0);
+    /* strided x (transposed view) and FP16 */
+    float xt[8];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            xt[j * 2 + i] = x[i * 4 + j];
+    ins[0] = view(xt, TP_F32, 2, (int64_t[]){2, 4}, (int64_t[]){1, 2});
+    RUN_OK(TP_OP_LAYER_NORM, &a, ins, 3, &out);
+    layer_norm_ref(x, w, b, want, 4, 1e-5);
+    expect_near(o, want, 8, 2e-6f, 0);
+    uint16_t xh[8], wh[4], bh[4], oh[8];
+    for (int i = 0; i < 8; i++)
+        xh[i] = tp_f32_to_f16(x[i]);
+    for (int i = 0; i < 4; i++) {
+        wh[i] = tp_f32_to_f16(w[i]);
+        bh[i] = tp_f32_to_f16(b[i]);
+    }
+    tp_tensor hins[3] = {mk(xh, TP_F16, 2, (int64_t[]){2, 4}), mk(wh, TP_F16, 1, (int64_t[]){4}),
+                         mk(bh, TP_F16, 1, (int64_t[]){4})};
+    tp_tensor hout = mk(oh, TP_F16, 2, (int64_t[]){2, 4});
+    RUN_OK(TP_OP_LAYER_NORM, &a, hins, 3, &hout);
+    for (int i = 0; i < 8; i++) /* inputs are exact in FP16; within 1 ulp of rounded ref */
+        ck_assert_msg(fabsf(tp_f16_to_f32(oh[i]) - want[i]) <= fabsf(want[i]) / 1024 + 1e-6f,
+                      "f16 layer_norm %d", i);
+}
+END_TEST
+
+START_TEST(test_rms_norm)
+{
+    float x[4] = {1, 2, 3, 4}, w[4] = {1, 2, 0.5f, 1}, o[4];
+    tp_tensor ins[2] = {mk(x, TP_F32, 2, (int64_t[]){1, 4}), mk(w, TP_F32, 1, (int64_t[]){4})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){1, 4});
+    tp_attrs a = attrs0();
+    a.eps = 1e-6f;
+    RUN_OK(TP_OP_RMS_NORM, &a, ins, 2, &out);
+    float r = 1.0f / sqrtf(7.5f + 1e-6f); /* mean of squares 30/4 */
+    expect_near(o, (float[]){r, 4 * r, 1.5f * r, 4 * r}, 4, 1e-6f, 0);
+    ck_assert(fabsf(o[0] - 0.36514837f) < 1e-6f);
+    /* BF16 */
+    uint16_t xh[4], wh[4], oh[4];
+    for (int i = 0; i < 4; i++) {
+        xh[i] = tp_f32_to_bf16(x[i]);
+        wh[i] = tp_f32_to_bf16(w[i]);
+    }
+    tp_tensor hins[2] = {mk(xh, TP_BF16, 2, (int64_t[]){1, 4}), mk(wh, TP_BF16, 1, (int64_t[]){4})};
+    tp_tensor hout = mk(oh, TP_BF16, 2, (int64_t[]){1, 4});
+    RUN_OK(TP_OP_RMS_NORM, &a, hins, 2, &hout);
+    for (int i = 0; i < 4; i++)
+        ck_assert_uint_eq(oh[i], tp_f32_to_bf16(o[i]));
+}
+END_TEST
+
+/* ------------------------------------------------------------ matmul */
+
+/* want[b][m][n] = sum_k A(b,m,k) B(b,k,n) with A, B given as dense
+ * per-batch arrays (bs = batch stride, 0 to broadcast). */
+static void mm_ref(const float *A, int64_t abs_, const float *B, int64_t bbs, float *C, int nb,
+                   int M, int K, int N, int tb)
+{
+    for (int bi = 0; bi < nb; bi++)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    float bv = tb ? B[bi * bbs + n * K + k] : B[bi * bbs + k * N + n];
+                    s += (double)A[bi * abs_ + m * K + k] * bv;
+                }
+                C[(bi * M + m) * N + n] = (float)s;
+            }
+}
+
+START_TEST(test_matmul_basic)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12}, o[4];
+    tp_tensor ins[2] = {mk(a, TP_F32, 2, (int64_t[]){2, 3}), mk(b, TP_F32, 2, (int64_t[]){3, 2})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){2, 2});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    expect_near(o, (float[]){58, 64, 139, 154}, 4, 0, 0);
+    /* transpose_b: b given as [N, K] = [[7,9,11],[8,10,12]] */
+    float bt[6] = {7, 9, 11, 8, 10, 12};
+    tp_attrs at = attrs0();
+    at.transpose_b = 1;
+    ins[1] = mk(bt, TP_F32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_MATMUL, &at, ins, 2, &out);
+    expect_near(o, (float[]){58, 64, 139, 154}, 4, 0, 0);
+    /* K mismatch is an error */
+    ins[1] = mk(b, TP_F32, 2, (int64_t[]){2, 3});
+    ck_assert_int_eq(run(TP_OP_MATMUL, NULL, ins, 2, &out), TP_INVALID);
+}
+END_TEST
+
+START_TEST(test_matmul_batch_broadcast)
+{
+    /* a [2,1,2,3] x b [3,3,4] -> [2,3,2,4] */
+    enum { M = 2, K = 3, N = 4 };
+    float a[2 * M * K], b[3 * K * N], o[2 * 3 * M * N], want[2 * 3 * M * N];
+    fill_rand(a, 2 * M * K);
+    fill_rand(b, 3 * K * N);
+    tp_tensor ins[2] = {mk(a, TP_F32, 4, (int64_t[]){2, 1, M, K}), mk(b, TP_F32, 3, (int64_t[]){3, K, N})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){2, 3, M, N});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            mm_ref(a + i * M * K, 0, b + j * K * N, 0, want + (i * 3 + j) * M * N, 1, M, K, N, 0);
+    expect_near(o, want, 2 * 3 * M * N, 1e-5f, 1e-5f);
+    /* [2,2,3] x [3,4] (b shared: batch folds into M) with transpose_b */
+    float bt[N * K], o2[2 * M * N], w2[2 * M * N];
+    fill_rand(bt, N * K);
+    tp_attrs at = attrs0();
+    at.transpose_b = 1;
+    ins[0] = mk(a, TP_F32, 3, (int64_t[]){2, M, K});
+    ins[1] = mk(bt, TP_F32, 2, (int64_t[]){N, K});
+    out = mk(o2, TP_F32, 3, (int64_t[]){2, M, N});
+    RUN_OK(TP_OP_MATMUL, &at, ins, 2, &out);
+    mm_ref(a, M * K, bt, 0, w2, 2, M, K, N, 1);
+    expect_near(o2, w2, 2 * M * N, 1e-5f, 1e-5f);
+    /* batched transpose_b: b [2, N, K] */
+    float bb[2 * N * K];
+    fill_rand(bb, 2 * N * K);
+    ins[1] = mk(bb, TP_F32, 3, (int64_t[]){2, N, K});
+    RUN_OK(TP_OP_MATMUL, &at, ins, 2, &out);
+    mm_ref(a, M * K, bb, N * K, w2, 2, M, K, N, 1);
+    expect_near(o2, w2, 2 * M * N, 1e-5f, 1e-5f);
+    /* M = 1 rows with a per-batch b: [3,1,3] x [3,3,4] */
+    float o3[3 * N], w3[3 * N];
+    ins[0] = mk(a, TP_F32, 3, (int64_t[]){3, 1, K});
+    ins[1] = mk(b, TP_F32, 3, (int64_t[]){3, K, N});
+    out = mk(o3, TP_F32, 3, (int64_t[]){3, 1, N});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    mm_ref(a, K, b, K * N, w3, 3, 1, K, N, 0);
+    expect_near(o3, w3, 3 * N, 1e-5f, 1e-5f);
+}
+END_TEST
+
+START_TEST(test_matmul_strided)
+{
+    enum { M = 3, K = 4, N = 5 };
+    float a[M * K], b[K * N], at[K * M], o[M * N], want[M * N];
+    fill_rand(a, M * K);
+    fill_rand(b, K * N);
+    mm_ref(a, 0, b, 0, want, 1, M, K, N, 0);
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            at[k * M + m] = a[m * K + k];
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){M, N});
+    /* a as the transposed view of a [K, M] buffer (column-major) */
+    tp_tensor ins[2] = {view(at, TP_F32, 2, (int64_t[]){M, K}, (int64_t[]){1, M}),
+                        mk(b, TP_F32, 2, (int64_t[]){K, N})};
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    expect_near(o, want, M * N, 1e-5f, 1e-5f);
+    /* a with neither stride 1 (every other element of a padded buffer) */
+    float pad[2 * M * K];
+    for (int i = 0; i < M * K; i++) {
+        pad[2 * i] = a[i];
+        pad[2 * i + 1] = 1e9f;
+    }
+    ins[0] = view(pad, TP_F32, 2, (int64_t[]){M, K}, (int64_t[]){2 * K, 2});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    expect_near(o, want, M * N, 1e-5f, 1e-5f);
+    /* a sliced from a wider matrix (lda > K), b a stride-0 broadcast row */
+    float wide[M * (K + 2)], brow[N], w2[M * N], bfull[K * N];
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K + 2; k++)
+            wide[m * (K + 2) + k] = k < K ? a[m * K + k] : 7.0f;
+    fill_rand(brow, N);
+    for (int k = 0; k < K; k++)
+        memcpy(bfull + k * N, brow, sizeof brow);
+    mm_ref(a, 0, bfull, 0, w2, 1, M, K, N, 0);
+    ins[0] = view(wide, TP_F32, 2, (int64_t[]){M, K}, (int64_t[]){K + 2, 1});
+    ins[1] = view(brow, TP_F32, 2, (int64_t[]){K, N}, (int64_t[]){0, 1});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    expect_near(o, w2, M * N, 1e-5f, 1e-5f);
+    /* batched a whose batch dim is not outermost in memory: [M,2,K] permuted to [2,M,K] */
+    float ap[M * 2 * K], o4[2 * M * N], w4[2 * M * N], ab[2 * M * K];
+    fill_rand(ap, M * 2 * K);
+    for (int bi = 0; bi < 2; bi++)
+        for (int m = 0; m < M; m++)
+            for (int k = 0; k < K; k++)
+                ab[(bi * M + m) * K + k] = ap[(m * 2 + bi) * K + k];
+    mm_ref(ab, M * K, b, 0, w4, 2, M, K, N, 0);
+    ins[0] = view(ap, TP_F32, 3, (int64_t[]){2, M, K}, (int64_t[]){K, 2 * K, 1});
+    ins[1] = mk(b, TP_F32, 2, (int64_t[]){K, N});
+    out = mk(o4, TP_F32, 3, (int64_t[]){2, M, N});
+    RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+    expect_near(o4, w4, 2 * M * N, 1e-5f, 1e-5f);
+}
+END_TEST
+
+START_TEST(test_matmul_half)
+{
+    enum { M = 3, K = 8, N = 4 };
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    for (int t = 0; t < 2; t++) {
+        tp_dtype dt = dts[t];
+        float af[M * K], bf[K * N], want[M * N];
+        uint16_t a[M * K], b[K * N], o[M * N];
+        /* exact case: small multiples of 1/4, every f32 sum exact */
+        for (int i = 0; i < M * K; i++)
+            af[i] = (float)((i * 7) % 9 - 4) * 0.25f;
+        for (int i = 0; i < K * N; i++)
+            bf[i] = (float)((i * 5) % 7 - 3) * 0.5f;
+        for (int i = 0; i < M * K; i++)
+            a[i] = to_half(dt, af[i]);
+        for (int i = 0; i < K * N; i++)
+            b[i] = to_half(dt, bf[i]);
+        mm_ref(af, 0, bf, 0, want, 1, M, K, N, 0);
+        tp_tensor ins[2] = {mk(a, dt, 2, (int64_t[]){M, K}), mk(b, dt, 2, (int64_t[]){K, N})};
+        tp_tensor out = mk(o, dt, 2, (int64_t[]){M, N});
+        RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+        for (int i = 0; i < M * N; i++)
+            ck_assert_uint_eq(o[i], to_half(dt, want[i]));
+        /* random, b transposed (strided view): within 1 ulp of rounded ref */
+        fill_rand(af, M * K);
+        fill_rand(bf, K * N);
+        for (int i = 0; i < M * K; i++) {
+            a[i] = to_half(dt, af[i]);
+            af[i] = from_half(dt, a[i]);
+        }
+        uint16_t bt[N * K];
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) {
+                bt[n * K + k] = to_half(dt, bf[k * N + n]);
+                bf[k * N + n] = from_half(dt, bt[n * K + k]);
+            }
+        mm_ref(af, 0, bf, 0, want, 1, M, K, N, 0);
+        ins[1] = view(bt, dt, 2, (int64_t[]){K, N}, (int64_t[]){1, K});
+        RUN_OK(TP_OP_MATMUL, NULL, ins, 2, &out);
+        for (int i = 0; i < M * N; i++) {
+            float got = from_half(dt, o[i]);
+            ck_assert_msg(fabsf(got - want[i]) <= fabsf(want[i]) * ulp_rel(dt) + 1e-4f,
+                          "%s matmul %d: got %g want %g", tp_dtype_name(dt), i, got, want[i]);
+        }
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ attention */
+
+/* Naive reference, double precision, dense [B,H,S,D] / [B,H,T,D]. */
+static void attn_ref(const float *q, const float *k, const float *v, float *o, int B, int H,
+                     int S, int T, int D, int causal, double scale)
+{
+    double *p = malloc(sizeof(double) * (size_t)T);
+    for (int bh = 0; bh < B * H; bh++)
+        for (int i = 0; i < S; i++) {
+            const float *qi = q + (bh * S + i) * D;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < T; j++) {
+                if (causal && j > i + (T - S)) {
+                    p[j] = -INFINITY;
+                    continue;
+                }
+                double s = 0;
+                for (int d = 0; d < D; d++)
+                    s += (double)qi[d] * k[(bh * T + j) * D + d];
+                p[j] = s * scale;
+                mx = fmax(mx, p[j]);
+            }
+            for (int j = 0; j < T; j++) {
+                p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - mx);
+                sum += p[j];
+            }
+            for (int d = 0; d < D; d++) {
+                double acc = 0;
+                for (int j = 0; j < T; j++)
+                    acc += p[j] * v[(bh * T + j) * D + d];
+                o[(bh * S + i) * D + d] = sum > 0 ? (float)(acc / sum) : 0.0f;
+            }
+        }
+    free(p);
+}
+
+static void attn_case(int B, int H, int S, int T, int D, int causal, int has_scale)
+{
+    int nq = B * H * S * D, nk = B * H * T * D;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk);
+    float *v = malloc(sizeof(float) * nk), *o = malloc(sizeof(float) * nq);
+    float *want = malloc(sizeof(float) * nq);
+    fill_rand(q, nq);
+    fill_rand(k, nk);
+    fill_rand(v, nk);
+    tp_attrs a = attrs0();
+    a.causal = causal;
+    a.has_scale = has_scale;
+    a.scale = 0.3f;
+    tp_tensor ins[3] = {mk(q, TP_F32, 4, (int64_t[]){B, H, S, D}), mk(k, TP_F32, 4, (int64_t[]){B, H, T, D}),
+                        mk(v, TP_F32, 4, (int64_t[]){B, H, T, D})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    attn_ref(q, k, v, want, B, H, S, T, D, causal, has_scale ? 0.3 : 1.0 / sqrt(D));
+    expect_near(o, want, nq, 1e-5f, 1e-5f);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(want);
+}
+
+START_TEST(test_attention_f32)
+{
+    attn_case(2, 2, 3, 3, 4, 0, 0);
+    attn_case(2, 2, 3, 3, 4, 1, 0);
+    attn_case(1, 3, 2, 5, 8, 1, 0); /* S != T: KV cache, bottom-right mask */
+    attn_case(1, 2, 4, 4, 4, 1, 1); /* explicit scale */
+    attn_case(1, 1, 1, 7, 4, 1, 0); /* decode: one query sees every key */
+}
+END_TEST
+
+START_TEST(test_attention_causal_hand)
+{
+    /* B=H=1, S=T=2, D=1: query 0 sees only key 0, so o[0] = v[0] */
+    float q[2] = {1, 1}, k[2] = {0, 2}, v[2] = {3, 5}, o[2];
+    tp_attrs a = attrs0();
+    a.causal = 1;
+    tp_tensor ins[3] = {mk(q, TP_F32, 4, (int64_t[]){1, 1, 2, 1}), mk(k, TP_F32, 4, (int64_t[]){1, 1, 2, 1}),
+                        mk(v, TP_F32, 4, (int64_t[]){1, 1, 2, 1})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){1, 1, 2, 1});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    /* query 1: weights softmax([0, 2]) = [0.1192029, 0.8807971] */
+    expect_near(o, (float[]){3, 3 * 0.11920292f + 5 * 0.88079708f}, 2, 1e-6f, 0);
+    a.causal = 0;
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    expect_near(o, (float[]){4.7615942f, 4.7615942f}, 2, 1e-6f, 0);
+    /* S > T causal: query 0 sees no key (i + T - S < 0) -> zero row */
+    float q3[3] = {1, 1, 1}, o3[3];
+    ins[0] = mk(q3, TP_F32, 4, (int64_t[]){1, 1, 3, 1});
+    out = mk(o3, TP_F32, 4, (int64_t[]){1, 1, 3, 1});
+    a.causal = 1;
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    expect_near(o3, (float[]){0, 3, 3 * 0.11920292f + 5 * 0.88079708f}, 3, 1e-6f, 0);
+}
+END_TEST
+
+START_TEST(test_attention_strided_half)
+{
+    enum { B = 1, H = 2, S = 3, T = 4, D = 4 };
+    float q[B * H * S * D], k[B * H * T * D], v[B * H * T * D], want[B * H * S * D];
+    fill_rand(q, B * H * S * D);
+    fill_rand(k, B * H * T * D);
+    fill_rand(v, B * H * T * D);
+    /* q stored as [B,S,H,D] and viewed as [B,H,S,D] (the usual head split) */
+    float qs[B * S * H * D], o[B * H * S * D];
+    for (int h = 0; h < H; h++)
+        for (int s = 0; s < S; s++)
+            memcpy(qs + (s * H + h) * D, q + (h * S + s) * D, sizeof(float) * D);
+    attn_ref(q, k, v, want, B, H, S, T, D, 1, 1.0 / sqrt(D));
+    tp_attrs a = attrs0();
+    a.causal = 1;
+    tp_tensor ins[3] = {view(qs, TP_F32, 4, (int64_t[]){B, H, S, D}, (int64_t[]){S * H * D, D, H * D, 1}),
+                        mk(k, TP_F32, 4, (int64_t[]){B, H, T, D}), mk(v, TP_F32, 4, (int64_t[]){B, H, T, D})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    expect_near(o, want, B * H * S * D, 1e-5f, 1e-5f);
+    /* FP16 / BF16: reference on the widened inputs, within 2 ulp */
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    for (int t = 0; t < 2; t++) {
+        tp_dtype dt = dts[t];
+        uint16_t qh[B * H * S * D], kh[B * H * T * D], vh[B * H * T * D], oh[B * H * S * D];
+        float qf[B * H * S * D], kf[B * H * T * D], vf[B * H * T * D];
+        for (int i = 0; i < B * H * S * D; i++)
+            qf[i] = from_half(dt, qh[i] = to_half(dt, q[i]));
+        for (int i = 0; i < B * H * T * D; i++) {
+            kf[i] = from_half(dt, kh[i] = to_half(dt, k[i]));
+            vf[i] = from_half(dt, vh[i] = to_half(dt, v[i]));
+        }
+        attn_ref(qf, kf, vf, want, B, H, S, T, D, 1, 1.0 / sqrt(D));
+        tp_tensor hins[3] = {mk(qh, dt, 4, (int64_t[]){B, H, S, D}), mk(kh, dt, 4, (int64_t[]){B, H, T, D}),
+                             mk(vh, dt, 4, (int64_t[]){B, H, T, D})};
+        tp_tensor hout = mk(oh, dt, 4, (int64_t[]){B, H, S, D});
+        RUN_OK(TP_OP_ATTENTION, &a, hins, 3, &hout);
+        for (int i = 0; i < B * H * S * D; i++) {
+            float got = from_half(dt, oh[i]);
+            ck_assert_msg(fabsf(got - want[i]) <= 2 * fabsf(want[i]) * ulp_rel(dt) + 1e-4f,
+                          "%s attention %d: got %g want %g", tp_dtype_name(dt), i, got, want[i]);
+        }
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------ embedding */
+
+START_TEST(test_embedding)
+{
+    float table[5 * 3];
+    for (int i = 0; i < 15; i++)
+        table[i] = (float)i;
+    int32_t ids[4] = {4, 0, 2, 2};
+    float o[4 * 3];
+    tp_tensor ins[2] = {mk(ids, TP_I32, 2, (int64_t[]){2, 2}), mk(table, TP_F32, 2, (int64_t[]){5, 3})};
+    tp_tensor out = mk(o, TP_F32, 3, (int64_t[]){2, 2, 3});
+    RUN_OK(TP_OP_EMBEDDING, NULL, ins, 2, &out);
+    expect_near(o, (float[]){12, 13, 14, 0, 1, 2, 6, 7, 8, 6, 7, 8}, 12, 0, 0);
+    /* INT64 ids, transposed view: order 4, 2, 0, 2 */
+    int64_t ids64[4] = {4, 0, 2, 2};
+    ins[0] = view(ids64, TP_I64, 2, (int64_t[]){2, 2}, (int64_t[]){1, 2});
+    RUN_OK(TP_OP_EMBEDDING, NULL, ins, 2, &out);
+    expect_near(o, (float[]){12, 13, 14, 6, 7, 8, 0, 1, 2, 6, 7, 8}, 12, 0, 0);
+    /* out of range without vocab_parallel: error naming id and V */
+    ids[2] = 7;
+    ins[0] = mk(ids, TP_I32, 2, (int64_t[]){2, 2});
+    ck_assert_int_eq(run(TP_OP_EMBEDDING, NULL, ins, 2, &out), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "id 7") && strstr(err.msg, "V=5"), "message: %s", err.msg);
+    ids[2] = -1;
+    ck_assert_int_eq(run(TP_OP_EMBEDDING, NULL, ins, 2, &out), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "id -1"));
+}
+END_TEST
+
+START_TEST(test_embedding_vocab_parallel)
+{
+    /* global vocab 6 over 2 ranks; rank 1 holds global rows 3..5 */
+    float local[3 * 2] = {30, 31, 40, 41, 50, 51};
+    int64_t ids[5] = {0, 3, 5, 2, 4};
+    float o[5 * 2];
+    tp_attrs a = attrs0();
+    a.vocab_parallel = 1;
+    tp_tensor ins[2] = {mk(ids, TP_I64, 1, (int64_t[]){5}), mk(local, TP_F32, 2, (int64_t[]){3, 2})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){5, 2});
+    ck_assert_int_eq(cpu_op_run(TP_OP_EMBEDDING, &a, ins, 2, &out, 1, 2, &err), TP_OK);
+    expect_near(o, (float[]){0, 0, 30, 31, 50, 51, 0, 0, 40, 41}, 10, 0, 0);
+    /* rank 0 gives the complementary rows as zeros */
+    ck_assert_int_eq(cpu_op_run(TP_OP_EMBEDDING, &a, ins, 2, &out, 0, 2, &err), TP_OK);
+    expect_near(o, (float[]){30, 31, 0, 0, 0, 0, 50, 51, 0, 0}, 10, 0, 0);
+    /* BF16 table, strided (column-major) */
+    uint16_t th[6], oh[10];
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 2; c++)
+            th[c * 3 + r] = tp_f32_to_bf16(local[r * 2 + c]);
+    ins[1] = view(th, TP_BF16, 2, (int64_t[]){3, 2}, (int64_t[]){1, 3});
+    out = mk(oh, TP_BF16, 2, (int64_t[]){5, 2});
+    ck_assert_int_eq(cpu_op_run(TP_OP_EMBEDDING, &a, ins, 2, &out, 1, 2, &err), TP_OK);
+    float want[10] = {0, 0, 30, 31, 50, 51, 0, 0, 40, 41};
+    for (int i = 0; i < 10; i++)
+        ck_assert_uint_eq(oh[i], tp_f32_to_bf16(want[i]));
+    /* an id outside the whole vocabulary is an error on every rank */
+    ids[1] = 6;
+    ck_assert_int_eq(cpu_op_run(TP_OP_EMBEDDING, &a, ins, 2, &out, 1, 2, &err), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "id 6"));
+}
+END_TEST
+
+/* ------------------------------------------------------------ copies */
+
+START_TEST(test_cat)
+{
+    float a[3] = {1, 2, 3}, b[6] = {4, 5, 6, 7, 8, 9}, o[9];
+    tp_attrs at = attrs0();
+    at.dim = 0;
+    tp_tensor ins[2] = {mk(a, TP_F32, 2, (int64_t[]){1, 3}), mk(b, TP_F32, 2, (int64_t[]){2, 3})};
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){3, 3});
+    RUN_OK(TP_OP_CAT, &at, ins, 2, &out);
+    expect_near(o, (float[]){1, 2, 3, 4, 5, 6, 7, 8, 9}, 9, 0, 0);
+    /* dim 1: [2,1] + transposed view [2,2] of [[4,5],[6,7]] -> [[1,4,6],[2,5,7]] */
+    float c[2] = {1, 2}, d[4] = {4, 5, 6, 7}, o2[6];
+    at.dim = 1;
+    ins[0] = mk(c, TP_F32, 2, (int64_t[]){2, 1});
+    ins[1] = view(d, TP_F32, 2, (int64_t[]){2, 2}, (int64_t[]){1, 2});
+    out = mk(o2, TP_F32, 2, (int64_t[]){2, 3});
+    RUN_OK(TP_OP_CAT, &at, ins, 2, &out);
+    expect_near(o2, (float[]){1, 4, 6, 2, 5, 7}, 6, 0, 0);
+    /* three INT32 inputs on dim 1 */
+    int32_t x[2] = {1, 2}, y[4] = {3, 4, 5, 6}, z[2] = {7, 8}, oi[8];
+    tp_tensor ins3[3] = {mk(x, TP_I32, 2, (int64_t[]){2, 1}), mk(y, TP_I32, 2, (int64_t[]){2, 2}),
+                         mk(z, TP_I32, 2, (int64_t[]){2, 1})};
+    out = mk(oi, TP_I32, 2, (int64_t[]){2, 4});
+    RUN_OK(TP_OP_CAT, &at, ins3, 3, &out);
+    int32_t wi[8] = {1, 3, 4, 7, 2, 5, 6, 8};
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(oi[i], wi[i]);
+    /* sizes not adding up is an error */
+    out = mk(o2, TP_F32, 2, (int64_t[]){2, 3});
+    ins[1] = mk(d, TP_F32, 2, (int64_t[]){2, 1});
+    ck_assert_int_eq(run(TP_OP_CAT, &at, ins, 2, &out), TP_INVALID);
+}
+END_TEST
+
+START_TEST(test_contiguous_reshape)
+{
+    /* base [2,3,4] permuted (2,0,1) -> [4,2,3] */
+    float base[24], o[24];
+    for (int i = 0; i < 24; i++)
+        base[i] = (float)i;
+    tp_tensor in = view(base, TP_F32, 3, (int64_t[]){4, 2, 3}, (int64_t[]){1, 12, 4});
+    tp_tensor out = mk(o, TP_F32, 3, (int64_t[]){4, 2, 3});
+    RUN_OK(TP_OP_CONTIGUOUS, NULL, &in, 1, &out);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 3; k++)
+                ck_assert(o[(i * 2 + j) * 3 + k] == base[j * 12 + k * 4 + i]);
+    /* reshape of a transposed [3,2] view of [2,3] to [6] */
+    float m[6] = {1, 2, 3, 4, 5, 6}, r[6];
+    in = view(m, TP_F32, 2, (int64_t[]){3, 2}, (int64_t[]){1, 3});
+    out = mk(r, TP_F32, 1, (int64_t[]){6});
+    RUN_OK(TP_OP_RESHAPE, NULL, &in, 1, &out);
+    expect_near(r, (float[]){1, 4, 2, 5, 3, 6}, 6, 0, 0);
+    out = mk(r, TP_F32, 1, (int64_t[]){5});
+    ck_assert_int_eq(run(TP_OP_RESHAPE, NULL, &in, 1, &out), TP_INVALID);
+}
+END_TEST
+
+START_TEST(test_unknown_op)
+{
+    float x[2] = {1, 2}, o[2];
+    tp_tensor in = mk(x, TP_F32, 1, (int64_t[]){2}), out = mk(o, TP_F32, 1, (int64_t[]){2});
+    ck_assert_int_eq(run(TP_OP_ALL_REDUCE, NULL, &in, 1, &out), TP_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "all_reduce"));
+    ck_assert_int_eq(run(TP_OP_VIEW, NULL, &in, 1, &out), TP_INTERNAL);
+    ck_assert_int_eq(run((tp_op)999, NULL, &in, 1, &out), TP_INTERNAL);
+}
+END_TEST
+
+static Suite *cpu_ops_suite(void)
+{
+    Suite *s = suite_create("cpu_ops");
+    TCase *tc = tcase_create("ops");
+    tcase_add_test(tc, test_add_broadcast_row);
+    tcase_add_test(tc, test_mul_broadcast_3d);
+    tcase_add_test(tc, test_binary_strided);
+    tcase_add_test(tc, test_int_add);
+    tcase_add_test(tc, test_binary_half);
+    tcase_add_test(tc, test_activations);
+    tcase_add_test(tc, test_activations_strided_half);
+    tcase_add_test(tc, test_softmax_last);
+    tcase_add_test(tc, test_softmax_dim0);
+    tcase_add_test(tc, test_layer_norm);
+    tcase_add_test(tc, test_rms_norm);
+    tcase_add_test(tc, test_matmul_basic);
+    tcase_add_test(tc, test_matmul_batch_broadcast);
+    tcase_add_test(tc, test_matmul_strided);
+    tcase_add_test(tc, test_matmul_half);
+    tcase_add_test(tc, test_attention_f32);
+    tcase_add_test(tc, test_attention_causal_hand);
+    tcase_add_test(tc, test_attention_strided_half);
+    tcase_add_test(tc, test_embedding);
+    tcase_add_test(tc, test_embedding_vocab_parallel);
+    tcase_add_test(tc, test_cat);
+    tcase_add_test(tc, test_contiguous_reshape);
+    tcase_add_test(tc, test_unknown_op);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(cpu_ops_suite)
