@@ -205,7 +205,7 @@ tp_status tp_config_set(tp_config *c, const char *key, const char *value, tp_err
         return tp_fail(err, TP_INVALID, "unknown option '%s'", where);
     if (k->kind == KEY_STR)
         return set_str(c, k, value, where, err);
-    int64_t v;
+    int64_t v = 0;
     tp_status st = parse_int(value, where, &v, err);
     return st != TP_OK ? st : set_int(c, k, v, where, err);
 }

@@ -358,7 +358,7 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, bin_t
         return tp_fail(err, TP_INVALID, "'inputs' must be an array, got %s", jtype(jin));
     for (size_t i = 0; i < json_array_size(jin); i++) {
         const json_t *in = json_array_get(jin, i);
-        const char *name;
+        const char *name = NULL;
         tp_status st = parse_input_name(in, i, &name, err);
         if (st != TP_OK)
             return st;
@@ -531,7 +531,7 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
     tp_status st = split_body(body, len, header_len, &tail, &json_len, err);
     if (st != TP_OK)
         return st;
-    json_t *root;
+    json_t *root = NULL;
     if ((st = load_json(body, json_len, &root, err)) != TP_OK)
         return st;
     st = parse_root(m, root, &tail, req, err);
@@ -616,7 +616,7 @@ static tp_status output_json(const tp_host_tensor *t, int binary, json_t **out, 
         json_object_set_new(o, "parameters", json_pack("{s:I}", "binary_data_size",
                                                         (json_int_t)t->nbytes));
     } else {
-        json_t *data;
+        json_t *data = NULL;
         tp_status st = data_json(t, &data, err);
         if (st != TP_OK) {
             json_decref(o);
@@ -648,7 +648,7 @@ static tp_status response_header(const tp_kserve_model *m, const tp_kserve_reque
     for (int i = 0; i < req->n_outputs; i++) {
         const tp_kserve_output_sel *sel = &req->outputs[i];
         const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
-        json_t *o;
+        json_t *o = NULL;
         tp_status st = t ? output_json(t, sel->binary, &o, err)
                          : tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
         if (st != TP_OK) {
@@ -671,8 +671,8 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
                                 tp_err *err)
 {
     memset(out, 0, sizeof *out);
-    json_t *root;
-    size_t tail_len;
+    json_t *root = NULL;
+    size_t tail_len = 0;
     tp_status st = response_header(m, req, outs, n_outs, &root, &tail_len, err);
     if (st != TP_OK)
         return st;
