@@ -1,0 +1,766 @@
+#include "http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kserve.h"
+#include "log.h"
+
+enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
+
+typedef enum { R_NONE, R_LIVE, R_READY, R_SERVER, R_MODEL, R_MODEL_READY, R_INFER } route_kind;
+
+typedef struct {
+    route_kind kind;
+    char model[256];
+    char version[256];
+    int has_version;
+} route;
+
+/* Per-request life: RECEIVING (the body: kept for infer, counted and
+ * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED ->
+ * DONE (worker finished) -> REPLIED. Answering only once the body is in lets
+ * libmicrohttpd keep the connection alive; only a 413 is sent early. */
+enum { REQ_RECEIVING = 1, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
+
+typedef struct req_ctx {
+    struct req_ctx *next; /* queue link */
+    struct MHD_Connection *conn;
+    int state;
+    route rt;
+    char method[16];
+    char url[256];
+    char *body;
+    size_t len, cap;
+    long long expect_len; /* Content-Length, or -1 when chunked */
+    long long header_len; /* Inference-Header-Content-Length, or -1 */
+    double t_start, t_queued;
+    /* set by the worker before it resumes the connection */
+    unsigned code;
+    struct MHD_Response *resp;
+} req_ctx;
+
+struct tp_http {
+    struct MHD_Daemon *d;
+    int listen_fd, port;
+    tp_config cfg;
+    _Atomic int state;
+    _Atomic int loaded; /* engine and model published; stays set while draining */
+    _Atomic long in_flight;
+    tp_engine *engine;
+    tp_kserve_model model;
+    tp_io_desc *ins, *outs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req_ctx *head, *tail;
+    int queued, stopping;
+    pthread_t *workers;
+    int n_workers;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+/* Splits "/v2/models/m/versions/1/infer" into at most 8 segments, dropping
+ * empty ones, so a trailing or doubled slash routes the same. */
+static int split_path(const char *url, char seg[][256], int max)
+{
+    int n = 0;
+    for (const char *p = url; *p;) {
+        while (*p == '/')
+            p++;
+        if (!*p)
+            break;
+        size_t len = strcspn(p, "/");
+        if (n == max || len >= 256)
+            return -1;
+        memcpy(seg[n], p, len);
+        seg[n++][len] = '\0';
+        p += len;
+    }
+    return n;
+}
+
+static route_kind model_action(const char *s)
+{
+    return strcmp(s, "ready") == 0 ? R_MODEL_READY : strcmp(s, "infer") == 0 ? R_INFER : R_NONE;
+}
+
+static route parse_route(const char *url)
+{
+    char seg[8][256];
+    route r = {R_NONE, "", "", 0};
+    int n = split_path(url, seg, 8);
+    if (n < 1 || strcmp(seg[0], "v2") != 0)
+        return r;
+    if (n == 1) {
+        r.kind = R_SERVER;
+    } else if (n == 3 && strcmp(seg[1], "health") == 0) {
+        r.kind = strcmp(seg[2], "live") == 0 ? R_LIVE : strcmp(seg[2], "ready") == 0 ? R_READY : R_NONE;
+    } else if (n >= 3 && strcmp(seg[1], "models") == 0) {
+        int rest = 3;
+        snprintf(r.model, sizeof r.model, "%s", seg[2]);
+        if (n >= 5 && strcmp(seg[3], "versions") == 0) {
+            snprintf(r.version, sizeof r.version, "%s", seg[4]);
+            r.has_version = 1;
+            rest = 5;
+        }
+        if (n == rest)
+            r.kind = R_MODEL;
+        else if (n == rest + 1)
+            r.kind = model_action(seg[rest]);
+    }
+    return r;
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
+static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
+                                          size_t header_len)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return NULL;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (header_len) {
+        char v[32];
+        snprintf(v, sizeof v, "%zu", header_len);
+        MHD_add_response_header(resp, "Inference-Header-Content-Length", v);
+    }
+    return resp;
+}
+
+static struct MHD_Response *json_response(char *doc)
+{
+    return doc ? make_response(doc, strlen(doc), "application/json", 0) : NULL;
+}
+
+static void log_request(const req_ctx *r, unsigned code, const char *msg)
+{
+    tp_log_level lvl = code >= 500 ? TP_LOG_WARN : TP_LOG_DEBUG;
+    if (!tp_log_enabled(lvl))
+        return;
+    double ms = now_ms() - r->t_start;
+    if (msg)
+        tp_log(lvl, "%s %s -> %u (%.1f ms): %s", r->method, r->url, code, ms, msg);
+    else
+        tp_log(lvl, "%s %s -> %u (%.1f ms)", r->method, r->url, code, ms);
+}
+
+/* Queues resp (consumed) on the connection. While draining every answer
+ * closes its connection so keep-alive clients move to another replica. */
+static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
+                                     struct MHD_Response *resp)
+{
+    r->state = REQ_REPLIED;
+    if (!resp)
+        return MHD_NO; /* out of memory: dropping the connection is all that is left */
+    if (atomic_load(&h->state) == SRV_DRAINING)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ok = MHD_queue_response(r->conn, code, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static enum MHD_Result reply_json(tp_http *h, req_ctx *r, unsigned code, char *doc)
+{
+    log_request(r, code, NULL);
+    return send_response(h, r, code, json_response(doc));
+}
+
+static struct MHD_Response *error_response(const char *msg)
+{
+    char *doc = tp_kserve_error_json(msg);
+    return json_response(doc ? doc : strdup("{\"error\":\"internal error\"}"));
+}
+
+static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
+{
+    tp_err e;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    log_request(r, code, e.msg);
+    return send_response(h, r, code, error_response(e.msg));
+}
+
+/* ---- GET routes --------------------------------------------------------- */
+
+static const char *allowed_methods(route_kind k)
+{
+    return k == R_INFER ? "POST" : "GET, HEAD";
+}
+
+static int method_ok(route_kind k, const char *m)
+{
+    if (k == R_INFER)
+        return strcmp(m, "POST") == 0;
+    return strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
+}
+
+/* Model routes: 503 while loading, 404 for another model or version. */
+static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
+{
+    *handled = 1;
+    if (!atomic_load(&h->loaded))
+        return reply_error(h, r, 503, "not ready: the graph %s",
+                           atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
+                                                                  : "is still loading");
+    if (strcmp(r->rt.model, h->model.name) != 0)
+        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->rt.model,
+                           h->model.name);
+    if (r->rt.has_version && strcmp(r->rt.version, h->model.version) != 0)
+        return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
+                           r->rt.model, r->rt.version, h->model.version);
+    *handled = 0;
+    return MHD_YES;
+}
+
+static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
+{
+    int state = atomic_load(&h->state), handled;
+    switch (r->rt.kind) {
+    case R_LIVE:
+        return reply_json(h, r, 200, tp_kserve_bool_json("live", 1));
+    case R_READY:
+        return reply_json(h, r, state == SRV_READY ? 200 : 503,
+                          tp_kserve_bool_json("ready", state == SRV_READY));
+    case R_SERVER:
+        return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
+    default:
+        break;
+    }
+    enum MHD_Result ok = check_model(h, r, &handled);
+    if (handled)
+        return ok;
+    if (r->rt.kind == R_MODEL)
+        return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
+    return reply_json(h, r, state == SRV_READY ? 200 : 503,
+                      tp_kserve_bool_json("ready", state == SRV_READY));
+}
+
+/* ---- inference: receive ------------------------------------------------- */
+
+static int parse_ll(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The 413 is decided from Content-Length before a byte of the body is read
+ * (and, with Expect: 100-continue, before the client sends it). */
+static enum MHD_Result begin_body(tp_http *h, req_ctx *r)
+{
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    r->expect_len = -1;
+    if (cl && parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg.max_body_bytes)
+        return reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
+                           r->expect_len, (long long)h->cfg.max_body_bytes);
+    r->state = REQ_RECEIVING;
+    return MHD_YES;
+}
+
+/* Grows the buffer geometrically rather than trusting Content-Length for one
+ * big allocation: a client announcing 64 MiB and sending nothing costs 64 KiB. */
+static int append_body(req_ctx *r, const char *data, size_t n)
+{
+    if (r->len + n > r->cap) {
+        size_t cap = r->cap ? r->cap : 65536;
+        while (cap < r->len + n)
+            cap *= 2;
+        if (r->expect_len >= 0 && cap > (size_t)r->expect_len && (size_t)r->expect_len >= r->len + n)
+            cap = (size_t)r->expect_len;
+        char *p = realloc(r->body, cap + 1);
+        if (!p)
+            return -1;
+        r->body = p;
+        r->cap = cap;
+    }
+    memcpy(r->body + r->len, data, n);
+    r->len += n;
+    return 0;
+}
+
+/* Only infer keeps its body; other routes count it against the limit and
+ * drop it. */
+static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, size_t *size)
+{
+    size_t n = *size;
+    *size = 0;
+    if ((long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
+        return reply_error(h, r, 413, "request body exceeds max_body_bytes %lld (chunked upload "
+                           "passed %zu bytes)", (long long)h->cfg.max_body_bytes, r->len + n);
+    int keep = r->rt.kind == R_INFER && strcmp(r->method, "POST") == 0;
+    if (!keep) {
+        r->len += n;
+        return MHD_YES;
+    }
+    if (append_body(r, data, n) != 0)
+        return reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
+    return MHD_YES;
+}
+
+/* ---- inference: the worker side ----------------------------------------- */
+
+static void finish(req_ctx *r, unsigned code, struct MHD_Response *resp, const char *msg)
+{
+    log_request(r, code, msg);
+    r->code = code;
+    r->resp = resp;
+    r->state = REQ_DONE;
+}
+
+static void finish_error(req_ctx *r, unsigned code, const char *msg)
+{
+    finish(r, code, error_response(msg), msg);
+}
+
+/* Bad requests found by the engine rather than the codec stay 400: the
+ * engine names a missing input TP_NOT_FOUND, which alone would read 404. */
+static unsigned infer_http_code(tp_status st)
+{
+    return st == TP_NOT_FOUND || st == TP_INVALID || st == TP_PARSE ? 400
+                                                                     : (unsigned)tp_status_http(st);
+}
+
+static void run_infer(tp_http *h, req_ctx *r)
+{
+    tp_kserve_request req;
+    tp_err err;
+    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
+                                         &req, &err);
+    free(r->body); /* decoded: the tensors own copies now */
+    r->body = NULL;
+    if (st != TP_OK) {
+        finish_error(r, (unsigned)tp_status_http(st), err.msg);
+        return;
+    }
+    tp_host_tensor *outs = NULL;
+    int n_outs = 0;
+    st = tp_engine_infer(h->engine, req.inputs, req.n_inputs, &outs, &n_outs, &err);
+    tp_kserve_buf buf = {0};
+    if (st == TP_OK)
+        st = tp_kserve_build_infer(&h->model, &req, outs, n_outs, &buf, &err);
+    else
+        tp_err_prefix(&err, "inference failed: ");
+    tp_host_tensors_free(outs, n_outs);
+    tp_kserve_request_free(&req);
+    if (st != TP_OK) {
+        finish_error(r, infer_http_code(st), err.msg);
+        return;
+    }
+    finish(r, 200,
+           make_response(buf.body, buf.len,
+                         buf.header_len ? "application/octet-stream" : "application/json",
+                         buf.header_len),
+           NULL);
+}
+
+static void run_job(tp_http *h, req_ctx *r)
+{
+    double waited = now_ms() - r->t_queued;
+    if (h->cfg.request_timeout_ms > 0 && waited > h->cfg.request_timeout_ms) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request waited %.0f ms in the queue, over request_timeout_ms "
+                 "%d", waited, h->cfg.request_timeout_ms);
+        free(r->body);
+        r->body = NULL;
+        finish_error(r, 504, msg);
+        return;
+    }
+    run_infer(h, r);
+}
+
+static req_ctx *pop_job(tp_http *h)
+{
+    pthread_mutex_lock(&h->mu);
+    while (!h->head && !h->stopping)
+        pthread_cond_wait(&h->cv, &h->mu);
+    req_ctx *r = h->head;
+    if (r) {
+        h->head = r->next;
+        if (!h->head)
+            h->tail = NULL;
+        h->queued--;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+static void *worker_main(void *arg)
+{
+    tp_http *h = arg;
+    req_ctx *r;
+    while ((r = pop_job(h))) {
+        run_job(h, r);
+        MHD_resume_connection(r->conn);
+    }
+    return NULL;
+}
+
+/* Body complete: check what the headers say, then suspend the connection
+ * and queue the job, or answer 503 at once when the queue is full. */
+static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
+{
+    int handled;
+    enum MHD_Result ok = check_model(h, r, &handled);
+    if (handled)
+        return ok;
+    if (atomic_load(&h->state) == SRV_DRAINING)
+        return reply_error(h, r, 503, "server is shutting down");
+    const char *ihcl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                   "Inference-Header-Content-Length");
+    r->header_len = -1;
+    if (ihcl && parse_ll(ihcl, &r->header_len) != 0)
+        return reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
+                           "non-negative integer", ihcl);
+    pthread_mutex_lock(&h->mu);
+    int full = h->queued >= h->cfg.max_queue, stopping = h->stopping;
+    if (!full && !stopping) {
+        /* Suspended before a worker can see the job, so its resume can never
+         * overtake this suspend. */
+        MHD_suspend_connection(r->conn);
+        r->state = REQ_QUEUED;
+        r->t_queued = now_ms();
+        r->next = NULL;
+        if (h->tail)
+            h->tail->next = r;
+        else
+            h->head = r;
+        h->tail = r;
+        h->queued++;
+        pthread_cond_signal(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    if (stopping)
+        return reply_error(h, r, 503, "server is shutting down");
+    if (full)
+        return reply_error(h, r, 503, "server overloaded: %d inference requests already queued "
+                           "(max_queue)", h->cfg.max_queue);
+    return MHD_YES;
+}
+
+/* ---- the access handler ------------------------------------------------- */
+
+static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
+                            const char *method)
+{
+    req_ctx *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->conn = c;
+    r->t_start = now_ms();
+    snprintf(r->method, sizeof r->method, "%s", method);
+    snprintf(r->url, sizeof r->url, "%s", url);
+    r->rt = parse_route(url);
+    atomic_fetch_add(&h->in_flight, 1);
+    return r;
+}
+
+/* Called once the whole body is in. */
+static enum MHD_Result route_request(tp_http *h, req_ctx *r)
+{
+    if (r->rt.kind == R_NONE)
+        return reply_error(h, r, 404, "unknown path '%s' (KServe v2 routes: /v2, "
+                           "/v2/health/{live,ready}, /v2/models/{model}[/versions/{v}]"
+                           "[/ready|/infer])", r->url);
+    if (!method_ok(r->rt.kind, r->method)) {
+        enum MHD_Result ok;
+        tp_err e;
+        snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method,
+                 r->url, allowed_methods(r->rt.kind));
+        log_request(r, 405, e.msg);
+        struct MHD_Response *resp = error_response(e.msg);
+        if (resp)
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r->rt.kind));
+        ok = send_response(h, r, 405, resp);
+        return ok;
+    }
+    return r->rt.kind == R_INFER ? dispatch_infer(h, r) : handle_get(h, r);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    tp_http *h = cls;
+    req_ctx *r = *con_cls;
+    if (!r) {
+        if (!(r = new_request(h, c, url, method)))
+            return MHD_NO;
+        *con_cls = r;
+        return begin_body(h, r);
+    }
+    switch (r->state) {
+    case REQ_RECEIVING:
+        if (*upload_size)
+            return receive_body(h, r, upload_data, upload_size);
+        return route_request(h, r);
+    case REQ_DONE:
+        return send_response(h, r, r->code, r->resp);
+    default:
+        /* Already answered (e.g. 413 mid-upload): discard what still comes. */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)c;
+    tp_http *h = cls;
+    req_ctx *r = *con_cls;
+    if (!r)
+        return;
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        tp_log(TP_LOG_DEBUG, "%s %s: connection ended before the answer was sent (code %d)",
+               r->method, r->url, (int)toe);
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+    atomic_fetch_sub(&h->in_flight, 1);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    tp_log(TP_LOG_WARN, "libmicrohttpd: %s", msg);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+/* The socket is ours, not libmicrohttpd's, so bind errors name the address
+ * and a port of 0 can be read back with getsockname. */
+static tp_status open_listener(const char *host, int port, int *fd_out, int *port_out,
+                               tp_err *err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc != 0)
+        return tp_fail(err, TP_INVALID, "host '%s': %s", host, gai_strerror(rc));
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 512) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return tp_fail(err, TP_IO, "cannot listen on %s:%d: %s", host, port, strerror(e));
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return TP_OK;
+}
+
+static tp_status start_workers(tp_http *h, tp_err *err)
+{
+    h->n_workers = h->cfg.threads;
+    if (!(h->workers = calloc((size_t)h->n_workers, sizeof *h->workers)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    for (int i = 0; i < h->n_workers; i++) {
+        if (pthread_create(&h->workers[i], NULL, worker_main, h) != 0) {
+            h->n_workers = i;
+            return tp_fail(err, TP_INTERNAL, "cannot start inference worker %d", i);
+        }
+    }
+    return TP_OK;
+}
+
+static tp_status start_daemon(tp_http *h, tp_err *err)
+{
+    unsigned flags = MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
+                          ? MHD_USE_EPOLL_INTERNAL_THREAD
+                          : MHD_USE_POLL_INTERNAL_THREAD);
+    unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
+    struct MHD_OptionItem opts[] = {
+        {MHD_OPTION_LISTEN_SOCKET, h->listen_fd, NULL},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
+        {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
+        /* a pool of one is no pool: the daemon's own thread serves */
+        {h->cfg.threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END,
+         (intptr_t)h->cfg.threads, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    /* the logger goes first so even option errors reach our log */
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+                            on_mhd_log, h, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+    if (!h->d)
+        return tp_fail(err, TP_INTERNAL, "libmicrohttpd failed to start on %s:%d",
+                       h->cfg.host, h->port);
+    return TP_OK;
+}
+
+tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
+{
+    *out = NULL;
+    tp_http *h = calloc(1, sizeof *h);
+    if (!h)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    h->cfg = *cfg;
+    h->listen_fd = -1;
+    atomic_init(&h->state, SRV_LOADING);
+    atomic_init(&h->loaded, 0);
+    atomic_init(&h->in_flight, 0);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    tp_status st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
+    if (st == TP_OK)
+        st = start_workers(h, err);
+    if (st == TP_OK)
+        st = start_daemon(h, err);
+    if (st != TP_OK) {
+        tp_http_stop(h);
+        return st;
+    }
+    *out = h;
+    return TP_OK;
+}
+
+int tp_http_port(const tp_http *h) { return h->port; }
+
+tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
+{
+    int ni = tp_engine_n_inputs(e), no = tp_engine_n_outputs(e);
+    h->ins = calloc((size_t)ni + 1, sizeof *h->ins);
+    h->outs = calloc((size_t)no + 1, sizeof *h->outs);
+    if (!h->ins || !h->outs)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    for (int i = 0; i < ni; i++)
+        h->ins[i] = *tp_engine_input(e, i);
+    for (int i = 0; i < no; i++)
+        h->outs[i] = *tp_engine_output(e, i);
+    h->engine = e;
+    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no};
+    /* Everything above is published by this store: HTTP threads read the
+     * model only after seeing loaded. A drain that began during the load
+     * keeps the server unready. */
+    atomic_store(&h->loaded, 1);
+    int loading = SRV_LOADING;
+    atomic_compare_exchange_strong(&h->state, &loading, SRV_READY);
+    return TP_OK;
+}
+
+/* Connections the kernel completed before the quiesce are handed to the
+ * daemon so they get an answer (a 503) instead of a reset. */
+static void adopt_backlog(tp_http *h, int fd)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int c = accept4(fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0)
+            break;
+        if (MHD_add_connection(h->d, c, (struct sockaddr *)&ss, sl) != MHD_YES)
+            tp_log(TP_LOG_WARN, "drain: could not hand a pending connection to the server");
+    }
+}
+
+void tp_http_begin_drain(tp_http *h)
+{
+    int was = atomic_exchange(&h->state, SRV_DRAINING);
+    if (was == SRV_DRAINING || !h->d)
+        return;
+    int fd = MHD_quiesce_daemon(h->d);
+    if (fd < 0)
+        return;
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    adopt_backlog(h, fd);
+    /* shutdown() moves a Linux listening socket out of LISTEN, so new
+     * connections are refused; the fd itself stays open until the daemon
+     * stops, as libmicrohttpd requires. */
+    shutdown(fd, SHUT_RD);
+}
+
+long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }
+
+unsigned tp_http_connections(tp_http *h)
+{
+    const union MHD_DaemonInfo *info =
+        h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    return info ? info->num_connections : 0;
+}
+
+void tp_http_cancel_queued(tp_http *h)
+{
+    pthread_mutex_lock(&h->mu);
+    req_ctx *r = h->head;
+    h->head = h->tail = NULL;
+    h->queued = 0;
+    pthread_mutex_unlock(&h->mu);
+    while (r) {
+        req_ctx *next = r->next;
+        free(r->body);
+        r->body = NULL;
+        finish_error(r, 503, "server is shutting down: drain timeout reached before this "
+                     "request ran");
+        MHD_resume_connection(r->conn);
+        r = next;
+    }
+}
+
+void tp_http_stop(tp_http *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->mu);
+    h->stopping = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < h->n_workers; i++)
+        pthread_join(h->workers[i], NULL);
+    if (h->d)
+        MHD_stop_daemon(h->d);
+    if (h->listen_fd >= 0)
+        close(h->listen_fd);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->workers);
+    free(h->ins);
+    free(h->outs);
+    free(h);
+}

@@ -1,0 +1,50 @@
+/* http.h — the KServe v2 REST front end on libmicrohttpd.
+ *
+ * HTTP threads (an epoll thread pool) only parse, route and move bytes.
+ * Inference requests are suspended (MHD_suspend_connection) and handed to a
+ * bounded queue served by worker threads that decode, call tp_engine_infer
+ * and encode; the worker then resumes the connection to send the answer. So
+ * a slow model never stalls health checks or other clients' uploads. */
+#ifndef TP_HTTP_H
+#define TP_HTTP_H
+
+#include "config.h"
+#include "engine.h"
+#include "status.h"
+
+#ifndef TPSERVE_VERSION
+#define TPSERVE_VERSION "0.1.0"
+#endif
+
+typedef struct tp_http tp_http;
+
+/* Binds cfg->host:cfg->port and starts serving in the loading state:
+ * live is 200, ready and every model route 503. cfg is copied. */
+tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err);
+
+/* The port actually bound (differs from cfg->port when that was 0). */
+int tp_http_port(const tp_http *h);
+
+/* Publishes the loaded engine (borrowed: it must outlive tp_http_stop) and
+ * turns ready. */
+tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
+
+/* Starts the drain: readiness and new inference requests get 503, every
+ * response closes its connection, and the listening socket stops accepting
+ * (connections already queued in the kernel backlog are still answered). */
+void tp_http_begin_drain(tp_http *h);
+
+/* Requests received but not yet answered, and open connections. */
+long tp_http_in_flight(tp_http *h);
+unsigned tp_http_connections(tp_http *h);
+
+/* Drain timeout: answers every request still waiting in the queue with 503
+ * at once. Requests already inside the engine cannot be interrupted. */
+void tp_http_cancel_queued(tp_http *h);
+
+/* Stops the daemon, joins the workers and frees h. Only valid once
+ * tp_http_in_flight is 0 (libmicrohttpd forbids stopping with suspended
+ * connections). NULL is a no-op. */
+void tp_http_stop(tp_http *h);
+
+#endif

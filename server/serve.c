@@ -1,0 +1,271 @@
+#include "serve.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "engine.h"
+#include "http.h"
+#include "log.h"
+
+void tp_serve_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tpserve serve [GRAPH.json] [--config FILE] [--OPTION VALUE | --OPTION=VALUE]...\n"
+            "\n"
+            "Serves one graph over KServe v2 REST (model name = the graph's \"name\").\n"
+            "Settings come from built-in defaults, then the --config JSON file, then flags.\n"
+            "Each flag is also a config key (file spelling in the second column):\n"
+            "\n");
+    tp_config_usage(out);
+    fprintf(out,
+            "  --%-20s %-18s JSON object of the keys above; unknown keys are errors\n"
+            "\n"
+            "endpoints: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/M[/versions/1],\n"
+            "  /v2/models/M[/versions/1]/ready; POST /v2/models/M[/versions/1]/infer (JSON or\n"
+            "  binary tensor data with Inference-Header-Content-Length).\n"
+            "signals: SIGTERM/SIGINT -> readiness 503, stop accepting, finish in-flight requests,\n"
+            "  exit 0; after drain_timeout_ms (or a second signal) queued requests get 503 and\n"
+            "  the exit code is 1 if a request was still running in the engine.\n"
+            "example: tpserve serve --config config/default.json --port 8080\n",
+            "config", "(file)");
+}
+
+/* ---- arguments ---------------------------------------------------------- */
+
+/* "--key=value" or "--key value"; advances *i past what it consumed. */
+static tp_status take_flag(int argc, char **argv, int *i, char *key, size_t klen,
+                           const char **value, tp_err *err)
+{
+    const char *a = argv[*i] + 2, *eq = strchr(a, '=');
+    size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    if (n == 0 || n >= klen)
+        return tp_fail(err, TP_INVALID, "bad option '%s'", argv[*i]);
+    memcpy(key, a, n);
+    key[n] = '\0';
+    if (eq) {
+        *value = eq + 1;
+    } else if (*i + 1 < argc) {
+        *value = argv[++*i];
+    } else {
+        return tp_fail(err, TP_INVALID, "option '--%s' needs a value", key);
+    }
+    return TP_OK;
+}
+
+/* Two passes: the config file is applied first wherever --config appears,
+ * so flags always override it. */
+static tp_status find_config(int argc, char **argv, const char **path, int *help, tp_err *err)
+{
+    *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            *help = 1;
+            return TP_OK;
+        }
+        if (strncmp(argv[i], "--", 2) != 0)
+            continue;
+        char key[64];
+        const char *v;
+        tp_status st = take_flag(argc, argv, &i, key, sizeof key, &v, err);
+        if (st != TP_OK)
+            return st;
+        if (strcmp(key, "config") == 0)
+            *path = v;
+    }
+    return TP_OK;
+}
+
+static tp_status apply_flags(int argc, char **argv, tp_config *cfg, tp_err *err)
+{
+    int positional = 0;
+    for (int i = 1; i < argc; i++) {
+        tp_status st;
+        if (strncmp(argv[i], "--", 2) != 0) {
+            if (positional++)
+                return tp_fail(err, TP_INVALID, "unexpected argument '%s'", argv[i]);
+            st = tp_config_set(cfg, "graph", argv[i], err);
+        } else {
+            char key[64];
+            const char *v;
+            st = take_flag(argc, argv, &i, key, sizeof key, &v, err);
+            if (st == TP_OK && strcmp(key, "config") != 0)
+                st = tp_config_set(cfg, key, v, err);
+        }
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+static tp_status load_config(int argc, char **argv, tp_config *cfg, int *help, tp_err *err)
+{
+    const char *path;
+    tp_config_defaults(cfg);
+    *help = 0;
+    tp_status st = find_config(argc, argv, &path, help, err);
+    if (st != TP_OK || *help)
+        return st;
+    if (path && (st = tp_config_load_file(cfg, path, err)) != TP_OK)
+        return st;
+    if ((st = apply_flags(argc, argv, cfg, err)) != TP_OK)
+        return st;
+    return tp_config_validate(cfg, err);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* SIGTERM/SIGINT are blocked in every thread (they inherit this mask) and
+ * taken synchronously with sigwait, so no work happens in a handler. */
+static void block_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    /* a client closing early must not kill the server mid-write */
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Returns the signal taken, or -1 when timeout_ms (-1: forever) passed. */
+static int wait_signal(const sigset_t *set, int timeout_ms)
+{
+    if (timeout_ms < 0) {
+        int sig;
+        return sigwait(set, &sig) == 0 ? sig : -1;
+    }
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    return sigtimedwait(set, NULL, &ts);
+}
+
+/* A request sent on a keep-alive connection may sit unread in a socket
+ * buffer while in_flight is 0; waiting for a short quiet spell lets it be
+ * counted (and answered) before the daemon closes the connections. */
+#define QUIET_MS 150
+
+/* Returns 1 when every accepted request was answered. */
+static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
+{
+    double deadline = now_ms() + cfg->drain_timeout_ms, quiet_since = -1;
+    for (;;) {
+        double t = now_ms();
+        if (tp_http_in_flight(h) > 0) {
+            quiet_since = -1;
+        } else {
+            if (quiet_since < 0)
+                quiet_since = t;
+            if (t - quiet_since >= QUIET_MS || tp_http_connections(h) == 0)
+                return 1;
+        }
+        if (t >= deadline) {
+            TP_LOG_W("drain timeout (%d ms) reached with %ld requests in flight",
+                     cfg->drain_timeout_ms, tp_http_in_flight(h));
+            return 0;
+        }
+        if (wait_signal(set, 10) > 0) {
+            TP_LOG_W("second signal: ending the drain with %ld requests in flight",
+                     tp_http_in_flight(h));
+            return 0;
+        }
+    }
+}
+
+/* After a cut-short drain: queued requests get 503; those inside the engine
+ * get up to a second more. Returns 1 when nothing is left in flight. */
+static int cancel_rest(tp_http *h)
+{
+    tp_http_cancel_queued(h);
+    double until = now_ms() + 1000;
+    while (tp_http_in_flight(h) > 0 && now_ms() < until) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return tp_http_in_flight(h) == 0;
+}
+
+static const char *url_host(const char *host, char *buf, size_t len)
+{
+    snprintf(buf, len, strchr(host, ':') ? "[%s]" : "%s", host); /* IPv6 literal */
+    return buf;
+}
+
+static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
+                              const sigset_t *set)
+{
+    tp_err err;
+    char hb[300];
+    if (tp_http_set_engine(h, e, &err) != TP_OK) {
+        TP_LOG_E("%s", err.msg);
+        return 1;
+    }
+    TP_LOG_I("ready: graph=%s model=%s ranks=%d backend=%s listen=http://%s:%d threads=%d "
+             "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
+             tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
+             cfg->threads, (long long)cfg->max_body_bytes);
+    int sig = wait_signal(set, -1);
+    TP_LOG_I("received %s: draining (readiness 503, no new connections, up to %d ms for %ld "
+             "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,
+             tp_http_in_flight(h));
+    tp_http_begin_drain(h);
+    if (drain(h, cfg, set) || cancel_rest(h)) {
+        TP_LOG_I("drained: every accepted request was answered; exiting");
+        return 0;
+    }
+    return -1;
+}
+
+int tp_serve_main(int argc, char **argv)
+{
+    tp_config cfg;
+    tp_err err;
+    int help;
+    if (load_config(argc, argv, &cfg, &help, &err) != TP_OK) {
+        fprintf(stderr, "tpserve serve: %s (see tpserve serve --help)\n", err.msg);
+        return 2;
+    }
+    if (help) {
+        tp_serve_usage(stdout);
+        return 0;
+    }
+    tp_log_level lvl = TP_LOG_INFO;
+    tp_log_level_from_name(cfg.log_level, &lvl);
+    tp_log_set_level(lvl);
+    sigset_t set;
+    block_signals(&set);
+
+    tp_http *h;
+    char hb[300];
+    if (tp_http_start(&cfg, &h, &err) != TP_OK) {
+        TP_LOG_E("cannot start the HTTP server: %s", err.msg);
+        return 1;
+    }
+    TP_LOG_I("listening on http://%s:%d, loading graph %s (backend %s)",
+             url_host(cfg.host, hb, sizeof hb), tp_http_port(h), cfg.graph, cfg.backend);
+    tp_engine_opts opts = {cfg.backend};
+    tp_engine *e = NULL;
+    if (tp_engine_create(cfg.graph, &opts, &e, &err) != TP_OK) {
+        TP_LOG_E("cannot load graph %s: %s", cfg.graph, err.msg);
+        tp_http_stop(h);
+        return 1;
+    }
+    int rc = serve_until_signal(h, e, &cfg, &set);
+    if (rc < 0) {
+        /* Requests are still running inside the engine; stopping the daemon
+         * or freeing the engine under them is undefined, and the process is
+         * about to exit, which releases everything. */
+        TP_LOG_E("exiting with %ld requests unanswered", tp_http_in_flight(h));
+        return 1;
+    }
+    tp_http_stop(h);
+    tp_engine_free(e);
+    return rc;
+}
