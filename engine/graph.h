@@ -31,6 +31,7 @@ typedef struct tp_node {
     int *inputs; /* node indices */
     tp_attrs attrs;
     int fallback; /* "fallback": true — must run eagerly, outside capture */
+    int symmetric; /* place_symmetric: this storage lives in symmetric memory */
 
     /* Sources (inputs, params): declared global shape and placement. */
     int g_ndim;
@@ -84,6 +85,26 @@ static inline int tp_node_owns(const tp_graph *g, int i)
 {
     return g->nodes[i].storage == i;
 }
+
+/* Graph editing for passes (graph_edit.c). Indices shift so invariant 1
+ * holds after every call; tp_graph_infer must run again before shapes are
+ * read. */
+/* Inserts a copy of n at pos (n's inputs must be < pos); the node takes
+ * ownership of n->name and n->inputs. */
+tp_status tp_graph_insert(tp_graph *g, int pos, tp_node *n, tp_err *err);
+/* Removes node pos, which must have no users. */
+void tp_graph_remove(tp_graph *g, int pos);
+/* Makes every node from index `start` on (and every graph output) that
+ * reads `from` read `to` instead. */
+void tp_graph_replace_uses(tp_graph *g, int from, int to, int start);
+/* Number of node inputs plus graph outputs that read node i. */
+int tp_graph_n_users(const tp_graph *g, int i);
+/* A name not yet used in g, derived from base ("base", "base_1", ...);
+ * malloc'd. */
+char *tp_graph_fresh_name(const tp_graph *g, const char *base);
+/* Index of the only node reading i, or -1 when there are 0 or >1 users or
+ * i is a graph output. */
+int tp_graph_sole_user(const tp_graph *g, int i);
 
 /* "shard(1)" / "replicate" into buf. */
 const char *tp_placement_str(tp_placement p, char *buf, int len);

@@ -20,10 +20,22 @@ int tp_op_max_inputs(tp_op op) { return op_table[op].max_in; }
 int tp_op_from_name(const char *s, tp_op *out)
 {
     for (int i = 0; i < TP_OP_COUNT; i++) {
-        if (op_table[i].kind != TP_KIND_SOURCE && strcmp(s, op_table[i].name) == 0) {
+        /* sources and fused ops are the engine's own, never read from JSON */
+        if (op_table[i].kind != TP_KIND_SOURCE && op_table[i].kind != TP_KIND_FUSED &&
+            i != TP_OP_IDENTITY_COPY && strcmp(s, op_table[i].name) == 0) {
             *out = (tp_op)i;
             return 0;
         }
     }
     return -1;
+}
+
+const char *tp_algo_name(tp_algo a)
+{
+    switch (a) {
+#define TP_ALGO_NAME(e, name) case TP_ALGO_##e: return name;
+        TP_ALGO_MAP(TP_ALGO_NAME)
+#undef TP_ALGO_NAME
+    }
+    return "?";
 }

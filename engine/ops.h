@@ -32,11 +32,14 @@
     X(SLICE, "slice", VIEW, 1, 1)                             \
     X(CAT, "cat", COMPUTE, 1, 64)                             \
     X(CONTIGUOUS, "contiguous", COPY, 1, 1)                   \
+    X(IDENTITY_COPY, "identity_copy", COPY, 1, 1)             \
     X(ALL_GATHER, "all_gather", COLLECTIVE, 1, 1)             \
     X(REDUCE_SCATTER, "reduce_scatter", COLLECTIVE, 1, 1)     \
     X(ALL_REDUCE, "all_reduce", COLLECTIVE, 1, 1)             \
     X(ALL_TO_ALL, "all_to_all", COLLECTIVE, 1, 1)             \
-    X(BROADCAST, "broadcast", COLLECTIVE, 1, 1)
+    X(BROADCAST, "broadcast", COLLECTIVE, 1, 1)                 \
+    X(FUSED_AG_MM, "fused_all_gather_matmul", FUSED, 2, 17)     \
+    X(FUSED_MM_RS, "fused_matmul_reduce_scatter", FUSED, 2, 2)
 
 typedef enum {
 #define TP_OP_ENUM(e, name, kind, mn, mx) TP_OP_##e,
@@ -48,6 +51,16 @@ typedef enum {
 typedef enum { TP_KIND_SOURCE, TP_KIND_COMPUTE, TP_KIND_VIEW, TP_KIND_COPY, TP_KIND_COLLECTIVE, TP_KIND_FUSED } tp_op_kind;
 
 typedef enum { TP_REDUCE_SUM = 0, TP_REDUCE_AVG, TP_REDUCE_MAX } tp_reduce;
+
+/* How a collective is lowered (choose_collectives). DEFAULT lets the
+ * backend pick; FUSED marks the communication inside a fused node. */
+#define TP_ALGO_MAP(X) X(DEFAULT, "default") X(ONE_SHOT, "one_shot") X(RING, "ring") X(NCCL, "nccl") X(FUSED, "fused")
+typedef enum {
+#define TP_ALGO_ENUM(e, name) TP_ALGO_##e,
+    TP_ALGO_MAP(TP_ALGO_ENUM)
+#undef TP_ALGO_ENUM
+} tp_algo;
+const char *tp_algo_name(tp_algo a);
 
 /* Every attr of every op, already validated and with defaults applied.
  * Dims are normalised (non-negative) by shape inference. */
@@ -69,6 +82,11 @@ typedef struct tp_attrs {
     tp_reduce reduce;     /* reduce_scatter, all_reduce */
     int split_dim, concat_dim; /* all_to_all */
     int src;              /* broadcast */
+    tp_algo algo;         /* collectives: lowering chosen by choose_collectives */
+    /* fused_all_gather_matmul: `dim` is the gather dim of input 0 and
+     * inputs 1..n_fused are weights; the products x_gathered @ w_i are
+     * concatenated along the last dim (consumers slice them back out). */
+    int n_fused;
 } tp_attrs;
 
 const char *tp_op_name(tp_op op);

@@ -193,35 +193,45 @@ static tp_status infer_embedding(tp_graph *g, tp_node *n, tp_err *err)
     return TP_OK;
 }
 
+/* target (one -1 allowed) resolved against numel into out; -1 on error. */
+static int resolve_shape(const int64_t *target, int nt, int64_t numel, int64_t *out)
+{
+    int64_t known = 1;
+    int neg = -1;
+    for (int i = 0; i < nt; i++) {
+        if (target[i] == -1 && neg < 0)
+            neg = i;
+        else if (target[i] < 0)
+            return -1;
+        else
+            known *= target[i];
+        out[i] = target[i];
+    }
+    if (neg >= 0) {
+        if (known == 0 || numel % known != 0)
+            return -1;
+        out[neg] = numel / known;
+        known *= out[neg];
+    }
+    return known == numel ? 0 : -1;
+}
+
+static int64_t numel_of(int nd, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= shape[i];
+    return n;
+}
+
 /* Target shape of view/reshape with one -1 resolved. */
 static tp_status resolve_target(tp_node *n, const tp_node *x, tp_err *err)
 {
     char sa[128], sb[128];
-    int64_t known = 1, numel = 1;
-    int neg = -1;
-    for (int i = 0; i < x->ndim; i++)
-        numel *= x->shape[i];
     n->ndim = n->attrs.n_shape;
-    for (int i = 0; i < n->ndim; i++) {
-        int64_t d = n->attrs.shape[i];
-        if (d == -1 && neg < 0)
-            neg = i;
-        else if (d < 0)
-            return node_fail(err, n, "attr shape has an invalid dim (only one -1 is allowed)%s%s", "", "");
-        else
-            known *= d;
-        n->shape[i] = d;
-    }
-    if (neg >= 0) {
-        if (known == 0 || numel % known != 0)
-            return node_fail(err, n, "cannot view input %s as %s", SHAPE(sa, x),
-                             tp_shape_str(sb, sizeof sb, n->ndim, n->attrs.shape));
-        n->shape[neg] = numel / known;
-        known *= n->shape[neg];
-    }
-    if (known != numel)
-        return node_fail(err, n, "input %s and target shape %s have different element counts",
-                         SHAPE(sa, x), SHAPE(sb, n));
+    if (resolve_shape(n->attrs.shape, n->ndim, numel_of(x->ndim, x->shape), n->shape) != 0)
+        return node_fail(err, n, "cannot view input %s as %s", SHAPE(sa, x),
+                         tp_shape_str(sb, sizeof sb, n->ndim, n->attrs.shape));
     return TP_OK;
 }
 
@@ -415,6 +425,66 @@ static tp_status infer_collective(tp_graph *g, tp_node *n, tp_err *err)
     return st;
 }
 
+/* fused_all_gather_matmul: gathered x (optionally re-viewed, K kept last)
+ * times each weight, products side by side along the last dim. */
+static tp_status infer_fused_ag_mm(tp_graph *g, tp_node *n, tp_err *err)
+{
+    const tp_node *x = &g->nodes[n->inputs[0]];
+    int64_t lead[TP_MAX_DIMS];
+    int nd = x->ndim;
+    memcpy(lead, x->shape, sizeof lead);
+    lead[n->attrs.dim] *= g->world_size;
+    if (n->attrs.n_shape > 0) {
+        int64_t v[TP_MAX_DIMS];
+        if (resolve_shape(n->attrs.shape, n->attrs.n_shape, numel_of(nd, lead), v) != 0 ||
+            v[n->attrs.n_shape - 1] != lead[nd - 1])
+            return node_fail(err, n, "the view around the matmul no longer fits the gathered input%s%s", "", "");
+        nd = n->attrs.n_shape;
+        memcpy(lead, v, sizeof lead);
+    }
+    int64_t K = lead[nd - 1], N = 0;
+    for (int i = 1; i < n->n_inputs; i++) {
+        const tp_node *w = &g->nodes[n->inputs[i]];
+        int tb = n->attrs.transpose_b;
+        if (w->ndim != 2 || w->shape[tb ? 1 : 0] != K)
+            return node_fail(err, n, "weight '%s' does not match K of the gathered input%s", w->name, "");
+        N += w->shape[tb ? 0 : 1];
+    }
+    n->ndim = nd;
+    memcpy(n->shape, lead, sizeof n->shape);
+    n->shape[nd - 1] = N;
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+/* fused_matmul_reduce_scatter: the product a @ w (optionally re-viewed)
+ * split along dim and reduced over ranks. */
+static tp_status infer_fused_mm_rs(tp_graph *g, tp_node *n, tp_err *err)
+{
+    const tp_node *a = &g->nodes[n->inputs[0]], *w = &g->nodes[n->inputs[1]];
+    int tb = n->attrs.transpose_b;
+    if (w->ndim != 2 || w->shape[tb ? 1 : 0] != a->shape[a->ndim - 1])
+        return node_fail(err, n, "weight '%s' does not match K of '%s'", w->name, a->name);
+    int64_t p[TP_MAX_DIMS];
+    int nd = a->ndim;
+    memcpy(p, a->shape, sizeof p);
+    p[nd - 1] = w->shape[tb ? 0 : 1];
+    if (n->attrs.n_shape > 0) {
+        int64_t v[TP_MAX_DIMS];
+        if (resolve_shape(n->attrs.shape, n->attrs.n_shape, numel_of(nd, p), v) != 0)
+            return node_fail(err, n, "the view after the matmul no longer fits its product%s%s", "", "");
+        nd = n->attrs.n_shape;
+        memcpy(p, v, sizeof p);
+    }
+    n->ndim = nd;
+    memcpy(n->shape, p, sizeof n->shape);
+    n->dtype = a->dtype;
+    if (n->shape[n->attrs.dim] % g->world_size != 0)
+        return divisible(err, n, n, n->attrs.dim, g->world_size);
+    n->shape[n->attrs.dim] /= g->world_size;
+    return TP_OK;
+}
+
 static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
 {
     tp_node *n = &g->nodes[i];
@@ -463,8 +533,21 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         n->dtype = x->dtype;
         break;
     }
+    case TP_OP_IDENTITY_COPY: {
+        const tp_node *x = &g->nodes[n->inputs[0]];
+        n->ndim = x->ndim;
+        memcpy(n->shape, x->shape, sizeof n->shape);
+        n->dtype = x->dtype;
+        break;
+    }
     case TP_OP_CAT:
         st = infer_cat(g, n, err);
+        break;
+    case TP_OP_FUSED_AG_MM:
+        st = infer_fused_ag_mm(g, n, err);
+        break;
+    case TP_OP_FUSED_MM_RS:
+        st = infer_fused_mm_rs(g, n, err);
         break;
     default:
         st = infer_collective(g, n, err);

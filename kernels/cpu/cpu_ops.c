@@ -88,6 +88,7 @@ tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int 
         return cpu_cat(attrs, ins, n_ins, out, err);
     case TP_OP_RESHAPE:
     case TP_OP_CONTIGUOUS:
+    case TP_OP_IDENTITY_COPY:
         return cpu_copy(op, &ins[0], out, err);
     default:
         return tp_fail(err, TP_INTERNAL, "cpu backend: op '%s' has no cpu kernel", tp_op_name(op));

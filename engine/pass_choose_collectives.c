@@ -1,0 +1,40 @@
+/* choose_collectives — pick each collective's lowering from its message
+ * size and the world size (tp_collective_table). all_reduce is the one
+ * with a real choice: one_shot below the threshold (latency-bound: one
+ * barrier, each rank reads every peer's symmetric buffer), ring above it
+ * (bandwidth-bound: 2(d-1) steps moving 1/d of the data each), or nccl on
+ * the cuda backend. The other collectives read peers' buffers directly on
+ * the cpu backend (one_shot) and go through NCCL on cuda. Lowerings are
+ * blocking, so no separate wait/synchronize follows them. */
+#include "passes.h"
+
+static int64_t node_bytes(const tp_node *n)
+{
+    int64_t b = (int64_t)tp_dtype_size(n->dtype);
+    for (int i = 0; i < n->ndim; i++)
+        b *= n->shape[i];
+    return b;
+}
+
+tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
+{
+    (void)err;
+    *changed = 0;
+    int d = g->world_size > 8 ? 8 : g->world_size;
+    for (int i = 0; i < g->n_nodes; i++) {
+        tp_node *n = &g->nodes[i];
+        tp_op_kind k = tp_op_kind_of(n->op);
+        tp_algo algo;
+        if (k == TP_KIND_FUSED)
+            algo = TP_ALGO_FUSED;
+        else if (k != TP_KIND_COLLECTIVE)
+            continue;
+        else if (n->op == TP_OP_ALL_REDUCE && node_bytes(&g->nodes[n->inputs[0]]) > o->table.one_shot_max_bytes[d])
+            algo = o->cuda ? TP_ALGO_NCCL : TP_ALGO_RING;
+        else
+            algo = o->cuda && n->op != TP_OP_ALL_REDUCE ? TP_ALGO_NCCL : TP_ALGO_ONE_SHOT;
+        *changed += n->attrs.algo != algo;
+        n->attrs.algo = algo;
+    }
+    return TP_OK;
+}

@@ -1,0 +1,237 @@
+/* fuse_tp — micro-pipeline tensor parallelism.
+ *
+ *  all_gather(x, g) [-> view] -> matmul(., w_i) for i = 1..n
+ *      => fused_all_gather_matmul(x, w_1..w_n): the products concatenated
+ *         along the last dim; each old matmul becomes a slice of it (or is
+ *         replaced outright when n = 1). Gathers once for Q, K and V.
+ *  matmul(a, w) [-> view] -> reduce_scatter(., s)
+ *      => fused_matmul_reduce_scatter(a, w)
+ *
+ * Safety checks, each a reason to leave the pattern alone:
+ *  - the gather dim must not be the contracted (last) dim of the matmul;
+ *  - weights must be 2-D, of one dtype and transpose_b, defined before the
+ *    first matmul (so the fused node can take its place);
+ *  - a view between gather and matmul must keep the last dim (K) intact;
+ *  - the matmul feeding a reduce_scatter (and the view after it) must have
+ *    no other reader, because the fused kernel never materializes it;
+ *  - the scatter dim must be a dim the fused kernel can chunk: a leading dim
+ *    of the product (rows of a), or its last dim (columns of w).
+ * The all_gather itself stays if anything else reads the gathered tensor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+static int is_op(const tp_graph *g, int i, tp_op op) { return g->nodes[i].op == op; }
+
+/* Can matmul m take part in fusing gather `ag` (reached through `a`)? */
+static int fusable_matmul(const tp_graph *g, int m, int a, int first_w_limit)
+{
+    const tp_node *n = &g->nodes[m];
+    if (n->op != TP_OP_MATMUL || n->inputs[0] != a || n->inputs[1] == a || n->fallback)
+        return 0;
+    const tp_node *w = &g->nodes[n->inputs[1]];
+    return w->ndim == 2 && n->inputs[1] < first_w_limit;
+}
+
+/* The matmul input reached from ag: ag itself, or a view of it that keeps
+ * the last dim. Returns -1 when the view would break the fused layout. */
+static int operand_of(const tp_graph *g, int ag, int user)
+{
+    const tp_node *u = &g->nodes[user], *x = &g->nodes[ag];
+    if (u->op == TP_OP_MATMUL)
+        return ag;
+    if ((u->op == TP_OP_VIEW || u->op == TP_OP_RESHAPE) && u->storage == x->storage &&
+        u->ndim >= 2 && u->shape[u->ndim - 1] == x->shape[x->ndim - 1])
+        return user;
+    return -1;
+}
+
+static tp_status make_node(tp_graph *g, tp_op op, const char *base, int n_inputs, tp_node *n, tp_err *err)
+{
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->name = tp_graph_fresh_name(g, base);
+    n->inputs = calloc((size_t)n_inputs, sizeof(int));
+    n->n_inputs = n_inputs;
+    if (!n->name || !n->inputs) {
+        free(n->name);
+        free(n->inputs);
+        return tp_fail(err, TP_NOMEM, "fuse_tp: out of memory");
+    }
+    return TP_OK;
+}
+
+/* Collects the matmuls reading operand `a` that fuse together. */
+static int collect_matmuls(const tp_graph *g, int a, int *mm, int max)
+{
+    int n = 0, first = -1;
+    for (int j = a + 1; j < g->n_nodes && n < max; j++) {
+        const tp_node *u = &g->nodes[j];
+        if (u->op != TP_OP_MATMUL || u->inputs[0] != a)
+            continue;
+        if (first < 0)
+            first = j;
+        if (!fusable_matmul(g, j, a, first))
+            continue;
+        const tp_node *m0 = n ? &g->nodes[mm[0]] : u;
+        if (u->attrs.transpose_b != m0->attrs.transpose_b || u->dtype != m0->dtype)
+            continue;
+        mm[n++] = j;
+    }
+    return n;
+}
+
+/* Turns matmul m into a slice [start, start+len) of the fused output. */
+static void matmul_to_slice(tp_graph *g, int m, int fused, int64_t start, int64_t len)
+{
+    tp_node *n = &g->nodes[m];
+    n->op = TP_OP_SLICE;
+    n->n_inputs = 1;
+    n->inputs[0] = fused;
+    memset(&n->attrs, 0, sizeof n->attrs);
+    n->attrs.dim = -1;
+    n->attrs.start = start;
+    n->attrs.length = len;
+}
+
+static tp_status fuse_gather(tp_graph *g, int ag, int a, int *changed, tp_err *err)
+{
+    int mm[16];
+    int k = collect_matmuls(g, a, mm, 16);
+    if (k == 0)
+        return TP_OK;
+    const tp_node *gn = &g->nodes[ag];
+    tp_node f;
+    char base[300];
+    snprintf(base, sizeof base, "%s.fused_ag_mm", g->nodes[mm[0]].name);
+    tp_status st = make_node(g, TP_OP_FUSED_AG_MM, base, 1 + k, &f, err);
+    if (st != TP_OK)
+        return st;
+    f.inputs[0] = gn->inputs[0];
+    f.attrs.dim = gn->attrs.dim;
+    f.attrs.algo = TP_ALGO_FUSED;
+    f.attrs.transpose_b = g->nodes[mm[0]].attrs.transpose_b;
+    f.attrs.n_fused = k;
+    int64_t width[16];
+    for (int i = 0; i < k; i++) {
+        f.inputs[1 + i] = g->nodes[mm[i]].inputs[1];
+        width[i] = g->nodes[mm[i]].shape[g->nodes[mm[i]].ndim - 1];
+    }
+    if (a != ag) { /* the view between gather and matmul: keep its target */
+        const tp_node *v = &g->nodes[a];
+        f.attrs.n_shape = v->attrs.n_shape;
+        memcpy(f.attrs.shape, v->attrs.shape, sizeof f.attrs.shape);
+    }
+    int pos = mm[0];
+    if ((st = tp_graph_insert(g, pos, &f, err)) != TP_OK)
+        return st;
+    int64_t start = 0;
+    for (int i = 0; i < k; i++) {
+        int m = mm[i] + 1; /* shifted by the insert */
+        if (k == 1) {
+            tp_graph_replace_uses(g, m, pos, m + 1);
+            tp_graph_remove(g, m);
+        } else {
+            matmul_to_slice(g, m, pos, start, width[i]);
+        }
+        start += width[i];
+    }
+    *changed += 1;
+    return TP_OK;
+}
+
+/* Gather `ag` at index i: fuse its matmuls, directly or through one view. */
+static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
+{
+    const tp_node *n = &g->nodes[ag];
+    int gdim = n->attrs.dim;
+    if (gdim == n->ndim - 1 || n->fallback)
+        return TP_OK; /* gathering K: a reduction, not a row pipeline */
+    for (int j = ag + 1; j < g->n_nodes; j++) {
+        int reads = 0;
+        for (int k = 0; k < g->nodes[j].n_inputs; k++)
+            reads |= g->nodes[j].inputs[k] == ag;
+        if (!reads)
+            continue;
+        int a = operand_of(g, ag, j);
+        if (a < 0)
+            continue;
+        int before = *changed;
+        tp_status st = fuse_gather(g, ag, a, changed, err);
+        if (st != TP_OK || *changed != before)
+            return st; /* indices moved: the caller rescans */
+    }
+    return TP_OK;
+}
+
+/* matmul m [-> view v] -> reduce_scatter rs, all single-use. */
+static tp_status try_scatter(tp_graph *g, int rs, int *changed, tp_err *err)
+{
+    tp_node *r = &g->nodes[rs];
+    int src = r->inputs[0], v = -1, m = src;
+    if (r->fallback)
+        return TP_OK;
+    if (is_op(g, src, TP_OP_VIEW) || is_op(g, src, TP_OP_RESHAPE)) {
+        v = src;
+        m = g->nodes[v].inputs[0];
+        if (g->nodes[v].storage != g->nodes[m].storage || tp_graph_sole_user(g, v) != rs)
+            return TP_OK;
+    }
+    const tp_node *mn = &g->nodes[m];
+    if (mn->op != TP_OP_MATMUL || mn->fallback || tp_graph_sole_user(g, m) != (v >= 0 ? v : rs))
+        return TP_OK;
+    if (g->nodes[mn->inputs[1]].ndim != 2)
+        return TP_OK;
+    const tp_node *out = &g->nodes[src];
+    if (v >= 0 && out->shape[out->ndim - 1] != mn->shape[mn->ndim - 1])
+        return TP_OK; /* the view must keep N as the last dim */
+    if (v >= 0 && tp_pass_is_strided(g, mn->inputs[0]))
+        return TP_OK; /* a is re-viewed in the view's coordinates */
+    int a = mn->inputs[0], w = mn->inputs[1], tb = mn->attrs.transpose_b;
+    tp_attrs at = r->attrs;
+    memset(&r->attrs, 0, sizeof r->attrs);
+    r->attrs.dim = at.dim;
+    r->attrs.reduce = at.reduce;
+    r->attrs.algo = TP_ALGO_FUSED;
+    r->attrs.transpose_b = tb;
+    if (v >= 0) {
+        r->attrs.n_shape = g->nodes[v].attrs.n_shape;
+        memcpy(r->attrs.shape, g->nodes[v].attrs.shape, sizeof r->attrs.shape);
+    }
+    int *ins = realloc(r->inputs, 2 * sizeof(int));
+    if (!ins)
+        return tp_fail(err, TP_NOMEM, "fuse_tp: out of memory");
+    r->inputs = ins;
+    r->n_inputs = 2;
+    r->inputs[0] = a;
+    r->inputs[1] = w;
+    r->op = TP_OP_FUSED_MM_RS;
+    if (v >= 0)
+        tp_graph_remove(g, v);
+    tp_graph_remove(g, m);
+    *changed += 1;
+    return TP_OK;
+}
+
+tp_status tp_pass_fuse_tp(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
+{
+    (void)o;
+    *changed = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        int before = *changed;
+        tp_status st = TP_OK;
+        if (g->nodes[i].op == TP_OP_ALL_GATHER)
+            st = try_gather(g, i, changed, err);
+        else if (g->nodes[i].op == TP_OP_REDUCE_SCATTER)
+            st = try_scatter(g, i, changed, err);
+        if (st == TP_OK && *changed != before)
+            st = tp_graph_infer(g, g->batch, err);
+        if (st != TP_OK)
+            return st;
+        if (*changed != before)
+            i = -1; /* indices moved: rescan from the top */
+    }
+    return TP_OK;
+}

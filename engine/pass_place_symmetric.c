@@ -1,0 +1,75 @@
+/* place_symmetric — which values must live in symmetric (peer-mapped)
+ * memory: the inputs peers read directly, i.e. the operand of every
+ * collective lowered one_shot or ring and the communicated operand of every
+ * fused node. For each such value, by priority:
+ *  1. computed by us      -> its storage is allocated in the symmetric arena
+ *                            (zero copy);
+ *  2. a graph input       -> a persistent symmetric input slot, filled by a
+ *                            copy (DMA on cuda) before replay, outside capture;
+ *  3. anything else (a param, or the output of a fallback node, whose memory
+ *     an opaque kernel owns) -> an identity_copy node into a symmetric buffer,
+ *                            shared by every reader of that value.
+ * NCCL-lowered collectives need none of this. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "passes.h"
+
+static int reads_peers(const tp_node *n)
+{
+    tp_op_kind k = tp_op_kind_of(n->op);
+    if (k == TP_KIND_FUSED)
+        return n->op == TP_OP_FUSED_AG_MM; /* mm_rs: its workspace, planned later */
+    return k == TP_KIND_COLLECTIVE && (n->attrs.algo == TP_ALGO_ONE_SHOT || n->attrs.algo == TP_ALGO_RING ||
+                                       n->attrs.algo == TP_ALGO_DEFAULT);
+}
+
+static tp_status insert_identity_copy(tp_graph *g, int value, int *copy, tp_err *err)
+{
+    char base[300];
+    snprintf(base, sizeof base, "%s.symmetric", g->nodes[value].name);
+    tp_node n = {0};
+    n.op = TP_OP_IDENTITY_COPY;
+    n.name = tp_graph_fresh_name(g, base);
+    n.inputs = malloc(sizeof(int));
+    if (!n.name || !n.inputs) {
+        free(n.name);
+        free(n.inputs);
+        return tp_fail(err, TP_NOMEM, "place_symmetric: out of memory");
+    }
+    n.n_inputs = 1;
+    n.inputs[0] = value;
+    n.symmetric = 1;
+    *copy = value + 1;
+    return tp_graph_insert(g, value + 1, &n, err);
+}
+
+tp_status tp_pass_place_symmetric(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
+{
+    (void)o;
+    *changed = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!reads_peers(&g->nodes[i]))
+            continue;
+        int v = g->nodes[i].inputs[0];
+        tp_node *owner = &g->nodes[g->nodes[v].storage];
+        if (owner->op == TP_OP_PARAM || owner->fallback) {
+            int copy;
+            tp_status st = insert_identity_copy(g, v, &copy, err);
+            if (st != TP_OK)
+                return st;
+            for (int j = copy + 1; j < g->n_nodes; j++)
+                if (reads_peers(&g->nodes[j]) && g->nodes[j].inputs[0] == v)
+                    g->nodes[j].inputs[0] = copy;
+            i++;
+            if ((st = tp_graph_infer(g, g->batch, err)) != TP_OK)
+                return st;
+        } else if (!owner->symmetric) {
+            owner->symmetric = 1;
+        } else {
+            continue;
+        }
+        (*changed)++;
+    }
+    return TP_OK;
+}
