@@ -39,9 +39,11 @@ typedef struct tp_backend_iface {
     /* A compute or copy op (kind COMPUTE/COPY). */
     tp_status (*run_op)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                         int n_ins, tp_tensor *out, tp_err *err);
-    /* A collective; every rank calls it in the same order. */
-    tp_status (*collective)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *in,
-                            tp_tensor *out, tp_err *err);
+    /* A collective or fused comm+compute node (kind COLLECTIVE/FUSED); every
+     * rank calls it in the same order. ins[0] is the communicated operand;
+     * fused_matmul_reduce_scatter gets its symmetric workspace last. */
+    tp_status (*collective)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
+                            int n_ins, tp_tensor *out, tp_err *err);
     tp_status (*begin_capture)(tp_backend *b, int rank, tp_err *err);
     tp_status (*end_capture)(tp_backend *b, int rank, tp_capture **out, tp_err *err);
     tp_status (*replay)(tp_backend *b, int rank, tp_capture *c, tp_err *err);

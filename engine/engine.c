@@ -1,9 +1,11 @@
-/* engine.c — the public engine: load once, validate requests, pick (or
- * build and capture) the executable for the request's batch, run it.
+/* engine.c — the public engine: load and compile once (passes, a plan and a
+ * capture per batch bucket), then validate requests and run them.
  *
- * Executables are cached per batch size; the cache is bounded so a client
- * cycling through batch sizes cannot grow memory without limit (the batch
- * buckets of the execution plan replace this with a fixed set). */
+ * A batch of B rows runs in the smallest bucket >= B, padded with zero rows
+ * that are cut from the outputs; past the largest bucket it runs in several
+ * bucket-sized pieces. That is only sound when no op mixes batch rows
+ * (tp_plan_rows_independent); otherwise each exact batch size gets its own
+ * executable, captured on first use and kept in a bounded cache. */
 #include "engine.h"
 
 #include <pthread.h>
@@ -14,10 +16,19 @@
 #include "backend.h"
 #include "exec.h"
 #include "graph.h"
+#include "passes.h"
+#include "plan.h"
 #include "rank_group.h"
 #include "weights.h"
 
 #define EXEC_CACHE 8
+
+/* A bucket's executable plus padded staging for its inputs and outputs,
+ * allocated once so a run allocates nothing but the caller's results. */
+typedef struct {
+    tp_exec *x;
+    void **in_stage, **out_stage;
+} bucket;
 
 struct tp_engine {
     tp_graph *g;
@@ -25,8 +36,15 @@ struct tp_engine {
     tp_rank_group *rg;
     tp_weights *w;
     tp_io_desc *in_desc, *out_desc;
-    tp_exec *cache[EXEC_CACHE];
+    tp_exec_opts xopts;
+    int padded; /* rows independent: pad into buckets */
+    char why_exact[256];
+    int n_buckets;
+    int64_t bucket_size[TP_MAX_BUCKETS];
+    bucket buckets[TP_MAX_BUCKETS];
+    tp_exec *cache[EXEC_CACHE]; /* exact-batch executables (padded == 0) */
     unsigned long last_use[EXEC_CACHE], clock;
+    tp_engine_stats stats;
     pthread_mutex_t mu;
 };
 
@@ -80,6 +98,119 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
     return st;
 }
 
+static int batch_sharded(const tp_graph *g)
+{
+    for (int i = 0; i < g->n_inputs; i++) {
+        const tp_node *n = &g->nodes[g->input_ids[i]];
+        if (n->batched && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Buckets from the options, or 1,2,4,8,16 (times world_size when the batch
+ * itself is sharded across ranks, so every bucket divides evenly). */
+static tp_status choose_buckets(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+{
+    int64_t scale = batch_sharded(e->g) ? e->g->world_size : 1;
+    if (!o || !o->buckets || o->n_buckets == 0) {
+        e->n_buckets = 5;
+        for (int i = 0; i < 5; i++)
+            e->bucket_size[i] = ((int64_t)1 << i) * scale;
+        return TP_OK;
+    }
+    if (o->n_buckets > TP_MAX_BUCKETS)
+        return tp_fail(err, TP_INVALID, "at most %d batch buckets, got %d", TP_MAX_BUCKETS, o->n_buckets);
+    e->n_buckets = o->n_buckets;
+    for (int i = 0; i < o->n_buckets; i++) {
+        int64_t b = o->buckets[i];
+        if (b < 1 || (i > 0 && b <= o->buckets[i - 1]))
+            return tp_fail(err, TP_INVALID, "batch buckets must be positive and ascending (bucket %d is %lld)", i,
+                           (long long)b);
+        if (b % scale != 0)
+            return tp_fail(err, TP_INVALID, "bucket %lld is not divisible by world_size %lld (an input is sharded on the batch dim)",
+                           (long long)b, (long long)scale);
+        e->bucket_size[i] = b;
+    }
+    return TP_OK;
+}
+
+static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+{
+    tp_pass_opts po;
+    tp_pass_opts_default(&po);
+    if (o && o->no_passes)
+        for (int i = 0; i < TP_PASS_COUNT; i++)
+            po.disabled[i] = 1;
+    if (o && o->disable_passes) {
+        char list[256];
+        snprintf(list, sizeof list, "%s", o->disable_passes);
+        for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            if (tp_pass_disable(&po, tok) != 0)
+                return tp_fail(err, TP_INVALID, "unknown pass '%s'", tok);
+    }
+    /* size-based choices (collective lowering) are made at the largest bucket */
+    tp_status st = tp_graph_infer(e->g, e->bucket_size[e->n_buckets - 1], err);
+    tp_pass_result res[TP_PASS_COUNT];
+    return st == TP_OK ? tp_run_passes(e->g, &po, res, err) : st;
+}
+
+static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+static tp_status build_bucket(tp_engine *e, int k, tp_err *err)
+{
+    bucket *bk = &e->buckets[k];
+    tp_status st = tp_exec_create(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &bk->x, err);
+    if (st != TP_OK)
+        return st;
+    bk->in_stage = calloc((size_t)e->g->n_inputs + 1, sizeof(void *));
+    bk->out_stage = calloc((size_t)e->g->n_outputs + 1, sizeof(void *));
+    if (!bk->in_stage || !bk->out_stage)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    for (int i = 0; i < e->g->n_inputs; i++) {
+        const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
+        int64_t shape[TP_MAX_DIMS];
+        memcpy(shape, n->gshape, sizeof shape);
+        shape[0] = n->batched ? e->bucket_size[k] : shape[0];
+        tp_tensor t = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
+        if (!(bk->in_stage[i] = zalloc((size_t)tp_tensor_numel(&t) * tp_dtype_size(n->dtype))))
+            return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < e->g->n_outputs; i++) {
+        tp_tensor t = tp_exec_output_desc(bk->x, i);
+        if (!(bk->out_stage[i] = zalloc((size_t)tp_tensor_numel(&t) * tp_dtype_size(t.dtype))))
+            return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    const tp_plan *p = tp_exec_plan(bk->x);
+    for (int m = 0; m < TP_MEM_KINDS; m++)
+        e->stats.arena_bytes[m] += p->arena_bytes[m];
+    return TP_OK;
+}
+
+static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+{
+    tp_status st = choose_buckets(e, o, err);
+    if (st == TP_OK)
+        st = run_passes(e, o, err);
+    if (st == TP_OK)
+        st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
+    if (st == TP_OK)
+        st = tp_backend_create(o ? o->backend : NULL, e->g->world_size, &e->b, err);
+    if (st == TP_OK)
+        st = tp_rank_group_create(e->g->world_size, &e->rg, err);
+    if (st == TP_OK)
+        st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
+    for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
+        st = build_bucket(e, k, err);
+    if (st == TP_OK)
+        st = tp_graph_infer(e->g, e->bucket_size[0], err);
+    if (st == TP_OK)
+        st = build_io_descs(e, err);
+    e->stats.n_buckets = e->n_buckets;
+    memcpy(e->stats.bucket, e->bucket_size, sizeof e->stats.bucket);
+    return st;
+}
+
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err)
 {
@@ -88,15 +219,10 @@ tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, t
     if (!e)
         return tp_fail(err, TP_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
+    e->xopts.eager = opts && opts->eager;
     tp_status st = tp_graph_load(graph_path, &e->g, err);
     if (st == TP_OK)
-        st = tp_backend_create(opts ? opts->backend : NULL, e->g->world_size, &e->b, err);
-    if (st == TP_OK)
-        st = tp_rank_group_create(e->g->world_size, &e->rg, err);
-    if (st == TP_OK)
-        st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
-    if (st == TP_OK)
-        st = build_io_descs(e, err);
+        st = compile(e, opts, err);
     if (st != TP_OK) {
         tp_engine_free(e);
         return st;
@@ -111,6 +237,16 @@ void tp_engine_free(tp_engine *e)
         return;
     for (int i = 0; i < EXEC_CACHE; i++)
         tp_exec_free(e->cache[i]);
+    for (int k = 0; k < e->n_buckets; k++) {
+        bucket *bk = &e->buckets[k];
+        for (int i = 0; bk->in_stage && i < e->g->n_inputs; i++)
+            free(bk->in_stage[i]);
+        for (int i = 0; bk->out_stage && i < e->g->n_outputs; i++)
+            free(bk->out_stage[i]);
+        free(bk->in_stage);
+        free(bk->out_stage);
+        tp_exec_free(bk->x);
+    }
     tp_weights_free(e->w);
     tp_rank_group_free(e->rg);
     tp_backend_destroy(e->b);
@@ -191,7 +327,19 @@ static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, con
     return TP_OK;
 }
 
-static tp_status get_exec(tp_engine *e, int64_t batch, tp_exec **out, tp_err *err)
+static void add_run_stats(tp_engine *e, const tp_exec_stats *xs, int bucket_index)
+{
+    e->stats.executions++;
+    if (bucket_index >= 0)
+        e->stats.bucket_runs[bucket_index]++;
+    else
+        e->stats.exact_runs++;
+    e->stats.symmetric_copy_bytes += (uint64_t)xs->input_copy_bytes[TP_MEM_SYMMETRIC];
+    e->stats.regular_copy_bytes += (uint64_t)xs->input_copy_bytes[TP_MEM_INPUT];
+}
+
+/* Exact-batch executable from the bounded cache (graphs that mix rows). */
+static tp_status get_exact(tp_engine *e, int64_t batch, tp_exec **out, tp_err *err)
 {
     int victim = 0;
     e->clock++;
@@ -205,7 +353,7 @@ static tp_status get_exec(tp_engine *e, int64_t batch, tp_exec **out, tp_err *er
             victim = i;
     }
     tp_exec *x;
-    tp_status st = tp_exec_create(e->g, batch, e->b, e->rg, e->w, &x, err);
+    tp_status st = tp_exec_create(e->g, batch, e->b, e->rg, e->w, &e->xopts, &x, err);
     if (st != TP_OK)
         return st;
     tp_exec_free(e->cache[victim]);
@@ -215,42 +363,128 @@ static tp_status get_exec(tp_engine *e, int64_t batch, tp_exec **out, tp_err *er
     return TP_OK;
 }
 
-static tp_status alloc_outputs(tp_engine *e, tp_exec *x, tp_host_tensor *outs, tp_tensor *desc, tp_err *err)
+/* Caller-owned results: global output shapes with the batch dim = batch. */
+static tp_status alloc_results(tp_engine *e, int64_t batch, tp_host_tensor *outs, tp_err *err)
 {
     for (int i = 0; i < e->g->n_outputs; i++) {
-        desc[i] = tp_exec_output_desc(x, i);
+        const tp_io_desc *d = &e->out_desc[i];
         tp_host_tensor *o = &outs[i];
-        snprintf(o->name, sizeof o->name, "%s", e->out_desc[i].name);
-        o->dtype = desc[i].dtype;
-        o->ndim = desc[i].ndim;
-        memcpy(o->shape, desc[i].shape, sizeof o->shape);
-        o->nbytes = (size_t)tp_tensor_numel(&desc[i]) * tp_dtype_size(o->dtype);
-        o->data = malloc(o->nbytes ? o->nbytes : 1);
-        if (!o->data)
-            return tp_fail(err, TP_NOMEM, "output '%s': cannot allocate %zu bytes", o->name, o->nbytes);
-        desc[i].data = o->data;
+        snprintf(o->name, sizeof o->name, "%s", d->name);
+        o->dtype = d->dtype;
+        o->ndim = d->ndim;
+        size_t n = tp_dtype_size(d->dtype);
+        for (int k = 0; k < d->ndim; k++) {
+            o->shape[k] = d->shape[k] < 0 ? batch : d->shape[k];
+            n *= (size_t)o->shape[k];
+        }
+        o->nbytes = n;
+        if (!(o->data = malloc(n ? n : 1)))
+            return tp_fail(err, TP_NOMEM, "output '%s': cannot allocate %zu bytes", o->name, n);
     }
     return TP_OK;
+}
+
+static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+                           tp_err *err)
+{
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor in_t[ni + 1], out_t[no + 1];
+    tp_exec *x;
+    tp_status st = get_exact(e, batch, &x, err);
+    if (st == TP_OK)
+        st = alloc_results(e, batch, outs, err);
+    if (st != TP_OK)
+        return st;
+    for (int i = 0; i < ni; i++)
+        in_t[i] = tp_tensor_make(in[i]->data, in[i]->dtype, in[i]->ndim, in[i]->shape);
+    for (int i = 0; i < no; i++) {
+        out_t[i] = tp_exec_output_desc(x, i);
+        out_t[i].data = outs[i].data;
+    }
+    tp_exec_stats xs = {0};
+    st = tp_exec_run(x, in_t, out_t, &xs, err);
+    add_run_stats(e, &xs, -1);
+    return st;
+}
+
+/* Rows [row, row+n) of every batched input into the bucket's staging, the
+ * rest of the bucket zeroed (never another request's leftovers). */
+static void stage_inputs(tp_engine *e, bucket *bk, int64_t bsize, const tp_host_tensor **in, int64_t batch,
+                         int64_t row, int64_t n, tp_tensor *in_t)
+{
+    for (int i = 0; i < e->g->n_inputs; i++) {
+        const tp_host_tensor *t = in[i];
+        int batched = e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
+        int64_t shape[TP_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof shape);
+        if (batched) {
+            size_t rb = t->nbytes / (size_t)batch;
+            memcpy(bk->in_stage[i], (char *)t->data + (size_t)row * rb, (size_t)n * rb);
+            memset((char *)bk->in_stage[i] + (size_t)n * rb, 0, (size_t)(bsize - n) * rb);
+            shape[0] = bsize;
+        } else {
+            memcpy(bk->in_stage[i], t->data, t->nbytes);
+        }
+        in_t[i] = tp_tensor_make(bk->in_stage[i], t->dtype, t->ndim, shape);
+    }
+}
+
+static void unstage_outputs(tp_engine *e, bucket *bk, int64_t batch, int64_t row, int64_t n, tp_host_tensor *outs)
+{
+    for (int i = 0; i < e->g->n_outputs; i++) {
+        tp_host_tensor *o = &outs[i];
+        if (e->out_desc[i].ndim > 0 && e->out_desc[i].shape[0] < 0) {
+            size_t rb = o->nbytes / (size_t)batch;
+            memcpy((char *)o->data + (size_t)row * rb, bk->out_stage[i], (size_t)n * rb);
+        } else if (row == 0) {
+            memcpy(o->data, bk->out_stage[i], o->nbytes);
+        }
+    }
+}
+
+static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+                            tp_err *err)
+{
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor in_t[ni + 1], out_t[no + 1];
+    tp_status st = alloc_results(e, batch, outs, err);
+    int64_t max = e->bucket_size[e->n_buckets - 1];
+    for (int64_t row = 0; st == TP_OK && row < batch; row += max) {
+        int64_t n = batch - row < max ? batch - row : max;
+        int k = 0;
+        while (e->bucket_size[k] < n)
+            k++;
+        bucket *bk = &e->buckets[k];
+        stage_inputs(e, bk, e->bucket_size[k], in, batch, row, n, in_t);
+        for (int i = 0; i < no; i++) {
+            out_t[i] = tp_exec_output_desc(bk->x, i);
+            out_t[i].data = bk->out_stage[i];
+        }
+        tp_exec_stats xs = {0};
+        st = tp_exec_run(bk->x, in_t, out_t, &xs, err);
+        add_run_stats(e, &xs, k);
+        if (st == TP_OK)
+            unstage_outputs(e, bk, batch, row, n, outs);
+    }
+    return st;
 }
 
 static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
                               tp_host_tensor *outs, tp_err *err)
 {
-    int ni = e->g->n_inputs, no = e->g->n_outputs;
-    const tp_host_tensor *ordered[ni + 1];
-    tp_tensor in_t[ni + 1], out_t[no + 1];
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
     int64_t batch = 0;
-    tp_exec *x;
     tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
+    if (st == TP_OK && batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
+        return tp_fail(err, TP_INVALID, "batch %lld is not divisible by world_size %d (the batch is sharded across ranks)",
+                       (long long)batch, e->g->world_size);
     if (st == TP_OK)
-        st = get_exec(e, batch, &x, err);
-    if (st == TP_OK)
-        st = alloc_outputs(e, x, outs, out_t, err);
-    if (st != TP_OK)
-        return st;
-    for (int i = 0; i < ni; i++)
-        in_t[i] = tp_tensor_make(ordered[i]->data, ordered[i]->dtype, ordered[i]->ndim, ordered[i]->shape);
-    return tp_exec_run(x, in_t, out_t, err);
+        st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
+    if (st == TP_OK) {
+        e->stats.requests++;
+        e->stats.rows += (uint64_t)batch;
+    }
+    return st;
 }
 
 tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
@@ -271,6 +505,20 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     *outputs = outs;
     *n_outputs = e->g->n_outputs;
     return TP_OK;
+}
+
+void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int tp_engine_padded(const tp_engine *e, const char **why)
+{
+    if (why)
+        *why = e->padded ? "" : e->why_exact;
+    return e->padded;
 }
 
 void tp_host_tensors_free(tp_host_tensor *t, int n)

@@ -15,9 +15,27 @@
 
 typedef struct tp_engine tp_engine;
 
+#define TP_MAX_BUCKETS 16
+
 typedef struct {
-    const char *backend; /* "cpu" (default when NULL), "cuda", "auto" */
+    const char *backend;        /* "cpu" (default when NULL), "cuda", "auto" */
+    const int64_t *buckets;     /* batch buckets, ascending; NULL: 1,2,4,8,16 */
+    int n_buckets;
+    int no_passes;              /* skip every graph pass */
+    const char *disable_passes; /* comma-separated pass names to skip */
+    int eager;                  /* run without capture (for comparison) */
 } tp_engine_opts;
+
+/* Counters since load, for /metrics and tests. */
+typedef struct {
+    uint64_t requests, rows, executions; /* executions: graph runs (replays of a bucket) */
+    int n_buckets;
+    int64_t bucket[TP_MAX_BUCKETS];
+    uint64_t bucket_runs[TP_MAX_BUCKETS];
+    uint64_t exact_runs;                 /* runs at an exact batch (no padding) */
+    uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
+    int64_t arena_bytes[5];              /* per rank, summed over buckets, by tp_mem_kind */
+} tp_engine_stats;
 
 /* A global, contiguous, row-major host tensor. Request inputs are owned by
  * the caller; outputs returned by tp_engine_infer are owned by the caller
@@ -58,5 +76,9 @@ const tp_io_desc *tp_engine_output(const tp_engine *e, int i);
 tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
                           tp_host_tensor **outputs, int *n_outputs, tp_err *err);
 void tp_host_tensors_free(tp_host_tensor *t, int n);
+
+void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
+/* Whether batches are padded into buckets; if not, why (a node mixing rows). */
+int tp_engine_padded(const tp_engine *e, const char **why);
 
 #endif

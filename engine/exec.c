@@ -1,19 +1,20 @@
-/* exec.c — bind, capture, replay.
+/* exec.c — bind the plan to memory, capture, replay.
  *
- * Every node that owns memory gets one buffer per rank here, before capture
- * (the memory planner of a later stage replaces the one-buffer-per-node
- * policy with liveness-based arenas). Views are tensors pointing into their
- * owner's buffer. Capture then records each rank's kernels with those
- * pointers baked in, so a run is: copy in, replay, copy out. */
+ * Every buffer is placed before any capture: one allocation per arena per
+ * rank (regular, symmetric, input slots, outputs), each value at its planned
+ * offset, views pointing into their owner. Capture then records each
+ * captured partition's kernels with those addresses baked in, so a run is:
+ * copy in, replay / run fallbacks, copy out. */
 #include "exec.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    tp_tensor *t; /* per node: the rank-local tensor */
-    void **buf;   /* per node: memory this rank allocated for it, or NULL */
-    tp_capture *cap;
+    void *arena[TP_MEM_KINDS];
+    tp_tensor *t;       /* per node: the rank-local tensor */
+    tp_tensor *ws;      /* per node: fused workspace, if any */
+    tp_capture **cap;   /* per partition: the record (captured ones) */
 } rank_state;
 
 struct tp_exec {
@@ -21,83 +22,113 @@ struct tp_exec {
     tp_backend *b;
     tp_rank_group *rg;
     const tp_weights *w;
+    tp_plan *plan;
+    tp_exec_opts opts;
     int64_t batch;
     int world;
     rank_state *rs;
-    tp_tensor *out_desc; /* global output descriptors */
+    tp_tensor *out_desc;
     /* per-run arguments */
     const tp_tensor *run_in;
     tp_tensor *run_out;
+    tp_exec_stats *stats;
 };
 
-static size_t tensor_bytes(const tp_node *n)
+static void *param_data(const tp_exec *x, int rank, int node)
 {
-    size_t e = tp_dtype_size(n->dtype);
-    for (int i = 0; i < n->ndim; i++)
-        e *= (size_t)n->shape[i];
-    return e;
+    for (int p = 0; p < x->g->n_params; p++)
+        if (x->g->param_ids[p] == node)
+            return tp_weights_get(x->w, rank, p);
+    return NULL;
+}
+
+static tp_status alloc_arenas(tp_exec *x, int rank, tp_err *err)
+{
+    const tp_backend_iface *bi = x->b->iface;
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
+        size_t bytes = (size_t)x->plan->arena_bytes[k];
+        tp_status st = k == TP_MEM_SYMMETRIC ? bi->alloc_symmetric(x->b, rank, bytes, &x->rs[rank].arena[k], err)
+                                             : bi->alloc(x->b, rank, bytes, &x->rs[rank].arena[k], err);
+        if (st != TP_OK)
+            return tp_fail(err, st, "%s arena of %zu bytes: %s", tp_mem_kind_name((tp_mem_kind)k), bytes, err->msg);
+    }
+    return TP_OK;
 }
 
 static tp_status bind_rank(tp_exec *x, int rank, tp_err *err)
 {
     rank_state *s = &x->rs[rank];
     tp_graph *g = x->g;
-    for (int i = 0; i < g->n_nodes; i++) {
-        tp_node *n = &g->nodes[i];
-        if (n->op == TP_OP_PARAM || !tp_node_owns(g, i))
-            continue;
-        tp_status st = x->b->iface->alloc(x->b, rank, tensor_bytes(n), &s->buf[i], err);
-        if (st != TP_OK)
-            return tp_fail(err, st, "node '%s': %s", n->name, err->msg);
-    }
-    for (int p = 0; p < g->n_params; p++)
-        s->buf[g->param_ids[p]] = NULL;
-    for (int i = 0; i < g->n_nodes; i++) {
-        tp_node *n = &g->nodes[i];
-        const tp_node *owner = &g->nodes[n->storage];
-        char *base = owner->op == TP_OP_PARAM ? NULL : s->buf[n->storage];
-        if (owner->op == TP_OP_PARAM) {
-            for (int p = 0; p < g->n_params; p++)
-                if (g->param_ids[p] == n->storage)
-                    base = tp_weights_get(x->w, rank, p);
-        }
+    tp_status st = alloc_arenas(x, rank, err);
+    for (int i = 0; st == TP_OK && i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        const tp_buf *ob = &x->plan->buf[n->storage];
+        char *base = ob->kind == TP_MEM_NONE ? param_data(x, rank, n->storage)
+                                             : (char *)s->arena[ob->kind] + ob->offset;
         tp_tensor *t = &s->t[i];
         t->data = base + n->offset * (int64_t)tp_dtype_size(n->dtype);
         t->dtype = n->dtype;
         t->ndim = n->ndim;
         memcpy(t->shape, n->shape, sizeof t->shape);
         memcpy(t->stride, n->stride, sizeof t->stride);
+        const tp_buf *b = &x->plan->buf[i];
+        if (b->ws_bytes) {
+            int64_t shape[1] = {b->ws_bytes / (int64_t)tp_dtype_size(n->dtype)};
+            s->ws[i] = tp_tensor_make((char *)s->arena[TP_MEM_SYMMETRIC] + b->ws_offset, n->dtype, 1, shape);
+        }
     }
+    return st;
+}
+
+/* Issues node i's kernel on a rank: recorded when capturing, else run. */
+static tp_status issue_node(tp_exec *x, int rank, int i, tp_err *err)
+{
+    const tp_node *n = &x->g->nodes[i];
+    rank_state *s = &x->rs[rank];
+    const tp_backend_iface *bi = x->b->iface;
+    tp_tensor ins[20];
+    int nin = n->n_inputs;
+    for (int j = 0; j < nin; j++)
+        ins[j] = s->t[n->inputs[j]];
+    if (x->plan->buf[i].ws_bytes)
+        ins[nin++] = s->ws[i];
+    tp_op_kind k = tp_op_kind_of(n->op);
+    tp_status st = k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED
+                       ? bi->collective(x->b, rank, n->op, &n->attrs, ins, nin, &s->t[i], err)
+                       : bi->run_op(x->b, rank, n->op, &n->attrs, ins, nin, &s->t[i], err);
+    if (st != TP_OK)
+        tp_err_prefix(err, "node '%s': ", n->name);
+    return st;
+}
+
+static tp_status run_partition_eager(tp_exec *x, int rank, const tp_partition *p, tp_err *err)
+{
+    for (int k = 0; k < p->n_nodes; k++) {
+        tp_status st = issue_node(x, rank, p->nodes[k], err);
+        if (st != TP_OK)
+            return st;
+    }
+    if (x->stats && rank == 0)
+        x->stats->eager_nodes += p->n_nodes;
     return TP_OK;
 }
 
-/* Records one rank's kernels: every node that owns memory and is computed
- * (views and aliasing reshapes/contiguous have nothing to run). */
 static tp_status capture_rank(tp_exec *x, int rank, tp_err *err)
 {
-    tp_graph *g = x->g;
-    rank_state *s = &x->rs[rank];
     const tp_backend_iface *bi = x->b->iface;
-    tp_status st = bi->begin_capture(x->b, rank, err);
-    for (int i = 0; st == TP_OK && i < g->n_nodes; i++) {
-        tp_node *n = &g->nodes[i];
-        tp_op_kind k = tp_op_kind_of(n->op);
-        if (k == TP_KIND_SOURCE || !tp_node_owns(g, i))
+    for (int p = 0; p < x->plan->n_parts; p++) {
+        const tp_partition *part = &x->plan->parts[p];
+        if (part->kind != TP_PART_CAPTURED || x->opts.eager)
             continue;
-        tp_tensor ins[64];
-        for (int j = 0; j < n->n_inputs; j++)
-            ins[j] = s->t[n->inputs[j]];
-        if (k == TP_KIND_COLLECTIVE)
-            st = bi->collective(x->b, rank, n->op, &n->attrs, &ins[0], &s->t[i], err);
-        else
-            st = bi->run_op(x->b, rank, n->op, &n->attrs, ins, n->n_inputs, &s->t[i], err);
+        tp_status st = bi->begin_capture(x->b, rank, err);
         if (st != TP_OK)
-            tp_err_prefix(err, "node '%s': ", n->name);
+            return st;
+        st = run_partition_eager(x, rank, part, err); /* recorded, not run */
+        tp_status st2 = bi->end_capture(x->b, rank, &x->rs[rank].cap[p], st == TP_OK ? err : NULL);
+        if (st != TP_OK || st2 != TP_OK)
+            return st != TP_OK ? st : st2;
     }
-    tp_capture *cap = NULL;
-    tp_status st2 = bi->end_capture(x->b, rank, &cap, st == TP_OK ? err : NULL);
-    s->cap = cap;
-    return st != TP_OK ? st : st2;
+    return TP_OK;
 }
 
 static tp_status setup_rank(void *ctx, int rank, tp_err *err)
@@ -118,29 +149,55 @@ static tp_tensor rank_part(const tp_tensor *global, tp_placement p, int rank, in
     return v;
 }
 
-static tp_status run_rank(void *ctx, int rank, tp_err *err)
+static tp_status copy_inputs(tp_exec *x, int rank, tp_err *err)
 {
-    tp_exec *x = ctx;
     tp_graph *g = x->g;
-    rank_state *s = &x->rs[rank];
-    const tp_backend_iface *bi = x->b->iface;
-    tp_status st = TP_OK;
-    for (int i = 0; st == TP_OK && i < g->n_inputs; i++) {
-        const tp_node *n = &g->nodes[g->input_ids[i]];
-        tp_tensor src = rank_part(&x->run_in[i], n->placement, rank, x->world);
-        st = bi->copy_in(x->b, rank, &s->t[g->input_ids[i]], &src, err);
+    for (int i = 0; i < g->n_inputs; i++) {
+        int id = g->input_ids[i];
+        tp_tensor src = rank_part(&x->run_in[i], g->nodes[id].placement, rank, x->world);
+        tp_status st = x->b->iface->copy_in(x->b, rank, &x->rs[rank].t[id], &src, err);
+        if (st != TP_OK)
+            return st;
+        if (x->stats && rank == 0)
+            x->stats->input_copy_bytes[x->plan->buf[id].kind] +=
+                tp_tensor_numel(&src) * (int64_t)tp_dtype_size(src.dtype) * x->world;
     }
-    if (st == TP_OK)
-        st = bi->replay(x->b, rank, s->cap, err);
-    for (int i = 0; st == TP_OK && i < g->n_outputs; i++) {
+    return TP_OK;
+}
+
+static tp_status copy_outputs(tp_exec *x, int rank, tp_err *err)
+{
+    tp_graph *g = x->g;
+    for (int i = 0; i < g->n_outputs; i++) {
         tp_placement p = g->output_place[i];
         if (p.kind == TP_PLACE_REPLICATE && rank != 0)
             continue;
         tp_tensor dst = rank_part(&x->run_out[i], p, rank, x->world);
-        st = bi->copy_out(x->b, rank, &dst, &s->t[g->output_ids[i]], err);
+        tp_status st = x->b->iface->copy_out(x->b, rank, &dst, &x->rs[rank].t[g->output_ids[i]], err);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+static tp_status run_rank(void *ctx, int rank, tp_err *err)
+{
+    tp_exec *x = ctx;
+    rank_state *s = &x->rs[rank];
+    tp_status st = copy_inputs(x, rank, err);
+    for (int p = 0; st == TP_OK && p < x->plan->n_parts; p++) {
+        if (s->cap[p]) {
+            st = x->b->iface->replay(x->b, rank, s->cap[p], err);
+            if (x->stats && rank == 0)
+                x->stats->replays++;
+        } else {
+            st = run_partition_eager(x, rank, &x->plan->parts[p], err);
+        }
     }
     if (st == TP_OK)
-        st = bi->synchronize(x->b, rank, err);
+        st = copy_outputs(x, rank, err);
+    if (st == TP_OK)
+        st = x->b->iface->synchronize(x->b, rank, err);
     return st;
 }
 
@@ -163,8 +220,24 @@ static tp_status build_output_descs(tp_exec *x, tp_err *err)
     return TP_OK;
 }
 
+static tp_status alloc_rank_states(tp_exec *x, tp_err *err)
+{
+    int n = x->g->n_nodes + 1, np = x->plan->n_parts + 1;
+    x->rs = calloc((size_t)x->world, sizeof *x->rs);
+    if (!x->rs)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    for (int r = 0; r < x->world; r++) {
+        x->rs[r].t = calloc((size_t)n, sizeof(tp_tensor));
+        x->rs[r].ws = calloc((size_t)n, sizeof(tp_tensor));
+        x->rs[r].cap = calloc((size_t)np, sizeof(tp_capture *));
+        if (!x->rs[r].t || !x->rs[r].ws || !x->rs[r].cap)
+            return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    return TP_OK;
+}
+
 tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_group *rg,
-                         const tp_weights *w, tp_exec **out, tp_err *err)
+                         const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
 {
     tp_status st = tp_graph_infer(g, batch, err);
     if (st != TP_OK)
@@ -173,21 +246,17 @@ tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_grou
     if (!x)
         return tp_fail(err, TP_NOMEM, "out of memory");
     *x = (tp_exec){.g = g, .b = b, .rg = rg, .w = w, .batch = batch, .world = g->world_size};
-    x->rs = calloc((size_t)x->world, sizeof *x->rs);
-    for (int r = 0; x->rs && r < x->world; r++) {
-        x->rs[r].t = calloc((size_t)g->n_nodes + 1, sizeof(tp_tensor));
-        x->rs[r].buf = calloc((size_t)g->n_nodes + 1, sizeof(void *));
-        if (!x->rs[r].t || !x->rs[r].buf)
-            st = TP_NOMEM;
-    }
-    if (!x->rs || st != TP_OK) {
-        tp_exec_free(x);
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    }
-    st = build_output_descs(x, err);
+    if (o)
+        x->opts = *o;
+    st = tp_plan_build(g, &x->plan, err);
     if (st == TP_OK)
+        st = alloc_rank_states(x, err);
+    if (st == TP_OK)
+        st = build_output_descs(x, err);
+    if (st == TP_OK) {
         st = tp_rank_group_run(rg, setup_rank, x, abort_backend, b, err);
-    b->iface->reset(b);
+        b->iface->reset(b);
+    }
     if (st != TP_OK) {
         tp_exec_free(x);
         return st;
@@ -202,27 +271,35 @@ void tp_exec_free(tp_exec *x)
         return;
     for (int r = 0; x->rs && r < x->world; r++) {
         rank_state *s = &x->rs[r];
-        if (s->cap)
-            x->b->iface->capture_free(x->b, s->cap);
-        for (int i = 0; s->buf && i < x->g->n_nodes; i++)
-            if (s->buf[i])
-                x->b->iface->free(x->b, r, s->buf[i]);
+        for (int p = 0; s->cap && p < x->plan->n_parts; p++)
+            if (s->cap[p])
+                x->b->iface->capture_free(x->b, s->cap[p]);
+        for (int k = 0; k < TP_MEM_KINDS; k++)
+            if (s->arena[k])
+                x->b->iface->free(x->b, r, s->arena[k]);
         free(s->t);
-        free(s->buf);
+        free(s->ws);
+        free(s->cap);
     }
     free(x->rs);
     free(x->out_desc);
+    tp_plan_free(x->plan);
     free(x);
 }
 
 int64_t tp_exec_batch(const tp_exec *x) { return x->batch; }
+const tp_plan *tp_exec_plan(const tp_exec *x) { return x->plan; }
 tp_tensor tp_exec_output_desc(const tp_exec *x, int i) { return x->out_desc[i]; }
+tp_tensor tp_exec_node_tensor(const tp_exec *x, int rank, int i) { return x->rs[rank].t[i]; }
 
-tp_status tp_exec_run(tp_exec *x, const tp_tensor *inputs, tp_tensor *outputs, tp_err *err)
+tp_status tp_exec_run(tp_exec *x, const tp_tensor *inputs, tp_tensor *outputs, tp_exec_stats *stats,
+                      tp_err *err)
 {
     x->run_in = inputs;
     x->run_out = outputs;
+    x->stats = stats;
     tp_status st = tp_rank_group_run(x->rg, run_rank, x, abort_backend, x->b, err);
     x->b->iface->reset(x->b);
+    x->stats = NULL;
     return st;
 }

@@ -138,6 +138,12 @@ static tp_status fuse_gather(tp_graph *g, int ag, int a, int *changed, tp_err *e
         }
         start += width[i];
     }
+    /* the gather (and a view between it and the matmuls) stays only if
+     * something else still reads the gathered tensor */
+    if (a != ag && tp_graph_n_users(g, a) == 0)
+        tp_graph_remove(g, a);
+    if (tp_graph_n_users(g, ag) == 0)
+        tp_graph_remove(g, ag);
     *changed += 1;
     return TP_OK;
 }

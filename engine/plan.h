@@ -13,6 +13,7 @@
 #ifndef TP_PLAN_H
 #define TP_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "graph.h"
@@ -65,6 +66,11 @@ typedef struct {
     int64_t offset; /* out */
 } tp_mem_item;
 tp_status tp_plan_arena(tp_mem_item *items, int n, int64_t *arena_bytes, int *n_blocks, tp_err *err);
+
+/* plan_rows.c: whether batch rows never mix, so a batch can be padded to a
+ * bucket and outputs cut back to B rows. When not, *why says which node. */
+tp_status tp_plan_rows_independent(tp_graph *g, int64_t b1, int *independent, char *why, size_t why_len,
+                                   tp_err *err);
 
 /* Whether a node runs a kernel (owns its output and is not a source). */
 int tp_plan_node_runs(const tp_graph *g, int i);

@@ -3,6 +3,8 @@
 #include <jansson.h>
 #include <stdlib.h>
 
+#include "plan.h"
+
 static json_t *int_array(int n, const int64_t *v)
 {
     json_t *a = json_array();
@@ -22,74 +24,183 @@ static int node_contiguous(const tp_node *n)
     return tp_tensor_is_contiguous(&t);
 }
 
-static json_t *node_json(const tp_graph *g, int i)
+static int64_t node_bytes(const tp_node *n)
+{
+    int64_t b = (int64_t)tp_dtype_size(n->dtype);
+    for (int i = 0; i < n->ndim; i++)
+        b *= n->shape[i];
+    return b;
+}
+
+static json_t *node_json(const tp_graph *g, const tp_plan *p, int i)
 {
     const tp_node *n = &g->nodes[i];
-    json_t *o = json_object();
     json_t *ins = json_array();
     for (int k = 0; k < n->n_inputs; k++)
         json_array_append_new(ins, json_string(g->nodes[n->inputs[k]].name));
-    json_object_set_new(o, "name", json_string(n->name));
-    json_object_set_new(o, "op", json_string(tp_op_name(n->op)));
-    json_object_set_new(o, "inputs", ins);
-    json_object_set_new(o, "shape", int_array(n->ndim, n->shape));
-    json_object_set_new(o, "dtype", json_string(tp_dtype_name(n->dtype)));
-    json_object_set_new(o, "strides", int_array(n->ndim, n->stride));
-    json_object_set_new(o, "contiguous", json_boolean(node_contiguous(n)));
-    json_object_set_new(o, "storage", json_string(g->nodes[n->storage].name));
-    json_object_set_new(o, "offset", json_integer(n->offset));
+    json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:s, s:o, s:b, s:s, s:I}", "name", n->name, "op",
+                          tp_op_name(n->op), "inputs", ins, "shape", int_array(n->ndim, n->shape), "dtype",
+                          tp_dtype_name(n->dtype), "strides", int_array(n->ndim, n->stride), "contiguous",
+                          node_contiguous(n), "storage", g->nodes[n->storage].name, "offset", (json_int_t)n->offset);
+    const tp_buf *b = &p->buf[i];
+    if (b->kind != TP_MEM_NONE)
+        json_object_set_new(o, "memory", json_pack("{s:s, s:I, s:I}", "arena", tp_mem_kind_name(b->kind), "offset",
+                                                   (json_int_t)b->offset, "bytes", (json_int_t)b->bytes));
     if (n->fallback)
         json_object_set_new(o, "fallback", json_true());
     return o;
 }
 
-static tp_status print_json(const tp_graph *g, FILE *out, tp_err *err)
+static json_t *collectives_json(const tp_graph *g)
 {
-    json_t *root = json_object(), *nodes = json_array();
-    json_object_set_new(root, "name", json_string(g->name));
-    json_object_set_new(root, "world_size", json_integer(g->world_size));
-    json_object_set_new(root, "batch", json_integer(g->batch));
-    for (int i = 0; i < g->n_nodes; i++)
-        json_array_append_new(nodes, node_json(g, i));
-    json_object_set_new(root, "nodes", nodes);
-    char *s = json_dumps(root, JSON_INDENT(1));
-    json_decref(root);
-    if (!s)
-        return tp_fail(err, TP_NOMEM, "plan: out of memory");
-    fprintf(out, "%s\n", s);
-    free(s);
-    return TP_OK;
-}
-
-static void print_text(const tp_graph *g, FILE *out)
-{
-    fprintf(out, "graph %s: world_size %d, batch %lld, %d nodes\n", g->name, g->world_size,
-            (long long)g->batch, g->n_nodes);
+    json_t *a = json_array();
     for (int i = 0; i < g->n_nodes; i++) {
         const tp_node *n = &g->nodes[i];
-        char shape[160], strides[160], ins[256] = "";
+        tp_op_kind k = tp_op_kind_of(n->op);
+        if (k != TP_KIND_COLLECTIVE && k != TP_KIND_FUSED)
+            continue;
+        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:I}", "node", n->name, "op", tp_op_name(n->op),
+                                           "algorithm", tp_algo_name(n->attrs.algo), "bytes",
+                                           (json_int_t)node_bytes(&g->nodes[n->inputs[0]])));
+    }
+    return a;
+}
+
+static json_t *partitions_json(const tp_graph *g, const tp_plan *p, json_t **hoisted)
+{
+    json_t *a = json_array();
+    *hoisted = json_array();
+    for (int i = 0; i < p->n_parts; i++) {
+        json_t *names = json_array();
+        for (int k = 0; k < p->parts[i].n_nodes; k++)
+            json_array_append_new(names, json_string(g->nodes[p->parts[i].nodes[k]].name));
+        json_array_append_new(a, json_pack("{s:i, s:s, s:o}", "id", i, "kind",
+                                           p->parts[i].kind == TP_PART_CAPTURED ? "captured" : "fallback", "nodes", names));
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (p->buf[i].hoisted)
+            json_array_append_new(*hoisted, json_pack("{s:s, s:I, s:i}", "node", g->nodes[i].name, "bytes",
+                                                      (json_int_t)p->buf[i].bytes, "partition", p->part_of[i]));
+    return a;
+}
+
+static json_t *input_copies_json(const tp_graph *g, int cuda)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < g->n_inputs; i++) {
+        const tp_node *n = &g->nodes[g->input_ids[i]];
+        json_array_append_new(a, json_pack("{s:s, s:s, s:s}", "input", n->name, "into",
+                                           n->symmetric ? "symmetric" : "regular", "method", cuda ? "dma" : "memcpy"));
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TP_OP_IDENTITY_COPY)
+            json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:s}", "input", g->nodes[g->nodes[i].inputs[0]].name,
+                                               "into", "symmetric", "method", "identity_copy", "node", g->nodes[i].name));
+    return a;
+}
+
+static json_t *memory_json(const tp_plan *p)
+{
+    return json_pack("{s:i, s:i, s:I, s:I, s:b, s:{s:I, s:I, s:I, s:I}}", "regular_buffers",
+                     p->n_buffers[TP_MEM_REGULAR], "symmetric_buffers", p->n_buffers[TP_MEM_SYMMETRIC], "peak_bytes",
+                     (json_int_t)p->peak_bytes, "naive_bytes", (json_int_t)p->naive_bytes, "symmetric_offsets_equal",
+                     p->symmetric_offsets_equal, "arena_bytes", "regular", (json_int_t)p->arena_bytes[TP_MEM_REGULAR],
+                     "symmetric", (json_int_t)p->arena_bytes[TP_MEM_SYMMETRIC], "input",
+                     (json_int_t)p->arena_bytes[TP_MEM_INPUT], "output", (json_int_t)p->arena_bytes[TP_MEM_OUTPUT]);
+}
+
+static json_t *report_json(const tp_graph *g, const tp_plan *p, const tp_report_opts *o)
+{
+    json_t *nodes = json_array(), *passes = json_array(), *hoisted;
+    for (int i = 0; i < g->n_nodes; i++)
+        json_array_append_new(nodes, node_json(g, p, i));
+    for (int i = 0; o->passes && i < TP_PASS_COUNT; i++)
+        json_array_append_new(passes, json_pack("{s:s, s:b, s:i}", "name", o->passes[i].name, "ran",
+                                                o->passes[i].ran, "changed", o->passes[i].changed));
+    json_t *parts = partitions_json(g, p, &hoisted);
+    return json_pack("{s:s, s:i, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", g->name, "world_size",
+                     g->world_size, "batch", (json_int_t)g->batch, "batching",
+                     o->padding ? o->padding : "padded into buckets", "nodes", nodes, "passes", passes, "collectives",
+                     collectives_json(g), "partitions", parts, "hoisted", hoisted, "input_copies",
+                     input_copies_json(g, o->cuda), "memory", memory_json(p));
+}
+
+static void print_nodes(const tp_graph *g, const tp_plan *p, FILE *out)
+{
+    fprintf(out, "%-28s %-27s %-6s %-18s %-18s %-10s %s\n", "node", "op", "dtype", "shape", "strides", "memory", "inputs");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        char shape[96], strides[96], mem[64], ins[256] = "";
         int off = 0;
         for (int k = 0; k < n->n_inputs && off < (int)sizeof ins; k++)
             off += snprintf(ins + off, sizeof ins - (size_t)off, "%s%s", k ? ", " : "", g->nodes[n->inputs[k]].name);
-        fprintf(out, "  %-20s %-15s %-6s %-18s strides %-18s %s", n->name, tp_op_name(n->op),
-                tp_dtype_name(n->dtype), tp_shape_str(shape, sizeof shape, n->ndim, n->shape),
-                tp_shape_str(strides, sizeof strides, n->ndim, n->stride),
-                node_contiguous(n) ? "contiguous" : "strided");
-        if (!tp_node_owns(g, i) && n->op != TP_OP_PARAM && n->op != TP_OP_INPUT)
-            fprintf(out, " view of %s+%lld", g->nodes[n->storage].name, (long long)n->offset);
-        if (n->fallback)
-            fprintf(out, " fallback");
-        fprintf(out, "%s%s%s\n", n->n_inputs ? " <- (" : "", ins, n->n_inputs ? ")" : "");
+        const tp_buf *b = &p->buf[i];
+        if (b->kind != TP_MEM_NONE)
+            snprintf(mem, sizeof mem, "%s@%lld", tp_mem_kind_name(b->kind), (long long)b->offset);
+        else if (n->op == TP_OP_PARAM)
+            snprintf(mem, sizeof mem, "param");
+        else
+            snprintf(mem, sizeof mem, "view:%s%s", g->nodes[n->storage].name, node_contiguous(n) ? "" : "*");
+        fprintf(out, "%-28s %-27s %-6s %-18s %-18s %-10s %s%s\n", n->name, tp_op_name(n->op), tp_dtype_name(n->dtype),
+                tp_shape_str(shape, sizeof shape, n->ndim, n->shape), tp_shape_str(strides, sizeof strides, n->ndim, n->stride),
+                mem, ins, n->fallback ? "  [fallback]" : "");
     }
 }
 
-tp_status tp_plan_report(tp_graph *g, int64_t batch, int json, FILE *out, tp_err *err)
+static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts *o, FILE *out)
 {
-    tp_status st = tp_graph_infer(g, batch, err);
+    fprintf(out, "graph %s: world_size %d, batch %lld, %d nodes, batching: %s\n\n", g->name, g->world_size,
+            (long long)g->batch, g->n_nodes, o->padding ? o->padding : "padded into buckets");
+    print_nodes(g, p, out);
+    fprintf(out, "\npasses:");
+    for (int i = 0; o->passes && i < TP_PASS_COUNT; i++)
+        fprintf(out, " %s=%s", o->passes[i].name, o->passes[i].ran ? (o->passes[i].changed ? "changed" : "no-op") : "off");
+    fprintf(out, "\ncollectives:\n");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        tp_op_kind k = tp_op_kind_of(n->op);
+        if (k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED)
+            fprintf(out, "  %-28s %-27s %-9s %lld bytes\n", n->name, tp_op_name(n->op), tp_algo_name(n->attrs.algo),
+                    (long long)node_bytes(&g->nodes[n->inputs[0]]));
+    }
+    fprintf(out, "partitions:\n");
+    for (int i = 0; i < p->n_parts; i++)
+        fprintf(out, "  %d %-9s %d nodes (%s .. %s)\n", i, p->parts[i].kind == TP_PART_CAPTURED ? "captured" : "fallback",
+                p->parts[i].n_nodes, g->nodes[p->parts[i].nodes[0]].name,
+                g->nodes[p->parts[i].nodes[p->parts[i].n_nodes - 1]].name);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (p->buf[i].hoisted)
+            fprintf(out, "hoisted: %s (%lld bytes, partition %d)\n", g->nodes[i].name, (long long)p->buf[i].bytes, p->part_of[i]);
+    for (int i = 0; i < g->n_inputs; i++)
+        fprintf(out, "input copy: %s -> %s slot (%s)\n", g->nodes[g->input_ids[i]].name,
+                g->nodes[g->input_ids[i]].symmetric ? "symmetric" : "regular", o->cuda ? "dma" : "memcpy");
+    fprintf(out, "memory per rank: regular %lld B in %d buffers, symmetric %lld B in %d buffers, inputs %lld B, outputs %lld B\n"
+                 "  intermediates: planned %lld B vs naive %lld B; symmetric offsets equal on every rank: %s\n",
+            (long long)p->arena_bytes[TP_MEM_REGULAR], p->n_buffers[TP_MEM_REGULAR], (long long)p->arena_bytes[TP_MEM_SYMMETRIC],
+            p->n_buffers[TP_MEM_SYMMETRIC], (long long)p->arena_bytes[TP_MEM_INPUT], (long long)p->arena_bytes[TP_MEM_OUTPUT],
+            (long long)p->peak_bytes, (long long)p->naive_bytes, p->symmetric_offsets_equal ? "yes" : "NO");
+}
+
+tp_status tp_plan_report(tp_graph *g, const tp_report_opts *o, FILE *out, tp_err *err)
+{
+    tp_plan *p;
+    tp_status st = tp_graph_infer(g, o->batch, err);
+    if (st == TP_OK)
+        st = tp_plan_build(g, &p, err);
     if (st != TP_OK)
         return st;
-    if (json)
-        return print_json(g, out, err);
-    print_text(g, out);
-    return TP_OK;
+    if (o->json) {
+        json_t *root = report_json(g, p, o);
+        char *s = root ? json_dumps(root, JSON_INDENT(1)) : NULL;
+        json_decref(root);
+        if (!s)
+            st = tp_fail(err, TP_NOMEM, "plan: out of memory");
+        else
+            fprintf(out, "%s\n", s);
+        free(s);
+    } else {
+        print_text(g, p, o, out);
+    }
+    tp_plan_free(p);
+    return st;
 }

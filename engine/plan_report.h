@@ -1,15 +1,23 @@
-/* plan_report.h — `tpserve plan`: what the compiler made of a graph, as
- * text for people or one JSON object for tests and tools. */
+/* plan_report.h — `tpserve plan`: what the compiler made of a graph, as a
+ * table for people or one JSON object for tests and tools: the nodes after
+ * passes, what each pass changed, each collective's lowering, partitions,
+ * hoisted buffers, input copies and the memory plan of the --batch bucket. */
 #ifndef TP_PLAN_REPORT_H
 #define TP_PLAN_REPORT_H
 
 #include <stdio.h>
 
 #include "graph.h"
+#include "passes.h"
 
-/* Infers g for batch and prints every node (op, inputs, local shape, dtype,
- * strides, contiguity, aliasing). json: one object with "nodes" and room for
- * later sections (passes, partitions, memory). */
-tp_status tp_plan_report(tp_graph *g, int64_t batch, int json, FILE *out, tp_err *err);
+typedef struct {
+    int64_t batch;
+    int json;
+    int cuda;                        /* input copies are DMA (cuda) or memcpy (cpu) */
+    const tp_pass_result *passes;    /* TP_PASS_COUNT entries, or NULL */
+    const char *padding;             /* NULL: padded into buckets; else why not */
+} tp_report_opts;
+
+tp_status tp_plan_report(tp_graph *g, const tp_report_opts *o, FILE *out, tp_err *err);
 
 #endif

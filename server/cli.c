@@ -5,6 +5,8 @@
 
 #include "engine.h"
 #include "graph.h"
+#include "passes.h"
+#include "plan.h"
 #include "plan_report.h"
 #include "safetensors.h"
 
@@ -12,9 +14,13 @@ void tp_cli_usage(FILE *out)
 {
     fprintf(out,
             "  tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]\n"
+            "              [--no-passes] [--disable-pass NAME] [--eager]\n"
             "      run the graph once on global (unsharded) inputs, write global outputs\n"
-            "  tpserve plan GRAPH.json [--json] [--batch B]\n"
-            "      load, validate and print the graph after shape inference\n");
+            "  tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]\n"
+            "      load, validate, run the passes and print the plan of the batch-B bucket:\n"
+            "      nodes, collectives and their lowering, partitions, hoisted buffers,\n"
+            "      input copies and memory (passes: fuse_tp insert_contiguous\n"
+            "      choose_collectives place_symmetric)\n");
 }
 
 static int fail(const char *cmd, const char *msg)
@@ -68,14 +74,13 @@ static tp_status write_outputs(const char *path, const tp_host_tensor *outs, int
 }
 
 static tp_status run_once(const char *graph, const char *in_path, const char *out_path,
-                          const char *backend, tp_err *err)
+                          const tp_engine_opts *opts, tp_err *err)
 {
-    tp_engine_opts opts = {backend};
     tp_engine *e = NULL;
     st_file *f = NULL;
     tp_host_tensor *in = NULL, *outs = NULL;
     int n_in = 0, n_out = 0;
-    tp_status st = tp_engine_create(graph, &opts, &e, err);
+    tp_status st = tp_engine_create(graph, opts, &e, err);
     if (st == TP_OK)
         st = st_open(in_path, &f, err);
     if (st == TP_OK)
@@ -97,55 +102,88 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
     return st;
 }
 
+#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager]"
+
 int tp_cli_run(int argc, char **argv)
 {
-    const char *graph = NULL, *in = NULL, *out = NULL, *backend = "cpu";
+    const char *graph = NULL, *in = NULL, *out = NULL;
+    tp_engine_opts opts = {.backend = "cpu"};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--no-passes") == 0)
+            opts.no_passes = 1;
+        else if (strcmp(argv[i], "--eager") == 0)
+            opts.eager = 1;
+        else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc)
+            opts.disable_passes = argv[++i];
+        else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc)
             in = argv[++i];
         else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
             out = argv[++i];
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            backend = argv[++i];
+            opts.backend = argv[++i];
         else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
-            return fail("run", "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]");
+            return fail("run", RUN_USAGE);
     }
     if (!graph || !in || !out)
-        return fail("run", "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]");
+        return fail("run", RUN_USAGE);
     tp_err err = {{0}};
-    if (run_once(graph, in, out, backend, &err) != TP_OK)
+    if (run_once(graph, in, out, &opts, &err) != TP_OK)
         return fail("run", err.msg);
     return 0;
 }
 
+static tp_status plan_graph(const char *path, tp_report_opts *ro, tp_pass_opts *po, tp_err *err)
+{
+    tp_graph *g;
+    tp_pass_result res[TP_PASS_COUNT];
+    char why[256];
+    int independent = 0;
+    tp_status st = tp_graph_load(path, &g, err);
+    if (st != TP_OK)
+        return st;
+    st = tp_graph_infer(g, ro->batch, err);
+    if (st == TP_OK)
+        st = tp_run_passes(g, po, res, err);
+    if (st == TP_OK)
+        st = tp_plan_rows_independent(g, ro->batch, &independent, why, sizeof why, err);
+    ro->passes = res;
+    ro->padding = independent ? NULL : why;
+    if (st == TP_OK)
+        st = tp_plan_report(g, ro, stdout, err);
+    tp_graph_free(g);
+    return st;
+}
+
 int tp_cli_plan(int argc, char **argv)
 {
+    static const char usage[] = "usage: tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]...";
     const char *graph = NULL;
-    int json = 0;
-    long long batch = 1;
+    tp_report_opts ro = {.batch = 1};
+    tp_pass_opts po;
+    tp_pass_opts_default(&po);
     for (int i = 1; i < argc; i++) {
         char *end;
         if (strcmp(argv[i], "--json") == 0)
-            json = 1;
+            ro.json = 1;
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-            batch = strtoll(argv[++i], &end, 10);
-            if (*end || batch < 1)
+            ro.batch = strtoll(argv[++i], &end, 10);
+            if (*end || ro.batch < 1)
                 return fail("plan", "--batch needs a positive integer");
+        } else if (strcmp(argv[i], "--no-passes") == 0) {
+            for (int k = 0; k < TP_PASS_COUNT; k++)
+                po.disabled[k] = 1;
+        } else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc) {
+            if (tp_pass_disable(&po, argv[++i]) != 0)
+                return fail("plan", "unknown pass name for --disable-pass");
         } else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
-            return fail("plan", "usage: tpserve plan GRAPH.json [--json] [--batch B]");
+            return fail("plan", usage);
     }
     if (!graph)
-        return fail("plan", "usage: tpserve plan GRAPH.json [--json] [--batch B]");
+        return fail("plan", usage);
     tp_err err = {{0}};
-    tp_graph *g;
-    tp_status st = tp_graph_load(graph, &g, &err);
-    if (st == TP_OK) {
-        st = tp_plan_report(g, batch, json, stdout, &err);
-        tp_graph_free(g);
-    }
-    return st == TP_OK ? 0 : fail("plan", err.msg);
+    return plan_graph(graph, &ro, &po, &err) == TP_OK ? 0 : fail("plan", err.msg);
 }

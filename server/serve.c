@@ -250,7 +250,7 @@ int tp_serve_main(int argc, char **argv)
     }
     TP_LOG_I("listening on http://%s:%d, loading graph %s (backend %s)",
              url_host(cfg.host, hb, sizeof hb), tp_http_port(h), cfg.graph, cfg.backend);
-    tp_engine_opts opts = {cfg.backend};
+    tp_engine_opts opts = {.backend = cfg.backend};
     tp_engine *e = NULL;
     if (tp_engine_create(cfg.graph, &opts, &e, &err) != TP_OK) {
         TP_LOG_E("cannot load graph %s: %s", cfg.graph, err.msg);

@@ -565,3 +565,80 @@ tp_status cpu_collective_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *at
     (void)st2;
     return st;
 }
+
+/* ---- building blocks for fused kernels and the ring all_reduce ---- */
+
+tp_status cpu_comm_exchange(cpu_comm *c, int rank, const tp_tensor *mine, tp_err *err)
+{
+    memset(&c->slot[rank], 0, sizeof c->slot[rank]);
+    c->slot[rank].in = mine;
+    return barrier_wait(c, 1, err);
+}
+
+const tp_tensor *cpu_comm_peer(const cpu_comm *c, int r) { return c->slot[r].in; }
+
+void cpu_comm_release(cpu_comm *c, int rank)
+{
+    (void)rank;
+    barrier_wait(c, 0, NULL); /* not abortable: see top */
+}
+
+/* dst[i] = dst[i] (op) src[i] over one chunk, in the tensor's dtype. */
+static void combine_chunk(void *dst, const void *src, tp_dtype t, int64_t begin, int64_t end, tp_reduce red)
+{
+    for (int64_t i = begin; i < end; i++) {
+        if (tp_dtype_is_float(t)) {
+            float a = tp_load_f32(dst, t, i), b = tp_load_f32(src, t, i);
+            tp_store_f32(dst, t, i, red == TP_REDUCE_MAX ? (a >= b || isnan(a) ? a : b) : a + b);
+        } else {
+            int64_t a = load_i64(dst, t, i), b = load_i64(src, t, i);
+            store_i64(dst, t, i, red == TP_REDUCE_MAX ? (a > b ? a : b) : wrap_add(a, b));
+        }
+    }
+}
+
+static void finish_avg(void *p, tp_dtype t, int64_t begin, int64_t end, int d)
+{
+    for (int64_t i = begin; i < end; i++) {
+        if (tp_dtype_is_float(t))
+            tp_store_f32(p, t, i, tp_load_f32(p, t, i) / (float)d);
+        else
+            store_i64(p, t, i, load_i64(p, t, i) / d);
+    }
+}
+
+/* Ring all_reduce in out (contiguous): d-1 reduce-scatter steps, each rank
+ * adding its left neighbour's partial of one chunk, then d-1 all-gather
+ * steps copying finished chunks around. At step s rank r writes chunk
+ * (r-1-s) while its right neighbour reads chunk (r-s): never the same one,
+ * and a barrier separates steps. Every rank ends with copies of the same
+ * finished chunks, so results are identical across ranks (though summed in
+ * another order than the one-shot path). */
+tp_status cpu_ring_all_reduce(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *in, tp_tensor *out,
+                              tp_err *err)
+{
+    int d = c->world, left = (rank + d - 1) % d;
+    tp_tensor_copy(out, in);
+    tp_status st = cpu_comm_exchange(c, rank, out, err);
+    if (st != TP_OK)
+        return st;
+    int64_t n = tp_tensor_numel(out);
+    const void *lp = cpu_comm_peer(c, left)->data;
+    size_t es = tp_dtype_size(out->dtype);
+    for (int s = 0; s < d - 1; s++) {
+        int k = ((rank - 1 - s) % d + d) % d;
+        combine_chunk(out->data, lp, out->dtype, k * n / d, (k + 1) * n / d, attrs->reduce);
+        barrier_wait(c, 0, NULL);
+    }
+    int own = (rank + 1) % d;
+    if (attrs->reduce == TP_REDUCE_AVG)
+        finish_avg(out->data, out->dtype, own * n / d, (own + 1) * n / d, d);
+    barrier_wait(c, 0, NULL);
+    for (int s = 0; s < d - 1; s++) {
+        int k = ((rank - s) % d + d) % d;
+        int64_t b = k * n / d, e = (k + 1) * n / d;
+        memcpy((char *)out->data + b * (int64_t)es, (const char *)lp + b * (int64_t)es, (size_t)(e - b) * es);
+        barrier_wait(c, 0, NULL);
+    }
+    return TP_OK;
+}

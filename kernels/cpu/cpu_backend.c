@@ -12,6 +12,7 @@
 
 #include "collectives.h"
 #include "cpu_ops.h"
+#include "fused.h"
 
 typedef struct {
     tp_op op;
@@ -96,13 +97,24 @@ static tp_status cpu_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a
     return cpu_op_run(op, a, ins, n_ins, out, rank, b->world, err);
 }
 
-static tp_status cpu_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *in,
-                                tp_tensor *out, tp_err *err)
+static tp_status run_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
+                                int n_ins, tp_tensor *out, tp_err *err)
+{
+    cpu_comm *comm = ctx_of(b)->comm;
+    if (tp_op_kind_of(op) == TP_KIND_FUSED)
+        return cpu_fused_run(comm, rank, op, a, ins, n_ins, out, err);
+    if (op == TP_OP_ALL_REDUCE && a->algo == TP_ALGO_RING)
+        return cpu_ring_all_reduce(comm, rank, a, &ins[0], out, err);
+    return cpu_collective_run(comm, rank, op, a, &ins[0], out, err);
+}
+
+static tp_status cpu_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
+                                int n_ins, tp_tensor *out, tp_err *err)
 {
     tp_capture *c = ctx_of(b)->capturing[rank];
     if (c)
-        return record(c, op, 1, a, in, 1, out, err);
-    return cpu_collective_run(ctx_of(b)->comm, rank, op, a, in, out, err);
+        return record(c, op, 1, a, ins, n_ins, out, err);
+    return run_collective(b, rank, op, a, ins, n_ins, out, err);
 }
 
 static tp_status cpu_begin_capture(tp_backend *b, int rank, tp_err *err)
@@ -129,11 +141,10 @@ static tp_status cpu_end_capture(tp_backend *b, int rank, tp_capture **out, tp_e
 
 static tp_status cpu_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
 {
-    cpu_ctx *x = ctx_of(b);
     for (int i = 0; i < c->n; i++) {
         cpu_cmd *cmd = &c->cmds[i];
         tp_status st = cmd->collective
-                           ? cpu_collective_run(x->comm, rank, cmd->op, &cmd->attrs, cmd->ins, &cmd->out, err)
+                           ? run_collective(b, rank, cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins, &cmd->out, err)
                            : cpu_op_run(cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins, &cmd->out, rank, b->world, err);
         if (st != TP_OK)
             return st;

@@ -1,0 +1,133 @@
+#include "fused.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ops.h"
+
+static tp_tensor narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
+{
+    tp_tensor v = *t;
+    v.shape[dim] = len;
+    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
+    return v;
+}
+
+/* dst = a @ b for any dst view: the GEMM writes contiguous memory, so a
+ * strided destination (a column block of the fused output) goes through a
+ * scratch buffer. */
+static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b, tp_tensor *dst,
+                             int rank, int world, tp_err *err)
+{
+    tp_attrs mm = {0};
+    mm.transpose_b = attrs->transpose_b;
+    tp_tensor ab[2] = {*a, *b};
+    if (tp_tensor_is_contiguous(dst))
+        return cpu_op_run(TP_OP_MATMUL, &mm, ab, 2, dst, rank, world, err);
+    size_t bytes = (size_t)tp_tensor_numel(dst) * tp_dtype_size(dst->dtype);
+    void *scratch = malloc(bytes ? bytes : 1);
+    if (!scratch)
+        return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
+    tp_tensor tmp = tp_tensor_make(scratch, dst->dtype, dst->ndim, dst->shape);
+    tp_status st = cpu_op_run(TP_OP_MATMUL, &mm, ab, 2, &tmp, rank, world, err);
+    if (st == TP_OK)
+        tp_tensor_copy(dst, &tmp);
+    free(scratch);
+    return st;
+}
+
+/* x viewed with the gather dim multiplied: the fused output in gathered
+ * coordinates (out is contiguous, so any re-view is just a new shape). */
+static tp_tensor gathered_out(const tp_tensor *x, int g, int world, const tp_tensor *out)
+{
+    int64_t shape[TP_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[g] *= world;
+    shape[x->ndim - 1] = out->shape[out->ndim - 1];
+    return tp_tensor_make(out->data, out->dtype, x->ndim, shape);
+}
+
+static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                       tp_tensor *out, tp_err *err)
+{
+    int d = cpu_comm_world(c), g = attrs->dim;
+    tp_status st = cpu_comm_exchange(c, rank, &ins[0], err);
+    if (st != TP_OK)
+        return st;
+    tp_tensor og = gathered_out(&ins[0], g, d, out);
+    int64_t len = ins[0].shape[g];
+    for (int i = 0; st == TP_OK && i < d; i++) {
+        int src = (rank + i) % d; /* own shard first: no waiting on a peer */
+        const tp_tensor *xs = cpu_comm_peer(c, src);
+        tp_tensor rows = narrow(&og, g, src * len, len);
+        int64_t col = 0;
+        for (int j = 1; st == TP_OK && j < n_ins; j++) {
+            int64_t nj = ins[j].shape[attrs->transpose_b ? 0 : 1];
+            tp_tensor block = narrow(&rows, og.ndim - 1, col, nj);
+            st = matmul_into(attrs, xs, &ins[j], &block, rank, d, err);
+            col += nj;
+        }
+    }
+    cpu_comm_release(c, rank);
+    return st;
+}
+
+/* out = reduction over ranks of each peer's workspace slot `rank`. */
+static void reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out)
+{
+    int d = cpu_comm_world(c);
+    int64_t n = tp_tensor_numel(out);
+    for (int64_t e = 0; e < n; e++) {
+        float acc = 0.0f;
+        for (int r = 0; r < d; r++)
+            acc += tp_load_f32(cpu_comm_peer(c, r)->data, out->dtype, rank * n + e);
+        tp_store_f32(out->data, out->dtype, e, red == TP_REDUCE_AVG ? acc / (float)d : acc);
+    }
+}
+
+static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
+                       tp_err *err)
+{
+    int d = cpu_comm_world(c), s = attrs->dim, nd = out->ndim;
+    const tp_tensor *w = &ins[1], *ws = &ins[2];
+    int64_t K = ins[0].shape[ins[0].ndim - 1], len = out->shape[s];
+    int64_t ashape[TP_MAX_DIMS]; /* a in the product's coordinates */
+    memcpy(ashape, out->shape, sizeof ashape);
+    ashape[s] *= d;
+    ashape[nd - 1] = K;
+    tp_tensor a = ins[0];
+    if (attrs->n_shape > 0)
+        a = tp_tensor_make(ins[0].data, ins[0].dtype, nd, ashape);
+    int64_t chunk = tp_tensor_numel(out);
+    tp_status st = TP_OK;
+    for (int i = 1; st == TP_OK && i <= d; i++) {
+        int dst = (rank + i) % d; /* peers' chunks first, own chunk last */
+        tp_tensor slot = tp_tensor_make((char *)ws->data + dst * chunk * (int64_t)tp_dtype_size(out->dtype),
+                                        out->dtype, nd, out->shape);
+        if (s < nd - 1) {
+            tp_tensor rows = narrow(&a, s, dst * len, len);
+            st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
+        } else {
+            tp_tensor cols = narrow(w, attrs->transpose_b ? 0 : 1, dst * len, len);
+            st = matmul_into(attrs, &a, &cols, &slot, rank, d, err);
+        }
+    }
+    /* every rank reaches the exchange, so a local failure cannot strand peers */
+    tp_status ex = cpu_comm_exchange(c, rank, ws, err);
+    if (ex == TP_OK && st == TP_OK)
+        reduce_slots(c, rank, attrs->reduce, out);
+    if (ex == TP_OK)
+        cpu_comm_release(c, rank);
+    return st != TP_OK ? st : ex;
+}
+
+tp_status cpu_fused_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *attrs, const tp_tensor *ins,
+                        int n_ins, tp_tensor *out, tp_err *err)
+{
+    if (op == TP_OP_FUSED_AG_MM && n_ins >= 2)
+        return ag_mm(c, rank, attrs, ins, n_ins, out, err);
+    if (op == TP_OP_FUSED_MM_RS && n_ins == 3)
+        return mm_rs(c, rank, attrs, ins, out, err);
+    return tp_fail(err, TP_INTERNAL, "cpu backend: '%s' with %d inputs is not a fused op it runs",
+                   tp_op_name(op), n_ins);
+}
