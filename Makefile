@@ -60,9 +60,9 @@ $(BUILD)/libtpserve.a: $(LIB_OBJS)
 $(BUILD)/tpserve: $(BUILD)/obj/server/main.o $(BUILD)/libtpserve.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libtpserve.a tests/unit/check_main.h | $(DEPS_OK)
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.c tests/unit/testutil.h $(BUILD)/libtpserve.a tests/unit/check_main.h | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Itests/unit -o $@ $< tests/unit/testutil.c $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)
 cuda: $(CU_OBJS)

@@ -1,0 +1,107 @@
+#include "testutil.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tu_write_graph(char *dir, char *path, const char *json, const st_write_item *items, int n)
+{
+    strcpy(dir, "/tmp/tp_test_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char w[128];
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    tp_err err;
+    ck_assert_msg(st_write(w, items, n, &err) == TP_OK, "%s", err.msg);
+    snprintf(path, 128, "%s/g.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(json, f);
+    fclose(f);
+}
+
+void tu_rmdir(const char *dir)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+void tu_fill(float *p, int64_t n, unsigned seed)
+{
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = (float)((s >> 8) & 0xffff) / 32768.0f - 1.0f;
+    }
+}
+
+tp_engine *tu_engine(const char *path, int passes, int eager)
+{
+    tp_engine_opts o = {.backend = "cpu", .no_passes = !passes, .eager = eager};
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
+    return e;
+}
+
+tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *n_out)
+{
+    tp_host_tensor *out;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_infer(e, in, n_in, &out, n_out, &err) == TP_OK, "%s", err.msg);
+    return out;
+}
+
+double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n)
+{
+    double worst = 0;
+    for (int t = 0; t < n; t++) {
+        ck_assert_int_eq(a[t].nbytes, b[t].nbytes);
+        ck_assert_int_eq(a[t].dtype, b[t].dtype);
+        int64_t cnt = (int64_t)(a[t].nbytes / tp_dtype_size(a[t].dtype));
+        double md = 0, mr = 1e-6;
+        for (int64_t i = 0; i < cnt; i++) {
+            double x = tp_load_f32(a[t].data, a[t].dtype, i), y = tp_load_f32(b[t].data, b[t].dtype, i);
+            md = isnan(x) || fabs(x - y) > md ? (isnan(x) ? INFINITY : fabs(x - y)) : md;
+            mr = fabs(y) > mr ? fabs(y) : mr;
+        }
+        worst = md / mr > worst ? md / mr : worst;
+    }
+    return worst;
+}
+
+tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po)
+{
+    tp_graph *g;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_graph_load(path, &g, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(tp_graph_infer(g, batch, &err) == TP_OK, "%s", err.msg);
+    tp_pass_opts def;
+    tp_pass_opts_default(&def);
+    tp_pass_result res[TP_PASS_COUNT];
+    ck_assert_msg(tp_run_passes(g, po ? po : &def, res, &err) == TP_OK, "%s", err.msg);
+    return g;
+}
+
+int tu_count_op(const tp_graph *g, tp_op op)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i].op == op;
+    return n;
+}
+
+tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape)
+{
+    tp_host_tensor t = {.dtype = TP_F32, .ndim = ndim, .data = data};
+    snprintf(t.name, sizeof t.name, "%s", name);
+    size_t n = 4;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        n *= (size_t)shape[i];
+    }
+    t.nbytes = n;
+    return t;
+}

@@ -1,0 +1,30 @@
+/* testutil.h — fixtures shared by the unit tests: temporary graphs with
+ * their weights, deterministic data, engines with passes on or off, and the
+ * comparison metric of graphs/README.md. */
+#ifndef TP_TESTUTIL_H
+#define TP_TESTUTIL_H
+
+#include "engine.h"
+#include "graph.h"
+#include "passes.h"
+#include "safetensors.h"
+
+/* Writes g.json (json) and w.safetensors (items) into a new temp dir named
+ * in dir (>= 64 bytes); returns the JSON path in path (>= 128 bytes). */
+void tu_write_graph(char *dir, char *path, const char *json, const st_write_item *items, int n);
+void tu_rmdir(const char *dir);
+/* Deterministic values in [-1, 1). */
+void tu_fill(float *p, int64_t n, unsigned seed);
+/* An engine with every pass (passes=1) or none (passes=0); eager skips capture. */
+tp_engine *tu_engine(const char *path, int passes, int eager);
+/* Runs e on inputs; aborts the test on failure. */
+tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *n_out);
+/* max|a-b| / max(max|b|, 1e-6) over all outputs; shapes must match. */
+double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n);
+/* Loads path, infers at batch, runs the passes of po (default when NULL). */
+tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po);
+int tu_count_op(const tp_graph *g, tp_op op);
+/* Global FP32 input tensor over data. */
+tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape);
+
+#endif
