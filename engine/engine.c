@@ -36,6 +36,7 @@ struct tp_engine {
     tp_rank_group *rg;
     tp_weights *w;
     tp_io_desc *in_desc, *out_desc;
+    int64_t *out_rows; /* per output: dim-0 rows per batch row (0: static) */
     tp_exec_opts xopts;
     int padded; /* rows independent: pad into buckets */
     char why_exact[256];
@@ -65,7 +66,8 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
     tp_graph *g = e->g;
     e->in_desc = calloc((size_t)g->n_inputs + 1, sizeof *e->in_desc);
     e->out_desc = calloc((size_t)g->n_outputs + 1, sizeof *e->out_desc);
-    if (!e->in_desc || !e->out_desc)
+    e->out_rows = calloc((size_t)g->n_outputs + 1, sizeof *e->out_rows);
+    if (!e->in_desc || !e->out_desc || !e->out_rows)
         return tp_fail(err, TP_NOMEM, "out of memory");
     for (int i = 0; i < g->n_inputs; i++) {
         const tp_node *n = &g->nodes[g->input_ids[i]];
@@ -89,6 +91,8 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
     for (int i = 0; st == TP_OK && i < g->n_outputs; i++) {
         int nd;
         output_global_shape(g, i, s1, &nd);
+        if (nd > 0 && s1[0] != e->out_desc[i].shape[0])
+            e->out_rows[i] = s1[0] / b1;
         for (int k = 0; k < nd; k++)
             if (s1[k] != e->out_desc[i].shape[k])
                 e->out_desc[i].shape[k] = -1;
@@ -253,6 +257,7 @@ void tp_engine_free(tp_engine *e)
     tp_graph_free(e->g);
     free(e->in_desc);
     free(e->out_desc);
+    free(e->out_rows);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -363,8 +368,9 @@ static tp_status get_exact(tp_engine *e, int64_t batch, tp_exec **out, tp_err *e
     return TP_OK;
 }
 
-/* Caller-owned results: global output shapes with the batch dim = batch. */
-static tp_status alloc_results(tp_engine *e, int64_t batch, tp_host_tensor *outs, tp_err *err)
+/* Caller-owned results: the exact executable's output shapes, or (padded)
+ * the global shapes with dim 0 grown to batch times its rows per batch row. */
+static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp_host_tensor *outs, tp_err *err)
 {
     for (int i = 0; i < e->g->n_outputs; i++) {
         const tp_io_desc *d = &e->out_desc[i];
@@ -373,8 +379,9 @@ static tp_status alloc_results(tp_engine *e, int64_t batch, tp_host_tensor *outs
         o->dtype = d->dtype;
         o->ndim = d->ndim;
         size_t n = tp_dtype_size(d->dtype);
+        tp_tensor xd = x ? tp_exec_output_desc(x, i) : (tp_tensor){0};
         for (int k = 0; k < d->ndim; k++) {
-            o->shape[k] = d->shape[k] < 0 ? batch : d->shape[k];
+            o->shape[k] = x ? xd.shape[k] : (k == 0 && e->out_rows[i] ? batch * e->out_rows[i] : d->shape[k]);
             n *= (size_t)o->shape[k];
         }
         o->nbytes = n;
@@ -392,7 +399,7 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batc
     tp_exec *x;
     tp_status st = get_exact(e, batch, &x, err);
     if (st == TP_OK)
-        st = alloc_results(e, batch, outs, err);
+        st = alloc_results(e, x, batch, outs, err);
     if (st != TP_OK)
         return st;
     for (int i = 0; i < ni; i++)
@@ -433,7 +440,7 @@ static void unstage_outputs(tp_engine *e, bucket *bk, int64_t batch, int64_t row
 {
     for (int i = 0; i < e->g->n_outputs; i++) {
         tp_host_tensor *o = &outs[i];
-        if (e->out_desc[i].ndim > 0 && e->out_desc[i].shape[0] < 0) {
+        if (e->out_rows[i]) {
             size_t rb = o->nbytes / (size_t)batch;
             memcpy((char *)o->data + (size_t)row * rb, bk->out_stage[i], (size_t)n * rb);
         } else if (row == 0) {
@@ -447,7 +454,7 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
     tp_tensor in_t[ni + 1], out_t[no + 1];
-    tp_status st = alloc_results(e, batch, outs, err);
+    tp_status st = alloc_results(e, NULL, batch, outs, err);
     int64_t max = e->bucket_size[e->n_buckets - 1];
     for (int64_t row = 0; st == TP_OK && row < batch; row += max) {
         int64_t n = batch - row < max ? batch - row : max;
