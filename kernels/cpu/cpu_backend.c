@@ -7,6 +7,7 @@
 #include "cpu_backend.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,11 +31,80 @@ struct tp_capture {
 };
 
 typedef struct {
+    char *base;
+    size_t bytes;
+} cpu_alloc_rec;
+
+/* Every live allocation, so a capture can prove it only references memory
+ * that existed before it began (the CUDA graph rule) and a replay can prove
+ * none of it was freed since. */
+typedef struct {
+    pthread_mutex_t mu;
+    cpu_alloc_rec *rec;
+    int n, cap;
+} cpu_registry;
+
+typedef struct {
     cpu_comm *comm;
     tp_capture **capturing; /* per rank: the record in progress, or NULL */
+    cpu_registry reg;
+    int verify_replay;      /* TP_VERIFY_REPLAY=1: check every replay */
 } cpu_ctx;
 
 static cpu_ctx *ctx_of(tp_backend *b) { return b->ctx; }
+
+static void cpu_capture_free(tp_backend *b, tp_capture *c);
+
+static int registry_add(cpu_registry *r, void *p, size_t bytes)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 64;
+        cpu_alloc_rec *nr = realloc(r->rec, (size_t)cap * sizeof *nr);
+        if (!nr) {
+            pthread_mutex_unlock(&r->mu);
+            return -1;
+        }
+        r->rec = nr;
+        r->cap = cap;
+    }
+    r->rec[r->n++] = (cpu_alloc_rec){p, bytes};
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+static void registry_remove(cpu_registry *r, void *p)
+{
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n; i++)
+        if (r->rec[i].base == p) {
+            r->rec[i] = r->rec[--r->n];
+            break;
+        }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Whether every byte t can touch lies in one live allocation. */
+static int registry_covers(cpu_registry *r, const tp_tensor *t)
+{
+    int64_t lo = 0, hi = 0, es = (int64_t)tp_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0)
+            return 1;
+        int64_t span = (t->shape[d] - 1) * t->stride[d];
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    char *first = (char *)t->data + lo * es, *last = (char *)t->data + hi * es + es;
+    int ok = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n && !ok; i++)
+        ok = first >= r->rec[i].base && last <= r->rec[i].base + r->rec[i].bytes;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
 
 static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
 {
@@ -42,16 +112,36 @@ static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp
         return tp_fail(err, TP_INTERNAL, "rank %d: allocation of %zu bytes during capture", rank, bytes);
     size_t rounded = (bytes + 63) & ~(size_t)63;
     *out = aligned_alloc(64, rounded ? rounded : 64);
-    if (!*out)
+    if (!*out || registry_add(&ctx_of(b)->reg, *out, bytes) != 0) {
+        free(*out);
         return tp_fail(err, TP_NOMEM, "rank %d: cannot allocate %zu bytes", rank, bytes);
+    }
     return TP_OK;
 }
 
 static void cpu_free(tp_backend *b, int rank, void *p)
 {
-    (void)b;
     (void)rank;
+    registry_remove(&ctx_of(b)->reg, p);
     free(p);
+}
+
+/* Every tensor of every command lies in memory allocated through this
+ * backend and still live. */
+static tp_status verify_capture(tp_backend *b, const tp_capture *c, tp_err *err)
+{
+    for (int i = 0; i < c->n; i++) {
+        const cpu_cmd *cmd = &c->cmds[i];
+        for (int k = 0; k <= cmd->n_ins; k++) {
+            const tp_tensor *t = k < cmd->n_ins ? &cmd->ins[k] : &cmd->out;
+            if (!registry_covers(&ctx_of(b)->reg, t))
+                return tp_fail(err, TP_INTERNAL,
+                               "rank %d: captured command %d (%s) %s %d references memory that is not a live "
+                               "backend allocation",
+                               c->rank, i, tp_op_name(cmd->op), k < cmd->n_ins ? "input" : "output", k);
+        }
+    }
+    return TP_OK;
 }
 
 static tp_status cpu_copy(tp_backend *b, int rank, tp_tensor *dst, const tp_tensor *src, tp_err *err)
@@ -134,13 +224,24 @@ static tp_status cpu_end_capture(tp_backend *b, int rank, tp_capture **out, tp_e
     cpu_ctx *x = ctx_of(b);
     if (!x->capturing[rank])
         return tp_fail(err, TP_INTERNAL, "rank %d: end_capture without begin_capture", rank);
-    *out = x->capturing[rank];
+    tp_capture *c = x->capturing[rank];
     x->capturing[rank] = NULL;
+    tp_status st = verify_capture(b, c, err);
+    if (st != TP_OK) {
+        cpu_capture_free(b, c);
+        return st;
+    }
+    *out = c;
     return TP_OK;
 }
 
 static tp_status cpu_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
 {
+    if (ctx_of(b)->verify_replay) {
+        tp_status st = verify_capture(b, c, err);
+        if (st != TP_OK)
+            return st;
+    }
     for (int i = 0; i < c->n; i++) {
         cpu_cmd *cmd = &c->cmds[i];
         tp_status st = cmd->collective
@@ -181,6 +282,8 @@ static void cpu_destroy(tp_backend *b)
         cpu_capture_free(b, x->capturing[r]);
     free(x->capturing);
     cpu_comm_free(x->comm);
+    free(x->reg.rec);
+    pthread_mutex_destroy(&x->reg.mu);
     free(x);
     free(b);
 }
@@ -227,6 +330,9 @@ tp_status tp_cpu_backend_create(int world, tp_backend **out, tp_err *err)
     }
     /* One BLAS thread per rank: the ranks are the parallelism. */
     openblas_set_num_threads(1);
+    pthread_mutex_init(&x->reg.mu, NULL);
+    const char *v = getenv("TP_VERIFY_REPLAY");
+    x->verify_replay = v && *v == '1';
     b->iface = &cpu_iface;
     b->ctx = x;
     b->world = world;
