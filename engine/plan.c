@@ -52,6 +52,33 @@ static void assign_buffers(const tp_graph *g, tp_plan *p)
         }
 }
 
+static int elementwise(tp_op op)
+{
+    return op == TP_OP_ADD || op == TP_OP_SUB || op == TP_OP_MUL || op == TP_OP_GELU || op == TP_OP_SILU ||
+           op == TP_OP_RELU;
+}
+
+/* An elementwise node may write over an input that dies with it (reads
+ * element e, writes element e): same arena, same size, the input read
+ * directly (not through a view) and not pinned. Saves one buffer per
+ * activation (ggml-alloc does the same). */
+static void choose_inplace(const tp_graph *g, tp_plan *p)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        p->buf[i].inplace_of = -1;
+        const tp_buf *b = &p->buf[i];
+        if (!elementwise(g->nodes[i].op) || b->kind == TP_MEM_NONE || b->last == g->n_nodes)
+            continue;
+        for (int k = 0; k < g->nodes[i].n_inputs && p->buf[i].inplace_of < 0; k++) {
+            int o = g->nodes[i].inputs[k];
+            const tp_buf *ob = &p->buf[o];
+            if (g->nodes[o].storage == o && g->nodes[o].op != TP_OP_INPUT && ob->kind == b->kind &&
+                ob->bytes == b->bytes && ob->last == i && !ob->ws_bytes)
+                p->buf[i].inplace_of = o;
+        }
+    }
+}
+
 /* Plans one arena: pinned items (whole run) first, then intermediates by
  * liveness after them. Returns the intermediates' bytes and blocks. */
 static tp_status plan_kind(const tp_graph *g, tp_plan *p, tp_mem_kind kind, int rank_check, tp_err *err)
@@ -68,15 +95,23 @@ static tp_status plan_kind(const tp_graph *g, tp_plan *p, tp_mem_kind kind, int 
         int pinned = g->nodes[i].op == TP_OP_INPUT || b->last == n;
         if (b->kind == kind && pinned) {
             pin_of[np] = i;
-            pin[np++] = (tp_mem_item){b->bytes, 0, n, 0};
+            pin[np++] = (tp_mem_item){b->bytes, 0, n, 0, -1};
         } else if (b->kind == kind) {
             mid_of[nm] = i;
-            mid[nm++] = (tp_mem_item){b->bytes, b->first, b->last, 0};
+            mid[nm++] = (tp_mem_item){b->bytes, b->first, b->last, 0, -1};
         }
         if (kind == TP_MEM_SYMMETRIC && b->ws_bytes) {
             mid_of[nm] = -1 - i; /* workspace of node i */
-            mid[nm++] = (tp_mem_item){b->ws_bytes, i, i, 0};
+            mid[nm++] = (tp_mem_item){b->ws_bytes, i, i, 0, -1};
         }
+    }
+    /* in-place links point at item indices, not node indices */
+    for (int k = 0; k < nm; k++) {
+        int id = mid_of[k];
+        int src = id >= 0 ? p->buf[id].inplace_of : -1;
+        for (int j = 0; src >= 0 && j < nm; j++)
+            if (mid_of[j] == src)
+                mid[k].inplace_of = j;
     }
     int64_t pin_bytes = 0, mid_bytes = 0;
     int pin_blocks, mid_blocks = 0;
@@ -116,8 +151,10 @@ tp_status tp_plan_build(const tp_graph *g, tp_plan **out, tp_err *err)
     p->part_of = calloc((size_t)g->n_nodes + 1, sizeof *p->part_of);
     p->symmetric_offsets_equal = 1;
     tp_status st = p->buf && p->part_of ? tp_plan_partition(g, p, err) : tp_fail(err, TP_NOMEM, "plan: out of memory");
-    if (st == TP_OK)
+    if (st == TP_OK) {
         assign_buffers(g, p);
+        choose_inplace(g, p);
+    }
     for (int k = TP_MEM_REGULAR; st == TP_OK && k < TP_MEM_KINDS; k++)
         st = plan_kind(g, p, (tp_mem_kind)k, 0, err);
     /* The symmetric contract: planning again as every other rank must give

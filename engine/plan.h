@@ -26,6 +26,7 @@ typedef struct {
     int64_t offset, bytes;
     int first, last;  /* liveness in node indices (inclusive) */
     int hoisted;      /* a fallback output read by a later captured partition */
+    int inplace_of;   /* node whose buffer this elementwise op overwrites, or -1 */
     int64_t ws_offset, ws_bytes; /* symmetric workspace of fused_matmul_reduce_scatter */
 } tp_buf;
 
@@ -64,6 +65,8 @@ typedef struct {
     int64_t bytes;
     int first, last;
     int64_t offset; /* out */
+    int inplace_of; /* >= 0: reuse that item's block, which dies at our `first`
+                       (an elementwise op overwriting its input); -1: none */
 } tp_mem_item;
 tp_status tp_plan_arena(tp_mem_item *items, int n, int64_t *arena_bytes, int *n_blocks, tp_err *err);
 

@@ -106,17 +106,26 @@ tp_status tp_plan_arena(tp_mem_item *items, int n, int64_t *arena_bytes, int *n_
     }
     qsort(alloc, (size_t)n, sizeof(event), by_time);
     qsort(rel, (size_t)n, sizeof(event), by_time);
+    /* an item whose block passed to an in-place successor is never released */
+    char *handed = calloc((size_t)n + 1, 1);
     int ai = 0, ri = 0;
-    while (ai < n || ri < n) {
+    while (handed && (ai < n || ri < n)) {
         /* a release at time t comes after every allocation at time t */
         if (ai < n && (ri >= n || alloc[ai].time <= rel[ri].time)) {
             tp_mem_item *it = &items[alloc[ai++].item];
-            it->offset = take(&f, align_up(it->bytes ? it->bytes : 1));
+            if (it->inplace_of >= 0 && !handed[it->inplace_of]) {
+                it->offset = items[it->inplace_of].offset;
+                handed[it->inplace_of] = 1;
+            } else {
+                it->offset = take(&f, align_up(it->bytes ? it->bytes : 1));
+            }
         } else {
-            tp_mem_item *it = &items[rel[ri++].item];
-            give(&f, it->offset, align_up(it->bytes ? it->bytes : 1));
+            int k = rel[ri++].item;
+            if (!handed[k])
+                give(&f, items[k].offset, align_up(items[k].bytes ? items[k].bytes : 1));
         }
     }
+    free(handed);
     *arena_bytes = f.end;
     *n_blocks = count_distinct(items, n);
     free(alloc);
