@@ -1,0 +1,222 @@
+/* Capture and replay: fallbacks in the middle give identical results
+ * captured and eager; buffers never move across 1000 replays with new
+ * inputs; every example gives the same numbers with passes on and off; a
+ * capture that points outside backend memory is refused. */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check_main.h"
+#include "exec.h"
+#include "testutil.h"
+
+static const char *FALLBACK_GRAPH =
+    "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"fb\",\"world_size\":2,\"weights\":\"w.safetensors\","
+    "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",4,8],\"placement\":\"shard(1)\"}],"
+    "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[8,8],\"placement\":\"shard(1)\"}],"
+    "\"nodes\":[{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":1}},"
+    "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"g\",\"w\"]},"
+    "{\"name\":\"f\",\"op\":\"gelu\",\"inputs\":[\"h\"],\"fallback\":true},"
+    "{\"name\":\"f2\",\"op\":\"softmax\",\"inputs\":[\"f\"],\"fallback\":true},"
+    "{\"name\":\"r\",\"op\":\"all_reduce\",\"inputs\":[\"f2\"]},"
+    "{\"name\":\"y\",\"op\":\"add\",\"inputs\":[\"r\",\"h\"]}],"
+    "\"outputs\":[{\"name\":\"y\",\"placement\":\"shard(2)\"},{\"name\":\"f\",\"placement\":\"shard(2)\"}]}";
+
+static float wdata[64];
+static const int64_t w_shape[2] = {8, 8};
+
+START_TEST(fallback_captured_equals_eager)
+{
+    char dir[64], path[128];
+    tu_fill(wdata, 64, 5);
+    st_write_item item = {"w", TP_F32, 2, w_shape, wdata};
+    tu_write_graph(dir, path, FALLBACK_GRAPH, &item, 1);
+    tp_engine *cap = tu_engine(path, 1, 0), *eager = tu_engine(path, 1, 1), *off = tu_engine(path, 0, 1);
+    for (int b = 1; b <= 5; b++) {
+        float x[5 * 32];
+        tu_fill(x, 5 * 32, (unsigned)b);
+        int64_t shape[3] = {b, 4, 8};
+        tp_host_tensor in = tu_f32("x", x, 3, shape);
+        int n1, n2, n3;
+        tp_host_tensor *a = tu_infer(cap, &in, 1, &n1), *e = tu_infer(eager, &in, 1, &n2), *o = tu_infer(off, &in, 1, &n3);
+        for (int i = 0; i < n1; i++)
+            ck_assert_mem_eq(a[i].data, e[i].data, a[i].nbytes); /* bit-identical */
+        ck_assert(tu_rel_diff(a, o, n1) < 1e-5);
+        tp_host_tensors_free(a, n1);
+        tp_host_tensors_free(e, n2);
+        tp_host_tensors_free(o, n3);
+    }
+    tp_engine_stats st;
+    tp_engine_get_stats(cap, &st);
+    ck_assert_int_eq(st.executions, 5);
+    tp_engine_free(cap);
+    tp_engine_free(eager);
+    tp_engine_free(off);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* Drives tp_exec directly to see its buffers. */
+typedef struct {
+    tp_graph *g;
+    tp_backend *b;
+    tp_rank_group *rg;
+    tp_weights *w;
+} rig;
+
+static rig make_rig(const char *path, int64_t batch)
+{
+    rig r = {0};
+    tp_err err = {{0}};
+    r.g = tu_load_passed(path, batch, NULL);
+    ck_assert(tp_backend_create("cpu", 2, &r.b, &err) == TP_OK);
+    ck_assert(tp_rank_group_create(2, &r.rg, &err) == TP_OK);
+    ck_assert_msg(tp_weights_load(r.g, r.b, r.rg, &r.w, &err) == TP_OK, "%s", err.msg);
+    return r;
+}
+
+static void free_rig(rig *r)
+{
+    tp_weights_free(r->w);
+    tp_rank_group_free(r->rg);
+    tp_backend_destroy(r->b);
+    tp_graph_free(r->g);
+}
+
+START_TEST(addresses_stable_over_1000_replays)
+{
+    char dir[64], path[128];
+    tu_fill(wdata, 64, 6);
+    st_write_item item = {"w", TP_F32, 2, w_shape, wdata};
+    tu_write_graph(dir, path, FALLBACK_GRAPH, &item, 1);
+    rig r = make_rig(path, 2);
+    tp_exec *cap, *eager;
+    tp_exec_opts eo = {.eager = 1};
+    tp_err err = {{0}};
+    ck_assert_msg(tp_exec_create(r.g, 2, r.b, r.rg, r.w, NULL, &cap, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(tp_exec_create(r.g, 2, r.b, r.rg, r.w, &eo, &eager, &err) == TP_OK, "%s", err.msg);
+    int n = r.g->n_nodes;
+    void *before[2][64];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < n; i++)
+            before[k][i] = tp_exec_node_tensor(cap, k, i).data;
+    const tp_plan *p = tp_exec_plan(cap);
+    int hoisted = -1, symmetric = -1;
+    for (int i = 0; i < n; i++) {
+        if (p->buf[i].hoisted)
+            hoisted = i;
+        if (p->buf[i].kind == TP_MEM_SYMMETRIC)
+            symmetric = i;
+    }
+    ck_assert_int_ge(hoisted, 0);
+    ck_assert_int_ge(symmetric, 0);
+    float x[2 * 32], y1[2 * 4 * 8], y2[2 * 4 * 8], f1[64], f2[64];
+    int64_t xs[3] = {2, 4, 8};
+    tp_tensor in = tp_tensor_make(x, TP_F32, 3, xs);
+    tp_tensor o1[2] = {tp_exec_output_desc(cap, 0), tp_exec_output_desc(cap, 1)}, o2[2] = {o1[0], o1[1]};
+    o1[0].data = y1;
+    o1[1].data = f1;
+    o2[0].data = y2;
+    o2[1].data = f2;
+    for (int it = 0; it < 1000; it++) {
+        tu_fill(x, 64, (unsigned)it + 100);
+        ck_assert_msg(tp_exec_run(cap, &in, o1, NULL, &err) == TP_OK, "%s", err.msg);
+        ck_assert_msg(tp_exec_run(eager, &in, o2, NULL, &err) == TP_OK, "%s", err.msg);
+        ck_assert_mem_eq(y1, y2, sizeof y1);
+        ck_assert_mem_eq(f1, f2, sizeof f1);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < n; i++)
+            ck_assert_ptr_eq(before[k][i], tp_exec_node_tensor(cap, k, i).data);
+    tp_exec_free(cap);
+    tp_exec_free(eager);
+    free_rig(&r);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(capture_outside_backend_memory_is_refused)
+{
+    tp_backend *b;
+    tp_err err = {{0}};
+    ck_assert(tp_backend_create("cpu", 1, &b, &err) == TP_OK);
+    float stack_in[4] = {1, 2, 3, 4}, *heap_out;
+    ck_assert(b->iface->alloc(b, 0, sizeof stack_in, (void **)&heap_out, &err) == TP_OK);
+    int64_t s[1] = {4};
+    tp_tensor in = tp_tensor_make(stack_in, TP_F32, 1, s), out = tp_tensor_make(heap_out, TP_F32, 1, s);
+    tp_attrs a = {0};
+    ck_assert(b->iface->begin_capture(b, 0, &err) == TP_OK);
+    void *p;
+    ck_assert_int_ne(b->iface->alloc(b, 0, 16, &p, &err), TP_OK); /* no allocation during capture */
+    ck_assert(strstr(err.msg, "during capture"));
+    ck_assert(b->iface->run_op(b, 0, TP_OP_RELU, &a, &in, 1, &out, &err) == TP_OK);
+    tp_capture *c = NULL;
+    ck_assert_int_ne(b->iface->end_capture(b, 0, &c, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "not a live backend allocation"), "%s", err.msg);
+    ck_assert_ptr_null(c);
+    b->iface->free(b, 0, heap_out);
+    tp_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(examples_same_with_passes_on_and_off)
+{
+    const char *dir = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
+    char mpath[512];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    json_t *m = json_load_file(mpath, 0, NULL);
+    ck_assert_ptr_nonnull(m);
+    size_t i;
+    json_t *entry;
+    json_array_foreach(json_object_get(m, "graphs"), i, entry)
+    {
+        char path[512], inp[512];
+        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(entry, "json")));
+        snprintf(inp, sizeof inp, "%s/%s", dir, json_string_value(json_object_get(entry, "inputs")));
+        st_file *f;
+        tp_err err;
+        ck_assert(st_open(inp, &f, &err) == TP_OK);
+        int n_in = st_count(f);
+        tp_host_tensor in[8];
+        for (int k = 0; k < n_in; k++) {
+            const st_tensor_info *t = st_info(f, k);
+            in[k] = (tp_host_tensor){.dtype = t->dtype, .ndim = t->ndim, .nbytes = (size_t)(t->end - t->begin)};
+            snprintf(in[k].name, sizeof in[k].name, "%s", t->name);
+            memcpy(in[k].shape, t->shape, sizeof in[k].shape);
+            in[k].data = malloc(in[k].nbytes);
+            memcpy(in[k].data, st_data(f, t), in[k].nbytes);
+        }
+        st_close(f);
+        tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
+        int n1, n2;
+        tp_host_tensor *a = tu_infer(on, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
+        double rtol = json_number_value(json_object_get(entry, "rtol"));
+        ck_assert_msg(tu_rel_diff(a, b, n1) <= rtol, "%s: passes change results by %g", path, tu_rel_diff(a, b, n1));
+        tp_host_tensors_free(a, n1);
+        tp_host_tensors_free(b, n2);
+        tp_engine_free(on);
+        tp_engine_free(off);
+        for (int k = 0; k < n_in; k++)
+            free(in[k].data);
+    }
+    json_decref(m);
+}
+END_TEST
+
+Suite *exec_suite(void)
+{
+    Suite *s = suite_create("exec");
+    TCase *tc = tcase_create("exec");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, fallback_captured_equals_eager);
+    tcase_add_test(tc, addresses_stable_over_1000_replays);
+    tcase_add_test(tc, capture_outside_backend_memory_is_refused);
+    tcase_add_test(tc, examples_same_with_passes_on_and_off);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(exec_suite)
