@@ -30,7 +30,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes
 
 all: $(BUILD)/tpserve cuda
 
@@ -40,6 +40,8 @@ help:
 	@echo "make asan       the same suite under AddressSanitizer + UBSan"
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
+	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
+	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
 $(DEPS_OK):
@@ -97,6 +99,17 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  $(if $(NVCC),NVCC=) test
+
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtpserve.a | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS)
+
+# Benchmarks print tables; they never fail on timings (noisy machines).
+bench: $(BUILD)/bench/bench_engine
+	$(BUILD)/bench/bench_engine replay
+
+bench-passes: $(BUILD)/bench/bench_engine
+	$(BUILD)/bench/bench_engine passes
 
 run: $(BUILD)/tpserve $(GRAPHS)
 	$(BUILD)/tpserve serve --config config/default.json

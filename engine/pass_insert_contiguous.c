@@ -1,13 +1,18 @@
 /* insert_contiguous — collectives move contiguous buffers (NCCL, peer
  * copies), but a graph may hand them a view. Insert one `contiguous` copy
  * before a collective only when its input is strided, and share it between
- * collectives that read the same view. Contiguous inputs are left alone. */
+ * collectives that read the same view. Contiguous inputs are left alone.
+ * all_to_all is exempt: its lowering packs each destination's chunk itself
+ * (a strided gather), so a prior full copy would only double the traffic. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "passes.h"
 
-static int is_collective(const tp_node *n) { return tp_op_kind_of(n->op) == TP_KIND_COLLECTIVE; }
+static int is_collective(const tp_node *n)
+{
+    return tp_op_kind_of(n->op) == TP_KIND_COLLECTIVE && n->op != TP_OP_ALL_TO_ALL;
+}
 
 /* Inserts `VIEW.contiguous = contiguous(VIEW)` right after the view;
  * returns its index. */

@@ -14,7 +14,7 @@ void tp_cli_usage(FILE *out)
 {
     fprintf(out,
             "  tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]\n"
-            "              [--no-passes] [--disable-pass NAME] [--eager]\n"
+            "              [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay]\n"
             "      run the graph once on global (unsharded) inputs, write global outputs\n"
             "  tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]\n"
             "      load, validate, run the passes and print the plan of the batch-B bucket:\n"
@@ -102,7 +102,7 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
     return st;
 }
 
-#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager]"
+#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay]"
 
 int tp_cli_run(int argc, char **argv)
 {
@@ -113,6 +113,8 @@ int tp_cli_run(int argc, char **argv)
             opts.no_passes = 1;
         else if (strcmp(argv[i], "--eager") == 0)
             opts.eager = 1;
+        else if (strcmp(argv[i], "--verify-replay") == 0)
+            setenv("TP_VERIFY_REPLAY", "1", 1); /* read by the cpu backend at create */
         else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc)
             opts.disable_passes = argv[++i];
         else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc)

@@ -77,6 +77,21 @@ static void reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out)
 {
     int d = cpu_comm_world(c);
     int64_t n = tp_tensor_numel(out);
+    if (out->dtype == TP_F32) { /* the common case, without per-element dispatch */
+        float *o = out->data;
+        const float *p0 = (const float *)cpu_comm_peer(c, 0)->data + rank * n;
+        for (int64_t e = 0; e < n; e++)
+            o[e] = p0[e];
+        for (int r = 1; r < d; r++) {
+            const float *pr = (const float *)cpu_comm_peer(c, r)->data + rank * n;
+            for (int64_t e = 0; e < n; e++)
+                o[e] += pr[e];
+        }
+        if (red == TP_REDUCE_AVG)
+            for (int64_t e = 0; e < n; e++)
+                o[e] /= (float)d;
+        return;
+    }
     for (int64_t e = 0; e < n; e++) {
         float acc = 0.0f;
         for (int r = 0; r < d; r++)

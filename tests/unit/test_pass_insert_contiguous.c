@@ -84,6 +84,19 @@ START_TEST(slice_that_is_strided_only_for_larger_batches)
 }
 END_TEST
 
+START_TEST(all_to_all_reads_views_directly)
+{
+    char dir[64], path[128];
+    tp_graph *g = passed("{\"name\":\"t\",\"op\":\"transpose\",\"inputs\":[\"x\"],\"attrs\":{\"dim0\":1,\"dim1\":2}},"
+                         "{\"name\":\"a\",\"op\":\"all_to_all\",\"inputs\":[\"t\"],\"attrs\":{\"split_dim\":1,\"concat_dim\":2}}",
+                         "{\"name\":\"a\"}", dir, path);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_CONTIGUOUS), 0);
+    tp_graph_free(g);
+    same_numbers(path);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *insert_contiguous_suite(void)
 {
     Suite *s = suite_create("pass_insert_contiguous");
@@ -91,6 +104,7 @@ Suite *insert_contiguous_suite(void)
     tcase_add_test(tc, strided_view_gets_one_shared_copy);
     tcase_add_test(tc, contiguous_inputs_are_left_alone);
     tcase_add_test(tc, slice_that_is_strided_only_for_larger_batches);
+    tcase_add_test(tc, all_to_all_reads_views_directly);
     suite_add_tcase(s, tc);
     return s;
 }

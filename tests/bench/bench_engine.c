@@ -1,0 +1,246 @@
+/* bench_engine — cpu-backend benchmarks that print tables (never asserts:
+ * these machines are noisy; tests check correctness, this measures).
+ *
+ *   bench_engine replay   eager vs captured replay, per request and per
+ *                         node, for a graph of hundreds of tiny nodes and
+ *                         the example MLP; planned vs naive bytes
+ *   bench_engine passes   the sequence-parallel MLP at several sizes with
+ *                         and without fuse_tp; bytes fusion did not
+ *                         materialize */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "graph.h"
+#include "passes.h"
+#include "plan.h"
+#include "safetensors.h"
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static void fill(float *p, int64_t n, unsigned seed)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = ((float)((s >> 8) & 0xffff) / 32768.0f - 1.0f) * 0.1f;
+    }
+}
+
+static int write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* Median of `reps` timings of one request, in microseconds. */
+static double time_request(tp_engine *e, tp_host_tensor *in, int n_in, int reps)
+{
+    double *t = malloc(sizeof(double) * (size_t)reps), med;
+    for (int r = -3; r < reps; r++) { /* 3 warm-ups */
+        tp_host_tensor *out;
+        int n;
+        tp_err err;
+        double t0 = now_us();
+        if (tp_engine_infer(e, in, n_in, &out, &n, &err) != TP_OK) {
+            fprintf(stderr, "bench: %s\n", err.msg);
+            exit(1);
+        }
+        if (r >= 0)
+            t[r] = now_us() - t0;
+        tp_host_tensors_free(out, n);
+    }
+    for (int i = 1; i < reps; i++) /* insertion sort: reps is small */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    med = t[reps / 2];
+    free(t);
+    return med;
+}
+
+static tp_engine *engine(const char *path, int passes, int eager)
+{
+    tp_engine_opts o = {.backend = "cpu", .no_passes = !passes, .eager = eager};
+    tp_engine *e;
+    tp_err err;
+    if (tp_engine_create(path, &o, &e, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    return e;
+}
+
+static void plan_bytes(const char *path, int64_t batch, int passes, int64_t *planned, int64_t *naive, int *nodes)
+{
+    tp_graph *g;
+    tp_err err;
+    tp_plan *p;
+    tp_pass_opts po;
+    tp_pass_result res[TP_PASS_COUNT];
+    tp_pass_opts_default(&po);
+    for (int i = 0; !passes && i < TP_PASS_COUNT; i++)
+        po.disabled[i] = 1;
+    if (tp_graph_load(path, &g, &err) != TP_OK || tp_graph_infer(g, batch, &err) != TP_OK ||
+        tp_run_passes(g, &po, res, &err) != TP_OK || tp_graph_infer(g, batch, &err) != TP_OK ||
+        tp_plan_build(g, &p, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    *planned = p->peak_bytes;
+    *naive = p->naive_bytes;
+    *nodes = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        *nodes += tp_plan_node_runs(g, i);
+    tp_plan_free(p);
+    tp_graph_free(g);
+}
+
+/* x [B, 16] through `n` tiny elementwise nodes with an all_reduce every 50. */
+static void write_tiny_graph(const char *dir, int n, char *path)
+{
+    size_t cap = (size_t)n * 160 + 1024;
+    char *nodes = malloc(cap), *json = malloc(cap + 512);
+    size_t off = 0;
+    const char *ops[3] = {"relu", "silu", "gelu"};
+    for (int i = 0; i < n; i++) {
+        char prev[32];
+        snprintf(prev, sizeof prev, i ? "n%d" : "x", i - 1);
+        if (i % 50 == 49)
+            off += (size_t)snprintf(nodes + off, cap - off, "%s{\"name\":\"n%d\",\"op\":\"all_reduce\",\"inputs\":[\"%s\"],\"attrs\":{\"op\":\"avg\"}}",
+                                    i ? "," : "", i, prev);
+        else if (i % 2)
+            off += (size_t)snprintf(nodes + off, cap - off, "%s{\"name\":\"n%d\",\"op\":\"add\",\"inputs\":[\"%s\",\"x\"]}",
+                                    i ? "," : "", i, prev);
+        else
+            off += (size_t)snprintf(nodes + off, cap - off, "%s{\"name\":\"n%d\",\"op\":\"%s\",\"inputs\":[\"%s\"]}",
+                                    i ? "," : "", i, ops[i % 3], prev);
+    }
+    snprintf(json, cap + 512,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"tiny\",\"world_size\":2,"
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",16]}],"
+             "\"nodes\":[%s],\"outputs\":[{\"name\":\"n%d\"}]}", nodes, n - 1);
+    snprintf(path, 256, "%s/tiny.json", dir);
+    write_text(path, json);
+    free(nodes);
+    free(json);
+}
+
+/* The sequence-parallel MLP of graphs/gen_examples.py at hidden size h. */
+static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
+{
+    char json[2048], wpath[256];
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"mlp\",\"world_size\":2,\"weights\":\"mlp.safetensors\","
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,%lld],\"placement\":\"shard(1)\"}],"
+             "\"params\":[{\"name\":\"w1\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"shard(1)\"},"
+             "{\"name\":\"w2\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"shard(0)\"}],"
+             "\"nodes\":[{\"name\":\"xg\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":1}},"
+             "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"xg\",\"w1\"]},{\"name\":\"a\",\"op\":\"gelu\",\"inputs\":[\"h\"]},"
+             "{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"a\",\"w2\"]},"
+             "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"o\"],\"attrs\":{\"dim\":1,\"op\":\"sum\"}}],"
+             "\"outputs\":[{\"name\":\"y\",\"placement\":\"shard(1)\"}]}",
+             (long long)s, (long long)h, (long long)h, (long long)(4 * h), (long long)(4 * h), (long long)h);
+    snprintf(path, 256, "%s/mlp.json", dir);
+    write_text(path, json);
+    int64_t s1[2] = {h, 4 * h}, s2[2] = {4 * h, h};
+    float *w1 = malloc(sizeof(float) * (size_t)(4 * h * h)), *w2 = malloc(sizeof(float) * (size_t)(4 * h * h));
+    fill(w1, 4 * h * h, 1);
+    fill(w2, 4 * h * h, 2);
+    st_write_item items[2] = {{"w1", TP_F32, 2, s1, w1}, {"w2", TP_F32, 2, s2, w2}};
+    tp_err err;
+    snprintf(wpath, sizeof wpath, "%s/mlp.safetensors", dir);
+    if (st_write(wpath, items, 2, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    free(w1);
+    free(w2);
+}
+
+static void bench_replay(const char *dir)
+{
+    char path[256];
+    printf("| graph | batch | nodes run | eager us/req | replay us/req | eager us/node | replay us/node | planned B | naive B |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t batch = 4, h = 256, s = 64;
+        if (pass == 0)
+            write_tiny_graph(dir, 400, path);
+        else
+            write_mlp(dir, s, h, path);
+        int64_t n_x = pass == 0 ? batch * 16 : batch * s * h;
+        float *x = malloc(sizeof(float) * (size_t)n_x);
+        fill(x, n_x, 3);
+        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .data = x, .nbytes = sizeof(float) * (size_t)n_x};
+        in.ndim = pass == 0 ? 2 : 3;
+        int64_t shape[3] = {batch, pass == 0 ? 16 : s, h};
+        memcpy(in.shape, shape, sizeof shape);
+        tp_engine *eager = engine(path, 1, 1), *cap = engine(path, 1, 0);
+        int reps = pass == 0 ? 200 : 50, nodes;
+        double te = time_request(eager, &in, 1, reps), tr = time_request(cap, &in, 1, reps);
+        int64_t planned, naive;
+        plan_bytes(path, batch, 1, &planned, &naive, &nodes);
+        printf("| %s | %lld | %d | %.1f | %.1f | %.3f | %.3f | %lld | %lld |\n", pass == 0 ? "tiny-400" : "mlp_sp h=256",
+               (long long)batch, nodes, te, tr, te / nodes, tr / nodes, (long long)planned, (long long)naive);
+        tp_engine_free(eager);
+        tp_engine_free(cap);
+        free(x);
+    }
+}
+
+static void bench_passes(const char *dir)
+{
+    printf("| hidden | seq | batch | unfused us/req | fused us/req | speedup | gathered bytes not materialized (per rank) |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    int64_t sizes[3] = {128, 256, 512};
+    for (int k = 0; k < 3; k++) {
+        char path[256];
+        int64_t h = sizes[k], s = 128, batch = 2;
+        write_mlp(dir, s, h, path);
+        int64_t n_x = batch * s * h;
+        float *x = malloc(sizeof(float) * (size_t)n_x);
+        fill(x, n_x, 4);
+        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .ndim = 3, .shape = {batch, s, h}, .data = x,
+                             .nbytes = sizeof(float) * (size_t)n_x};
+        tp_engine *off = engine(path, 0, 0), *on = engine(path, 1, 0);
+        double tu = time_request(off, &in, 1, 20), tf = time_request(on, &in, 1, 20);
+        printf("| %lld | %lld | %lld | %.0f | %.0f | %.2fx | %lld |\n", (long long)h, (long long)s, (long long)batch, tu,
+               tf, tu / tf, (long long)(batch * s * h * 4));
+        tp_engine_free(off);
+        tp_engine_free(on);
+        free(x);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    char dir[] = "/tmp/tp_bench_XXXXXX";
+    if (argc != 2 || !mkdtemp(dir)) {
+        fprintf(stderr, "usage: bench_engine replay|passes\n");
+        return 2;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("cpu backend, 2 ranks, %ld cores, median of repeated requests\n\n", cores);
+    if (strcmp(argv[1], "replay") == 0)
+        bench_replay(dir);
+    else if (strcmp(argv[1], "passes") == 0)
+        bench_passes(dir);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : 1;
+}
