@@ -514,6 +514,29 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     return TP_OK;
 }
 
+tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
+                                 tp_err *err)
+{
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
+    *batch = 0;
+    return match_inputs(e, inputs, n_inputs, ordered, batch, err);
+}
+
+int tp_engine_batchable(const tp_engine *e)
+{
+    if (!e->padded)
+        return 0;
+    for (int i = 0; i < e->g->n_inputs; i++)
+        if (e->in_desc[i].ndim == 0 || e->in_desc[i].shape[0] >= 0)
+            return 0;
+    for (int i = 0; i < e->g->n_outputs; i++)
+        if (!e->out_rows[i])
+            return 0;
+    return 1;
+}
+
+int64_t tp_engine_output_rows(const tp_engine *e, int i) { return e->out_rows[i]; }
+
 void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
 {
     pthread_mutex_lock(&e->mu);

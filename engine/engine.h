@@ -77,6 +77,18 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
                           tp_host_tensor **outputs, int *n_outputs, tp_err *err);
 void tp_host_tensors_free(tp_host_tensor *t, int n);
 
+/* Validates a request exactly as tp_engine_infer would (names, datatypes,
+ * shapes, sizes, batch agreement) without running it; *batch receives its
+ * batch size (1 when no input has a batch dim). For a batcher that must
+ * refuse one bad request without failing the batch it would have joined. */
+tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
+                                 tp_err *err);
+/* Whether requests can be concatenated along dim 0 into one run: every
+ * input and output has the batch as dim 0 and no op mixes rows. */
+int tp_engine_batchable(const tp_engine *e);
+/* Rows of output i per batch row (dim 0 = batch * this), 0 if static. */
+int64_t tp_engine_output_rows(const tp_engine *e, int i);
+
 void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
 /* Whether batches are padded into buckets; if not, why (a node mixing rows). */
 int tp_engine_padded(const tp_engine *e, const char **why);
