@@ -92,6 +92,9 @@ static inline int tp_node_owns(const tp_graph *g, int i)
 /* Inserts a copy of n at pos (n's inputs must be < pos); the node takes
  * ownership of n->name and n->inputs. */
 tp_status tp_graph_insert(tp_graph *g, int pos, tp_node *n, tp_err *err);
+/* Inserts `NAME.suffix = op(NAME)` right after node `value` (a one-input
+ * copy such as contiguous or identity_copy); *out is its index. */
+tp_status tp_graph_insert_copy(tp_graph *g, int value, tp_op op, const char *suffix, int *out, tp_err *err);
 /* Removes node pos, which must have no users. */
 void tp_graph_remove(tp_graph *g, int pos);
 /* Makes every node from index `start` on (and every graph output) that

@@ -43,6 +43,25 @@ tp_status tp_graph_insert(tp_graph *g, int pos, tp_node *n, tp_err *err)
     return TP_OK;
 }
 
+tp_status tp_graph_insert_copy(tp_graph *g, int value, tp_op op, const char *suffix, int *out, tp_err *err)
+{
+    char base[300];
+    snprintf(base, sizeof base, "%s.%s", g->nodes[value].name, suffix);
+    tp_node n = {0};
+    n.op = op;
+    n.name = tp_graph_fresh_name(g, base);
+    n.inputs = malloc(sizeof(int));
+    if (!n.name || !n.inputs) {
+        free(n.name);
+        free(n.inputs);
+        return tp_fail(err, TP_NOMEM, "out of memory inserting a copy of '%s'", g->nodes[value].name);
+    }
+    n.n_inputs = 1;
+    n.inputs[0] = value;
+    *out = value + 1;
+    return tp_graph_insert(g, value + 1, &n, err);
+}
+
 void tp_graph_remove(tp_graph *g, int pos)
 {
     tp_node *n = &g->nodes[pos];

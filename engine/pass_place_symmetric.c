@@ -10,9 +10,6 @@
  *     an opaque kernel owns) -> an identity_copy node into a symmetric buffer,
  *                            shared by every reader of that value.
  * NCCL-lowered collectives need none of this. */
-#include <stdio.h>
-#include <stdlib.h>
-
 #include "passes.h"
 
 static int reads_peers(const tp_node *n)
@@ -22,26 +19,6 @@ static int reads_peers(const tp_node *n)
         return n->op == TP_OP_FUSED_AG_MM; /* mm_rs: its workspace, planned later */
     return k == TP_KIND_COLLECTIVE && (n->attrs.algo == TP_ALGO_ONE_SHOT || n->attrs.algo == TP_ALGO_RING ||
                                        n->attrs.algo == TP_ALGO_DEFAULT);
-}
-
-static tp_status insert_identity_copy(tp_graph *g, int value, int *copy, tp_err *err)
-{
-    char base[300];
-    snprintf(base, sizeof base, "%s.symmetric", g->nodes[value].name);
-    tp_node n = {0};
-    n.op = TP_OP_IDENTITY_COPY;
-    n.name = tp_graph_fresh_name(g, base);
-    n.inputs = malloc(sizeof(int));
-    if (!n.name || !n.inputs) {
-        free(n.name);
-        free(n.inputs);
-        return tp_fail(err, TP_NOMEM, "place_symmetric: out of memory");
-    }
-    n.n_inputs = 1;
-    n.inputs[0] = value;
-    n.symmetric = 1;
-    *copy = value + 1;
-    return tp_graph_insert(g, value + 1, &n, err);
 }
 
 tp_status tp_pass_place_symmetric(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
@@ -55,9 +32,10 @@ tp_status tp_pass_place_symmetric(tp_graph *g, const tp_pass_opts *o, int *chang
         tp_node *owner = &g->nodes[g->nodes[v].storage];
         if (owner->op == TP_OP_PARAM || owner->fallback) {
             int copy;
-            tp_status st = insert_identity_copy(g, v, &copy, err);
+            tp_status st = tp_graph_insert_copy(g, v, TP_OP_IDENTITY_COPY, "symmetric", &copy, err);
             if (st != TP_OK)
                 return st;
+            g->nodes[copy].symmetric = 1;
             for (int j = copy + 1; j < g->n_nodes; j++)
                 if (reads_peers(&g->nodes[j]) && g->nodes[j].inputs[0] == v)
                     g->nodes[j].inputs[0] = copy;
