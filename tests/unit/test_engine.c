@@ -3,7 +3,6 @@
  * replay determinism; other batch sizes; request validation; and a failing
  * rank that must become an error, not a hang. */
 #include <check.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include "check_main.h"
 #include "engine.h"
 #include "safetensors.h"
+#include "testutil.h"
 
 static const char *graphs_dir(void)
 {
@@ -20,27 +20,6 @@ static const char *graphs_dir(void)
     return d ? d : "build/graphs";
 }
 
-/* Loads every tensor of a safetensors file as host tensors (copied). */
-static tp_host_tensor *load_tensors(const char *path, int *n)
-{
-    st_file *f;
-    tp_err err;
-    ck_assert_msg(st_open(path, &f, &err) == TP_OK, "%s", err.msg);
-    *n = st_count(f);
-    tp_host_tensor *t = calloc((size_t)*n, sizeof *t);
-    for (int i = 0; i < *n; i++) {
-        const st_tensor_info *info = st_info(f, i);
-        snprintf(t[i].name, sizeof t[i].name, "%s", info->name);
-        t[i].dtype = info->dtype;
-        t[i].ndim = info->ndim;
-        memcpy(t[i].shape, info->shape, sizeof t[i].shape);
-        t[i].nbytes = (size_t)(info->end - info->begin);
-        t[i].data = malloc(t[i].nbytes + 1);
-        memcpy(t[i].data, st_data(f, info), t[i].nbytes);
-    }
-    st_close(f);
-    return t;
-}
 
 /* The metric of graphs/README.md: max|out-ref| / max(max|ref|, 1e-6). */
 static double rel_error(const tp_host_tensor *out, const tp_host_tensor *ref)
@@ -69,19 +48,13 @@ static const tp_host_tensor *find(const tp_host_tensor *t, int n, const char *na
     return NULL;
 }
 
-static void run_example(json_t *entry)
+static void run_example(const char *path, const char *in_path, const char *ref_path, double rtol)
 {
-    char path[512], in_path[512], ref_path[512];
-    const char *dir = graphs_dir();
-    snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(entry, "json")));
-    snprintf(in_path, sizeof in_path, "%s/%s", dir, json_string_value(json_object_get(entry, "inputs")));
-    snprintf(ref_path, sizeof ref_path, "%s/%s", dir, json_string_value(json_object_get(entry, "ref")));
-    double rtol = json_number_value(json_object_get(entry, "rtol"));
     tp_engine *e;
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
     int n_in, n_ref, n_out, n_out2;
-    tp_host_tensor *in = load_tensors(in_path, &n_in), *ref = load_tensors(ref_path, &n_ref);
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref);
     tp_host_tensor *out, *out2;
     ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
     ck_assert_int_eq(n_out, n_ref);
@@ -102,17 +75,7 @@ static void run_example(json_t *entry)
 
 START_TEST(examples_match_reference)
 {
-    char mpath[512];
-    snprintf(mpath, sizeof mpath, "%s/manifest.json", graphs_dir());
-    json_error_t je;
-    json_t *m = json_load_file(mpath, 0, &je);
-    ck_assert_msg(m != NULL, "%s: %s (run make graphs)", mpath, je.text);
-    json_t *graphs = json_object_get(m, "graphs");
-    ck_assert_int_ge(json_array_size(graphs), 8);
-    size_t i;
-    json_t *entry;
-    json_array_foreach(graphs, i, entry) run_example(entry);
-    json_decref(m);
+    tu_foreach_example(run_example);
 }
 END_TEST
 
@@ -133,7 +96,7 @@ START_TEST(smaller_batch_matches_rows)
     char p[512];
     snprintf(p, sizeof p, "%s/mlp_sp_tp2.inputs.safetensors", graphs_dir());
     int n_in, n_out, n1;
-    tp_host_tensor *in = load_tensors(p, &n_in), *out, *out1;
+    tp_host_tensor *in = tu_load_tensors(p, &n_in), *out, *out1;
     tp_err err;
     ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_OK);
     size_t row_in = in[0].nbytes / (size_t)in[0].shape[0], row_out = out[0].nbytes / (size_t)out[0].shape[0];

@@ -3,7 +3,6 @@
  * inputs; every example gives the same numbers with passes on and off; a
  * capture that points outside backend memory is refused. */
 #include <check.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,47 +161,24 @@ START_TEST(capture_outside_backend_memory_is_refused)
 }
 END_TEST
 
+static void passes_on_off(const char *path, const char *inputs, const char *ref, double rtol)
+{
+    (void)ref;
+    int n_in, n1, n2;
+    tp_host_tensor *in = tu_load_tensors(inputs, &n_in);
+    tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
+    tp_host_tensor *a = tu_infer(on, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
+    ck_assert_msg(tu_rel_diff(a, b, n1) <= rtol, "%s: passes change results by %g", path, tu_rel_diff(a, b, n1));
+    tp_host_tensors_free(a, n1);
+    tp_host_tensors_free(b, n2);
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(on);
+    tp_engine_free(off);
+}
+
 START_TEST(examples_same_with_passes_on_and_off)
 {
-    const char *dir = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
-    char mpath[512];
-    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
-    json_t *m = json_load_file(mpath, 0, NULL);
-    ck_assert_ptr_nonnull(m);
-    size_t i;
-    json_t *entry;
-    json_array_foreach(json_object_get(m, "graphs"), i, entry)
-    {
-        char path[512], inp[512];
-        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(entry, "json")));
-        snprintf(inp, sizeof inp, "%s/%s", dir, json_string_value(json_object_get(entry, "inputs")));
-        st_file *f;
-        tp_err err;
-        ck_assert(st_open(inp, &f, &err) == TP_OK);
-        int n_in = st_count(f);
-        tp_host_tensor in[8];
-        for (int k = 0; k < n_in; k++) {
-            const st_tensor_info *t = st_info(f, k);
-            in[k] = (tp_host_tensor){.dtype = t->dtype, .ndim = t->ndim, .nbytes = (size_t)(t->end - t->begin)};
-            snprintf(in[k].name, sizeof in[k].name, "%s", t->name);
-            memcpy(in[k].shape, t->shape, sizeof in[k].shape);
-            in[k].data = malloc(in[k].nbytes);
-            memcpy(in[k].data, st_data(f, t), in[k].nbytes);
-        }
-        st_close(f);
-        tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
-        int n1, n2;
-        tp_host_tensor *a = tu_infer(on, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
-        double rtol = json_number_value(json_object_get(entry, "rtol"));
-        ck_assert_msg(tu_rel_diff(a, b, n1) <= rtol, "%s: passes change results by %g", path, tu_rel_diff(a, b, n1));
-        tp_host_tensors_free(a, n1);
-        tp_host_tensors_free(b, n2);
-        tp_engine_free(on);
-        tp_engine_free(off);
-        for (int k = 0; k < n_in; k++)
-            free(in[k].data);
-    }
-    json_decref(m);
+    tu_foreach_example(passes_on_off);
 }
 END_TEST
 

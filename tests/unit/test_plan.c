@@ -2,7 +2,6 @@
  * symmetric and one regular buffer), no two live buffers overlap, planned
  * peak below the naive sum on every example, partitions and hoisting. */
 #include <check.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,29 +92,22 @@ static void check_no_overlap(const tp_graph *g, const tp_plan *p)
         }
 }
 
+static void plan_example(const char *path, const char *inputs, const char *ref, double rtol)
+{
+    (void)inputs, (void)ref, (void)rtol;
+    tp_graph *g = tu_load_passed(path, 4, NULL);
+    tp_plan *p = plan_of(g, 4);
+    ck_assert_msg(p->peak_bytes < p->naive_bytes, "%s: planned %lld >= naive %lld", path, (long long)p->peak_bytes,
+                  (long long)p->naive_bytes);
+    ck_assert(p->symmetric_offsets_equal);
+    check_no_overlap(g, p);
+    tp_plan_free(p);
+    tp_graph_free(g);
+}
+
 START_TEST(examples_plan_below_naive_without_overlap)
 {
-    const char *dir = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
-    char mpath[512];
-    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
-    json_t *m = json_load_file(mpath, 0, NULL);
-    ck_assert_ptr_nonnull(m);
-    size_t i;
-    json_t *entry;
-    json_array_foreach(json_object_get(m, "graphs"), i, entry)
-    {
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(entry, "json")));
-        tp_graph *g = tu_load_passed(path, 4, NULL);
-        tp_plan *p = plan_of(g, 4);
-        ck_assert_msg(p->peak_bytes < p->naive_bytes, "%s: planned %lld >= naive %lld", path,
-                      (long long)p->peak_bytes, (long long)p->naive_bytes);
-        ck_assert(p->symmetric_offsets_equal);
-        check_no_overlap(g, p);
-        tp_plan_free(p);
-        tp_graph_free(g);
-    }
-    json_decref(m);
+    tu_foreach_example(plan_example);
 }
 END_TEST
 

@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,5 +104,48 @@ tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *sh
         n *= (size_t)shape[i];
     }
     t.nbytes = n;
+    return t;
+}
+
+void tu_foreach_example(tu_example_fn fn)
+{
+    const char *dir = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
+    char mpath[512], paths[3][512];
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    json_error_t je;
+    json_t *m = json_load_file(mpath, 0, &je);
+    ck_assert_msg(m != NULL, "%s: %s (run make graphs)", mpath, je.text);
+    json_t *graphs = json_object_get(m, "graphs");
+    ck_assert_int_ge(json_array_size(graphs), 8);
+    static const char *keys[3] = {"json", "inputs", "ref"};
+    size_t i;
+    json_t *entry;
+    json_array_foreach(graphs, i, entry)
+    {
+        for (int k = 0; k < 3; k++)
+            snprintf(paths[k], sizeof paths[k], "%s/%s", dir, json_string_value(json_object_get(entry, keys[k])));
+        fn(paths[0], paths[1], paths[2], json_number_value(json_object_get(entry, "rtol")));
+    }
+    json_decref(m);
+}
+
+tp_host_tensor *tu_load_tensors(const char *path, int *n)
+{
+    st_file *f;
+    tp_err err;
+    ck_assert_msg(st_open(path, &f, &err) == TP_OK, "%s", err.msg);
+    *n = st_count(f);
+    tp_host_tensor *t = calloc((size_t)*n + 1, sizeof *t);
+    for (int i = 0; i < *n; i++) {
+        const st_tensor_info *info = st_info(f, i);
+        snprintf(t[i].name, sizeof t[i].name, "%s", info->name);
+        t[i].dtype = info->dtype;
+        t[i].ndim = info->ndim;
+        memcpy(t[i].shape, info->shape, sizeof t[i].shape);
+        t[i].nbytes = (size_t)(info->end - info->begin);
+        t[i].data = malloc(t[i].nbytes + 1);
+        memcpy(t[i].data, st_data(f, info), t[i].nbytes);
+    }
+    st_close(f);
     return t;
 }

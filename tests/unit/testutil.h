@@ -24,6 +24,13 @@ double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n);
 /* Loads path, infers at batch, runs the passes of po (default when NULL). */
 tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po);
 int tu_count_op(const tp_graph *g, tp_op op);
+/* Calls fn for every example graph of $TP_GRAPHS/manifest.json (default
+ * build/graphs) with the paths of its graph, inputs and reference. */
+typedef void (*tu_example_fn)(const char *json, const char *inputs, const char *ref, double rtol);
+void tu_foreach_example(tu_example_fn fn);
+/* Every tensor of a safetensors file, copied (free with tp_host_tensors_free). */
+tp_host_tensor *tu_load_tensors(const char *path, int *n);
+
 /* Global FP32 input tensor over data. */
 tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape);
 
