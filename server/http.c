@@ -32,7 +32,7 @@ typedef struct {
  * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED ->
  * DONE (worker finished) -> REPLIED. Answering only once the body is in lets
  * libmicrohttpd keep the connection alive; only a 413 is sent early. */
-enum { REQ_RECEIVING = 1, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
+enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
 
 typedef struct req_ctx {
     struct req_ctx *next; /* queue link */
@@ -46,6 +46,7 @@ typedef struct req_ctx {
     long long expect_len; /* Content-Length, or -1 when chunked */
     long long header_len; /* Inference-Header-Content-Length, or -1 */
     double t_start, t_queued;
+    int before_drain; /* headers arrived before SIGTERM: the request is served */
     /* set by the worker before it resumes the connection */
     unsigned code;
     struct MHD_Response *resp;
@@ -157,7 +158,9 @@ static struct MHD_Response *json_response(char *doc)
 
 static void log_request(const req_ctx *r, unsigned code, const char *msg)
 {
-    tp_log_level lvl = code >= 500 ? TP_LOG_WARN : TP_LOG_DEBUG;
+    /* Client errors and 503s (loading, draining, overload) are the normal
+     * life of a server; only its own failures are worth a warning. */
+    tp_log_level lvl = code >= 500 && code != 503 ? TP_LOG_WARN : TP_LOG_DEBUG;
     if (!tp_log_enabled(lvl))
         return;
     double ms = now_ms() - r->t_start;
@@ -311,15 +314,36 @@ static int append_body(req_ctx *r, const char *data, size_t n)
     return 0;
 }
 
+/* A chunked body (no Content-Length) that grows past the limit: libmicrohttpd
+ * 0.9 cannot answer in the middle of an upload, so the rest is read and
+ * dropped and the 413 goes out when the upload ends. A client that keeps
+ * sending DISCARD_MAX bytes past the limit is cut off without an answer. */
+#define DISCARD_MAX ((long long)16 << 20)
+static enum MHD_Result discard_body(tp_http *h, req_ctx *r, size_t n)
+{
+    if (r->state != REQ_TOO_LARGE) {
+        r->state = REQ_TOO_LARGE;
+        free(r->body);
+        r->body = NULL;
+        r->cap = 0;
+    }
+    r->len += n;
+    long long over = (long long)r->len - (long long)h->cfg.max_body_bytes;
+    if (over > DISCARD_MAX && over > (long long)h->cfg.max_body_bytes) {
+        log_request(r, 413, "chunked body still growing far past max_body_bytes: closing");
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
 /* Only infer keeps its body; other routes count it against the limit and
  * drop it. */
 static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, size_t *size)
 {
     size_t n = *size;
     *size = 0;
-    if ((long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
-        return reply_error(h, r, 413, "request body exceeds max_body_bytes %lld (chunked upload "
-                           "passed %zu bytes)", (long long)h->cfg.max_body_bytes, r->len + n);
+    if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
+        return discard_body(h, r, n);
     int keep = r->rt.kind == R_INFER && strcmp(r->method, "POST") == 0;
     if (!keep) {
         r->len += n;
@@ -436,7 +460,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     enum MHD_Result ok = check_model(h, r, &handled);
     if (handled)
         return ok;
-    if (atomic_load(&h->state) == SRV_DRAINING)
+    if (!r->before_drain)
         return reply_error(h, r, 503, "server is shutting down");
     const char *ihcl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                    "Inference-Header-Content-Length");
@@ -483,6 +507,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     snprintf(r->method, sizeof r->method, "%s", method);
     snprintf(r->url, sizeof r->url, "%s", url);
     r->rt = parse_route(url);
+    r->before_drain = atomic_load(&h->state) != SRV_DRAINING;
     atomic_fetch_add(&h->in_flight, 1);
     return r;
 }
@@ -524,8 +549,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     switch (r->state) {
     case REQ_RECEIVING:
+    case REQ_TOO_LARGE:
         if (*upload_size)
             return receive_body(h, r, upload_data, upload_size);
+        if (r->state == REQ_TOO_LARGE)
+            return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
+                               "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
         return route_request(h, r);
     case REQ_DONE:
         return send_response(h, r, r->code, r->resp);
@@ -553,12 +582,15 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_sub(&h->in_flight, 1);
 }
 
+/* libmicrohttpd reports mostly client misbehaviour (malformed requests,
+ * early disconnects): debug level. Server-side failures are logged by the
+ * callers of its API. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    tp_log(TP_LOG_WARN, "libmicrohttpd: %s", msg);
+    tp_log(TP_LOG_DEBUG, "libmicrohttpd: %s", msg);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */

@@ -21,6 +21,10 @@ graphs/README.md (compare.py's functions).
       server waiting for the body
   kserve_client.py chunked --url U --path P --bytes N
       stream N bytes chunked; expect 413 once the limit is passed
+  kserve_client.py drain --url U --pid PID --graphs D --graph G
+      SIGTERM the server while a request is in flight (half uploaded):
+      readiness on an open keep-alive connection turns 503, new connections
+      are refused, and the in-flight request still gets its correct answer
 
 --repeat K tiles the inputs (and the reference) K times along the batch dim,
 to make heavier requests for load tests.
@@ -29,8 +33,11 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 import urllib.parse
 
 import numpy as np
@@ -247,6 +254,74 @@ def cmd_chunked(a):
     return 0 if " 413 " in line + " " else 1
 
 
+def read_http_response(s):
+    """Reads one response from a socket the server closes after it ->
+    (status, headers dict with lower-case keys, body)."""
+    buf = b""
+    while True:
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode(errors="replace").split("\r\n")
+    status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else 0
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    n = int(headers.get("content-length", len(body)))
+    return status, headers, body[:n]
+
+
+def cmd_drain(a):
+    host, port = split_url(a.url)
+    fails = 0
+
+    def result(ok, what):
+        nonlocal fails
+        fails += 0 if ok else 1
+        print("%s: drain: %s" % ("PASS" if ok else "FAIL", what))
+
+    keep = http.client.HTTPConnection(host, port, timeout=30)
+    keep.request("GET", "/v2/health/live")
+    r = keep.getresponse()
+    r.read()
+    result(r.status == 200, "keep-alive connection open before SIGTERM (live %d)" % r.status)
+    # An infer request whose upload is still going on at SIGTERM: in flight,
+    # and held open by this client for as long as the checks below take.
+    inputs = load_tensors(a.graphs, manifest_entry(a.graphs, a.graph)["inputs"], a.repeat)
+    body, hl = build_request(inputs, binary=True, binary_out=True)
+    slow = socket.create_connection((host, port), timeout=30)
+    slow.sendall(("POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n"
+                  "Inference-Header-Content-Length: %d\r\n\r\n" % (a.graph, host, len(body), hl)).encode())
+    half = len(body) // 2
+    slow.sendall(body[:half])
+    time.sleep(0.2)
+    os.kill(a.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    keep.request("GET", "/v2/health/ready")
+    r = keep.getresponse()
+    r.read()
+    result(r.status == 503 and (r.getheader("Connection") or "").lower() == "close",
+           "readiness on the open connection is %d with Connection: %s"
+           % (r.status, r.getheader("Connection")))
+    keep.close()
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        result(False, "a new connection was accepted while draining")
+    except ConnectionRefusedError:
+        result(True, "new connections are refused while draining")
+    except OSError as e:
+        result(False, "new connection failed with %s, not a refusal" % e)
+    slow.sendall(body[half:])
+    status, headers, data = read_http_response(slow)
+    slow.close()
+    ok = status == 200
+    if ok:
+        a.outputs, a.id = None, None
+        ok = check_body(a, data, int(headers.get("inference-header-content-length", -1))) == 0
+    result(ok, "the request in flight at SIGTERM was answered %d with correct outputs" % status)
+    return 1 if fails else 0
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -283,9 +358,13 @@ def main(argv):
     sp.add_argument("--url", required=True)
     sp.add_argument("--path", required=True)
     sp.add_argument("--bytes", type=int, required=True)
+    sp = sub.add_parser("drain")
+    graph_args(sp)
+    sp.add_argument("--url", required=True)
+    sp.add_argument("--pid", type=int, required=True)
     a = p.parse_args(argv[1:])
     return {"make": cmd_make, "check": cmd_check, "infer": cmd_infer, "early413": cmd_early413,
-            "chunked": cmd_chunked}[a.cmd](a)
+            "chunked": cmd_chunked, "drain": cmd_drain}[a.cmd](a)
 
 
 if __name__ == "__main__":
