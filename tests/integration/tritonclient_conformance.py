@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""tritonclient_conformance.py --url HOST:PORT --graphs DIR --graph NAME
+
+Drives a running `tpserve serve` with NVIDIA's official tritonclient[http]
+(the client Triton and KServe users already have): health, server and model
+metadata, model readiness, infer with JSON tensors and with the binary tensor
+extension (each input/output combination), requested outputs, request ids,
+and error reporting. Infer results are checked against NAME.ref.safetensors
+with the manifest rtol (graphs/README.md metric, via compare.py).
+
+Prints PASS/FAIL lines and "N passed, N failed"; exit 1 on any failure.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402
+
+ST_TO_KSERVE = {"F32": "FP32", "F16": "FP16", "BF16": "BF16", "I32": "INT32", "I64": "INT64"}
+
+
+class Results:
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def check(self, ok, what):
+        print("%s: %s" % ("PASS" if ok else "FAIL", what))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+
+try:  # tritonclient >= r26.06 takes and returns BF16 as ml_dtypes.bfloat16
+    import ml_dtypes
+except ImportError:  # older clients take float32 and truncate it themselves
+    ml_dtypes = None
+
+
+def client_array(st, a):
+    """The numpy array tritonclient expects for a datatype (compare.load
+    gives BF16 as its raw uint16 bits)."""
+    if st != "BF16":
+        return a
+    if ml_dtypes is not None:
+        return a.view(ml_dtypes.bfloat16)
+    return compare.to_f64("BF16", a).astype(np.float32)
+
+
+def as_f64(dt, a):
+    return np.asarray(a).astype(np.float64)
+
+
+def check_health(c, g, r):
+    r.check(c.is_server_live(), "is_server_live")
+    r.check(c.is_server_ready(), "is_server_ready")
+    r.check(c.is_model_ready(g), "is_model_ready(%s)" % g)
+    r.check(c.is_model_ready(g, model_version="1"), "is_model_ready(%s, version 1)" % g)
+    r.check(not c.is_model_ready("no_such_model"), "is_model_ready(no_such_model) is false")
+
+
+def check_metadata(c, g, inputs, ref, r):
+    sm = c.get_server_metadata()
+    r.check(sm.get("name") == "tpserve" and "binary_tensor_data" in sm.get("extensions", []),
+            "server metadata: %s" % json.dumps(sm))
+    mm = c.get_model_metadata(g)
+    r.check(mm.get("name") == g and mm.get("platform") == "tpserve" and "1" in mm.get("versions", []),
+            "model metadata name/platform/versions: %s %s %s"
+            % (mm.get("name"), mm.get("platform"), mm.get("versions")))
+    by_name = {i["name"]: i for i in mm.get("inputs", [])}
+    for name, (st, a) in inputs.items():
+        m = by_name.get(name, {})
+        ok = (m.get("datatype") == ST_TO_KSERVE[st] and len(m.get("shape", [])) == a.ndim
+              and all(s == -1 or s == d for s, d in zip(m["shape"], a.shape)))
+        r.check(ok, "model metadata input %s: %s" % (name, m))
+    outs = {o["name"]: o for o in mm.get("outputs", [])}
+    r.check(sorted(outs) == sorted(ref), "model metadata outputs %s" % sorted(outs))
+    mv = c.get_model_metadata(g, model_version="1")
+    r.check(mv.get("name") == g, "model metadata with model_version='1'")
+
+
+def compare_outputs(res, ref, rtol, names, r, what):
+    ok = True
+    for name in names:
+        st, want = ref[name]
+        got = res.as_numpy(name)
+        if got is None or tuple(got.shape) != want.shape:
+            r.check(False, "%s: output %s shape %s, expected %s"
+                    % (what, name, None if got is None else got.shape, want.shape))
+            ok = False
+            continue
+        err = compare.rel_err(as_f64(st, got), compare.to_f64(st, want))
+        ok = r.check(err <= rtol, "%s: %s err=%.3e rtol=%.1e" % (what, name, err, rtol)) and ok
+    return ok
+
+
+def infer_modes(c, g, inputs, ref, rtol, r):
+    for bin_in in (False, True):
+        for bin_out in (False, True):
+            what = "infer %s in, %s out" % ("binary" if bin_in else "JSON",
+                                            "binary" if bin_out else "JSON")
+            ins = []
+            for name, (st, a) in inputs.items():
+                i = httpclient.InferInput(name, list(a.shape), ST_TO_KSERVE[st])
+                i.set_data_from_numpy(client_array(st, a), binary_data=bin_in or st == "BF16")
+                ins.append(i)
+            outs = [httpclient.InferRequestedOutput(n, binary_data=bin_out) for n in sorted(ref)]
+            rid = "tc-%d%d" % (bin_in, bin_out)
+            res = c.infer(g, ins, outputs=outs, request_id=rid)
+            r.check(res.get_response().get("id") == rid, "%s: id %s echoed" % (what, rid))
+            compare_outputs(res, ref, rtol, sorted(ref), r, what)
+    # no outputs named: the client asks for all of them (as binary)
+    ins = []
+    for name, (st, a) in inputs.items():
+        i = httpclient.InferInput(name, list(a.shape), ST_TO_KSERVE[st])
+        i.set_data_from_numpy(client_array(st, a))
+        ins.append(i)
+    res = c.infer(g, ins, model_version="1")
+    compare_outputs(res, ref, rtol, sorted(ref), r, "infer (version 1, all outputs by default)")
+    first = sorted(ref)[0]
+    res = c.infer(g, ins, outputs=[httpclient.InferRequestedOutput(first)])
+    names = [o["name"] for o in res.get_response()["outputs"]]
+    r.check(names == [first], "only the requested output %s is returned (%s)" % (first, names))
+    return ins
+
+
+def expect_error(r, what, fn, *words):
+    try:
+        fn()
+        r.check(False, "%s: no error raised" % what)
+    except InferenceServerException as e:
+        msg = str(e)
+        r.check(all(w in msg for w in words), "%s: %s" % (what, msg))
+
+
+def check_errors(c, g, inputs, ins, r):
+    expect_error(r, "unknown model", lambda: c.infer("no_such_model", ins), "unknown model")
+    name, (st, a) = next(iter(inputs.items()))
+    bad_shape = list(a.shape)
+    bad_shape[-1] += 1
+    i = httpclient.InferInput(name, bad_shape, ST_TO_KSERVE[st])
+    arr = np.zeros(bad_shape, dtype=client_array(st, a).dtype)
+    i.set_data_from_numpy(arr, binary_data=True)
+    expect_error(r, "wrong shape", lambda: c.infer(g, [i]), "input '%s'" % name, "does not match")
+    i = httpclient.InferInput("no_such_input", list(a.shape), ST_TO_KSERVE[st])
+    i.set_data_from_numpy(client_array(st, a), binary_data=True)
+    expect_error(r, "unknown input", lambda: c.infer(g, ins + [i]), "unknown input 'no_such_input'")
+    r.check(c.is_server_live(), "server still live after the errors")
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True, help="HOST:PORT")
+    p.add_argument("--graphs", required=True)
+    p.add_argument("--graph", required=True)
+    a = p.parse_args(argv[1:])
+    with open(os.path.join(a.graphs, "manifest.json")) as f:
+        m = next(x for x in json.load(f)["graphs"] if x["name"] == a.graph)
+    inputs = compare.load(os.path.join(a.graphs, m["inputs"]))
+    ref = compare.load(os.path.join(a.graphs, m["ref"]))
+    r = Results()
+    c = httpclient.InferenceServerClient(url=a.url)
+    try:
+        check_health(c, a.graph, r)
+        check_metadata(c, a.graph, inputs, ref, r)
+        ins = infer_modes(c, a.graph, inputs, ref, m["rtol"], r)
+        check_errors(c, a.graph, inputs, ins, r)
+    except Exception as e:  # a client-side surprise is a failure, not a crash
+        r.check(False, "unexpected %s: %s" % (type(e).__name__, e))
+    finally:
+        c.close()
+    print("tritonclient %s: %d passed, %d failed" % (a.graph, r.passed, r.failed))
+    return 1 if r.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
