@@ -87,6 +87,12 @@ typedef struct tp_attrs {
      * inputs 1..n_fused are weights; the products x_gathered @ w_i are
      * concatenated along the last dim (consumers slice them back out). */
     int n_fused;
+    /* fuse_tp through a reassembly: the fused value is, instead of the
+     * gathered input (ag_mm) or the product (mm_rs) P itself,
+     * R = cat_{j}(slice(P, piece_dim, piece_start[j], piece_len[j])) along
+     * cat_dim — a pure permutation of P's rows. 0 pieces: R = P. */
+    int n_pieces, piece_dim, cat_dim;
+    int64_t piece_start[TP_MAX_DIMS], piece_len[TP_MAX_DIMS];
 } tp_attrs;
 
 const char *tp_op_name(tp_op op);

@@ -7,6 +7,12 @@
  *  matmul(a, w) [-> view] -> reduce_scatter(., s)
  *      => fused_matmul_reduce_scatter(a, w)
  *
+ * Both also match through a reassembly: slices of the collective's value
+ * (gathered input / product) on one dim, concatenated on another by a cat,
+ * when the slices cover that dim exactly once — a pure permutation of rows
+ * that the fused kernel performs while computing (tp_attrs pieces,
+ * reassembly.h); only those slices and that cat are removed.
+ *
  * Safety checks, each a reason to leave the pattern alone:
  *  - the gather dim must not be the contracted (last) dim of the matmul;
  *  - weights must be 2-D, of one dtype and transpose_b, defined before the
@@ -46,6 +52,59 @@ static int operand_of(const tp_graph *g, int ag, int user)
         u->ndim >= 2 && u->shape[u->ndim - 1] == x->shape[x->ndim - 1])
         return user;
     return -1;
+}
+
+/* Slices of `src` on one dim, each read only by the cat `cat`, covering
+ * that dim exactly once, and nothing else reading src: a pure permutation
+ * of src's rows. Fills the piece attrs in cat order. */
+static int match_reassembly(const tp_graph *g, int src, int cat, tp_attrs *a)
+{
+    const tp_node *c = &g->nodes[cat], *sn = &g->nodes[src];
+    if (c->op != TP_OP_CAT || c->n_inputs > TP_MAX_DIMS || c->fallback || tp_graph_n_users(g, src) != c->n_inputs)
+        return 0;
+    int dim = -1;
+    int64_t covered = 0;
+    for (int j = 0; j < c->n_inputs; j++) {
+        const tp_node *sl = &g->nodes[c->inputs[j]];
+        if (sl->op != TP_OP_SLICE || sl->inputs[0] != src || tp_graph_sole_user(g, c->inputs[j]) != cat ||
+            (dim >= 0 && sl->attrs.dim != dim))
+            return 0;
+        dim = sl->attrs.dim;
+        a->piece_start[j] = sl->attrs.start;
+        a->piece_len[j] = sl->attrs.length;
+        covered += sl->attrs.length;
+        for (int k = 0; k < j; k++)
+            if (a->piece_start[k] < sl->attrs.start + sl->attrs.length &&
+                sl->attrs.start < a->piece_start[k] + a->piece_len[k])
+                return 0; /* overlapping pieces duplicate rows */
+    }
+    if (dim < 0 || covered != sn->shape[dim] || dim == sn->ndim - 1 || c->attrs.dim == sn->ndim - 1)
+        return 0;
+    a->n_pieces = c->n_inputs;
+    a->piece_dim = dim;
+    a->cat_dim = c->attrs.dim;
+    return 1;
+}
+
+/* Removes a cat and its slices (which sit before it) once nothing reads
+ * them; indices after `cat` shift, those before do not. */
+static void remove_reassembly(tp_graph *g, int cat)
+{
+    int n = g->nodes[cat].n_inputs, slices[TP_MAX_DIMS];
+    memcpy(slices, g->nodes[cat].inputs, sizeof(int) * (size_t)n);
+    if (tp_graph_n_users(g, cat) != 0)
+        return;
+    tp_graph_remove(g, cat);
+    for (int i = 0; i < n; i++) /* highest index first */
+        for (int j = i + 1; j < n; j++)
+            if (slices[j] > slices[i]) {
+                int t = slices[i];
+                slices[i] = slices[j];
+                slices[j] = t;
+            }
+    for (int i = 0; i < n; i++)
+        if (tp_graph_n_users(g, slices[i]) == 0)
+            tp_graph_remove(g, slices[i]);
 }
 
 static tp_status make_node(tp_graph *g, tp_op op, const char *base, int n_inputs, tp_node *n, tp_err *err)
@@ -96,7 +155,7 @@ static void matmul_to_slice(tp_graph *g, int m, int fused, int64_t start, int64_
     n->attrs.length = len;
 }
 
-static tp_status fuse_gather(tp_graph *g, int ag, int a, int *changed, tp_err *err)
+static tp_status fuse_gather(tp_graph *g, int ag, int a, const tp_attrs *pieces, int *changed, tp_err *err)
 {
     int mm[16];
     int k = collect_matmuls(g, a, mm, 16);
@@ -119,10 +178,26 @@ static tp_status fuse_gather(tp_graph *g, int ag, int a, int *changed, tp_err *e
         f.inputs[1 + i] = g->nodes[mm[i]].inputs[1];
         width[i] = g->nodes[mm[i]].shape[g->nodes[mm[i]].ndim - 1];
     }
-    if (a != ag) { /* the view between gather and matmul: keep its target */
+    if (pieces) {
+        f.attrs.n_pieces = pieces->n_pieces;
+        f.attrs.piece_dim = pieces->piece_dim;
+        f.attrs.cat_dim = pieces->cat_dim;
+        memcpy(f.attrs.piece_start, pieces->piece_start, sizeof f.attrs.piece_start);
+        memcpy(f.attrs.piece_len, pieces->piece_len, sizeof f.attrs.piece_len);
+    } else if (a != ag) { /* the view between gather and matmul: keep its target */
         const tp_node *v = &g->nodes[a];
         f.attrs.n_shape = v->attrs.n_shape;
         memcpy(f.attrs.shape, v->attrs.shape, sizeof f.attrs.shape);
+    }
+    if (k == 1) { /* the fused node replaces the matmul: keep its name */
+        char *name = strdup(g->nodes[mm[0]].name);
+        if (!name) {
+            free(f.name);
+            free(f.inputs);
+            return tp_fail(err, TP_NOMEM, "fuse_tp: out of memory");
+        }
+        free(f.name);
+        f.name = name;
     }
     int pos = mm[0];
     if ((st = tp_graph_insert(g, pos, &f, err)) != TP_OK)
@@ -140,7 +215,9 @@ static tp_status fuse_gather(tp_graph *g, int ag, int a, int *changed, tp_err *e
     }
     /* the gather (and a view between it and the matmuls) stays only if
      * something else still reads the gathered tensor */
-    if (a != ag && tp_graph_n_users(g, a) == 0)
+    if (pieces)
+        remove_reassembly(g, a);
+    else if (a != ag && tp_graph_n_users(g, a) == 0)
         tp_graph_remove(g, a);
     if (tp_graph_n_users(g, ag) == 0)
         tp_graph_remove(g, ag);
@@ -161,14 +238,65 @@ static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
             reads |= g->nodes[j].inputs[k] == ag;
         if (!reads)
             continue;
-        int a = operand_of(g, ag, j);
+        tp_attrs pieces = {0};
+        int cat = g->nodes[j].op == TP_OP_SLICE ? tp_graph_sole_user(g, j) : -1;
+        int through = cat >= 0 && match_reassembly(g, ag, cat, &pieces);
+        int a = through ? cat : operand_of(g, ag, j);
         if (a < 0)
             continue;
         int before = *changed;
-        tp_status st = fuse_gather(g, ag, a, changed, err);
+        tp_status st = fuse_gather(g, ag, a, through ? &pieces : NULL, changed, err);
         if (st != TP_OK || *changed != before)
             return st; /* indices moved: the caller rescans */
     }
+    return TP_OK;
+}
+
+/* Rewrites rs as fused_matmul_reduce_scatter(a, w) of matmul m. */
+static tp_status become_fused_rs(tp_graph *g, int rs, int m, tp_err *err)
+{
+    tp_node *r = &g->nodes[rs];
+    const tp_node *mn = &g->nodes[m];
+    int a = mn->inputs[0], w = mn->inputs[1];
+    int *ins = realloc(r->inputs, 2 * sizeof(int));
+    if (!ins)
+        return tp_fail(err, TP_NOMEM, "fuse_tp: out of memory");
+    r->attrs.algo = TP_ALGO_FUSED;
+    r->attrs.transpose_b = mn->attrs.transpose_b;
+    r->inputs = ins;
+    r->n_inputs = 2;
+    r->inputs[0] = a;
+    r->inputs[1] = w;
+    r->op = TP_OP_FUSED_MM_RS;
+    return TP_OK;
+}
+
+/* matmul -> slices -> cat -> reduce_scatter: the product's rows permuted. */
+static tp_status try_scatter_reassembly(tp_graph *g, int rs, int cat, int *changed, tp_err *err)
+{
+    int m = g->nodes[g->nodes[cat].inputs[0]].inputs[0];
+    tp_attrs pieces = {0};
+    const tp_node *mn = &g->nodes[m];
+    if (mn->op != TP_OP_MATMUL || mn->fallback || g->nodes[mn->inputs[1]].ndim != 2 ||
+        !match_reassembly(g, m, cat, &pieces) || g->nodes[rs].attrs.dim >= g->nodes[cat].ndim - 1 ||
+        tp_graph_sole_user(g, cat) != rs)
+        return TP_OK;
+    tp_attrs *ra = &g->nodes[rs].attrs;
+    tp_attrs keep = *ra;
+    memset(ra, 0, sizeof *ra);
+    ra->dim = keep.dim;
+    ra->reduce = keep.reduce;
+    ra->n_pieces = pieces.n_pieces;
+    ra->piece_dim = pieces.piece_dim;
+    ra->cat_dim = pieces.cat_dim;
+    memcpy(ra->piece_start, pieces.piece_start, sizeof ra->piece_start);
+    memcpy(ra->piece_len, pieces.piece_len, sizeof ra->piece_len);
+    tp_status st = become_fused_rs(g, rs, m, err);
+    if (st != TP_OK)
+        return st;
+    remove_reassembly(g, cat);
+    tp_graph_remove(g, m);
+    *changed += 1;
     return TP_OK;
 }
 
@@ -179,6 +307,8 @@ static tp_status try_scatter(tp_graph *g, int rs, int *changed, tp_err *err)
     int src = r->inputs[0], v = -1, m = src;
     if (r->fallback)
         return TP_OK;
+    if (is_op(g, src, TP_OP_CAT) && is_op(g, g->nodes[src].inputs[0], TP_OP_SLICE))
+        return try_scatter_reassembly(g, rs, src, changed, err);
     if (is_op(g, src, TP_OP_VIEW) || is_op(g, src, TP_OP_RESHAPE)) {
         v = src;
         m = g->nodes[v].inputs[0];
@@ -195,25 +325,17 @@ static tp_status try_scatter(tp_graph *g, int rs, int *changed, tp_err *err)
         return TP_OK; /* the view must keep N as the last dim */
     if (v >= 0 && tp_pass_is_strided(g, mn->inputs[0]))
         return TP_OK; /* a is re-viewed in the view's coordinates */
-    int a = mn->inputs[0], w = mn->inputs[1], tb = mn->attrs.transpose_b;
     tp_attrs at = r->attrs;
     memset(&r->attrs, 0, sizeof r->attrs);
     r->attrs.dim = at.dim;
     r->attrs.reduce = at.reduce;
-    r->attrs.algo = TP_ALGO_FUSED;
-    r->attrs.transpose_b = tb;
     if (v >= 0) {
         r->attrs.n_shape = g->nodes[v].attrs.n_shape;
         memcpy(r->attrs.shape, g->nodes[v].attrs.shape, sizeof r->attrs.shape);
     }
-    int *ins = realloc(r->inputs, 2 * sizeof(int));
-    if (!ins)
-        return tp_fail(err, TP_NOMEM, "fuse_tp: out of memory");
-    r->inputs = ins;
-    r->n_inputs = 2;
-    r->inputs[0] = a;
-    r->inputs[1] = w;
-    r->op = TP_OP_FUSED_MM_RS;
+    tp_status st = become_fused_rs(g, rs, m, err);
+    if (st != TP_OK)
+        return st;
     if (v >= 0)
         tp_graph_remove(g, v);
     tp_graph_remove(g, m);

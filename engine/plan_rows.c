@@ -45,12 +45,16 @@ static int op_mixes_rows(const tp_graph *g, int i, const int *bd)
         return 0;
     case TP_OP_VIEW:
     case TP_OP_RESHAPE: return !(in0 == -1 || (in0 == 0 && b == 0));
+    case TP_OP_FUSED_AG_MM:
+    case TP_OP_FUSED_MM_RS:
+        /* a folded reassembly permutes rows along piece_dim and cat_dim */
+        if (a->n_pieces > 0 && in0 >= 0 && (a->piece_dim == in0 || a->cat_dim == in0))
+            return 1;
+        return b >= 0 && a->dim == b;
     case TP_OP_SLICE:
     case TP_OP_CAT:
     case TP_OP_ALL_GATHER:
-    case TP_OP_REDUCE_SCATTER:
-    case TP_OP_FUSED_AG_MM:
-    case TP_OP_FUSED_MM_RS: return b >= 0 && a->dim == b;
+    case TP_OP_REDUCE_SCATTER: return b >= 0 && a->dim == b;
     case TP_OP_ALL_TO_ALL: return in0 >= 0 && (a->split_dim == in0 || a->concat_dim == b);
     default: return 0;
     }

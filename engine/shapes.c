@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "graph.h"
+#include "reassembly.h"
 
 #define SHAPE(buf, n) tp_shape_str(buf, sizeof buf, (n)->ndim, (n)->shape)
 
@@ -434,6 +435,12 @@ static tp_status infer_fused_ag_mm(tp_graph *g, tp_node *n, tp_err *err)
     int nd = x->ndim;
     memcpy(lead, x->shape, sizeof lead);
     lead[n->attrs.dim] *= g->world_size;
+    if (n->attrs.n_pieces > 0) {
+        int64_t r[TP_MAX_DIMS];
+        if (tp_reassembled_shape(&n->attrs, nd, lead, r) != 0)
+            return node_fail(err, n, "its slices no longer cat into one tensor%s%s", "", "");
+        memcpy(lead, r, sizeof lead);
+    }
     if (n->attrs.n_shape > 0) {
         int64_t v[TP_MAX_DIMS];
         if (resolve_shape(n->attrs.shape, n->attrs.n_shape, numel_of(nd, lead), v) != 0 ||
@@ -469,6 +476,12 @@ static tp_status infer_fused_mm_rs(tp_graph *g, tp_node *n, tp_err *err)
     int nd = a->ndim;
     memcpy(p, a->shape, sizeof p);
     p[nd - 1] = w->shape[tb ? 0 : 1];
+    if (n->attrs.n_pieces > 0) {
+        int64_t r[TP_MAX_DIMS];
+        if (tp_reassembled_shape(&n->attrs, nd, p, r) != 0)
+            return node_fail(err, n, "its slices no longer cat into one tensor%s%s", "", "");
+        memcpy(p, r, sizeof p);
+    }
     if (n->attrs.n_shape > 0) {
         int64_t v[TP_MAX_DIMS];
         if (resolve_shape(n->attrs.shape, n->attrs.n_shape, numel_of(nd, p), v) != 0)

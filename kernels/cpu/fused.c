@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "reassembly.h"
 
 static tp_tensor narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
 {
@@ -36,6 +37,61 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     return st;
 }
 
+/* The part of t inside box (first nd dims), shifted by -origin along dim
+ * `shift_dim` (-1: none). */
+static tp_tensor box_view(const tp_tensor *t, const tp_box *b, int nd, int shift_dim, int64_t origin)
+{
+    tp_tensor v = *t;
+    for (int d = 0; d < nd; d++) {
+        int64_t lo = b->lo[d] - (d == shift_dim ? origin : 0);
+        v = narrow(&v, d, lo, b->hi[d] - b->lo[d]);
+    }
+    return v;
+}
+
+/* Every weight's product of rows x_rows into its column block of dest rows. */
+static tp_status matmul_blocks(const tp_attrs *attrs, const tp_tensor *x_rows, const tp_tensor *ins, int n_ins,
+                               tp_tensor *dest_rows, int rank, int world, tp_err *err)
+{
+    int64_t col = 0;
+    tp_status st = TP_OK;
+    for (int j = 1; st == TP_OK && j < n_ins; j++) {
+        int64_t nj = ins[j].shape[attrs->transpose_b ? 0 : 1];
+        tp_tensor block = narrow(dest_rows, dest_rows->ndim - 1, col, nj);
+        st = matmul_into(attrs, x_rows, &ins[j], &block, rank, world, err);
+        col += nj;
+    }
+    return st;
+}
+
+/* ag_mm through a reassembly: rank src's rows of the gathered input, piece
+ * by piece, straight into their permuted places in out. */
+static tp_status ag_mm_pieces(const tp_attrs *attrs, const tp_tensor *xs, int src, const tp_tensor *ins, int n_ins,
+                              tp_tensor *out, int rank, int world, tp_err *err)
+{
+    int nd = xs->ndim, g = attrs->dim;
+    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS];
+    memcpy(p, xs->shape, sizeof p);
+    p[g] *= world;
+    tp_reassembled_shape(attrs, nd, p, r);
+    r[nd - 1] = out->shape[out->ndim - 1];
+    tp_tensor out_r = tp_tensor_make(out->data, out->dtype, nd, r);
+    tp_box mine = tp_box_full(nd, p), part, rb;
+    mine.lo[g] = src * xs->shape[g];
+    mine.hi[g] = mine.lo[g] + xs->shape[g];
+    tp_status st = TP_OK;
+    for (int j = 0; st == TP_OK && j < attrs->n_pieces; j++) {
+        tp_box pj = tp_piece_box_p(attrs, j, nd, p);
+        if (!tp_box_intersect(nd, &mine, &pj, &part))
+            continue;
+        rb = tp_piece_map(attrs, j, p, &part, nd, 1);
+        tp_tensor rows = box_view(xs, &part, nd - 1, g, mine.lo[g]);
+        tp_tensor dest = box_view(&out_r, &rb, nd - 1, -1, 0);
+        st = matmul_blocks(attrs, &rows, ins, n_ins, &dest, rank, world, err);
+    }
+    return st;
+}
+
 /* x viewed with the gather dim multiplied: the fused output in gathered
  * coordinates (out is contiguous, so any re-view is just a new shape). */
 static tp_tensor gathered_out(const tp_tensor *x, int g, int world, const tp_tensor *out)
@@ -59,14 +115,12 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     for (int i = 0; st == TP_OK && i < d; i++) {
         int src = (rank + i) % d; /* own shard first: no waiting on a peer */
         const tp_tensor *xs = cpu_comm_peer(c, src);
-        tp_tensor rows = narrow(&og, g, src * len, len);
-        int64_t col = 0;
-        for (int j = 1; st == TP_OK && j < n_ins; j++) {
-            int64_t nj = ins[j].shape[attrs->transpose_b ? 0 : 1];
-            tp_tensor block = narrow(&rows, og.ndim - 1, col, nj);
-            st = matmul_into(attrs, xs, &ins[j], &block, rank, d, err);
-            col += nj;
+        if (attrs->n_pieces > 0) {
+            st = ag_mm_pieces(attrs, xs, src, ins, n_ins, out, rank, d, err);
+            continue;
         }
+        tp_tensor rows = narrow(&og, g, src * len, len);
+        st = matmul_blocks(attrs, xs, ins, n_ins, &rows, rank, d, err);
     }
     cpu_comm_release(c, rank);
     return st;
@@ -100,6 +154,32 @@ static void reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out)
     }
 }
 
+/* mm_rs through a reassembly: the chunk of R for peer dst, piece by piece,
+ * from the rows of a that land there. */
+static tp_status mm_rs_chunk_pieces(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *w, int dst,
+                                    tp_tensor *slot, int rank, int world, tp_err *err)
+{
+    int nd = a->ndim, s = attrs->dim;
+    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS], len = slot->shape[s];
+    memcpy(p, a->shape, sizeof p);
+    p[nd - 1] = slot->shape[nd - 1];
+    tp_reassembled_shape(attrs, nd, p, r);
+    tp_box chunk = tp_box_full(nd, r), part;
+    chunk.lo[s] = dst * len;
+    chunk.hi[s] = chunk.lo[s] + len;
+    tp_status st = TP_OK;
+    for (int j = 0; st == TP_OK && j < attrs->n_pieces; j++) {
+        tp_box rj = tp_piece_box_r(attrs, j, nd, p);
+        if (!tp_box_intersect(nd, &chunk, &rj, &part))
+            continue;
+        tp_box pb = tp_piece_map(attrs, j, p, &part, nd, 0);
+        tp_tensor rows = box_view(a, &pb, nd - 1, -1, 0);
+        tp_tensor dest = box_view(slot, &part, nd - 1, s, chunk.lo[s]);
+        st = matmul_into(attrs, &rows, w, &dest, rank, world, err);
+    }
+    return st;
+}
+
 static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
                        tp_err *err)
 {
@@ -119,7 +199,9 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         int dst = (rank + i) % d; /* peers' chunks first, own chunk last */
         tp_tensor slot = tp_tensor_make((char *)ws->data + dst * chunk * (int64_t)tp_dtype_size(out->dtype),
                                         out->dtype, nd, out->shape);
-        if (s < nd - 1) {
+        if (attrs->n_pieces > 0) {
+            st = mm_rs_chunk_pieces(attrs, &a, w, dst, &slot, rank, d, err);
+        } else if (s < nd - 1) {
             tp_tensor rows = narrow(&a, s, dst * len, len);
             st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
         } else {

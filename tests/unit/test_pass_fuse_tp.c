@@ -133,6 +133,60 @@ START_TEST(matmul_with_other_reader_is_left_alone)
 }
 END_TEST
 
+#define HALVES(src, d) \
+    "{\"name\":\"s0\",\"op\":\"slice\",\"inputs\":[\"" src "\"],\"attrs\":{\"dim\":" d ",\"start\":0,\"length\":LEN}}," \
+    "{\"name\":\"s1\",\"op\":\"slice\",\"inputs\":[\"" src "\"],\"attrs\":{\"dim\":" d ",\"start\":LEN,\"length\":LEN}},"
+
+static void check_with_len(const char *tmpl, const char *len, const char *outputs, counts want)
+{
+    char nodes[2048];
+    const char *p = tmpl;
+    size_t o = 0;
+    while (*p && o < sizeof nodes - 8) { /* LEN -> len */
+        if (strncmp(p, "LEN", 3) == 0) {
+            o += (size_t)snprintf(nodes + o, sizeof nodes - o, "%s", len);
+            p += 3;
+        } else {
+            nodes[o++] = *p++;
+        }
+    }
+    nodes[o] = 0;
+    check_case(nodes, outputs, want);
+}
+
+START_TEST(gather_through_slice_cat_reassembly)
+{
+    /* gathered sequence halves stacked on the batch dim, then matmul */
+    check_with_len(AG "," HALVES("xg", "1")
+                   "{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[\"s0\",\"s1\"],\"attrs\":{\"dim\":0}},"
+                   "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w1\"]}",
+                   "2", "{\"name\":\"h\"}", (counts){1, 0, 0, 0, 0});
+    /* the halves swapped on the gather dim itself */
+    check_with_len(AG "," HALVES("xg", "1")
+                   "{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[\"s1\",\"s0\"],\"attrs\":{\"dim\":1}},"
+                   "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w1\"]}",
+                   "2", "{\"name\":\"h\"}", (counts){1, 0, 0, 0, 0});
+    /* slices that miss rows are a selection, not a permutation: left alone */
+    check_with_len(AG "," HALVES("xg", "1")
+                   "{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[\"s0\",\"s1\"],\"attrs\":{\"dim\":0}},"
+                   "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w1\"]}",
+                   "1", "{\"name\":\"h\"}", (counts){0, 0, 1, 0, 2});
+}
+END_TEST
+
+START_TEST(matmul_slice_cat_reduce_scatter)
+{
+    check_with_len("{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w1\"]}," HALVES("o", "1")
+                   "{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[\"s1\",\"s0\"],\"attrs\":{\"dim\":1}},"
+                   "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"c\"],\"attrs\":{\"dim\":1}}",
+                   "1", "{\"name\":\"y\"}", (counts){0, 1, 0, 0, 0});
+    check_with_len("{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w1\"]}," HALVES("o", "1")
+                   "{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[\"s0\",\"s1\"],\"attrs\":{\"dim\":0}},"
+                   "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"c\"],\"attrs\":{\"dim\":0,\"op\":\"avg\"}}",
+                   "1", "{\"name\":\"y\"}", (counts){0, 1, 0, 0, 0});
+}
+END_TEST
+
 Suite *fuse_suite(void)
 {
     tu_fill(w1, 48, 1);
@@ -150,6 +204,8 @@ Suite *fuse_suite(void)
     tcase_add_test(tc, gather_on_k_is_left_alone);
     tcase_add_test(tc, matmul_reduce_scatter_fuses);
     tcase_add_test(tc, matmul_with_other_reader_is_left_alone);
+    tcase_add_test(tc, gather_through_slice_cat_reassembly);
+    tcase_add_test(tc, matmul_slice_cat_reduce_scatter);
     suite_add_tcase(s, tc);
     return s;
 }

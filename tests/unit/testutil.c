@@ -59,6 +59,7 @@ double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n)
 {
     double worst = 0;
     for (int t = 0; t < n; t++) {
+        ck_assert_str_eq(a[t].name, b[t].name); /* passes never rename outputs */
         ck_assert_int_eq(a[t].nbytes, b[t].nbytes);
         ck_assert_int_eq(a[t].dtype, b[t].dtype);
         int64_t cnt = (int64_t)(a[t].nbytes / tp_dtype_size(a[t].dtype));

@@ -1,0 +1,108 @@
+/* reassembly.h — the row permutation fuse_tp folds into a fused node when
+ * slices and a cat only rearrange a collective's value (tp_attrs pieces).
+ *
+ * P is the value before (the gathered input, or the matmul product), R the
+ * value after: piece j is P[piece_dim in [start_j, start_j + len_j)], laid
+ * into R at offset off_j along cat_dim. A box is a per-dim [lo, hi) range;
+ * these functions map boxes between P and R so a kernel can compute exactly
+ * the rows it needs, where they belong, without materializing either. */
+#ifndef TP_REASSEMBLY_H
+#define TP_REASSEMBLY_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "ops.h"
+
+typedef struct {
+    int64_t lo[TP_MAX_DIMS], hi[TP_MAX_DIMS];
+} tp_box;
+
+static inline tp_box tp_box_full(int nd, const int64_t *shape)
+{
+    tp_box b;
+    memset(&b, 0, sizeof b);
+    for (int i = 0; i < nd; i++)
+        b.hi[i] = shape[i];
+    return b;
+}
+
+/* a & b; returns 0 when empty. */
+static inline int tp_box_intersect(int nd, const tp_box *a, const tp_box *b, tp_box *out)
+{
+    for (int i = 0; i < nd; i++) {
+        out->lo[i] = a->lo[i] > b->lo[i] ? a->lo[i] : b->lo[i];
+        out->hi[i] = a->hi[i] < b->hi[i] ? a->hi[i] : b->hi[i];
+        if (out->lo[i] >= out->hi[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* R's shape from P's; -1 when the pieces do not cat (equal lengths are
+ * needed when cat_dim differs from piece_dim). */
+static inline int tp_reassembled_shape(const tp_attrs *a, int nd, const int64_t *p, int64_t *r)
+{
+    int g = a->piece_dim, c = a->cat_dim;
+    memcpy(r, p, sizeof(int64_t) * (size_t)nd);
+    if (c == g) {
+        r[g] = 0;
+        for (int j = 0; j < a->n_pieces; j++)
+            r[g] += a->piece_len[j];
+        return 0;
+    }
+    for (int j = 1; j < a->n_pieces; j++)
+        if (a->piece_len[j] != a->piece_len[0])
+            return -1;
+    r[g] = a->piece_len[0];
+    r[c] = p[c] * a->n_pieces;
+    return 0;
+}
+
+/* Offset of piece j along cat_dim in R. */
+static inline int64_t tp_piece_offset(const tp_attrs *a, int j, const int64_t *p)
+{
+    int64_t off = 0;
+    for (int k = 0; k < j; k++)
+        off += a->cat_dim == a->piece_dim ? a->piece_len[k] : p[a->cat_dim];
+    return off;
+}
+
+/* Piece j's box in P coordinates. */
+static inline tp_box tp_piece_box_p(const tp_attrs *a, int j, int nd, const int64_t *p)
+{
+    tp_box b = tp_box_full(nd, p);
+    b.lo[a->piece_dim] = a->piece_start[j];
+    b.hi[a->piece_dim] = a->piece_start[j] + a->piece_len[j];
+    return b;
+}
+
+/* Maps a box inside piece j between P and R coordinates (to_r: P -> R). */
+static inline tp_box tp_piece_map(const tp_attrs *a, int j, const int64_t *p, const tp_box *in, int nd, int to_r)
+{
+    tp_box b = *in;
+    int g = a->piece_dim, c = a->cat_dim;
+    int64_t off = tp_piece_offset(a, j, p), s = a->piece_start[j];
+    int64_t dg = c == g ? off - s : -s, dc = c == g ? 0 : off;
+    if (!to_r) {
+        dg = -dg;
+        dc = -dc;
+    }
+    b.lo[g] += dg;
+    b.hi[g] += dg;
+    if (c != g) {
+        b.lo[c] += dc;
+        b.hi[c] += dc;
+    }
+    (void)nd;
+    return b;
+}
+
+/* Piece j's box in R coordinates. */
+static inline tp_box tp_piece_box_r(const tp_attrs *a, int j, int nd, const int64_t *p)
+{
+    tp_box pb = tp_piece_box_p(a, j, nd, p);
+    return tp_piece_map(a, j, p, &pb, nd, 1);
+}
+
+#endif
