@@ -36,6 +36,35 @@ views = [n for n in p["nodes"] if n["op"] in ("permute", "transpose", "slice")]
 assert views and any(not n["contiguous"] for n in views), "expected a strided view"
 PY
 then pass "plan --json fields"; else bad "plan --json"; fi
+
+# plan --json after passes: fused nodes, lowering, partitions, hoisting,
+# input copies, memory; --no-passes / --disable-pass turn them off.
+"$TPSERVE" plan "$G/mlp_sp_tp2.json" --json --batch 2 >"$TMP/p1.json" &&
+"$TPSERVE" plan "$G/mlp_sp_tp2.json" --json --batch 2 --no-passes >"$TMP/p0.json" &&
+"$TPSERVE" plan "$G/mlp_sp_tp2.json" --json --batch 2 --disable-pass fuse_tp >"$TMP/pd.json" &&
+"$TPSERVE" plan "$G/megatron_block_tp2.json" --json --batch 2 >"$TMP/pm.json" &&
+"$TPSERVE" plan "$G/vocab_embed_tp2.json" --json --batch 2 >"$TMP/pv.json" &&
+$PYTHON - "$TMP" <<'PY' && pass "plan --json passes, collectives, partitions, hoisting, memory" || bad "plan --json sections"
+import json, sys, os
+d = sys.argv[1]
+p1, p0, pd, pm, pv = (json.load(open(os.path.join(d, f))) for f in ("p1.json", "p0.json", "pd.json", "pm.json", "pv.json"))
+ops1 = [n["op"] for n in p1["nodes"]]
+assert "fused_all_gather_matmul" in ops1 and "fused_matmul_reduce_scatter" in ops1, ops1
+assert "all_gather" not in ops1 and "reduce_scatter" not in ops1, ops1
+assert not any(n["op"].startswith("fused") for n in p0["nodes"] + pd["nodes"])
+assert {p["name"]: p["changed"] for p in p1["passes"]}["fuse_tp"] == 2
+assert all(not p["ran"] for p in p0["passes"])
+assert {c["algorithm"] for c in p1["collectives"]} == {"fused"}
+assert all(c["algorithm"] in ("one_shot", "ring") and c["bytes"] > 0 for c in pm["collectives"])
+kinds = [p["kind"] for p in pm["partitions"]]
+assert kinds == ["captured", "fallback", "captured"], kinds
+assert [h["node"] for h in pm["hoisted"]] == ["attn"], pm["hoisted"]
+assert {"input": "x", "into": "symmetric", "method": "memcpy"} in p1["input_copies"]
+assert any(c["method"] == "identity_copy" for c in pv["input_copies"]), pv["input_copies"]
+for p in (p1, pm, pv):
+    m = p["memory"]
+    assert m["symmetric_offsets_equal"] is True and m["peak_bytes"] < m["naive_bytes"], m
+PY
 "$TPSERVE" plan "$G/mlp_sp_tp2.json" >"$TMP/plan.txt" && grep -q "all_gather" "$TMP/plan.txt" \
     && pass "plan text" || bad "plan text"
 
