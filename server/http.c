@@ -59,6 +59,7 @@ struct tp_http {
     _Atomic int state;
     _Atomic int loaded; /* engine and model published; stays set while draining */
     _Atomic long in_flight;
+    _Atomic long suspended; /* queued or in the engine: must resume before stop */
     tp_engine *engine;
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
@@ -474,6 +475,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
         /* Suspended before a worker can see the job, so its resume can never
          * overtake this suspend. */
         MHD_suspend_connection(r->conn);
+        atomic_fetch_add(&h->suspended, 1);
         r->state = REQ_QUEUED;
         r->t_queued = now_ms();
         r->next = NULL;
@@ -557,6 +559,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
         return route_request(h, r);
     case REQ_DONE:
+        /* Called back after the resume was processed: from here on the
+         * daemon may be stopped under this connection. */
+        atomic_fetch_sub(&h->suspended, 1);
         return send_response(h, r, r->code, r->resp);
     default:
         /* Already answered (e.g. 413 mid-upload): discard what still comes. */
@@ -677,6 +682,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     atomic_init(&h->state, SRV_LOADING);
     atomic_init(&h->loaded, 0);
     atomic_init(&h->in_flight, 0);
+    atomic_init(&h->suspended, 0);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     tp_status st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
@@ -749,6 +755,7 @@ void tp_http_begin_drain(tp_http *h)
 }
 
 long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }
+long tp_http_suspended(tp_http *h) { return atomic_load(&h->suspended); }
 
 unsigned tp_http_connections(tp_http *h)
 {

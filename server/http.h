@@ -34,17 +34,20 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
  * (connections already queued in the kernel backlog are still answered). */
 void tp_http_begin_drain(tp_http *h);
 
-/* Requests received but not yet answered, and open connections. */
+/* Requests received but not yet answered; of those, the ones handed to the
+ * workers (queued or inside the engine); and open connections. */
 long tp_http_in_flight(tp_http *h);
+long tp_http_suspended(tp_http *h);
 unsigned tp_http_connections(tp_http *h);
 
 /* Drain timeout: answers every request still waiting in the queue with 503
  * at once. Requests already inside the engine cannot be interrupted. */
 void tp_http_cancel_queued(tp_http *h);
 
-/* Stops the daemon, joins the workers and frees h. Only valid once
- * tp_http_in_flight is 0 (libmicrohttpd forbids stopping with suspended
- * connections). NULL is a no-op. */
+/* Stops the daemon, joins the workers and frees h; requests still uploading
+ * their body are dropped. Only valid once tp_http_suspended is 0
+ * (libmicrohttpd forbids stopping with suspended connections). NULL is a
+ * no-op. */
 void tp_http_stop(tp_http *h);
 
 #endif

@@ -1,6 +1,8 @@
 #include "serve.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -180,16 +182,23 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
 }
 
 /* After a cut-short drain: queued requests get 503; those inside the engine
- * get up to a second more. Returns 1 when nothing is left in flight. */
+ * get up to a second more. Requests still uploading their body (a stalled
+ * client) are not waited for: the daemon can stop under them. Returns 1 when
+ * nothing is left with the workers, so stopping is safe. */
 static int cancel_rest(tp_http *h)
 {
     tp_http_cancel_queued(h);
     double until = now_ms() + 1000;
-    while (tp_http_in_flight(h) > 0 && now_ms() < until) {
+    while (tp_http_suspended(h) > 0 && now_ms() < until) {
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    return tp_http_in_flight(h) == 0;
+    if (tp_http_suspended(h) > 0)
+        return 0;
+    if (tp_http_in_flight(h) > 0)
+        TP_LOG_W("dropping %ld requests whose body never finished arriving",
+                 tp_http_in_flight(h));
+    return 1;
 }
 
 static const char *url_host(const char *host, char *buf, size_t len)
@@ -216,11 +225,93 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
              "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,
              tp_http_in_flight(h));
     tp_http_begin_drain(h);
-    if (drain(h, cfg, set) || cancel_rest(h)) {
+    if (drain(h, cfg, set)) {
         TP_LOG_I("drained: every accepted request was answered; exiting");
         return 0;
     }
+    if (cancel_rest(h)) {
+        TP_LOG_I("drain cut short: every complete request was answered; exiting");
+        return 0;
+    }
     return -1;
+}
+
+/* The graph loads on its own thread so SIGTERM is honoured while a large
+ * graph is still loading (a rollout must not wait for weights to map). */
+typedef struct {
+    tp_config cfg; /* a copy: a detached loader may outlive the caller's frame */
+    tp_engine *e;
+    tp_status st;
+    tp_err err;
+    _Atomic int done;
+} load_job;
+
+static void *load_main(void *arg)
+{
+    load_job *j = arg;
+    tp_engine_opts opts = {.backend = j->cfg.backend};
+    j->st = tp_engine_create(j->cfg.graph, &opts, &j->e, &j->err);
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+/* Returns 1 when the load finished (successfully or not), 0 when a signal
+ * came first; then the loader is left running (it cannot be interrupted)
+ * and the caller exits without serving. */
+static int wait_load(load_job *j, pthread_t th, const sigset_t *set)
+{
+    while (!atomic_load(&j->done)) {
+        int sig = wait_signal(set, 20);
+        if (sig > 0) {
+            TP_LOG_I("received %s while loading: exiting without serving",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+            pthread_detach(th);
+            return 0;
+        }
+    }
+    pthread_join(th, NULL);
+    return 1;
+}
+
+static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
+{
+    load_job *j = calloc(1, sizeof *j);
+    pthread_t th;
+    if (j)
+        j->cfg = *cfg;
+    if (!j || pthread_create(&th, NULL, load_main, j) != 0) {
+        free(j);
+        TP_LOG_E("cannot start the graph loader thread");
+        tp_http_stop(h);
+        return 1;
+    }
+    if (!wait_load(j, th, set)) {
+        /* nothing was served: the drain only answers stragglers (503) */
+        tp_http_begin_drain(h);
+        drain(h, cfg, set);
+        tp_http_stop(h);
+        return 0; /* j stays with the detached loader, which may still write it */
+    }
+    tp_engine *e = j->e;
+    int ok = j->st == TP_OK;
+    if (!ok)
+        TP_LOG_E("cannot load graph %s: %s", cfg->graph, j->err.msg);
+    free(j);
+    if (!ok) {
+        tp_http_stop(h);
+        return 1;
+    }
+    int rc = serve_until_signal(h, e, cfg, set);
+    if (rc < 0) {
+        /* Requests are still running inside the engine; stopping the daemon
+         * or freeing the engine under them is undefined, and the process is
+         * about to exit, which releases everything. */
+        TP_LOG_E("exiting with %ld requests still inside the engine", tp_http_suspended(h));
+        return 1;
+    }
+    tp_http_stop(h);
+    tp_engine_free(e);
+    return rc;
 }
 
 int tp_serve_main(int argc, char **argv)
@@ -250,22 +341,5 @@ int tp_serve_main(int argc, char **argv)
     }
     TP_LOG_I("listening on http://%s:%d, loading graph %s (backend %s)",
              url_host(cfg.host, hb, sizeof hb), tp_http_port(h), cfg.graph, cfg.backend);
-    tp_engine_opts opts = {.backend = cfg.backend};
-    tp_engine *e = NULL;
-    if (tp_engine_create(cfg.graph, &opts, &e, &err) != TP_OK) {
-        TP_LOG_E("cannot load graph %s: %s", cfg.graph, err.msg);
-        tp_http_stop(h);
-        return 1;
-    }
-    int rc = serve_until_signal(h, e, &cfg, &set);
-    if (rc < 0) {
-        /* Requests are still running inside the engine; stopping the daemon
-         * or freeing the engine under them is undefined, and the process is
-         * about to exit, which releases everything. */
-        TP_LOG_E("exiting with %ld requests unanswered", tp_http_in_flight(h));
-        return 1;
-    }
-    tp_http_stop(h);
-    tp_engine_free(e);
-    return rc;
+    return load_and_serve(h, &cfg, &set);
 }
