@@ -339,6 +339,25 @@ expect "live after overload" 200 '{"live":true}' GET /v2/health/live
 kill "$PID"
 wait "$PID" 2>/dev/null
 
+# queue wait over request_timeout_ms: 504, the request never runs
+start timeout --graph "$TP_GRAPHS/$G.json" --threads 1 --request-timeout-ms 30 || exit 1
+i=0
+jobs_=""
+while [ $i -lt 4 ]; do
+    curl -s -o "$TMP/to.$i" -w '%{http_code}\n' --data-binary @"$TMP/heavy" "$URL/v2/models/$G/infer" >"$TMP/toc.$i" &
+    jobs_="$jobs_ $!"
+    i=$((i + 1))
+done
+for j in $jobs_; do wait "$j"; done
+n504=$(cat "$TMP"/toc.* | grep -c '^504$')
+if [ "$n504" -ge 1 ] && grep -q "in the queue, over request_timeout_ms 30" "$TMP"/to.*; then
+    pass "queue wait over request_timeout_ms: $n504 of 4 got 504"
+else
+    fail "request timeout: codes $(cat "$TMP"/toc.* | tr '\n' ' ')"
+fi
+kill "$PID"
+wait "$PID" 2>/dev/null
+
 # ---- startup errors -----------------------------------------------------------------
 "$TPSERVE" serve --graph "$TP_GRAPHS/nonexistent.json" --port 0 >"$TMP/bad.log" 2>&1
 rc=$?
