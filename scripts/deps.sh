@@ -2,7 +2,7 @@
 # Installs what tpserve needs to build and test on a fresh Debian machine.
 # Idempotent: checks each package first, so `make` can call it cheaply.
 set -e
-PKGS="build-essential pkg-config libmicrohttpd-dev libjansson-dev check libopenblas-dev libcurl4-openssl-dev curl wrk"
+PKGS="build-essential pkg-config python3 python3-pip python3-venv libmicrohttpd-dev libjansson-dev check libopenblas-dev libcurl4-openssl-dev curl wrk"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -18,5 +18,11 @@ fi
 PY=${PYTHON:-python3}
 if ! $PY -c "import numpy" >/dev/null 2>&1; then
     echo "deps: installing numpy for $PY"
-    $PY -m pip install -q numpy 2>/dev/null || $PY -m pip install -q --break-system-packages numpy
+    $PY -m pip install -q numpy 2>/dev/null ||
+        $PY -m pip install -q --break-system-packages numpy 2>/dev/null || {
+        SUDO=""
+        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-numpy >/dev/null
+    }
+    $PY -c "import numpy" || { echo "deps: numpy is still missing for $PY" >&2; exit 1; }
 fi
