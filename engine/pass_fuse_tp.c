@@ -13,8 +13,10 @@
  * that the fused kernel performs while computing (tp_attrs pieces,
  * reassembly.h); only those slices and that cat are removed.
  *
+ * Gathering the contracted dim K makes the product a sum over ranks of
+ * x_r times w's matching rows; that fuses too, one matmul per node.
+ *
  * Safety checks, each a reason to leave the pattern alone:
- *  - the gather dim must not be the contracted (last) dim of the matmul;
  *  - weights must be 2-D, of one dtype and transpose_b, defined before the
  *    first matmul (so the fused node can take its place);
  *  - a view between gather and matmul must keep the last dim (K) intact;
@@ -158,7 +160,8 @@ static void matmul_to_slice(tp_graph *g, int m, int fused, int64_t start, int64_
 static tp_status fuse_gather(tp_graph *g, int ag, int a, const tp_attrs *pieces, int *changed, tp_err *err)
 {
     int mm[16];
-    int k = collect_matmuls(g, a, mm, 16);
+    /* gathering K, each product is a sum over ranks: one weight per node */
+    int k = collect_matmuls(g, a, mm, g->nodes[ag].attrs.dim == g->nodes[ag].ndim - 1 ? 1 : 16);
     if (k == 0)
         return TP_OK;
     const tp_node *gn = &g->nodes[ag];
@@ -230,8 +233,8 @@ static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
 {
     const tp_node *n = &g->nodes[ag];
     int gdim = n->attrs.dim;
-    if (gdim == n->ndim - 1 || n->fallback)
-        return TP_OK; /* gathering K: a reduction, not a row pipeline */
+    if (n->fallback)
+        return TP_OK;
     for (int j = ag + 1; j < g->n_nodes; j++) {
         int reads = 0;
         for (int k = 0; k < g->nodes[j].n_inputs; k++)
@@ -242,8 +245,8 @@ static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
         int cat = g->nodes[j].op == TP_OP_SLICE ? tp_graph_sole_user(g, j) : -1;
         int through = cat >= 0 && match_reassembly(g, ag, cat, &pieces);
         int a = through ? cat : operand_of(g, ag, j);
-        if (a < 0)
-            continue;
+        if (a < 0 || (gdim == n->ndim - 1 && (through || a != ag)))
+            continue; /* a gathered K is summed over ranks: direct matmuls only */
         int before = *changed;
         tp_status st = fuse_gather(g, ag, a, through ? &pieces : NULL, changed, err);
         if (st != TP_OK || *changed != before)

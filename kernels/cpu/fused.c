@@ -92,6 +92,47 @@ static tp_status ag_mm_pieces(const tp_attrs *attrs, const tp_tensor *xs, int sr
     return st;
 }
 
+/* dst += src elementwise (both contiguous, same shape). */
+static void accumulate(tp_tensor *dst, const tp_tensor *src)
+{
+    int64_t n = tp_tensor_numel(dst);
+    if (dst->dtype == TP_F32) {
+        float *o = dst->data;
+        const float *a = src->data;
+        for (int64_t i = 0; i < n; i++)
+            o[i] += a[i];
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        tp_store_f32(dst->data, dst->dtype, i, tp_load_f32(dst->data, dst->dtype, i) + tp_load_f32(src->data, src->dtype, i));
+}
+
+/* ag_mm gathering K (the contracted dim): out = sum over ranks of x_r times
+ * the rows of w that meet x_r (fuse_tp gives such a node one weight).
+ * Summed in rank order 0..d-1 on every rank so replicated results stay
+ * bit-identical across ranks (the overlap order (r+i)%d would make each
+ * rank round differently). */
+static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, int rank,
+                         tp_err *err)
+{
+    int d = cpu_comm_world(c);
+    int64_t kl = ins[0].shape[ins[0].ndim - 1];
+    size_t bytes = (size_t)tp_tensor_numel(out) * tp_dtype_size(out->dtype);
+    void *scratch = malloc(bytes ? bytes : 1);
+    if (!scratch)
+        return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
+    tp_tensor part = tp_tensor_make(scratch, out->dtype, out->ndim, out->shape);
+    tp_status st = TP_OK;
+    for (int src = 0; st == TP_OK && src < d; src++) {
+        tp_tensor w_rows = narrow(&ins[1], attrs->transpose_b ? 1 : 0, src * kl, kl);
+        st = matmul_into(attrs, cpu_comm_peer(c, src), &w_rows, src ? &part : out, rank, d, err);
+        if (st == TP_OK && src)
+            accumulate(out, &part);
+    }
+    free(scratch);
+    return st;
+}
+
 /* x viewed with the gather dim multiplied: the fused output in gathered
  * coordinates (out is contiguous, so any re-view is just a new shape). */
 static tp_tensor gathered_out(const tp_tensor *x, int g, int world, const tp_tensor *out)
@@ -110,6 +151,12 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     tp_status st = cpu_comm_exchange(c, rank, &ins[0], err);
     if (st != TP_OK)
         return st;
+    if (g == ins[0].ndim - 1) {
+        st = n_ins == 2 ? ag_mm_k(c, attrs, ins, out, rank, err)
+                        : tp_fail(err, TP_INTERNAL, "fused matmul gathering K takes one weight, got %d", n_ins - 1);
+        cpu_comm_release(c, rank);
+        return st;
+    }
     tp_tensor og = gathered_out(&ins[0], g, d, out);
     int64_t len = ins[0].shape[g];
     for (int i = 0; st == TP_OK && i < d; i++) {

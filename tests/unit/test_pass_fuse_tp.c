@@ -93,12 +93,21 @@ START_TEST(gather_kept_for_other_readers)
 }
 END_TEST
 
-START_TEST(gather_on_k_is_left_alone)
+START_TEST(gather_on_k)
 {
+    /* x [B,2,8] gathered on K to [B,2,16]: sliced back to 8 it stays unfused */
     check_case("{\"name\":\"xg\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":2}},"
                "{\"name\":\"sl\",\"op\":\"slice\",\"inputs\":[\"xg\"],\"attrs\":{\"dim\":2,\"start\":0,\"length\":8}},"
                "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"sl\",\"w1\"]}",
                "{\"name\":\"h\"}", (counts){0, 0, 1, 0, 1});
+    /* a matmul contracting the gathered K fuses into a sum over ranks; two
+     * such matmuls give two fused nodes (one weight each) */
+    check_case("{\"name\":\"xk\",\"op\":\"slice\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":2,\"start\":0,\"length\":3}},"
+               "{\"name\":\"xkc\",\"op\":\"contiguous\",\"inputs\":[\"xk\"]},"
+               "{\"name\":\"xg\",\"op\":\"all_gather\",\"inputs\":[\"xkc\"],\"attrs\":{\"dim\":2}},"
+               "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"xg\",\"wd\"]},"
+               "{\"name\":\"t\",\"op\":\"matmul\",\"inputs\":[\"xg\",\"wt\"]}",
+               "{\"name\":\"h\"},{\"name\":\"t\"}", (counts){2, 0, 0, 0, 1});
 }
 END_TEST
 
@@ -201,7 +210,7 @@ Suite *fuse_suite(void)
     tcase_add_test(tc, qkv_share_one_gather);
     tcase_add_test(tc, gather_through_view);
     tcase_add_test(tc, gather_kept_for_other_readers);
-    tcase_add_test(tc, gather_on_k_is_left_alone);
+    tcase_add_test(tc, gather_on_k);
     tcase_add_test(tc, matmul_reduce_scatter_fuses);
     tcase_add_test(tc, matmul_with_other_reader_is_left_alone);
     tcase_add_test(tc, gather_through_slice_cat_reassembly);
