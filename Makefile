@@ -30,7 +30,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz
 
 all: $(BUILD)/tpserve cuda
 
@@ -41,6 +41,7 @@ help:
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
+	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
@@ -110,6 +111,13 @@ bench: $(BUILD)/bench/bench_engine
 
 bench-passes: $(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_engine passes
+
+# Mutation fuzzing of loader + engine under ASan (not part of make test).
+fuzz:
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 NVCC= \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  build/asan/tpserve build/asan/graphs/.stamp
+	TPSERVE=build/asan/tpserve TP_GRAPHS=build/asan/graphs $(PYTHON) tests/fuzz/mutate_graphs.py
 
 run: $(BUILD)/tpserve $(GRAPHS)
 	$(BUILD)/tpserve serve --config config/default.json
