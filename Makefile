@@ -42,6 +42,7 @@ help:
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
 	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
+	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
@@ -111,6 +112,14 @@ bench: $(BUILD)/bench/bench_engine
 
 bench-passes: $(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_engine passes
+
+DOCKER_IMAGE ?= tpserve:latest
+.PHONY: docker
+# Container image (docker/Dockerfile; docker/README.md). Needs a Docker engine.
+docker:
+	@command -v docker >/dev/null 2>&1 || { echo "make docker: no docker command on PATH (install Docker, or build the image elsewhere: see docker/README.md)" >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable ('docker info' fails: start dockerd or set DOCKER_HOST); nothing built" >&2; exit 1; }
+	docker build -f docker/Dockerfile -t $(DOCKER_IMAGE) .
 
 # Mutation fuzzing of loader + engine under ASan (not part of make test).
 fuzz:
