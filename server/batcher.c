@@ -1,0 +1,514 @@
+#include "batcher.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_MAX_QUEUE 1024
+#define DEFAULT_MAX_BATCH 16
+
+typedef struct job {
+    struct job *next;
+    tp_batch_req r;
+    char timeout_what[64]; /* r.timeout_what points here */
+    int64_t rows;
+    double t_arrival, t_submit, deadline; /* deadline 0: none */
+} job;
+
+struct tp_batcher {
+    tp_engine *e;
+    tp_batcher_opts o;
+    int batchable;
+    double delay_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC, like every time here */
+    job *head, *tail;
+    int queued, stopping;
+    pthread_t th;
+};
+
+double tp_batcher_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- the queue (b->mu held) --------------------------------------------- */
+
+/* Moves every request whose deadline has passed onto *expired. */
+static void take_expired(tp_batcher *b, double now, job **expired)
+{
+    job **pp = &b->head;
+    b->tail = NULL;
+    while (*pp) {
+        job *j = *pp;
+        if (j->deadline > 0 && now >= j->deadline) {
+            *pp = j->next;
+            j->next = *expired;
+            *expired = j;
+            b->queued--;
+        } else {
+            b->tail = j;
+            pp = &j->next;
+        }
+    }
+}
+
+/* How many requests from the head form the next batch (their rows fit in
+ * max_batch; a request alone over max_batch runs alone and the engine splits
+ * it into buckets). *full: nothing more could join, so waiting is useless. */
+static int batch_prefix(const tp_batcher *b, int *full)
+{
+    int64_t rows = 0, max = b->o.max_batch;
+    int n = 0;
+    *full = 1;
+    if (!b->batchable || b->head->rows >= max)
+        return 1;
+    for (const job *j = b->head; j; j = j->next) {
+        if (rows + j->rows > max)
+            return n;
+        rows += j->rows;
+        n++;
+    }
+    *full = rows == max;
+    return n;
+}
+
+static job *unlink_prefix(tp_batcher *b, int n)
+{
+    job *first = b->head, *last = first;
+    for (int i = 1; i < n; i++)
+        last = last->next;
+    b->head = last->next;
+    if (!b->head)
+        b->tail = NULL;
+    last->next = NULL;
+    b->queued -= n;
+    return first;
+}
+
+static double earliest_deadline(const tp_batcher *b)
+{
+    double t = 0;
+    for (const job *j = b->head; j; j = j->next)
+        if (j->deadline > 0 && (t == 0 || j->deadline < t))
+            t = j->deadline;
+    return t;
+}
+
+static void wait_until(tp_batcher *b, double t)
+{
+    struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+}
+
+/* Waits until a batch is due (full, its oldest request waited the queue
+ * delay, or stopping) or requests expired. Returns 0 when stopping with
+ * nothing left. */
+static int next_batch(tp_batcher *b, job **batch, job **expired)
+{
+    for (;;) {
+        double now = tp_batcher_now();
+        take_expired(b, now, expired);
+        if (*expired)
+            return 1;
+        if (!b->head) {
+            if (b->stopping)
+                return 0;
+            pthread_cond_wait(&b->cv, &b->mu);
+            continue;
+        }
+        int full, n = batch_prefix(b, &full);
+        double due = b->head->t_submit + b->delay_s, dl = earliest_deadline(b);
+        if (full || b->stopping || now >= due) {
+            *batch = unlink_prefix(b, n);
+            return 1;
+        }
+        wait_until(b, dl > 0 && dl < due ? dl : due);
+    }
+}
+
+/* ---- running a batch (no lock held) ------------------------------------- */
+
+static void finish_job(job *j, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+                       const tp_batch_info *info)
+{
+    j->r.done(j->r.ctx, st, outs, n_outs, err, info);
+    free(j);
+}
+
+static void fail_all(job *list, tp_status st, const tp_err *err)
+{
+    while (list) {
+        job *next = list->next;
+        finish_job(list, st, NULL, 0, err, NULL);
+        list = next;
+    }
+}
+
+static void answer_expired(job *list, double now)
+{
+    while (list) {
+        job *next = list->next;
+        tp_err err;
+        tp_fail(&err, TP_TIMEOUT, "request waited %.1f ms in the queue, over %s",
+                (now - list->t_arrival) * 1e3, list->timeout_what);
+        finish_job(list, TP_TIMEOUT, NULL, 0, &err, NULL);
+        list = next;
+    }
+}
+
+static const tp_host_tensor *find_input(const job *j, const char *name)
+{
+    for (int i = 0; i < j->r.n_inputs; i++)
+        if (strcmp(j->r.inputs[i].name, name) == 0)
+            return &j->r.inputs[i];
+    return NULL; /* unreachable: submit checked every input is there */
+}
+
+/* One tensor per graph input: every request's rows, in queue order. */
+static tp_status concat_inputs(tp_batcher *b, const job *batch, int64_t rows, tp_host_tensor *cat,
+                               tp_err *err)
+{
+    for (int i = 0; i < tp_engine_n_inputs(b->e); i++) {
+        const char *name = tp_engine_input(b->e, i)->name;
+        size_t total = 0, off = 0;
+        for (const job *j = batch; j; j = j->next)
+            total += find_input(j, name)->nbytes;
+        cat[i] = *find_input(batch, name);
+        cat[i].shape[0] = rows;
+        cat[i].nbytes = total;
+        if (!(cat[i].data = malloc(total ? total : 1)))
+            return tp_fail(err, TP_NOMEM, "batching input '%s': cannot allocate %zu bytes for "
+                           "%lld rows", name, total, (long long)rows);
+        for (const job *j = batch; j; j = j->next) {
+            const tp_host_tensor *t = find_input(j, name);
+            memcpy((char *)cat[i].data + off, t->data, t->nbytes);
+            off += t->nbytes;
+        }
+    }
+    return TP_OK;
+}
+
+/* Rows [row, row + n) of every output, as a request's own result. */
+static tp_status slice_outputs(tp_batcher *b, const tp_host_tensor *all, int n_outs, int64_t rows,
+                               int64_t row, int64_t n, tp_host_tensor **out, tp_err *err)
+{
+    tp_host_tensor *o = calloc((size_t)n_outs + 1, sizeof *o);
+    if (!o)
+        return tp_fail(err, TP_NOMEM, "splitting a batch: out of memory");
+    for (int i = 0; i < n_outs; i++) {
+        int64_t per = tp_engine_output_rows(b->e, i);
+        size_t row_bytes = rows ? all[i].nbytes / (size_t)(rows * per) : 0;
+        o[i] = all[i];
+        o[i].shape[0] = n * per;
+        o[i].nbytes = (size_t)(n * per) * row_bytes;
+        if (!(o[i].data = malloc(o[i].nbytes ? o[i].nbytes : 1))) {
+            tp_host_tensors_free(o, i);
+            return tp_fail(err, TP_NOMEM, "splitting a batch: output '%s': cannot allocate %zu "
+                           "bytes", all[i].name, o[i].nbytes);
+        }
+        memcpy(o[i].data, (const char *)all[i].data + (size_t)(row * per) * row_bytes, o[i].nbytes);
+    }
+    *out = o;
+    return TP_OK;
+}
+
+/* The engine must have answered rows * output_rows rows per output, or the
+ * split would hand one request another's rows. */
+static tp_status check_split(tp_batcher *b, const tp_host_tensor *outs, int n_outs, int64_t rows,
+                             tp_err *err)
+{
+    for (int i = 0; i < n_outs; i++) {
+        int64_t want = rows * tp_engine_output_rows(b->e, i);
+        if (outs[i].ndim < 1 || outs[i].shape[0] != want)
+            return tp_fail(err, TP_INTERNAL, "batch of %lld rows: output '%s' has %lld rows, "
+                           "expected %lld; not splitting it", (long long)rows, outs[i].name,
+                           outs[i].ndim ? (long long)outs[i].shape[0] : 0LL, (long long)want);
+    }
+    return TP_OK;
+}
+
+static void deliver(tp_batcher *b, job *j, tp_status st, tp_host_tensor *outs, int n_outs,
+                    const tp_err *err, tp_batch_info info, double t0)
+{
+    info.queue_s = t0 - j->t_submit;
+    if (st == TP_OK && b->o.metrics)
+        tp_metrics_inferred(b->o.metrics, j->rows, info.queue_s, info.compute_s);
+    finish_job(j, st, outs, n_outs, err, st == TP_OK ? &info : NULL);
+}
+
+static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, int n_outs,
+                              tp_batch_info info, double t0)
+{
+    int64_t row = 0;
+    while (batch) {
+        job *next = batch->next;
+        tp_host_tensor *mine = NULL;
+        tp_err err = {{0}};
+        tp_status st = slice_outputs(b, outs, n_outs, info.batch_rows, row, batch->rows, &mine, &err);
+        row += batch->rows;
+        deliver(b, batch, st, mine, st == TP_OK ? n_outs : 0, &err, info, t0);
+        batch = next;
+    }
+}
+
+static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t rows,
+                             tp_host_tensor **outs, int *n_outs, tp_err *err)
+{
+    if (n == 1)
+        return tp_engine_infer(b->e, batch->r.inputs, batch->r.n_inputs, outs, n_outs, err);
+    int ni = tp_engine_n_inputs(b->e);
+    tp_host_tensor *cat = calloc((size_t)ni + 1, sizeof *cat);
+    if (!cat)
+        return tp_fail(err, TP_NOMEM, "batching %d requests: out of memory", n);
+    tp_status st = concat_inputs(b, batch, rows, cat, err);
+    if (st == TP_OK)
+        st = tp_engine_infer(b->e, cat, ni, outs, n_outs, err);
+    if (st == TP_OK && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
+        tp_host_tensors_free(*outs, *n_outs);
+        *outs = NULL;
+    }
+    tp_host_tensors_free(cat, ni);
+    return st;
+}
+
+static void run_batch(tp_batcher *b, job *batch)
+{
+    int n = 0, n_outs = 0;
+    int64_t rows = 0;
+    for (const job *j = batch; j; j = j->next, n++)
+        rows += j->rows;
+    tp_host_tensor *outs = NULL;
+    tp_err err = {{0}};
+    double t0 = tp_batcher_now();
+    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &err);
+    tp_batch_info info = {0, tp_batcher_now() - t0, rows, n};
+    if (b->o.metrics) {
+        tp_engine_stats s;
+        tp_engine_get_stats(b->e, &s); /* uncontended: this thread is the engine's only caller */
+        tp_metrics_engine_stats(b->o.metrics, &s);
+        tp_metrics_batch(b->o.metrics, rows);
+    }
+    if (st != TP_OK) {
+        if (n > 1)
+            tp_err_prefix(&err, "batch of %d requests (%lld rows): ", n, (long long)rows);
+        fail_all(batch, st, &err);
+    } else if (n == 1) {
+        deliver(b, batch, TP_OK, outs, n_outs, &err, info, t0);
+    } else {
+        split_and_deliver(b, batch, outs, n_outs, info, t0);
+        tp_host_tensors_free(outs, n_outs);
+    }
+}
+
+static void *batcher_main(void *arg)
+{
+    tp_batcher *b = arg;
+    int more = 1;
+    while (more) {
+        job *batch = NULL, *expired = NULL;
+        pthread_mutex_lock(&b->mu);
+        more = next_batch(b, &batch, &expired);
+        pthread_mutex_unlock(&b->mu);
+        /* callbacks run unlocked: they may take their own locks or submit */
+        answer_expired(expired, tp_batcher_now());
+        if (batch)
+            run_batch(b, batch);
+    }
+    return NULL;
+}
+
+/* ---- the public side ---------------------------------------------------- */
+
+static int64_t largest_bucket(tp_engine *e)
+{
+    tp_engine_stats s;
+    tp_engine_get_stats(e, &s);
+    return s.n_buckets > 0 ? s.bucket[s.n_buckets - 1] : DEFAULT_MAX_BATCH;
+}
+
+tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err)
+{
+    *out = NULL;
+    tp_batcher *b = calloc(1, sizeof *b);
+    if (!b)
+        return tp_fail(err, TP_NOMEM, "batcher: out of memory");
+    b->e = e;
+    b->o = o ? *o : (tp_batcher_opts){0};
+    if (b->o.max_batch <= 0)
+        b->o.max_batch = largest_bucket(e);
+    if (b->o.max_queue <= 0)
+        b->o.max_queue = DEFAULT_MAX_QUEUE;
+    b->delay_s = b->o.max_queue_delay_us > 0 ? (double)b->o.max_queue_delay_us / 1e6 : 0;
+    b->batchable = tp_engine_batchable(e);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&b->mu, NULL);
+    if (b->o.metrics) {
+        tp_engine_stats s;
+        tp_engine_get_stats(e, &s);
+        tp_metrics_engine_stats(b->o.metrics, &s);
+    }
+    if (pthread_create(&b->th, NULL, batcher_main, b) != 0) {
+        pthread_cond_destroy(&b->cv);
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return tp_fail(err, TP_INTERNAL, "batcher: cannot start its thread");
+    }
+    *out = b;
+    return TP_OK;
+}
+
+static job *new_job(const tp_batch_req *r, int64_t rows)
+{
+    job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->r = *r;
+    snprintf(j->timeout_what, sizeof j->timeout_what, "%s",
+             r->timeout_what ? r->timeout_what : "its timeout");
+    j->r.timeout_what = j->timeout_what;
+    j->rows = rows;
+    j->t_submit = tp_batcher_now();
+    j->t_arrival = r->t_arrival > 0 ? r->t_arrival : j->t_submit;
+    j->deadline = r->timeout_us > 0 ? j->t_arrival + (double)r->timeout_us / 1e6 : 0;
+    return j;
+}
+
+tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
+{
+    /* rows: the batch every batched input agrees on (dim 0; never 0) */
+    int64_t rows = 0;
+    tp_status st = tp_engine_check_inputs(b->e, r->inputs, r->n_inputs, &rows, err);
+    if (st != TP_OK)
+        return st;
+    job *j = new_job(r, rows);
+    if (!j)
+        return tp_fail(err, TP_NOMEM, "batcher: out of memory queueing a request");
+    pthread_mutex_lock(&b->mu);
+    int stopping = b->stopping, full = b->queued >= b->o.max_queue;
+    if (!stopping && !full) {
+        if (b->tail)
+            b->tail->next = j;
+        else
+            b->head = j;
+        b->tail = j;
+        b->queued++;
+        pthread_cond_signal(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (!stopping && !full)
+        return TP_OK;
+    free(j);
+    if (stopping)
+        return tp_fail(err, TP_UNAVAILABLE, "server is shutting down: the batcher takes no new "
+                       "requests");
+    return tp_fail(err, TP_UNAVAILABLE, "server overloaded: %d inference requests already queued "
+                   "for the engine (max_queue)", b->o.max_queue);
+}
+
+int tp_batcher_queued(tp_batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    int n = b->queued;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
+int64_t tp_batcher_max_batch(const tp_batcher *b) { return b->o.max_batch; }
+int tp_batcher_batching(const tp_batcher *b) { return b->batchable; }
+
+void tp_batcher_cancel(tp_batcher *b, tp_status st, const char *msg)
+{
+    pthread_mutex_lock(&b->mu);
+    job *list = b->head;
+    b->head = b->tail = NULL;
+    b->queued = 0;
+    pthread_mutex_unlock(&b->mu);
+    tp_err err;
+    tp_fail(&err, st, "%s", msg);
+    fail_all(list, st, &err);
+}
+
+void tp_batcher_free(tp_batcher *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->th, NULL);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+/* ---- blocking submit ---------------------------------------------------- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    tp_status st;
+    tp_host_tensor *outs;
+    int n_outs;
+    tp_err err;
+    tp_batch_info info;
+} waiter;
+
+static void wake_waiter(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                        const tp_err *err, const tp_batch_info *info)
+{
+    waiter *w = ctx;
+    pthread_mutex_lock(&w->mu);
+    w->st = st;
+    w->outs = outs;
+    w->n_outs = n_outs;
+    if (err)
+        w->err = *err;
+    if (info)
+        w->info = *info;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_inputs,
+                           int64_t timeout_us, tp_host_tensor **outs, int *n_outs,
+                           tp_batch_info *info, tp_err *err)
+{
+    waiter w = {.st = TP_OK};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w};
+    *outs = NULL;
+    *n_outs = 0;
+    tp_status st = tp_batcher_submit(b, &r, err);
+    pthread_mutex_lock(&w.mu);
+    while (st == TP_OK && !w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    if (st == TP_OK && (st = w.st) == TP_OK) {
+        *outs = w.outs;
+        *n_outs = w.n_outs;
+    } else if (w.done) {
+        *err = w.err;
+    }
+    if (info)
+        *info = w.info;
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return st;
+}

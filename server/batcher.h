@@ -1,0 +1,89 @@
+/* batcher.h — dynamic batching between the HTTP workers and the engine,
+ * with Triton's semantics.
+ *
+ * Requests queue; one batcher thread takes the oldest ones whose rows fit in
+ * max_batch and, once the batch is full or the oldest request has waited
+ * max_queue_delay_us, concatenates every input along dim 0, runs the engine
+ * once and splits each output back by rows. Requests are validated on
+ * submit, so a bad one is refused alone and never fails a batch. Graphs
+ * that cannot be batched (tp_engine_batchable) run one request at a time.
+ *
+ * A request that waits past its deadline is answered TP_TIMEOUT and never
+ * runs. The queue is bounded (TP_UNAVAILABLE beyond it). Freeing the
+ * batcher runs what is still queued first. */
+#ifndef TP_BATCHER_H
+#define TP_BATCHER_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "metrics.h"
+#include "status.h"
+
+typedef struct tp_batcher tp_batcher;
+
+typedef struct {
+    int64_t max_batch;          /* rows per engine run; 0: the engine's largest bucket */
+    int64_t max_queue_delay_us; /* longest the oldest request waits for more rows */
+    int max_queue;              /* queued requests before submit refuses; 0: 1024 */
+    tp_metrics *metrics;        /* optional: batch sizes, queue and compute times */
+} tp_batcher_opts;
+
+/* How a finished request ran. */
+typedef struct {
+    double queue_s;     /* from submit to the start of its batch */
+    double compute_s;   /* engine time of its batch */
+    int64_t batch_rows; /* rows in its batch */
+    int batch_requests; /* requests in its batch */
+} tp_batch_info;
+
+/* Called exactly once per accepted request, from the batcher thread (or the
+ * thread calling tp_batcher_cancel). On TP_OK outs holds the request's own
+ * outputs in graph order, owned by the callee (tp_host_tensors_free);
+ * otherwise outs is NULL and err says why: TP_TIMEOUT (waited past its
+ * deadline; never ran), the status of a failed engine run, or the one given
+ * to tp_batcher_cancel. info is NULL unless the request ran. */
+typedef void (*tp_batch_done_fn)(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                                 const tp_err *err, const tp_batch_info *info);
+
+typedef struct {
+    const tp_host_tensor *inputs; /* borrowed until done is called */
+    int n_inputs;
+    double t_arrival;         /* tp_batcher_now() when the deadline clock starts; 0: at submit */
+    int64_t timeout_us;       /* deadline = t_arrival + timeout_us; 0: none */
+    const char *timeout_what; /* names the limit in the 504 message, e.g. "request_timeout_ms 30" */
+    tp_batch_done_fn done;
+    void *ctx;
+} tp_batch_req;
+
+/* Monotonic seconds (CLOCK_MONOTONIC), the clock of t_arrival. */
+double tp_batcher_now(void);
+
+/* e is borrowed and must outlive the batcher. */
+tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err);
+
+/* Validates r's inputs (tp_engine_check_inputs) and queues it. On failure
+ * done is never called: TP_INVALID / TP_NOT_FOUND for a bad request,
+ * TP_UNAVAILABLE when the queue is full or the batcher is stopping. */
+tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err);
+
+/* Blocking form of submit: the request's outputs, or why not. info may be
+ * NULL. */
+tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_inputs,
+                           int64_t timeout_us, tp_host_tensor **outs, int *n_outs,
+                           tp_batch_info *info, tp_err *err);
+
+int tp_batcher_queued(tp_batcher *b);
+int64_t tp_batcher_max_batch(const tp_batcher *b);
+/* 1 when requests are concatenated; 0 when they run one at a time. */
+int tp_batcher_batching(const tp_batcher *b);
+
+/* Answers every queued request with st and msg now (a drain that ran out of
+ * time). Requests already in the engine finish normally. */
+void tp_batcher_cancel(tp_batcher *b, tp_status st, const char *msg);
+
+/* Stops taking requests, runs every queued one (no queue delay), joins the
+ * thread and frees b. NULL is a no-op. */
+void tp_batcher_free(tp_batcher *b);
+
+#endif

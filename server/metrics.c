@@ -1,0 +1,282 @@
+#include "metrics.h"
+
+#include "plan.h" /* tp_mem_kind: the index of tp_engine_stats.arena_bytes */
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* HTTP statuses 100..599 each get a failure counter: the label set is small
+ * and fixed, so no allocation or lock on the request path. */
+#define CODE_MIN 100
+#define CODE_MAX 599
+
+struct tp_metrics {
+    _Atomic uint64_t success;
+    _Atomic uint64_t failure[CODE_MAX - CODE_MIN + 1];
+    _Atomic uint64_t inference_rows, batches;
+    _Atomic long inflight, queued;
+    tp_histogram request_s, queue_s, compute_s, batch_rows;
+    pthread_mutex_t mu; /* guards es, have_es */
+    tp_engine_stats es;
+    int have_es;
+};
+
+/* Latency buckets from 100 us (a small replay) to 30 s (request_timeout_ms). */
+static const double seconds_le[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                    0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
+                                    5,      10,      30};
+static const double rows_le[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+#define LEN(a) ((int)(sizeof a / sizeof a[0]))
+
+/* Failure codes always exported (at 0), so rate() works before the first
+ * failure; others appear once they happen. */
+static const unsigned preset_codes[] = {400, 404, 413, 500, 503, 504};
+
+void tp_hist_init(tp_histogram *h, const double *le, int n)
+{
+    h->n = n < TP_HIST_MAX ? n : TP_HIST_MAX;
+    for (int i = 0; i < h->n; i++)
+        h->le[i] = le[i];
+    for (int i = 0; i <= TP_HIST_MAX; i++)
+        atomic_init(&h->count[i], 0);
+    atomic_init(&h->sum, 0.0);
+}
+
+void tp_hist_observe(tp_histogram *h, double v)
+{
+    int i = 0;
+    while (i < h->n && v > h->le[i])
+        i++;
+    atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
+    double old = atomic_load_explicit(&h->sum, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&h->sum, &old, old + v, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+tp_metrics *tp_metrics_create(void)
+{
+    tp_metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    tp_hist_init(&m->request_s, seconds_le, LEN(seconds_le));
+    tp_hist_init(&m->queue_s, seconds_le, LEN(seconds_le));
+    tp_hist_init(&m->compute_s, seconds_le, LEN(seconds_le));
+    tp_hist_init(&m->batch_rows, rows_le, LEN(rows_le));
+    pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void tp_metrics_free(tp_metrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void tp_metrics_request(tp_metrics *m, unsigned code, double seconds)
+{
+    if (code == 200)
+        atomic_fetch_add_explicit(&m->success, 1, memory_order_relaxed);
+    else if (code >= CODE_MIN && code <= CODE_MAX)
+        atomic_fetch_add_explicit(&m->failure[code - CODE_MIN], 1, memory_order_relaxed);
+    tp_hist_observe(&m->request_s, seconds);
+}
+
+void tp_metrics_batch(tp_metrics *m, int64_t rows)
+{
+    atomic_fetch_add_explicit(&m->batches, 1, memory_order_relaxed);
+    tp_hist_observe(&m->batch_rows, (double)rows);
+}
+
+void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double compute_s)
+{
+    atomic_fetch_add_explicit(&m->inference_rows, (uint64_t)rows, memory_order_relaxed);
+    tp_hist_observe(&m->queue_s, queue_s);
+    tp_hist_observe(&m->compute_s, compute_s);
+}
+
+void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued)
+{
+    atomic_store(&m->inflight, inflight);
+    atomic_store(&m->queued, queued);
+}
+
+void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s)
+{
+    pthread_mutex_lock(&m->mu);
+    m->es = *s;
+    m->have_es = 1;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- rendering ---------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        if (b->oom)
+            return;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void family(sbuf *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, uint64_t v)
+{
+    family(b, name, "counter", help);
+    sb_printf(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, long long v)
+{
+    family(b, name, "gauge", help);
+    sb_printf(b, "%s %lld\n", name, v);
+}
+
+/* Buckets are cumulative and _count is the +Inf bucket, computed from one
+ * read of each bucket so the two always agree even while observing. */
+static void histogram(sbuf *b, const char *name, const char *help, tp_histogram *h)
+{
+    family(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->n; i++) {
+        cum += atomic_load_explicit(&h->count[i], memory_order_relaxed);
+        if (i < h->n)
+            sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        else
+            sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    }
+    sb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, atomic_load(&h->sum), name,
+              (unsigned long long)cum);
+}
+
+static int is_preset(unsigned code)
+{
+    for (int i = 0; i < LEN(preset_codes); i++)
+        if (preset_codes[i] == code)
+            return 1;
+    return 0;
+}
+
+static void render_requests(sbuf *b, tp_metrics *m)
+{
+    counter(b, "tpserve_request_success_total", "Inference requests answered 200.",
+            atomic_load(&m->success));
+    family(b, "tpserve_request_failure_total", "counter",
+           "Inference requests answered with an error, by HTTP status.");
+    for (unsigned c = CODE_MIN; c <= CODE_MAX; c++) {
+        uint64_t v = atomic_load(&m->failure[c - CODE_MIN]);
+        if (v || is_preset(c))
+            sb_printf(b, "tpserve_request_failure_total{code=\"%u\"} %llu\n", c,
+                      (unsigned long long)v);
+    }
+    histogram(b, "tpserve_request_duration_seconds",
+              "Inference request time from a complete body to a ready answer.", &m->request_s);
+    gauge(b, "tpserve_inflight_requests",
+          "Inference requests accepted and not yet answered (queued, in the engine, encoding).",
+          atomic_load(&m->inflight));
+    gauge(b, "tpserve_queue_size", "Requests waiting in the batcher queue.",
+          atomic_load(&m->queued));
+}
+
+static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
+{
+    counter(b, "tpserve_inference_count_total",
+            "Batch rows inferred (a request of batch 4 counts 4).", atomic_load(&m->inference_rows));
+    counter(b, "tpserve_execution_count_total",
+            "Engine executions (bucket replays); inference_count / execution_count is the "
+            "average batch.", es ? es->executions : 0);
+    counter(b, "tpserve_batch_count_total", "Batches the batcher sent to the engine.",
+            atomic_load(&m->batches));
+    histogram(b, "tpserve_batch_size", "Rows per batch sent to the engine.", &m->batch_rows);
+    histogram(b, "tpserve_queue_duration_seconds",
+              "Time a request waited in the batcher queue before its batch ran.", &m->queue_s);
+    histogram(b, "tpserve_compute_duration_seconds",
+              "Engine time of the batch each request ran in.", &m->compute_s);
+}
+
+static void render_engine(sbuf *b, const tp_engine_stats *es)
+{
+    static const struct {
+        int kind;
+        const char *name;
+    } arenas[] = {{TP_MEM_REGULAR, "regular"}, {TP_MEM_SYMMETRIC, "symmetric"},
+                  {TP_MEM_INPUT, "input"}, {TP_MEM_OUTPUT, "output"}};
+    family(b, "tpserve_bucket_replays_total", "counter",
+           "Engine executions per batch bucket (exact: graphs run at the exact batch).");
+    for (int i = 0; es && i < es->n_buckets; i++)
+        sb_printf(b, "tpserve_bucket_replays_total{bucket=\"%lld\"} %llu\n",
+                  (long long)es->bucket[i], (unsigned long long)es->bucket_runs[i]);
+    if (es && es->exact_runs)
+        sb_printf(b, "tpserve_bucket_replays_total{bucket=\"exact\"} %llu\n",
+                  (unsigned long long)es->exact_runs);
+    family(b, "tpserve_input_copy_bytes_total", "counter",
+           "Bytes copied into the graph's input slots, by slot memory.");
+    sb_printf(b, "tpserve_input_copy_bytes_total{slot=\"symmetric\"} %llu\n",
+              (unsigned long long)(es ? es->symmetric_copy_bytes : 0));
+    sb_printf(b, "tpserve_input_copy_bytes_total{slot=\"regular\"} %llu\n",
+              (unsigned long long)(es ? es->regular_copy_bytes : 0));
+    family(b, "tpserve_arena_bytes", "gauge",
+           "Planned device memory per rank, summed over the buckets' plans, by arena.");
+    for (int i = 0; i < LEN(arenas); i++)
+        sb_printf(b, "tpserve_arena_bytes{kind=\"%s\"} %lld\n", arenas[i].name,
+                  (long long)(es ? es->arena_bytes[arenas[i].kind] : 0));
+}
+
+char *tp_metrics_render(tp_metrics *m, size_t *len)
+{
+    tp_engine_stats es;
+    pthread_mutex_lock(&m->mu);
+    int have = m->have_es;
+    es = m->es;
+    pthread_mutex_unlock(&m->mu);
+    sbuf b = {malloc(8192), 0, 8192, 0};
+    if (!b.p)
+        return NULL;
+    render_requests(&b, m);
+    render_batching(&b, m, have ? &es : NULL);
+    render_engine(&b, have ? &es : NULL);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    if (len)
+        *len = b.len;
+    return b.p;
+}

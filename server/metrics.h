@@ -1,0 +1,53 @@
+/* metrics.h — the counters behind GET /metrics, rendered in the Prometheus
+ * text exposition format 0.0.4.
+ *
+ * Hot-path updates are lock-free atomics (HTTP threads, workers and the
+ * batcher all record); only the engine's statistics snapshot is copied under
+ * a mutex. The engine's own counters are snapshotted by the batcher right
+ * after each run, so a scrape never waits for the engine lock while a batch
+ * is running. server/README.md documents every metric. */
+#ifndef TP_METRICS_H
+#define TP_METRICS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+#define TP_HIST_MAX 24
+
+/* A Prometheus histogram: per-bucket counts (not cumulative; cumulated when
+ * rendered), the sum of observed values, bucket upper bounds ascending. */
+typedef struct {
+    int n;
+    double le[TP_HIST_MAX];
+    _Atomic uint64_t count[TP_HIST_MAX + 1]; /* [n] is the +Inf bucket */
+    _Atomic double sum;
+} tp_histogram;
+
+void tp_hist_init(tp_histogram *h, const double *le, int n);
+void tp_hist_observe(tp_histogram *h, double v);
+
+typedef struct tp_metrics tp_metrics;
+
+tp_metrics *tp_metrics_create(void);
+void tp_metrics_free(tp_metrics *m);
+
+/* An inference request answered with an HTTP status (200: success), seconds
+ * after its body was complete. */
+void tp_metrics_request(tp_metrics *m, unsigned code, double seconds);
+/* One batch the batcher sent to the engine, of rows rows. */
+void tp_metrics_batch(tp_metrics *m, int64_t rows);
+/* One request inferred successfully: its rows, its wait in the batcher
+ * queue and the engine time of the batch it ran in. */
+void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double compute_s);
+/* Gauges, set by the HTTP layer before rendering. */
+void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
+/* The engine's counters since load (copied). */
+void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
+
+/* The exposition text; malloc'ed (caller frees), NULL without memory. */
+char *tp_metrics_render(tp_metrics *m, size_t *len);
+
+#endif

@@ -1,0 +1,518 @@
+/* test_batcher.c — the dynamic batcher on real engines: concurrent
+ * submitters get exactly their own rows back (checked against each request
+ * run alone), batches really form, the queue bound (503), deadlines (504,
+ * never executed), bad requests refused alone, a failing batch failing each
+ * of its requests, graphs that cannot batch running one by one, cancel, and
+ * the drain on free. Tests that must not depend on timing use a 10 s queue
+ * delay, so a batch forms only when it is full or the batcher stops. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batcher.h"
+#include "check_main.h"
+#include "metrics.h"
+#include "testutil.h"
+
+#define ROW_FLOATS (8 * 32) /* mlp_sp_tp2: x and y are [-1, 8, 32] */
+#define LONG_DELAY_US 10000000
+
+static tp_engine *open_mlp(void)
+{
+    const char *d = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
+    char path[512];
+    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", d);
+    return tu_engine(path, 1, 0);
+}
+
+static tp_batcher *new_batcher(tp_engine *e, int64_t max_batch, int64_t delay_us, int max_queue,
+                               tp_metrics *m)
+{
+    tp_batcher_opts o = {max_batch, delay_us, max_queue, m};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    return b;
+}
+
+static tp_engine_stats stats(tp_engine *e)
+{
+    tp_engine_stats s;
+    tp_engine_get_stats(e, &s);
+    return s;
+}
+
+/* x of rows rows, deterministic per seed; data is malloc'ed (owned by t). */
+static tp_host_tensor make_x(int64_t rows, unsigned seed)
+{
+    int64_t shape[3] = {rows, 8, 32};
+    float *buf = malloc((size_t)(rows * ROW_FLOATS) * sizeof *buf + 1);
+    tu_fill(buf, rows * ROW_FLOATS, seed);
+    return tu_f32("x", buf, 3, shape);
+}
+
+/* ---- concurrent submitters ---------------------------------------------- */
+
+#define MAX_REQ 4
+
+typedef struct {
+    tp_batcher *b;
+    pthread_barrier_t *start;
+    int n_req;
+    tp_host_tensor in[MAX_REQ];
+    tp_host_tensor *ref[MAX_REQ]; /* the request run alone */
+    int n_ref;
+    tp_status st[MAX_REQ];
+    char msg[MAX_REQ][1024];
+    double diff[MAX_REQ];
+    int batched_with_others;
+} client;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    pthread_barrier_wait(c->start);
+    for (int r = 0; r < c->n_req; r++) {
+        tp_host_tensor *out;
+        int n_out;
+        tp_batch_info info = {0};
+        tp_err err = {{0}};
+        c->st[r] = tp_batcher_infer(c->b, &c->in[r], 1, 0, &out, &n_out, &info, &err);
+        snprintf(c->msg[r], sizeof c->msg[r], "%s", err.msg);
+        if (c->st[r] != TP_OK)
+            continue;
+        /* shapes first: tu_rel_diff needs equal sizes */
+        int same = n_out == 1 && out[0].nbytes == c->ref[r][0].nbytes &&
+                   out[0].shape[0] == c->in[r].shape[0];
+        c->diff[r] = same ? tu_rel_diff(out, c->ref[r], 1) : 1e9;
+        c->batched_with_others |= info.batch_requests > 1;
+        tp_host_tensors_free(out, n_out);
+    }
+    return NULL;
+}
+
+/* Runs n clients concurrently; references computed first on the bare engine. */
+static void run_clients(tp_engine *e, tp_batcher *b, client *c, int n)
+{
+    pthread_barrier_t start;
+    pthread_t th[n];
+    pthread_barrier_init(&start, NULL, (unsigned)n);
+    for (int i = 0; i < n; i++) {
+        c[i].b = b;
+        c[i].start = &start;
+        for (int r = 0; r < c[i].n_req; r++)
+            if (c[i].st[r] == TP_OK) /* requests meant to be bad have no reference */
+                c[i].ref[r] = tu_infer(e, &c[i].in[r], 1, &c[i].n_ref);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, client_main, &c[i]);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
+}
+
+static void free_clients(client *c, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < c[i].n_req; r++) {
+            free(c[i].in[r].data);
+            tp_host_tensors_free(c[i].ref[r], c[i].ref[r] ? c[i].n_ref : 0);
+        }
+}
+
+/* 12 clients x 4 requests of 1..3 rows (one client sends 20 rows, over
+ * max_batch): each answer equals its request run alone, and batching cut
+ * the engine executions below the request count. */
+START_TEST(concurrent_clients_get_their_own_rows)
+{
+    enum { N = 12 };
+    tp_engine *e = open_mlp();
+    client c[N];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < N; i++) {
+        c[i].n_req = MAX_REQ;
+        for (int r = 0; r < MAX_REQ; r++)
+            c[i].in[r] = make_x(i == 7 && r == 1 ? 20 : 1 + (i + r) % 3, (unsigned)(100 * i + r));
+    }
+    tp_batcher *b = new_batcher(e, 0, 5000, 0, NULL);
+    ck_assert_int_eq(tp_batcher_max_batch(b), 16); /* 0: the largest bucket */
+    ck_assert_int_eq(tp_batcher_batching(b), 1);
+    run_clients(e, b, c, N);
+    tp_engine_stats before = stats(e);
+    tp_batcher_free(b);
+    int batched = 0;
+    for (int i = 0; i < N; i++) {
+        batched += c[i].batched_with_others;
+        for (int r = 0; r < MAX_REQ; r++) {
+            ck_assert_msg(c[i].st[r] == TP_OK, "client %d request %d: %s", i, r, c[i].msg[r]);
+            ck_assert_msg(c[i].diff[r] <= 1e-5, "client %d request %d: rows differ from the "
+                          "request run alone (rel diff %g)", i, r, c[i].diff[r]);
+        }
+    }
+    /* N * MAX_REQ references ran alone first (the 20-row one in 2 executions) */
+    uint64_t alone = N * MAX_REQ + 1, batched_runs = before.executions - alone;
+    ck_assert_msg(batched_runs < N * MAX_REQ, "%llu engine executions for %d requests",
+                  (unsigned long long)batched_runs, N * MAX_REQ);
+    ck_assert_int_gt(batched, 0);
+    free_clients(c, N);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* Exactly max_batch rows from 8 clients form one batch, one execution. */
+START_TEST(full_batch_runs_once)
+{
+    enum { N = 8 };
+    tp_engine *e = open_mlp();
+    tp_metrics *m = tp_metrics_create();
+    client c[N];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < N; i++) {
+        c[i].n_req = 1;
+        c[i].in[0] = make_x(1, (unsigned)(7 + i));
+    }
+    tp_batcher *b = new_batcher(e, N, LONG_DELAY_US, 0, m);
+    tp_engine_stats s0 = stats(e);
+    uint64_t refs = N; /* run_clients computes N references first */
+    run_clients(e, b, c, N);
+    tp_engine_stats s1 = stats(e);
+    ck_assert_uint_eq(s1.executions - s0.executions - refs, 1);
+    ck_assert_uint_eq(s1.bucket_runs[3] - s0.bucket_runs[3], 1); /* bucket 8 */
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(c[i].st[0] == TP_OK, "client %d: %s", i, c[i].msg[0]);
+        ck_assert_msg(c[i].diff[0] <= 1e-5, "client %d got other rows (%g)", i, c[i].diff[0]);
+        ck_assert(c[i].batched_with_others);
+    }
+    char *text = tp_metrics_render(m, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\ntpserve_batch_count_total 1\n"));
+    ck_assert_ptr_nonnull(strstr(text, "\ntpserve_inference_count_total 8\n"));
+    ck_assert_ptr_nonnull(strstr(text, "tpserve_batch_size_bucket{le=\"4\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(text, "tpserve_batch_size_bucket{le=\"8\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(text, "tpserve_queue_duration_seconds_count 8\n"));
+    free(text);
+    tp_batcher_free(b);
+    tp_metrics_free(m);
+    free_clients(c, N);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* One client sends a wrong shape, one a wrong datatype, one zero rows:
+ * each is refused alone (400 material) while the rest are served. */
+START_TEST(bad_request_in_a_crowd)
+{
+    enum { N = 8 };
+    tp_engine *e = open_mlp();
+    client c[N];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < N; i++) {
+        c[i].n_req = 1;
+        c[i].in[0] = make_x(2, (unsigned)(50 + i));
+    }
+    c[2].in[0].shape[2] = 16;
+    c[2].in[0].nbytes /= 2;
+    c[2].st[0] = TP_INVALID; /* marks "no reference" for run_clients */
+    c[4].in[0].dtype = TP_I32;
+    c[4].st[0] = TP_INVALID;
+    c[6].in[0].shape[0] = 0;
+    c[6].in[0].nbytes = 0;
+    c[6].st[0] = TP_INVALID;
+    tp_batcher *b = new_batcher(e, 0, 20000, 0, NULL);
+    run_clients(e, b, c, N);
+    tp_batcher_free(b);
+    const char *want[N] = {[2] = "expected shape [-1, 8, 32], got [2, 8, 16]",
+                           [4] = "expected datatype FP32, got INT32",
+                           [6] = "input 'x': expected shape [-1, 8, 32], got [0, 8, 32]"};
+    for (int i = 0; i < N; i++) {
+        if (want[i]) {
+            ck_assert_int_eq(c[i].st[0], TP_INVALID);
+            ck_assert_msg(strstr(c[i].msg[0], want[i]), "client %d: %s", i, c[i].msg[0]);
+        } else {
+            ck_assert_msg(c[i].st[0] == TP_OK, "client %d: %s", i, c[i].msg[0]);
+            ck_assert_msg(c[i].diff[0] <= 1e-5, "client %d got other rows", i);
+        }
+    }
+    free_clients(c, N);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* ---- asynchronous requests ---------------------------------------------- */
+
+typedef struct {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *n_done;
+    int done;
+    tp_status st;
+    char msg[1024];
+    int64_t rows;
+    double t_done;
+} slot;
+
+static void slot_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+                      const tp_batch_info *info)
+{
+    (void)info;
+    slot *s = ctx;
+    pthread_mutex_lock(s->mu);
+    s->st = st;
+    s->rows = outs ? outs[0].shape[0] : -1;
+    snprintf(s->msg, sizeof s->msg, "%s", st == TP_OK ? "" : err->msg);
+    s->t_done = tp_batcher_now();
+    s->done = 1;
+    (*s->n_done)++;
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
+    tp_host_tensors_free(outs, n_outs);
+}
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_done;
+
+static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 0, 0}; }
+
+static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
+                        int64_t timeout_us, tp_err *err)
+{
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s};
+    return tp_batcher_submit(b, &r, err);
+}
+
+static void wait_done(slot *s)
+{
+    pthread_mutex_lock(&g_mu);
+    while (!s->done)
+        pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A full queue refuses with TP_UNAVAILABLE naming max_queue; freeing the
+ * batcher still runs what was queued (the drain). */
+START_TEST(queue_overflow_then_drain)
+{
+    tp_engine *e = open_mlp();
+    tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 2, NULL);
+    tp_host_tensor x = make_x(1, 3);
+    slot s[3] = {new_slot(), new_slot(), new_slot()};
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(b, &x, &s[0], 0, 0, &err), TP_OK);
+    ck_assert_int_eq(submit(b, &x, &s[1], 0, 0, &err), TP_OK);
+    ck_assert_int_eq(tp_batcher_queued(b), 2);
+    ck_assert_int_eq(submit(b, &x, &s[2], 0, 0, &err), TP_UNAVAILABLE);
+    ck_assert_msg(strstr(err.msg, "server overloaded: 2 inference requests already queued") &&
+                  strstr(err.msg, "(max_queue)"), "%s", err.msg);
+    ck_assert_int_eq(tp_status_http(TP_UNAVAILABLE), 503);
+    uint64_t rows0 = stats(e).rows;
+    tp_batcher_free(b); /* drains: both queued requests run, in one batch */
+    ck_assert(s[0].done && s[1].done && !s[2].done);
+    ck_assert_int_eq(s[0].st, TP_OK);
+    ck_assert_int_eq(s[1].st, TP_OK);
+    ck_assert_int_eq(s[0].rows, 1);
+    ck_assert_uint_eq(stats(e).rows - rows0, 2);
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* A request past its deadline is answered TP_TIMEOUT (504) at the deadline,
+ * even while the batcher is waiting for more rows, and never runs. */
+START_TEST(timeout_is_504_and_never_runs)
+{
+    tp_engine *e = open_mlp();
+    tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
+    tp_host_tensor x = make_x(1, 4);
+    slot late = new_slot(), past = new_slot(), keep = new_slot();
+    tp_err err = {{0}};
+    uint64_t rows0 = stats(e).rows;
+    double t0 = tp_batcher_now();
+    ck_assert_int_eq(submit(b, &x, &late, 0, 20000, &err), TP_OK);     /* 20 ms */
+    ck_assert_int_eq(submit(b, &x, &past, t0 - 1, 1000, &err), TP_OK); /* due 1 s ago */
+    ck_assert_int_eq(submit(b, &x, &keep, 0, 0, &err), TP_OK);
+    wait_done(&late);
+    wait_done(&past);
+    ck_assert_int_eq(late.st, TP_TIMEOUT);
+    ck_assert_int_eq(past.st, TP_TIMEOUT);
+    ck_assert_int_eq(tp_status_http(TP_TIMEOUT), 504);
+    ck_assert_msg(strstr(late.msg, "in the queue, over parameters.timeout"), "%s", late.msg);
+    double waited = late.t_done - t0;
+    ck_assert_msg(waited >= 0.019 && waited < 5, "answered after %.3f s", waited);
+    ck_assert_int_eq(tp_batcher_queued(b), 1);
+    ck_assert_uint_eq(stats(e).rows, rows0); /* neither ran */
+    tp_batcher_free(b);
+    ck_assert_int_eq(keep.st, TP_OK);
+    ck_assert_uint_eq(stats(e).rows - rows0, 1); /* only the one without a deadline */
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* Cancel answers every queued request with the given status, unrun. */
+START_TEST(cancel_answers_queued)
+{
+    tp_engine *e = open_mlp();
+    tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
+    tp_host_tensor x = make_x(1, 5);
+    slot s[2] = {new_slot(), new_slot()};
+    tp_err err = {{0}};
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(submit(b, &x, &s[i], 0, 0, &err), TP_OK);
+    uint64_t rows0 = stats(e).rows;
+    tp_batcher_cancel(b, TP_UNAVAILABLE, "drain timeout");
+    for (int i = 0; i < 2; i++) {
+        ck_assert(s[i].done);
+        ck_assert_int_eq(s[i].st, TP_UNAVAILABLE);
+        ck_assert_str_eq(s[i].msg, "drain timeout");
+    }
+    tp_batcher_free(b);
+    ck_assert_uint_eq(stats(e).rows, rows0);
+    tp_host_tensor *o;
+    int n;
+    b = new_batcher(e, 0, 0, 0, NULL); /* the engine still serves a fresh batcher */
+    ck_assert_msg(tp_batcher_infer(b, &x, 1, 0, &o, &n, NULL, &err) == TP_OK, "%s", err.msg);
+    tp_host_tensors_free(o, n);
+    tp_batcher_free(b);
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* ---- a tiny embedding graph: failing batches, unbatchable graphs -------- */
+
+/* Embedding of ids [B or 1, 2] (shard(1) over 2 ranks) then all_gather:
+ * out-of-range ids make one rank fail at run time, which no input check
+ * can see. batch_dim 0: a static input, so the graph cannot batch. */
+static tp_engine *open_embedding(char *dir, int batch_dim)
+{
+    static float table[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int64_t ts[2] = {4, 2};
+    st_write_item item = {"t", TP_F32, 2, ts, table};
+    char json[1024], path[128];
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"emb\",\"world_size\":2,"
+             "\"weights\":\"w.safetensors\",\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT32\","
+             "\"shape\":[%s,2],\"placement\":\"shard(1)\"}],"
+             "\"params\":[{\"name\":\"t\",\"datatype\":\"FP32\",\"shape\":[4,2]}],"
+             "\"nodes\":[{\"name\":\"e\",\"op\":\"embedding\",\"inputs\":[\"ids\",\"t\"]},"
+             "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"e\"],\"attrs\":{\"dim\":1}}],"
+             "\"outputs\":[{\"name\":\"g\"}]}", batch_dim ? "\"B\"" : "1");
+    tu_write_graph(dir, path, json, &item, 1);
+    return tu_engine(path, 1, 0);
+}
+
+static tp_host_tensor ids_tensor(int32_t *ids)
+{
+    return (tp_host_tensor){.name = "ids", .dtype = TP_I32, .ndim = 2, .shape = {1, 2},
+                            .data = ids, .nbytes = 2 * sizeof(int32_t)};
+}
+
+/* An engine failure fails every request of its batch, with the reason;
+ * the next batch is served. */
+START_TEST(engine_failure_fails_each_request_of_the_batch)
+{
+    char dir[64];
+    tp_engine *e = open_embedding(dir, 1);
+    tp_batcher *b = new_batcher(e, 2, LONG_DELAY_US, 0, NULL);
+    int32_t good[2] = {1, 3}, bad[2] = {1, 9};
+    tp_host_tensor g = ids_tensor(good), x = ids_tensor(bad);
+    slot s[2] = {new_slot(), new_slot()};
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(b, &g, &s[0], 0, 0, &err), TP_OK);
+    ck_assert_int_eq(submit(b, &x, &s[1], 0, 0, &err), TP_OK); /* full: runs now */
+    wait_done(&s[0]);
+    wait_done(&s[1]);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_ne(s[i].st, TP_OK);
+        ck_assert_int_eq(s[i].st, s[0].st);
+        ck_assert_msg(strstr(s[i].msg, "batch of 2 requests (2 rows): ") && strstr(s[i].msg, "9"),
+                      "%s", s[i].msg);
+    }
+    tp_batcher_free(b);
+    b = new_batcher(e, 2, 0, 0, NULL);
+    tp_host_tensor *o;
+    int n;
+    ck_assert_msg(tp_batcher_infer(b, &g, 1, 0, &o, &n, NULL, &err) == TP_OK, "%s", err.msg);
+    float want[4] = {3, 4, 7, 8};
+    ck_assert_mem_eq(o[0].data, want, sizeof want);
+    tp_host_tensors_free(o, n);
+    tp_batcher_free(b);
+    tp_engine_free(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+typedef struct {
+    tp_batcher *b;
+    int32_t ids[2];
+    tp_status st;
+    tp_batch_info info;
+    float got[4];
+} emb_client;
+
+static void *emb_client_main(void *arg)
+{
+    emb_client *c = arg;
+    tp_host_tensor x = ids_tensor(c->ids), *o;
+    int n;
+    tp_err err;
+    c->st = tp_batcher_infer(c->b, &x, 1, 0, &o, &n, &c->info, &err);
+    if (c->st == TP_OK)
+        memcpy(c->got, o[0].data, sizeof c->got);
+    tp_host_tensors_free(o, n);
+    return NULL;
+}
+
+/* A graph without a batch dim runs each request alone, even when several
+ * wait together, and each gets its own answer. */
+START_TEST(unbatchable_graph_runs_one_by_one)
+{
+    enum { N = 6 };
+    char dir[64];
+    tp_engine *e = open_embedding(dir, 0);
+    tp_batcher *b = new_batcher(e, 0, 2000, 0, NULL);
+    ck_assert_int_eq(tp_batcher_batching(b), 0);
+    emb_client c[N];
+    pthread_t th[N];
+    uint64_t x0 = stats(e).executions;
+    for (int i = 0; i < N; i++) {
+        c[i] = (emb_client){.b = b, .ids = {i % 4, (i + 1) % 4}};
+        pthread_create(&th[i], NULL, emb_client_main, &c[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_uint_eq(stats(e).executions - x0, N);
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(c[i].st, TP_OK);
+        ck_assert_int_eq(c[i].info.batch_requests, 1);
+        /* ids {a, b}: rank 0 embeds a, rank 1 embeds b; gathered on dim 1 */
+        float want[4] = {(float)(2 * c[i].ids[0] + 1), (float)(2 * c[i].ids[0] + 2),
+                         (float)(2 * c[i].ids[1] + 1), (float)(2 * c[i].ids[1] + 2)};
+        ck_assert_mem_eq(c[i].got, want, sizeof want);
+    }
+    tp_batcher_free(b);
+    tp_engine_free(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+Suite *batcher_suite(void)
+{
+    Suite *s = suite_create("batcher");
+    TCase *tc = tcase_create("batcher");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, concurrent_clients_get_their_own_rows);
+    tcase_add_test(tc, full_batch_runs_once);
+    tcase_add_test(tc, bad_request_in_a_crowd);
+    tcase_add_test(tc, queue_overflow_then_drain);
+    tcase_add_test(tc, timeout_is_504_and_never_runs);
+    tcase_add_test(tc, cancel_answers_queued);
+    tcase_add_test(tc, engine_failure_fails_each_request_of_the_batch);
+    tcase_add_test(tc, unbatchable_graph_runs_one_by_one);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(batcher_suite)
