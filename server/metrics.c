@@ -182,7 +182,7 @@ static void histogram(sbuf *b, const char *name, const char *help, tp_histogram 
         else
             sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
     }
-    sb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, atomic_load(&h->sum), name,
+    sb_printf(b, "%s_sum %.15g\n%s_count %llu\n", name, atomic_load(&h->sum), name,
               (unsigned long long)cum);
 }
 
