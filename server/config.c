@@ -35,7 +35,12 @@ static const key_desc keys[] = {
     INT_KEY(request_timeout_ms, 0, 86400000,
             "idle-connection timeout, and longest queue wait before 504 (0: none)"),
     INT_KEY(drain_timeout_ms, 0, 86400000, "SIGTERM/SIGINT: longest wait for in-flight requests"),
-    INT_KEY(max_queue, 1, 1000000, "queued inference requests before 503 (overloaded)"),
+    INT_KEY(max_queue, 1, 1000000,
+            "queued inference requests (waiting for a worker; for the engine) before 503"),
+    INT_KEY(max_batch_size, 0, 1 << 20,
+            "dynamic batching: rows per engine run (0: the engine's largest bucket)"),
+    INT_KEY(max_queue_delay_us, 0, 10000000,
+            "dynamic batching: longest the oldest request waits for a fuller batch"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -51,6 +56,8 @@ void tp_config_defaults(tp_config *c)
     c->request_timeout_ms = 30000;
     c->drain_timeout_ms = 10000;
     c->max_queue = 1024;
+    c->max_batch_size = 0;
+    c->max_queue_delay_us = 500;
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 

@@ -21,6 +21,8 @@ typedef struct {
     int request_timeout_ms;  /* idle connection / queue wait limit; 0 = none */
     int drain_timeout_ms;    /* SIGTERM: longest wait for in-flight requests */
     int max_queue;           /* queued inference requests before 503 */
+    int max_batch_size;      /* rows per engine run; 0: the engine's largest bucket */
+    int max_queue_delay_us;  /* longest the oldest queued request waits for a fuller batch */
     char log_level[8];       /* error | warn | info | debug */
 } tp_config;
 

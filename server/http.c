@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,12 +15,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batcher.h"
 #include "kserve.h"
 #include "log.h"
+#include "metrics.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
-typedef enum { R_NONE, R_LIVE, R_READY, R_SERVER, R_MODEL, R_MODEL_READY, R_INFER } route_kind;
+typedef enum {
+    R_NONE, R_LIVE, R_READY, R_SERVER, R_MODEL, R_MODEL_READY, R_INFER, R_METRICS
+} route_kind;
 
 typedef struct {
     route_kind kind;
@@ -29,13 +34,16 @@ typedef struct {
 } route;
 
 /* Per-request life: RECEIVING (the body: kept for infer, counted and
- * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED ->
- * DONE (worker finished) -> REPLIED. Answering only once the body is in lets
- * libmicrohttpd keep the connection alive; only a 413 is sent early. */
+ * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED
+ * (a worker decodes it and submits it to the batcher; its batch runs; a
+ * worker encodes the answer) -> DONE -> REPLIED. Answering only once the
+ * body is in lets libmicrohttpd keep the connection alive; only a 413 is
+ * sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
 
 typedef struct req_ctx {
-    struct req_ctx *next; /* queue link */
+    struct req_ctx *next; /* worker queue link */
+    tp_http *h;
     struct MHD_Connection *conn;
     int state;
     route rt;
@@ -47,6 +55,15 @@ typedef struct req_ctx {
     long long header_len; /* Inference-Header-Content-Length, or -1 */
     double t_start, t_queued;
     int before_drain; /* headers arrived before SIGTERM: the request is served */
+    /* decoded request and its batch result, between the two worker jobs */
+    int encode; /* the next worker job: 0 decode and submit, 1 encode the answer */
+    tp_kserve_request req;
+    tp_status st;
+    tp_host_tensor *outs;
+    int n_outs;
+    tp_err err;
+    int64_t timeout_us;
+    char timeout_what[64];
     /* set by the worker before it resumes the connection */
     unsigned code;
     struct MHD_Response *resp;
@@ -63,10 +80,14 @@ struct tp_http {
     tp_engine *engine;
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
+    tp_metrics *metrics;
+    tp_batcher *batcher; /* created with the engine */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    req_ctx *head, *tail;
+    req_ctx *head, *tail;         /* bodies to decode (bounded by max_queue) */
+    req_ctx *enc_head, *enc_tail; /* batch results to encode (never refused) */
     int queued, stopping;
+    int in_batcher; /* submitted, result not yet back: workers outlive these */
     pthread_t *workers;
     int n_workers;
 };
@@ -110,6 +131,8 @@ static route parse_route(const char *url)
     char seg[8][256];
     route r = {R_NONE, "", "", 0};
     int n = split_path(url, seg, 8);
+    if (n == 1 && strcmp(seg[0], "metrics") == 0)
+        r.kind = R_METRICS;
     if (n < 1 || strcmp(seg[0], "v2") != 0)
         return r;
     if (n == 1) {
@@ -177,6 +200,8 @@ static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
                                      struct MHD_Response *resp)
 {
     r->state = REQ_REPLIED;
+    if (r->rt.kind == R_INFER)
+        tp_metrics_request(h->metrics, code, (now_ms() - r->t_start) / 1e3);
     if (!resp)
         return MHD_NO; /* out of memory: dropping the connection is all that is left */
     if (atomic_load(&h->state) == SRV_DRAINING)
@@ -244,6 +269,20 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
     return MHD_YES;
 }
 
+/* Prometheus text format; served while loading and draining too. */
+static enum MHD_Result reply_metrics(tp_http *h, req_ctx *r)
+{
+    tp_metrics_set_gauges(h->metrics, atomic_load(&h->suspended),
+                          atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
+    size_t len = 0;
+    char *text = tp_metrics_render(h->metrics, &len);
+    if (!text)
+        return reply_error(h, r, 500, "out of memory rendering /metrics");
+    log_request(r, 200, NULL);
+    return send_response(h, r, 200,
+                         make_response(text, len, "text/plain; version=0.0.4; charset=utf-8", 0));
+}
+
 static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
 {
     int state = atomic_load(&h->state), handled;
@@ -255,6 +294,8 @@ static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
                           tp_kserve_bool_json("ready", state == SRV_READY));
     case R_SERVER:
         return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
+    case R_METRICS:
+        return reply_metrics(h, r);
     default:
         break;
     }
@@ -378,28 +419,140 @@ static unsigned infer_http_code(tp_status st)
                                                                      : (unsigned)tp_status_http(st);
 }
 
-static void run_infer(tp_http *h, req_ctx *r)
+/* Triton's request-level "parameters": {"timeout": microseconds}. The codec
+ * ignores parameters it does not know, so it is read here; the JSON header
+ * is parsed a second time only when it mentions "timeout" at all. *us is
+ * -1 when the request has none. */
+static tp_status timeout_param(const req_ctx *r, int64_t *us, tp_err *err)
 {
-    tp_kserve_request req;
+    size_t hl = r->header_len >= 0 && (size_t)r->header_len < r->len ? (size_t)r->header_len
+                                                                     : r->len;
+    *us = -1;
+    if (!r->body || !memmem(r->body, hl, "\"timeout\"", 9))
+        return TP_OK;
+    json_t *root = json_loadb(r->body, hl, 0, NULL);
+    const json_t *v = json_object_get(json_object_get(root, "parameters"), "timeout");
+    tp_status st = TP_OK;
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
+        st = tp_fail(err, TP_INVALID, "parameters.timeout must be a non-negative integer "
+                     "(microseconds; 0: none)");
+    else if (v)
+        *us = (int64_t)json_integer_value(v);
+    json_decref(root);
+    return st;
+}
+
+/* The request's own timeout replaces request_timeout_ms; either counts
+ * from when the body was complete. */
+static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
+{
+    if (param_us >= 0) {
+        r->timeout_us = param_us;
+        snprintf(r->timeout_what, sizeof r->timeout_what, "parameters.timeout %lld us",
+                 (long long)param_us);
+    } else {
+        r->timeout_us = (int64_t)h->cfg.request_timeout_ms * 1000;
+        snprintf(r->timeout_what, sizeof r->timeout_what, "request_timeout_ms %d",
+                 h->cfg.request_timeout_ms);
+    }
+}
+
+/* Runs on the batcher thread: hands the result to a worker for encoding, so
+ * the batcher goes straight back to forming the next batch. */
+static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                          const tp_err *err, const tp_batch_info *info)
+{
+    (void)info;
+    req_ctx *r = ctx;
+    tp_http *h = r->h;
+    r->st = st;
+    r->outs = outs;
+    r->n_outs = n_outs;
+    if (st != TP_OK)
+        r->err = *err;
+    r->encode = 1;
+    r->next = NULL;
+    pthread_mutex_lock(&h->mu);
+    if (h->enc_tail)
+        h->enc_tail->next = r;
+    else
+        h->enc_head = r;
+    h->enc_tail = r;
+    h->in_batcher--;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
+{
+    tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_queued / 1e3, r->timeout_us,
+                       r->timeout_what, on_batch_done, r};
+    pthread_mutex_lock(&h->mu);
+    h->in_batcher++;
+    pthread_mutex_unlock(&h->mu);
+    tp_status st = tp_batcher_submit(h->batcher, &br, err);
+    if (st != TP_OK) {
+        pthread_mutex_lock(&h->mu);
+        h->in_batcher--;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    return st;
+}
+
+/* A request that waited for a worker past request_timeout_ms is not decoded. */
+static int waited_too_long(tp_http *h, req_ctx *r)
+{
+    double waited = now_ms() - r->t_queued;
+    if (h->cfg.request_timeout_ms <= 0 || waited <= h->cfg.request_timeout_ms)
+        return 0;
+    char msg[160];
+    snprintf(msg, sizeof msg, "request waited %.1f ms in the queue, over request_timeout_ms %d",
+             waited, h->cfg.request_timeout_ms);
+    finish_error(r, 504, msg);
+    return 1;
+}
+
+/* The first worker job: decode the body and submit it. Returns 1 when r was
+ * answered here (an error), 0 when the batcher has it. */
+static int decode_and_submit(tp_http *h, req_ctx *r)
+{
     tp_err err;
-    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
-                                         &req, &err);
+    int64_t param_us = -1;
+    tp_status st = TP_OK;
+    if (waited_too_long(h, r))
+        st = TP_TIMEOUT;
+    else if ((st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
+                                         &r->req, &err)) == TP_OK &&
+             (st = timeout_param(r, &param_us, &err)) != TP_OK)
+        tp_kserve_request_free(&r->req);
     free(r->body); /* decoded: the tensors own copies now */
     r->body = NULL;
-    if (st != TP_OK) {
-        finish_error(r, (unsigned)tp_status_http(st), err.msg);
-        return;
+    if (st == TP_TIMEOUT)
+        return 1;
+    if (st == TP_OK) {
+        set_timeout(h, r, param_us);
+        if ((st = submit(h, r, &err)) == TP_OK)
+            return 0;
+        tp_kserve_request_free(&r->req);
     }
-    tp_host_tensor *outs = NULL;
-    int n_outs = 0;
-    st = tp_engine_infer(h->engine, req.inputs, req.n_inputs, &outs, &n_outs, &err);
+    finish_error(r, infer_http_code(st), err.msg);
+    return 1;
+}
+
+/* The second worker job: the batch result as a KServe answer. */
+static void encode_answer(tp_http *h, req_ctx *r)
+{
+    tp_err err = r->err;
+    tp_status st = r->st;
     tp_kserve_buf buf = {0};
     if (st == TP_OK)
-        st = tp_kserve_build_infer(&h->model, &req, outs, n_outs, &buf, &err);
-    else
+        st = tp_kserve_build_infer(&h->model, &r->req, r->outs, r->n_outs, &buf, &err);
+    else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
-    tp_host_tensors_free(outs, n_outs);
-    tp_kserve_request_free(&req);
+    tp_host_tensors_free(r->outs, r->n_outs);
+    r->outs = NULL;
+    tp_kserve_request_free(&r->req);
     if (st != TP_OK) {
         finish_error(r, infer_http_code(st), err.msg);
         return;
@@ -411,31 +564,27 @@ static void run_infer(tp_http *h, req_ctx *r)
            NULL);
 }
 
-static void run_job(tp_http *h, req_ctx *r)
+static req_ctx *unlink_head(req_ctx **head, req_ctx **tail)
 {
-    double waited = now_ms() - r->t_queued;
-    if (h->cfg.request_timeout_ms > 0 && waited > h->cfg.request_timeout_ms) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "request waited %.0f ms in the queue, over request_timeout_ms "
-                 "%d", waited, h->cfg.request_timeout_ms);
-        free(r->body);
-        r->body = NULL;
-        finish_error(r, 504, msg);
-        return;
-    }
-    run_infer(h, r);
+    req_ctx *r = *head;
+    *head = r->next;
+    if (!*head)
+        *tail = NULL;
+    return r;
 }
 
+/* Answers first (they hold finished work), then new bodies. Once stopping,
+ * workers leave only when nothing is queued or still in the batcher. */
 static req_ctx *pop_job(tp_http *h)
 {
+    req_ctx *r = NULL;
     pthread_mutex_lock(&h->mu);
-    while (!h->head && !h->stopping)
+    while (!h->enc_head && !h->head && !(h->stopping && h->in_batcher == 0))
         pthread_cond_wait(&h->cv, &h->mu);
-    req_ctx *r = h->head;
-    if (r) {
-        h->head = r->next;
-        if (!h->head)
-            h->tail = NULL;
+    if (h->enc_head) {
+        r = unlink_head(&h->enc_head, &h->enc_tail);
+    } else if (h->head) {
+        r = unlink_head(&h->head, &h->tail);
         h->queued--;
     }
     pthread_mutex_unlock(&h->mu);
@@ -447,8 +596,13 @@ static void *worker_main(void *arg)
     tp_http *h = arg;
     req_ctx *r;
     while ((r = pop_job(h))) {
-        run_job(h, r);
-        MHD_resume_connection(r->conn);
+        int answered = 1;
+        if (r->encode)
+            encode_answer(h, r);
+        else
+            answered = decode_and_submit(h, r);
+        if (answered)
+            MHD_resume_connection(r->conn);
     }
     return NULL;
 }
@@ -492,7 +646,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
         return reply_error(h, r, 503, "server is shutting down");
     if (full)
         return reply_error(h, r, 503, "server overloaded: %d inference requests already queued "
-                           "(max_queue)", h->cfg.max_queue);
+                           "for decoding (max_queue)", h->cfg.max_queue);
     return MHD_YES;
 }
 
@@ -504,6 +658,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     req_ctx *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
+    r->h = h;
     r->conn = c;
     r->t_start = now_ms();
     snprintf(r->method, sizeof r->method, "%s", method);
@@ -520,7 +675,7 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
     if (r->rt.kind == R_NONE)
         return reply_error(h, r, 404, "unknown path '%s' (KServe v2 routes: /v2, "
                            "/v2/health/{live,ready}, /v2/models/{model}[/versions/{v}]"
-                           "[/ready|/infer])", r->url);
+                           "[/ready|/infer]; Prometheus: /metrics)", r->url);
     if (!method_ok(r->rt.kind, r->method)) {
         enum MHD_Result ok;
         tp_err e;
@@ -685,7 +840,10 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     atomic_init(&h->suspended, 0);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
-    tp_status st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
+    h->metrics = tp_metrics_create();
+    tp_status st = h->metrics ? TP_OK : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
+    if (st == TP_OK)
+        st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
     if (st == TP_OK)
         st = start_workers(h, err);
     if (st == TP_OK)
@@ -700,6 +858,25 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
 
 int tp_http_port(const tp_http *h) { return h->port; }
 
+static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
+{
+    tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
+                         h->metrics};
+    tp_status st = tp_batcher_create(e, &o, &h->batcher, err);
+    if (st != TP_OK)
+        return st;
+    const char *why = NULL;
+    if (tp_batcher_batching(h->batcher))
+        TP_LOG_I("batching: up to %lld rows per engine run, max_queue_delay_us=%d, max_queue=%d",
+                 (long long)tp_batcher_max_batch(h->batcher), h->cfg.max_queue_delay_us,
+                 h->cfg.max_queue);
+    else
+        TP_LOG_I("batching off, requests run one at a time: %s",
+                 !tp_engine_padded(e, &why) ? why
+                 : "an input or output has no batch dimension first");
+    return TP_OK;
+}
+
 tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
 {
     int ni = tp_engine_n_inputs(e), no = tp_engine_n_outputs(e);
@@ -711,6 +888,9 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
         h->ins[i] = *tp_engine_input(e, i);
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
+    tp_status st = start_batcher(h, e, err);
+    if (st != TP_OK)
+        return st;
     h->engine = e;
     h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no};
     /* Everything above is published by this store: HTTP threads read the
@@ -764,6 +944,10 @@ unsigned tp_http_connections(tp_http *h)
     return info ? info->num_connections : 0;
 }
 
+#define DRAIN_CUT "server is shutting down: drain timeout reached before this request ran"
+
+/* Bodies waiting for a worker first, then the batcher's queue (whose
+ * answers come back through the workers, which resume their connections). */
 void tp_http_cancel_queued(tp_http *h)
 {
     pthread_mutex_lock(&h->mu);
@@ -775,11 +959,12 @@ void tp_http_cancel_queued(tp_http *h)
         req_ctx *next = r->next;
         free(r->body);
         r->body = NULL;
-        finish_error(r, 503, "server is shutting down: drain timeout reached before this "
-                     "request ran");
+        finish_error(r, 503, DRAIN_CUT);
         MHD_resume_connection(r->conn);
         r = next;
     }
+    if (atomic_load(&h->loaded))
+        tp_batcher_cancel(h->batcher, TP_UNAVAILABLE, DRAIN_CUT);
 }
 
 void tp_http_stop(tp_http *h)
@@ -790,8 +975,10 @@ void tp_http_stop(tp_http *h)
     h->stopping = 1;
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
+    /* workers leave once every request handed to the batcher came back */
     for (int i = 0; i < h->n_workers; i++)
         pthread_join(h->workers[i], NULL);
+    tp_batcher_free(h->batcher);
     if (h->d)
         MHD_stop_daemon(h->d);
     if (h->listen_fd >= 0)
@@ -801,5 +988,6 @@ void tp_http_stop(tp_http *h)
     free(h->workers);
     free(h->ins);
     free(h->outs);
+    tp_metrics_free(h->metrics);
     free(h);
 }
