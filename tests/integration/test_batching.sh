@@ -1,0 +1,329 @@
+#!/bin/sh
+# test_batching.sh — dynamic batching and /metrics on the real server:
+# 16 concurrent curl clients with distinct rows each get exactly the answer
+# their request gets alone; the engine ran fewer times than it was asked
+# (execution_count < inference_count); a tiny max_queue gives 503 with an
+# error body and the server stays healthy; a tiny timeout (request parameter
+# or request_timeout_ms) gives 504 and never runs; /metrics counters move as
+# expected and the text is Prometheus format.
+#
+# env: TPSERVE (binary), TP_GRAPHS (generated graphs), PYTHON (python3);
+#      KEEP_TMP=1 keeps the server logs.
+# shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
+set -u
+: "${TPSERVE:?set TPSERVE to the tpserve binary}"
+: "${TP_GRAPHS:?set TP_GRAPHS to the generated graphs directory}"
+PYTHON=${PYTHON:-python3}
+G=mlp_sp_tp2
+N=16
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_batch.XXXXXX")
+PIDS=""
+npass=0
+nfail=0
+
+pass() { echo "PASS: $*"; npass=$((npass + 1)); }
+fail() { echo "FAIL: $*"; nfail=$((nfail + 1)); }
+
+cleanup() {
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    if [ -n "${KEEP_TMP:-}" ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+free_port() {
+    $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start NAME ARGS...: a server on a fresh port; sets PORT, PID, URL.
+start() {
+    name=$1
+    shift
+    PORT=$(free_port)
+    URL="http://127.0.0.1:$PORT"
+    "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --log-level debug "$@" >"$TMP/$name.log" 2>&1 &
+    PID=$!
+    PIDS="$PIDS $PID"
+    i=0
+    while [ $i -lt 300 ]; do
+        if ! kill -0 "$PID" 2>/dev/null; then
+            fail "$name: server exited during startup: $(cat "$TMP/$name.log")"
+            return 1
+        fi
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 200 ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "$name: not ready after 30 s"
+    return 1
+}
+
+stop() {
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+}
+
+# metric NAME[{labels}]: its value in a fresh scrape (empty when absent).
+metric() {
+    curl -s "$URL/metrics" | awk -v k="$1" '$1 == k { print $2 }'
+}
+
+# post FILE OUT: POSTs a JSON body to infer; prints the HTTP code.
+post() {
+    curl -s -o "$2" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$1" \
+        "$URL/v2/models/$G/infer"
+}
+
+# make_requests DIR COUNT: COUNT JSON requests of 1..3 distinct rows each.
+make_requests() {
+    $PYTHON - "$1" "$2" <<'EOF'
+import json, sys
+import numpy as np
+d, n = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(7)
+for i in range(n):
+    rows = 1 + i % 3
+    x = rng.uniform(-1, 1, (rows, 8, 32)).astype(np.float32)
+    doc = {"id": "client-%d" % i,
+           "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                       "data": [float(v) for v in x.reshape(-1)]}]}
+    with open("%s/req.%d" % (d, i), "w") as f:
+        json.dump(doc, f)
+EOF
+}
+
+# same_answer GOT REF: the two infer answers carry the same id and outputs.
+same_answer() {
+    $PYTHON - "$1" "$2" <<'EOF'
+import json, sys
+import numpy as np
+got, ref = (json.load(open(p)) for p in sys.argv[1:3])
+assert got["id"] == ref["id"], "id %s, reference %s" % (got["id"], ref["id"])
+for g, r in zip(got["outputs"], ref["outputs"]):
+    assert g["shape"] == r["shape"], "shape %s, reference %s" % (g["shape"], r["shape"])
+    a, b = np.array(g["data"]), np.array(r["data"])
+    err = np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-6)
+    assert err <= 1e-5, "%s: rel error %.3g against the request alone" % (g["name"], err)
+EOF
+}
+
+echo "== batching: $N concurrent clients, distinct rows"
+# a 50 ms queue delay lets 16 curl processes started from a shell meet
+start batch --max-queue-delay-us 50000 --threads 4 || exit 1
+make_requests "$TMP" $N
+i=0
+while [ $i -lt $N ]; do # references: each request alone
+    code=$(post "$TMP/req.$i" "$TMP/ref.$i")
+    [ "$code" = 200 ] || fail "reference request $i: HTTP $code: $(head -c 300 "$TMP/ref.$i")"
+    i=$((i + 1))
+done
+exec0=$(metric tpserve_execution_count_total)
+rows0=$(metric tpserve_inference_count_total)
+ok0=$(metric tpserve_request_success_total)
+i=0
+jobs_=""
+while [ $i -lt $N ]; do
+    post "$TMP/req.$i" "$TMP/got.$i" >"$TMP/code.$i" &
+    jobs_="$jobs_ $!"
+    i=$((i + 1))
+done
+for j in $jobs_; do wait "$j"; done
+bad=0
+i=0
+while [ $i -lt $N ]; do
+    if [ "$(cat "$TMP/code.$i")" != 200 ]; then
+        fail "client $i: HTTP $(cat "$TMP/code.$i"): $(head -c 300 "$TMP/got.$i")"
+        bad=1
+    elif ! same_answer "$TMP/got.$i" "$TMP/ref.$i" >"$TMP/cmp" 2>&1; then
+        fail "client $i got other rows than its request alone: $(tail -n 1 "$TMP/cmp")"
+        bad=1
+    fi
+    i=$((i + 1))
+done
+[ $bad = 0 ] && pass "$N concurrent clients each got exactly their own rows (vs. each request alone)"
+exec1=$(metric tpserve_execution_count_total)
+rows1=$(metric tpserve_inference_count_total)
+ok1=$(metric tpserve_request_success_total)
+rows_sent=$($PYTHON -c "print(sum(1 + i % 3 for i in range($N)))")
+[ $((rows1 - rows0)) -eq "$rows_sent" ] && pass "inference_count grew by the $rows_sent rows sent" ||
+    fail "inference_count grew by $((rows1 - rows0)), sent $rows_sent rows"
+[ $((ok1 - ok0)) -eq $N ] && pass "request_success_total grew by $N" ||
+    fail "request_success_total grew by $((ok1 - ok0)), want $N"
+if [ $((exec1 - exec0)) -lt $N ] && [ "$exec1" -lt "$rows1" ]; then
+    pass "batching happened: $N concurrent requests took $((exec1 - exec0)) engine executions; execution_count $exec1 < inference_count $rows1"
+else
+    fail "no batching: $((exec1 - exec0)) executions for $N concurrent requests (execution_count $exec1, inference_count $rows1)"
+fi
+grep -q "batching: up to 16 rows per engine run, max_queue_delay_us=50000" "$TMP/batch.log" &&
+    pass "startup log states the batching limits" || fail "no batching line in the log"
+
+# ---- /metrics format and counters ---------------------------------------------
+curl -s -D "$TMP/mhdr" -o "$TMP/metrics" "$URL/metrics"
+ctype=$(tr -d '\r' <"$TMP/mhdr" | sed -n 's/^[Cc]ontent-[Tt]ype: *//p')
+[ "$ctype" = "text/plain; version=0.0.4; charset=utf-8" ] && pass "/metrics Content-Type $ctype" ||
+    fail "/metrics Content-Type '$ctype'"
+if $PYTHON - "$TMP/metrics" <<'EOF' >"$TMP/fmt" 2>&1; then
+import re, sys
+text = open(sys.argv[1]).read()
+fams, last = {}, None
+for line in text.splitlines():
+    if line.startswith("# HELP "):
+        last = line.split()[2]
+        assert last not in fams, "family %s twice" % last
+        fams[last] = None
+    elif line.startswith("# TYPE "):
+        _, _, name, typ = line.split()
+        assert name == last and typ in ("counter", "gauge", "histogram"), line
+        fams[name] = typ
+    else:
+        m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (\S+)', line)
+        assert m, "bad sample line: %r" % line
+        base = re.sub(r"_(bucket|sum|count)$", "", m.group(1)) if fams.get(last) == "histogram" else m.group(1)
+        assert base == last, "%s is not in family %s" % (m.group(1), last)
+        float(m.group(4))
+for f in ("tpserve_request_success_total", "tpserve_request_failure_total", "tpserve_inference_count_total",
+          "tpserve_execution_count_total", "tpserve_queue_duration_seconds", "tpserve_compute_duration_seconds",
+          "tpserve_inflight_requests", "tpserve_bucket_replays_total", "tpserve_input_copy_bytes_total",
+          "tpserve_arena_bytes"):
+    assert f in fams, "missing family " + f
+# histograms: cumulative buckets, +Inf == _count
+for h in [f for f, t in fams.items() if t == "histogram"]:
+    vals = [float(l.split()[-1]) for l in text.splitlines() if l.startswith(h + "_bucket{")]
+    assert vals == sorted(vals), h + " buckets not cumulative"
+    cnt = [float(l.split()[-1]) for l in text.splitlines() if l.startswith(h + "_count ")]
+    assert cnt == [vals[-1]], h + " _count != +Inf bucket"
+print(len(fams), "families")
+EOF
+    pass "/metrics is Prometheus text format: $(cat "$TMP/fmt"), cumulative histograms"
+else
+    fail "/metrics format: $(cat "$TMP/fmt")"
+fi
+replays=$(awk '/^tpserve_bucket_replays_total\{/ { s += $2 } END { print s + 0 }' "$TMP/metrics")
+execs=$(awk '$1 == "tpserve_execution_count_total" { print $2 }' "$TMP/metrics")
+[ "$replays" = "$execs" ] && pass "bucket replays sum to execution_count ($execs)" ||
+    fail "bucket replays $replays != execution_count $execs"
+qc=$(awk '$1 == "tpserve_queue_duration_seconds_count" { print $2 }' "$TMP/metrics")
+[ "$qc" -eq $((2 * N)) ] && pass "queue_duration_seconds_count counts every inferred request ($qc)" ||
+    fail "queue_duration_seconds_count $qc, want $((2 * N))"
+for k in symmetric regular; do
+    v=$(awk -v k="tpserve_input_copy_bytes_total{slot=\"$k\"}" '$1 == k { print $2 }' "$TMP/metrics")
+    [ -n "$v" ] && pass "input copy bytes ($k slots): $v" || fail "no input copy bytes for $k"
+done
+arena=$(awk '/^tpserve_arena_bytes\{/ { s += $2 } END { print s + 0 }' "$TMP/metrics")
+[ "$arena" -gt 0 ] && pass "arena bytes reported ($arena)" || fail "arena bytes are 0"
+[ "$(awk '$1 == "tpserve_inflight_requests" { print $2 }' "$TMP/metrics")" = 0 ] &&
+    pass "inflight_requests is 0 when idle" || fail "inflight_requests not 0 when idle"
+
+f400=$(metric 'tpserve_request_failure_total{code="400"}')
+printf '%s' '{"inputs":[{"name":"x","shape":[1,8,16],"datatype":"FP32","data":[1]}]}' >"$TMP/bad"
+code=$(post "$TMP/bad" "$TMP/o")
+[ "$code" = 400 ] && [ "$(metric 'tpserve_request_failure_total{code="400"}')" -eq $((f400 + 1)) ] &&
+    pass "a 400 moves request_failure_total{code=\"400\"} by one" ||
+    fail "400: HTTP $code, counter $f400 -> $(metric 'tpserve_request_failure_total{code="400"}')"
+stop
+
+# ---- overflow: a queue of one, a long queue delay ----------------------------
+echo "== overflow: max_queue 1"
+start overflow --threads 1 --max-queue 1 --max-queue-delay-us 300000 || exit 1
+i=0
+jobs_=""
+while [ $i -lt 8 ]; do
+    post "$TMP/req.$i" "$TMP/ov.$i" >"$TMP/ovc.$i" &
+    jobs_="$jobs_ $!"
+    i=$((i + 1))
+done
+for j in $jobs_; do wait "$j"; done
+n503=0
+n200=0
+bodies_ok=1
+i=0
+while [ $i -lt 8 ]; do
+    case $(cat "$TMP/ovc.$i") in
+    200) n200=$((n200 + 1)) ;;
+    503) n503=$((n503 + 1))
+        grep -q '"error":"server overloaded: ' "$TMP/ov.$i" || bodies_ok=0 ;;
+    esac
+    i=$((i + 1))
+done
+if [ "$n503" -ge 1 ] && [ "$n200" -ge 1 ] && [ $((n503 + n200)) -eq 8 ] && [ $bodies_ok = 1 ]; then
+    pass "overflow: $n200 answered 200, $n503 got 503 with a 'server overloaded' error body"
+else
+    fail "overflow: 200 x $n200, 503 x $n503 of 8: $(cat "$TMP"/ov.* | head -c 600)"
+fi
+m503=$(metric 'tpserve_request_failure_total{code="503"}')
+[ "$m503" = "$n503" ] && pass "request_failure_total{code=\"503\"} = $m503" ||
+    fail "request_failure_total{code=\"503\"} = $m503, clients saw $n503"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 200 ] &&
+    [ "$(post "$TMP/req.0" "$TMP/o")" = 200 ] && same_answer "$TMP/o" "$TMP/ref.0" &&
+    pass "healthy after overflow: ready, and the next request is answered correctly" ||
+    fail "unhealthy after overflow"
+stop
+
+# ---- timeouts: the request's own, and request_timeout_ms ---------------------
+echo "== timeouts"
+start timeout --max-queue-delay-us 300000 || exit 1
+$PYTHON - "$TMP/req.0" "$TMP/req.t" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["parameters"] = {"timeout": 1000}  # microseconds, as Triton
+json.dump(doc, open(sys.argv[2], "w"))
+EOF
+exec0=$(metric tpserve_execution_count_total)
+code=$(post "$TMP/req.t" "$TMP/o")
+if [ "$code" = 504 ] && grep -q 'in the queue, over parameters.timeout 1000 us' "$TMP/o"; then
+    pass "parameters.timeout 1000 us with a 300 ms queue delay: 504 ($(cat "$TMP/o"))"
+else
+    fail "parameters.timeout: HTTP $code: $(cat "$TMP/o")"
+fi
+[ "$(metric tpserve_execution_count_total)" = "$exec0" ] && pass "the timed-out request never ran (execution_count unchanged)" ||
+    fail "execution_count moved from $exec0 to $(metric tpserve_execution_count_total)"
+[ "$(metric 'tpserve_request_failure_total{code="504"}')" = 1 ] && pass "request_failure_total{code=\"504\"} = 1" ||
+    fail "request_failure_total{code=\"504\"} = $(metric 'tpserve_request_failure_total{code="504"}')"
+$PYTHON - "$TMP/req.0" "$TMP/badt" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["parameters"] = {"timeout": -5}
+json.dump(doc, open(sys.argv[2], "w"))
+EOF
+code=$(post "$TMP/badt" "$TMP/o")
+[ "$code" = 400 ] && grep -q "parameters.timeout must be a non-negative integer" "$TMP/o" &&
+    pass "a negative parameters.timeout is 400" || fail "bad timeout: HTTP $code: $(cat "$TMP/o")"
+[ "$(post "$TMP/req.0" "$TMP/o")" = 200 ] && same_answer "$TMP/o" "$TMP/ref.0" &&
+    pass "without a timeout the same request waits the queue delay and is answered" ||
+    fail "request without timeout after 504s"
+stop
+start timeout_cfg --max-queue-delay-us 300000 --request-timeout-ms 5 || exit 1
+code=$(post "$TMP/req.1" "$TMP/o")
+[ "$code" = 504 ] && grep -q 'in the queue, over request_timeout_ms 5' "$TMP/o" &&
+    pass "request_timeout_ms 5: 504 ($(cat "$TMP/o"))" || fail "request_timeout_ms: HTTP $code: $(cat "$TMP/o")"
+[ "$(metric tpserve_execution_count_total)" = 0 ] && pass "and it never ran (execution_count 0)" ||
+    fail "execution_count $(metric tpserve_execution_count_total) after a 504"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/live")" = 200 ] && pass "live after 504s" || fail "not live after 504s"
+stop
+
+# ---- shutdown drains the batcher queue ----------------------------------------
+echo "== SIGTERM with requests waiting in the batcher queue"
+start drain --max-queue-delay-us 2000000 || exit 1
+i=0
+jobs_=""
+while [ $i -lt 4 ]; do
+    post "$TMP/req.$i" "$TMP/dr.$i" >"$TMP/drc.$i" &
+    jobs_="$jobs_ $!"
+    i=$((i + 1))
+done
+sleep 0.5 # queued, waiting for the 2 s delay
+kill -TERM "$PID"
+wait "$PID"
+rc=$?
+for j in $jobs_; do wait "$j"; done
+ok=0
+i=0
+while [ $i -lt 4 ]; do
+    [ "$(cat "$TMP/drc.$i")" = 200 ] && same_answer "$TMP/dr.$i" "$TMP/ref.$i" && ok=$((ok + 1))
+    i=$((i + 1))
+done
+[ $rc -eq 0 ] && [ $ok -eq 4 ] && pass "SIGTERM: the 4 queued requests ran and were answered correctly, exit 0" ||
+    fail "SIGTERM with a queued batch: exit $rc, $ok of 4 answered 200 correctly"
+
+echo "test_batching: $npass passed, $nfail failed"
+[ $nfail -eq 0 ]
