@@ -57,7 +57,7 @@ void tp_config_defaults(tp_config *c)
     c->drain_timeout_ms = 10000;
     c->max_queue = 1024;
     c->max_batch_size = 0;
-    c->max_queue_delay_us = 500;
+    c->max_queue_delay_us = 0; /* Triton's default: batch what is queued, never wait */
     snprintf(c->log_level, sizeof c->log_level, "info");
 }
 

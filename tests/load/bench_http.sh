@@ -1,0 +1,194 @@
+#!/bin/sh
+# bench_http.sh — `make bench-http`: wrk against tpserve serving the example
+# graph, then against bare_http (libmicrohttpd alone, same thread pool,
+# answering the bytes tpserve answered) with the same scripts and
+# concurrencies, and a markdown table: requests/s, p50/p99 latency, the
+# average batch (rows per engine execution, from /metrics) and tpserve's
+# throughput as a fraction of the bare HTTP stack on this machine.
+#
+# env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
+#      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
+#      DURATION (seconds per run, 5), CONNS (connection counts, "1 8 32"),
+#      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
+#      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
+# Timings never fail the run (noisy machines); wrk errors are reported.
+set -u
+TPSERVE=${TPSERVE:-build/tpserve}
+BARE_HTTP=${BARE_HTTP:-build/bench/bare_http}
+TP_GRAPHS=${TP_GRAPHS:-build/graphs}
+PYTHON=${PYTHON:-python3}
+G=${GRAPH:-mlp_sp_tp2}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-"1 8 32"}
+THREADS=${THREADS:-4}
+TPSERVE_ARGS=${TPSERVE_ARGS:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_bench.XXXXXX")
+PID=""
+
+cleanup() {
+    [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+    if [ -n "${KEEP_TMP:-}" ]; then echo "files kept in $TMP" >&2; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+die() {
+    echo "bench_http: $*" >&2
+    exit 1
+}
+
+command -v wrk >/dev/null 2>&1 || die "wrk not found (scripts/deps.sh installs it)"
+[ -x "$TPSERVE" ] || die "no tpserve binary at $TPSERVE (make build/tpserve)"
+[ -x "$BARE_HTTP" ] || die "no bare_http binary at $BARE_HTTP (make build/bench/bare_http)"
+[ -f "$TP_GRAPHS/$G.json" ] || die "no graph $TP_GRAPHS/$G.json (make graphs)"
+
+free_port() {
+    $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_up URL NAME: until URL answers (any status), or die.
+wait_up() {
+    i=0
+    until curl -s -o /dev/null "$1"; do
+        kill -0 "$PID" 2>/dev/null || die "$2 exited during startup: $(cat "$TMP/$2.log")"
+        i=$((i + 1))
+        [ $i -gt 300 ] && die "$2 not up after 30 s"
+        sleep 0.1
+    done
+}
+
+stop_server() {
+    kill "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+    PID=""
+}
+
+# metric NAME: its value from tpserve's /metrics.
+metric() {
+    curl -s "$BASE/metrics" | awk -v k="$1" '$1 == k { print $2 }'
+}
+
+# run_wrk SCRIPT CONNS: one wrk run against $BASE; sets RPS P50 P99 ERR
+# (latencies in ms).
+run_wrk() {
+    t=2
+    [ "$2" -lt 2 ] && t=1
+    wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
+    line=$(sed -n 's/^TPBENCH //p' "$TMP/wrk.out")
+    [ -n "$line" ] || die "wrk printed no summary: $(cat "$TMP/wrk.out")"
+    RPS=$(echo "$line" | sed 's/.*rps=\([^ ]*\).*/\1/')
+    P50=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p50_us=/) printf "%.2f", substr($i, 8) / 1000 }')
+    P99=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p99_us=/) printf "%.2f", substr($i, 8) / 1000 }')
+    ERR=$(echo "$line" | awk '{ e = 0; for (i = 1; i <= NF; i++) if ($i ~ /^(errors|non2xx)=/) { split($i, a, "="); e += a[2] } print e }')
+}
+
+# ---- tpserve ------------------------------------------------------------------
+PORT=$(free_port)
+BASE="http://127.0.0.1:$PORT"
+# shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
+"$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
+    --log-level warn $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
+PID=$!
+wait_up "$BASE/v2/health/ready" tpserve
+until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do sleep 0.1; done
+
+# The answers bare_http will send: tpserve's own, for 1-row requests.
+$PYTHON - "$TMP" <<'EOF' || die "cannot write the sample requests (numpy missing?)"
+import json, sys
+import numpy as np
+d = sys.argv[1]
+x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 32)).astype(np.float32)
+doc = {"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
+                   "data": [float(v) for v in x.reshape(-1)]}]}
+open(d + "/req.json", "w").write(json.dumps(doc))
+raw = x.tobytes()
+hdr = json.dumps({"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
+                              "parameters": {"binary_data_size": len(raw)}}],
+                  "parameters": {"binary_data_output": True}}).encode()
+open(d + "/req.bin", "wb").write(hdr + raw)
+open(d + "/req.bin.hl", "w").write(str(len(hdr)))
+EOF
+curl -s -o "$TMP/ans.json" -H 'Content-Type: application/json' --data-binary @"$TMP/req.json" \
+    "$BASE/v2/models/$G/infer"
+curl -s -D "$TMP/ans.bin.hdr" -o "$TMP/ans.bin" -H "Inference-Header-Content-Length: $(cat "$TMP/req.bin.hl")" \
+    --data-binary @"$TMP/req.bin" "$BASE/v2/models/$G/infer"
+BIN_HL=$(tr -d '\r' <"$TMP/ans.bin.hdr" | sed -n 's/^[Ii]nference-[Hh]eader-[Cc]ontent-[Ll]ength: *//p')
+[ -n "$BIN_HL" ] || die "tpserve gave no binary answer: $(head -c 300 "$TMP/ans.bin")"
+
+echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), ${DURATION} s per run" >&2
+run_wrk infer_json.lua 8 # warm-up (not reported)
+for load in json binary mixed; do
+    case $load in
+    json) script=infer_json.lua ;;
+    binary) script=infer_binary.lua ;;
+    mixed) script=mixed_batch.lua ;;
+    esac
+    for c in $CONNS; do
+        e0=$(metric tpserve_execution_count_total)
+        r0=$(metric tpserve_inference_count_total)
+        run_wrk "$script" "$c"
+        e1=$(metric tpserve_execution_count_total)
+        r1=$(metric tpserve_inference_count_total)
+        batch=$(awk -v r=$((r1 - r0)) -v e=$((e1 - e0)) 'BEGIN { printf "%.2f", e ? r / e : 0 }')
+        echo "$load $c $RPS $P50 $P99 $batch $ERR" >>"$TMP/tp.res"
+        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR" >&2
+    done
+done
+stop_server
+
+# ---- bare libmicrohttpd -------------------------------------------------------
+for load in json binary; do
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    if [ $load = json ]; then
+        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" >"$TMP/bare.log" 2>&1 &
+        script=infer_json.lua
+    else
+        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
+            >"$TMP/bare.log" 2>&1 &
+        script=infer_binary.lua
+    fi
+    PID=$!
+    wait_up "$BASE/" bare
+    run_wrk "$script" 8 # warm-up
+    for c in $CONNS; do
+        run_wrk "$script" "$c"
+        echo "$load $c $RPS $P50 $P99 $ERR" >>"$TMP/bare.res"
+        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR" >&2
+    done
+    stop_server
+done
+
+# ---- the table ----------------------------------------------------------------
+cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
+echo
+echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr), $(date -u +%Y-%m-%d):"
+echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
+echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
+echo
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | bare HTTP req/s | bare p50 ms | bare p99 ms | tpserve / bare |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+while read -r load c rps p50 p99 batch err; do
+    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6 }' "$TMP/bare.res")
+    label=$load
+    case $load in
+    json) label="JSON" ;;
+    binary) label="binary (in and out)" ;;
+    mixed) label="JSON, batch 1..8 rows" ;;
+    esac
+    [ "$err" != 0 ] && label="$label ($err errors)"
+    if [ -n "$bare" ]; then
+        # shellcheck disable=SC2086 # four fields, split on purpose
+        set -- $bare
+        frac=$(awk -v a="$rps" -v b="$1" 'BEGIN { printf "%.1f%%", (b > 0 ? 100 * a / b : 0) }')
+        [ "$4" != 0 ] && frac="$frac (bare: $4 errors)"
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $1 | $2 | $3 | $frac |"
+    else
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | — | — | — | — |"
+    fi
+done <"$TMP/tp.res"
+echo
+echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
+echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
+echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
