@@ -1,0 +1,1099 @@
+/* cuda_backend.c — the backend interface on one GPU per process: memory,
+ * input/output copies, capture into CUDA graphs, replay, failure state.
+ *
+ * The kernels are elsewhere: cuda_ops.c (compute and copy ops),
+ * cuda_gemm.c (cuBLASLt), cuda_collectives.c (NCCL and the one-shot
+ * all_reduce), cuda_fused.c (the fused comm+GEMM pipelines). The
+ * invariants they all keep are listed in cuda_internal.h.
+ *
+ * Streams: `compute` runs every op and every graph; `copy` runs input DMA,
+ * which compute waits for through an event; `side` carries the peer pulls
+ * and sends of the fused ops, forked from and joined to compute inside the
+ * op, so a capture of compute captures them too.
+ *
+ * States of the backend object:
+ *   ready --begin_capture--> capturing --end_capture--> ready
+ *   any --sticky CUDA error / barrier timeout / NCCL error--> dead
+ *   any --abort (a peer or this rank failed mid-run)--> dead (comm aborted)
+ * In `dead` every call fails with the first message; only a new backend
+ * (a restarted process) leaves it. A benign failure (bad data found by a
+ * kernel after all work completed) does not kill the backend. */
+#include "cuda/cuda_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_internal.h"
+#include "log.h"
+
+static const tp_backend_iface cuda_iface;
+
+static cu_ctx *ctx_of(tp_backend *b) { return b->ctx; }
+
+/* ------------------------------------------------------------------ errors */
+
+/* Errors after which the CUDA context is unusable (the "sticky" ones). */
+static int cuda_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void mark_dead(cu_ctx *x, const char *msg)
+{
+    if (!x || x->dead)
+        return;
+    x->dead = 1;
+    size_t n = strlen(msg); /* truncating on purpose: the first part names the call */
+    if (n >= sizeof x->dead_msg)
+        n = sizeof x->dead_msg - 1;
+    memcpy(x->dead_msg, msg, n);
+    x->dead_msg[n] = 0;
+    TP_LOG_E("cuda rank %d: backend failed, every further call fails: %s", x->rank, msg);
+}
+
+static const char *base_name(const char *file)
+{
+    const char *s = strrchr(file, '/');
+    return s ? s + 1 : file;
+}
+
+/* Common tail of the cu_fail_* functions: the message, capture poisoning
+ * and the dead state. */
+static tp_status fail_with(cu_ctx *x, tp_err *err, const char *msg, int sticky)
+{
+    if (x && x->capturing)
+        x->capture_failed = 1;
+    if (sticky)
+        mark_dead(x, msg);
+    return tp_fail(err, TP_BACKEND, "%s", msg);
+}
+
+tp_status cu_fail_cuda(cu_ctx *x, tp_err *err, int code, const char *call, const char *file, int line)
+{
+    char msg[768];
+    cudaError_t e = (cudaError_t)code;
+    snprintf(msg, sizeof msg, "cuda rank %d: %s failed: %s (%s) [%s:%d]", x ? x->rank : -1, call,
+             cudaGetErrorName(e), cudaGetErrorString(e), base_name(file), line);
+    return fail_with(x, err, msg, cuda_sticky(e));
+}
+
+tp_status cu_fail_nccl(cu_ctx *x, tp_err *err, ncclResult_t r, const char *call, const char *file, int line)
+{
+    char msg[768];
+    const char *last = ncclGetLastError(x ? x->comm : NULL);
+    snprintf(msg, sizeof msg, "cuda rank %d: %s failed: NCCL error %d (%s)%s%s [%s:%d]", x ? x->rank : -1, call,
+             (int)r, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "", base_name(file), line);
+    /* argument errors leave the communicator sound; the others may not */
+    int sticky = r != ncclInvalidArgument && r != ncclInvalidUsage && r != ncclInProgress;
+    return fail_with(x, err, msg, sticky);
+}
+
+tp_status cu_fail_blas(cu_ctx *x, tp_err *err, cublasStatus_t s, const char *call, const char *file, int line)
+{
+    char msg[768];
+    snprintf(msg, sizeof msg, "cuda rank %d: %s failed: %s (%s) [%s:%d]", x ? x->rank : -1, call,
+             cublasLtGetStatusName(s), cublasLtGetStatusString(s), base_name(file), line);
+    return fail_with(x, err, msg, s == CUBLAS_STATUS_EXECUTION_FAILED);
+}
+
+/* Every iface entry: right rank, not dead, this thread on our device (the
+ * current device is per host thread, and rank threads are not the creator). */
+static tp_status cu_enter(cu_ctx *x, int rank, const char *what, tp_err *err)
+{
+    if (rank != x->rank)
+        return tp_fail(err, TP_INTERNAL,
+                       "cuda backend: %s for rank %d, but this process runs rank %d of %d (one process per GPU: "
+                       "the rank group must run only the local rank)",
+                       what, rank, x->rank, x->world);
+    if (x->dead)
+        return tp_fail(err, TP_BACKEND, "cuda rank %d: %s refused, the backend failed earlier: %s", x->rank, what,
+                       x->dead_msg);
+    int dev = -1;
+    CU_TRY(x, err, cudaGetDevice(&dev));
+    if (dev != x->device)
+        CU_TRY(x, err, cudaSetDevice(x->device));
+    return TP_OK;
+}
+
+static tp_status refuse_in_capture(cu_ctx *x, const char *what, tp_err *err)
+{
+    if (!x->capturing)
+        return TP_OK;
+    x->capture_failed = 1;
+    return tp_fail(err, TP_INTERNAL,
+                   "cuda rank %d: %s during capture (nothing may be allocated or copied in while a graph is "
+                   "recorded; do it before begin_capture)",
+                   x->rank, what);
+}
+
+/* ---------------------------------------------------------- environment */
+
+static long env_long(const char *name, long dflt, long lo, long hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < lo || n > hi) {
+        TP_LOG_W("cuda backend: ignoring %s=%s (expected an integer in [%ld, %ld]), using %ld", name, v, lo, hi,
+                 dflt);
+        return dflt;
+    }
+    return n;
+}
+
+/* --------------------------------------------------------- allocations */
+
+static tp_status mem_add(cu_ctx *x, const cu_alloc *a, tp_err *err)
+{
+    if (x->n_mem == x->cap_mem) {
+        int cap = x->cap_mem ? 2 * x->cap_mem : 32;
+        cu_alloc *nm = realloc(x->mem, (size_t)cap * sizeof *nm);
+        if (!nm)
+            return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory for the allocation table", x->rank);
+        x->mem = nm;
+        x->cap_mem = cap;
+    }
+    x->mem[x->n_mem++] = *a;
+    return TP_OK;
+}
+
+cu_alloc *cu_find_alloc(cu_ctx *x, const void *p)
+{
+    const char *c = p;
+    for (int i = 0; i < x->n_mem; i++) {
+        cu_alloc *a = &x->mem[i];
+        if (c >= a->base && (c < a->base + a->bytes || c == a->base))
+            return a;
+    }
+    return NULL;
+}
+
+static tp_status remember_ref(cu_ctx *x, char *base, tp_err *err)
+{
+    for (int i = 0; i < x->n_cap_refs; i++)
+        if (x->cap_refs[i] == base)
+            return TP_OK;
+    if (x->n_cap_refs == x->cap_cap_refs) {
+        int cap = x->cap_cap_refs ? 2 * x->cap_cap_refs : 16;
+        char **nr = realloc(x->cap_refs, (size_t)cap * sizeof *nr);
+        if (!nr) {
+            x->capture_failed = 1;
+            return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory recording a capture", x->rank);
+        }
+        x->cap_refs = nr;
+        x->cap_cap_refs = cap;
+    }
+    x->cap_refs[x->n_cap_refs++] = base;
+    return TP_OK;
+}
+
+tp_status cu_check_tensor(cu_ctx *x, const tp_tensor *t, const char *what, tp_err *err)
+{
+    char sh[96];
+    if (t->ndim < 0 || t->ndim > TP_MAX_DIMS || (unsigned)t->dtype >= TP_DTYPE_COUNT)
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: %s has bad ndim %d or dtype %d", x->rank, what, t->ndim,
+                       (int)t->dtype);
+    int64_t lo;
+    int64_t span = tp_tensor_span(t, &lo);
+    if (span == 0)
+        return TP_OK; /* nothing is touched */
+    char *first = (char *)t->data + lo * (int64_t)tp_dtype_size(t->dtype);
+    cu_alloc *a = cu_find_alloc(x, first);
+    if (!a || first + span > a->base + (a->bytes ? a->bytes : 1)) {
+        if (x->capturing)
+            x->capture_failed = 1;
+        return tp_fail(err, TP_INTERNAL,
+                       "cuda rank %d: %s (%s %s at %p, %lld bytes) is not inside a live allocation of this "
+                       "backend",
+                       x->rank, what, tp_dtype_name(t->dtype), tp_shape_str(sh, sizeof sh, t->ndim, t->shape),
+                       t->data, (long long)span);
+    }
+    return x->capturing ? remember_ref(x, a->base, err) : TP_OK;
+}
+
+tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
+{
+    size_t off = (x->scratch_used + 255) & ~(size_t)255;
+    if (off + bytes <= x->scratch_bytes) {
+        *p = x->scratch + off;
+        x->scratch_used = off + bytes;
+        return TP_OK;
+    }
+    if (x->capturing) {
+        x->capture_failed = 1;
+        return tp_fail(err, TP_INTERNAL,
+                       "cuda rank %d: an op needs %zu more bytes of scratch during capture but %zu are reserved: run "
+                       "the partition once eagerly before capturing it, or raise TP_CUDA_SCRATCH_MB",
+                       x->rank, off + bytes - x->scratch_bytes, x->scratch_bytes);
+    }
+    /* Retire, never free: earlier takes of this op and captured graphs may
+     * still point into the old block. */
+    char **nr = realloc(x->retired, (size_t)(x->n_retired + 1) * sizeof *nr);
+    if (!nr)
+        return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory growing scratch", x->rank);
+    x->retired = nr;
+    size_t grow = 2 * x->scratch_bytes > bytes + 256 ? 2 * x->scratch_bytes : bytes + 256;
+    char *n = NULL;
+    CU_TRY(x, err, cudaMalloc((void **)&n, grow));
+    if (x->scratch)
+        x->retired[x->n_retired++] = x->scratch;
+    TP_LOG_I("cuda rank %d: scratch grown to %zu bytes", x->rank, grow);
+    x->scratch = n;
+    x->scratch_bytes = grow;
+    x->scratch_used = bytes;
+    *p = n;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------- agreement */
+
+tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *err)
+{
+    TP_TRY(refuse_in_capture(x, "a cross-rank agreement", err));
+    int64_t pair[2] = {v, -v}; /* max of both: the max, and minus the min */
+    CU_TRY(x, err, cudaMemcpyAsync(x->xchg, pair, sizeof pair, cudaMemcpyHostToDevice, x->compute));
+    NCCL_TRY(x, err, ncclAllReduce(x->xchg, x->xchg, 2, ncclInt64, ncclMax, x->comm, x->compute));
+    CU_TRY(x, err, cudaMemcpyAsync(pair, x->xchg, sizeof pair, cudaMemcpyDeviceToHost, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    *mx = pair[0];
+    *mn = -pair[1];
+    return TP_OK;
+}
+
+static tp_status agree_all(cu_ctx *x, int ok, int *all, tp_err *err)
+{
+    int64_t mn = 0, mx = 0;
+    TP_TRY(cu_agree_i64(x, ok ? 1 : 0, &mn, &mx, err));
+    *all = mn == 1;
+    return TP_OK;
+}
+
+/* ------------------------------------------------ symmetric allocations */
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* NCCL symmetric window; a->peer_mapped stays 0 when any rank got none. */
+static tp_status try_window(cu_ctx *x, size_t rounded, cu_alloc *a, tp_err *err)
+{
+    void *p = NULL;
+    ncclWindow_t win = NULL; /* may stay NULL on success when unsupported */
+    NCCL_TRY(x, err, ncclMemAlloc(&p, rounded));
+    ncclResult_t r = ncclCommWindowRegister(x->comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess) {
+        ncclMemFree(p);
+        return cu_fail_nccl(x, err, r, "ncclCommWindowRegister(comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC)",
+                            __FILE__, __LINE__);
+    }
+    int all = 0;
+    tp_status st = agree_all(x, win != NULL, &all, err);
+    if (st != TP_OK || !all) {
+        if (win)
+            ncclCommWindowDeregister(x->comm, win);
+        ncclMemFree(p);
+        return st;
+    }
+    void *bases[TP_CUDA_MAX_WORLD];
+    KERNEL_TRY(x, err, tp_cuda_window_peer_bases(win, x->world, x->xchg, x->compute));
+    CU_TRY(x, err, cudaMemcpyAsync(bases, x->xchg, sizeof(void *) * (size_t)x->world, cudaMemcpyDeviceToHost,
+                                   x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    a->base = p;
+    a->win = win;
+    a->kind = CU_MEM_WINDOW;
+    for (int q = 0; q < x->world; q++)
+        a->peer[q] = bases[q];
+    a->peer_mapped = 1;
+    return TP_OK;
+}
+
+static void close_peers(cu_ctx *x, cu_alloc *a)
+{
+    for (int q = 0; q < x->world; q++)
+        if (q != x->rank && a->peer[q]) {
+            cudaError_t e = cudaIpcCloseMemHandle(a->peer[q]);
+            if (e != cudaSuccess)
+                TP_LOG_W("cuda rank %d: cudaIpcCloseMemHandle(peer %d): %s", x->rank, q, cudaGetErrorName(e));
+            a->peer[q] = NULL;
+        }
+}
+
+/* Exchanges CUDA IPC handles of p through NCCL and opens every peer's. */
+static tp_status open_ipc_peers(cu_ctx *x, char *p, cu_alloc *a, int *ok, tp_err *err)
+{
+    cudaIpcMemHandle_t h, all[TP_CUDA_MAX_WORLD];
+    int all_ok = 0;
+    TP_TRY(agree_all(x, cudaIpcGetMemHandle(&h, p) == cudaSuccess, &all_ok, err));
+    *ok = 0;
+    if (!all_ok)
+        return TP_OK;
+    char *slot = (char *)x->xchg + (size_t)x->rank * sizeof h;
+    CU_TRY(x, err, cudaMemcpyAsync(slot, &h, sizeof h, cudaMemcpyHostToDevice, x->compute));
+    NCCL_TRY(x, err, ncclAllGather(slot, x->xchg, sizeof h, ncclUint8, x->comm, x->compute));
+    CU_TRY(x, err, cudaMemcpyAsync(all, x->xchg, sizeof h * (size_t)x->world, cudaMemcpyDeviceToHost, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    int mine = 1;
+    for (int q = 0; q < x->world && mine; q++)
+        if (q != x->rank)
+            mine = cudaIpcOpenMemHandle((void **)&a->peer[q], all[q], cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+    (void)cudaGetLastError(); /* a failed open is reported by the agreement, not left pending */
+    TP_TRY(agree_all(x, mine, ok, err));
+    if (!*ok)
+        close_peers(x, a);
+    return TP_OK;
+}
+
+/* Fallback when windows are unavailable: cudaMalloc + CUDA IPC. */
+static tp_status try_ipc(cu_ctx *x, size_t rounded, cu_alloc *a, tp_err *err)
+{
+    char *p = NULL;
+    CU_TRY(x, err, cudaMalloc((void **)&p, rounded));
+    int ok = 0;
+    tp_status st = open_ipc_peers(x, p, a, &ok, err);
+    a->base = p; /* usable locally either way */
+    a->kind = ok ? CU_MEM_IPC : CU_MEM_SYM_LOCAL;
+    a->peer[x->rank] = ok ? p : NULL;
+    a->peer_mapped = ok;
+    return st;
+}
+
+/* The symmetric contract is checked, not assumed: every rank must ask for
+ * the same size (in the same order, which the same check catches as soon
+ * as two sizes differ). Peer mapping is all-or-nothing across ranks. */
+static tp_status sym_alloc(cu_ctx *x, size_t bytes, cu_alloc *a, tp_err *err)
+{
+    int64_t mn = 0, mx = 0;
+    TP_TRY(cu_agree_i64(x, (int64_t)bytes, &mn, &mx, err));
+    if (mn != mx)
+        return tp_fail(err, TP_INTERNAL,
+                       "cuda rank %d: symmetric allocation of %zu bytes, but the ranks asked for %lld to %lld "
+                       "bytes: every rank must allocate the same sizes in the same order",
+                       x->rank, bytes, (long long)mn, (long long)mx);
+    size_t rounded = round_up(bytes ? bytes : 1, NCCL_WIN_REQUIRED_ALIGNMENT);
+    memset(a, 0, sizeof *a);
+    if (x->world == 1) {
+        CU_TRY(x, err, cudaMalloc((void **)&a->base, rounded));
+        a->bytes = bytes;
+        a->kind = CU_MEM_DEVICE;
+        a->peer[0] = a->base;
+        a->peer_mapped = 1;
+        return TP_OK;
+    }
+    int eligible = 0;
+    int lsa = tp_cuda_nccl_lsa_size(x->comm);
+    TP_TRY(agree_all(x, x->world <= TP_CUDA_MAX_WORLD && lsa == x->world, &eligible, err));
+    if (eligible)
+        TP_TRY(try_window(x, rounded, a, err));
+    if (eligible && !a->peer_mapped)
+        TP_TRY(try_ipc(x, rounded, a, err));
+    if (!a->base) {
+        CU_TRY(x, err, cudaMalloc((void **)&a->base, rounded));
+        a->kind = CU_MEM_SYM_LOCAL;
+    }
+    a->bytes = bytes;
+    if (!a->peer_mapped)
+        TP_LOG_W("cuda rank %d: symmetric memory is not peer-mapped (NVLink/P2P team %d of %d ranks): one-shot "
+                 "all_reduce and fused pulls fall back to NCCL",
+                 x->rank, lsa, x->world);
+    return TP_OK;
+}
+
+static void mem_release(cu_ctx *x, cu_alloc *a)
+{
+    cudaError_t e = cudaSuccess;
+    ncclResult_t r = ncclSuccess;
+    switch (a->kind) {
+    case CU_MEM_WINDOW:
+        if (!x->comm_aborted && a->win)
+            r = ncclCommWindowDeregister(x->comm, a->win); /* collective: same order on every rank */
+        if (r == ncclSuccess)
+            r = ncclMemFree(a->base);
+        break;
+    case CU_MEM_IPC:
+        close_peers(x, a);
+        e = cudaFree(a->base);
+        break;
+    default:
+        e = cudaFree(a->base);
+        break;
+    }
+    if (e != cudaSuccess || r != ncclSuccess)
+        TP_LOG_W("cuda rank %d: releasing %zu bytes at %p: %s", x->rank, a->bytes, (void *)a->base,
+                 e != cudaSuccess ? cudaGetErrorName(e) : ncclGetErrorString(r));
+    memset(a, 0, sizeof *a);
+}
+
+/* ------------------------------------------------------- iface: memory */
+
+static tp_status cuda_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "alloc", err));
+    TP_TRY(refuse_in_capture(x, "allocation", err));
+    cu_alloc a;
+    memset(&a, 0, sizeof a);
+    a.bytes = bytes;
+    a.kind = CU_MEM_DEVICE;
+    CU_TRY(x, err, cudaMalloc((void **)&a.base, bytes ? bytes : 1)); /* 256-byte aligned */
+    tp_status st = mem_add(x, &a, err);
+    if (st != TP_OK) {
+        cudaFree(a.base);
+        return st;
+    }
+    *out = a.base;
+    return TP_OK;
+}
+
+static tp_status cuda_alloc_symmetric(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "alloc_symmetric", err));
+    TP_TRY(refuse_in_capture(x, "symmetric allocation", err));
+    cu_alloc a;
+    TP_TRY(sym_alloc(x, bytes, &a, err));
+    tp_status st = mem_add(x, &a, err);
+    if (st != TP_OK) {
+        mem_release(x, &a);
+        return st;
+    }
+    *out = a.base;
+    return TP_OK;
+}
+
+static void cuda_free(tp_backend *b, int rank, void *p)
+{
+    cu_ctx *x = ctx_of(b);
+    if (!p)
+        return;
+    if (rank != x->rank || x->capturing) {
+        TP_LOG_E("cuda rank %d: free(%p) for rank %d%s refused (leaked)", x->rank, p, rank,
+                 x->capturing ? " during capture" : "");
+        return;
+    }
+    cudaError_t e = cudaSetDevice(x->device); /* even when dead: memory goes back */
+    if (e != cudaSuccess)
+        TP_LOG_W("cuda rank %d: free: cudaSetDevice(%d): %s", x->rank, x->device, cudaGetErrorName(e));
+    for (int i = 0; i < x->n_mem; i++) {
+        if (x->mem[i].base != p)
+            continue;
+        if (x->mem[i].capture_refs > 0) {
+            TP_LOG_E("cuda rank %d: free(%p) refused: %d live captured graph(s) use it (leaked; free the captures "
+                     "first)",
+                     x->rank, p, x->mem[i].capture_refs);
+            return;
+        }
+        mem_release(x, &x->mem[i]);
+        x->mem[i] = x->mem[--x->n_mem];
+        return;
+    }
+    TP_LOG_E("cuda rank %d: free(%p): not an allocation of this backend", x->rank, p);
+}
+
+/* ------------------------------------------------------- iface: copies */
+
+/* Pinned staging of `bytes`; when full, waits for the DMA using it and
+ * starts over, growing only when idle. */
+static tp_status pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err)
+{
+    size_t off = (x->pinned_used + 63) & ~(size_t)63;
+    if (off + bytes > x->pinned_bytes) {
+        CU_TRY(x, err, cudaStreamSynchronize(x->copy));
+        CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+        off = 0;
+        if (bytes > x->pinned_bytes) {
+            size_t grow = bytes > 2 * x->pinned_bytes ? bytes : 2 * x->pinned_bytes;
+            char *n = NULL;
+            CU_TRY(x, err, cudaHostAlloc((void **)&n, grow, cudaHostAllocPortable));
+            if (x->pinned)
+                CU_TRY(x, err, cudaFreeHost(x->pinned));
+            x->pinned = n;
+            x->pinned_bytes = grow;
+        }
+    }
+    *p = x->pinned + off;
+    x->pinned_used = off + bytes;
+    return TP_OK;
+}
+
+static int host_is_pinned(const void *p)
+{
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return at.type == cudaMemoryTypeHost;
+}
+
+static tp_status check_copy(cu_ctx *x, const tp_tensor *dst, const tp_tensor *src, const char *what, tp_err *err)
+{
+    char s1[96], s2[96];
+    int ok = dst->dtype == src->dtype && dst->ndim == src->ndim;
+    for (int i = 0; ok && i < dst->ndim; i++)
+        ok = dst->shape[i] == src->shape[i];
+    if (!ok)
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: %s of %s %s into %s %s", x->rank, what,
+                       tp_dtype_name(src->dtype), tp_shape_str(s1, sizeof s1, src->ndim, src->shape),
+                       tp_dtype_name(dst->dtype), tp_shape_str(s2, sizeof s2, dst->ndim, dst->shape));
+    return TP_OK;
+}
+
+/* Host -> device on the copy stream, after compute's earlier work (which
+ * may still read dst), with compute waiting for it. The host side is
+ * packed into pinned staging unless it already is contiguous pinned memory
+ * (then it must stay valid until synchronize). */
+static tp_status cuda_copy_in(tp_backend *b, int rank, tp_tensor *dst, const tp_tensor *src, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "copy_in", err));
+    TP_TRY(refuse_in_capture(x, "copy_in", err));
+    TP_TRY(check_copy(x, dst, src, "copy_in", err));
+    TP_TRY(cu_check_tensor(x, dst, "copy_in destination", err));
+    if (!tp_tensor_is_contiguous(dst))
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: copy_in destination must be contiguous", x->rank);
+    size_t bytes = cu_nbytes(src);
+    if (bytes == 0)
+        return TP_OK;
+    const char *from = src->data;
+    if (!tp_tensor_is_contiguous(src) || !host_is_pinned(src->data)) {
+        char *stage;
+        TP_TRY(pinned_take(x, bytes, &stage, err));
+        tp_tensor view = tp_tensor_make(stage, src->dtype, src->ndim, src->shape);
+        tp_tensor_copy(&view, src);
+        from = stage;
+    }
+    CU_TRY(x, err, cudaEventRecord(x->ev_fork, x->compute));
+    CU_TRY(x, err, cudaStreamWaitEvent(x->copy, x->ev_fork, 0));
+    CU_TRY(x, err, cudaMemcpyAsync(dst->data, from, bytes, cudaMemcpyHostToDevice, x->copy));
+    CU_TRY(x, err, cudaEventRecord(x->ev_copy, x->copy));
+    CU_TRY(x, err, cudaStreamWaitEvent(x->compute, x->ev_copy, 0));
+    return TP_OK;
+}
+
+static tp_status check_device_errors(cu_ctx *x, tp_err *err);
+
+/* Device -> host: the span src touches goes to pinned staging on compute
+ * (after every op), then the host gathers src's strides into dst. */
+static tp_status cuda_copy_out(tp_backend *b, int rank, tp_tensor *dst, const tp_tensor *src, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "copy_out", err));
+    TP_TRY(refuse_in_capture(x, "copy_out", err));
+    TP_TRY(check_copy(x, dst, src, "copy_out", err));
+    TP_TRY(cu_check_tensor(x, src, "copy_out source", err));
+    int64_t lo;
+    int64_t span = tp_tensor_span(src, &lo);
+    if (span == 0)
+        return TP_OK;
+    size_t es = tp_dtype_size(src->dtype);
+    char *stage;
+    TP_TRY(pinned_take(x, (size_t)span, &stage, err));
+    CU_TRY(x, err, cudaMemcpyAsync(stage, (char *)src->data + lo * (int64_t)es, (size_t)span,
+                                   cudaMemcpyDeviceToHost, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->copy));
+    TP_TRY(check_device_errors(x, err));
+    tp_tensor view = *src;
+    view.data = stage - lo * (int64_t)es;
+    tp_tensor_copy(dst, &view);
+    x->pinned_used = 0; /* every DMA using staging is complete */
+    return TP_OK;
+}
+
+/* ------------------------------------------------ iface: ops, collectives */
+
+static tp_status check_all(cu_ctx *x, const tp_tensor *ins, int n_ins, const tp_tensor *out, tp_err *err)
+{
+    char what[32];
+    for (int i = 0; i < n_ins; i++) {
+        snprintf(what, sizeof what, "input %d", i);
+        TP_TRY(cu_check_tensor(x, &ins[i], what, err));
+    }
+    return cu_check_tensor(x, out, "output", err);
+}
+
+static tp_status cuda_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                             tp_tensor *out, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, tp_op_name(op), err));
+    x->scratch_used = 0; /* invariant 5 */
+    tp_status st = check_all(x, ins, n_ins, out, err);
+    if (st == TP_OK)
+        st = cu_run_op(x, op, a, ins, n_ins, out, err);
+    if (st != TP_OK && x->capturing)
+        x->capture_failed = 1;
+    return st;
+}
+
+static tp_status cuda_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
+                                 int n_ins, tp_tensor *out, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, tp_op_name(op), err));
+    x->scratch_used = 0;
+    tp_status st = check_all(x, ins, n_ins, out, err);
+    if (st == TP_OK && n_ins < 1)
+        st = tp_fail(err, TP_INTERNAL, "cuda rank %d: %s without an input", x->rank, tp_op_name(op));
+    if (st == TP_OK)
+        st = tp_op_kind_of(op) == TP_KIND_FUSED ? cu_fused(x, op, a, ins, n_ins, out, err)
+                                                 : cu_collective(x, op, a, &ins[0], out, err);
+    if (st != TP_OK && x->capturing)
+        x->capture_failed = 1;
+    return st;
+}
+
+/* ------------------------------------------------------- iface: capture */
+
+static tp_status cuda_begin_capture(tp_backend *b, int rank, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "begin_capture", err));
+    if (x->capturing)
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: capture already in progress", x->rank);
+    /* thread-local: other threads' CUDA calls (HTTP, logging) stay legal */
+    CU_TRY(x, err, cudaStreamBeginCapture(x->compute, cudaStreamCaptureModeThreadLocal));
+    x->capturing = 1;
+    x->capture_failed = 0;
+    x->n_cap_refs = 0;
+    return TP_OK;
+}
+
+static tp_status new_capture(cu_ctx *x, cudaGraphExec_t exec, tp_capture **out, tp_err *err)
+{
+    tp_capture *c = calloc(1, sizeof *c);
+    char **refs = calloc((size_t)x->n_cap_refs + 1, sizeof *refs);
+    if (!c || !refs) {
+        free(c);
+        free(refs);
+        cudaGraphExecDestroy(exec);
+        return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory ending a capture", x->rank);
+    }
+    memcpy(refs, x->cap_refs, (size_t)x->n_cap_refs * sizeof *refs);
+    c->exec = exec;
+    c->refs = refs;
+    c->n_refs = x->n_cap_refs;
+    for (int i = 0; i < c->n_refs; i++)
+        cu_find_alloc(x, refs[i])->capture_refs++;
+    c->next = x->live;
+    x->live = c;
+    *out = c;
+    return TP_OK;
+}
+
+static tp_status cuda_end_capture(tp_backend *b, int rank, tp_capture **out, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    if (rank != x->rank || !x->capturing)
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: end_capture for rank %d without begin_capture", x->rank,
+                       rank);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(x->compute, &graph); /* always: leaves capture mode */
+    x->capturing = 0;
+    if (x->capture_failed || e != cudaSuccess) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        if (e != cudaSuccess)
+            return cu_fail_cuda(x, err, (int)e, "cudaStreamEndCapture(compute, &graph)", __FILE__, __LINE__);
+        return tp_fail(err, TP_BACKEND, "cuda rank %d: capture discarded: an op failed while it was recorded",
+                       x->rank);
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0); /* CUDA 13: three arguments */
+    cudaGraphDestroy(graph);                   /* the exec is independent of it */
+    if (e != cudaSuccess)
+        return cu_fail_cuda(x, err, (int)e, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
+    return new_capture(x, exec, out, err);
+}
+
+static tp_status cuda_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "replay", err));
+    TP_TRY(refuse_in_capture(x, "replay", err));
+    CU_TRY(x, err, cudaGraphLaunch(c->exec, x->compute));
+    return TP_OK;
+}
+
+static void capture_release(cu_ctx *x, tp_capture *c)
+{
+    cudaError_t e = cudaGraphExecDestroy(c->exec);
+    if (e != cudaSuccess)
+        TP_LOG_W("cuda rank %d: cudaGraphExecDestroy: %s", x->rank, cudaGetErrorName(e));
+    for (int i = 0; i < c->n_refs; i++) {
+        cu_alloc *a = cu_find_alloc(x, c->refs[i]);
+        if (a && a->capture_refs > 0)
+            a->capture_refs--;
+    }
+    free(c->refs);
+    free(c);
+}
+
+static void cuda_capture_free(tp_backend *b, tp_capture *c)
+{
+    cu_ctx *x = ctx_of(b);
+    if (!c)
+        return;
+    for (tp_capture **p = &x->live; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            capture_release(x, c);
+            return;
+        }
+    TP_LOG_E("cuda rank %d: capture_free(%p): not a live capture of this backend", x->rank, (void *)c);
+}
+
+/* --------------------------------------------- iface: sync, abort, reset */
+
+/* Reads back the device error word; a report is turned into this call's
+ * error (and the word cleared). */
+static tp_status check_device_errors(cu_ctx *x, tp_err *err)
+{
+    tp_cuda_error e;
+    CU_TRY(x, err, cudaMemcpyAsync(&e, x->errw, sizeof e, cudaMemcpyDeviceToHost, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    if (e.code == TP_CUDA_ERR_NONE)
+        return TP_OK;
+    CU_TRY(x, err, cudaMemsetAsync(x->errw, 0, sizeof *x->errw, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    if (e.code == TP_CUDA_ERR_EMBED_ID) {
+        x->last_fail_benign = 1; /* the graph ran to completion on every rank */
+        return tp_fail(err, TP_INVALID, "cuda rank %d: embedding: id %lld (position %lld) is out of range", x->rank,
+                       e.b, e.c);
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg,
+             "cuda rank %d: a cross-rank kernel gave up waiting for rank %d (slot %lld, epoch %lld) after %llu ms: "
+             "the peer died or the ranks issued different collectives",
+             x->rank, e.a, e.b, e.c, x->sync.timeout_ns / 1000000ull);
+    mark_dead(x, msg);
+    return tp_fail(err, TP_BACKEND, "%s", msg);
+}
+
+static tp_status cuda_synchronize(tp_backend *b, int rank, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    TP_TRY(cu_enter(x, rank, "synchronize", err));
+    TP_TRY(refuse_in_capture(x, "synchronize", err));
+    CU_TRY(x, err, cudaStreamSynchronize(x->copy));
+    CU_TRY(x, err, cudaStreamSynchronize(x->side));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    x->pinned_used = 0;
+    TP_TRY(check_device_errors(x, err));
+    ncclResult_t async = ncclSuccess;
+    NCCL_TRY(x, err, ncclCommGetAsyncError(x->comm, &async));
+    if (async != ncclSuccess)
+        return cu_fail_nccl(x, err, async, "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
+    return TP_OK;
+}
+
+/* A rank failed while others may be blocked in a collective: abort the
+ * communicator so they fail instead of hanging. Not after a benign failure
+ * (every rank completed its work), where nobody is blocked. */
+static void cuda_abort(tp_backend *b)
+{
+    cu_ctx *x = ctx_of(b);
+    if (x->last_fail_benign || x->comm_aborted || !x->comm)
+        return;
+    x->comm_aborted = 1;
+    ncclResult_t r = ncclCommAbort(x->comm);
+    mark_dead(x, r == ncclSuccess ? "NCCL communicator aborted after a rank failed"
+                                  : "NCCL communicator abort failed after a rank failed");
+}
+
+static void cuda_reset(tp_backend *b) { ctx_of(b)->last_fail_benign = 0; }
+
+/* ------------------------------------------------------- iface: destroy */
+
+static void destroy_captures(cu_ctx *x)
+{
+    if (x->capturing) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(x->compute, &g) == cudaSuccess && g)
+            cudaGraphDestroy(g);
+        x->capturing = 0;
+    }
+    while (x->live) {
+        tp_capture *c = x->live;
+        x->live = c->next;
+        TP_LOG_W("cuda rank %d: destroying a capture still live at backend destroy", x->rank);
+        capture_release(x, c);
+    }
+}
+
+static void destroy_streams(cu_ctx *x)
+{
+    cudaEvent_t *ev[] = {&x->ev_copy, &x->ev_fork, &x->ev_join, &x->ev_pull[0], &x->ev_pull[1], &x->ev_gemm[0],
+                         &x->ev_gemm[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        if (*ev[i])
+            cudaEventDestroy(*ev[i]);
+    cudaStream_t *st[] = {&x->compute, &x->copy, &x->side};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        if (*st[i])
+            cudaStreamDestroy(*st[i]);
+}
+
+static void destroy_buffers(cu_ctx *x)
+{
+    for (int i = 0; i < x->n_retired; i++)
+        cudaFree(x->retired[i]);
+    free(x->retired);
+    if (x->scratch)
+        cudaFree(x->scratch);
+    if (x->pinned)
+        cudaFreeHost(x->pinned);
+    if (x->xchg)
+        cudaFree(x->xchg);
+    if (x->errw)
+        cudaFree(x->errw);
+    if (x->lt_ws)
+        cudaFree(x->lt_ws);
+}
+
+/* Order matters: graphs holding NCCL work before the communicator, windows
+ * (deregistered collectively) before the communicator, the communicator
+ * before the streams it was used on. */
+static void cu_ctx_free(cu_ctx *x)
+{
+    if (!x)
+        return;
+    if (x->device >= 0)
+        cudaSetDevice(x->device);
+    if (x->compute && !x->capturing)
+        cudaDeviceSynchronize();
+    destroy_captures(x);
+    for (int i = 0; i < x->n_mem; i++)
+        mem_release(x, &x->mem[i]);
+    free(x->mem);
+    if (x->ctrl.base)
+        mem_release(x, &x->ctrl);
+    if (x->comm && !x->comm_aborted) {
+        ncclResult_t r = ncclCommDestroy(x->comm);
+        if (r != ncclSuccess)
+            TP_LOG_W("cuda rank %d: ncclCommDestroy: %s", x->rank, ncclGetErrorString(r));
+    }
+    cu_gemm_free(x);
+    if (x->lt)
+        cublasLtDestroy(x->lt);
+    destroy_buffers(x);
+    destroy_streams(x);
+    free(x->cap_refs);
+    free(x->warm);
+    free(x);
+}
+
+static void cuda_destroy(tp_backend *b)
+{
+    if (!b)
+        return;
+    cu_ctx_free(ctx_of(b));
+    free(b);
+}
+
+static const tp_backend_iface cuda_iface = {
+    .name = "cuda",
+    .host_addressable = 0,
+    .alloc = cuda_alloc,
+    .alloc_symmetric = cuda_alloc_symmetric,
+    .free = cuda_free,
+    .copy_in = cuda_copy_in,
+    .copy_out = cuda_copy_out,
+    .run_op = cuda_run_op,
+    .collective = cuda_collective,
+    .begin_capture = cuda_begin_capture,
+    .end_capture = cuda_end_capture,
+    .replay = cuda_replay,
+    .capture_free = cuda_capture_free,
+    .synchronize = cuda_synchronize,
+    .abort = cuda_abort,
+    .reset = cuda_reset,
+    .destroy = cuda_destroy,
+};
+
+/* ------------------------------------------------------------- create */
+
+int tp_cuda_probe(char *why, size_t len)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        if (why && len)
+            snprintf(why, len, "cudaGetDeviceCount: %s: %s", cudaGetErrorName(e),
+                     e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+        (void)cudaGetLastError(); /* do not leave the error pending for later calls */
+        return 0;
+    }
+    return n;
+}
+
+int tp_cuda_device_count(void) { return tp_cuda_probe(NULL, 0); }
+
+tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err)
+{
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+        return cu_fail_nccl(NULL, err, r, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+    return TP_OK;
+}
+
+static int parse_id(const char *hex, ncclUniqueId *id)
+{
+    if (strlen(hex) != TP_CUDA_NCCL_ID_HEX)
+        return -1;
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+        unsigned v;
+        char two[3] = {hex[2 * i], hex[2 * i + 1], 0};
+        char *end;
+        v = (unsigned)strtoul(two, &end, 16);
+        if (*end || !two[0] || !two[1])
+            return -1;
+        id->internal[i] = (char)v;
+    }
+    return 0;
+}
+
+static tp_status create_streams(cu_ctx *x, tp_err *err)
+{
+    CU_TRY(x, err, cudaStreamCreateWithFlags(&x->compute, cudaStreamNonBlocking));
+    CU_TRY(x, err, cudaStreamCreateWithFlags(&x->copy, cudaStreamNonBlocking));
+    CU_TRY(x, err, cudaStreamCreateWithFlags(&x->side, cudaStreamNonBlocking));
+    cudaEvent_t *ev[] = {&x->ev_copy, &x->ev_fork, &x->ev_join, &x->ev_pull[0], &x->ev_pull[1], &x->ev_gemm[0],
+                         &x->ev_gemm[1]};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        CU_TRY(x, err, cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming));
+    return TP_OK;
+}
+
+static tp_status create_buffers(cu_ctx *x, tp_err *err)
+{
+    x->lt_ws_bytes = (size_t)env_long("TP_CUDA_GEMM_WORKSPACE_MB", 32, 0, 4096) << 20;
+    x->scratch_bytes = (size_t)env_long("TP_CUDA_SCRATCH_MB", 64, 0, 65536) << 20;
+    x->sync.timeout_ns = (unsigned long long)env_long("TP_CUDA_BARRIER_TIMEOUT_MS", 30000, 1, 86400000) * 1000000ull;
+    x->check_collectives = env_long("TP_CUDA_CHECK_COLLECTIVES", 0, 0, 1) == 1;
+    if (x->lt_ws_bytes)
+        CU_TRY(x, err, cudaMalloc(&x->lt_ws, x->lt_ws_bytes));
+    if (x->scratch_bytes)
+        CU_TRY(x, err, cudaMalloc((void **)&x->scratch, x->scratch_bytes));
+    x->xchg_bytes = 1024; /* TP_CUDA_MAX_WORLD IPC handles or peer pointers */
+    CU_TRY(x, err, cudaMalloc(&x->xchg, x->xchg_bytes));
+    CU_TRY(x, err, cudaMalloc((void **)&x->errw, sizeof *x->errw));
+    CU_TRY(x, err, cudaMemset(x->errw, 0, sizeof *x->errw));
+    x->pinned_bytes = 1 << 20;
+    CU_TRY(x, err, cudaHostAlloc((void **)&x->pinned, x->pinned_bytes, cudaHostAllocPortable));
+    BLAS_TRY(x, err, cublasLtCreate(&x->lt));
+    return cu_gemm_create(x, err);
+}
+
+static tp_status create_comm(cu_ctx *x, const char *hex, tp_err *err)
+{
+    ncclUniqueId id;
+    if (hex) {
+        if (parse_id(hex, &id) != 0)
+            return tp_fail(err, TP_INVALID, "cuda rank %d: NCCL id must be %d hex characters", x->rank,
+                           TP_CUDA_NCCL_ID_HEX);
+    } else if (x->world == 1) {
+        NCCL_TRY(x, err, ncclGetUniqueId(&id));
+    } else {
+        return tp_fail(err, TP_INVALID, "cuda rank %d: a world of %d ranks needs rank 0's NCCL id", x->rank,
+                       x->world);
+    }
+    NCCL_TRY(x, err, ncclCommInitRank(&x->comm, x->world, id, x->rank));
+    return TP_OK;
+}
+
+/* The control block of the barriers: zeroed on every rank before any rank
+ * may signal into it (the agreement is the fence), then described to the
+ * kernels. Without peer mapping the cross-rank kernels are off. */
+static tp_status create_ctrl(cu_ctx *x, tp_err *err)
+{
+    TP_TRY(sym_alloc(x, TP_CUDA_CTRL_BYTES, &x->ctrl, err));
+    CU_TRY(x, err, cudaMemsetAsync(x->ctrl.base, 0, TP_CUDA_CTRL_BYTES, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    int64_t mn = 0, mx = 0;
+    TP_TRY(cu_agree_i64(x, 0, &mn, &mx, err));
+    x->sync.rank = x->rank;
+    x->sync.world = x->world;
+    x->sync.err = x->errw;
+    x->sync.flags = (unsigned long long *)x->ctrl.base;
+    x->sync.counters = x->sync.flags + TP_CUDA_CTRL_FLAGS;
+    x->sync_ok = x->ctrl.peer_mapped && x->world <= TP_CUDA_MAX_WORLD;
+    for (int p = 0; x->sync_ok && p < x->world; p++)
+        x->sync.peer_flags[p] = (unsigned long long *)x->ctrl.peer[p];
+    return TP_OK;
+}
+
+static tp_status pick_device(cu_ctx *x, tp_err *err)
+{
+    char why[256];
+    int n = tp_cuda_probe(why, sizeof why);
+    if (n == 0)
+        return tp_fail(err, TP_UNAVAILABLE, "backend cuda: no CUDA device (%s)", why);
+    long local = env_long("LOCAL_RANK", -1, 0, 1 << 20);
+    x->device = local >= 0 ? (int)(local % n) : x->rank % n;
+    CU_TRY(x, err, cudaSetDevice(x->device));
+    return TP_OK;
+}
+
+tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out, tp_err *err)
+{
+    if (world < 1 || rank < 0 || rank >= world)
+        return tp_fail(err, TP_INVALID, "backend cuda: rank %d of world %d", rank, world);
+    cu_ctx *x = calloc(1, sizeof *x);
+    tp_backend *b = calloc(1, sizeof *b);
+    if (!x || !b) {
+        free(x);
+        free(b);
+        return tp_fail(err, TP_NOMEM, "backend cuda: out of memory");
+    }
+    x->world = world;
+    x->rank = rank;
+    x->device = -1;
+    tp_status st = pick_device(x, err);
+    if (st == TP_OK)
+        st = create_streams(x, err);
+    if (st == TP_OK)
+        st = create_buffers(x, err);
+    if (st == TP_OK)
+        st = create_comm(x, nccl_id_or_null, err);
+    if (st == TP_OK)
+        st = create_ctrl(x, err);
+    if (st == TP_OK)
+        st = cu_warm_up(x, err);
+    if (st != TP_OK) {
+        cu_ctx_free(x);
+        free(b);
+        return st;
+    }
+    b->iface = &cuda_iface;
+    b->ctx = x;
+    b->world = world;
+    *out = b;
+    TP_LOG_I("cuda rank %d of %d on device %d: ready (peer-mapped symmetric memory: %s)", rank, world, x->device,
+             x->sync_ok ? "yes" : "no");
+    return TP_OK;
+}
+
+int tp_cuda_backend_rank(const tp_backend *b)
+{
+    return b && b->iface == &cuda_iface ? ((const cu_ctx *)b->ctx)->rank : -1;
+}

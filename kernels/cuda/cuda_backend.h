@@ -1,0 +1,52 @@
+/* cuda_backend.h — the backend interface on one GPU per process.
+ *
+ * A process is one rank: tp_cuda_backend_create(world, rank, id) joins the
+ * NCCL communicator of `world` ranks identified by rank 0's unique id and
+ * binds this process to one GPU. Every iface call must name this rank (a
+ * call for another rank fails: its process does that); the engine's rank
+ * group for a cuda backend therefore runs only the local rank.
+ *
+ * Device choice: $LOCAL_RANK when set (torchrun-style launchers), else
+ * rank % tp_cuda_device_count().
+ *
+ * Environment knobs (read once at create):
+ *   TP_CUDA_GEMM_WORKSPACE_MB   cuBLASLt workspace (default 32)
+ *   TP_CUDA_SCRATCH_MB          initial per-op scratch (default 64); it grows
+ *                               outside capture, never during one
+ *   TP_CUDA_BARRIER_TIMEOUT_MS  how long a cross-rank kernel waits for a
+ *                               peer before failing (default 30000)
+ *   TP_CUDA_CHECK_COLLECTIVES=1 every eager collective first checks that
+ *                               all ranks issue the same one (debugging) */
+#ifndef TP_CUDA_BACKEND_H
+#define TP_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+#include "backend.h"
+
+/* 128-byte ncclUniqueId as lowercase hex. */
+#define TP_CUDA_NCCL_ID_HEX 256
+
+/* Number of usable CUDA devices; 0 when there is no driver or no device
+ * (never fails, never aborts). */
+int tp_cuda_device_count(void);
+
+/* Like tp_cuda_device_count, and when it is 0 writes why into why (e.g.
+ * "cudaGetDeviceCount: cudaErrorNoDevice: no CUDA-capable device is
+ * detected"). */
+int tp_cuda_probe(char *why, size_t len);
+
+/* A new NCCL unique id (rank 0 makes it; the launcher hands it to every
+ * rank) as TP_CUDA_NCCL_ID_HEX hex characters and a NUL. */
+tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err);
+
+/* Joins rank `rank` of `world`. nccl_id_or_null is rank 0's id from
+ * tp_cuda_nccl_id_new; NULL is accepted only for world == 1. Blocks until
+ * every rank has joined (ncclCommInitRank), then warms NCCL up. */
+tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out,
+                                 tp_err *err);
+
+/* The rank this process runs (-1 if b is not a cuda backend). */
+int tp_cuda_backend_rank(const tp_backend *b);
+
+#endif

@@ -1,0 +1,342 @@
+/* cuda_ops.c — the cuda backend's compute and copy ops: validation (the
+ * cpu backend's messages) and the launch of the matching kernel on the
+ * compute stream.
+ *
+ * The existing row kernels (tp_cuda_kernels.h) read contiguous input; a
+ * strided input is first copied into the output (same shape, contiguous)
+ * and the kernel runs in place there, so no scratch is needed. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda/cuda_internal.h"
+
+static int same_shape(const tp_tensor *a, const tp_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+tp_status cu_copy_tensor(cu_ctx *x, tp_tensor *dst, const tp_tensor *src, cudaStream_t s, tp_err *err)
+{
+    char s1[96], s2[96];
+    if (dst->dtype != src->dtype || !same_shape(dst, src))
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: copy of %s %s into %s %s", x->rank, tp_dtype_name(src->dtype),
+                       tp_shape_str(s1, sizeof s1, src->ndim, src->shape), tp_dtype_name(dst->dtype),
+                       tp_shape_str(s2, sizeof s2, dst->ndim, dst->shape));
+    size_t bytes = cu_nbytes(src);
+    if (bytes == 0 || (dst->data == src->data && !memcmp(dst->stride, src->stride, sizeof dst->stride)))
+        return TP_OK;
+    if (tp_tensor_is_contiguous(dst) && tp_tensor_is_contiguous(src)) {
+        CU_TRY(x, err, cudaMemcpyAsync(dst->data, src->data, bytes, cudaMemcpyDeviceToDevice, s));
+        return TP_OK;
+    }
+    const int64_t *st[2] = {dst->stride, src->stride};
+    tp_layout l;
+    tp_layout_init(&l, dst->ndim, dst->shape, 2, st);
+    KERNEL_TRY(x, err, tp_cuda_copy_strided(dst->data, src->data, &l, (int)tp_dtype_size(src->dtype), s));
+    return TP_OK;
+}
+
+tp_status cu_contiguous(cu_ctx *x, const tp_tensor *t, tp_tensor *out, cudaStream_t s, tp_err *err)
+{
+    tp_tensor src = *t; /* out may be t */
+    if (tp_tensor_is_contiguous(&src)) {
+        *out = src;
+        return TP_OK;
+    }
+    void *p;
+    TP_TRY(cu_scratch_take(x, cu_nbytes(&src), &p, err));
+    tp_tensor c = tp_tensor_make(p, src.dtype, src.ndim, src.shape);
+    TP_TRY(cu_copy_tensor(x, &c, &src, s, err));
+    *out = c;
+    return TP_OK;
+}
+
+/* x's values, contiguous, in out (a no-op when x already is out). */
+static tp_status into_out(cu_ctx *x, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    tp_tensor dst = tp_tensor_make(out->data, out->dtype, in->ndim, in->shape);
+    return cu_copy_tensor(x, &dst, in, x->compute, err);
+}
+
+static tp_status check_float_same(const char *what, const tp_tensor *in, const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96];
+    if (in->dtype != out->dtype || !tp_dtype_is_float(in->dtype))
+        return tp_fail(err, TP_INVALID, "%s: needs a float input of the output dtype, got %s -> %s", what,
+                       tp_dtype_name(in->dtype), tp_dtype_name(out->dtype));
+    if (!same_shape(in, out))
+        return tp_fail(err, TP_INVALID, "%s: input shape %s does not match output %s", what,
+                       tp_shape_str(s1, sizeof s1, in->ndim, in->shape),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+static tp_status binary(cu_ctx *x, tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96];
+    if (a->dtype != out->dtype || b->dtype != out->dtype)
+        return tp_fail(err, TP_INVALID, "%s: input dtypes %s and %s (output %s) differ", tp_op_name(op),
+                       tp_dtype_name(a->dtype), tp_dtype_name(b->dtype), tp_dtype_name(out->dtype));
+    int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
+    if (tp_broadcast_strides(a, out->ndim, out->shape, sa) || tp_broadcast_strides(b, out->ndim, out->shape, sb))
+        return tp_fail(err, TP_INVALID, "%s: shapes %s and %s do not broadcast to %s", tp_op_name(op),
+                       tp_shape_str(s1, sizeof s1, a->ndim, a->shape), tp_shape_str(s2, sizeof s2, b->ndim, b->shape),
+                       tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[3] = {sa, sb, out->stride};
+    tp_layout l;
+    tp_layout_init(&l, out->ndim, out->shape, 3, st);
+    int code = op == TP_OP_ADD ? 0 : op == TP_OP_SUB ? 1 : 2;
+    KERNEL_TRY(x, err, tp_cuda_binary(code, a->data, b->data, out->data, &l, out->dtype, x->compute));
+    return TP_OK;
+}
+
+static tp_status unary(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    TP_TRY(check_float_same(tp_op_name(op), in, out, err));
+    int64_t n = tp_tensor_numel(out);
+    if (n == 0)
+        return TP_OK;
+    const void *src = in->data;
+    if (!tp_tensor_is_contiguous(in)) {
+        TP_TRY(into_out(x, in, out, err));
+        src = out->data;
+    }
+    int gt = a ? a->gelu_tanh : 0;
+    KERNEL_TRY(x, err, op == TP_OP_GELU   ? tp_cuda_gelu(src, out->data, n, out->dtype, gt, x->compute)
+                       : op == TP_OP_SILU ? tp_cuda_silu(src, out->data, n, out->dtype, x->compute)
+                                          : tp_cuda_relu(src, out->data, n, out->dtype, x->compute));
+    return TP_OK;
+}
+
+/* --------------------------------------------------------------- rows */
+
+static tp_status softmax(cu_ctx *x, const tp_attrs *a, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    TP_TRY(check_float_same("softmax", in, out, err));
+    int d = in->ndim == 0 ? 0 : a ? a->dim : in->ndim - 1;
+    if (in->ndim > 0 && (d < 0 || d >= in->ndim))
+        return tp_fail(err, TP_INVALID, "softmax: dim %d out of range for %d dims", d, in->ndim);
+    if (tp_tensor_numel(in) == 0)
+        return TP_OK;
+    int64_t outer = 1, inner = 1, n = in->ndim ? in->shape[d] : 1;
+    for (int i = 0; i < d; i++)
+        outer *= in->shape[i];
+    for (int i = d + 1; i < in->ndim; i++)
+        inner *= in->shape[i];
+    const void *src = in->data;
+    if (!tp_tensor_is_contiguous(in)) {
+        TP_TRY(into_out(x, in, out, err));
+        src = out->data;
+    }
+    KERNEL_TRY(x, err, tp_cuda_softmax(src, out->data, outer, n, inner, out->dtype, x->compute));
+    return TP_OK;
+}
+
+/* The row kernels take weight and bias as contiguous [n] of x's dtype. */
+static tp_status norm_param(const char *what, const char *name, const tp_tensor *t, const tp_tensor *xin, int64_t n,
+                            tp_err *err)
+{
+    char s1[96];
+    if (t->dtype != xin->dtype || tp_tensor_numel(t) != n || !tp_tensor_is_contiguous(t))
+        return tp_fail(err, TP_INVALID,
+                       "%s: %s must be a contiguous %s tensor of %lld elements on the cuda backend, got %s %s", what,
+                       name, tp_dtype_name(xin->dtype), (long long)n, tp_dtype_name(t->dtype),
+                       tp_shape_str(s1, sizeof s1, t->ndim, t->shape));
+    return TP_OK;
+}
+
+static tp_status norm(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                      tp_err *err)
+{
+    int is_ln = op == TP_OP_LAYER_NORM;
+    const char *what = tp_op_name(op);
+    const tp_tensor *in = &ins[0];
+    TP_TRY(check_float_same(what, in, out, err));
+    if (in->ndim == 0)
+        return tp_fail(err, TP_INVALID, "%s: input must have at least one dim", what);
+    int64_t n = in->shape[in->ndim - 1];
+    const tp_tensor *w = n_ins > 1 ? &ins[1] : NULL, *b = is_ln && n_ins > 2 ? &ins[2] : NULL;
+    if (w)
+        TP_TRY(norm_param(what, "weight", w, in, n, err));
+    if (b)
+        TP_TRY(norm_param(what, "bias", b, in, n, err));
+    int64_t total = tp_tensor_numel(in);
+    if (total == 0)
+        return TP_OK;
+    const void *src = in->data;
+    if (!tp_tensor_is_contiguous(in)) {
+        TP_TRY(into_out(x, in, out, err));
+        src = out->data;
+    }
+    float eps = a ? a->eps : (is_ln ? 1e-5f : 1e-6f);
+    int64_t rows = total / n;
+    KERNEL_TRY(x, err, is_ln ? tp_cuda_layer_norm(src, w ? w->data : NULL, b ? b->data : NULL, out->data, rows, n,
+                                                  eps, out->dtype, x->compute)
+                             : tp_cuda_rms_norm(src, w ? w->data : NULL, out->data, rows, n, eps, out->dtype,
+                                                x->compute));
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ attention */
+
+static tp_status attention(cu_ctx *x, const tp_attrs *at, const tp_tensor *q, const tp_tensor *k,
+                           const tp_tensor *v, tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96], s4[96];
+    tp_dtype dt = out->dtype;
+    if (q->dtype != dt || k->dtype != dt || v->dtype != dt || !tp_dtype_is_float(dt))
+        return tp_fail(err, TP_INVALID, "attention: q, k, v must be float of the output dtype %s", tp_dtype_name(dt));
+    int ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4;
+    for (int i = 0; ok && i < 2; i++)
+        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
+    ok = ok && k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] && out->shape[2] == q->shape[2] &&
+         out->shape[3] == v->shape[3];
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "attention: q %s, k %s, v %s do not give output %s",
+                       tp_shape_str(s1, sizeof s1, q->ndim, q->shape), tp_shape_str(s2, sizeof s2, k->ndim, k->shape),
+                       tp_shape_str(s3, sizeof s3, v->ndim, v->shape),
+                       tp_shape_str(s4, sizeof s4, out->ndim, out->shape));
+    if (v->shape[3] > TP_CUDA_ATTN_MAX_DV)
+        return tp_fail(err, TP_INVALID, "attention: value head dim %lld exceeds the cuda kernel's %d",
+                       (long long)v->shape[3], TP_CUDA_ATTN_MAX_DV);
+    if (!tp_tensor_is_contiguous(out))
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: attention output must be contiguous", x->rank);
+    tp_cuda_attn_args a = {
+        .q = q->data, .k = k->data, .v = v->data, .out = out->data,
+        .B = q->shape[0], .H = q->shape[1], .S = q->shape[2], .T = k->shape[2], .D = q->shape[3], .Dv = v->shape[3],
+        .scale = at && at->has_scale ? at->scale : 1.0f / sqrtf((float)q->shape[3]),
+        .causal = at ? at->causal : 0,
+        .dtype = dt,
+    };
+    memcpy(a.qs, q->stride, sizeof a.qs);
+    memcpy(a.ks, k->stride, sizeof a.ks);
+    memcpy(a.vs, v->stride, sizeof a.vs);
+    KERNEL_TRY(x, err, tp_cuda_attention(&a, x->compute));
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ embedding */
+
+static tp_status embedding(cu_ctx *x, const tp_attrs *at, const tp_tensor *ids, const tp_tensor *table,
+                           tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96];
+    if (ids->dtype != TP_I32 && ids->dtype != TP_I64)
+        return tp_fail(err, TP_INVALID, "embedding: ids must be INT32 or INT64, got %s", tp_dtype_name(ids->dtype));
+    if (table->dtype != out->dtype)
+        return tp_fail(err, TP_INVALID, "embedding: table dtype %s differs from output %s",
+                       tp_dtype_name(table->dtype), tp_dtype_name(out->dtype));
+    int ok = table->ndim == 2 && out->ndim == ids->ndim + 1 && out->shape[ids->ndim] == table->shape[1] &&
+             tp_tensor_is_contiguous(out);
+    for (int i = 0; ok && i < ids->ndim; i++)
+        ok = out->shape[i] == ids->shape[i];
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "embedding: ids %s and table %s do not give (contiguous) output %s",
+                       tp_shape_str(s1, sizeof s1, ids->ndim, ids->shape),
+                       tp_shape_str(s2, sizeof s2, table->ndim, table->shape),
+                       tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
+    int vp = at ? at->vocab_parallel : 0;
+    int64_t V = table->shape[0];
+    const int64_t *st[1] = {ids->stride};
+    tp_cuda_embedding_args a = {
+        .ids = ids->data, .id_dtype = ids->dtype, .table = table->data,
+        .ts0 = table->stride[0], .ts1 = table->stride[1], .V = V, .E = table->shape[1],
+        .lo = vp ? (int64_t)x->rank * V : 0, .total = vp ? (int64_t)x->world * V : V,
+        .out = out->data, .es = (int)tp_dtype_size(out->dtype), .err = x->errw,
+    };
+    tp_layout_init(&a.ids_l, ids->ndim, ids->shape, 1, st);
+    KERNEL_TRY(x, err, tp_cuda_embedding(&a, x->compute));
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------------ copies */
+
+static tp_status cat(cu_ctx *x, const tp_attrs *at, const tp_tensor *ins, int n_ins, tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96];
+    int d = at ? at->dim : 0;
+    if (d < 0 || d >= out->ndim)
+        return tp_fail(err, TP_INVALID, "cat: dim %d out of range for %d dims", d, out->ndim);
+    int64_t total = 0;
+    for (int i = 0; i < n_ins; i++) {
+        const tp_tensor *t = &ins[i];
+        int ok = t->dtype == out->dtype && t->ndim == out->ndim;
+        for (int j = 0; ok && j < t->ndim; j++)
+            ok = j == d || t->shape[j] == out->shape[j];
+        if (!ok)
+            return tp_fail(err, TP_INVALID, "cat: input %d (%s %s) does not fit output %s %s on dim %d", i,
+                           tp_dtype_name(t->dtype), tp_shape_str(s1, sizeof s1, t->ndim, t->shape),
+                           tp_dtype_name(out->dtype), tp_shape_str(s2, sizeof s2, out->ndim, out->shape), d);
+        total += t->shape[d];
+    }
+    if (total != out->shape[d])
+        return tp_fail(err, TP_INVALID, "cat: inputs add up to %lld along dim %d, output has %lld", (long long)total, d,
+                       (long long)out->shape[d]);
+    int64_t off = 0;
+    for (int i = 0; i < n_ins; i++) {
+        tp_tensor view = cu_narrow(out, d, off, ins[i].shape[d]);
+        TP_TRY(cu_copy_tensor(x, &view, &ins[i], x->compute, err));
+        off += ins[i].shape[d];
+    }
+    return TP_OK;
+}
+
+/* reshape, contiguous, identity_copy: in's elements in row-major order. */
+static tp_status copy_op(cu_ctx *x, tp_op op, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96];
+    if (in->dtype != out->dtype || tp_tensor_numel(in) != tp_tensor_numel(out))
+        return tp_fail(err, TP_INVALID, "%s: %s %s cannot become %s %s", tp_op_name(op), tp_dtype_name(in->dtype),
+                       tp_shape_str(s1, sizeof s1, in->ndim, in->shape), tp_dtype_name(out->dtype),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    if (in->data == out->data && tp_tensor_is_contiguous(in))
+        return TP_OK; /* already in place */
+    return into_out(x, in, out, err);
+}
+
+tp_status cu_run_op(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                    tp_err *err)
+{
+    if ((unsigned)op >= TP_OP_COUNT || n_ins < tp_op_min_inputs(op) || n_ins > tp_op_max_inputs(op))
+        return tp_fail(err, TP_INTERNAL, "cuda backend: op %d called with %d inputs", (int)op, n_ins);
+    if (!tp_tensor_is_contiguous(out))
+        return tp_fail(err, TP_INTERNAL, "cuda backend: %s output must be contiguous", tp_op_name(op));
+    switch (op) {
+    case TP_OP_ADD:
+    case TP_OP_SUB:
+    case TP_OP_MUL:
+        return binary(x, op, &ins[0], &ins[1], out, err);
+    case TP_OP_GELU:
+    case TP_OP_SILU:
+    case TP_OP_RELU:
+        return unary(x, op, a, &ins[0], out, err);
+    case TP_OP_SOFTMAX:
+        return softmax(x, a, &ins[0], out, err);
+    case TP_OP_LAYER_NORM:
+    case TP_OP_RMS_NORM:
+        return norm(x, op, a, ins, n_ins, out, err);
+    case TP_OP_MATMUL:
+        return cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err);
+    case TP_OP_ATTENTION:
+        return attention(x, a, &ins[0], &ins[1], &ins[2], out, err);
+    case TP_OP_EMBEDDING:
+        return embedding(x, a, &ins[0], &ins[1], out, err);
+    case TP_OP_CAT:
+        return cat(x, a, ins, n_ins, out, err);
+    case TP_OP_RESHAPE:
+    case TP_OP_CONTIGUOUS:
+    case TP_OP_IDENTITY_COPY:
+        return copy_op(x, op, &ins[0], out, err);
+    default:
+        return tp_fail(err, TP_INTERNAL, "cuda backend: op '%s' has no cuda kernel", tp_op_name(op));
+    }
+}

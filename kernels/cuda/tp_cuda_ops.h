@@ -1,0 +1,160 @@
+/* tp_cuda_ops.h — host launchers of the cuda backend's data-movement,
+ * tensor and cross-rank kernels (kernels/cuda/tensor_ops.cu and
+ * kernels/cuda/comm_kernels.cu), callable from C.
+ *
+ * Same contract as tp_cuda_kernels.h: every launcher enqueues on `stream`
+ * (a cudaStream_t) and returns the launch's cudaError_t as an int, 0 on
+ * success, cudaErrorInvalidValue (1) for arguments it refuses. Index math
+ * is kernels/common/tp_cuda_plan.h, checked on the CPU by test_cuda_plan.
+ *
+ * Errors a kernel can only see on the device (an embedding id out of range,
+ * a peer that never reaches a barrier) are written once into a
+ * tp_cuda_error word in device memory, which the backend reads back at
+ * synchronize: the kernel finishes (zeros, or gives up waiting) instead of
+ * faulting or hanging. */
+#ifndef TP_CUDA_OPS_H
+#define TP_CUDA_OPS_H
+
+#include <stdint.h>
+
+#include "common/tp_cuda_plan.h"
+#include "dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- device-side error word ---- */
+
+enum {
+    TP_CUDA_ERR_NONE = 0,
+    TP_CUDA_ERR_EMBED_ID = 1,      /* a = 0, b = the id, c = its position */
+    TP_CUDA_ERR_BARRIER_TIMEOUT = 2 /* a = the peer waited for, b = slot, c = epoch */
+};
+
+typedef struct {
+    int code; /* first error wins (atomicCAS from 0) */
+    int a;
+    long long b, c;
+} tp_cuda_error;
+
+/* ---- cross-rank synchronisation on the symmetric control block ----
+ *
+ * Flags: [slot][block][src rank] 64-bit epochs in every rank's control
+ * block; rank r arrives at barrier e by writing e into slot [..][..][r] of
+ * every peer and waits until its own [..][..][p] >= e for every p. Epochs
+ * come from per-rank counters in device memory that every barrier kernel
+ * advances itself, so a captured graph replays with fresh epochs and every
+ * rank, running the same sequence, agrees on them. */
+
+#define TP_CUDA_SYNC_BLOCKS 32 /* the one-shot grid: fixed, identical on every rank */
+#define TP_CUDA_SYNC_SLOTS 4
+
+enum {
+    TP_CUDA_SLOT_ONESHOT_IN = 0,  /* one-shot all_reduce: inputs ready */
+    TP_CUDA_SLOT_ONESHOT_OUT = 1, /* one-shot all_reduce: peers done reading */
+    TP_CUDA_SLOT_FUSED_IN = 2,    /* fused pulls: shards ready */
+    TP_CUDA_SLOT_FUSED_OUT = 3    /* fused pulls: peers done pulling */
+};
+
+/* Bytes of one rank's control block: flags, then counters. */
+#define TP_CUDA_CTRL_FLAGS (TP_CUDA_SYNC_SLOTS * TP_CUDA_SYNC_BLOCKS * TP_CUDA_MAX_WORLD)
+#define TP_CUDA_CTRL_COUNTERS (TP_CUDA_SYNC_SLOTS * TP_CUDA_SYNC_BLOCKS)
+#define TP_CUDA_CTRL_BYTES ((TP_CUDA_CTRL_FLAGS + TP_CUDA_CTRL_COUNTERS) * 8)
+
+typedef struct {
+    unsigned long long *peer_flags[TP_CUDA_MAX_WORLD]; /* every rank's flags, this process's mapping */
+    unsigned long long *flags;                         /* this rank's flags */
+    unsigned long long *counters;                      /* this rank's epochs [slot][block] */
+    tp_cuda_error *err;
+    unsigned long long timeout_ns; /* a barrier gives up (and reports) after this */
+    int rank, world;
+} tp_cuda_sync;
+
+/* Every rank's pointer to one symmetric buffer (this process's mapping). */
+typedef struct {
+    const void *p[TP_CUDA_MAX_WORLD];
+} tp_cuda_peers;
+
+/* ---- tensor kernels (tensor_ops.cu) ---- */
+
+/* dst = src over l (operand 0 dst, 1 src), es bytes per element (1, 2, 4, 8);
+ * src NULL writes zeros. */
+int tp_cuda_copy_strided(void *dst, const void *src, const tp_layout *l, int es, void *stream);
+
+/* out = a (op) b, op 0 add, 1 sub, 2 mul; l over out's shape with operand 0
+ * a, 1 b (broadcast strides), 2 out. Floats compute in f32 and round once,
+ * integers wrap. */
+int tp_cuda_binary(int op, const void *a, const void *b, void *out, const tp_layout *l, tp_dtype dtype,
+                   void *stream);
+
+typedef struct {
+    const void *ids;
+    tp_dtype id_dtype;     /* TP_I32 or TP_I64 */
+    tp_layout ids_l;       /* operand 0: the ids, in row-major order */
+    const void *table;
+    int64_t ts0, ts1;      /* table strides */
+    int64_t V, E;          /* local rows, row length */
+    int64_t lo, total;     /* first global id held here; ids must be < total */
+    void *out;             /* contiguous [n_ids, E] */
+    int es;                /* element bytes of table/out */
+    tp_cuda_error *err;
+} tp_cuda_embedding_args;
+/* Rows of ids in [lo, lo+V) are copied, other valid ids give zeros, an id
+ * outside [0, total) gives zeros and TP_CUDA_ERR_EMBED_ID. */
+int tp_cuda_embedding(const tp_cuda_embedding_args *a, void *stream);
+
+#define TP_CUDA_ATTN_MAX_DV 256
+typedef struct {
+    const void *q, *k, *v;
+    void *out;               /* contiguous [B, H, S, Dv] */
+    int64_t B, H, S, T, D, Dv;
+    int64_t qs[4], ks[4], vs[4];
+    float scale;
+    int causal;              /* bottom-right aligned: query i sees keys j <= i + T - S */
+    tp_dtype dtype;
+} tp_cuda_attn_args;
+/* One warp per query row, online softmax in f32 from tp_math.h's pieces; a
+ * query that sees no key gets zeros. Dv <= TP_CUDA_ATTN_MAX_DV. */
+int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream);
+
+/* Packs (to_packed = 1: natural src -> packed dst) or unpacks a contiguous
+ * [outer, d*len, inner] tensor by blocks of the middle dim. */
+int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d, int es,
+                       int to_packed, void *stream);
+
+/* out[i] = reduce over src = 0..d-1 (rank order) of chunk(src)[i], where
+ * chunk(rank) = own and chunk(src) = stage + tp_rs_step_of(rank, d, src) *
+ * count elements: the reduce of fused_matmul_reduce_scatter. */
+int tp_cuda_reduce_chunks(const void *own, const void *stage, void *out, int64_t count, int rank, int d,
+                          int red, tp_dtype dtype, void *stream);
+
+/* p[i] = p[i] / d (integers: truncated toward zero), the avg NCCL leaves to us. */
+int tp_cuda_finish_avg(void *p, int64_t count, int d, tp_dtype dtype, void *stream);
+
+/* ---- cross-rank kernels (comm_kernels.cu) ---- */
+
+/* One-block barrier of every rank on `slot` (TP_CUDA_SLOT_FUSED_*). */
+int tp_cuda_barrier(const tp_cuda_sync *s, int slot, void *stream);
+
+/* out = reduce over ranks (rank order) of each rank's `in` read in place
+ * through peer mappings, between an arrival and a departure barrier
+ * (TP_CUDA_SLOT_ONESHOT_*), TP_CUDA_SYNC_BLOCKS blocks. out must not
+ * overlap this rank's in: peers may still be reading it while out is
+ * written (in-place all_reduce goes to NCCL). */
+int tp_cuda_oneshot_all_reduce(const tp_cuda_sync *s, const tp_cuda_peers *in, void *out, int64_t count,
+                               tp_dtype dtype, int red, void *stream);
+
+/* out_dev[p] = this process's address of peer p's byte 0 of an NCCL
+ * symmetric window (win is an ncclWindow_t), for p < world. */
+int tp_cuda_window_peer_bases(void *win, int world, void **out_dev, void *stream);
+
+/* Size of the communicator's load/store-accessible team (ncclTeamLsa): the
+ * peer-reading kernels need every rank in it. comm is an ncclComm_t. */
+int tp_cuda_nccl_lsa_size(void *comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
