@@ -500,7 +500,8 @@ static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
     return st;
 }
 
-/* A request that waited for a worker past request_timeout_ms is not decoded. */
+/* A request that waited for a worker past request_timeout_ms is answered
+ * 504 without being decoded. */
 static int waited_too_long(tp_http *h, req_ctx *r)
 {
     double waited = now_ms() - r->t_queued;
@@ -513,23 +514,31 @@ static int waited_too_long(tp_http *h, req_ctx *r)
     return 1;
 }
 
+/* Body -> r->req and the request's own timeout; the body is freed either
+ * way (the tensors own copies). */
+static tp_status decode(tp_http *h, req_ctx *r, int64_t *param_us, tp_err *err)
+{
+    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len,
+                                         r->header_len, &r->req, err);
+    if (st == TP_OK && (st = timeout_param(r, param_us, err)) != TP_OK)
+        tp_kserve_request_free(&r->req);
+    free(r->body);
+    r->body = NULL;
+    return st;
+}
+
 /* The first worker job: decode the body and submit it. Returns 1 when r was
  * answered here (an error), 0 when the batcher has it. */
 static int decode_and_submit(tp_http *h, req_ctx *r)
 {
+    if (waited_too_long(h, r)) {
+        free(r->body);
+        r->body = NULL;
+        return 1;
+    }
     tp_err err;
     int64_t param_us = -1;
-    tp_status st = TP_OK;
-    if (waited_too_long(h, r))
-        st = TP_TIMEOUT;
-    else if ((st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
-                                         &r->req, &err)) == TP_OK &&
-             (st = timeout_param(r, &param_us, &err)) != TP_OK)
-        tp_kserve_request_free(&r->req);
-    free(r->body); /* decoded: the tensors own copies now */
-    r->body = NULL;
-    if (st == TP_TIMEOUT)
-        return 1;
+    tp_status st = decode(h, r, &param_us, &err);
     if (st == TP_OK) {
         set_timeout(h, r, param_us);
         if ((st = submit(h, r, &err)) == TP_OK)

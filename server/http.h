@@ -1,10 +1,12 @@
-/* http.h — the KServe v2 REST front end on libmicrohttpd.
+/* http.h — the KServe v2 REST front end on libmicrohttpd, and /metrics.
  *
  * HTTP threads (an epoll thread pool) only parse, route and move bytes.
  * Inference requests are suspended (MHD_suspend_connection) and handed to a
- * bounded queue served by worker threads that decode, call tp_engine_infer
- * and encode; the worker then resumes the connection to send the answer. So
- * a slow model never stalls health checks or other clients' uploads. */
+ * bounded queue served by worker threads that decode them and submit them
+ * to the dynamic batcher (batcher.h); the batcher's results come back to
+ * the workers, which encode them and resume the connection to send the
+ * answer. So a slow model never stalls health checks or other clients'
+ * uploads. */
 #ifndef TP_HTTP_H
 #define TP_HTTP_H
 
@@ -25,8 +27,8 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err);
 /* The port actually bound (differs from cfg->port when that was 0). */
 int tp_http_port(const tp_http *h);
 
-/* Publishes the loaded engine (borrowed: it must outlive tp_http_stop) and
- * turns ready. */
+/* Starts the batcher on the loaded engine (borrowed: it must outlive
+ * tp_http_stop), publishes it and turns ready. */
 tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
 
 /* Starts the drain: readiness and new inference requests get 503, every
@@ -40,8 +42,9 @@ long tp_http_in_flight(tp_http *h);
 long tp_http_suspended(tp_http *h);
 unsigned tp_http_connections(tp_http *h);
 
-/* Drain timeout: answers every request still waiting in the queue with 503
- * at once. Requests already inside the engine cannot be interrupted. */
+/* Drain timeout: answers every request still waiting for a worker or in
+ * the batcher queue with 503 at once. Requests already inside the engine
+ * cannot be interrupted. */
 void tp_http_cancel_queued(tp_http *h);
 
 /* Stops the daemon, joins the workers and frees h; requests still uploading
