@@ -498,6 +498,10 @@ static void cuda_free(tp_backend *b, int rank, void *p)
                      x->rank, p, x->mem[i].capture_refs);
             return;
         }
+        /* a graph or op still in flight may use it (capture_free does not wait) */
+        cudaStreamSynchronize(x->compute);
+        cudaStreamSynchronize(x->side);
+        cudaStreamSynchronize(x->copy);
         mem_release(x, &x->mem[i]);
         x->mem[i] = x->mem[--x->n_mem];
         return;
