@@ -30,7 +30,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz bench-http
 
 all: $(BUILD)/tpserve cuda
 
@@ -41,6 +41,7 @@ help:
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
+	@echo "make bench-http wrk on tpserve vs a bare libmicrohttpd baseline (markdown table)"
 	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
@@ -112,6 +113,10 @@ bench: $(BUILD)/bench/bench_engine
 
 bench-passes: $(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_engine passes
+
+bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
+	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
+	  PYTHON=$(PYTHON) sh tests/load/bench_http.sh
 
 DOCKER_IMAGE ?= tpserve:latest
 .PHONY: docker

@@ -190,7 +190,7 @@ expect "wrong method on health" 405 "method DELETE not allowed" DELETE /v2/healt
 [ "$(header Allow)" = "GET, HEAD" ] && pass "405 carries Allow: GET, HEAD" || fail "405 Allow header: '$(header Allow)'"
 expect "POST to metadata" 405 "method POST not allowed" POST /v2/models/$G --data-binary '{}'
 expect "unknown path" 404 "unknown path '/v2/foo'" GET /v2/foo
-expect "unknown path outside /v2" 404 "unknown path '/metrics'" GET /metrics
+expect "unknown path outside /v2" 404 "unknown path '/stats'" GET /stats
 expect "unknown model action" 404 "unknown path" GET /v2/models/$G/stats
 # The engine's output overflows to Inf/NaN: JSON cannot carry it -> 500, binary can.
 BIG=$($PYTHON -c 'print(",".join(["3e38"] * 256))')
@@ -460,7 +460,7 @@ wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = "application/json"
 EOF
-    wrk -t2 -c16 -d4s -s "$TMP/post.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1 &
+    wrk -t2 -c16 -d4s --timeout 10s -s "$TMP/post.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1 &
     WRK=$!
     sleep 1.5
     kill -TERM "$PID"
