@@ -14,23 +14,34 @@ CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread \
            -I. -Iengine -Ikernels -Iserver $(SAN)
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -pthread $(SAN)
+LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lm -pthread $(SAN)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
 LIB_SRCS  := $(wildcard engine/*.c kernels/cpu/*.c kernels/common/*.c) \
              $(filter-out server/main.c,$(wildcard server/*.c))
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 CU_SRCS   := $(wildcard kernels/cuda/*.cu)
 CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/cuda/%.o)
+# With nvcc the cuda backend (kernels/cuda/*.c + *.cu) is part of every
+# binary; its device tests say "skipped: no CUDA device" without a GPU.
 NVCC      := $(shell command -v nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+LIB_SRCS  += $(wildcard kernels/cuda/*.c)
+CFLAGS    += -DTP_HAVE_CUDA -I$(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
+endif
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+ifneq ($(NVCC),)
+LIB_OBJS  += $(CU_OBJS)
+endif
 NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Werror \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz bench-http
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz bench-http bench-gpu
 
 all: $(BUILD)/tpserve cuda
 
@@ -41,6 +52,7 @@ help:
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
+	@echo "make bench-gpu  fused vs unfused AG+GEMM, one-shot vs NCCL all_reduce, replay vs eager (GPUs)"
 	@echo "make bench-http wrk on tpserve vs a bare libmicrohttpd baseline (markdown table)"
 	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
@@ -71,7 +83,7 @@ $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.c tests/unit/testutil.h $(B
 
 ifneq ($(NVCC),)
 cuda: $(CU_OBJS)
-$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h) engine/dtype.h
+$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h kernels/cuda/*.h) engine/dtype.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 else
@@ -113,6 +125,10 @@ bench: $(BUILD)/bench/bench_engine
 
 bench-passes: $(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_engine passes
+
+# One process per GPU; prints one line and exits 0 on a machine without one.
+bench-gpu: $(BUILD)/bench/bench_gpu
+	$(BUILD)/bench/bench_gpu
 
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \

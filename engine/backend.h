@@ -61,6 +61,7 @@ struct tp_backend {
     const tp_backend_iface *iface;
     void *ctx;
     int world;
+    char note[200]; /* why this backend was chosen ("auto"), or empty */
 };
 
 /* Creates a backend by name: "cpu", "cuda", "auto" (cuda when a device

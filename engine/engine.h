@@ -63,6 +63,8 @@ void tp_engine_free(tp_engine *e);
 
 const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);
+/* Why the backend was chosen (--backend auto), or "". */
+const char *tp_engine_backend_note(const tp_engine *e);
 int tp_engine_world_size(const tp_engine *e);
 int tp_engine_n_inputs(const tp_engine *e);
 int tp_engine_n_outputs(const tp_engine *e);

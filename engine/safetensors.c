@@ -1,4 +1,5 @@
 #include "safetensors.h"
+#include "json_kind.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,21 +46,6 @@ __attribute__((format(printf, 5, 6))) static tp_status st_fail(tp_err *err, tp_s
     return tp_fail(err, s, "%.300s: %s", path, reason);
 }
 
-static const char *json_kind(const json_t *j)
-{
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
-}
-
 /* Byte size of a tensor, or -1 if it does not fit in int64 (shapes and numel
  * are int64 everywhere else in the engine). A zero dim anywhere makes the
  * tensor empty even if the other dims alone would overflow. */
@@ -89,7 +75,7 @@ static tp_status parse_entry(const char *path, const char *name, json_t *e, uint
                              st_tensor_info *t, tp_err *err)
 {
     if (!json_is_object(e))
-        return st_fail(err, TP_PARSE, path, name, "entry is %s, not an object", json_kind(e));
+        return st_fail(err, TP_PARSE, path, name, "entry is %s, not an object", tp_json_kind(e));
 
     json_t *jd = json_object_get(e, "dtype");
     json_t *js = json_object_get(e, "shape");
@@ -103,7 +89,7 @@ static tp_status parse_entry(const char *path, const char *name, json_t *e, uint
 
     if (!json_is_string(jd))
         return st_fail(err, TP_PARSE, path, name, "\"dtype\" is %s, not a string",
-                       json_kind(jd));
+                       tp_json_kind(jd));
     if (tp_dtype_from_st_name(json_string_value(jd), &t->dtype) != 0)
         return st_fail(err, TP_PARSE, path, name,
                        "unknown dtype '%.40s' (supported: F32, F16, BF16, I32, I64)",
@@ -111,7 +97,7 @@ static tp_status parse_entry(const char *path, const char *name, json_t *e, uint
 
     if (!json_is_array(js))
         return st_fail(err, TP_PARSE, path, name, "\"shape\" is %s, not an array",
-                       json_kind(js));
+                       tp_json_kind(js));
     size_t nd = json_array_size(js);
     if (nd > TP_MAX_DIMS)
         return st_fail(err, TP_PARSE, path, name, "shape has %zu dims, more than the %d supported",
@@ -121,7 +107,7 @@ static tp_status parse_entry(const char *path, const char *name, json_t *e, uint
         json_t *d = json_array_get(js, i);
         if (!json_is_integer(d))
             return st_fail(err, TP_PARSE, path, name, "shape[%zu] is %s, not an integer", i,
-                           json_kind(d));
+                           tp_json_kind(d));
         json_int_t v = json_integer_value(d);
         if (v < 0)
             return st_fail(err, TP_PARSE, path, name, "shape[%zu] is negative (%" PRId64 ")", i,
@@ -131,14 +117,14 @@ static tp_status parse_entry(const char *path, const char *name, json_t *e, uint
 
     if (!json_is_array(jo))
         return st_fail(err, TP_PARSE, path, name, "\"data_offsets\" is %s, not an array",
-                       json_kind(jo));
+                       tp_json_kind(jo));
     if (json_array_size(jo) != 2)
         return st_fail(err, TP_PARSE, path, name, "\"data_offsets\" has %zu elements, not 2",
                        json_array_size(jo));
     json_t *jb = json_array_get(jo, 0), *je = json_array_get(jo, 1);
     if (!json_is_integer(jb) || !json_is_integer(je))
         return st_fail(err, TP_PARSE, path, name, "\"data_offsets\" holds %s, not integers",
-                       json_kind(json_is_integer(jb) ? je : jb));
+                       tp_json_kind(json_is_integer(jb) ? je : jb));
     if (json_integer_value(jb) < 0 || json_integer_value(je) < 0)
         return st_fail(err, TP_PARSE, path, name, "data_offsets [%" PRId64 ", %" PRId64
                        "] are negative", (int64_t)json_integer_value(jb),
@@ -182,7 +168,7 @@ static tp_status parse_header(st_file *f, const char *hdr, size_t len, tp_err *e
     tp_status s = TP_OK;
     if (!json_is_object(root)) {
         s = st_fail(err, TP_PARSE, f->path, NULL, "header is %s, not an object",
-                    json_kind(root));
+                    tp_json_kind(root));
         goto out;
     }
 
@@ -202,7 +188,7 @@ static tp_status parse_header(st_file *f, const char *hdr, size_t len, tp_err *e
              * garbled header is not silently accepted. */
             if (!json_is_object(val)) {
                 s = st_fail(err, TP_PARSE, f->path, NULL, "\"__metadata__\" is %s, not an object",
-                            json_kind(val));
+                            tp_json_kind(val));
                 goto out;
             }
             continue;

@@ -1,4 +1,5 @@
 #include "config.h"
+#include "json_kind.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -115,32 +116,18 @@ static tp_status set_int(tp_config *c, const key_desc *k, int64_t v, const char 
     return TP_OK;
 }
 
-static const char *json_type_name(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 static tp_status set_json(tp_config *c, const key_desc *k, const json_t *v, const char *where,
                           tp_err *err)
 {
     if (k->kind == KEY_STR) {
         if (!json_is_string(v))
             return tp_fail(err, TP_INVALID, "%s: '%s' must be a string, got %s", where, k->name,
-                           json_type_name(v));
+                           tp_json_kind(v));
         return set_str(c, k, json_string_value(v), where, err);
     }
     if (!json_is_integer(v))
         return tp_fail(err, TP_INVALID, "%s: '%s' must be an integer, got %s", where, k->name,
-                       json_type_name(v));
+                       tp_json_kind(v));
     return set_int(c, k, (int64_t)json_integer_value(v), where, err);
 }
 
@@ -168,7 +155,7 @@ tp_status tp_config_load_file(tp_config *c, const char *path, tp_err *err)
     tp_status st = TP_OK;
     if (!json_is_object(root)) {
         st = tp_fail(err, TP_INVALID, "%s: top level must be a JSON object, got %s", where,
-                     json_type_name(root));
+                     tp_json_kind(root));
         json_decref(root);
         return st;
     }

@@ -1,4 +1,5 @@
 #include "kserve.h"
+#include "json_kind.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -8,20 +9,6 @@
 #include <string.h>
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 static const char *shape_str(char *buf, int ndim, const int64_t *shape)
 {
@@ -72,7 +59,7 @@ static tp_status parse_datatype(const json_t *jdt, const char *input, tp_dtype *
         return tp_fail(err, TP_INVALID, "input '%s': missing 'datatype'", input);
     if (!json_is_string(jdt))
         return tp_fail(err, TP_INVALID, "input '%s': 'datatype' must be a string, got %s", input,
-                       jtype(jdt));
+                       tp_json_kind(jdt));
     const char *dt = json_string_value(jdt);
     if (tp_dtype_from_name(dt, out) == 0)
         return TP_OK;
@@ -87,7 +74,7 @@ static tp_status parse_shape(const json_t *js, const char *input, tp_host_tensor
         return tp_fail(err, TP_INVALID, "input '%s': missing 'shape'", input);
     if (!json_is_array(js))
         return tp_fail(err, TP_INVALID, "input '%s': 'shape' must be an array, got %s", input,
-                       jtype(js));
+                       tp_json_kind(js));
     if (json_array_size(js) > TP_MAX_DIMS)
         return tp_fail(err, TP_INVALID, "input '%s': shape has %zu dims, at most %d supported",
                        input, json_array_size(js), TP_MAX_DIMS);
@@ -97,7 +84,7 @@ static tp_status parse_shape(const json_t *js, const char *input, tp_host_tensor
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return tp_fail(err, TP_INVALID,
                            "input '%s': shape[%d] must be a non-negative integer, got %s", input,
-                           i, json_is_integer(d) ? "a negative integer" : jtype(d));
+                           i, json_is_integer(d) ? "a negative integer" : tp_json_kind(d));
         t->shape[i] = (int64_t)json_integer_value(d);
     }
     return TP_OK;
@@ -149,7 +136,7 @@ static tp_status check_nested(const json_t *v, const tp_host_tensor *t, int dim,
     path_str(path, sizeof path, idx, dim);
     if (!json_is_array(v))
         return tp_fail(err, TP_INVALID, "input '%s': %s is %s, expected an array of %" PRId64
-                       " (shape %s)", t->name, path, jtype(v), t->shape[dim],
+                       " (shape %s)", t->name, path, tp_json_kind(v), t->shape[dim],
                        shape_str(sh, t->ndim, t->shape));
     if ((int64_t)json_array_size(v) != t->shape[dim])
         return tp_fail(err, TP_INVALID, "input '%s': %s has %zu elements, shape %s needs %" PRId64
@@ -164,7 +151,7 @@ static tp_status check_nested(const json_t *v, const tp_host_tensor *t, int dim,
                 return st;
         } else if (json_is_array(e) || json_is_object(e)) {
             return tp_fail(err, TP_INVALID, "input '%s': %s is %s, but shape %s has only %d "
-                           "dims", t->name, path_str(path, sizeof path, idx, dim + 1), jtype(e),
+                           "dims", t->name, path_str(path, sizeof path, idx, dim + 1), tp_json_kind(e),
                            shape_str(sh, t->ndim, t->shape), t->ndim);
         }
     }
@@ -179,7 +166,7 @@ static tp_status check_flat(const json_t *v, const tp_host_tensor *t, int64_t nu
         const json_t *e = json_array_get(v, i);
         if (json_is_array(e) || json_is_object(e))
             return tp_fail(err, TP_INVALID, "input '%s': data[%zu] is %s; data must be flat or "
-                           "nested exactly like shape %s", t->name, i, jtype(e),
+                           "nested exactly like shape %s", t->name, i, tp_json_kind(e),
                            shape_str(sh, t->ndim, t->shape));
     }
     if ((int64_t)json_array_size(v) != numel)
@@ -210,12 +197,12 @@ static tp_status store_elem(void *dst, tp_dtype dt, int64_t i, const json_t *v, 
     if (tp_dtype_is_float(dt)) {
         if (!json_is_number(v))
             return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, "
-                           "expected a number for %s", input, i, jtype(v), tp_dtype_name(dt));
+                           "expected a number for %s", input, i, tp_json_kind(v), tp_dtype_name(dt));
         return store_float(dst, dt, i, json_number_value(v), input, err);
     }
     if (!json_is_integer(v))
         return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, expected "
-                       "an integer for %s", input, i, jtype(v), tp_dtype_name(dt));
+                       "an integer for %s", input, i, tp_json_kind(v), tp_dtype_name(dt));
     json_int_t x = json_integer_value(v);
     if (dt == TP_I64) {
         ((int64_t *)dst)[i] = (int64_t)x;
@@ -246,7 +233,7 @@ static tp_status decode_json_data(const json_t *data, tp_host_tensor *t, tp_err 
     int64_t numel = numel_of(t->ndim, t->shape);
     if (!json_is_array(data))
         return tp_fail(err, TP_INVALID, "input '%s': 'data' must be an array, got %s", t->name,
-                       jtype(data));
+                       tp_json_kind(data));
     size_t idx[TP_MAX_DIMS];
     int nested = json_array_size(data) > 0 && json_is_array(json_array_get(data, 0));
     tp_status st = nested && t->ndim > 0 ? check_nested(data, t, 0, idx, err)
@@ -279,7 +266,7 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
                        "request has no Inference-Header-Content-Length header", t->name);
     if (!json_is_integer(jsize) || json_integer_value(jsize) < 0)
         return tp_fail(err, TP_INVALID, "input '%s': parameters.binary_data_size must be a "
-                       "non-negative integer, got %s", t->name, jtype(jsize));
+                       "non-negative integer, got %s", t->name, tp_json_kind(jsize));
     size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
     json_int_t got = json_integer_value(jsize);
     if ((unsigned long long)got != want)
@@ -307,11 +294,11 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
 static tp_status parse_input_name(const json_t *in, size_t pos, const char **name, tp_err *err)
 {
     if (!json_is_object(in))
-        return tp_fail(err, TP_INVALID, "inputs[%zu] must be an object, got %s", pos, jtype(in));
+        return tp_fail(err, TP_INVALID, "inputs[%zu] must be an object, got %s", pos, tp_json_kind(in));
     const json_t *jn = json_object_get(in, "name");
     if (!json_is_string(jn))
         return tp_fail(err, TP_INVALID, "inputs[%zu]: 'name' must be a string, got %s", pos,
-                       jn ? jtype(jn) : "nothing");
+                       jn ? tp_json_kind(jn) : "nothing");
     *name = json_string_value(jn);
     return TP_OK;
 }
@@ -333,7 +320,7 @@ static tp_status parse_input(const json_t *in, const tp_io_desc *d, tp_host_tens
     const json_t *params = json_object_get(in, "parameters");
     if (params && !json_is_object(params))
         return tp_fail(err, TP_INVALID, "input '%s': 'parameters' must be an object, got %s",
-                       d->name, jtype(params));
+                       d->name, tp_json_kind(params));
     const json_t *bsize = params ? json_object_get(params, "binary_data_size") : NULL;
     const json_t *data = json_object_get(in, "data");
     if (bsize && data)
@@ -355,7 +342,7 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, bin_t
         return tp_fail(err, TP_INVALID, "request has no 'inputs' (model '%s' expects %s)",
                        m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
     if (!json_is_array(jin))
-        return tp_fail(err, TP_INVALID, "'inputs' must be an array, got %s", jtype(jin));
+        return tp_fail(err, TP_INVALID, "'inputs' must be an array, got %s", tp_json_kind(jin));
     for (size_t i = 0; i < json_array_size(jin); i++) {
         const json_t *in = json_array_get(jin, i);
         const char *name = NULL;
@@ -394,7 +381,7 @@ static tp_status get_bool_param(const json_t *params, const char *key, const cha
         return TP_OK;
     if (!json_is_boolean(v))
         return tp_fail(err, TP_INVALID, "%s: parameters.%s must be a boolean, got %s", where, key,
-                       jtype(v));
+                       tp_json_kind(v));
     *out = json_is_true(v);
     return TP_OK;
 }
@@ -404,11 +391,11 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
 {
     char names[512], where[200];
     if (!json_is_object(o))
-        return tp_fail(err, TP_INVALID, "outputs[%zu] must be an object, got %s", pos, jtype(o));
+        return tp_fail(err, TP_INVALID, "outputs[%zu] must be an object, got %s", pos, tp_json_kind(o));
     const json_t *jn = json_object_get(o, "name");
     if (!json_is_string(jn))
         return tp_fail(err, TP_INVALID, "outputs[%zu]: 'name' must be a string, got %s", pos,
-                       jn ? jtype(jn) : "nothing");
+                       jn ? tp_json_kind(jn) : "nothing");
     const char *name = json_string_value(jn);
     int k = find_io(m->outputs, m->n_outputs, name);
     if (k < 0)
@@ -419,7 +406,7 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
     const json_t *params = json_object_get(o, "parameters");
     if (params && !json_is_object(params))
         return tp_fail(err, TP_INVALID, "%s: 'parameters' must be an object, got %s", where,
-                       jtype(params));
+                       tp_json_kind(params));
     if (params && json_object_get(params, "classification"))
         return tp_fail(err, TP_INVALID, "%s: parameters.classification is not supported", where);
     sel->binary = binary_default;
@@ -431,7 +418,7 @@ static tp_status parse_outputs(const tp_kserve_model *m, const json_t *jout, int
                                tp_kserve_request *req, tp_err *err)
 {
     if (jout && !json_is_array(jout))
-        return tp_fail(err, TP_INVALID, "'outputs' must be an array, got %s", jtype(jout));
+        return tp_fail(err, TP_INVALID, "'outputs' must be an array, got %s", tp_json_kind(jout));
     size_t n = jout && json_array_size(jout) ? json_array_size(jout) : (size_t)m->n_outputs;
     if (!(req->outputs = calloc(n ? n : 1, sizeof *req->outputs)))
         return tp_fail(err, TP_NOMEM, "out of memory");
@@ -478,15 +465,15 @@ static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_ta
                             tp_kserve_request *req, tp_err *err)
 {
     if (!json_is_object(root))
-        return tp_fail(err, TP_PARSE, "request body must be a JSON object, got %s", jtype(root));
+        return tp_fail(err, TP_PARSE, "request body must be a JSON object, got %s", tp_json_kind(root));
     const json_t *id = json_object_get(root, "id");
     if (id && !json_is_string(id))
-        return tp_fail(err, TP_INVALID, "'id' must be a string, got %s", jtype(id));
+        return tp_fail(err, TP_INVALID, "'id' must be a string, got %s", tp_json_kind(id));
     if (id && !(req->id = strdup(json_string_value(id))))
         return tp_fail(err, TP_NOMEM, "out of memory");
     const json_t *params = json_object_get(root, "parameters");
     if (params && !json_is_object(params))
-        return tp_fail(err, TP_INVALID, "'parameters' must be an object, got %s", jtype(params));
+        return tp_fail(err, TP_INVALID, "'parameters' must be an object, got %s", tp_json_kind(params));
     int binary_default = 0;
     tp_status st = get_bool_param(params, "binary_data_output", "request", &binary_default, err);
     if (st != TP_OK)

@@ -219,6 +219,8 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
         TP_LOG_E("%s", err.msg);
         return 1;
     }
+    if (*tp_engine_backend_note(e))
+        TP_LOG_I("%s", tp_engine_backend_note(e));
     TP_LOG_I("ready: graph=%s model=%s ranks=%d backend=%s listen=http://%s:%d threads=%d "
              "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
              tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
