@@ -27,6 +27,9 @@ typedef struct tp_backend_iface {
     const char *name;
     /* Rank memory is plain host memory (cpu): loaders may write it directly. */
     int host_addressable;
+    /* Run each partition once eagerly before capturing it (NCCL makes its
+     * connections on first use, which must not happen inside a capture). */
+    int warm_up_before_capture;
     /* Regular device memory for one rank, 64-byte aligned. */
     tp_status (*alloc)(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err);
     /* Peer-addressable memory at identical offsets on every rank. */

@@ -120,7 +120,15 @@ static tp_status capture_rank(tp_exec *x, int rank, tp_err *err)
         const tp_partition *part = &x->plan->parts[p];
         if (part->kind != TP_PART_CAPTURED || x->opts.eager)
             continue;
-        tp_status st = bi->begin_capture(x->b, rank, err);
+        tp_status st = TP_OK;
+        if (bi->warm_up_before_capture) {
+            st = run_partition_eager(x, rank, part, err);
+            if (st == TP_OK)
+                st = bi->synchronize(x->b, rank, err);
+            if (st != TP_OK)
+                return st;
+        }
+        st = bi->begin_capture(x->b, rank, err);
         if (st != TP_OK)
             return st;
         st = run_partition_eager(x, rank, part, err); /* recorded, not run */

@@ -914,6 +914,7 @@ static void cuda_destroy(tp_backend *b)
 static const tp_backend_iface cuda_iface = {
     .name = "cuda",
     .host_addressable = 0,
+    .warm_up_before_capture = 1,
     .alloc = cuda_alloc,
     .alloc_symmetric = cuda_alloc_symmetric,
     .free = cuda_free,
