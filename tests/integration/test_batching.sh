@@ -17,45 +17,12 @@ PYTHON=${PYTHON:-python3}
 G=mlp_sp_tp2
 N=16
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_batch.XXXXXX")
-PIDS=""
-npass=0
-nfail=0
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib/server.sh"
 
-pass() { echo "PASS: $*"; npass=$((npass + 1)); }
-fail() { echo "FAIL: $*"; nfail=$((nfail + 1)); }
-
-cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-    if [ -n "${KEEP_TMP:-}" ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-free_port() {
-    $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# start NAME ARGS...: a server on a fresh port; sets PORT, PID, URL.
-start() {
-    name=$1
-    shift
-    PORT=$(free_port)
-    URL="http://127.0.0.1:$PORT"
-    "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --log-level debug "$@" >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS="$PIDS $PID"
-    i=0
-    while [ $i -lt 300 ]; do
-        if ! kill -0 "$PID" 2>/dev/null; then
-            fail "$name: server exited during startup: $(cat "$TMP/$name.log")"
-            return 1
-        fi
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 200 ] && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "$name: not ready after 30 s"
-    return 1
+# start_graph NAME ARGS...: the example graph, debug logs (see lib/server.sh).
+start_graph() {
+    start "$@" --graph "$TP_GRAPHS/$G.json" --log-level debug
 }
 
 stop() {
@@ -109,7 +76,7 @@ EOF
 
 echo "== batching: $N concurrent clients, distinct rows"
 # a 50 ms queue delay lets 16 curl processes started from a shell meet
-start batch --max-queue-delay-us 50000 --threads 4 || exit 1
+start_graph batch --max-queue-delay-us 50000 --threads 4 || exit 1
 make_requests "$TMP" $N
 i=0
 while [ $i -lt $N ]; do # references: each request alone
@@ -224,7 +191,7 @@ stop
 
 # ---- overflow: a queue of one, a long queue delay ----------------------------
 echo "== overflow: max_queue 1"
-start overflow --threads 1 --max-queue 1 --max-queue-delay-us 300000 || exit 1
+start_graph overflow --threads 1 --max-queue 1 --max-queue-delay-us 300000 || exit 1
 i=0
 jobs_=""
 while [ $i -lt 8 ]; do
@@ -261,7 +228,7 @@ stop
 
 # ---- timeouts: the request's own, and request_timeout_ms ---------------------
 echo "== timeouts"
-start timeout --max-queue-delay-us 300000 || exit 1
+start_graph timeout --max-queue-delay-us 300000 || exit 1
 $PYTHON - "$TMP/req.0" "$TMP/req.t" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -292,7 +259,7 @@ code=$(post "$TMP/badt" "$TMP/o")
     pass "without a timeout the same request waits the queue delay and is answered" ||
     fail "request without timeout after 504s"
 stop
-start timeout_cfg --max-queue-delay-us 300000 --request-timeout-ms 5 || exit 1
+start_graph timeout_cfg --max-queue-delay-us 300000 --request-timeout-ms 5 || exit 1
 code=$(post "$TMP/req.1" "$TMP/o")
 [ "$code" = 504 ] && grep -q 'in the queue, over request_timeout_ms 5' "$TMP/o" &&
     pass "request_timeout_ms 5: 504 ($(cat "$TMP/o"))" || fail "request_timeout_ms: HTTP $code: $(cat "$TMP/o")"
@@ -303,7 +270,7 @@ stop
 
 # ---- shutdown drains the batcher queue ----------------------------------------
 echo "== SIGTERM with requests waiting in the batcher queue"
-start drain --max-queue-delay-us 2000000 || exit 1
+start_graph drain --max-queue-delay-us 2000000 || exit 1
 i=0
 jobs_=""
 while [ $i -lt 4 ]; do

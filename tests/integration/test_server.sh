@@ -15,48 +15,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CLIENT="$PYTHON $HERE/kserve_client.py"
 G=mlp_sp_tp2
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_it.XXXXXX")
-PIDS=""
-npass=0
-nfail=0
-
-pass() { echo "PASS: $*"; npass=$((npass + 1)); }
-fail() { echo "FAIL: $*"; nfail=$((nfail + 1)); }
-
-cleanup() {
-    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
-    if [ -n "${KEEP_TMP:-}" ]; then echo "logs kept in $TMP"; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-free_port() {
-    $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# start NAME ARGS...: starts a server on a fresh port; sets PORT, PID, URL.
-start() {
-    name=$1
-    shift
-    PORT=$(free_port)
-    URL="http://127.0.0.1:$PORT"
-    "$TPSERVE" serve --port "$PORT" "$@" >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS="$PIDS $PID"
-    i=0
-    while [ $i -lt 300 ]; do
-        if ! kill -0 "$PID" 2>/dev/null; then
-            fail "$name: server exited during startup:"
-            sed 's/^/    /' "$TMP/$name.log"
-            return 1
-        fi
-        code=$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")
-        [ "$code" = 200 ] && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "$name: not ready after 30 s"
-    return 1
-}
+. "$HERE/lib/server.sh"
 
 # req METHOD PATH [curl args...]: sets CODE; body in $TMP/body, headers in $TMP/hdr.
 req() {
