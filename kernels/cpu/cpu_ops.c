@@ -3,30 +3,15 @@
 #include <string.h>
 
 #include "ops_internal.h"
+#include "common/tp_checks.h"
 
 tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
                   tp_err *err)
 {
-    char s1[96], s2[96];
     int d = attrs ? attrs->dim : 0;
-    if (d < 0 || d >= out->ndim)
-        return tp_fail(err, TP_INVALID, "cat: dim %d out of range for %d dims", d, out->ndim);
-    int64_t total = 0;
-    for (int i = 0; i < n_ins; i++) {
-        const tp_tensor *t = &ins[i];
-        int ok = t->dtype == out->dtype && t->ndim == out->ndim;
-        for (int j = 0; ok && j < t->ndim; j++)
-            ok = j == d || t->shape[j] == out->shape[j];
-        if (!ok)
-            return tp_fail(err, TP_INVALID, "cat: input %d (%s %s) does not fit output %s %s on dim %d",
-                           i, tp_dtype_name(t->dtype), tp_shape_str(s1, sizeof s1, t->ndim, t->shape),
-                           tp_dtype_name(out->dtype),
-                           tp_shape_str(s2, sizeof s2, out->ndim, out->shape), d);
-        total += t->shape[d];
-    }
-    if (total != out->shape[d])
-        return tp_fail(err, TP_INVALID, "cat: inputs add up to %lld along dim %d, output has %lld",
-                       (long long)total, d, (long long)out->shape[d]);
+    tp_status st = tp_check_cat(d, ins, n_ins, out, err);
+    if (st != TP_OK)
+        return st;
     int64_t off = 0;
     for (int i = 0; i < n_ins; i++) {
         tp_tensor view = *out; /* out's strides, the input's shape */

@@ -113,8 +113,8 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
                        tp_op_name(op), tp_dtype_name(a->dtype), tp_dtype_name(b->dtype),
                        tp_dtype_name(out->dtype));
     int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
-    if (ops_broadcast_strides(a, out->ndim, out->shape, sa) ||
-        ops_broadcast_strides(b, out->ndim, out->shape, sb))
+    if (tp_broadcast_strides(a, out->ndim, out->shape, sa) ||
+        tp_broadcast_strides(b, out->ndim, out->shape, sb))
         return tp_fail(err, TP_INVALID, "%s: shapes %s and %s do not broadcast to %s",
                        tp_op_name(op), tp_shape_str(s1, sizeof s1, a->ndim, a->shape),
                        tp_shape_str(s2, sizeof s2, b->ndim, b->shape),

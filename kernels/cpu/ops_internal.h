@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
 
 #define OPS_MAX_OPERANDS 4
@@ -50,9 +51,8 @@ int64_t ops_layout_count(const ops_layout *l, int iter);
 /* Advances p over the first `iter` dims (odometer order). */
 void ops_pos_next(const ops_layout *l, ops_pos *p, int iter);
 
-/* Strides of t broadcast (NumPy rules) to the nd-dim shape: missing and
- * size-1 dims get stride 0. Returns -1 if t does not broadcast. */
-int ops_broadcast_strides(const tp_tensor *t, int nd, const int64_t *shape, int64_t *out);
+/* Broadcast strides: tp_broadcast_strides (kernels/common/tp_cuda_plan.h),
+ * the same function the cuda kernels use. */
 
 /* n elements at stride s of dtype dt, widened to f32 / rounded from f32. */
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst);

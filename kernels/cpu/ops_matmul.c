@@ -103,7 +103,7 @@ static tp_status mm_plan_init(mm_plan *pl, const tp_tensor *a, const tp_tensor *
     ab.ndim -= 2;
     bb.ndim -= 2;
     int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
-    if (ops_broadcast_strides(&ab, nb, out->shape, sa) || ops_broadcast_strides(&bb, nb, out->shape, sb))
+    if (tp_broadcast_strides(&ab, nb, out->shape, sa) || tp_broadcast_strides(&bb, nb, out->shape, sb))
         goto bad;
     sa[nb] = a->stride[na - 2];
     sb[nb] = 0;

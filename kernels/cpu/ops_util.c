@@ -67,24 +67,6 @@ void ops_pos_next(const ops_layout *l, ops_pos *p, int iter)
     }
 }
 
-int ops_broadcast_strides(const tp_tensor *t, int nd, const int64_t *shape, int64_t *out)
-{
-    if (t->ndim > nd)
-        return -1;
-    for (int i = 0; i < nd; i++) {
-        int j = i - (nd - t->ndim);
-        if (j < 0)
-            out[i] = 0;
-        else if (t->shape[j] == shape[i])
-            out[i] = t->shape[j] == 1 ? 0 : t->stride[j];
-        else if (t->shape[j] == 1)
-            out[i] = 0;
-        else
-            return -1;
-    }
-    return 0;
-}
-
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst)
 {
     switch (dt) {
