@@ -38,6 +38,7 @@ struct tp_engine {
     tp_io_desc *in_desc, *out_desc;
     int64_t *out_rows; /* per output: dim-0 rows per batch row (0: static) */
     tp_exec_opts xopts;
+    tp_pass_opts passes; /* kept: executables lower collectives per bucket */
     int padded; /* rows independent: pad into buckets */
     char why_exact[256];
     int n_buckets;
@@ -141,20 +142,27 @@ static tp_status choose_buckets(tp_engine *e, const tp_engine_opts *o, tp_err *e
 
 static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
-    tp_pass_opts po;
-    tp_pass_opts_default(&po);
+    tp_pass_opts *po_ = &e->passes, po;
+    tp_pass_opts_default(po_);
+    po_->cuda = strcmp(e->b->iface->name, "cuda") == 0;
     if (o && o->no_passes)
         for (int i = 0; i < TP_PASS_COUNT; i++)
-            po.disabled[i] = 1;
+            po_->disabled[i] = 1;
     if (o && o->disable_passes) {
         char list[256];
         snprintf(list, sizeof list, "%s", o->disable_passes);
         for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-            if (tp_pass_disable(&po, tok) != 0)
+            if (tp_pass_disable(po_, tok) != 0)
                 return tp_fail(err, TP_INVALID, "unknown pass '%s'", tok);
     }
-    /* size-based choices (collective lowering) are made at the largest bucket */
-    tp_status st = tp_graph_infer(e->g, e->bucket_size[e->n_buckets - 1], err);
+    po = *po_;
+    e->xopts.lowering = &e->passes;
+    /* Passes run at the smallest bucket: its messages are the smallest, so
+     * the one_shot set (and the symmetric placement it needs) is the widest;
+     * each bucket's executable then lowers again at its own sizes, and a
+     * larger bucket can only move a collective from one_shot to ring/nccl,
+     * never into needing symmetric memory it was not given. */
+    tp_status st = tp_graph_infer(e->g, e->bucket_size[0], err);
     tp_pass_result res[TP_PASS_COUNT];
     return st == TP_OK ? tp_run_passes(e->g, &po, res, err) : st;
 }
@@ -195,11 +203,11 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_status st = choose_buckets(e, o, err);
     if (st == TP_OK)
+        st = tp_backend_create(o ? o->backend : NULL, e->g->world_size, &e->b, err);
+    if (st == TP_OK)
         st = run_passes(e, o, err);
     if (st == TP_OK)
         st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
-    if (st == TP_OK)
-        st = tp_backend_create(o ? o->backend : NULL, e->g->world_size, &e->b, err);
     if (st == TP_OK)
         st = tp_rank_group_create(e->g->world_size, &e->rg, err);
     if (st == TP_OK)

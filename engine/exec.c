@@ -248,6 +248,9 @@ tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_grou
                          const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
 {
     tp_status st = tp_graph_infer(g, batch, err);
+    int lowered;
+    if (st == TP_OK && o && o->lowering && !o->lowering->disabled[TP_PASS_CHOOSE_COLLECTIVES])
+        st = tp_pass_choose_collectives(g, o->lowering, &lowered, err);
     if (st != TP_OK)
         return st;
     tp_exec *x = calloc(1, sizeof *x);

@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "graph.h"
+#include "passes.h"
 #include "plan.h"
 #include "rank_group.h"
 #include "weights.h"
@@ -16,6 +17,10 @@ typedef struct tp_exec tp_exec;
 
 typedef struct {
     int eager; /* run every partition eagerly (no capture): for comparison */
+    /* When set, collectives are lowered again at this executable's batch
+     * (choose_collectives per bucket): a small bucket may go one_shot where
+     * the largest goes ring/nccl. */
+    const tp_pass_opts *lowering;
 } tp_exec_opts;
 
 /* Per-run statistics a caller (metrics, tests) can read back. */

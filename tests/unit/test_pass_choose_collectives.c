@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check_main.h"
+#include "exec.h"
 #include "testutil.h"
 
 static void write_graph(char *dir, char *path, int world, int64_t h)
@@ -82,6 +83,52 @@ START_TEST(ring_matches_one_shot)
 }
 END_TEST
 
+/* Each bucket lowers at its own size: [1, 40000] FP32 (160 KB) is one_shot
+ * at 2 ranks, [16, 40000] (2.5 MB) is ring; both give the one-shot numbers. */
+START_TEST(lowering_per_bucket)
+{
+    char dir[64], path[128];
+    write_graph(dir, path, 2, 40000);
+    tp_graph *g = tu_load_passed(path, 1, NULL);
+    tp_backend *b;
+    tp_rank_group *rg;
+    tp_weights *w;
+    tp_err err = {{0}};
+    ck_assert(tp_backend_create("cpu", 2, &b, &err) == TP_OK);
+    ck_assert(tp_rank_group_create(2, &rg, &err) == TP_OK);
+    ck_assert(tp_weights_load(g, b, rg, &w, &err) == TP_OK);
+    tp_pass_opts po;
+    tp_pass_opts_default(&po);
+    tp_exec_opts xo = {.lowering = &po};
+    tp_exec *small, *large;
+    ck_assert_msg(tp_exec_create(g, 1, b, rg, w, &xo, &small, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_ONE_SHOT);
+    ck_assert_msg(tp_exec_create(g, 16, b, rg, w, &xo, &large, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_RING);
+    tp_exec_free(small);
+    tp_exec_free(large);
+    tp_weights_free(w);
+    tp_rank_group_free(rg);
+    tp_backend_destroy(b);
+    tp_graph_free(g);
+    static float x[16 * 40000];
+    tu_fill(x, 16 * 40000, 8);
+    tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
+    for (int64_t rows = 1; rows <= 16; rows += 15) {
+        int64_t shape[2] = {rows, 40000};
+        tp_host_tensor in = tu_f32("x", x, 2, shape);
+        int n1, n2;
+        tp_host_tensor *a = tu_infer(on, &in, 1, &n1), *c = tu_infer(off, &in, 1, &n2);
+        ck_assert(tu_rel_diff(a, c, n1) < 1e-6);
+        tp_host_tensors_free(a, n1);
+        tp_host_tensors_free(c, n2);
+    }
+    tp_engine_free(on);
+    tp_engine_free(off);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *choose_suite(void)
 {
     Suite *s = suite_create("pass_choose_collectives");
@@ -89,6 +136,7 @@ Suite *choose_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, threshold_per_world_size);
     tcase_add_test(tc, ring_matches_one_shot);
+    tcase_add_test(tc, lowering_per_bucket);
     suite_add_tcase(s, tc);
     return s;
 }
