@@ -140,6 +140,22 @@ static tp_status choose_buckets(tp_engine *e, const tp_engine_opts *o, tp_err *e
     return TP_OK;
 }
 
+tp_status tp_parse_buckets(const char *text, int64_t *out, int *n, tp_err *err)
+{
+    const char *p = text;
+    *n = 0;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ',') || *n == TP_MAX_BUCKETS)
+            return tp_fail(err, TP_INVALID, "buckets '%s': expected up to %d comma-separated batch sizes",
+                           text, TP_MAX_BUCKETS);
+        out[(*n)++] = v;
+        p = *end ? end + 1 : end;
+    }
+    return *n ? TP_OK : tp_fail(err, TP_INVALID, "buckets '%s': no batch sizes", text);
+}
+
 static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_pass_opts *po_ = &e->passes, po;

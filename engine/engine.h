@@ -57,6 +57,10 @@ typedef struct {
     int64_t shape[TP_MAX_DIMS];
 } tp_io_desc;
 
+/* "1,2,4,8" -> up to TP_MAX_BUCKETS sizes (order and range are checked by
+ * tp_engine_create). */
+tp_status tp_parse_buckets(const char *text, int64_t *out, int *n, tp_err *err);
+
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err);
 void tp_engine_free(tp_engine *e);

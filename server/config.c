@@ -42,6 +42,7 @@ static const key_desc keys[] = {
             "dynamic batching: rows per engine run (0: the engine's largest bucket)"),
     INT_KEY(max_queue_delay_us, 0, 10000000,
             "dynamic batching: longest the oldest request waits for a fuller batch"),
+    STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))

@@ -23,6 +23,7 @@ typedef struct {
     int max_queue;           /* queued inference requests before 503 */
     int max_batch_size;      /* rows per engine run; 0: the engine's largest bucket */
     int max_queue_delay_us;  /* longest the oldest queued request waits for a fuller batch */
+    char buckets[128];       /* batch buckets "1,2,4,8,16"; empty: the engine's default */
     char log_level[8];       /* error | warn | info | debug */
 } tp_config;
 

@@ -254,8 +254,11 @@ typedef struct {
 static void *load_main(void *arg)
 {
     load_job *j = arg;
-    tp_engine_opts opts = {.backend = j->cfg.backend};
-    j->st = tp_engine_create(j->cfg.graph, &opts, &j->e, &j->err);
+    int64_t buckets[TP_MAX_BUCKETS];
+    tp_engine_opts opts = {.backend = j->cfg.backend, .buckets = buckets};
+    j->st = j->cfg.buckets[0] ? tp_parse_buckets(j->cfg.buckets, buckets, &opts.n_buckets, &j->err) : TP_OK;
+    if (j->st == TP_OK)
+        j->st = tp_engine_create(j->cfg.graph, &opts, &j->e, &j->err);
     atomic_store(&j->done, 1);
     return NULL;
 }
