@@ -50,16 +50,6 @@ struct tp_engine {
     pthread_mutex_t mu;
 };
 
-/* Global shape of a graph output at the graph's current batch. */
-static void output_global_shape(const tp_graph *g, int i, int64_t *shape, int *ndim)
-{
-    const tp_node *n = &g->nodes[g->output_ids[i]];
-    *ndim = n->ndim;
-    memcpy(shape, n->shape, sizeof(int64_t) * TP_MAX_DIMS);
-    if (g->output_place[i].kind == TP_PLACE_SHARD)
-        shape[g->output_place[i].dim] *= g->world_size;
-}
-
 /* Output dims that change with the batch are reported as -1: found by
  * inferring at two batch sizes rather than by tracking symbols. */
 static tp_status build_io_descs(tp_engine *e, tp_err *err)
@@ -82,7 +72,7 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
     tp_status st = tp_graph_infer(g, 2 * b1, err);
     for (int i = 0; st == TP_OK && i < g->n_outputs; i++) {
         tp_io_desc *d = &e->out_desc[i];
-        output_global_shape(g, i, s2, &d->ndim);
+        d->ndim = tp_graph_output_shape(g, i, s2);
         d->name = g->nodes[g->output_ids[i]].name;
         d->dtype = g->nodes[g->output_ids[i]].dtype;
         memcpy(d->shape, s2, sizeof d->shape);
@@ -91,7 +81,7 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
         st = tp_graph_infer(g, b1, err);
     for (int i = 0; st == TP_OK && i < g->n_outputs; i++) {
         int nd;
-        output_global_shape(g, i, s1, &nd);
+        nd = tp_graph_output_shape(g, i, s1);
         if (nd > 0 && s1[0] != e->out_desc[i].shape[0])
             e->out_rows[i] = s1[0] / b1;
         for (int k = 0; k < nd; k++)
@@ -103,21 +93,11 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
     return st;
 }
 
-static int batch_sharded(const tp_graph *g)
-{
-    for (int i = 0; i < g->n_inputs; i++) {
-        const tp_node *n = &g->nodes[g->input_ids[i]];
-        if (n->batched && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
-            return 1;
-    }
-    return 0;
-}
-
 /* Buckets from the options, or 1,2,4,8,16 (times world_size when the batch
  * itself is sharded across ranks, so every bucket divides evenly). */
 static tp_status choose_buckets(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
-    int64_t scale = batch_sharded(e->g) ? e->g->world_size : 1;
+    int64_t scale = tp_graph_batch_sharded(e->g) ? e->g->world_size : 1;
     if (!o || !o->buckets || o->n_buckets == 0) {
         e->n_buckets = 5;
         for (int i = 0; i < 5; i++)
@@ -507,7 +487,7 @@ static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     int64_t batch = 0;
     tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
-    if (st == TP_OK && batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
+    if (st == TP_OK && tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
         return tp_fail(err, TP_INVALID, "batch %lld is not divisible by world_size %d (the batch is sharded across ranks)",
                        (long long)batch, e->g->world_size);
     if (st == TP_OK)

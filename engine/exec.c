@@ -149,12 +149,10 @@ static tp_status setup_rank(void *ctx, int rank, tp_err *err)
 /* The rank's part of a global tensor under a placement: a strided view. */
 static tp_tensor rank_part(const tp_tensor *global, tp_placement p, int rank, int world)
 {
-    tp_tensor v = *global;
-    if (p.kind == TP_PLACE_SHARD) {
-        v.shape[p.dim] /= world;
-        v.data = (char *)v.data + rank * v.shape[p.dim] * v.stride[p.dim] * (int64_t)tp_dtype_size(v.dtype);
-    }
-    return v;
+    if (p.kind != TP_PLACE_SHARD)
+        return *global;
+    int64_t len = global->shape[p.dim] / world;
+    return tp_tensor_narrow(global, p.dim, rank * len, len);
 }
 
 static tp_status copy_inputs(tp_exec *x, int rank, tp_err *err)
@@ -218,12 +216,9 @@ static tp_status build_output_descs(tp_exec *x, tp_err *err)
     if (!x->out_desc)
         return tp_fail(err, TP_NOMEM, "out of memory");
     for (int i = 0; i < g->n_outputs; i++) {
-        const tp_node *n = &g->nodes[g->output_ids[i]];
         int64_t shape[TP_MAX_DIMS];
-        memcpy(shape, n->shape, sizeof shape);
-        if (g->output_place[i].kind == TP_PLACE_SHARD)
-            shape[g->output_place[i].dim] *= x->world;
-        x->out_desc[i] = tp_tensor_make(NULL, n->dtype, n->ndim, shape);
+        int nd = tp_graph_output_shape(g, i, shape);
+        x->out_desc[i] = tp_tensor_make(NULL, g->nodes[g->output_ids[i]].dtype, nd, shape);
     }
     return TP_OK;
 }

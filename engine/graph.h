@@ -80,6 +80,18 @@ tp_status tp_graph_infer(tp_graph *g, int64_t batch, tp_err *err);
 tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t batch,
                                 int64_t *shape, tp_err *err);
 
+/* Bytes and contiguity of a node's local tensor as last inferred. */
+int64_t tp_node_bytes(const tp_node *n);
+int tp_node_contiguous(const tp_node *n);
+
+/* Global shape of graph output i as last inferred (its placement undone);
+ * returns its ndim. */
+int tp_graph_output_shape(const tp_graph *g, int i, int64_t *shape);
+
+/* Whether a batched input is sharded on its batch dim, so every batch the
+ * graph runs must divide by world_size. */
+int tp_graph_batch_sharded(const tp_graph *g);
+
 /* Whether node i owns memory after inference (not a view, not a source). */
 static inline int tp_node_owns(const tp_graph *g, int i)
 {

@@ -513,12 +513,7 @@ static tp_status check_params(load_ctx *L, tp_graph *g)
  * load time rather than on the first real request. */
 static tp_status check_shapes(load_ctx *L, tp_graph *g)
 {
-    int64_t b0 = 1;
-    for (int i = 0; i < g->n_inputs; i++) {
-        tp_node *n = &g->nodes[g->input_ids[i]];
-        if (n->batched && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
-            b0 = g->world_size;
-    }
+    int64_t b0 = tp_graph_batch_sharded(g) ? g->world_size : 1;
     tp_status st = tp_graph_infer(g, b0, L->err);
     if (st == TP_OK)
         st = tp_graph_infer(g, 2 * b0, L->err);

@@ -8,14 +8,6 @@
  * blocking, so no separate wait/synchronize follows them. */
 #include "passes.h"
 
-static int64_t node_bytes(const tp_node *n)
-{
-    int64_t b = (int64_t)tp_dtype_size(n->dtype);
-    for (int i = 0; i < n->ndim; i++)
-        b *= n->shape[i];
-    return b;
-}
-
 tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
 {
     (void)err;
@@ -29,7 +21,7 @@ tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *ch
             algo = TP_ALGO_FUSED;
         else if (k != TP_KIND_COLLECTIVE)
             continue;
-        else if (n->op == TP_OP_ALL_REDUCE && node_bytes(&g->nodes[n->inputs[0]]) > o->table.one_shot_max_bytes[d])
+        else if (n->op == TP_OP_ALL_REDUCE && tp_node_bytes(&g->nodes[n->inputs[0]]) > o->table.one_shot_max_bytes[d])
             algo = o->cuda ? TP_ALGO_NCCL : TP_ALGO_RING;
         else
             algo = o->cuda && n->op != TP_OP_ALL_REDUCE ? TP_ALGO_NCCL : TP_ALGO_ONE_SHOT;

@@ -50,22 +50,12 @@ tp_status tp_run_passes(tp_graph *g, const tp_pass_opts *o, tp_pass_result *resu
     return TP_OK;
 }
 
-static int strided_now(const tp_graph *g, int i)
-{
-    const tp_node *n = &g->nodes[i];
-    tp_tensor t = {0};
-    t.ndim = n->ndim;
-    memcpy(t.shape, n->shape, sizeof t.shape);
-    memcpy(t.stride, n->stride, sizeof t.stride);
-    return !tp_tensor_is_contiguous(&t);
-}
-
 int tp_pass_is_strided(tp_graph *g, int i)
 {
     int64_t b = g->batch;
-    int s = strided_now(g, i);
+    int s = !tp_node_contiguous(&g->nodes[i]);
     if (tp_graph_infer(g, 2 * b, NULL) == TP_OK)
-        s |= strided_now(g, i);
+        s |= !tp_node_contiguous(&g->nodes[i]);
     tp_graph_infer(g, b, NULL);
     return s;
 }

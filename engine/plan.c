@@ -5,14 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t node_bytes(const tp_node *n)
-{
-    int64_t b = (int64_t)tp_dtype_size(n->dtype);
-    for (int i = 0; i < n->ndim; i++)
-        b *= n->shape[i];
-    return b;
-}
-
 static int is_output_owner(const tp_graph *g, int i)
 {
     for (int k = 0; k < g->n_outputs; k++)
@@ -37,7 +29,7 @@ static void assign_buffers(const tp_graph *g, tp_plan *p)
             b->kind = TP_MEM_SYMMETRIC;
         else
             b->kind = pinned ? TP_MEM_OUTPUT : TP_MEM_REGULAR;
-        b->bytes = node_bytes(n);
+        b->bytes = tp_node_bytes(n);
         b->first = n->op == TP_OP_INPUT ? 0 : i;
         b->last = (n->op == TP_OP_INPUT || pinned) ? end : i;
         if (n->op == TP_OP_FUSED_MM_RS)

@@ -13,25 +13,6 @@ static json_t *int_array(int n, const int64_t *v)
     return a;
 }
 
-static int node_contiguous(const tp_node *n)
-{
-    tp_tensor t = {0};
-    t.ndim = n->ndim;
-    for (int i = 0; i < n->ndim; i++) {
-        t.shape[i] = n->shape[i];
-        t.stride[i] = n->stride[i];
-    }
-    return tp_tensor_is_contiguous(&t);
-}
-
-static int64_t node_bytes(const tp_node *n)
-{
-    int64_t b = (int64_t)tp_dtype_size(n->dtype);
-    for (int i = 0; i < n->ndim; i++)
-        b *= n->shape[i];
-    return b;
-}
-
 static json_t *node_json(const tp_graph *g, const tp_plan *p, int i)
 {
     const tp_node *n = &g->nodes[i];
@@ -41,7 +22,7 @@ static json_t *node_json(const tp_graph *g, const tp_plan *p, int i)
     json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:s, s:o, s:b, s:s, s:I}", "name", n->name, "op",
                           tp_op_name(n->op), "inputs", ins, "shape", int_array(n->ndim, n->shape), "dtype",
                           tp_dtype_name(n->dtype), "strides", int_array(n->ndim, n->stride), "contiguous",
-                          node_contiguous(n), "storage", g->nodes[n->storage].name, "offset", (json_int_t)n->offset);
+                          tp_node_contiguous(n), "storage", g->nodes[n->storage].name, "offset", (json_int_t)n->offset);
     const tp_buf *b = &p->buf[i];
     if (b->kind != TP_MEM_NONE)
         json_object_set_new(o, "memory", json_pack("{s:s, s:I, s:I}", "arena", tp_mem_kind_name(b->kind), "offset",
@@ -61,7 +42,7 @@ static json_t *collectives_json(const tp_graph *g)
             continue;
         json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:I}", "node", n->name, "op", tp_op_name(n->op),
                                            "algorithm", tp_algo_name(n->attrs.algo), "bytes",
-                                           (json_int_t)node_bytes(&g->nodes[n->inputs[0]])));
+                                           (json_int_t)tp_node_bytes(&g->nodes[n->inputs[0]])));
     }
     return a;
 }
@@ -140,7 +121,7 @@ static void print_nodes(const tp_graph *g, const tp_plan *p, FILE *out)
         else if (n->op == TP_OP_PARAM)
             snprintf(mem, sizeof mem, "param");
         else
-            snprintf(mem, sizeof mem, "view:%s%s", g->nodes[n->storage].name, node_contiguous(n) ? "" : "*");
+            snprintf(mem, sizeof mem, "view:%s%s", g->nodes[n->storage].name, tp_node_contiguous(n) ? "" : "*");
         fprintf(out, "%-28s %-27s %-6s %-18s %-18s %-10s %s%s\n", n->name, tp_op_name(n->op), tp_dtype_name(n->dtype),
                 tp_shape_str(shape, sizeof shape, n->ndim, n->shape), tp_shape_str(strides, sizeof strides, n->ndim, n->stride),
                 mem, ins, n->fallback ? "  [fallback]" : "");
@@ -161,7 +142,7 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
         tp_op_kind k = tp_op_kind_of(n->op);
         if (k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED)
             fprintf(out, "  %-28s %-27s %-9s %lld bytes\n", n->name, tp_op_name(n->op), tp_algo_name(n->attrs.algo),
-                    (long long)node_bytes(&g->nodes[n->inputs[0]]));
+                    (long long)tp_node_bytes(&g->nodes[n->inputs[0]]));
     }
     fprintf(out, "partitions:\n");
     for (int i = 0; i < p->n_parts; i++)

@@ -105,4 +105,26 @@ static inline tp_box tp_piece_box_r(const tp_attrs *a, int j, int nd, const int6
     return tp_piece_map(a, j, p, &pb, nd, 1);
 }
 
+/* The part of t inside box (first nd dims), shifted by -origin along
+ * shift_dim (-1: none): how a fused kernel names the rows it works on. */
+static inline tp_tensor tp_box_view(const tp_tensor *t, const tp_box *b, int nd, int shift_dim, int64_t origin)
+{
+    tp_tensor v = *t;
+    for (int d = 0; d < nd; d++)
+        v = tp_tensor_narrow(&v, d, b->lo[d] - (d == shift_dim ? origin : 0), b->hi[d] - b->lo[d]);
+    return v;
+}
+
+/* A fused all_gather_matmul's contiguous output seen in the gathered
+ * input's coordinates: x's dims with the gather dim times world, the last
+ * dim the output's width. */
+static inline tp_tensor tp_gathered_view(const tp_tensor *x, int g, int world, const tp_tensor *out)
+{
+    int64_t shape[TP_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[g] *= world;
+    shape[x->ndim - 1] = out->shape[out->ndim - 1];
+    return tp_tensor_make(out->data, out->dtype, x->ndim, shape);
+}
+
 #endif

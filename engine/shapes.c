@@ -55,13 +55,40 @@ static void alias_of(tp_node *n, const tp_node *in)
     n->dtype = in->dtype;
 }
 
-static int is_contig(const tp_node *n)
+int tp_node_contiguous(const tp_node *n)
 {
     tp_tensor t = {0};
     t.ndim = n->ndim;
     memcpy(t.shape, n->shape, sizeof t.shape);
     memcpy(t.stride, n->stride, sizeof t.stride);
     return tp_tensor_is_contiguous(&t);
+}
+
+int64_t tp_node_bytes(const tp_node *n)
+{
+    int64_t b = (int64_t)tp_dtype_size(n->dtype);
+    for (int i = 0; i < n->ndim; i++)
+        b *= n->shape[i];
+    return b;
+}
+
+int tp_graph_output_shape(const tp_graph *g, int i, int64_t *shape)
+{
+    const tp_node *n = &g->nodes[g->output_ids[i]];
+    memcpy(shape, n->shape, sizeof(int64_t) * TP_MAX_DIMS);
+    if (g->output_place[i].kind == TP_PLACE_SHARD)
+        shape[g->output_place[i].dim] *= g->world_size;
+    return n->ndim;
+}
+
+int tp_graph_batch_sharded(const tp_graph *g)
+{
+    for (int i = 0; i < g->n_inputs; i++) {
+        const tp_node *n = &g->nodes[g->input_ids[i]];
+        if (n->batched && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
+            return 1;
+    }
+    return 0;
 }
 
 tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t batch, int64_t *shape,
@@ -539,7 +566,7 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         n->ndim = x->ndim;
         memcpy(n->shape, x->shape, sizeof n->shape);
         memcpy(n->stride, x->stride, sizeof n->stride);
-        if (is_contig(x)) {
+        if (tp_node_contiguous(x)) {
             alias_of(n, x);
             return TP_OK;
         }

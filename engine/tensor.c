@@ -45,6 +45,14 @@ tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape
     return t;
 }
 
+tp_tensor tp_tensor_narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
+{
+    tp_tensor v = *t;
+    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
+    v.shape[dim] = len;
+    return v;
+}
+
 /* Copies the innermost dim as one memcpy when both sides are unit-stride
  * there, which is the common case for slices and permutes of outer dims. */
 static void copy_rec(char *d, const char *s, const tp_tensor *dst, const tp_tensor *src,

@@ -25,6 +25,8 @@ void tp_tensor_set_contiguous(tp_tensor *t);
 int tp_tensor_is_contiguous(const tp_tensor *t);
 /* Builds a contiguous tensor descriptor over data. */
 tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape);
+/* t restricted to [start, start + len) along dim: same strides, no copy. */
+tp_tensor tp_tensor_narrow(const tp_tensor *t, int dim, int64_t start, int64_t len);
 /* Copies src into dst element by element; shapes must match, dtypes must
  * match; either side may be strided. */
 void tp_tensor_copy(tp_tensor *dst, const tp_tensor *src);

@@ -14,19 +14,11 @@ struct tp_weights {
     st_file *f;
 };
 
-static size_t local_bytes(const tp_node *n)
-{
-    size_t e = tp_dtype_size(n->dtype);
-    for (int i = 0; i < n->ndim; i++)
-        e *= (size_t)n->shape[i];
-    return e;
-}
-
 static tp_status load_param(tp_weights *w, int rank, int p, tp_err *err)
 {
     const tp_node *n = &w->g->nodes[w->g->param_ids[p]];
     const st_tensor_info *t = st_find(w->f, n->tensor_key);
-    size_t bytes = local_bytes(n);
+    size_t bytes = (size_t)tp_node_bytes(n);
     int dim = n->placement.kind == TP_PLACE_SHARD ? n->placement.dim : -1;
     void **slot = &w->data[rank * w->n + p];
     tp_status st = w->b->iface->alloc(w->b, rank, bytes, slot, err);
@@ -78,7 +70,7 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
         return tp_fail(err, TP_NOMEM, "weights: out of memory");
     }
     for (int p = 0; p < w->n; p++)
-        w->bytes += local_bytes(&g->nodes[g->param_ids[p]]);
+        w->bytes += (size_t)tp_node_bytes(&g->nodes[g->param_ids[p]]);
     tp_status st = TP_OK;
     if (w->n > 0 && (st = st_open(g->weights, &w->f, err)) == TP_OK)
         st = tp_rank_group_run(rg, load_rank, w, NULL, NULL, err);

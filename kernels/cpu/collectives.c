@@ -165,15 +165,6 @@ tp_status cpu_comm_barrier(cpu_comm *c, int rank, tp_err *err)
 
 /* ---------------------------------------------------------------- views */
 
-/* t restricted to [start, start+len) along dim (same strides). */
-static tp_tensor narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
-{
-    tp_tensor v = *t;
-    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
-    v.shape[dim] = len;
-    return v;
-}
-
 /* ------------------------------------------------------------ validation */
 
 static int same_shape(const tp_tensor *a, const tp_tensor *b)
@@ -481,7 +472,7 @@ static tp_status compute(cpu_comm *c, int rank, tp_tensor *out, tp_err *err)
     case TP_OP_ALL_GATHER: {
         int64_t len = c->slot[0].in->shape[s->dim];
         for (int r = 0; r < d; r++) {
-            tp_tensor dst = narrow(out, s->dim, r * len, len);
+            tp_tensor dst = tp_tensor_narrow(out, s->dim, r * len, len);
             tp_tensor_copy(&dst, c->slot[r].in);
         }
         return TP_OK;
@@ -490,8 +481,8 @@ static tp_status compute(cpu_comm *c, int rank, tp_tensor *out, tp_err *err)
         int64_t chunk = c->slot[0].in->shape[s->split_dim] / d;
         int64_t clen = s->split_dim == s->concat_dim ? chunk : c->slot[0].in->shape[s->concat_dim];
         for (int j = 0; j < d; j++) {
-            tp_tensor src = narrow(c->slot[j].in, s->split_dim, rank * chunk, chunk);
-            tp_tensor dst = narrow(out, s->concat_dim, j * clen, clen);
+            tp_tensor src = tp_tensor_narrow(c->slot[j].in, s->split_dim, rank * chunk, chunk);
+            tp_tensor dst = tp_tensor_narrow(out, s->concat_dim, j * clen, clen);
             tp_tensor_copy(&dst, &src);
         }
         return TP_OK;
@@ -513,7 +504,7 @@ static tp_status compute(cpu_comm *c, int rank, tp_tensor *out, tp_err *err)
                 v[r] = *c->slot[r].in;
             } else {
                 int64_t chunk = c->slot[r].in->shape[s->dim] / d;
-                v[r] = narrow(c->slot[r].in, s->dim, rank * chunk, chunk);
+                v[r] = tp_tensor_narrow(c->slot[r].in, s->dim, rank * chunk, chunk);
             }
         }
         tp_status st = reduce_views(v, d, out, s->reduce, err);

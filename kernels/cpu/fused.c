@@ -6,14 +6,6 @@
 #include "cpu_ops.h"
 #include "reassembly.h"
 
-static tp_tensor narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
-{
-    tp_tensor v = *t;
-    v.shape[dim] = len;
-    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
-    return v;
-}
-
 /* dst = a @ b for any dst view: the GEMM writes contiguous memory, so a
  * strided destination (a column block of the fused output) goes through a
  * scratch buffer. */
@@ -37,18 +29,6 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     return st;
 }
 
-/* The part of t inside box (first nd dims), shifted by -origin along dim
- * `shift_dim` (-1: none). */
-static tp_tensor box_view(const tp_tensor *t, const tp_box *b, int nd, int shift_dim, int64_t origin)
-{
-    tp_tensor v = *t;
-    for (int d = 0; d < nd; d++) {
-        int64_t lo = b->lo[d] - (d == shift_dim ? origin : 0);
-        v = narrow(&v, d, lo, b->hi[d] - b->lo[d]);
-    }
-    return v;
-}
-
 /* Every weight's product of rows x_rows into its column block of dest rows. */
 static tp_status matmul_blocks(const tp_attrs *attrs, const tp_tensor *x_rows, const tp_tensor *ins, int n_ins,
                                tp_tensor *dest_rows, int rank, int world, tp_err *err)
@@ -57,7 +37,7 @@ static tp_status matmul_blocks(const tp_attrs *attrs, const tp_tensor *x_rows, c
     tp_status st = TP_OK;
     for (int j = 1; st == TP_OK && j < n_ins; j++) {
         int64_t nj = ins[j].shape[attrs->transpose_b ? 0 : 1];
-        tp_tensor block = narrow(dest_rows, dest_rows->ndim - 1, col, nj);
+        tp_tensor block = tp_tensor_narrow(dest_rows, dest_rows->ndim - 1, col, nj);
         st = matmul_into(attrs, x_rows, &ins[j], &block, rank, world, err);
         col += nj;
     }
@@ -85,8 +65,8 @@ static tp_status ag_mm_pieces(const tp_attrs *attrs, const tp_tensor *xs, int sr
         if (!tp_box_intersect(nd, &mine, &pj, &part))
             continue;
         rb = tp_piece_map(attrs, j, p, &part, nd, 1);
-        tp_tensor rows = box_view(xs, &part, nd - 1, g, mine.lo[g]);
-        tp_tensor dest = box_view(&out_r, &rb, nd - 1, -1, 0);
+        tp_tensor rows = tp_box_view(xs, &part, nd - 1, g, mine.lo[g]);
+        tp_tensor dest = tp_box_view(&out_r, &rb, nd - 1, -1, 0);
         st = matmul_blocks(attrs, &rows, ins, n_ins, &dest, rank, world, err);
     }
     return st;
@@ -124,24 +104,13 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
     tp_tensor part = tp_tensor_make(scratch, out->dtype, out->ndim, out->shape);
     tp_status st = TP_OK;
     for (int src = 0; st == TP_OK && src < d; src++) {
-        tp_tensor w_rows = narrow(&ins[1], attrs->transpose_b ? 1 : 0, src * kl, kl);
+        tp_tensor w_rows = tp_tensor_narrow(&ins[1], attrs->transpose_b ? 1 : 0, src * kl, kl);
         st = matmul_into(attrs, cpu_comm_peer(c, src), &w_rows, src ? &part : out, rank, d, err);
         if (st == TP_OK && src)
             accumulate(out, &part);
     }
     free(scratch);
     return st;
-}
-
-/* x viewed with the gather dim multiplied: the fused output in gathered
- * coordinates (out is contiguous, so any re-view is just a new shape). */
-static tp_tensor gathered_out(const tp_tensor *x, int g, int world, const tp_tensor *out)
-{
-    int64_t shape[TP_MAX_DIMS];
-    memcpy(shape, x->shape, sizeof shape);
-    shape[g] *= world;
-    shape[x->ndim - 1] = out->shape[out->ndim - 1];
-    return tp_tensor_make(out->data, out->dtype, x->ndim, shape);
 }
 
 static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
@@ -157,7 +126,7 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         cpu_comm_release(c, rank);
         return st;
     }
-    tp_tensor og = gathered_out(&ins[0], g, d, out);
+    tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
     int64_t len = ins[0].shape[g];
     for (int i = 0; st == TP_OK && i < d; i++) {
         int src = (rank + i) % d; /* own shard first: no waiting on a peer */
@@ -166,7 +135,7 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
             st = ag_mm_pieces(attrs, xs, src, ins, n_ins, out, rank, d, err);
             continue;
         }
-        tp_tensor rows = narrow(&og, g, src * len, len);
+        tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
         st = matmul_blocks(attrs, xs, ins, n_ins, &rows, rank, d, err);
     }
     cpu_comm_release(c, rank);
@@ -220,8 +189,8 @@ static tp_status mm_rs_chunk_pieces(const tp_attrs *attrs, const tp_tensor *a, c
         if (!tp_box_intersect(nd, &chunk, &rj, &part))
             continue;
         tp_box pb = tp_piece_map(attrs, j, p, &part, nd, 0);
-        tp_tensor rows = box_view(a, &pb, nd - 1, -1, 0);
-        tp_tensor dest = box_view(slot, &part, nd - 1, s, chunk.lo[s]);
+        tp_tensor rows = tp_box_view(a, &pb, nd - 1, -1, 0);
+        tp_tensor dest = tp_box_view(slot, &part, nd - 1, s, chunk.lo[s]);
         st = matmul_into(attrs, &rows, w, &dest, rank, world, err);
     }
     return st;
@@ -249,10 +218,10 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         if (attrs->n_pieces > 0) {
             st = mm_rs_chunk_pieces(attrs, &a, w, dst, &slot, rank, d, err);
         } else if (s < nd - 1) {
-            tp_tensor rows = narrow(&a, s, dst * len, len);
+            tp_tensor rows = tp_tensor_narrow(&a, s, dst * len, len);
             st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
         } else {
-            tp_tensor cols = narrow(w, attrs->transpose_b ? 0 : 1, dst * len, len);
+            tp_tensor cols = tp_tensor_narrow(w, attrs->transpose_b ? 0 : 1, dst * len, len);
             st = matmul_into(attrs, &a, &cols, &slot, rank, d, err);
         }
     }

@@ -32,18 +32,6 @@
 
 /* ------------------------------------------------------- shared with cpu */
 
-/* The part of t inside box (first nd dims), shifted by -origin along dim
- * shift_dim (-1: none). */
-static tp_tensor box_view(const tp_tensor *t, const tp_box *b, int nd, int shift_dim, int64_t origin)
-{
-    tp_tensor v = *t;
-    for (int d = 0; d < nd; d++) {
-        int64_t lo = b->lo[d] - (d == shift_dim ? origin : 0);
-        v = cu_narrow(&v, d, lo, b->hi[d] - b->lo[d]);
-    }
-    return v;
-}
-
 /* Every weight's product of rows x_rows into its column block of dest. */
 static tp_status matmul_blocks(cu_ctx *x, const tp_attrs *at, const tp_tensor *x_rows, const tp_tensor *ins,
                                int n_ins, tp_tensor *dest, tp_err *err)
@@ -51,7 +39,7 @@ static tp_status matmul_blocks(cu_ctx *x, const tp_attrs *at, const tp_tensor *x
     int64_t col = 0;
     for (int j = 1; j < n_ins; j++) {
         int64_t nj = ins[j].shape[at->transpose_b ? 0 : 1];
-        tp_tensor block = cu_narrow(dest, dest->ndim - 1, col, nj);
+        tp_tensor block = tp_tensor_narrow(dest, dest->ndim - 1, col, nj);
         TP_TRY(cu_matmul(x, x_rows, &ins[j], at->transpose_b, &block, 0.0f, x->compute, err));
         col += nj;
     }
@@ -79,8 +67,8 @@ static tp_status ag_mm_pieces(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs
         if (!tp_box_intersect(nd, &mine, &pj, &part))
             continue;
         rb = tp_piece_map(at, j, p, &part, nd, 1);
-        tp_tensor rows = box_view(xs, &part, nd - 1, g, mine.lo[g]);
-        tp_tensor dest = box_view(&out_r, &rb, nd - 1, -1, 0);
+        tp_tensor rows = tp_box_view(xs, &part, nd - 1, g, mine.lo[g]);
+        tp_tensor dest = tp_box_view(&out_r, &rb, nd - 1, -1, 0);
         TP_TRY(matmul_blocks(x, at, &rows, ins, n_ins, &dest, err));
     }
     return TP_OK;
@@ -104,8 +92,8 @@ static tp_status mm_rs_chunk_pieces(cu_ctx *x, const tp_attrs *at, const tp_tens
         if (!tp_box_intersect(nd, &chunk, &rj, &part))
             continue;
         tp_box pb = tp_piece_map(at, j, p, &part, nd, 0);
-        tp_tensor rows = box_view(a, &pb, nd - 1, -1, 0);
-        tp_tensor dest = box_view(slot, &part, nd - 1, s, chunk.lo[s]);
+        tp_tensor rows = tp_box_view(a, &pb, nd - 1, -1, 0);
+        tp_tensor dest = tp_box_view(slot, &part, nd - 1, s, chunk.lo[s]);
         TP_TRY(cu_matmul(x, &rows, w, at->transpose_b, &dest, 0.0f, x->compute, err));
     }
     return TP_OK;
@@ -183,16 +171,6 @@ static tp_status shard_of(cu_ctx *x, ag_src *s, int src, tp_tensor *out, int *sl
     return TP_OK;
 }
 
-/* out viewed in gathered coordinates (x's dims, gather dim times d). */
-static tp_tensor gathered_out(const tp_tensor *xs, int g, int world, const tp_tensor *out)
-{
-    int64_t shape[TP_MAX_DIMS];
-    memcpy(shape, xs->shape, sizeof shape);
-    shape[g] *= world;
-    shape[xs->ndim - 1] = out->shape[out->ndim - 1];
-    return tp_tensor_make(out->data, out->dtype, xs->ndim, shape);
-}
-
 /* The GEMMs of one step: rows of rank src, or its K-slice of the sum. */
 static tp_status ag_step(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs, int src, int step, const tp_tensor *ins,
                          int n_ins, tp_tensor *out, tp_err *err)
@@ -200,14 +178,14 @@ static tp_status ag_step(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs, int
     int g = at->dim;
     if (g == xs->ndim - 1) { /* K gathered: out = sum over src, rank order */
         int64_t kl = xs->shape[g];
-        tp_tensor w_rows = cu_narrow(&ins[1], at->transpose_b ? 1 : 0, src * kl, kl);
+        tp_tensor w_rows = tp_tensor_narrow(&ins[1], at->transpose_b ? 1 : 0, src * kl, kl);
         return cu_matmul(x, xs, &w_rows, at->transpose_b, out, step == 0 ? 0.0f : 1.0f, x->compute, err);
     }
     if (at->n_pieces > 0)
         return ag_mm_pieces(x, at, xs, src, ins, n_ins, out, err);
-    tp_tensor og = gathered_out(xs, g, x->world, out);
+    tp_tensor og = tp_gathered_view(xs, g, x->world, out);
     int64_t len = xs->shape[g];
-    tp_tensor rows = cu_narrow(&og, g, src * len, len);
+    tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
     return matmul_blocks(x, at, xs, ins, n_ins, &rows, err);
 }
 
@@ -293,10 +271,10 @@ static tp_status rs_gemm(cu_ctx *x, const tp_attrs *at, const rs_plan *p, int ds
     if (at->n_pieces > 0)
         return mm_rs_chunk_pieces(x, at, &p->a, p->w, dst, slot, err);
     if (s < nd - 1) {
-        tp_tensor rows = cu_narrow(&p->a, s, dst * len, len);
+        tp_tensor rows = tp_tensor_narrow(&p->a, s, dst * len, len);
         return cu_matmul(x, &rows, p->w, at->transpose_b, slot, 0.0f, x->compute, err);
     }
-    tp_tensor cols = cu_narrow(p->w, at->transpose_b ? 0 : 1, dst * len, len);
+    tp_tensor cols = tp_tensor_narrow(p->w, at->transpose_b ? 0 : 1, dst * len, len);
     return cu_matmul(x, &p->a, &cols, at->transpose_b, slot, 0.0f, x->compute, err);
 }
 

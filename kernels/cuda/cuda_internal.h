@@ -184,14 +184,6 @@ tp_status cu_fused(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins,
 
 /* ---- small shared helpers ---- */
 
-static inline tp_tensor cu_narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
-{
-    tp_tensor v = *t;
-    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
-    v.shape[dim] = len;
-    return v;
-}
-
 static inline size_t cu_nbytes(const tp_tensor *t)
 {
     return (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);

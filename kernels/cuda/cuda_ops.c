@@ -269,7 +269,7 @@ static tp_status cat(cu_ctx *x, const tp_attrs *at, const tp_tensor *ins, int n_
         return st;
     int64_t off = 0;
     for (int i = 0; i < n_ins; i++) {
-        tp_tensor view = cu_narrow(out, d, off, ins[i].shape[d]);
+        tp_tensor view = tp_tensor_narrow(out, d, off, ins[i].shape[d]);
         TP_TRY(cu_copy_tensor(x, &view, &ins[i], x->compute, err));
         off += ins[i].shape[d];
     }
