@@ -38,7 +38,7 @@ static tp_status auto_create(int world, tp_backend **out, tp_err *err)
     else if (n > 0)
         snprintf(why, sizeof why, "world_size %d needs one process per GPU (no TP_NCCL_ID rendezvous)", world);
 #endif
-    tp_status st = tp_cpu_backend_create(world, out, err);
+    tp_status st = tp_cpu_backend_create(world, NULL, out, err);
     if (st == TP_OK)
         snprintf((*out)->note, sizeof (*out)->note, "backend auto chose cpu: %s", why);
     return st;
@@ -47,7 +47,7 @@ static tp_status auto_create(int world, tp_backend **out, tp_err *err)
 tp_status tp_backend_create(const char *name, int world, tp_backend **out, tp_err *err)
 {
     if (!name || strcmp(name, "cpu") == 0)
-        return tp_cpu_backend_create(world, out, err);
+        return tp_cpu_backend_create(world, NULL, out, err);
     if (strcmp(name, "auto") == 0)
         return auto_create(world, out, err);
     if (strcmp(name, "cuda") == 0)

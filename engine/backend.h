@@ -55,6 +55,9 @@ typedef struct tp_backend_iface {
     tp_status (*synchronize)(tp_backend *b, int rank, tp_err *err);
     /* A rank failed: wake every peer blocked in a collective (they fail). */
     void (*abort)(tp_backend *b);
+    /* A rank's process is gone: fail every wait, even those that normally
+     * must complete (the peer will never arrive). Permanent. */
+    void (*peer_lost)(tp_backend *b);
     /* Clears the aborted state once no rank is running. */
     void (*reset)(tp_backend *b);
     void (*destroy)(tp_backend *b);

@@ -274,6 +274,7 @@ static tp_status cpu_synchronize(tp_backend *b, int rank, tp_err *err)
 
 static void cpu_abort(tp_backend *b) { cpu_comm_abort(ctx_of(b)->comm); }
 static void cpu_reset(tp_backend *b) { cpu_comm_reset(ctx_of(b)->comm); }
+static void cpu_peer_lost(tp_backend *b) { cpu_comm_abort(ctx_of(b)->comm); }
 
 static void cpu_destroy(tp_backend *b)
 {
@@ -304,12 +305,15 @@ static const tp_backend_iface cpu_iface = {
     .capture_free = cpu_capture_free,
     .synchronize = cpu_synchronize,
     .abort = cpu_abort,
+    .peer_lost = cpu_peer_lost,
     .reset = cpu_reset,
     .destroy = cpu_destroy,
 };
 
-tp_status tp_cpu_backend_create(int world, tp_backend **out, tp_err *err)
+tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err)
 {
+    if (shared)
+        return tp_fail(err, TP_UNAVAILABLE, "cpu backend: ranks in separate processes are not supported yet");
     tp_backend *b = calloc(1, sizeof *b);
     cpu_ctx *x = calloc(1, sizeof *x);
     if (x)

@@ -821,6 +821,14 @@ static void cuda_abort(tp_backend *b)
                                   : "NCCL communicator abort failed after a rank failed");
 }
 
+/* A dead peer process never enters the next NCCL call: only an abort
+ * unblocks ours, whatever the local failure was. */
+static void cuda_peer_lost(tp_backend *b)
+{
+    ctx_of(b)->last_fail_benign = 0;
+    cuda_abort(b);
+}
+
 static void cuda_reset(tp_backend *b) { ctx_of(b)->last_fail_benign = 0; }
 
 /* ------------------------------------------------------- iface: destroy */
@@ -928,6 +936,7 @@ static const tp_backend_iface cuda_iface = {
     .capture_free = cuda_capture_free,
     .synchronize = cuda_synchronize,
     .abort = cuda_abort,
+    .peer_lost = cuda_peer_lost,
     .reset = cuda_reset,
     .destroy = cuda_destroy,
 };
