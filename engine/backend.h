@@ -74,6 +74,13 @@ struct tp_backend {
  * exists, else cpu). Fails with a clear reason when it cannot. */
 tp_status tp_backend_create(const char *name, int world, tp_backend **out, tp_err *err);
 
+/* The backend for a rank group's local ranks. In a process group the
+ * leader's choice is shared with every worker (so "auto" decides once), the
+ * cpu backend uses the group's shared memory, and cuda joins one NCCL
+ * communicator whose id travels through the group. */
+struct tp_rank_group;
+tp_status tp_backend_create_for_group(const char *name, struct tp_rank_group *rg, tp_backend **out, tp_err *err);
+
 static inline void tp_backend_destroy(tp_backend *b)
 {
     if (b)

@@ -9,6 +9,7 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +24,19 @@
 
 #define EXEC_CACHE 8
 
-/* A bucket's executable plus padded staging for its inputs and outputs,
- * allocated once so a run allocates nothing but the caller's results. */
 typedef struct {
     tp_exec *x;
-    void **in_stage, **out_stage;
 } bucket;
+
+/* One execution, as the leader posts it to worker processes: a bucket's
+ * executable, or (bucket -1) the exact-batch one for batch. Inputs and
+ * outputs sit in the request staging at offsets both sides derive from the
+ * executable (stage_layout), so the command carries nothing else. */
+typedef struct {
+    int32_t bucket;
+    int32_t unused;
+    int64_t batch;
+} step_cmd;
 
 struct tp_engine {
     tp_graph *g;
@@ -47,6 +55,14 @@ struct tp_engine {
     tp_exec *cache[EXEC_CACHE]; /* exact-batch executables (padded == 0) */
     unsigned long last_use[EXEC_CACHE], clock;
     tp_engine_stats stats;
+    /* Request staging: inputs then outputs of the execution in flight. In a
+     * process group it is the group's shared (pinned on cuda) area every
+     * rank copies its shard from; otherwise ours, grown as needed. */
+    char *stage;
+    size_t stage_cap;
+    int stage_shared;
+    char lost[600];
+    _Atomic int lost_set;
     pthread_mutex_t mu;
 };
 
@@ -163,49 +179,82 @@ static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
     return st == TP_OK ? tp_run_passes(e->g, &po, res, err) : st;
 }
 
-static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
-
 static tp_status build_bucket(tp_engine *e, int k, tp_err *err)
 {
     bucket *bk = &e->buckets[k];
     tp_status st = tp_exec_create(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &bk->x, err);
     if (st != TP_OK)
         return st;
-    bk->in_stage = calloc((size_t)e->g->n_inputs + 1, sizeof(void *));
-    bk->out_stage = calloc((size_t)e->g->n_outputs + 1, sizeof(void *));
-    if (!bk->in_stage || !bk->out_stage)
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    for (int i = 0; i < e->g->n_inputs; i++) {
-        const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
-        int64_t shape[TP_MAX_DIMS];
-        memcpy(shape, n->gshape, sizeof shape);
-        shape[0] = n->batched ? e->bucket_size[k] : shape[0];
-        tp_tensor t = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
-        if (!(bk->in_stage[i] = zalloc((size_t)tp_tensor_numel(&t) * tp_dtype_size(n->dtype))))
-            return tp_fail(err, TP_NOMEM, "out of memory");
-    }
-    for (int i = 0; i < e->g->n_outputs; i++) {
-        tp_tensor t = tp_exec_output_desc(bk->x, i);
-        if (!(bk->out_stage[i] = zalloc((size_t)tp_tensor_numel(&t) * tp_dtype_size(t.dtype))))
-            return tp_fail(err, TP_NOMEM, "out of memory");
-    }
     const tp_plan *p = tp_exec_plan(bk->x);
     for (int m = 0; m < TP_MEM_KINDS; m++)
         e->stats.arena_bytes[m] += p->arena_bytes[m];
     return TP_OK;
 }
 
+static tp_status create_group(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+{
+    tp_rank_group_opts go = {.mode = TP_GROUP_THREADS};
+    if (o && o->group)
+        go = *o->group;
+    if (go.mode == TP_GROUP_WORKER && go.world != e->g->world_size)
+        return tp_fail(err, TP_INVALID, "worker: WORLD_SIZE %d, but graph '%s' has world_size %d", go.world,
+                       e->g->name, e->g->world_size);
+    go.world = e->g->world_size;
+    tp_status st = tp_rank_group_create(&go, &e->rg, err);
+    const tp_rank_shared *sh = st == TP_OK ? tp_rank_group_shared(e->rg) : NULL;
+    if (sh) {
+        e->stage = sh->base + sh->staging_offset;
+        e->stage_cap = sh->staging_bytes;
+        e->stage_shared = 1;
+    }
+    return st;
+}
+
+/* Every process must compile the same thing, or the lockstep steps would
+ * pair different work: workers compare their options with the leader's. */
+typedef struct {
+    const char *mine, *leader;
+} agreement;
+
+static tp_status check_agreement(void *ctx, int rank, tp_err *err)
+{
+    agreement *a = ctx;
+    if (strcmp(a->mine, a->leader) != 0)
+        return tp_fail(err, TP_INVALID, "rank %d was started with other options than rank 0: %s; rank 0 has %s", rank,
+                       a->mine, a->leader);
+    return TP_OK;
+}
+
+static tp_status agree_options(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+{
+    char mine[TP_GROUP_MESSAGE], leader[TP_GROUP_MESSAGE], bk[200] = "";
+    for (int i = 0, n = 0; i < e->n_buckets && n < (int)sizeof bk; i++)
+        n += snprintf(bk + n, sizeof bk - (size_t)n, "%s%lld", i ? "," : "", (long long)e->bucket_size[i]);
+    snprintf(mine, sizeof mine, "graph '%s' (%d nodes, %d params), backend %s, buckets %s, passes %s%s%s%s",
+             e->g->name, e->g->n_nodes, e->g->n_params, o && o->backend ? o->backend : "cpu", bk,
+             o && o->no_passes ? "none" : "all", o && o->disable_passes ? " but " : "",
+             o && o->disable_passes ? o->disable_passes : "", e->xopts.eager ? ", eager" : "");
+    memcpy(leader, mine, sizeof leader);
+    size_t n = strlen(leader) + 1;
+    tp_status st = tp_rank_group_share(e->rg, leader, &n, sizeof leader - 1, err);
+    leader[n < sizeof leader ? n : sizeof leader - 1] = 0;
+    agreement a = {mine, leader};
+    return st == TP_OK ? tp_rank_group_run(e->rg, check_agreement, &a, NULL, err) : st;
+}
+
 static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_status st = choose_buckets(e, o, err);
     if (st == TP_OK)
-        st = tp_backend_create(o ? o->backend : NULL, e->g->world_size, &e->b, err);
+        st = create_group(e, o, err);
+    if (st == TP_OK)
+        st = agree_options(e, o, err);
+    if (st == TP_OK)
+        st = tp_backend_create_for_group(o ? o->backend : NULL, e->rg, &e->b, err);
     if (st == TP_OK)
         st = run_passes(e, o, err);
     if (st == TP_OK)
         st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
-    if (st == TP_OK)
-        st = tp_rank_group_create(e->g->world_size, &e->rg, err);
     if (st == TP_OK)
         st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
     for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
@@ -243,21 +292,18 @@ void tp_engine_free(tp_engine *e)
 {
     if (!e)
         return;
+    /* workers quit first: each then tears down its own backend */
+    if (e->rg)
+        tp_rank_group_stop(e->rg);
     for (int i = 0; i < EXEC_CACHE; i++)
         tp_exec_free(e->cache[i]);
-    for (int k = 0; k < e->n_buckets; k++) {
-        bucket *bk = &e->buckets[k];
-        for (int i = 0; bk->in_stage && i < e->g->n_inputs; i++)
-            free(bk->in_stage[i]);
-        for (int i = 0; bk->out_stage && i < e->g->n_outputs; i++)
-            free(bk->out_stage[i]);
-        free(bk->in_stage);
-        free(bk->out_stage);
-        tp_exec_free(bk->x);
-    }
+    for (int k = 0; k < e->n_buckets; k++)
+        tp_exec_free(e->buckets[k].x);
     tp_weights_free(e->w);
+    tp_backend_destroy(e->b); /* before the group: its comm lives in the group's memory */
     tp_rank_group_free(e->rg);
-    tp_backend_destroy(e->b);
+    if (!e->stage_shared)
+        free(e->stage);
     tp_graph_free(e->g);
     free(e->in_desc);
     free(e->out_desc);
@@ -396,60 +442,106 @@ static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp
     return TP_OK;
 }
 
+/* Where an execution's inputs (then outputs) sit in the request staging:
+ * the same offsets in every process, derived from the executable alone. */
+static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err)
+{
+    size_t off[e->g->n_inputs + e->g->n_outputs + 1], end = 0;
+    for (int i = 0; i < e->g->n_inputs + e->g->n_outputs; i++) {
+        tp_tensor *t = i < e->g->n_inputs ? &in_t[i] : &out_t[i - e->g->n_inputs];
+        if (i < e->g->n_inputs) {
+            const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
+            int64_t shape[TP_MAX_DIMS];
+            memcpy(shape, n->gshape, sizeof shape);
+            if (n->batched)
+                shape[0] = tp_exec_batch(x);
+            *t = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
+        } else {
+            *t = tp_exec_output_desc(x, i - e->g->n_inputs);
+        }
+        off[i] = end;
+        end += ((size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype) + 63) & ~(size_t)63;
+    }
+    if (end > e->stage_cap) {
+        if (e->stage_shared)
+            return tp_fail(err, TP_INVALID, "a batch of %lld needs %zu bytes of request staging; the rank group has %zu "
+                           "(raise staging_mb)", (long long)tp_exec_batch(x), end, e->stage_cap);
+        char *grown = realloc(e->stage, end);
+        if (!grown)
+            return tp_fail(err, TP_NOMEM, "request staging: cannot allocate %zu bytes", end);
+        e->stage = grown;
+        e->stage_cap = end;
+    }
+    for (int i = 0; i < e->g->n_inputs + e->g->n_outputs; i++)
+        (i < e->g->n_inputs ? &in_t[i] : &out_t[i - e->g->n_inputs])->data = e->stage + off[i];
+    return TP_OK;
+}
+
+/* The executable of a step, with its staged inputs and outputs; the leader
+ * first tells the workers (they run the same function on the same command). */
+static tp_status prepare_step(tp_engine *e, const step_cmd *c, tp_exec **x, tp_tensor *in_t, tp_tensor *out_t,
+                              tp_err *err)
+{
+    tp_status st = TP_OK;
+    if (tp_rank_group_leads(e->rg))
+        st = tp_rank_group_post(e->rg, c, sizeof *c, err);
+    if (st == TP_OK && c->bucket >= 0)
+        *x = e->buckets[c->bucket].x;
+    else if (st == TP_OK)
+        st = get_exact(e, c->batch, x, err);
+    return st == TP_OK ? stage_layout(e, *x, in_t, out_t, err) : st;
+}
+
 static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
                            tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
     tp_tensor in_t[ni + 1], out_t[no + 1];
     tp_exec *x;
-    tp_status st = get_exact(e, batch, &x, err);
+    step_cmd c = {.bucket = -1, .batch = batch};
+    tp_status st = prepare_step(e, &c, &x, in_t, out_t, err);
     if (st == TP_OK)
         st = alloc_results(e, x, batch, outs, err);
     if (st != TP_OK)
         return st;
     for (int i = 0; i < ni; i++)
-        in_t[i] = tp_tensor_make(in[i]->data, in[i]->dtype, in[i]->ndim, in[i]->shape);
-    for (int i = 0; i < no; i++) {
-        out_t[i] = tp_exec_output_desc(x, i);
-        out_t[i].data = outs[i].data;
-    }
+        memcpy(in_t[i].data, in[i]->data, in[i]->nbytes);
     tp_exec_stats xs = {0};
     st = tp_exec_run(x, in_t, out_t, &xs, err);
     add_run_stats(e, &xs, -1);
+    for (int i = 0; st == TP_OK && i < no; i++)
+        memcpy(outs[i].data, out_t[i].data, outs[i].nbytes);
     return st;
 }
 
-/* Rows [row, row+n) of every batched input into the bucket's staging, the
- * rest of the bucket zeroed (never another request's leftovers). */
-static void stage_inputs(tp_engine *e, bucket *bk, int64_t bsize, const tp_host_tensor **in, int64_t batch,
-                         int64_t row, int64_t n, tp_tensor *in_t)
+/* Rows [row, row+n) of every batched input into the staging, the rest of
+ * the bucket zeroed (never another request's leftovers). */
+static void stage_inputs(tp_engine *e, const tp_host_tensor **in, int64_t batch, int64_t row, int64_t n,
+                         tp_tensor *in_t)
 {
     for (int i = 0; i < e->g->n_inputs; i++) {
         const tp_host_tensor *t = in[i];
         int batched = e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
-        int64_t shape[TP_MAX_DIMS];
-        memcpy(shape, t->shape, sizeof shape);
         if (batched) {
             size_t rb = t->nbytes / (size_t)batch;
-            memcpy(bk->in_stage[i], (char *)t->data + (size_t)row * rb, (size_t)n * rb);
-            memset((char *)bk->in_stage[i] + (size_t)n * rb, 0, (size_t)(bsize - n) * rb);
-            shape[0] = bsize;
+            memcpy(in_t[i].data, (char *)t->data + (size_t)row * rb, (size_t)n * rb);
+            memset((char *)in_t[i].data + (size_t)n * rb, 0, (size_t)(in_t[i].shape[0] - n) * rb);
         } else {
-            memcpy(bk->in_stage[i], t->data, t->nbytes);
+            memcpy(in_t[i].data, t->data, t->nbytes);
         }
-        in_t[i] = tp_tensor_make(bk->in_stage[i], t->dtype, t->ndim, shape);
     }
 }
 
-static void unstage_outputs(tp_engine *e, bucket *bk, int64_t batch, int64_t row, int64_t n, tp_host_tensor *outs)
+static void unstage_outputs(tp_engine *e, const tp_tensor *out_t, int64_t batch, int64_t row, int64_t n,
+                            tp_host_tensor *outs)
 {
     for (int i = 0; i < e->g->n_outputs; i++) {
         tp_host_tensor *o = &outs[i];
         if (e->out_rows[i]) {
             size_t rb = o->nbytes / (size_t)batch;
-            memcpy((char *)o->data + (size_t)row * rb, bk->out_stage[i], (size_t)n * rb);
+            memcpy((char *)o->data + (size_t)row * rb, out_t[i].data, (size_t)n * rb);
         } else if (row == 0) {
-            memcpy(o->data, bk->out_stage[i], o->nbytes);
+            memcpy(o->data, out_t[i].data, o->nbytes);
         }
     }
 }
@@ -466,17 +558,17 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
         int k = 0;
         while (e->bucket_size[k] < n)
             k++;
-        bucket *bk = &e->buckets[k];
-        stage_inputs(e, bk, e->bucket_size[k], in, batch, row, n, in_t);
-        for (int i = 0; i < no; i++) {
-            out_t[i] = tp_exec_output_desc(bk->x, i);
-            out_t[i].data = bk->out_stage[i];
-        }
+        tp_exec *x;
+        step_cmd c = {.bucket = k, .batch = e->bucket_size[k]};
+        st = prepare_step(e, &c, &x, in_t, out_t, err);
+        if (st != TP_OK)
+            break;
+        stage_inputs(e, in, batch, row, n, in_t);
         tp_exec_stats xs = {0};
-        st = tp_exec_run(bk->x, in_t, out_t, &xs, err);
+        st = tp_exec_run(x, in_t, out_t, &xs, err);
         add_run_stats(e, &xs, k);
         if (st == TP_OK)
-            unstage_outputs(e, bk, batch, row, n, outs);
+            unstage_outputs(e, out_t, batch, row, n, outs);
     }
     return st;
 }
@@ -563,4 +655,45 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
     for (int i = 0; i < n; i++)
         free(t[i].data);
     free(t);
+}
+
+const char *tp_engine_lost(tp_engine *e)
+{
+    /* a running batch holds mu: it notices a loss itself, so don't wait */
+    if (!atomic_load(&e->lost_set) && pthread_mutex_trylock(&e->mu) == 0) {
+        const char *why = tp_rank_group_lost(e->rg);
+        if (why) {
+            snprintf(e->lost, sizeof e->lost, "rank group lost: %s", why);
+            atomic_store(&e->lost_set, 1);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    return atomic_load(&e->lost_set) ? e->lost : NULL;
+}
+
+tp_status tp_engine_follow(tp_engine *e, tp_err *err)
+{
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor in_t[ni + 1], out_t[no + 1];
+    for (;;) {
+        step_cmd c;
+        size_t len = 0;
+        int quit;
+        tp_status st = tp_rank_group_next(e->rg, &c, sizeof c, &len, &quit, err);
+        if (quit)
+            return TP_OK;
+        if (st == TP_OK && (len != sizeof c || c.bucket >= e->n_buckets || (c.bucket < 0 && c.batch < 1) ||
+                            (c.bucket >= 0 && !e->padded)))
+            st = tp_fail(err, TP_INTERNAL, "malformed step from the leader (bucket %d, batch %lld)", c.bucket,
+                         (long long)c.batch);
+        if (st != TP_OK)
+            return st;
+        tp_exec *x;
+        st = prepare_step(e, &c, &x, in_t, out_t, err);
+        if (st == TP_OK)
+            st = tp_exec_run(x, in_t, out_t, NULL, err);
+        /* a failed batch is the leader's to answer; only a lost group ends us */
+        if (st != TP_OK && tp_rank_group_lost(e->rg))
+            return st;
+    }
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "rank_group.h"
 #include "status.h"
 #include "tensor.h"
 
@@ -24,6 +25,11 @@ typedef struct {
     int no_passes;              /* skip every graph pass */
     const char *disable_passes; /* comma-separated pass names to skip */
     int eager;                  /* run without capture (for comparison) */
+    /* Where the ranks run: NULL or mode THREADS for threads of this
+     * process; PROCESSES makes this process rank 0 of a process group (its
+     * world is taken from the graph); WORKER joins one as rank `rank`, and
+     * is then driven by tp_engine_follow. */
+    const tp_rank_group_opts *group;
 } tp_engine_opts;
 
 /* Counters since load, for /metrics and tests. */
@@ -96,6 +102,16 @@ int tp_engine_batchable(const tp_engine *e);
 int64_t tp_engine_output_rows(const tp_engine *e, int i);
 
 void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
+
+/* NULL while every rank can run; else why not (a rank's process died). Once
+ * lost, every request fails with TP_UNAVAILABLE naming the dead rank. Safe
+ * to call from any thread at any time; never waits for a running batch. */
+const char *tp_engine_lost(tp_engine *e);
+
+/* A worker process's whole life after tp_engine_create: runs every step the
+ * leader posts until it shuts the group down (TP_OK) or goes away (an
+ * error saying how). */
+tp_status tp_engine_follow(tp_engine *e, tp_err *err);
 /* Whether batches are padded into buckets; if not, why (a node mixing rows). */
 int tp_engine_padded(const tp_engine *e, const char **why);
 

@@ -21,6 +21,7 @@ struct tp_exec {
     tp_graph *g;
     tp_backend *b;
     tp_rank_group *rg;
+    tp_rank_hooks hooks; /* a failing rank aborts the backend's collectives */
     const tp_weights *w;
     tp_plan *plan;
     tp_exec_opts opts;
@@ -208,6 +209,7 @@ static tp_status run_rank(void *ctx, int rank, tp_err *err)
 }
 
 static void abort_backend(void *b) { ((tp_backend *)b)->iface->abort(b); }
+static void lose_backend(void *b) { ((tp_backend *)b)->iface->peer_lost(b); }
 
 static tp_status build_output_descs(tp_exec *x, tp_err *err)
 {
@@ -251,7 +253,8 @@ tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_grou
     tp_exec *x = calloc(1, sizeof *x);
     if (!x)
         return tp_fail(err, TP_NOMEM, "out of memory");
-    *x = (tp_exec){.g = g, .b = b, .rg = rg, .w = w, .batch = batch, .world = g->world_size};
+    *x = (tp_exec){.g = g, .b = b, .rg = rg, .w = w, .batch = batch, .world = g->world_size,
+                   .hooks = {abort_backend, lose_backend, b}};
     if (o)
         x->opts = *o;
     st = tp_plan_build(g, &x->plan, err);
@@ -260,7 +263,7 @@ tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_grou
     if (st == TP_OK)
         st = build_output_descs(x, err);
     if (st == TP_OK) {
-        st = tp_rank_group_run(rg, setup_rank, x, abort_backend, b, err);
+        st = tp_rank_group_run(rg, setup_rank, x, &x->hooks, err);
         b->iface->reset(b);
     }
     if (st != TP_OK) {
@@ -304,7 +307,7 @@ tp_status tp_exec_run(tp_exec *x, const tp_tensor *inputs, tp_tensor *outputs, t
     x->run_in = inputs;
     x->run_out = outputs;
     x->stats = stats;
-    tp_status st = tp_rank_group_run(x->rg, run_rank, x, abort_backend, x->b, err);
+    tp_status st = tp_rank_group_run(x->rg, run_rank, x, &x->hooks, err);
     x->b->iface->reset(x->b);
     x->stats = NULL;
     return st;

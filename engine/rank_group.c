@@ -1,8 +1,21 @@
+/* rank_group.c — the local ranks of a group are persistent threads; in a
+ * process group every step is also announced to (leader) or taken from
+ * (worker) the other processes, and its result merged across them.
+ *
+ * The calling thread never runs a rank itself: it waits for the local ranks
+ * and, in a process group, looks every few milliseconds for a failure
+ * elsewhere (wake our ranks blocked in a collective) or a dead process. */
 #include "rank_group.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "rank_procs.h"
+
+#define POLL_MS 20
 
 typedef struct {
     tp_rank_group *g;
@@ -10,33 +23,39 @@ typedef struct {
 } rank_arg;
 
 struct tp_rank_group {
-    int world;
+    int world, lo, hi;
+    tp_rank_procs *procs; /* NULL: a thread group */
     pthread_t *threads;
     rank_arg *args;
     pthread_mutex_t mu;
     pthread_cond_t start, done;
     unsigned long generation; /* bumped per run; threads wait for a change */
-    int quit, n_done;
+    int quit, n_done, n_threads;
     tp_rank_fn fn;
     void *ctx;
-    void (*on_fail)(void *);
-    void *fail_ctx;
-    int failed_rank;
+    const tp_rank_hooks *hooks;
     tp_status status;
+    uint32_t ticket;
     tp_err first_err;
 };
 
-static void finish_rank(tp_rank_group *g, int rank, tp_status st, const tp_err *e)
+static void call_hook(void (*h)(void *), const tp_rank_hooks *hooks)
+{
+    if (hooks && h)
+        h(hooks->ctx);
+}
+
+static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
 {
     pthread_mutex_lock(&g->mu);
     if (st != TP_OK && g->status == TP_OK) {
         g->status = st;
-        g->failed_rank = rank;
+        tp_err_prefix(e, "rank %d: ", rank);
         g->first_err = *e;
-        if (g->on_fail)
-            g->on_fail(g->fail_ctx);
+        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs) : 0;
+        call_hook(g->hooks ? g->hooks->fail : NULL, g->hooks);
     }
-    if (++g->n_done == g->world)
+    if (++g->n_done == g->n_threads)
         pthread_cond_signal(&g->done);
     pthread_mutex_unlock(&g->mu);
 }
@@ -64,33 +83,61 @@ static void *rank_main(void *p)
     }
 }
 
-tp_status tp_rank_group_create(int world, tp_rank_group **out, tp_err *err)
+static tp_status start_threads(tp_rank_group *g, tp_err *err)
+{
+    g->n_threads = g->hi - g->lo;
+    g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
+    g->args = calloc((size_t)g->n_threads, sizeof *g->args);
+    if (!g->threads || !g->args)
+        return tp_fail(err, TP_NOMEM, "rank group: out of memory");
+    for (int i = 0; i < g->n_threads; i++) {
+        g->args[i] = (rank_arg){g, g->lo + i};
+        if (pthread_create(&g->threads[i], NULL, rank_main, &g->args[i]) != 0) {
+            g->n_threads = i; /* join only the threads that exist */
+            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d", g->lo + i);
+        }
+    }
+    return TP_OK;
+}
+
+tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out, tp_err *err)
 {
     tp_rank_group *g = calloc(1, sizeof *g);
     if (!g)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
-    g->world = world;
-    g->threads = calloc((size_t)world, sizeof *g->threads);
-    g->args = calloc((size_t)world, sizeof *g->args);
-    if (!g->threads || !g->args) {
-        free(g->threads);
-        free(g->args);
-        free(g);
-        return tp_fail(err, TP_NOMEM, "rank group: out of memory");
-    }
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->start, NULL);
-    pthread_cond_init(&g->done, NULL);
-    for (int r = 0; r < world; r++) {
-        g->args[r] = (rank_arg){g, r};
-        if (pthread_create(&g->threads[r], NULL, rank_main, &g->args[r]) != 0) {
-            g->world = r; /* join only the threads that exist */
-            tp_rank_group_free(g);
-            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d", r);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->done, &ca);
+    pthread_condattr_destroy(&ca);
+    g->world = o->world;
+    g->hi = o->world;
+    tp_status st = TP_OK;
+    if (o->mode != TP_GROUP_THREADS) {
+        st = tp_rank_procs_create(o, &g->procs, err);
+        if (st == TP_OK) {
+            g->lo = tp_rank_procs_rank(g->procs);
+            g->hi = g->lo + 1;
         }
+    } else if (o->world < 1) {
+        st = tp_fail(err, TP_INVALID, "rank group: world size %d", o->world);
+    }
+    if (st == TP_OK)
+        st = start_threads(g, err);
+    if (st != TP_OK) {
+        tp_rank_group_free(g);
+        return st;
     }
     *out = g;
     return TP_OK;
+}
+
+void tp_rank_group_stop(tp_rank_group *g)
+{
+    if (g->procs)
+        tp_rank_procs_stop(g->procs);
 }
 
 void tp_rank_group_free(tp_rank_group *g)
@@ -101,8 +148,9 @@ void tp_rank_group_free(tp_rank_group *g)
     g->quit = 1;
     pthread_cond_broadcast(&g->start);
     pthread_mutex_unlock(&g->mu);
-    for (int r = 0; r < g->world; r++)
-        pthread_join(g->threads[r], NULL);
+    for (int i = 0; g->threads && i < g->n_threads; i++)
+        pthread_join(g->threads[i], NULL);
+    tp_rank_procs_free(g->procs);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->start);
     pthread_cond_destroy(&g->done);
@@ -113,25 +161,103 @@ void tp_rank_group_free(tp_rank_group *g)
 
 int tp_rank_group_world(const tp_rank_group *g) { return g->world; }
 
-tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, void (*on_fail)(void *),
-                            void *fail_ctx, tp_err *err)
+void tp_rank_group_local(const tp_rank_group *g, int *lo, int *hi)
 {
+    *lo = g->lo;
+    *hi = g->hi;
+}
+
+int tp_rank_group_leads(const tp_rank_group *g) { return g->lo == 0; }
+const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g) { return g->procs ? tp_rank_procs_shared(g->procs) : NULL; }
+const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_rank_procs_lost(g->procs) : NULL; }
+
+/* Waits for the local ranks; in a process group, passes a failure elsewhere
+ * to hooks->fail and a lost process to hooks->lost, once each. */
+static void wait_local(tp_rank_group *g)
+{
+    int told = 0;
+    while (g->n_done < g->n_threads) {
+        if (!g->procs) {
+            pthread_cond_wait(&g->done, &g->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&g->done, &g->mu, &ts) != ETIMEDOUT)
+            continue;
+        int f = tp_rank_procs_poll(g->procs) & ~told;
+        told |= f;
+        pthread_mutex_unlock(&g->mu); /* the hooks may wait for our ranks' threads */
+        if (f & TP_POLL_ABORT)
+            call_hook(g->hooks ? g->hooks->fail : NULL, g->hooks);
+        if (f & TP_POLL_LOST)
+            call_hook(g->hooks ? g->hooks->lost : NULL, g->hooks);
+        pthread_mutex_lock(&g->mu);
+    }
+}
+
+tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err)
+{
+    tp_err tmp;
+    err = err ? err : &tmp;
+    if (g->procs) {
+        int quit;
+        const char *lost = tp_rank_procs_lost(g->procs);
+        if (lost)
+            return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", lost);
+        tp_status st = g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_RUN, NULL, 0, err)
+                                  : tp_rank_procs_recv(g->procs, TP_MSG_RUN, NULL, 0, NULL, &quit, err);
+        if (st != TP_OK)
+            return st;
+    }
     pthread_mutex_lock(&g->mu);
     g->fn = fn;
     g->ctx = ctx;
-    g->on_fail = on_fail;
-    g->fail_ctx = fail_ctx;
+    g->hooks = hooks;
     g->status = TP_OK;
     g->n_done = 0;
     g->generation++;
     pthread_cond_broadcast(&g->start);
-    while (g->n_done < g->world)
-        pthread_cond_wait(&g->done, &g->mu);
+    wait_local(g);
     tp_status st = g->status;
-    if (st != TP_OK && err) {
-        *err = g->first_err;
-        tp_err_prefix(err, "rank %d: ", g->failed_rank);
-    }
+    tp_err first = g->first_err;
+    uint32_t ticket = g->ticket;
     pthread_mutex_unlock(&g->mu);
+    if (g->procs)
+        return tp_rank_procs_finish(g->procs, st, &first, ticket, err);
+    if (st != TP_OK)
+        *err = first;
     return st;
+}
+
+tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t cap, tp_err *err)
+{
+    int quit;
+    if (!g->procs)
+        return TP_OK;
+    return g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_SHARE, buf, *len, err)
+                      : tp_rank_procs_recv(g->procs, TP_MSG_SHARE, buf, cap, len, &quit, err);
+}
+
+tp_status tp_rank_group_post(tp_rank_group *g, const void *cmd, size_t len, tp_err *err)
+{
+    if (!g->procs)
+        return TP_OK;
+    const char *lost = tp_rank_procs_lost(g->procs);
+    if (lost)
+        return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", lost);
+    return tp_rank_procs_send(g->procs, TP_MSG_CMD, cmd, len, err);
+}
+
+tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *len, int *quit, tp_err *err)
+{
+    *quit = 0;
+    if (!g->procs || g->lo == 0)
+        return tp_fail(err, TP_INTERNAL, "rank group: only a worker process waits for commands");
+    return tp_rank_procs_recv(g->procs, TP_MSG_CMD, cmd, cap, len, quit, err);
 }

@@ -1,25 +1,106 @@
-/* rank_group.h — d persistent rank threads that run one function together.
+/* rank_group.h — the d ranks of a tensor-parallel group, and how one step
+ * (load a rank's weights, capture, run a batch) reaches all of them.
  *
- * The cpu backend's ranks are these threads; the cuda backend will put a
- * process per GPU behind the same run() shape. When a rank fails, on_fail is
- * called once so the backend can wake peers blocked in a collective: a
- * failure becomes an error on every rank, never a hang. */
+ * Two shapes behind one interface:
+ *  - threads: every rank is a persistent thread of this process (the cpu
+ *    backend's default; symmetric memory is ordinary memory);
+ *  - processes: one process per rank, as NCCL wants one per GPU. Rank 0 (the
+ *    leader, the HTTP front) either starts ranks 1..d-1 as workers running
+ *    `worker_argv`, or accepts externally started ones (RANK, WORLD_SIZE and
+ *    a rendezvous socket, torchrun-style). All processes map one shared
+ *    memory: a control block carrying every step in lockstep, the host
+ *    staging area for request inputs and outputs, and (cpu) each rank's heap.
+ *
+ * Every process runs the same deterministic sequence of steps (SPMD); the
+ * leader decides what comes next and the workers follow its messages.
+ * A run returns the same status in every process: the first failure in time
+ * wins, named "rank r: ...". A worker that dies makes the group lost: the
+ * step in flight fails with a message naming its rank, pid and exit, and
+ * every later step fails at once — never a hang. */
 #ifndef TP_RANK_GROUP_H
 #define TP_RANK_GROUP_H
+
+#include <stddef.h>
 
 #include "status.h"
 
 typedef struct tp_rank_group tp_rank_group;
 typedef tp_status (*tp_rank_fn)(void *ctx, int rank, tp_err *err);
 
-tp_status tp_rank_group_create(int world, tp_rank_group **out, tp_err *err);
+typedef enum {
+    TP_GROUP_THREADS,   /* every rank a thread of this process */
+    TP_GROUP_PROCESSES, /* this process is rank 0; ranks 1..d-1 are processes */
+    TP_GROUP_WORKER,    /* this process is rank `rank` of a leader's group */
+} tp_group_mode;
+
+#define TP_GROUP_MAX_PROCESSES 64
+
+typedef struct {
+    tp_group_mode mode;
+    int world;
+    /* PROCESSES: argv the leader execs for each worker (NULL-terminated,
+     * argv[0] a path); each gets TP_RANK, TP_WORLD_SIZE and TP_GROUP_FD in
+     * its environment. NULL with rendezvous set: wait for external ranks. */
+    char *const *worker_argv;
+    /* PROCESSES without worker_argv: the unix socket path to listen on.
+     * WORKER: the path to connect to (NULL: TP_GROUP_FD from the leader). */
+    const char *rendezvous;
+    int rank;                 /* WORKER: this process's rank, 1..world-1 */
+    size_t staging_bytes;     /* PROCESSES: request staging (0: 256 MiB) */
+    size_t heap_bytes;        /* PROCESSES: per-rank heap for cpu (0: 4 GiB) */
+    int timeout_ms;           /* joining (0: 60000) */
+} tp_rank_group_opts;
+
+/* Where the group's shared memory is, in this process's address space.
+ * Offsets are the same in every process; base is not. */
+typedef struct {
+    char *base;
+    size_t comm_offset, comm_bytes;       /* backend collectives' state */
+    size_t staging_offset, staging_bytes; /* request inputs and outputs */
+    size_t heap_offset, heap_bytes;       /* rank r's heap at heap_offset + r * heap_bytes */
+} tp_rank_shared;
+
+/* What a run does when a rank fails (wake peers blocked in a collective)
+ * and when a rank's process is gone (fail even waits that must complete). */
+typedef struct {
+    void (*fail)(void *ctx);
+    void (*lost)(void *ctx);
+    void *ctx;
+} tp_rank_hooks;
+
+tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out, tp_err *err);
+/* The leader tells its workers to quit and waits for them (killing any that
+ * do not exit within a few seconds); a no-op elsewhere. Each process then
+ * tears down its own backend before tp_rank_group_free unmaps the memory. */
+void tp_rank_group_stop(tp_rank_group *g);
 void tp_rank_group_free(tp_rank_group *g);
 int tp_rank_group_world(const tp_rank_group *g);
+/* The ranks this process runs: [*lo, *hi). */
+void tp_rank_group_local(const tp_rank_group *g, int *lo, int *hi);
+/* Whether this process decides the steps (threads, or rank 0). */
+int tp_rank_group_leads(const tp_rank_group *g);
+/* NULL for a thread group. */
+const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
+/* NULL while every rank is alive, else why the group is lost. */
+const char *tp_rank_group_lost(const tp_rank_group *g);
 
-/* Runs fn(ctx, r) on every rank r and waits for all. Returns the first
+/* Runs fn(ctx, r) on every local rank and, in a process group, waits for
+ * every other process's ranks to finish the same step. Returns the first
  * failing rank's status and message (prefixed "rank r: "). Not reentrant:
- * callers serialize. */
-tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, void (*on_fail)(void *),
-                            void *fail_ctx, tp_err *err);
+ * callers serialize. hooks may be NULL. */
+tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
+
+/* The leader's bytes to every process (a no-op in a thread group): the
+ * leader passes len bytes in buf; a worker receives them into buf (cap
+ * bytes) and *len. At most TP_GROUP_MESSAGE bytes. */
+#define TP_GROUP_MESSAGE 4096
+tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t cap, tp_err *err);
+
+/* Commands: the leader posts what the workers do next (the engine's batch
+ * steps); a worker waits for the next one. next() returns TP_UNAVAILABLE
+ * with "quit" when the leader shut the group down, or with why the leader
+ * is gone. */
+tp_status tp_rank_group_post(tp_rank_group *g, const void *cmd, size_t len, tp_err *err);
+tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *len, int *quit, tp_err *err);
 
 #endif

@@ -73,7 +73,7 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
         w->bytes += (size_t)tp_node_bytes(&g->nodes[g->param_ids[p]]);
     tp_status st = TP_OK;
     if (w->n > 0 && (st = st_open(g->weights, &w->f, err)) == TP_OK)
-        st = tp_rank_group_run(rg, load_rank, w, NULL, NULL, err);
+        st = tp_rank_group_run(rg, load_rank, w, NULL, err);
     if (w->f)
         st_close(w->f);
     w->f = NULL;

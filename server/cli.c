@@ -9,13 +9,16 @@
 #include "plan.h"
 #include "plan_report.h"
 #include "safetensors.h"
+#include "worker.h"
 
 void tp_cli_usage(FILE *out)
 {
     fprintf(out,
             "  tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]\n"
             "              [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay]\n"
+            "              [--ranks threads|processes]\n"
             "      run the graph once on global (unsharded) inputs, write global outputs\n"
+            "      (--ranks processes: one process per rank, as on GPUs)\n"
             "  tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]\n"
             "      load, validate, run the passes and print the plan of the batch-B bucket:\n"
             "      nodes, collectives and their lowering, partitions, hoisted buffers,\n"
@@ -102,11 +105,26 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
     return st;
 }
 
-#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay]"
+#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay] [--ranks threads|processes]"
+
+/* --ranks processes: this process is rank 0, workers run the same options. */
+static tp_status run_in_processes(const char *graph, const char *in, const char *out, tp_engine_opts *opts,
+                                  tp_err *err)
+{
+    tp_worker_spec ws = {graph, opts->backend, NULL, opts->disable_passes, opts->no_passes, opts->eager};
+    char **argv = tp_worker_argv(&ws);
+    if (!argv)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    opts->group = &go;
+    tp_status st = run_once(graph, in, out, opts, err);
+    tp_worker_argv_free(argv);
+    return st;
+}
 
 int tp_cli_run(int argc, char **argv)
 {
-    const char *graph = NULL, *in = NULL, *out = NULL;
+    const char *graph = NULL, *in = NULL, *out = NULL, *ranks = "threads";
     tp_engine_opts opts = {.backend = "cpu"};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-passes") == 0)
@@ -123,15 +141,19 @@ int tp_cli_run(int argc, char **argv)
             out = argv[++i];
         else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
             opts.backend = argv[++i];
+        else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc)
+            ranks = argv[++i];
         else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
             return fail("run", RUN_USAGE);
     }
-    if (!graph || !in || !out)
+    if (!graph || !in || !out || (strcmp(ranks, "threads") && strcmp(ranks, "processes")))
         return fail("run", RUN_USAGE);
     tp_err err = {{0}};
-    if (run_once(graph, in, out, &opts, &err) != TP_OK)
+    tp_status st = strcmp(ranks, "processes") == 0 ? run_in_processes(graph, in, out, &opts, &err)
+                                                   : run_once(graph, in, out, &opts, &err);
+    if (st != TP_OK)
         return fail("run", err.msg);
     return 0;
 }

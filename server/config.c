@@ -44,6 +44,11 @@ static const key_desc keys[] = {
             "dynamic batching: longest the oldest request waits for a fuller batch"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
+    STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
+    STR_KEY(rendezvous, NULL, "ranks=processes: unix socket path where externally started ranks join "
+                              "(`tpserve worker --rendezvous`); empty: start them here"),
+    INT_KEY(staging_mb, 1, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs"),
+    INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -61,6 +66,9 @@ void tp_config_defaults(tp_config *c)
     c->max_batch_size = 0;
     c->max_queue_delay_us = 0; /* Triton's default: batch what is queued, never wait */
     snprintf(c->log_level, sizeof c->log_level, "info");
+    snprintf(c->ranks, sizeof c->ranks, "threads");
+    c->staging_mb = 64;
+    c->rank_heap_mb = 4096;
 }
 
 /* Accepts "max-body-bytes" as well as "max_body_bytes". */
@@ -212,6 +220,8 @@ tp_status tp_config_validate(const tp_config *c, tp_err *err)
                        "the --config file");
     if (c->host[0] == '\0')
         return tp_fail(err, TP_INVALID, "'host' is empty");
+    if (c->rendezvous[0] && strcmp(c->ranks, "processes") != 0)
+        return tp_fail(err, TP_INVALID, "'rendezvous' needs 'ranks' processes (got '%s')", c->ranks);
     tp_config copy = *c;
     tp_status st = TP_OK;
     /* Re-applying each value through the setters checks ranges and choices

@@ -25,6 +25,10 @@ typedef struct {
     int max_queue_delay_us;  /* longest the oldest queued request waits for a fuller batch */
     char buckets[128];       /* batch buckets "1,2,4,8,16"; empty: the engine's default */
     char log_level[8];       /* error | warn | info | debug */
+    char ranks[16];          /* threads | processes (one process per rank, as on GPUs) */
+    char rendezvous[108];    /* processes: unix socket where external ranks join; empty: spawn them */
+    int staging_mb;          /* processes: shared request staging */
+    int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

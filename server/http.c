@@ -75,6 +75,8 @@ struct tp_http {
     tp_config cfg;
     _Atomic int state;
     _Atomic int loaded; /* engine and model published; stays set while draining */
+    _Atomic int broken; /* the engine cannot run any more (a rank's process died) */
+    char broken_msg[600];
     _Atomic long in_flight;
     _Atomic long suspended; /* queued or in the engine: must resume before stop */
     tp_engine *engine;
@@ -255,6 +257,8 @@ static int method_ok(route_kind k, const char *m)
 static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
 {
     *handled = 1;
+    if (atomic_load(&h->broken))
+        return reply_error(h, r, 503, "not ready: %s", h->broken_msg);
     if (!atomic_load(&h->loaded))
         return reply_error(h, r, 503, "not ready: the graph %s",
                            atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
@@ -288,8 +292,10 @@ static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
     int state = atomic_load(&h->state), handled;
     switch (r->rt.kind) {
     case R_LIVE:
-        return reply_json(h, r, 200, tp_kserve_bool_json("live", 1));
+        return reply_json(h, r, atomic_load(&h->broken) ? 503 : 200,
+                          tp_kserve_bool_json("live", !atomic_load(&h->broken)));
     case R_READY:
+        state = atomic_load(&h->broken) ? SRV_DRAINING : state;
         return reply_json(h, r, state == SRV_READY ? 200 : 503,
                           tp_kserve_bool_json("ready", state == SRV_READY));
     case R_SERVER:
@@ -924,6 +930,15 @@ static void adopt_backlog(tp_http *h, int fd)
         if (MHD_add_connection(h->d, c, (struct sockaddr *)&ss, sl) != MHD_YES)
             tp_log(TP_LOG_WARN, "drain: could not hand a pending connection to the server");
     }
+}
+
+int tp_http_set_broken(tp_http *h, const char *why)
+{
+    if (atomic_load(&h->broken))
+        return 0;
+    snprintf(h->broken_msg, sizeof h->broken_msg, "%s", why);
+    atomic_store(&h->broken, 1); /* publishes broken_msg */
+    return 1;
 }
 
 void tp_http_begin_drain(tp_http *h)

@@ -36,6 +36,11 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
  * (connections already queued in the kernel backlog are still answered). */
 void tp_http_begin_drain(tp_http *h);
 
+/* The engine can no longer run (a rank's process died): from now on
+ * liveness, readiness and every model route answer 503 with why. Returns 1
+ * the first time. Called by one thread (serve's main loop). */
+int tp_http_set_broken(tp_http *h, const char *why);
+
 /* Requests received but not yet answered; of those, the ones handed to the
  * workers (queued or inside the engine); and open connections. */
 long tp_http_in_flight(tp_http *h);

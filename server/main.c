@@ -4,11 +4,13 @@
 
 #include "cli.h"
 #include "serve.h"
+#include "worker.h"
 
 static void usage(FILE *out)
 {
     fprintf(out, "usage: tpserve COMMAND ...\n\ncommands:\n");
     tp_cli_usage(out);
+    tp_worker_usage(out);
     fprintf(out, "  tpserve serve [options]\n      serve the graph over HTTP (KServe v2)\n\n");
     tp_serve_usage(out);
 }
@@ -24,6 +26,8 @@ int main(int argc, char **argv)
         return tp_cli_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "plan") == 0)
         return tp_cli_plan(argc - 1, argv + 1);
+    if (strcmp(argv[1], "worker") == 0)
+        return tp_worker_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "serve") == 0)
         return tp_serve_main(argc - 1, argv + 1);
     fprintf(stderr, "tpserve: unknown command '%s' (try tpserve --help)\n", argv[1]);

@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "http.h"
 #include "log.h"
+#include "worker.h"
 
 void tp_serve_usage(FILE *out)
 {
@@ -221,11 +222,16 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
     }
     if (*tp_engine_backend_note(e))
         TP_LOG_I("%s", tp_engine_backend_note(e));
-    TP_LOG_I("ready: graph=%s model=%s ranks=%d backend=%s listen=http://%s:%d threads=%d "
+    TP_LOG_I("ready: graph=%s model=%s ranks=%d (%s) backend=%s listen=http://%s:%d threads=%d "
              "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
-             tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
+             cfg->ranks, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
              cfg->threads, (long long)cfg->max_body_bytes);
-    int sig = wait_signal(set, -1);
+    int sig;
+    while ((sig = wait_signal(set, 200)) <= 0) {
+        const char *lost = tp_engine_lost(e);
+        if (lost && tp_http_set_broken(h, lost))
+            TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);
+    }
     TP_LOG_I("received %s: draining (readiness 503, no new connections, up to %d ms for %ld "
              "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,
              tp_http_in_flight(h));
@@ -251,14 +257,36 @@ typedef struct {
     _Atomic int done;
 } load_job;
 
+/* ranks=processes: this process is rank 0; the others are spawned workers
+ * compiling the same options, or external ones joining at the rendezvous. */
+static tp_rank_group_opts group_opts(const tp_config *c, char *const *worker_argv)
+{
+    return (tp_rank_group_opts){
+        .mode = TP_GROUP_PROCESSES,
+        .worker_argv = c->rendezvous[0] ? NULL : worker_argv,
+        .rendezvous = c->rendezvous[0] ? c->rendezvous : NULL,
+        .staging_bytes = (size_t)c->staging_mb << 20,
+        .heap_bytes = (size_t)c->rank_heap_mb << 20,
+    };
+}
+
 static void *load_main(void *arg)
 {
     load_job *j = arg;
+    const tp_config *c = &j->cfg;
     int64_t buckets[TP_MAX_BUCKETS];
-    tp_engine_opts opts = {.backend = j->cfg.backend, .buckets = buckets};
-    j->st = j->cfg.buckets[0] ? tp_parse_buckets(j->cfg.buckets, buckets, &opts.n_buckets, &j->err) : TP_OK;
+    tp_engine_opts opts = {.backend = c->backend, .buckets = buckets};
+    tp_worker_spec ws = {.graph = c->graph, .backend = c->backend, .buckets = c->buckets};
+    char **argv = strcmp(c->ranks, "processes") == 0 ? tp_worker_argv(&ws) : NULL;
+    tp_rank_group_opts go = group_opts(c, argv);
+    if (argv)
+        opts.group = &go;
+    j->st = c->buckets[0] ? tp_parse_buckets(c->buckets, buckets, &opts.n_buckets, &j->err) : TP_OK;
+    if (j->st == TP_OK && strcmp(c->ranks, "processes") == 0 && !argv)
+        j->st = tp_fail(&j->err, TP_NOMEM, "out of memory");
     if (j->st == TP_OK)
-        j->st = tp_engine_create(j->cfg.graph, &opts, &j->e, &j->err);
+        j->st = tp_engine_create(c->graph, &opts, &j->e, &j->err);
+    tp_worker_argv_free(argv);
     atomic_store(&j->done, 1);
     return NULL;
 }

@@ -911,10 +911,23 @@ static void cu_ctx_free(cu_ctx *x)
     free(x);
 }
 
+tp_status tp_cuda_backend_pin_host(tp_backend *b, void *p, size_t bytes, tp_err *err)
+{
+    cu_ctx *x = ctx_of(b);
+    if (x->registered)
+        return tp_fail(err, TP_INTERNAL, "rank %d: host staging is already registered", x->rank);
+    CU_TRY(x, err, cudaSetDevice(x->device));
+    CU_TRY(x, err, cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+    x->registered = p;
+    return TP_OK;
+}
+
 static void cuda_destroy(tp_backend *b)
 {
     if (!b)
         return;
+    if (ctx_of(b)->registered && cudaHostUnregister(ctx_of(b)->registered) != cudaSuccess)
+        (void)cudaGetLastError(); /* the process is tearing down; nothing else holds it */
     cu_ctx_free(ctx_of(b));
     free(b);
 }

@@ -46,6 +46,11 @@ tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err);
 tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out,
                                  tp_err *err);
 
+/* Page-locks the rank group's shared request staging (cudaHostRegister,
+ * portable) so copy_in/copy_out DMA straight from and to it; unregistered
+ * when b is destroyed. */
+tp_status tp_cuda_backend_pin_host(tp_backend *b, void *p, size_t bytes, tp_err *err);
+
 /* The rank this process runs (-1 if b is not a cuda backend). */
 int tp_cuda_backend_rank(const tp_backend *b);
 

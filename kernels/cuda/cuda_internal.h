@@ -65,6 +65,8 @@ typedef struct {
     /* pinned host staging for copy_in / copy_out */
     char *pinned;
     size_t pinned_bytes, pinned_used;
+    /* the rank group's shared request staging, registered (portable) */
+    void *registered;
     /* small device buffers for agreement exchanges and peer-base queries */
     void *xchg;
     size_t xchg_bytes;

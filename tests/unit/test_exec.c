@@ -72,7 +72,7 @@ static rig make_rig(const char *path, int64_t batch)
     tp_err err = {{0}};
     r.g = tu_load_passed(path, batch, NULL);
     ck_assert(tp_backend_create("cpu", 2, &r.b, &err) == TP_OK);
-    ck_assert(tp_rank_group_create(2, &r.rg, &err) == TP_OK);
+    ck_assert(tp_rank_group_create(&(tp_rank_group_opts){.world = 2}, &r.rg, &err) == TP_OK);
     ck_assert_msg(tp_weights_load(r.g, r.b, r.rg, &r.w, &err) == TP_OK, "%s", err.msg);
     return r;
 }

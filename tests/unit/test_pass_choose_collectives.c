@@ -95,7 +95,7 @@ START_TEST(lowering_per_bucket)
     tp_weights *w;
     tp_err err = {{0}};
     ck_assert(tp_backend_create("cpu", 2, &b, &err) == TP_OK);
-    ck_assert(tp_rank_group_create(2, &rg, &err) == TP_OK);
+    ck_assert(tp_rank_group_create(&(tp_rank_group_opts){.world = 2}, &rg, &err) == TP_OK);
     ck_assert(tp_weights_load(g, b, rg, &w, &err) == TP_OK);
     tp_pass_opts po;
     tp_pass_opts_default(&po);

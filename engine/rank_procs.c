@@ -1,0 +1,688 @@
+/* rank_procs.c — one process per rank.
+ *
+ * One memfd holds everything the processes share: the control block, the
+ * backend's comm area, the request staging area and one heap per rank. It is
+ * sparse, so the defaults (256 MiB staging, 4 GiB per rank) cost address
+ * space, not memory; a memfd also avoids /dev/shm, which containers often
+ * cap at 64 MiB. Spawned workers inherit it as fd 3; external ranks get it
+ * over the rendezvous unix socket (SCM_RIGHTS).
+ *
+ * Synchronization is C11 atomics plus futexes on shared words rather than
+ * process-shared mutexes: a process that dies mid-step cannot leave a lock
+ * held, and every wait has a timeout so the waiter can look for the dead.
+ *
+ * Messages go through a ring of RING slots: the leader never overwrites a
+ * slot some worker has not read yet (each worker publishes how many it has
+ * consumed), so a command and the run that follows it cannot race. */
+#include "rank_procs.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CTL_MAGIC 0x74707267u /* "tprg" */
+#define CTL_VERSION 1
+#define RING 8
+#define WAIT_SLICE_MS 20
+#define GROUP_FD 3
+#define QUIT_GRACE_MS 5000
+
+extern char **environ;
+
+typedef struct {
+    _Atomic uint32_t seen;  /* messages consumed */
+    _Atomic uint32_t done;  /* last run step finished */
+    _Atomic int32_t pid;
+    int32_t status;
+    uint32_t ticket;
+    char msg[sizeof(tp_err)];
+} ctl_rank;
+
+typedef struct {
+    uint32_t kind, len;
+    unsigned char data[TP_GROUP_MESSAGE];
+} ctl_msg;
+
+typedef struct {
+    uint32_t magic, version;
+    int32_t world;
+    uint64_t total, comm_offset, comm_bytes, staging_offset, staging_bytes, heap_offset, heap_bytes;
+    _Atomic int32_t leader_pid;
+    _Atomic uint32_t seq; /* futex: messages sent */
+    ctl_msg ring[RING];
+    _Atomic uint32_t result; /* futex: last run step with a merged result */
+    int32_t result_status;
+    char result_msg[sizeof(tp_err)];
+    _Atomic uint32_t abort_step; /* a rank failed in this run step */
+    _Atomic uint32_t tickets;
+    _Atomic uint32_t lost;
+    char lost_msg[512];
+    ctl_rank rank[TP_GROUP_MAX_PROCESSES];
+} ctl_block;
+
+struct tp_rank_procs {
+    int rank, world, fd, spawned, stopped;
+    char *base;
+    size_t total;
+    ctl_block *ctl;
+    tp_rank_shared shared;
+    pid_t child[TP_GROUP_MAX_PROCESSES]; /* leader: spawned workers not yet reaped */
+    int32_t pid[TP_GROUP_MAX_PROCESSES];  /* leader: every worker's pid */
+    uint32_t seen; /* leader: messages sent; worker: consumed */
+    uint32_t step; /* the run step in flight */
+    char lost[512];
+};
+
+/* ------------------------------------------------------------ waiting */
+
+static void futex_wait_ms(_Atomic uint32_t *w, uint32_t val, int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------ liveness */
+
+static void set_lost(tp_rank_procs *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_lost(tp_rank_procs *p, const char *fmt, ...)
+{
+    if (p->lost[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->lost, sizeof p->lost, fmt, ap);
+    va_end(ap);
+    if (!atomic_load(&p->ctl->lost)) {
+        snprintf(p->ctl->lost_msg, sizeof p->ctl->lost_msg, "%s", p->lost);
+        atomic_store(&p->ctl->lost, 1);
+    }
+    /* wake everyone so they notice now, not at their next time slice */
+    futex_wake_all(&p->ctl->seq);
+    futex_wake_all(&p->ctl->result);
+}
+
+static void describe_exit(tp_rank_procs *p, int r, int ws)
+{
+    if (WIFSIGNALED(ws))
+        set_lost(p, "rank %d (pid %d) was killed by signal %d (%s)", r, (int)p->pid[r], WTERMSIG(ws),
+                 strsignal(WTERMSIG(ws)));
+    else
+        set_lost(p, "rank %d (pid %d) exited with status %d", r, (int)p->pid[r], WEXITSTATUS(ws));
+}
+
+static int process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+/* The leader looks at its workers; a worker at the leader. */
+static void check_peers(tp_rank_procs *p)
+{
+    if (p->lost[0])
+        return;
+    if (atomic_load(&p->ctl->lost)) {
+        snprintf(p->lost, sizeof p->lost, "%s", p->ctl->lost_msg);
+        return;
+    }
+    if (p->rank != 0) {
+        pid_t leader = atomic_load(&p->ctl->leader_pid);
+        if (process_gone(leader) || (p->spawned && getppid() != leader))
+            set_lost(p, "the leader (rank 0, pid %d) is gone", (int)leader);
+        return;
+    }
+    for (int r = 1; r < p->world && !p->lost[0]; r++) {
+        int ws;
+        if (p->child[r] > 0 && waitpid(p->child[r], &ws, WNOHANG) == p->child[r]) {
+            p->child[r] = 0;
+            describe_exit(p, r, ws);
+        } else if (p->child[r] <= 0 && process_gone(p->pid[r])) {
+            set_lost(p, "rank %d (pid %d) is gone", r, (int)p->pid[r]);
+        }
+    }
+}
+
+const char *tp_rank_procs_lost(tp_rank_procs *p)
+{
+    check_peers(p);
+    return p->lost[0] ? p->lost : NULL;
+}
+
+static tp_status lost_error(tp_rank_procs *p, tp_err *err)
+{
+    return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", p->lost);
+}
+
+/* Waits until *w >= target, or the group is lost. */
+static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, tp_err *err)
+{
+    for (;;) {
+        uint32_t v = atomic_load(w);
+        if ((int32_t)(v - target) >= 0)
+            return TP_OK;
+        if (tp_rank_procs_lost(p))
+            return lost_error(p, err);
+        futex_wait_ms(w, v, WAIT_SLICE_MS);
+    }
+}
+
+/* ------------------------------------------------------------ memory */
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+static tp_status map_group(tp_rank_procs *p, size_t total, tp_err *err)
+{
+    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (m == MAP_FAILED)
+        return tp_fail(err, TP_NOMEM, "rank group: cannot map %zu bytes of shared memory: %s", total, strerror(errno));
+    p->base = m;
+    p->total = total;
+    p->ctl = m;
+    return TP_OK;
+}
+
+static void fill_shared(tp_rank_procs *p)
+{
+    ctl_block *c = p->ctl;
+    p->shared = (tp_rank_shared){p->base,        c->comm_offset, c->comm_bytes, c->staging_offset,
+                                 c->staging_bytes, c->heap_offset, c->heap_bytes};
+}
+
+static tp_status create_memory(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
+{
+    size_t page = 1 << 16;
+    size_t staging = round_up(o->staging_bytes ? o->staging_bytes : (size_t)256 << 20, page);
+    size_t heap = round_up(o->heap_bytes ? o->heap_bytes : (size_t)4 << 30, page);
+    size_t ctl = round_up(sizeof(ctl_block), page), comm = (size_t)1 << 20;
+    size_t total = ctl + comm + staging + heap * (size_t)o->world;
+    p->fd = memfd_create("tpserve-rank-group", MFD_CLOEXEC);
+    if (p->fd < 0)
+        return tp_fail(err, TP_IO, "rank group: memfd_create: %s", strerror(errno));
+    if (ftruncate(p->fd, (off_t)total) != 0)
+        return tp_fail(err, TP_NOMEM, "rank group: cannot size shared memory to %zu bytes: %s", total, strerror(errno));
+    tp_status st = map_group(p, total, err);
+    if (st != TP_OK)
+        return st;
+    ctl_block *c = p->ctl;
+    c->magic = CTL_MAGIC;
+    c->version = CTL_VERSION;
+    c->world = o->world;
+    c->total = total;
+    c->comm_offset = ctl;
+    c->comm_bytes = comm;
+    c->staging_offset = ctl + comm;
+    c->staging_bytes = staging;
+    c->heap_offset = ctl + comm + staging;
+    c->heap_bytes = heap;
+    atomic_store(&c->leader_pid, getpid());
+    atomic_store(&c->rank[0].pid, getpid());
+    fill_shared(p);
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ spawning */
+
+static char **worker_env(int rank, int world)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 4, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "TP_RANK=", 8) && strncmp(environ[i], "TP_WORLD_SIZE=", 14) &&
+            strncmp(environ[i], "TP_GROUP_FD=", 12))
+            env[k++] = environ[i];
+    char *extra[3];
+    if (asprintf(&extra[0], "TP_RANK=%d", rank) < 0 || asprintf(&extra[1], "TP_WORLD_SIZE=%d", world) < 0 ||
+        asprintf(&extra[2], "TP_GROUP_FD=%d", GROUP_FD) < 0) {
+        free(env);
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        env[k++] = extra[i];
+    return env;
+}
+
+static void free_env(char **env)
+{
+    if (!env)
+        return;
+    for (size_t i = 0; env[i]; i++)
+        if (!strncmp(env[i], "TP_RANK=", 8) || !strncmp(env[i], "TP_WORLD_SIZE=", 14) ||
+            !strncmp(env[i], "TP_GROUP_FD=", 12))
+            free(env[i]);
+    free(env);
+}
+
+/* Between fork and exec only async-signal-safe calls: the server has
+ * threads, and a lock held by one of them would stay held in the child. */
+static tp_status spawn_worker(tp_rank_procs *p, int r, char *const *argv, tp_err *err)
+{
+    char **env = worker_env(r, p->world);
+    if (!env)
+        return tp_fail(err, TP_NOMEM, "rank group: out of memory");
+    sigset_t none;
+    sigemptyset(&none);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* its own process group: a terminal's ^C goes to the leader, which
+         * drains and then tells the workers to quit */
+        setpgid(0, 0);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (p->fd == GROUP_FD)
+            fcntl(GROUP_FD, F_SETFD, 0);
+        else if (dup2(p->fd, GROUP_FD) != GROUP_FD)
+            _exit(126);
+        close_range(GROUP_FD + 1, ~0U, 0);
+        execve(argv[0], argv, env);
+        _exit(127);
+    }
+    free_env(env);
+    if (pid < 0)
+        return tp_fail(err, TP_INTERNAL, "rank group: cannot start rank %d: fork: %s", r, strerror(errno));
+    p->child[r] = pid;
+    p->pid[r] = pid;
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ rendezvous */
+
+typedef struct {
+    uint32_t magic;
+    int32_t rank, world, pid;
+} hello;
+
+static tp_status listen_unix(const char *path, int *out, tp_err *err)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is longer than %zu bytes", path, sizeof a.sun_path - 1);
+    strcpy(a.sun_path, path);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    unlink(path); /* a stale socket from an earlier run */
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, TP_GROUP_MAX_PROCESSES) != 0) {
+        tp_status st = tp_fail(err, TP_IO, "rendezvous '%s': cannot listen: %s", path, strerror(errno));
+        if (s >= 0)
+            close(s);
+        return st;
+    }
+    *out = s;
+    return TP_OK;
+}
+
+static void reply(int s, const char *text, int fd)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    struct iovec iov = {buf, sizeof buf};
+    union {
+        char b[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        m.msg_control = u.b;
+        m.msg_controllen = sizeof u.b;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    (void)!sendmsg(s, &m, MSG_NOSIGNAL);
+}
+
+/* One joining rank: checks what it says it is, then hands it the memory. */
+static int admit(tp_rank_procs *p, int s)
+{
+    hello h;
+    struct pollfd pf = {s, POLLIN, 0};
+    if (poll(&pf, 1, 2000) != 1 || recv(s, &h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h || h.magic != CTL_MAGIC) {
+        reply(s, "error: not a tpserve rank", -1);
+        return 0;
+    }
+    char why[200] = "";
+    if (h.world != p->world)
+        snprintf(why, sizeof why, "error: WORLD_SIZE %d, but the graph has world_size %d", h.world, p->world);
+    else if (h.rank < 1 || h.rank >= p->world)
+        snprintf(why, sizeof why, "error: RANK %d out of range 1..%d (rank 0 is the leader)", h.rank, p->world - 1);
+    else if (p->pid[h.rank])
+        snprintf(why, sizeof why, "error: rank %d already joined (pid %d)", h.rank, (int)p->pid[h.rank]);
+    if (why[0]) {
+        reply(s, why, -1);
+        return 0;
+    }
+    p->pid[h.rank] = h.pid;
+    reply(s, "ok", p->fd);
+    return 1;
+}
+
+static tp_status accept_ranks(tp_rank_procs *p, const char *path, int timeout_ms, tp_err *err)
+{
+    int ls = -1;
+    tp_status st = listen_unix(path, &ls, err);
+    int joined = 0;
+    int64_t deadline = now_ms() + timeout_ms;
+    while (st == TP_OK && joined < p->world - 1) {
+        struct pollfd pf = {ls, POLLIN, 0};
+        int64_t left = deadline - now_ms();
+        if (left <= 0 || poll(&pf, 1, (int)(left < 500 ? left : 500)) < 0) {
+            if (left > 0 && errno == EINTR)
+                continue;
+            st = tp_fail(err, TP_TIMEOUT, "rendezvous '%s': %d of %d ranks joined within %d ms", path, joined + 1,
+                         p->world, timeout_ms);
+            break;
+        }
+        if (!(pf.revents & POLLIN))
+            continue;
+        int s = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+        if (s >= 0) {
+            joined += admit(p, s);
+            close(s);
+        }
+    }
+    if (ls >= 0) {
+        close(ls);
+        unlink(path);
+    }
+    return st;
+}
+
+static tp_status join_rendezvous(const char *path, const tp_rank_group_opts *o, int *fd, tp_err *err)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is too long", path);
+    strcpy(a.sun_path, path);
+    int timeout = o->timeout_ms ? o->timeout_ms : 60000;
+    int64_t deadline = now_ms() + timeout;
+    for (;;) {
+        int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
+            hello h = {CTL_MAGIC, o->rank, o->world, getpid()};
+            char buf[256] = "";
+            union {
+                char b[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+            } u;
+            struct iovec iov = {buf, sizeof buf};
+            struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+            ssize_t n = send(s, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h ? recvmsg(s, &m, MSG_WAITALL) : -1;
+            close(s);
+            struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+            buf[sizeof buf - 1] = 0;
+            if (n <= 0 || strcmp(buf, "ok") != 0 || !c || c->cmsg_type != SCM_RIGHTS)
+                return tp_fail(err, TP_UNAVAILABLE, "rendezvous '%s': the leader refused rank %d: %s", path, o->rank,
+                               n > 0 ? buf : "no answer");
+            memcpy(fd, CMSG_DATA(c), sizeof *fd);
+            return TP_OK;
+        }
+        if (s >= 0)
+            close(s);
+        if (now_ms() > deadline)
+            return tp_fail(err, TP_TIMEOUT, "rendezvous '%s': no leader within %d ms: %s", path, timeout, strerror(errno));
+        usleep(50 * 1000); /* the leader may start after us */
+    }
+}
+
+/* ------------------------------------------------------------ create */
+
+static tp_status wait_joined(tp_rank_procs *p, int timeout_ms, tp_err *err)
+{
+    int64_t deadline = now_ms() + timeout_ms;
+    for (int r = 1; r < p->world; r++)
+        while (atomic_load(&p->ctl->rank[r].pid) == 0) {
+            if (tp_rank_procs_lost(p))
+                return tp_fail(err, TP_UNAVAILABLE, "rank group: %s before joining", p->lost);
+            if (now_ms() > deadline)
+                return tp_fail(err, TP_TIMEOUT, "rank group: rank %d did not join within %d ms", r, timeout_ms);
+            usleep(2000);
+        }
+    return TP_OK;
+}
+
+static tp_status create_leader(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
+{
+    int timeout = o->timeout_ms ? o->timeout_ms : 60000;
+    tp_status st = create_memory(p, o, err);
+    if (st == TP_OK && o->worker_argv)
+        for (int r = 1; st == TP_OK && r < p->world; r++)
+            st = spawn_worker(p, r, o->worker_argv, err);
+    else if (st == TP_OK && o->rendezvous)
+        st = accept_ranks(p, o->rendezvous, timeout, err);
+    else if (st == TP_OK)
+        st = tp_fail(err, TP_INVALID, "rank group: processes need worker argv or a rendezvous path");
+    return st == TP_OK ? wait_joined(p, timeout, err) : st;
+}
+
+static tp_status create_worker(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
+{
+    tp_status st = TP_OK;
+    if (o->rendezvous) {
+        st = join_rendezvous(o->rendezvous, o, &p->fd, err);
+    } else {
+        const char *v = getenv("TP_GROUP_FD");
+        p->fd = v ? atoi(v) : -1;
+        p->spawned = 1;
+        if (p->fd < 0)
+            return tp_fail(err, TP_INVALID, "worker rank %d: no TP_GROUP_FD from a leader and no rendezvous", o->rank);
+        fcntl(p->fd, F_SETFD, FD_CLOEXEC);
+    }
+    struct stat sb;
+    if (st == TP_OK && fstat(p->fd, &sb) != 0)
+        st = tp_fail(err, TP_IO, "worker rank %d: group memory fd %d: %s", o->rank, p->fd, strerror(errno));
+    if (st == TP_OK && (size_t)sb.st_size < sizeof(ctl_block))
+        st = tp_fail(err, TP_INVALID, "worker rank %d: fd %d is not a tpserve rank group", o->rank, p->fd);
+    if (st == TP_OK)
+        st = map_group(p, (size_t)sb.st_size, err);
+    if (st != TP_OK)
+        return st;
+    ctl_block *c = p->ctl;
+    if (c->magic != CTL_MAGIC || c->version != CTL_VERSION || c->total != (uint64_t)sb.st_size)
+        return tp_fail(err, TP_INVALID, "worker rank %d: fd %d is not a tpserve rank group (version %u)", o->rank,
+                       p->fd, CTL_VERSION);
+    if (c->world != o->world)
+        return tp_fail(err, TP_INVALID, "worker rank %d: WORLD_SIZE %d, but the leader's group has %d ranks", o->rank,
+                       o->world, c->world);
+    fill_shared(p);
+    atomic_store(&c->rank[o->rank].pid, getpid());
+    return TP_OK;
+}
+
+tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out, tp_err *err)
+{
+    int leader = o->mode == TP_GROUP_PROCESSES;
+    if (o->world < 1 || o->world > TP_GROUP_MAX_PROCESSES)
+        return tp_fail(err, TP_INVALID, "rank group: world size %d out of range [1, %d] for processes", o->world,
+                       TP_GROUP_MAX_PROCESSES);
+    if (!leader && (o->rank < 1 || o->rank >= o->world))
+        return tp_fail(err, TP_INVALID, "worker rank %d out of range 1..%d (rank 0 is the leader)", o->rank,
+                       o->world - 1);
+    tp_rank_procs *p = calloc(1, sizeof *p);
+    if (!p)
+        return tp_fail(err, TP_NOMEM, "rank group: out of memory");
+    p->rank = leader ? 0 : o->rank;
+    p->world = o->world;
+    p->fd = -1;
+    tp_status st = leader ? create_leader(p, o, err) : create_worker(p, o, err);
+    if (st != TP_OK) {
+        tp_rank_procs_free(p);
+        return st;
+    }
+    *out = p;
+    return TP_OK;
+}
+
+static void reap_workers(tp_rank_procs *p)
+{
+    int64_t deadline = now_ms() + QUIT_GRACE_MS;
+    for (int r = 1; r < p->world; r++) {
+        while (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0 && now_ms() < deadline)
+            usleep(5000);
+        if (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0) {
+            kill(p->child[r], SIGKILL);
+            waitpid(p->child[r], NULL, 0);
+        }
+        p->child[r] = 0;
+    }
+}
+
+void tp_rank_procs_stop(tp_rank_procs *p)
+{
+    if (p->rank != 0 || !p->ctl || p->stopped)
+        return;
+    tp_err e;
+    if (!tp_rank_procs_lost(p))
+        tp_rank_procs_send(p, TP_MSG_QUIT, NULL, 0, &e);
+    reap_workers(p);
+    p->stopped = 1;
+}
+
+void tp_rank_procs_free(tp_rank_procs *p)
+{
+    if (!p)
+        return;
+    tp_rank_procs_stop(p);
+    if (p->base)
+        munmap(p->base, p->total);
+    if (p->fd >= 0)
+        close(p->fd);
+    free(p);
+}
+
+int tp_rank_procs_rank(const tp_rank_procs *p) { return p->rank; }
+const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p) { return &p->shared; }
+
+/* ------------------------------------------------------------ messages */
+
+static const char *kind_name(uint32_t k)
+{
+    static const char *names[] = {"?", "run", "share", "command", "quit"};
+    return k <= TP_MSG_QUIT ? names[k] : "?";
+}
+
+tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t len, tp_err *err)
+{
+    if (len > TP_GROUP_MESSAGE)
+        return tp_fail(err, TP_INTERNAL, "rank group: message of %zu bytes (at most %d)", len, TP_GROUP_MESSAGE);
+    /* the slot we reuse must have been read by every worker */
+    for (int r = 1; p->seen >= RING && r < p->world; r++) {
+        tp_status st = wait_for(p, &p->ctl->rank[r].seen, p->seen - RING + 1, err);
+        if (st != TP_OK)
+            return st;
+    }
+    ctl_msg *m = &p->ctl->ring[p->seen % RING];
+    m->kind = (uint32_t)kind;
+    m->len = (uint32_t)len;
+    if (len)
+        memcpy(m->data, buf, len);
+    atomic_store(&p->ctl->seq, ++p->seen);
+    futex_wake_all(&p->ctl->seq);
+    if (kind == TP_MSG_RUN)
+        p->step = p->seen;
+    return TP_OK;
+}
+
+tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
+{
+    *quit = 0;
+    tp_status st = wait_for(p, &p->ctl->seq, p->seen + 1, err);
+    if (st != TP_OK)
+        return st;
+    const ctl_msg *m = &p->ctl->ring[p->seen % RING];
+    uint32_t k = m->kind, n = m->len;
+    if (k == (uint32_t)kind && n <= cap && n)
+        memcpy(buf, m->data, n);
+    atomic_store(&p->ctl->rank[p->rank].seen, ++p->seen);
+    if (k == TP_MSG_RUN)
+        p->step = p->seen;
+    if (len)
+        *len = n;
+    if (k == TP_MSG_QUIT) {
+        *quit = 1;
+        return tp_fail(err, TP_UNAVAILABLE, "quit: the leader shut the rank group down");
+    }
+    if (k != (uint32_t)kind || n > cap)
+        return tp_fail(err, TP_INTERNAL, "rank %d: expected a %s message, the leader sent a %s of %u bytes (the processes diverged)",
+                       p->rank, kind_name((uint32_t)kind), kind_name(k), n);
+    return TP_OK;
+}
+
+/* ------------------------------------------------------------ steps */
+
+int tp_rank_procs_poll(tp_rank_procs *p)
+{
+    int f = atomic_load(&p->ctl->abort_step) == p->step ? TP_POLL_ABORT : 0;
+    return tp_rank_procs_lost(p) ? f | TP_POLL_LOST : f;
+}
+
+uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p)
+{
+    atomic_store(&p->ctl->abort_step, p->step);
+    return atomic_fetch_add(&p->ctl->tickets, 1) + 1;
+}
+
+static void record(ctl_rank *slot, tp_status st, const tp_err *e, uint32_t ticket)
+{
+    slot->status = st;
+    slot->ticket = st == TP_OK ? 0 : ticket;
+    snprintf(slot->msg, sizeof slot->msg, "%s", st == TP_OK ? "" : e->msg);
+}
+
+tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, uint32_t ticket, tp_err *err)
+{
+    ctl_block *c = p->ctl;
+    record(&c->rank[p->rank], st, e, ticket);
+    if (p->rank != 0) {
+        atomic_store(&c->rank[p->rank].done, p->step);
+        futex_wake_all(&c->rank[p->rank].done);
+        tp_status w = wait_for(p, &c->result, p->step, err);
+        if (w != TP_OK)
+            return w;
+        if (c->result_status != TP_OK)
+            snprintf(err->msg, sizeof err->msg, "%s", c->result_msg);
+        return (tp_status)c->result_status;
+    }
+    int first = st == TP_OK ? -1 : 0;
+    for (int r = 1; r < p->world; r++) {
+        tp_status w = wait_for(p, &c->rank[r].done, p->step, err);
+        if (w != TP_OK) {
+            atomic_store(&c->result, p->step); /* release whoever still waits */
+            futex_wake_all(&c->result);
+            return w;
+        }
+        if (c->rank[r].status != TP_OK && (first < 0 || c->rank[r].ticket < c->rank[first].ticket))
+            first = r;
+    }
+    c->result_status = first < 0 ? TP_OK : c->rank[first].status;
+    snprintf(c->result_msg, sizeof c->result_msg, "%s", first < 0 ? "" : c->rank[first].msg);
+    atomic_store(&c->result, p->step);
+    futex_wake_all(&c->result);
+    if (first >= 0)
+        snprintf(err->msg, sizeof err->msg, "%s", c->result_msg);
+    return (tp_status)c->result_status;
+}

@@ -1,0 +1,43 @@
+/* rank_procs.h — the process half of a rank group (see rank_group.h): the
+ * shared memory, its control block, the workers' lifecycle and the lockstep
+ * message protocol. Only rank_group.c uses it. */
+#ifndef TP_RANK_PROCS_H
+#define TP_RANK_PROCS_H
+
+#include <stdint.h>
+
+#include "rank_group.h"
+
+typedef struct tp_rank_procs tp_rank_procs;
+
+enum { TP_MSG_RUN = 1, TP_MSG_SHARE, TP_MSG_CMD, TP_MSG_QUIT };
+enum { TP_POLL_ABORT = 1, TP_POLL_LOST = 2 };
+
+/* Leader: creates the memory and starts (or accepts) ranks 1..d-1, returning
+ * once all have joined. Worker: joins from TP_GROUP_FD or the rendezvous. */
+tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out, tp_err *err);
+/* Leader: tells the workers to quit and reaps them (killing stragglers). */
+void tp_rank_procs_stop(tp_rank_procs *p);
+void tp_rank_procs_free(tp_rank_procs *p);
+int tp_rank_procs_rank(const tp_rank_procs *p);
+const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p);
+/* NULL while every process is alive. Checks, so it can turn non-NULL. */
+const char *tp_rank_procs_lost(tp_rank_procs *p);
+
+/* Leader only: one message to every worker (waits while a worker is more
+ * than a few messages behind). */
+tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t len, tp_err *err);
+/* Worker only: the next message, which must be of `kind` (or QUIT: *quit). */
+tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit,
+                             tp_err *err);
+
+/* Inside a step. poll: TP_POLL_* flags (a rank somewhere failed this step;
+ * a process is gone). fail_ticket: a local rank failed — order it among
+ * every failure of the step and tell the other processes. */
+int tp_rank_procs_poll(tp_rank_procs *p);
+uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p);
+/* Ends the step: the leader merges every process's result (first ticket
+ * wins) and publishes it; a worker reports its own and waits for that. */
+tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, uint32_t ticket, tp_err *err);
+
+#endif

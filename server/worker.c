@@ -1,0 +1,125 @@
+#include "worker.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define MAX_ARGS 16
+
+char **tp_worker_argv(const tp_worker_spec *s)
+{
+    const char *a[MAX_ARGS];
+    int n = 0;
+    a[n++] = "/proc/self/exe";
+    a[n++] = "worker";
+    a[n++] = s->graph;
+    if (s->backend) {
+        a[n++] = "--backend";
+        a[n++] = s->backend;
+    }
+    if (s->buckets && *s->buckets) {
+        a[n++] = "--buckets";
+        a[n++] = s->buckets;
+    }
+    if (s->disable_passes && *s->disable_passes) {
+        a[n++] = "--disable-pass";
+        a[n++] = s->disable_passes;
+    }
+    if (s->no_passes)
+        a[n++] = "--no-passes";
+    if (s->eager)
+        a[n++] = "--eager";
+    char **argv = calloc((size_t)n + 1, sizeof *argv);
+    for (int i = 0; argv && i < n; i++)
+        if (!(argv[i] = strdup(a[i]))) {
+            tp_worker_argv_free(argv);
+            return NULL;
+        }
+    return argv;
+}
+
+void tp_worker_argv_free(char **argv)
+{
+    for (int i = 0; argv && argv[i]; i++)
+        free(argv[i]);
+    free(argv);
+}
+
+void tp_worker_usage(FILE *out)
+{
+    fprintf(out,
+            "  tpserve worker GRAPH.json [--rendezvous PATH] [--backend B] [--buckets LIST]\n"
+            "              [--no-passes] [--disable-pass NAME] [--eager]\n"
+            "      one rank of a process group (RANK/WORLD_SIZE, or TP_RANK/TP_WORLD_SIZE\n"
+            "      from a leader); started by `serve --ranks processes`, or by hand with\n"
+            "      --rendezvous to join a leader started with the same PATH\n");
+}
+
+static int env_int(const char *a, const char *b, int dflt)
+{
+    const char *v = getenv(a);
+    if (!v)
+        v = getenv(b);
+    return v ? atoi(v) : dflt;
+}
+
+static int fail(const char *msg, int rank)
+{
+    fprintf(stderr, "tpserve worker rank %d: %s\n", rank, msg);
+    return 1;
+}
+
+int tp_worker_main(int argc, char **argv)
+{
+    static const char usage[] = "usage: tpserve worker GRAPH.json [--rendezvous PATH] [--backend B] [--buckets LIST] "
+                                "[--no-passes] [--disable-pass NAME] [--eager]";
+    tp_rank_group_opts go = {.mode = TP_GROUP_WORKER};
+    go.rank = env_int("TP_RANK", "RANK", -1);
+    go.world = env_int("TP_WORLD_SIZE", "WORLD_SIZE", -1);
+    tp_engine_opts opts = {.backend = "cpu", .group = &go};
+    const char *graph = NULL, *buckets = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--no-passes") == 0)
+            opts.no_passes = 1;
+        else if (strcmp(argv[i], "--eager") == 0)
+            opts.eager = 1;
+        else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc)
+            opts.disable_passes = argv[++i];
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            opts.backend = argv[++i];
+        else if (strcmp(argv[i], "--buckets") == 0 && i + 1 < argc)
+            buckets = argv[++i];
+        else if (strcmp(argv[i], "--rendezvous") == 0 && i + 1 < argc)
+            go.rendezvous = argv[++i];
+        else if (argv[i][0] != '-' && !graph)
+            graph = argv[i];
+        else
+            return fail(usage, go.rank);
+    }
+    if (!graph)
+        return fail(usage, go.rank);
+    if (go.rank < 1 || go.world < 2)
+        return fail("needs RANK (1..WORLD_SIZE-1) and WORLD_SIZE (>= 2) in the environment", go.rank);
+    /* A leader's blocked signals survive exec; this process obeys its own. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    tp_err err = {{0}};
+    int64_t bk[TP_MAX_BUCKETS];
+    opts.buckets = bk;
+    tp_engine *e = NULL;
+    tp_status st = buckets ? tp_parse_buckets(buckets, bk, &opts.n_buckets, &err) : TP_OK;
+    if (!buckets)
+        opts.buckets = NULL;
+    if (st == TP_OK)
+        st = tp_engine_create(graph, &opts, &e, &err);
+    if (st == TP_OK)
+        st = tp_engine_follow(e, &err);
+    tp_engine_free(e);
+    /* the leader ending the group early (its own load failed) is its to report */
+    if (st == TP_OK || strncmp(err.msg, "quit:", 5) == 0)
+        return 0;
+    return fail(err.msg, go.rank);
+}
