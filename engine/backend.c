@@ -13,13 +13,15 @@
 #include "cuda/cuda_backend.h"
 #endif
 
-/* One process is one GPU rank: RANK and TP_NCCL_ID come from the launcher
- * (torchrun-style) when world_size > 1. */
+/* Within one process cuda runs one rank: several ranks need one process per
+ * GPU (a process rank group, tp_backend_create_for_group). */
 static tp_status cuda_create(int world, tp_backend **out, tp_err *err)
 {
 #ifdef TP_HAVE_CUDA
-    const char *rank = getenv("RANK");
-    return tp_cuda_backend_create(world, rank ? atoi(rank) : 0, getenv("TP_NCCL_ID"), out, err);
+    if (world > 1)
+        return tp_fail(err, TP_INVALID, "backend 'cuda' runs one process per GPU: world_size %d needs ranks=processes "
+                       "(--ranks processes)", world);
+    return tp_cuda_backend_create(1, 0, NULL, out, err);
 #else
     (void)world;
     (void)out;
@@ -32,12 +34,10 @@ static tp_status auto_create(int world, tp_backend **out, tp_err *err)
     char why[160] = "built without nvcc";
 #ifdef TP_HAVE_CUDA
     int n = tp_cuda_probe(why, sizeof why);
-    if (n >= world && (world == 1 || getenv("TP_NCCL_ID")))
+    if (n >= 1 && world == 1)
         return cuda_create(world, out, err);
-    if (n > 0 && n < world)
-        snprintf(why, sizeof why, "%d CUDA device(s) for world_size %d", n, world);
-    else if (n > 0)
-        snprintf(why, sizeof why, "world_size %d needs one process per GPU (no TP_NCCL_ID rendezvous)", world);
+    if (n > 0)
+        snprintf(why, sizeof why, "world_size %d needs one process per GPU (ranks=processes)", world);
 #endif
     tp_status st = tp_cpu_backend_create(world, NULL, out, err);
     if (st == TP_OK)
@@ -93,8 +93,12 @@ static tp_status lead_group(const char *name, tp_rank_group *rg, tp_backend **ou
     int use_cuda = name && strcmp(name, "cuda") == 0;
     char why[160] = "built without nvcc";
 #ifdef TP_HAVE_CUDA
-    if (name && strcmp(name, "auto") == 0)
-        use_cuda = tp_cuda_probe(why, sizeof why) >= 1;
+    if (name && strcmp(name, "auto") == 0) {
+        int n = tp_cuda_probe(why, sizeof why);
+        use_cuda = n >= world; /* one GPU per rank on this node */
+        if (n > 0 && n < world)
+            snprintf(why, sizeof why, "%d CUDA device(s) for world_size %d", n, world);
+    }
     if (use_cuda) {
         char id[TP_CUDA_NCCL_ID_HEX + 1];
         tp_status st = tp_cuda_nccl_id_new(id, err);

@@ -1,0 +1,124 @@
+#!/bin/sh
+# test_processes.sh — one process per rank (ranks=processes), on the cpu
+# backend: every example graph gives its reference numbers with the ranks in
+# separate processes (tpserve run); the server spawns world_size-1 workers
+# and answers correctly; SIGKILL of a worker turns readiness and liveness
+# 503 with a log line naming the rank and signal, requests get 503 naming
+# it, and SIGTERM still exits at once; a normal SIGTERM leaves no worker
+# behind; external ranks (`tpserve worker --rendezvous`, RANK/WORLD_SIZE)
+# join a leader, and a rank started with other options or another world size
+# is refused with a message saying so.
+#
+# env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the logs.
+# shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
+set -u
+: "${TPSERVE:?set TPSERVE to the tpserve binary}"
+: "${TP_GRAPHS:?set TP_GRAPHS to the generated graphs directory}"
+PYTHON=${PYTHON:-python3}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_procs.XXXXXX")
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/lib/server.sh"
+TPSERVE=$(cd "$(dirname "$TPSERVE")" && pwd)/$(basename "$TPSERVE")
+
+# workers PID: the worker processes the server PID spawned.
+workers() { pgrep -P "$1" -f "tpserve.* worker|exe worker" 2>/dev/null | tr '\n' ' '; }
+nworkers() { set -- $(workers "$1"); echo $#; }
+
+# 1. every example, ranks in processes, against the unsharded reference
+for entry in $($PYTHON -c "import json,sys; m=json.load(open(sys.argv[1])); print(' '.join(g['name']+':'+repr(g['rtol']) for g in m['graphs']))" "$TP_GRAPHS/manifest.json"); do
+    name=${entry%%:*}; rtol=${entry##*:}
+    if "$TPSERVE" run "$TP_GRAPHS/$name.json" --inputs "$TP_GRAPHS/$name.inputs.safetensors" \
+           --output "$TMP/$name.out" --ranks processes 2>"$TMP/err" &&
+       $PYTHON "$HERE/compare.py" "$TMP/$name.out" "$TP_GRAPHS/$name.ref.safetensors" "$rtol" >"$TMP/cmp"; then
+        pass "run --ranks processes: $name matches its reference"
+    else
+        fail "run --ranks processes: $name: $(cat "$TMP/err" "$TMP/cmp" 2>/dev/null | tail -3)"
+    fi
+done
+
+# 2. the server spawns world_size-1 workers and answers correctly
+G=megatron_block_tp4
+if start procs --graph "$TP_GRAPHS/$G.json" --ranks processes; then
+    n=$(nworkers "$PID")
+    [ "$n" = 3 ] && pass "serve ranks=processes on a 4-rank graph: 3 worker processes" ||
+        fail "expected 3 workers of $PID, found $n ($(ps -o pid,ppid,args --ppid "$PID" | tail -n +2))"
+    grep -q "ranks=4 (processes)" "$TMP/procs.log" && pass "ready line says ranks=4 (processes)" ||
+        fail "ready line: $(grep ready: "$TMP/procs.log")"
+    for mode in "" "--binary"; do
+        # shellcheck disable=SC2086
+        $PYTHON "$HERE/kserve_client.py" infer --url "$URL" --graphs "$TP_GRAPHS" --graph "$G" $mode >"$TMP/c" 2>&1 &&
+            pass "infer ${mode:-json} across 4 processes matches the reference" ||
+            fail "infer ${mode:-json}: $(tail -3 "$TMP/c")"
+    done
+    ws=$(workers "$PID")
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+    rc=$?
+    sleep 0.2
+    left=0
+    for w in $ws; do kill -0 "$w" 2>/dev/null && left=$((left + 1)); done
+    [ "$rc" = 0 ] && [ "$left" = 0 ] && pass "SIGTERM: exit 0 and no worker left behind" ||
+        fail "SIGTERM: exit $rc, $left of the workers ($ws) still running"
+fi
+
+# 3. a worker killed under load: not ready, not live, 503 naming it, no hang
+G=mlp_sp_tp2
+if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
+    w=$(workers "$PID" | awk '{print $1}')
+    kill -9 "$w"
+    i=0
+    while [ $i -lt 50 ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" != 503 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 503 ] &&
+        pass "worker SIGKILL: readiness 503 within $((i * 100)) ms" || fail "worker SIGKILL: still ready after 5 s"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/live")" = 503 ] &&
+        pass "worker SIGKILL: liveness 503 (the pod gets restarted)" || fail "worker SIGKILL: still live"
+    code=$($PYTHON "$HERE/kserve_client.py" make --graphs "$TP_GRAPHS" --graph "$G" --out "$TMP/body" >/dev/null &&
+        curl -s -o "$TMP/resp" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/body" \
+            "$URL/v2/models/$G/infer")
+    [ "$code" = 503 ] && grep -q "rank 1 (pid $w) was killed by signal 9" "$TMP/resp" &&
+        pass "infer after the death: 503 naming rank 1, its pid and the signal" ||
+        fail "infer after the death: $code $(cat "$TMP/resp")"
+    grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log" &&
+        pass "log line names the dead rank" || fail "no log line: $(tail -3 "$TMP/dead.log")"
+    kill "$PID"
+    i=0
+    while kill -0 "$PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 "$PID" 2>/dev/null && fail "SIGTERM after a worker died: still running after 10 s" ||
+        pass "SIGTERM after a worker died: exits in $((i * 100)) ms"
+fi
+
+# 4. external ranks join at a rendezvous (torchrun-style RANK/WORLD_SIZE)
+SOCK="$TMP/rdzv.sock"
+RANK=1 WORLD_SIZE=2 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$SOCK" >"$TMP/w1.log" 2>&1 &
+W1=$!
+PIDS="$PIDS $W1"
+if start ext --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK"; then
+    $PYTHON "$HERE/kserve_client.py" infer --url "$URL" --graphs "$TP_GRAPHS" --graph "$G" >"$TMP/c" 2>&1 &&
+        pass "an external rank joined at the rendezvous; infer matches" || fail "external rank: $(tail -3 "$TMP/c")"
+    [ "$(nworkers "$PID")" = 0 ] && pass "with a rendezvous the leader spawns no worker" || fail "leader spawned workers"
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+    wait "$W1" 2>/dev/null && pass "the external rank exits 0 when the leader stops" || fail "external rank: $(cat "$TMP/w1.log")"
+fi
+
+# 5. a rank with other options, or another world size, is refused
+SOCK2="$TMP/rdzv2.sock"
+RANK=1 WORLD_SIZE=2 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$SOCK2" --buckets 1,2 >"$TMP/w2.log" 2>&1 &
+W2=$!
+PIDS="$PIDS $W2"
+PORT=$(free_port)
+"$TPSERVE" serve --port "$PORT" --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK2" >"$TMP/mis.log" 2>&1
+rc=$?
+[ "$rc" != 0 ] && grep -q "rank 1 was started with other options than rank 0: .*buckets 1,2;" "$TMP/mis.log" &&
+    pass "a rank started with other buckets: the leader refuses to serve, saying which options differ" ||
+    fail "options mismatch: rc=$rc $(tail -2 "$TMP/mis.log")"
+wait "$W2" 2>/dev/null
+[ $? != 0 ] && pass "the mismatched rank exits non-zero" || fail "mismatched rank exited 0"
+RANK=1 WORLD_SIZE=4 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$TMP/none.sock" >"$TMP/w3.log" 2>&1
+grep -q "WORLD_SIZE 4, but graph 'mlp_sp_tp2' has world_size 2" "$TMP/w3.log" &&
+    pass "a worker with another WORLD_SIZE fails at once, saying so" || fail "world mismatch: $(cat "$TMP/w3.log")"
+
+echo "test_processes: $npass passed, $nfail failed"
+[ "$nfail" = 0 ]
