@@ -89,6 +89,23 @@ if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
         pass "SIGTERM after a worker died: exits in $((i * 100)) ms"
 fi
 
+# 3b. the server killed: its workers notice and exit on their own
+if start orphan --graph "$TP_GRAPHS/$G.json" --ranks processes; then
+    ws=$(workers "$PID")
+    kill -9 "$PID"
+    wait "$PID" 2>/dev/null
+    i=0
+    while [ $i -lt 50 ]; do
+        left=0
+        for w in $ws; do kill -0 "$w" 2>/dev/null && left=$((left + 1)); done
+        [ "$left" = 0 ] && break
+        sleep 0.1; i=$((i + 1))
+    done
+    [ "$left" = 0 ] && grep -q "the leader (rank 0, pid $PID) is gone" "$TMP/orphan.log" &&
+        pass "server SIGKILL: its worker exits within $((i * 100)) ms, saying the leader is gone" ||
+        fail "server SIGKILL: $left workers of ($ws) still running; $(tail -2 "$TMP/orphan.log")"
+fi
+
 # 4. external ranks join at a rendezvous (torchrun-style RANK/WORLD_SIZE)
 SOCK="$TMP/rdzv.sock"
 RANK=1 WORLD_SIZE=2 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$SOCK" >"$TMP/w1.log" 2>&1 &
