@@ -89,6 +89,30 @@ if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
         pass "SIGTERM after a worker died: exits in $((i * 100)) ms"
 fi
 
+# 3a. a worker killed while requests stream in: every request is answered
+# (200 before, 503 after), none hangs, and the server stays up
+if start load --graph "$TP_GRAPHS/$G.json" --ranks processes; then
+    $PYTHON "$HERE/kserve_client.py" make --graphs "$TP_GRAPHS" --graph "$G" --out "$TMP/lbody" --repeat 8 >/dev/null
+    loops=""
+    for c in 1 2 3 4; do
+        ( k=0; while [ $k -lt 40 ]; do
+              curl -s -m 10 -o /dev/null -w '%{http_code}\n' -H 'Content-Type: application/json' \
+                  --data-binary @"$TMP/lbody" "$URL/v2/models/$G/infer"; k=$((k + 1)); done ) >"$TMP/codes.$c" &
+        loops="$loops $!"
+    done
+    sleep 0.3
+    kill -9 "$(workers "$PID" | awk '{print $1}')"
+    for j in $loops; do wait "$j"; done
+    total=$(cat "$TMP"/codes.* | wc -l)
+    other=$(cat "$TMP"/codes.* | grep -cv '^\(200\|503\)$')
+    ok=$(cat "$TMP"/codes.* | grep -c '^200$')
+    [ "$total" = 160 ] && [ "$other" = 0 ] && [ "$ok" -gt 0 ] && kill -0 "$PID" &&
+        pass "worker SIGKILL under load: all 160 requests answered ($ok x 200, $((total - ok)) x 503), server up" ||
+        fail "worker SIGKILL under load: $total answers, $other neither 200 nor 503: $(sort "$TMP"/codes.* | uniq -c | tr '\n' ' ')"
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+fi
+
 # 3b. the server killed: its workers notice and exit on their own
 if start orphan --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     ws=$(workers "$PID")
@@ -128,7 +152,7 @@ PIDS="$PIDS $W2"
 PORT=$(free_port)
 "$TPSERVE" serve --port "$PORT" --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK2" >"$TMP/mis.log" 2>&1
 rc=$?
-[ "$rc" != 0 ] && grep -q "rank 1 was started with other options than rank 0: .*buckets 1,2;" "$TMP/mis.log" &&
+[ "$rc" != 0 ] && grep -q "rank 1: started with other options than rank 0: .*buckets 1,2, passes all; rank 0 has .*buckets 1,2,4,8,16" "$TMP/mis.log" &&
     pass "a rank started with other buckets: the leader refuses to serve, saying which options differ" ||
     fail "options mismatch: rc=$rc $(tail -2 "$TMP/mis.log")"
 wait "$W2" 2>/dev/null
