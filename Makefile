@@ -41,7 +41,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes fuzz bench-http bench-gpu
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
 
 all: $(BUILD)/tpserve cuda
 
@@ -57,6 +57,7 @@ help:
 	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
+	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
 $(DEPS_OK):
@@ -125,6 +126,10 @@ bench: $(BUILD)/bench/bench_engine
 
 bench-passes: $(BUILD)/bench/bench_engine
 	$(BUILD)/bench/bench_engine passes
+
+# Ranks as threads vs one process per rank (the GPU layout) on the cpu backend.
+bench-ranks: $(BUILD)/bench/bench_engine $(BUILD)/tpserve
+	TPSERVE=$(BUILD)/tpserve $(BUILD)/bench/bench_engine ranks
 
 # One process per GPU; prints one line and exits 0 on a machine without one.
 bench-gpu: $(BUILD)/bench/bench_gpu

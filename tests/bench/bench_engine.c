@@ -227,11 +227,58 @@ static void bench_passes(const char *dir)
     }
 }
 
+/* The same graph with ranks as threads and as processes (the leader posts
+ * each step through the shared control block; workers are `tpserve
+ * worker`, found through $TPSERVE). */
+static tp_engine *engine_in_processes(const char *path)
+{
+    const char *exe = getenv("TPSERVE");
+    char *argv[] = {(char *)(exe ? exe : "build/tpserve"), "worker", (char *)path, "--backend", "cpu", NULL};
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    tp_engine_opts o = {.backend = "cpu", .group = &go};
+    tp_engine *e;
+    tp_err err;
+    if (tp_engine_create(path, &o, &e, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    return e;
+}
+
+static void bench_ranks(const char *dir)
+{
+    printf("| graph | batch | threads us/req | processes us/req | processes - threads |\n");
+    printf("|---|---|---|---|---|\n");
+    for (int pass = 0; pass < 2; pass++) {
+        char path[256];
+        int64_t batch = 4, s = 64, h = 256;
+        if (pass == 0)
+            write_tiny_graph(dir, 400, path);
+        else
+            write_mlp(dir, s, h, path);
+        int64_t n_x = pass == 0 ? batch * 16 : batch * s * h;
+        float *x = malloc(sizeof(float) * (size_t)n_x);
+        fill(x, n_x, 5);
+        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .ndim = pass == 0 ? 2 : 3, .data = x,
+                             .nbytes = sizeof(float) * (size_t)n_x};
+        int64_t shape[3] = {batch, pass == 0 ? 16 : s, h};
+        memcpy(in.shape, shape, sizeof shape);
+        tp_engine *th = engine(path, 1, 0), *pr = engine_in_processes(path);
+        int reps = pass == 0 ? 200 : 50;
+        double tt = time_request(th, &in, 1, reps), tp = time_request(pr, &in, 1, reps);
+        printf("| %s | %lld | %.1f | %.1f | %+.1f |\n", pass == 0 ? "tiny-400" : "mlp_sp h=256", (long long)batch, tt,
+               tp, tp - tt);
+        tp_engine_free(th);
+        tp_engine_free(pr);
+        free(x);
+    }
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/tp_bench_XXXXXX";
     if (argc != 2 || !mkdtemp(dir)) {
-        fprintf(stderr, "usage: bench_engine replay|passes\n");
+        fprintf(stderr, "usage: bench_engine replay|passes|ranks\n");
         return 2;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -240,6 +287,8 @@ int main(int argc, char **argv)
         bench_replay(dir);
     else if (strcmp(argv[1], "passes") == 0)
         bench_passes(dir);
+    else if (strcmp(argv[1], "ranks") == 0)
+        bench_ranks(dir);
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     return system(cmd) == 0 ? 0 : 1;
