@@ -1,11 +1,14 @@
-/* collectives.c — collectives of the cpu backend (ranks are threads).
+/* collectives.c — collectives of the cpu backend (ranks are threads, or
+ * processes mapping the same shared memory).
  *
  * Protocol of one collective, per rank:
- *   1. publish {in, out, op, attrs} in slot[rank];
+ *   1. publish {in, out, op, attrs} in slot[rank], tensors by value with
+ *      in's data as an offset from the shared base;
  *   2. entry barrier (abortable): after it every slot is visible;
  *   3. validate every rank's slot (every rank runs the same checks on the
  *      same data, so all ranks agree on the verdict), then compute this
- *      rank's out by reading peers' inputs in place (strided sub-views);
+ *      rank's out by reading peers' inputs in place (strided sub-views,
+ *      translated into this process's mapping);
  *   4. exit barrier: nobody returns (and reuses or frees its input, or
  *      rewrites its slot) while a peer may still be reading it.
  *
@@ -14,6 +17,20 @@
  * barriers), and leaving early would let a rank free an input that a peer is
  * still reading. Either every rank passes the entry barrier or none does,
  * because the generation only advances once all ranks have arrived.
+ * cpu_comm_lost is the exception: a dead process never reaches the exit
+ * barrier, so once a process is gone every wait fails, this one included.
+ *
+ * Synchronization is C11 atomics on the shared state plus futex wait/wake
+ * on one sequence word, rather than PTHREAD_PROCESS_SHARED mutexes and
+ * condition variables: nothing is ever locked, so a process that dies at any
+ * point cannot leave a lock held or a condition variable's internal waiter
+ * accounting half-updated (glibc's process-shared condvars are not robust
+ * against a dead waiter even when the mutex is), and abort/lost only need
+ * an atomic OR and a wake. Waiters sleep on `seq`, which every event that
+ * can end a wait bumps (a generation completing, abort, lost), so a wake
+ * cannot be lost between checking and sleeping. Thread mode uses the same
+ * code with FUTEX_PRIVATE_FLAG; shared mode uses plain (non-private)
+ * futexes, which the kernel keys by the shared page, not the address.
  *
  * Arithmetic of the reductions (identical on every rank, so all_reduce
  * results are bit-identical across ranks):
@@ -31,68 +48,187 @@
  * one exception handled is broadcast writing in place on the src rank. */
 #include "cpu/collectives.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <math.h>
-#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define CPU_COMM_MAX_WORLD 4096
 #define RED_CHUNK 256
+#define COMM_MAGIC 0x6d6d6f635f757063ULL /* "cpu_comm" */
+#define COMM_VERSION 1u
+/* The barrier state is one 64-bit word, so that arriving, completing a
+ * generation, abort and lost are each one atomic step on it (see
+ * barrier_wait): bits 0-15 ranks arrived, 16 aborted, 17 lost, 32-63 the
+ * generation (completed barriers, wrapping). */
+#define ST_ARRIVED 0xffffULL
+#define ST_ABORTED (1ULL << 16)
+#define ST_LOST (1ULL << 17)
+#define ST_GEN_ONE (1ULL << 32)
+#define GEN_OF(s) ((uint32_t)((s) >> 32))
 
+/* Processes share these words through different mappings: only lock-free
+ * atomics are plain memory operations that work across address spaces. */
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_LONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+               "the cpu comm needs lock-free 32- and 64-bit atomics");
+
+/* One rank's contribution, by value: the data pointers of in/out are not
+ * meaningful to peers (other address spaces) and are left NULL; in_off is
+ * in's data relative to the shared base. */
 typedef struct {
-    const tp_tensor *in;
-    const tp_tensor *out;
+    tp_tensor in, out;
+    uint64_t in_off;
+    int has_in, has_out;
+    int in_outside; /* in is not inside the shared memory (shared mode) */
     tp_op op;
     int has_attrs;
     int dim, split_dim, concat_dim, src;
     tp_reduce reduce;
 } cpu_slot;
 
+/* The state every rank shares, followed by world slots. */
+typedef struct {
+    _Atomic uint64_t magic; /* stored last by the owner */
+    uint32_t version, slot_bytes;
+    int32_t world;
+    alignas(64) _Atomic uint64_t state; /* ST_*: arrived, aborted, lost, generation */
+    _Atomic uint32_t seq;               /* futex word: bumped by every wake-up event */
+    _Atomic uint32_t sleepers;          /* waiters in (or entering) FUTEX_WAIT */
+} comm_hdr;
+
+#define SLOTS_AT (((sizeof(comm_hdr)) + 63) & ~(size_t)63)
+
+/* This process's handle on the state. */
 struct cpu_comm {
     int world;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    uint64_t gen;
-    int aborted;
+    comm_hdr *h;
     cpu_slot *slot;
+    uintptr_t base; /* this process's mapping; 0 for threads (offset == pointer) */
+    size_t span;    /* shared mode: published tensors must lie in [base, base + span) */
+    int futex_flags;
+    int can_reset;
+    void *own; /* thread mode: the malloc'd state */
 };
 
 static const char ABORT_MSG[] = "collective aborted: a peer rank failed";
+static const char LOST_MSG[] = "collective failed: a peer rank's process is gone";
 
-cpu_comm *cpu_comm_create(int world, tp_err *err)
+size_t cpu_comm_shared_bytes(int world)
 {
-    if (world < 1 || world > CPU_COMM_MAX_WORLD) {
-        tp_fail(err, TP_INVALID, "cpu_comm: world size %d out of range [1, %d]", world,
-                CPU_COMM_MAX_WORLD);
-        return NULL;
-    }
+    return SLOTS_AT + (size_t)(world > 0 ? world : 0) * sizeof(cpu_slot);
+}
+
+static void init_state(void *area, int world)
+{
+    comm_hdr *h = area;
+    atomic_store(&h->magic, 0); /* attachers never see a half-built state as ready */
+    memset((char *)area + sizeof h->magic, 0, cpu_comm_shared_bytes(world) - sizeof h->magic);
+    h->version = COMM_VERSION;
+    h->slot_bytes = (uint32_t)sizeof(cpu_slot);
+    h->world = world;
+    atomic_store(&h->magic, COMM_MAGIC);
+}
+
+static cpu_comm *new_handle(int world, void *area, tp_err *err)
+{
     cpu_comm *c = calloc(1, sizeof *c);
     if (!c) {
         tp_fail(err, TP_NOMEM, "cpu_comm: out of memory");
         return NULL;
     }
-    c->slot = calloc((size_t)world, sizeof *c->slot);
-    if (!c->slot) {
-        free(c);
+    c->world = world;
+    c->h = area;
+    c->slot = (cpu_slot *)((char *)area + SLOTS_AT);
+    return c;
+}
+
+static tp_status check_world(int world, tp_err *err)
+{
+    if (world < 1 || world > CPU_COMM_MAX_WORLD)
+        return tp_fail(err, TP_INVALID, "cpu_comm: world size %d out of range [1, %d]", world, CPU_COMM_MAX_WORLD);
+    return TP_OK;
+}
+
+cpu_comm *cpu_comm_create(int world, tp_err *err)
+{
+    if (check_world(world, err) != TP_OK)
+        return NULL;
+    size_t bytes = (cpu_comm_shared_bytes(world) + 63) & ~(size_t)63;
+    void *area = aligned_alloc(64, bytes);
+    if (!area) {
         tp_fail(err, TP_NOMEM, "cpu_comm: out of memory for %d slots", world);
         return NULL;
     }
-    if (pthread_mutex_init(&c->mu, NULL) != 0) {
-        free(c->slot);
-        free(c);
-        tp_fail(err, TP_BACKEND, "cpu_comm: pthread_mutex_init failed");
+    init_state(area, world);
+    cpu_comm *c = new_handle(world, area, err);
+    if (!c) {
+        free(area);
         return NULL;
     }
-    if (pthread_cond_init(&c->cv, NULL) != 0) {
-        pthread_mutex_destroy(&c->mu);
-        free(c->slot);
-        free(c);
-        tp_fail(err, TP_BACKEND, "cpu_comm: pthread_cond_init failed");
+    c->futex_flags = FUTEX_PRIVATE_FLAG; /* only this process's threads wait */
+    c->can_reset = 1;
+    c->own = area;
+    return c;
+}
+
+cpu_comm *cpu_comm_attach(int world, const cpu_comm_shared *sh, tp_err *err)
+{
+    if (check_world(world, err) != TP_OK)
+        return NULL;
+    size_t need = cpu_comm_shared_bytes(world);
+    if (!sh || !sh->base) {
+        tp_fail(err, TP_INVALID, "cpu_comm: no shared memory to attach to");
         return NULL;
     }
-    c->world = world;
+    if (sh->bytes < need || sh->offset > sh->span || sh->span - sh->offset < need) {
+        tp_fail(err, TP_INVALID, "cpu_comm: comm area of %zu bytes at offset %zu cannot hold world size %d (needs %zu)",
+                sh->bytes, sh->offset, world, need);
+        return NULL;
+    }
+    char *area = sh->base + sh->offset;
+    if ((uintptr_t)area % 64 != 0) {
+        tp_fail(err, TP_INVALID, "cpu_comm: comm area at offset %zu is not 64-byte aligned in this mapping", sh->offset);
+        return NULL;
+    }
+    comm_hdr *h = (comm_hdr *)area;
+    if (sh->owner) {
+        init_state(area, world);
+    } else {
+        uint64_t magic = atomic_load(&h->magic);
+        if (magic != COMM_MAGIC) {
+            tp_fail(err, TP_INVALID,
+                    "cpu_comm: the shared comm area at offset %zu is not initialized (magic %#llx): the owner "
+                    "process must create its backend before any other process attaches",
+                    sh->offset, (unsigned long long)magic);
+            return NULL;
+        }
+        if (h->version != COMM_VERSION || h->slot_bytes != sizeof(cpu_slot)) {
+            tp_fail(err, TP_INVALID,
+                    "cpu_comm: the shared comm area was initialized by an incompatible build (version %u, slot "
+                    "size %u; this build: version %u, slot size %zu)",
+                    h->version, h->slot_bytes, COMM_VERSION, sizeof(cpu_slot));
+            return NULL;
+        }
+        if (h->world != world) {
+            tp_fail(err, TP_INVALID,
+                    "cpu_comm: the shared comm area was initialized for world size %d, this process expects %d",
+                    (int)h->world, world);
+            return NULL;
+        }
+    }
+    cpu_comm *c = new_handle(world, area, err);
+    if (!c)
+        return NULL;
+    c->base = (uintptr_t)sh->base;
+    c->span = sh->span;
+    c->futex_flags = 0; /* waiters and wakers are in different processes */
+    c->can_reset = sh->owner;
     return c;
 }
 
@@ -100,57 +236,106 @@ void cpu_comm_free(cpu_comm *c)
 {
     if (!c)
         return;
-    pthread_cond_destroy(&c->cv);
-    pthread_mutex_destroy(&c->mu);
-    free(c->slot);
+    free(c->own);
     free(c);
 }
 
 int cpu_comm_world(const cpu_comm *c) { return c ? c->world : 0; }
 
+/* Ends every current wait: waiters re-check the state after seq moves. The
+ * syscall is skipped when nobody sleeps (peers that have not reached their
+ * FUTEX_WAIT yet see seq move and do not sleep); see barrier_wait for why
+ * that cannot lose a wake-up. */
+static void wake_all(cpu_comm *c)
+{
+    atomic_fetch_add(&c->h->seq, 1);
+    if (atomic_load(&c->h->sleepers) > 0)
+        syscall(SYS_futex, (uint32_t *)&c->h->seq, FUTEX_WAKE | c->futex_flags, INT_MAX, NULL, NULL, 0);
+}
+
 void cpu_comm_abort(cpu_comm *c)
 {
     if (!c)
         return;
-    pthread_mutex_lock(&c->mu);
-    c->aborted = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    atomic_fetch_or(&c->h->state, ST_ABORTED);
+    wake_all(c);
+}
+
+void cpu_comm_lost(cpu_comm *c)
+{
+    if (!c)
+        return;
+    atomic_fetch_or(&c->h->state, ST_LOST);
+    wake_all(c);
 }
 
 void cpu_comm_reset(cpu_comm *c)
 {
-    if (!c)
+    if (!c || !c->can_reset)
         return;
-    pthread_mutex_lock(&c->mu);
-    c->aborted = 0;
-    c->arrived = 0; /* ranks that left an aborted barrier are not waiting */
-    pthread_mutex_unlock(&c->mu);
+    /* ranks that left an aborted barrier are not waiting; ST_LOST stays */
+    atomic_fetch_and(&c->h->state, ~(ST_ARRIVED | ST_ABORTED));
+}
+
+/* Why a wait in state s must end without its generation completing, if it must. */
+static tp_status check_flags(uint64_t s, int abortable, tp_err *err)
+{
+    if (s & ST_LOST)
+        return tp_fail(err, TP_BACKEND, "%s", LOST_MSG);
+    if (abortable && (s & ST_ABORTED))
+        return tp_fail(err, TP_BACKEND, "%s", ABORT_MSG);
+    return TP_OK;
 }
 
 /* abortable=1: fails (without counting this rank) once aborted, and wakes
  * with an error if aborted before the generation completes.
- * abortable=0: waits for the generation regardless of the aborted flag. */
+ * abortable=0: waits for the generation regardless of the aborted flag.
+ * Both fail once the comm is lost, unless the generation completed.
+ *
+ * Arriving is a CAS on the state word that re-checks the flags, and the
+ * last arrival advances the generation in the same CAS; abort/lost set
+ * their bit on that word. So for one generation either the completion or
+ * the abort comes first in the word's history: if the abort, the last rank
+ * cannot complete it (and the earlier ones leave); if the completion, every
+ * waiter sees the new generation before (or with) the abort bit and passes.
+ * Either every rank passes the entry barrier or none does — what the mutex
+ * gave the thread-only version.
+ *
+ * No lost wake-up: a waiter reads seq, then the state, then sleeps only
+ * while seq still holds what it read; every event bumps seq after changing
+ * the state. The waker skips FUTEX_WAKE when sleepers is 0, which is safe
+ * because a waiter counts itself in sleepers before the kernel re-reads seq,
+ * and the waker bumps seq before reading sleepers (all seq_cst). */
 static tp_status barrier_wait(cpu_comm *c, int abortable, tp_err *err)
 {
-    pthread_mutex_lock(&c->mu);
-    if (abortable && c->aborted) {
-        pthread_mutex_unlock(&c->mu);
-        return tp_fail(err, TP_BACKEND, "%s", ABORT_MSG);
-    }
-    uint64_t g = c->gen;
-    if (++c->arrived == c->world) {
-        c->arrived = 0;
-        c->gen++;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+    comm_hdr *h = c->h;
+    uint64_t s = atomic_load(&h->state), next;
+    uint32_t g;
+    int last;
+    do {
+        tp_status st = check_flags(s, abortable, err);
+        if (st != TP_OK)
+            return st;
+        g = GEN_OF(s);
+        last = (s & ST_ARRIVED) + 1 == (uint64_t)c->world;
+        next = last ? (s & ~ST_ARRIVED) + ST_GEN_ONE : s + 1;
+    } while (!atomic_compare_exchange_weak(&h->state, &s, next));
+    if (last) {
+        wake_all(c);
         return TP_OK;
     }
-    while (c->gen == g && !(abortable && c->aborted))
-        pthread_cond_wait(&c->cv, &c->mu);
-    int passed = c->gen != g; /* completed even if an abort came after */
-    pthread_mutex_unlock(&c->mu);
-    return passed ? TP_OK : tp_fail(err, TP_BACKEND, "%s", ABORT_MSG);
+    for (;;) {
+        uint32_t q = atomic_load(&h->seq);
+        s = atomic_load(&h->state);
+        if (GEN_OF(s) != g)
+            return TP_OK; /* completed, even if an abort came after */
+        tp_status st = check_flags(s, abortable, err);
+        if (st != TP_OK)
+            return st;
+        atomic_fetch_add(&h->sleepers, 1);
+        syscall(SYS_futex, (uint32_t *)&h->seq, FUTEX_WAIT | c->futex_flags, q, NULL, NULL, 0);
+        atomic_fetch_sub(&h->sleepers, 1);
+    }
 }
 
 tp_status cpu_comm_barrier(cpu_comm *c, int rank, tp_err *err)
@@ -164,6 +349,46 @@ tp_status cpu_comm_barrier(cpu_comm *c, int rank, tp_err *err)
 }
 
 /* ---------------------------------------------------------------- views */
+
+/* Whether every byte t can touch lies in [base, base + span). */
+static int inside_shared(const cpu_comm *c, const tp_tensor *t)
+{
+    int64_t lo = 0, hi = 0, es = (int64_t)tp_dtype_size(t->dtype);
+    if (t->ndim < 0 || t->ndim > TP_MAX_DIMS)
+        return 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0)
+            return 1; /* nothing is read */
+        int64_t span = (t->shape[d] - 1) * t->stride[d];
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    uintptr_t p = (uintptr_t)t->data;
+    uintptr_t first = p + (uintptr_t)(lo * es), last = p + (uintptr_t)(hi * es + es);
+    return first >= c->base && first <= last && last - c->base <= c->span;
+}
+
+/* Fills the input half of a slot: by value, data as an offset. */
+static void publish_in(const cpu_comm *c, cpu_slot *s, const tp_tensor *in)
+{
+    if (!in)
+        return;
+    s->has_in = 1;
+    s->in = *in;
+    s->in.data = NULL;
+    s->in_off = (uint64_t)((uintptr_t)in->data - c->base); /* wraps harmlessly for threads */
+    s->in_outside = c->span && !inside_shared(c, in);
+}
+
+/* Rank r's published input in this process's address space. */
+static tp_tensor peer_in(const cpu_comm *c, int r)
+{
+    tp_tensor t = c->slot[r].in;
+    t.data = (void *)(c->base + (uintptr_t)c->slot[r].in_off);
+    return t;
+}
 
 /* ------------------------------------------------------------ validation */
 
@@ -264,9 +489,9 @@ static tp_status validate(const cpu_comm *c, tp_err *err)
         return tp_fail(err, TP_INVALID, "broadcast: src %d out of range for world size %d", s0->src, d);
     /* reference input: src's for broadcast (others may pass none), else rank 0's */
     int ref = s0->op == TP_OP_BROADCAST ? s0->src : 0;
-    const tp_tensor *rin = c->slot[ref].in;
-    if (!rin)
+    if (!c->slot[ref].has_in)
         return tp_fail(err, TP_INVALID, "%s: rank %d passed no input", name, ref);
+    const tp_tensor *rin = &c->slot[ref].in;
     if (rin->ndim < 0 || rin->ndim > TP_MAX_DIMS || (unsigned)rin->dtype >= TP_DTYPE_COUNT)
         return tp_fail(err, TP_INVALID, "%s: rank %d input has bad ndim %d or dtype %d", name, ref,
                        rin->ndim, (int)rin->dtype);
@@ -281,25 +506,31 @@ static tp_status validate(const cpu_comm *c, tp_err *err)
     for (int k = 0; k < d; k++) {
         const cpu_slot *s = &c->slot[k];
         if (s0->op != TP_OP_BROADCAST) {
-            if (!s->in)
+            if (!s->has_in)
                 return tp_fail(err, TP_INVALID, "%s: rank %d passed no input", name, k);
-            if (s->in->dtype != rin->dtype)
+            if (s->in.dtype != rin->dtype)
                 return tp_fail(err, TP_INVALID, "%s: rank %d input dtype %s differs from rank 0's %s",
-                               name, k, tp_dtype_name(s->in->dtype), tp_dtype_name(rin->dtype));
-            if (!same_shape(s->in, rin))
+                               name, k, tp_dtype_name(s->in.dtype), tp_dtype_name(rin->dtype));
+            if (!same_shape(&s->in, rin))
                 return tp_fail(err, TP_INVALID, "%s: rank %d input shape %s differs from rank 0's %s",
-                               name, k, shp(b1, s->in), shp(b2, rin));
+                               name, k, shp(b1, &s->in), shp(b2, rin));
         }
-        if (!s->out)
+        /* peers read it through the shared mapping, so it must be there */
+        if ((s0->op != TP_OP_BROADCAST || k == ref) && s->in_outside)
+            return tp_fail(err, TP_INVALID,
+                           "%s: rank %d input is not in the rank group's shared memory (allocate it with the "
+                           "backend)",
+                           name, k);
+        if (!s->has_out)
             return tp_fail(err, TP_INVALID, "%s: rank %d passed no output", name, k);
-        if (s->out->dtype != rin->dtype)
+        if (s->out.dtype != rin->dtype)
             return tp_fail(err, TP_INVALID, "%s: rank %d output dtype %s differs from input dtype %s",
-                           name, k, tp_dtype_name(s->out->dtype), tp_dtype_name(rin->dtype));
-        if (!same_shape(s->out, &exp))
+                           name, k, tp_dtype_name(s->out.dtype), tp_dtype_name(rin->dtype));
+        if (!same_shape(&s->out, &exp))
             return tp_fail(err, TP_INVALID,
                            "%s (dim %d, split_dim %d, concat_dim %d) over %d ranks: rank %d output "
                            "shape %s, expected %s for input shape %s",
-                           name, s0->dim, s0->split_dim, s0->concat_dim, d, k, shp(b1, s->out),
+                           name, s0->dim, s0->split_dim, s0->concat_dim, d, k, shp(b1, &s->out),
                            shp(b2, &exp), shp(b3, rin));
     }
     return TP_OK;
@@ -470,28 +701,29 @@ static tp_status compute(cpu_comm *c, int rank, tp_tensor *out, tp_err *err)
     const cpu_slot *s = &c->slot[rank];
     switch (s->op) {
     case TP_OP_ALL_GATHER: {
-        int64_t len = c->slot[0].in->shape[s->dim];
+        int64_t len = c->slot[0].in.shape[s->dim];
         for (int r = 0; r < d; r++) {
-            tp_tensor dst = tp_tensor_narrow(out, s->dim, r * len, len);
-            tp_tensor_copy(&dst, c->slot[r].in);
+            tp_tensor dst = tp_tensor_narrow(out, s->dim, r * len, len), src = peer_in(c, r);
+            tp_tensor_copy(&dst, &src);
         }
         return TP_OK;
     }
     case TP_OP_ALL_TO_ALL: {
-        int64_t chunk = c->slot[0].in->shape[s->split_dim] / d;
-        int64_t clen = s->split_dim == s->concat_dim ? chunk : c->slot[0].in->shape[s->concat_dim];
+        int64_t chunk = c->slot[0].in.shape[s->split_dim] / d;
+        int64_t clen = s->split_dim == s->concat_dim ? chunk : c->slot[0].in.shape[s->concat_dim];
         for (int j = 0; j < d; j++) {
-            tp_tensor src = tp_tensor_narrow(c->slot[j].in, s->split_dim, rank * chunk, chunk);
+            tp_tensor peer = peer_in(c, j);
+            tp_tensor src = tp_tensor_narrow(&peer, s->split_dim, rank * chunk, chunk);
             tp_tensor dst = tp_tensor_narrow(out, s->concat_dim, j * clen, clen);
             tp_tensor_copy(&dst, &src);
         }
         return TP_OK;
     }
     case TP_OP_BROADCAST: {
-        const tp_tensor *src = c->slot[s->src].in;
-        if (src->data == out->data && !memcmp(src->stride, out->stride, sizeof out->stride))
+        tp_tensor src = peer_in(c, s->src);
+        if (src.data == out->data && !memcmp(src.stride, out->stride, sizeof out->stride))
             return TP_OK; /* in place on the src rank */
-        tp_tensor_copy(out, src);
+        tp_tensor_copy(out, &src);
         return TP_OK;
     }
     case TP_OP_ALL_REDUCE:
@@ -500,11 +732,10 @@ static tp_status compute(cpu_comm *c, int rank, tp_tensor *out, tp_err *err)
         if (!v)
             return tp_fail(err, TP_NOMEM, "%s: out of memory", tp_op_name(s->op));
         for (int r = 0; r < d; r++) {
-            if (s->op == TP_OP_ALL_REDUCE) {
-                v[r] = *c->slot[r].in;
-            } else {
-                int64_t chunk = c->slot[r].in->shape[s->dim] / d;
-                v[r] = tp_tensor_narrow(c->slot[r].in, s->dim, rank * chunk, chunk);
+            v[r] = peer_in(c, r);
+            if (s->op == TP_OP_REDUCE_SCATTER) {
+                int64_t chunk = v[r].shape[s->dim] / d;
+                v[r] = tp_tensor_narrow(&v[r], s->dim, rank * chunk, chunk);
             }
         }
         tp_status st = reduce_views(v, d, out, s->reduce, err);
@@ -526,8 +757,12 @@ tp_status cpu_collective_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *at
                        tp_op_name(op), rank, c->world);
     cpu_slot *s = &c->slot[rank];
     memset(s, 0, sizeof *s);
-    s->in = in;
-    s->out = out;
+    publish_in(c, s, in);
+    if (out) {
+        s->has_out = 1;
+        s->out = *out;
+        s->out.data = NULL; /* only its shape and dtype are checked */
+    }
     s->op = op;
     if (attrs) {
         s->has_attrs = 1;
@@ -552,8 +787,10 @@ tp_status cpu_collective_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *at
     st = validate(c, err);
     if (st == TP_OK)
         st = compute(c, rank, out, err);
-    tp_status st2 = barrier_wait(c, 0, NULL); /* not abortable: see top */
-    (void)st2;
+    tp_err lost;
+    tp_status st2 = barrier_wait(c, 0, &lost); /* not abortable: see top */
+    if (st == TP_OK && st2 != TP_OK) /* lost: peers may not have finished reading */
+        return tp_fail(err, st2, "%s", lost.msg);
     return st;
 }
 
@@ -561,17 +798,34 @@ tp_status cpu_collective_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *at
 
 tp_status cpu_comm_exchange(cpu_comm *c, int rank, const tp_tensor *mine, tp_err *err)
 {
-    memset(&c->slot[rank], 0, sizeof c->slot[rank]);
-    c->slot[rank].in = mine;
-    return barrier_wait(c, 1, err);
+    if (!c || rank < 0 || rank >= c->world)
+        return tp_fail(err, TP_INVALID, "cpu_comm_exchange: rank %d out of range for world size %d", rank,
+                       cpu_comm_world(c));
+    cpu_slot *s = &c->slot[rank];
+    memset(s, 0, sizeof *s);
+    publish_in(c, s, mine);
+    tp_status st = barrier_wait(c, 1, err);
+    if (st != TP_OK || !c->span)
+        return st;
+    /* Shared mode: every rank checks every slot, so all agree; on failure
+     * nobody may rewrite its slot before all have looked, hence the barrier. */
+    for (int k = 0; k < c->world && st == TP_OK; k++)
+        if (!c->slot[k].has_in || c->slot[k].in_outside)
+            st = tp_fail(err, TP_INVALID,
+                         "cpu_comm_exchange: rank %d published a tensor that is not in the rank group's shared "
+                         "memory (allocate it with the backend)",
+                         k);
+    if (st != TP_OK)
+        barrier_wait(c, 0, NULL);
+    return st;
 }
 
-const tp_tensor *cpu_comm_peer(const cpu_comm *c, int r) { return c->slot[r].in; }
+tp_tensor cpu_comm_peer(const cpu_comm *c, int r) { return peer_in(c, r); }
 
-void cpu_comm_release(cpu_comm *c, int rank)
+tp_status cpu_comm_release(cpu_comm *c, int rank, tp_err *err)
 {
     (void)rank;
-    barrier_wait(c, 0, NULL); /* not abortable: see top */
+    return barrier_wait(c, 0, err); /* not abortable: see top */
 }
 
 /* dst[i] = dst[i] (op) src[i] over one chunk, in the tensor's dtype. */
@@ -614,22 +868,24 @@ tp_status cpu_ring_all_reduce(cpu_comm *c, int rank, const tp_attrs *attrs, cons
     if (st != TP_OK)
         return st;
     int64_t n = tp_tensor_numel(out);
-    const void *lp = cpu_comm_peer(c, left)->data;
+    const void *lp = cpu_comm_peer(c, left).data;
     size_t es = tp_dtype_size(out->dtype);
-    for (int s = 0; s < d - 1; s++) {
+    /* the step barriers are not abortable (see top); they fail only when lost */
+    for (int s = 0; s < d - 1 && st == TP_OK; s++) {
         int k = ((rank - 1 - s) % d + d) % d;
         combine_chunk(out->data, lp, out->dtype, k * n / d, (k + 1) * n / d, attrs->reduce);
-        barrier_wait(c, 0, NULL);
+        st = barrier_wait(c, 0, err);
     }
     int own = (rank + 1) % d;
-    if (attrs->reduce == TP_REDUCE_AVG)
+    if (st == TP_OK && attrs->reduce == TP_REDUCE_AVG)
         finish_avg(out->data, out->dtype, own * n / d, (own + 1) * n / d, d);
-    barrier_wait(c, 0, NULL);
-    for (int s = 0; s < d - 1; s++) {
+    if (st == TP_OK)
+        st = barrier_wait(c, 0, err);
+    for (int s = 0; s < d - 1 && st == TP_OK; s++) {
         int k = ((rank - s) % d + d) % d;
         int64_t b = k * n / d, e = (k + 1) * n / d;
         memcpy((char *)out->data + b * (int64_t)es, (const char *)lp + b * (int64_t)es, (size_t)(e - b) * es);
-        barrier_wait(c, 0, NULL);
+        st = barrier_wait(c, 0, err);
     }
-    return TP_OK;
+    return st;
 }

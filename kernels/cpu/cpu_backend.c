@@ -3,17 +3,27 @@
  * Capture records each run_op/collective as a command with every tensor
  * (pointers, shapes, strides) and attrs copied in; replay walks that array
  * and calls the kernels directly — no graph, no lookups, no allocation —
- * which is exactly the pointer-stability discipline a CUDA graph imposes. */
+ * which is exactly the pointer-stability discipline a CUDA graph imposes.
+ *
+ * Two shapes: ranks are threads of this process (memory is malloc'd), or
+ * ranks live in several processes that map one shared memory (tp_cpu_shared):
+ * this process then runs ranks [rank_lo, rank_hi), allocates each one's
+ * memory from that rank's heap region of the mapping (so peers in other
+ * processes can read it), and its collectives attach to the shared comm
+ * area. Captures and the allocation registry stay per process: they hold
+ * this process's pointers. */
 #include "cpu_backend.h"
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "collectives.h"
 #include "cpu_ops.h"
 #include "fused.h"
+#include "heap.h"
 
 typedef struct {
     tp_op op;
@@ -49,6 +59,10 @@ typedef struct {
     tp_capture **capturing; /* per rank: the record in progress, or NULL */
     cpu_registry reg;
     int verify_replay;      /* TP_VERIFY_REPLAY=1: check every replay */
+    /* shared mode only (heap == NULL for threads) */
+    int rank_lo, rank_hi;   /* the ranks this process runs */
+    cpu_heap **heap;        /* [rank - rank_lo]: that rank's region of the mapping */
+    pthread_mutex_t heap_mu;
 } cpu_ctx;
 
 static cpu_ctx *ctx_of(tp_backend *b) { return b->ctx; }
@@ -106,14 +120,60 @@ static int registry_covers(cpu_registry *r, const tp_tensor *t)
     return ok;
 }
 
+/* Shared mode: a rank this process does not run has no heap here. */
+static tp_status check_local(const cpu_ctx *x, int rank, tp_err *err)
+{
+    if (x->heap && (rank < x->rank_lo || rank >= x->rank_hi))
+        return tp_fail(err, TP_INVALID, "rank %d is not run by this process (it runs ranks [%d, %d))", rank,
+                       x->rank_lo, x->rank_hi);
+    return TP_OK;
+}
+
+/* From rank's region of the shared mapping; errors name the rank. */
+static tp_status heap_alloc(cpu_ctx *x, int rank, size_t bytes, void **out, tp_err *err)
+{
+    tp_status st = check_local(x, rank, err);
+    if (st != TP_OK)
+        return st;
+    pthread_mutex_lock(&x->heap_mu);
+    st = cpu_heap_alloc(x->heap[rank - x->rank_lo], bytes, out, err);
+    pthread_mutex_unlock(&x->heap_mu);
+    if (st != TP_OK)
+        tp_err_prefix(err, "rank %d: shared ", rank); /* "rank r: shared heap of N bytes cannot fit M more bytes" */
+    return st;
+}
+
+static void heap_free(cpu_ctx *x, int rank, void *p)
+{
+    if (check_local(x, rank, NULL) != TP_OK)
+        return;
+    pthread_mutex_lock(&x->heap_mu);
+    cpu_heap_free(x->heap[rank - x->rank_lo], p, NULL); /* not its block: nothing to do */
+    pthread_mutex_unlock(&x->heap_mu);
+}
+
 static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
 {
-    if (ctx_of(b)->capturing[rank])
+    cpu_ctx *x = ctx_of(b);
+    *out = NULL;
+    if (rank < 0 || rank >= b->world)
+        return tp_fail(err, TP_INVALID, "alloc: rank %d out of range for world size %d", rank, b->world);
+    if (x->capturing[rank])
         return tp_fail(err, TP_INTERNAL, "rank %d: allocation of %zu bytes during capture", rank, bytes);
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    *out = aligned_alloc(64, rounded ? rounded : 64);
-    if (!*out || registry_add(&ctx_of(b)->reg, *out, bytes) != 0) {
-        free(*out);
+    if (x->heap) {
+        tp_status st = heap_alloc(x, rank, bytes, out, err);
+        if (st != TP_OK)
+            return st;
+    } else {
+        size_t rounded = (bytes + 63) & ~(size_t)63;
+        *out = aligned_alloc(64, rounded ? rounded : 64);
+    }
+    if (!*out || registry_add(&x->reg, *out, bytes) != 0) {
+        if (x->heap && *out)
+            heap_free(x, rank, *out);
+        else
+            free(*out);
+        *out = NULL;
         return tp_fail(err, TP_NOMEM, "rank %d: cannot allocate %zu bytes", rank, bytes);
     }
     return TP_OK;
@@ -121,9 +181,14 @@ static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp
 
 static void cpu_free(tp_backend *b, int rank, void *p)
 {
-    (void)rank;
-    registry_remove(&ctx_of(b)->reg, p);
-    free(p);
+    cpu_ctx *x = ctx_of(b);
+    if (!p)
+        return;
+    registry_remove(&x->reg, p);
+    if (x->heap)
+        heap_free(x, rank, p);
+    else
+        free(p);
 }
 
 /* Every tensor of every command lies in memory allocated through this
@@ -191,6 +256,9 @@ static tp_status run_collective(tp_backend *b, int rank, tp_op op, const tp_attr
                                 int n_ins, tp_tensor *out, tp_err *err)
 {
     cpu_comm *comm = ctx_of(b)->comm;
+    tp_status st = check_local(ctx_of(b), rank, err);
+    if (st != TP_OK)
+        return st;
     if (tp_op_kind_of(op) == TP_KIND_FUSED)
         return cpu_fused_run(comm, rank, op, a, ins, n_ins, out, err);
     if (op == TP_OP_ALL_REDUCE && a->algo == TP_ALGO_RING)
@@ -273,8 +341,11 @@ static tp_status cpu_synchronize(tp_backend *b, int rank, tp_err *err)
 }
 
 static void cpu_abort(tp_backend *b) { cpu_comm_abort(ctx_of(b)->comm); }
+/* Shared mode: only the owner's handle resets (cpu_comm_reset); the caller
+ * runs it when no rank of any process is inside the comm. */
 static void cpu_reset(tp_backend *b) { cpu_comm_reset(ctx_of(b)->comm); }
-static void cpu_peer_lost(tp_backend *b) { cpu_comm_abort(ctx_of(b)->comm); }
+/* A process is gone: even the waits abort lets complete must fail. */
+static void cpu_peer_lost(tp_backend *b) { cpu_comm_lost(ctx_of(b)->comm); }
 
 static void cpu_destroy(tp_backend *b)
 {
@@ -283,6 +354,12 @@ static void cpu_destroy(tp_backend *b)
         cpu_capture_free(b, x->capturing[r]);
     free(x->capturing);
     cpu_comm_free(x->comm);
+    if (x->heap) {
+        for (int r = x->rank_lo; r < x->rank_hi; r++)
+            cpu_heap_destroy(x->heap[r - x->rank_lo]);
+        free(x->heap);
+        pthread_mutex_destroy(&x->heap_mu);
+    }
     free(x->reg.rec);
     pthread_mutex_destroy(&x->reg.mu);
     free(x);
@@ -293,7 +370,7 @@ static const tp_backend_iface cpu_iface = {
     .name = "cpu",
     .host_addressable = 1,
     .alloc = cpu_alloc,
-    .alloc_symmetric = cpu_alloc, /* one address space: every buffer is peer-addressable */
+    .alloc_symmetric = cpu_alloc, /* every buffer is peer-addressable: one address space, or the shared heap */
     .free = cpu_free,
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
@@ -310,10 +387,60 @@ static const tp_backend_iface cpu_iface = {
     .destroy = cpu_destroy,
 };
 
+size_t tp_cpu_shared_comm_bytes(int world) { return cpu_comm_shared_bytes(world); }
+
+/* The comm area and the world's heap regions, as offsets; returns the end
+ * of the furthest one (the part of the mapping tensors may live in). */
+static tp_status check_layout(int world, const tp_cpu_shared *s, size_t *span, tp_err *err)
+{
+    if (!s->base)
+        return tp_fail(err, TP_INVALID, "cpu backend: shared memory has no base address");
+    if (s->rank_lo < 0 || s->rank_lo > s->rank_hi || s->rank_hi > world)
+        return tp_fail(err, TP_INVALID, "cpu backend: local ranks [%d, %d) do not fit world size %d", s->rank_lo,
+                       s->rank_hi, world);
+    if (s->heap_bytes > (SIZE_MAX - s->heap_offset) / (size_t)world || s->comm_bytes > SIZE_MAX - s->comm_offset)
+        return tp_fail(err, TP_INVALID, "cpu backend: shared memory layout overflows the address space");
+    size_t heap_end = s->heap_offset + (size_t)world * s->heap_bytes, comm_end = s->comm_offset + s->comm_bytes;
+    if (s->comm_offset < heap_end && s->heap_offset < comm_end)
+        return tp_fail(err, TP_INVALID,
+                       "cpu backend: comm area [%zu, %zu) overlaps the heaps [%zu, %zu) of the shared memory",
+                       s->comm_offset, comm_end, s->heap_offset, heap_end);
+    *span = heap_end > comm_end ? heap_end : comm_end;
+    return TP_OK;
+}
+
+/* Shared mode: one heap per local rank, then the comm (the owner
+ * initializes it, the others attach). */
+static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp_err *err)
+{
+    size_t span = 0;
+    tp_status st = check_layout(world, s, &span, err);
+    if (st != TP_OK)
+        return st;
+    int n = s->rank_hi - s->rank_lo;
+    x->rank_lo = s->rank_lo;
+    x->rank_hi = s->rank_hi;
+    x->heap = calloc((size_t)(n ? n : 1), sizeof *x->heap);
+    if (!x->heap)
+        return tp_fail(err, TP_NOMEM, "cpu backend: out of memory");
+    pthread_mutex_init(&x->heap_mu, NULL);
+    for (int r = s->rank_lo; r < s->rank_hi; r++) {
+        x->heap[r - s->rank_lo] = cpu_heap_create(s->base + s->heap_offset + (size_t)r * s->heap_bytes, s->heap_bytes, err);
+        if (!x->heap[r - s->rank_lo]) {
+            tp_err_prefix(err, "cpu backend: rank %d: ", r);
+            return TP_INVALID;
+        }
+    }
+    cpu_comm_shared cs = {s->base, span, s->comm_offset, s->comm_bytes, s->owner};
+    x->comm = cpu_comm_attach(world, &cs, err);
+    return x->comm ? TP_OK : TP_INVALID;
+}
+
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err)
 {
-    if (shared)
-        return tp_fail(err, TP_UNAVAILABLE, "cpu backend: ranks in separate processes are not supported yet");
+    *out = NULL;
+    if (world < 1)
+        return tp_fail(err, TP_INVALID, "cpu backend: world size %d out of range", world);
     tp_backend *b = calloc(1, sizeof *b);
     cpu_ctx *x = calloc(1, sizeof *x);
     if (x)
@@ -325,21 +452,25 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
         free(b);
         return tp_fail(err, TP_NOMEM, "cpu backend: out of memory");
     }
-    x->comm = cpu_comm_create(world, err);
-    if (!x->comm) {
-        free(x->capturing);
-        free(x);
-        free(b);
-        return TP_NOMEM;
-    }
-    /* One BLAS thread per rank: the ranks are the parallelism. */
-    openblas_set_num_threads(1);
     pthread_mutex_init(&x->reg.mu, NULL);
-    const char *v = getenv("TP_VERIFY_REPLAY");
-    x->verify_replay = v && *v == '1';
     b->iface = &cpu_iface;
     b->ctx = x;
     b->world = world;
+    tp_status st = TP_OK;
+    if (shared) {
+        st = create_shared(x, world, shared, err);
+    } else {
+        x->comm = cpu_comm_create(world, err);
+        st = x->comm ? TP_OK : TP_NOMEM;
+    }
+    if (st != TP_OK) {
+        cpu_destroy(b);
+        return st;
+    }
+    /* One BLAS thread per rank: the ranks are the parallelism. */
+    openblas_set_num_threads(1);
+    const char *v = getenv("TP_VERIFY_REPLAY");
+    x->verify_replay = v && *v == '1';
     *out = b;
     return TP_OK;
 }

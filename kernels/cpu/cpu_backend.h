@@ -1,5 +1,6 @@
-/* cpu_backend.h — ranks are threads, symmetric memory is ordinary memory
- * every thread can address, and capture records a command list. */
+/* cpu_backend.h — ranks are threads (or processes sharing one mapping),
+ * symmetric memory is ordinary memory every rank can address, and capture
+ * records a command list. */
 #ifndef TP_CPU_BACKEND_H
 #define TP_CPU_BACKEND_H
 
@@ -17,7 +18,21 @@ typedef struct {
                                        before any other process's create starts */
 } tp_cpu_shared;
 
-/* shared NULL: ranks are threads of this process and memory is malloc'd. */
+/* shared NULL: ranks are threads of this process and memory is malloc'd.
+ *
+ * shared set: this process runs ranks [rank_lo, rank_hi) (possibly none: a
+ * handle that only calls abort/peer_lost/reset); alloc and alloc_symmetric
+ * for rank r come from r's heap region, and failing calls name the rank
+ * ("rank r: shared heap of N bytes cannot fit M more bytes ..."). A
+ * non-owner fails with a clear message when the comm area was not
+ * initialized by an owner of the same world size. reset is a no-op except
+ * on the owner; peer_lost fails every wait of every process, for good.
+ * Tensors given to collectives must be memory of this backend (peers read
+ * them through their own mapping); others fail with an error on every rank. */
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err);
+
+/* Bytes the comm area needs for world ranks (it must also be 64-byte aligned
+ * in every process's mapping). */
+size_t tp_cpu_shared_comm_bytes(int world);
 
 #endif

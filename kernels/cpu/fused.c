@@ -87,6 +87,17 @@ static void accumulate(tp_tensor *dst, const tp_tensor *src)
         tp_store_f32(dst->data, dst->dtype, i, tp_load_f32(dst->data, dst->dtype, i) + tp_load_f32(src->data, src->dtype, i));
 }
 
+/* Every rank reaches the release whatever its status; a failed release
+ * (the comm is lost) turns a success into that error. */
+static tp_status release(cpu_comm *c, int rank, tp_status st, tp_err *err)
+{
+    tp_err lost;
+    tp_status rel = cpu_comm_release(c, rank, &lost);
+    if (st == TP_OK && rel != TP_OK)
+        return tp_fail(err, rel, "%s", lost.msg);
+    return st;
+}
+
 /* ag_mm gathering K (the contracted dim): out = sum over ranks of x_r times
  * the rows of w that meet x_r (fuse_tp gives such a node one weight).
  * Summed in rank order 0..d-1 on every rank so replicated results stay
@@ -105,7 +116,8 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
     tp_status st = TP_OK;
     for (int src = 0; st == TP_OK && src < d; src++) {
         tp_tensor w_rows = tp_tensor_narrow(&ins[1], attrs->transpose_b ? 1 : 0, src * kl, kl);
-        st = matmul_into(attrs, cpu_comm_peer(c, src), &w_rows, src ? &part : out, rank, d, err);
+        tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
+        st = matmul_into(attrs, &xs, &w_rows, src ? &part : out, rank, d, err);
         if (st == TP_OK && src)
             accumulate(out, &part);
     }
@@ -123,51 +135,56 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     if (g == ins[0].ndim - 1) {
         st = n_ins == 2 ? ag_mm_k(c, attrs, ins, out, rank, err)
                         : tp_fail(err, TP_INTERNAL, "fused matmul gathering K takes one weight, got %d", n_ins - 1);
-        cpu_comm_release(c, rank);
-        return st;
+        return release(c, rank, st, err);
     }
     tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
     int64_t len = ins[0].shape[g];
     for (int i = 0; st == TP_OK && i < d; i++) {
         int src = (rank + i) % d; /* own shard first: no waiting on a peer */
-        const tp_tensor *xs = cpu_comm_peer(c, src);
+        tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
         if (attrs->n_pieces > 0) {
-            st = ag_mm_pieces(attrs, xs, src, ins, n_ins, out, rank, d, err);
+            st = ag_mm_pieces(attrs, &xs, src, ins, n_ins, out, rank, d, err);
             continue;
         }
         tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
-        st = matmul_blocks(attrs, xs, ins, n_ins, &rows, rank, d, err);
+        st = matmul_blocks(attrs, &xs, ins, n_ins, &rows, rank, d, err);
     }
-    cpu_comm_release(c, rank);
-    return st;
+    return release(c, rank, st, err);
 }
 
 /* out = reduction over ranks of each peer's workspace slot `rank`. */
-static void reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out)
+static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out, tp_err *err)
 {
     int d = cpu_comm_world(c);
     int64_t n = tp_tensor_numel(out);
     if (out->dtype == TP_F32) { /* the common case, without per-element dispatch */
         float *o = out->data;
-        const float *p0 = (const float *)cpu_comm_peer(c, 0)->data + rank * n;
+        const float *p0 = (const float *)cpu_comm_peer(c, 0).data + rank * n;
         for (int64_t e = 0; e < n; e++)
             o[e] = p0[e];
         for (int r = 1; r < d; r++) {
-            const float *pr = (const float *)cpu_comm_peer(c, r)->data + rank * n;
+            const float *pr = (const float *)cpu_comm_peer(c, r).data + rank * n;
             for (int64_t e = 0; e < n; e++)
                 o[e] += pr[e];
         }
         if (red == TP_REDUCE_AVG)
             for (int64_t e = 0; e < n; e++)
                 o[e] /= (float)d;
-        return;
+        return TP_OK;
     }
+    const void **peer = malloc((size_t)d * sizeof *peer); /* translated once, not per element */
+    if (!peer)
+        return tp_fail(err, TP_NOMEM, "fused_matmul_reduce_scatter: out of memory");
+    for (int r = 0; r < d; r++)
+        peer[r] = cpu_comm_peer(c, r).data;
     for (int64_t e = 0; e < n; e++) {
         float acc = 0.0f;
         for (int r = 0; r < d; r++)
-            acc += tp_load_f32(cpu_comm_peer(c, r)->data, out->dtype, rank * n + e);
+            acc += tp_load_f32(peer[r], out->dtype, rank * n + e);
         tp_store_f32(out->data, out->dtype, e, red == TP_REDUCE_AVG ? acc / (float)d : acc);
     }
+    free(peer);
+    return TP_OK;
 }
 
 /* mm_rs through a reassembly: the chunk of R for peer dst, piece by piece,
@@ -226,12 +243,12 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         }
     }
     /* every rank reaches the exchange, so a local failure cannot strand peers */
-    tp_status ex = cpu_comm_exchange(c, rank, ws, err);
-    if (ex == TP_OK && st == TP_OK)
-        reduce_slots(c, rank, attrs->reduce, out);
-    if (ex == TP_OK)
-        cpu_comm_release(c, rank);
-    return st != TP_OK ? st : ex;
+    tp_status ex = cpu_comm_exchange(c, rank, ws, st == TP_OK ? err : NULL);
+    if (ex != TP_OK)
+        return st != TP_OK ? st : ex;
+    if (st == TP_OK)
+        st = reduce_slots(c, rank, attrs->reduce, out, err);
+    return release(c, rank, st, err);
 }
 
 tp_status cpu_fused_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *attrs, const tp_tensor *ins,

@@ -1,4 +1,5 @@
-/* test_collectives.c — cpu collectives with d = 2, 3, 4 ranks as threads. */
+/* test_collectives.c — cpu collectives with d = 2, 3, 4 ranks as threads
+ * (ranks in separate processes: test_cpu_shared.c). */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -811,6 +812,153 @@ START_TEST(test_abort)
 }
 END_TEST
 
+/* cpu_comm_lost: every wait fails, the exit barrier too (a dead peer never
+ * arrives there), and reset does not clear it. Rank d-1 is the "dead" one:
+ * it publishes in the exchange and never releases. */
+typedef struct {
+    cpu_comm *c;
+    int rank;
+    tp_tensor mine;
+    atomic_int stage;
+    tp_status ex, rel;
+    tp_err err;
+    float peer0; /* peer 0's first element, read through cpu_comm_peer */
+} lost_job;
+
+static void *lost_main(void *p)
+{
+    lost_job *j = p;
+    j->ex = cpu_comm_exchange(j->c, j->rank, &j->mine, &j->err);
+    if (j->ex != TP_OK)
+        return NULL;
+    tp_tensor peer = cpu_comm_peer(j->c, 0);
+    j->peer0 = ((float *)peer.data)[0];
+    int d = cpu_comm_world(j->c);
+    if (j->rank == d - 1)
+        return NULL; /* "dies" before the release */
+    atomic_store(&j->stage, 1);
+    j->rel = cpu_comm_release(j->c, j->rank, &j->err);
+    atomic_store(&j->stage, 2);
+    return NULL;
+}
+
+START_TEST(test_lost)
+{
+    for (int d = 2; d <= 4; d++) {
+        cpu_comm *c = comm(d);
+        lost_job jobs[MAXD];
+        float data[MAXD][4];
+        int64_t s[1] = {4};
+        memset(jobs, 0, sizeof jobs);
+        pthread_t th[MAXD];
+        for (int r = 0; r < d; r++) {
+            data[r][0] = (float)r + 0.5f;
+            jobs[r].c = c;
+            jobs[r].rank = r;
+            jobs[r].mine = tp_tensor_make(data[r], TP_F32, 1, s);
+            ck_assert_int_eq(pthread_create(&th[r], NULL, lost_main, &jobs[r]), 0);
+        }
+        pthread_join(th[d - 1], NULL);
+        for (int r = 0; r < d - 1; r++) /* everyone is in (or entering) the release */
+            while (atomic_load(&jobs[r].stage) < 1)
+                sleep_ms(1);
+        cpu_comm_abort(c);
+        sleep_ms(50);
+        for (int r = 0; r < d - 1; r++) /* abort does not end the exit barrier */
+            ck_assert_int_eq(atomic_load(&jobs[r].stage), 1);
+        cpu_comm_lost(c);
+        for (int r = 0; r < d - 1; r++) {
+            pthread_join(th[r], NULL);
+            ck_assert_int_eq(jobs[r].ex, TP_OK);
+            ck_assert_float_eq(jobs[r].peer0, 0.5f);
+            ck_assert_int_eq(jobs[r].rel, TP_BACKEND);
+            ck_assert_str_eq(jobs[r].err.msg, "collective failed: a peer rank's process is gone");
+        }
+        /* permanent: reset clears the abort only; nothing blocks */
+        cpu_comm_reset(c);
+        tp_err err;
+        for (int r = 0; r < d; r++) {
+            ck_assert_int_eq(cpu_comm_barrier(c, r, &err), TP_BACKEND);
+            ck_assert_ptr_nonnull(strstr(err.msg, "process is gone"));
+            tp_attrs a = {0};
+            ck_assert_int_eq(cpu_collective_run(c, r, TP_OP_ALL_REDUCE, &a, &jobs[r].mine, &jobs[r].mine, &err),
+                             TP_BACKEND);
+        }
+        cpu_comm_free(c);
+    }
+}
+END_TEST
+
+/* An abort racing with ranks arriving at a collective: either every rank
+ * passes the entry barrier or none does (a rank passing alone would wait
+ * in the exit barrier for peers that already left: a hang). */
+typedef struct {
+    job_t j;
+    atomic_int *go;
+    int spin; /* aborter: iterations before aborting */
+} race_job;
+
+static void *race_main(void *p)
+{
+    race_job *r = p;
+    while (!atomic_load(r->go))
+        ;
+    if (r->j.rank < 0) {
+        for (volatile int i = 0; i < r->spin; i++)
+            ;
+        cpu_comm_abort(r->j.c);
+        return NULL;
+    }
+    r->j.st = cpu_collective_run(r->j.c, r->j.rank, r->j.op, &r->j.attrs, r->j.in, r->j.out, &r->j.err);
+    return NULL;
+}
+
+START_TEST(test_abort_race)
+{
+    for (int d = 2; d <= 4; d++) {
+        int64_t s[1] = {8};
+        tp_tensor in[MAXD], out[MAXD];
+        setup(d, TP_F32, 1, s, 0, s, in, out);
+        cpu_comm *c = comm(d);
+        int mixed = 0, passed = 0, failed = 0;
+        unsigned seed = 99;
+        for (int round = 0; round < 300; round++) {
+            race_job jobs[MAXD + 1];
+            atomic_int go = 0;
+            pthread_t th[MAXD + 1];
+            memset(jobs, 0, sizeof jobs);
+            seed = seed * 1103515245u + 12345u;
+            for (int r = 0; r <= d; r++) {
+                jobs[r].j.c = c;
+                jobs[r].j.rank = r < d ? r : -1;
+                jobs[r].j.op = TP_OP_ALL_REDUCE;
+                jobs[r].j.in = &in[r < d ? r : 0];
+                jobs[r].j.out = &out[r < d ? r : 0];
+                jobs[r].go = &go;
+                jobs[r].spin = (int)((seed >> 8) % 20000);
+                ck_assert_int_eq(pthread_create(&th[r], NULL, race_main, &jobs[r]), 0);
+            }
+            atomic_store(&go, 1);
+            for (int r = 0; r <= d; r++)
+                pthread_join(th[r], NULL);
+            int ok = 0;
+            for (int r = 0; r < d; r++)
+                ok += jobs[r].j.st == TP_OK;
+            mixed += ok != 0 && ok != d;
+            passed += ok == d;
+            failed += ok == 0;
+            cpu_comm_reset(c);
+        }
+        ck_assert_msg(mixed == 0, "d=%d: %d rounds where some ranks passed and some failed", d, mixed);
+        ck_assert_int_gt(failed, 0); /* the abort did land sometimes */
+        (void)passed;
+        cpu_comm_free(c);
+        free_all(in, d);
+        free_all(out, d);
+    }
+}
+END_TEST
+
 #define ITERS 1000
 
 typedef struct {
@@ -928,6 +1076,8 @@ static Suite *collectives_suite(void)
     tcase_add_test(tc, test_bit_identical);
     tcase_add_test(tc, test_invalid);
     tcase_add_test(tc, test_abort);
+    tcase_add_test(tc, test_lost);
+    tcase_add_test(tc, test_abort_race);
     tcase_add_test(tc, test_reuse_many);
     suite_add_tcase(s, tc);
     return s;
