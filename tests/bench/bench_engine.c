@@ -172,24 +172,33 @@ static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
     free(w2);
 }
 
+/* The replay/ranks benchmark graphs at batch 4: tiny-400 (pass 0) or the
+ * MLP with seq 64, hidden 256 (pass 1), and an input for it (data malloc'd). */
+static tp_host_tensor bench_graph(const char *dir, int pass, char *path, unsigned seed)
+{
+    int64_t batch = 4, s = 64, h = 256;
+    if (pass == 0)
+        write_tiny_graph(dir, 400, path);
+    else
+        write_mlp(dir, s, h, path);
+    int64_t n_x = pass == 0 ? batch * 16 : batch * s * h;
+    float *x = malloc(sizeof(float) * (size_t)n_x);
+    fill(x, n_x, seed);
+    tp_host_tensor in = {.name = "x", .dtype = TP_F32, .ndim = pass == 0 ? 2 : 3, .data = x,
+                         .nbytes = sizeof(float) * (size_t)n_x};
+    int64_t shape[3] = {batch, pass == 0 ? 16 : s, h};
+    memcpy(in.shape, shape, sizeof shape);
+    return in;
+}
+
 static void bench_replay(const char *dir)
 {
     char path[256];
     printf("| graph | batch | nodes run | eager us/req | replay us/req | eager us/node | replay us/node | planned B | naive B |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
     for (int pass = 0; pass < 2; pass++) {
-        int64_t batch = 4, h = 256, s = 64;
-        if (pass == 0)
-            write_tiny_graph(dir, 400, path);
-        else
-            write_mlp(dir, s, h, path);
-        int64_t n_x = pass == 0 ? batch * 16 : batch * s * h;
-        float *x = malloc(sizeof(float) * (size_t)n_x);
-        fill(x, n_x, 3);
-        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .data = x, .nbytes = sizeof(float) * (size_t)n_x};
-        in.ndim = pass == 0 ? 2 : 3;
-        int64_t shape[3] = {batch, pass == 0 ? 16 : s, h};
-        memcpy(in.shape, shape, sizeof shape);
+        int64_t batch = 4;
+        tp_host_tensor in = bench_graph(dir, pass, path, 3);
         tp_engine *eager = engine(path, 1, 1), *cap = engine(path, 1, 0);
         int reps = pass == 0 ? 200 : 50, nodes;
         double te = time_request(eager, &in, 1, reps), tr = time_request(cap, &in, 1, reps);
@@ -199,7 +208,7 @@ static void bench_replay(const char *dir)
                (long long)batch, nodes, te, tr, te / nodes, tr / nodes, (long long)planned, (long long)naive);
         tp_engine_free(eager);
         tp_engine_free(cap);
-        free(x);
+        free(in.data);
     }
 }
 
@@ -251,18 +260,8 @@ static void bench_ranks(const char *dir)
     printf("|---|---|---|---|---|\n");
     for (int pass = 0; pass < 2; pass++) {
         char path[256];
-        int64_t batch = 4, s = 64, h = 256;
-        if (pass == 0)
-            write_tiny_graph(dir, 400, path);
-        else
-            write_mlp(dir, s, h, path);
-        int64_t n_x = pass == 0 ? batch * 16 : batch * s * h;
-        float *x = malloc(sizeof(float) * (size_t)n_x);
-        fill(x, n_x, 5);
-        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .ndim = pass == 0 ? 2 : 3, .data = x,
-                             .nbytes = sizeof(float) * (size_t)n_x};
-        int64_t shape[3] = {batch, pass == 0 ? 16 : s, h};
-        memcpy(in.shape, shape, sizeof shape);
+        int64_t batch = 4;
+        tp_host_tensor in = bench_graph(dir, pass, path, 5);
         tp_engine *th = engine(path, 1, 0), *pr = engine_in_processes(path);
         int reps = pass == 0 ? 200 : 50;
         double tt = time_request(th, &in, 1, reps), tp = time_request(pr, &in, 1, reps);
@@ -270,7 +269,7 @@ static void bench_ranks(const char *dir)
                tp, tp - tt);
         tp_engine_free(th);
         tp_engine_free(pr);
-        free(x);
+        free(in.data);
     }
 }
 

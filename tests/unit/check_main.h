@@ -6,14 +6,17 @@
 #include <check.h>
 #include <stdlib.h>
 
-#define TP_CHECK_MAIN(suite_fn)                                   \
-    int main(void)                                                \
-    {                                                             \
-        SRunner *sr = srunner_create(suite_fn());                 \
-        srunner_run_all(sr, CK_NORMAL);                           \
-        int failed = srunner_ntests_failed(sr);                   \
-        srunner_free(sr);                                         \
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;         \
-    }
+/* Runs a suite; the exit status main returns. */
+static inline int tp_check_run(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+#define TP_CHECK_MAIN(suite_fn) \
+    int main(void) { return tp_check_run(suite_fn()); }
 
 #endif

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "rank_group.h"
 
 typedef struct {
@@ -253,9 +254,5 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "worker") == 0)
         return worker_main(argv[2]);
-    SRunner *sr = srunner_create(rank_group_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return tp_check_run(rank_group_suite()); /* argv: workers are this binary */
 }
