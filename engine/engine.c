@@ -243,6 +243,19 @@ static tp_status agree_options(tp_engine *e, const tp_engine_opts *o, tp_err *er
     return st == TP_OK ? tp_rank_group_run(e->rg, check_agreement, &a, NULL, err) : st;
 }
 
+static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err);
+
+/* Staging for the largest bucket, now: no padded run needs more, so a shared
+ * staging too small for it is a load error, not a failure of every big batch. */
+static tp_status reserve_staging(tp_engine *e, tp_err *err)
+{
+    tp_tensor in_t[e->g->n_inputs + 1], out_t[e->g->n_outputs + 1];
+    tp_status st = stage_layout(e, e->buckets[e->n_buckets - 1].x, in_t, out_t, err);
+    if (st != TP_OK)
+        tp_err_prefix(err, "the largest bucket: ");
+    return st;
+}
+
 static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_status st = choose_buckets(e, o, err);
@@ -260,6 +273,8 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
         st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
     for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
         st = build_bucket(e, k, err);
+    if (st == TP_OK && e->padded)
+        st = reserve_staging(e, err);
     if (st == TP_OK)
         st = tp_graph_infer(e->g, e->bucket_size[0], err);
     if (st == TP_OK)
@@ -466,7 +481,7 @@ static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tens
     if (end > e->stage_cap) {
         if (e->stage_shared)
             return tp_fail(err, TP_INVALID, "a batch of %lld needs %zu bytes of request staging; the rank group has %zu "
-                           "(raise staging_mb)", (long long)tp_exec_batch(x), end, e->stage_cap);
+                           "(raise staging_mb, or use smaller buckets)", (long long)tp_exec_batch(x), end, e->stage_cap);
         char *grown = realloc(e->stage, end);
         if (!grown)
             return tp_fail(err, TP_NOMEM, "request staging: cannot allocate %zu bytes", end);
