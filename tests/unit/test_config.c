@@ -119,6 +119,20 @@ START_TEST(file_errors)
     ck_assert_ptr_nonnull(strstr(e.msg, "'backend' must be one of cpu|cuda|auto, got 'tpu'"));
     ck_assert_int_eq(load_text(&c, "{\"log_level\": \"loud\"}", &e, path), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "'log_level' must be one of error|warn|info|debug"));
+    ck_assert_int_eq(load_text(&c, "{\"ranks\": \"gpus\"}", &e, path), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "'ranks' must be one of threads|processes, got 'gpus'"));
+    ck_assert_int_eq(load_text(&c, "{\"staging_mb\": 0}", &e, path), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "'staging_mb' must be in [1,"));
+    {
+        tp_config r;
+        tp_config_defaults(&r);
+        snprintf(r.graph, sizeof r.graph, "g.json");
+        ck_assert_int_eq(tp_config_set(&r, "rendezvous", "/tmp/x.sock", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID); /* ranks is still threads */
+        ck_assert_ptr_nonnull(strstr(e.msg, "'rendezvous' needs 'ranks' processes (got 'threads')"));
+        ck_assert_int_eq(tp_config_set(&r, "ranks", "processes", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
+    }
     ck_assert_int_eq(load_text(&c, "[1]", &e, path), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "top level must be a JSON object, got an array"));
     ck_assert_int_eq(load_text(&c, "{\"port\": 1,}", &e, path), TP_PARSE);
