@@ -98,9 +98,10 @@ $(GRAPHS): graphs/gen_examples.py | $(DEPS_OK)
 	@touch $@
 graphs: $(GRAPHS)
 
-unit: $(TEST_BINS)
+# TPSERVE: device tests start `tpserve worker` ranks (one process per GPU).
+unit: $(TEST_BINS) $(BUILD)/tpserve
 	@fail=0; for t in $(TEST_BINS); do \
-	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $$t || fail=1; done; exit $$fail
+	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve $$t || fail=1; done; exit $$fail
 
 integration: $(BUILD)/tpserve $(GRAPHS)
 	@fail=0; for t in tests/integration/*.sh; do \

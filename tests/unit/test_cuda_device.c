@@ -14,8 +14,8 @@
  *    this binary as ranks) run every collective, the one-shot all_reduce and
  *    both fused ops against host-computed references;
  *  - examples_through_engine: every example graph through tp_engine with
- *    backend "cuda" vs its reference outputs (needs the engine's
- *    process-per-GPU rank group for world > 1).
+ *    backend "cuda" vs its reference outputs, one process per GPU
+ *    (ranks=processes, workers are $TPSERVE) for every world that fits.
  *
  * CUDA must not be initialised in a process that later forks (Check forks
  * per test): the device count is probed in a throwaway child, and ranks are
@@ -596,11 +596,22 @@ static const tp_host_tensor *find(const tp_host_tensor *t, int n, const char *na
     return NULL;
 }
 
+/* World > 1: one process per GPU, this process rank 0 and `tpserve
+ * worker` (from $TPSERVE, as `make unit` sets it) the others. */
 static void run_example_cuda(const char *path, const char *in_path, const char *ref_path, double rtol)
 {
-    tp_engine_opts o = {.backend = "cuda"};
-    tp_engine *e;
+    tp_graph *g;
     tp_err err = {{0}};
+    ck_assert_msg(tp_graph_load(path, &g, &err) == TP_OK, "%s", err.msg);
+    int world = g->world_size;
+    tp_graph_free(g);
+    if (world > probe_devices())
+        return; /* not enough GPUs for this example */
+    const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
+    char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cuda", NULL};
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    tp_engine_opts o = {.backend = "cuda", .group = world > 1 ? &go : NULL};
+    tp_engine *e;
     ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s: %s", path, err.msg);
     int n_in, n_ref, n_out;
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref), *out;
