@@ -244,6 +244,7 @@ static tp_status agree_options(tp_engine *e, const tp_engine_opts *o, tp_err *er
 }
 
 static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err);
+static void note_lost(tp_engine *e);
 
 /* Staging for the largest bucket, now: no padded run needs more, so a shared
  * staging too small for it is a load error, not a failure of every big batch. */
@@ -617,6 +618,8 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
     tp_status st = infer_locked(e, inputs, n_inputs, outs, err);
+    if (st == TP_UNAVAILABLE)
+        note_lost(e);
     pthread_mutex_unlock(&e->mu);
     if (st != TP_OK) {
         tp_host_tensors_free(outs, e->g->n_outputs);
@@ -673,15 +676,21 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
     free(t);
 }
 
+/* Called with mu held: records a lost group once, for tp_engine_lost. */
+static void note_lost(tp_engine *e)
+{
+    const char *why = atomic_load(&e->lost_set) ? NULL : tp_rank_group_lost(e->rg);
+    if (why) {
+        snprintf(e->lost, sizeof e->lost, "rank group lost: %s", why);
+        atomic_store(&e->lost_set, 1);
+    }
+}
+
 const char *tp_engine_lost(tp_engine *e)
 {
-    /* a running batch holds mu: it notices a loss itself, so don't wait */
+    /* a running batch holds mu and notes a loss itself: never wait for it */
     if (!atomic_load(&e->lost_set) && pthread_mutex_trylock(&e->mu) == 0) {
-        const char *why = tp_rank_group_lost(e->rg);
-        if (why) {
-            snprintf(e->lost, sizeof e->lost, "rank group lost: %s", why);
-            atomic_store(&e->lost_set, 1);
-        }
+        note_lost(e);
         pthread_mutex_unlock(&e->mu);
     }
     return atomic_load(&e->lost_set) ? e->lost : NULL;
