@@ -73,16 +73,20 @@ static double time_request(tp_engine *e, tp_host_tensor *in, int n_in, int reps)
     return med;
 }
 
-static tp_engine *engine(const char *path, int passes, int eager)
+static tp_engine *engine_with(const char *path, const tp_engine_opts *o)
 {
-    tp_engine_opts o = {.backend = "cpu", .no_passes = !passes, .eager = eager};
     tp_engine *e;
     tp_err err;
-    if (tp_engine_create(path, &o, &e, &err) != TP_OK) {
+    if (tp_engine_create(path, o, &e, &err) != TP_OK) {
         fprintf(stderr, "bench: %s\n", err.msg);
         exit(1);
     }
     return e;
+}
+
+static tp_engine *engine(const char *path, int passes, int eager)
+{
+    return engine_with(path, &(tp_engine_opts){.backend = "cpu", .no_passes = !passes, .eager = eager});
 }
 
 static void plan_bytes(const char *path, int64_t batch, int passes, int64_t *planned, int64_t *naive, int *nodes)
@@ -244,14 +248,7 @@ static tp_engine *engine_in_processes(const char *path)
     const char *exe = getenv("TPSERVE");
     char *argv[] = {(char *)(exe ? exe : "build/tpserve"), "worker", (char *)path, "--backend", "cpu", NULL};
     tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
-    tp_engine_opts o = {.backend = "cpu", .group = &go};
-    tp_engine *e;
-    tp_err err;
-    if (tp_engine_create(path, &o, &e, &err) != TP_OK) {
-        fprintf(stderr, "bench: %s\n", err.msg);
-        exit(1);
-    }
-    return e;
+    return engine_with(path, &(tp_engine_opts){.backend = "cpu", .group = &go});
 }
 
 static void bench_ranks(const char *dir)
