@@ -658,6 +658,9 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     pthread_mutex_unlock(&e->mu);
+    out->world_size = e->g->world_size;
+    out->rank_processes = tp_rank_group_shared(e->rg) != NULL;
+    out->rank_group_up = !atomic_load(&e->lost_set);
 }
 
 int tp_engine_padded(const tp_engine *e, const char **why)

@@ -938,6 +938,9 @@ int tp_http_set_broken(tp_http *h, const char *why)
         return 0;
     snprintf(h->broken_msg, sizeof h->broken_msg, "%s", why);
     atomic_store(&h->broken, 1); /* publishes broken_msg */
+    tp_engine_stats es; /* tpserve_rank_group_up 0 now, not after the next batch */
+    tp_engine_get_stats(h->engine, &es);
+    tp_metrics_engine_stats(h->metrics, &es);
     return 1;
 }
 

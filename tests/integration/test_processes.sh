@@ -43,6 +43,9 @@ if start procs --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     n=$(nworkers "$PID")
     [ "$n" = 3 ] && pass "serve ranks=processes on a 4-rank graph: 3 worker processes" ||
         fail "expected 3 workers of $PID, found $n ($(ps -o pid,ppid,args --ppid "$PID" | tail -n +2))"
+    m=$(curl -s "$URL/metrics" | awk '$1 ~ /^tpserve_(world_size|rank_processes|rank_group_up)$/ { printf "%s=%s ", $1, $2 }')
+    [ "$m" = "tpserve_world_size=4 tpserve_rank_processes=1 tpserve_rank_group_up=1 " ] &&
+        pass "/metrics: world_size 4, rank_processes 1, rank_group_up 1" || fail "/metrics: $m"
     grep -q "ranks=4 (processes)" "$TMP/procs.log" && pass "ready line says ranks=4 (processes)" ||
         fail "ready line: $(grep ready: "$TMP/procs.log")"
     for mode in "" "--binary"; do
@@ -81,6 +84,8 @@ if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     [ "$code" = 503 ] && grep -q "rank 1 (pid $w) was killed by signal 9" "$TMP/resp" &&
         pass "infer after the death: 503 naming rank 1, its pid and the signal" ||
         fail "infer after the death: $code $(cat "$TMP/resp")"
+    up=$(curl -s "$URL/metrics" | awk '$1 == "tpserve_rank_group_up" { print $2 }')
+    [ "$up" = 0 ] && pass "/metrics: tpserve_rank_group_up 0" || fail "/metrics: tpserve_rank_group_up '$up'"
     grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log" &&
         pass "log line names the dead rank" || fail "no log line: $(tail -3 "$TMP/dead.log")"
     kill "$PID"

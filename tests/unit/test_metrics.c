@@ -223,7 +223,8 @@ START_TEST(engine_stats_once_published)
     tp_engine_stats s = {.requests = 4, .rows = 9, .executions = 5, .n_buckets = 3,
                          .bucket = {1, 2, 4}, .bucket_runs = {1, 0, 3}, .exact_runs = 1,
                          .symmetric_copy_bytes = 4096, .regular_copy_bytes = 512,
-                         .arena_bytes = {0, 100, 200, 300, 400}};
+                         .arena_bytes = {0, 100, 200, 300, 400}, .world_size = 4, .rank_processes = 1,
+                         .rank_group_up = 1};
     tp_metrics_engine_stats(m, &s);
     char *text = tp_metrics_render(m, NULL);
     check_format(text);
@@ -238,6 +239,9 @@ START_TEST(engine_stats_once_published)
     ck_assert_double_eq(sample(text, "tpserve_arena_bytes{kind=\"symmetric\"}"), 200);
     ck_assert_double_eq(sample(text, "tpserve_arena_bytes{kind=\"input\"}"), 300);
     ck_assert_double_eq(sample(text, "tpserve_arena_bytes{kind=\"output\"}"), 400);
+    ck_assert_double_eq(sample(text, "tpserve_world_size"), 4);
+    ck_assert_double_eq(sample(text, "tpserve_rank_processes"), 1);
+    ck_assert_double_eq(sample(text, "tpserve_rank_group_up"), 1);
     free(text);
     tp_metrics_free(m);
 }
