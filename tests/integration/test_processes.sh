@@ -24,6 +24,8 @@ TPSERVE=$(cd "$(dirname "$TPSERVE")" && pwd)/$(basename "$TPSERVE")
 # workers PID: the worker processes the server PID spawned.
 workers() { pgrep -P "$1" -f "tpserve.* worker|exe worker" 2>/dev/null | tr '\n' ' '; }
 nworkers() { set -- $(workers "$1"); echo $#; }
+# alive PID: running (a zombie has exited; who reaps it is not ours to time).
+alive() { st=$(ps -o stat= -p "$1" 2>/dev/null); [ -n "$st" ] && [ "${st#Z}" = "$st" ]; }
 
 # 1. every example, ranks in processes, against the unsharded reference
 for entry in $($PYTHON -c "import json,sys; m=json.load(open(sys.argv[1])); print(' '.join(g['name']+':'+repr(g['rtol']) for g in m['graphs']))" "$TP_GRAPHS/manifest.json"); do
@@ -60,7 +62,7 @@ if start procs --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     rc=$?
     sleep 0.2
     left=0
-    for w in $ws; do kill -0 "$w" 2>/dev/null && left=$((left + 1)); done
+    for w in $ws; do alive "$w" && left=$((left + 1)); done
     [ "$rc" = 0 ] && [ "$left" = 0 ] && pass "SIGTERM: exit 0 and no worker left behind" ||
         fail "SIGTERM: exit $rc, $left of the workers ($ws) still running"
 fi
@@ -127,7 +129,7 @@ if start orphan --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     i=0
     while [ $i -lt 50 ]; do
         left=0
-        for w in $ws; do kill -0 "$w" 2>/dev/null && left=$((left + 1)); done
+        for w in $ws; do alive "$w" && left=$((left + 1)); done
         [ "$left" = 0 ] && break
         sleep 0.1; i=$((i + 1))
     done
@@ -166,6 +168,13 @@ wait "$W2" 2>/dev/null
 RANK=1 WORLD_SIZE=4 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$TMP/none.sock" >"$TMP/w3.log" 2>&1
 grep -q "WORLD_SIZE 4, but graph 'mlp_sp_tp2' has world_size 2" "$TMP/w3.log" &&
     pass "a worker with another WORLD_SIZE fails at once, saying so" || fail "world mismatch: $(cat "$TMP/w3.log")"
+
+env -u RANK -u TP_RANK "$TPSERVE" worker "$TP_GRAPHS/$G.json" >"$TMP/w4.log" 2>&1
+[ $? = 1 ] && grep -q "needs RANK (1..WORLD_SIZE-1) and WORLD_SIZE (>= 2)" "$TMP/w4.log" &&
+    pass "a worker without RANK/WORLD_SIZE says what it needs" || fail "worker without env: $(cat "$TMP/w4.log")"
+TP_GROUP_FD=0 RANK=1 WORLD_SIZE=2 "$TPSERVE" worker "$TP_GRAPHS/$G.json" </dev/null >"$TMP/w5.log" 2>&1
+[ $? = 1 ] && grep -q "fd 0 is not a tpserve rank group" "$TMP/w5.log" &&
+    pass "a worker handed a wrong group fd refuses it" || fail "wrong group fd: $(cat "$TMP/w5.log")"
 
 # 6. buckets larger than the shared staging: refused at load, saying so
 PORT=$(free_port)
