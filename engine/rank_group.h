@@ -49,6 +49,10 @@ typedef struct {
     size_t staging_bytes;     /* PROCESSES: request staging (0: 256 MiB) */
     size_t heap_bytes;        /* PROCESSES: per-rank heap for cpu (0: 4 GiB) */
     int timeout_ms;           /* joining (0: 60000) */
+    /* PROCESSES: a run step that takes longer than this loses the group
+     * (a hung rank), like a dead one would; 0: no limit. Loading a rank's
+     * weights is a step too, so make it generous. */
+    int step_timeout_ms;
 } tp_rank_group_opts;
 
 /* Where the group's shared memory is, in this process's address space.

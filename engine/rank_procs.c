@@ -85,6 +85,8 @@ struct tp_rank_procs {
     pid_t child[TP_GROUP_MAX_PROCESSES]; /* leader: spawned workers not yet reaped */
     int32_t pid[TP_GROUP_MAX_PROCESSES];  /* leader: every worker's pid */
     uint32_t seen; /* leader: messages sent; worker: consumed */
+    int step_timeout_ms;
+    int64_t step_deadline; /* leader: when the run in flight becomes a hang (0: none) */
     uint32_t step; /* the run step in flight */
     char lost[512];
 };
@@ -150,6 +152,17 @@ static void check_peers(tp_rank_procs *p)
         pid_t leader = atomic_load(&p->ctl->leader_pid);
         if (process_gone(leader) || (p->spawned && getppid() != leader))
             set_lost(p, "the leader (rank 0, pid %d) is gone", (int)leader);
+        return;
+    }
+    if (p->step_deadline && now_ms() > p->step_deadline) {
+        for (int r = 1; r < p->world && !p->lost[0]; r++)
+            if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - p->step) < 0) {
+                set_lost(p, "rank %d (pid %d) did not finish a step within %d ms (step_timeout_ms)", r,
+                         (int)p->pid[r], p->step_timeout_ms);
+                kill(p->pid[r], SIGKILL); /* stuck holding a GPU: free it for the restart */
+            }
+        if (!p->lost[0]) /* the workers are done: rank 0 itself is stuck */
+            set_lost(p, "rank 0 did not finish a step within %d ms (step_timeout_ms)", p->step_timeout_ms);
         return;
     }
     for (int r = 1; r < p->world && !p->lost[0]; r++) {
@@ -527,6 +540,7 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out,
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     p->rank = leader ? 0 : o->rank;
     p->world = o->world;
+    p->step_timeout_ms = o->step_timeout_ms;
     p->fd = -1;
     tp_status st = leader ? create_leader(p, o, err) : create_worker(p, o, err);
     if (st != TP_OK) {
@@ -537,9 +551,11 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out,
     return TP_OK;
 }
 
+/* After QUIT, workers get a grace period; in a lost group there is nothing
+ * to finish, and a hung worker would never exit on its own. */
 static void reap_workers(tp_rank_procs *p)
 {
-    int64_t deadline = now_ms() + QUIT_GRACE_MS;
+    int64_t deadline = p->lost[0] ? 0 : now_ms() + QUIT_GRACE_MS;
     for (int r = 1; r < p->world; r++) {
         while (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0 && now_ms() < deadline)
             usleep(5000);
@@ -602,8 +618,10 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         memcpy(m->data, buf, len);
     atomic_store(&p->ctl->seq, ++p->seen);
     futex_wake_all(&p->ctl->seq);
-    if (kind == TP_MSG_RUN)
+    if (kind == TP_MSG_RUN) {
         p->step = p->seen;
+        p->step_deadline = p->step_timeout_ms > 0 ? now_ms() + p->step_timeout_ms : 0;
+    }
     return TP_OK;
 }
 
@@ -678,6 +696,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
         if (c->rank[r].status != TP_OK && (first < 0 || c->rank[r].ticket < c->rank[first].ticket))
             first = r;
     }
+    p->step_deadline = 0;
     c->result_status = first < 0 ? TP_OK : c->rank[first].status;
     snprintf(c->result_msg, sizeof c->result_msg, "%s", first < 0 ? "" : c->rank[first].msg);
     atomic_store(&c->result, p->step);

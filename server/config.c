@@ -49,6 +49,8 @@ static const key_desc keys[] = {
                               "(`tpserve worker --rendezvous`); empty: start them here"),
     INT_KEY(staging_mb, 1, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs"),
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
+    INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
+                                          "finished by then loses the group like a dead rank (0: never)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -69,6 +71,7 @@ void tp_config_defaults(tp_config *c)
     snprintf(c->ranks, sizeof c->ranks, "threads");
     c->staging_mb = 64;
     c->rank_heap_mb = 4096;
+    c->step_timeout_ms = 600000;
 }
 
 /* Accepts "max-body-bytes" as well as "max_body_bytes". */

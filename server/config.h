@@ -29,6 +29,7 @@ typedef struct {
     char rendezvous[108];    /* processes: unix socket where external ranks join; empty: spawn them */
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
+    int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

@@ -267,6 +267,7 @@ static tp_rank_group_opts group_opts(const tp_config *c, char *const *worker_arg
         .rendezvous = c->rendezvous[0] ? c->rendezvous : NULL,
         .staging_bytes = (size_t)c->staging_mb << 20,
         .heap_bytes = (size_t)c->rank_heap_mb << 20,
+        .step_timeout_ms = c->step_timeout_ms,
     };
 }
 

@@ -8,7 +8,7 @@
 # behind; external ranks (`tpserve worker --rendezvous`, RANK/WORLD_SIZE)
 # join a leader, and a rank started with other options or another world size
 # is refused with a message saying so; buckets beyond the shared staging are
-# a clear load error.
+# a clear load error; a stopped worker loses the group at step_timeout_ms.
 #
 # env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the logs.
 # shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
@@ -117,6 +117,25 @@ if start load --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     [ "$total" = 160 ] && [ "$other" = 0 ] && [ "$ok" -gt 0 ] && kill -0 "$PID" &&
         pass "worker SIGKILL under load: all 160 requests answered ($ok x 200, $((total - ok)) x 503), server up" ||
         fail "worker SIGKILL under load: $total answers, $other neither 200 nor 503: $(sort "$TMP"/codes.* | uniq -c | tr '\n' ' ')"
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+fi
+
+# 3c. a worker stopped (alive, never finishing): the step deadline loses the
+# group like a death, the request gets 503 naming it, the worker is killed
+if start hung --graph "$TP_GRAPHS/$G.json" --ranks processes --step-timeout-ms 1000; then
+    w=$(workers "$PID" | awk '{print $1}')
+    kill -STOP "$w"
+    $PYTHON "$HERE/kserve_client.py" make --graphs "$TP_GRAPHS" --graph "$G" --out "$TMP/hbody" >/dev/null
+    code=$(curl -s -m 20 -o "$TMP/resp" -w '%{http_code}' -H 'Content-Type: application/json' \
+        --data-binary @"$TMP/hbody" "$URL/v2/models/$G/infer")
+    [ "$code" = 503 ] && grep -q "rank 1 (pid $w) did not finish a step within 1000 ms (step_timeout_ms)" "$TMP/resp" &&
+        pass "worker SIGSTOP: the request gets 503 after step_timeout_ms, naming the hung rank" ||
+        fail "worker SIGSTOP: $code $(cat "$TMP/resp")"
+    sleep 0.5
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 503 ] && ! alive "$w" &&
+        pass "worker SIGSTOP: not ready, and the hung worker was killed" ||
+        fail "worker SIGSTOP: ready=$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready"), worker $(ps -o stat= -p "$w")"
     kill "$PID"
     wait "$PID" 2>/dev/null
 fi

@@ -34,6 +34,8 @@ static tp_status write_rank(void *p, int rank, tp_err *err)
         return tp_fail(err, TP_BACKEND, "boom at step %d", c->step);
     if (strcmp(c->scenario, "die") == 0 && c->step == 1 && rank == 1)
         kill(getpid(), SIGKILL);
+    if (strcmp(c->scenario, "hang") == 0 && c->step == 1 && rank == 1)
+        raise(SIGSTOP); /* alive, but never finishes the step */
     words(c->sh)[rank] = 1000 * c->step + rank;
     return TP_OK;
 }
@@ -68,7 +70,8 @@ static tp_rank_group *leader(int world, const char *scenario)
 {
     argv_worker[2] = (char *)scenario;
     tp_rank_group_opts o = {.mode = TP_GROUP_PROCESSES, .world = world, .worker_argv = argv_worker,
-                            .staging_bytes = 1 << 20, .heap_bytes = 1 << 20, .timeout_ms = 20000};
+                            .staging_bytes = 1 << 20, .heap_bytes = 1 << 20, .timeout_ms = 20000,
+                            .step_timeout_ms = strcmp(scenario, "hang") == 0 ? 500 : 0};
     tp_rank_group *g;
     tp_err err;
     ck_assert_msg(tp_rank_group_create(&o, &g, &err) == TP_OK, "%s", err.msg);
@@ -154,6 +157,25 @@ START_TEST(a_dead_worker_fails_the_step_and_the_group)
     ck_assert_int_eq(tp_rank_group_run(g, write_rank, &c, NULL, &err), TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "killed by signal 9"), "%s", err.msg);
     tp_rank_group_free(g);
+}
+END_TEST
+
+START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
+{
+    tp_rank_group *g = leader(2, "hang");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "hang", .step = 1};
+    tp_rank_hooks hooks = {NULL, release, NULL};
+    tp_err err;
+    atomic_store(&released, 0);
+    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
+    alarm(20);
+    tp_status st = tp_rank_group_run(g, wait_for_peer, &c, &hooks, &err);
+    alarm(0);
+    ck_assert_int_eq(st, TP_UNAVAILABLE);
+    ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "did not finish a step within 500 ms"), "%s",
+                  err.msg);
+    ck_assert(atomic_load(&released));
+    tp_rank_group_free(g); /* the stopped worker is killed, not waited for */
 }
 END_TEST
 
@@ -243,6 +265,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, steps_reach_every_process_in_lockstep);
     tcase_add_test(t, a_failure_is_the_same_error_in_every_process);
     tcase_add_test(t, a_dead_worker_fails_the_step_and_the_group);
+    tcase_add_test(t, a_hung_worker_loses_the_group_at_the_step_deadline);
     tcase_add_test(t, a_worker_that_exits_before_joining_is_an_error);
     tcase_add_test(t, external_ranks_join_at_the_rendezvous);
     tcase_add_test(t, threads_are_the_same_interface);
