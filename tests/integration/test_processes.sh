@@ -108,7 +108,8 @@ if start load --graph "$TP_GRAPHS/$G.json" --ranks processes; then
                   --data-binary @"$TMP/lbody" "$URL/v2/models/$G/infer"; k=$((k + 1)); done ) >"$TMP/codes.$c" &
         loops="$loops $!"
     done
-    sleep 0.3
+    i=0 # kill once requests are flowing (slow under ASan), not at a fixed time
+    while [ $i -lt 200 ] && ! cat "$TMP"/codes.* 2>/dev/null | grep -q '^200$'; do sleep 0.05; i=$((i + 1)); done
     kill -9 "$(workers "$PID" | awk '{print $1}')"
     for j in $loops; do wait "$j"; done
     total=$(cat "$TMP"/codes.* | wc -l)
