@@ -124,13 +124,13 @@ fi
 
 # 3c. a worker stopped (alive, never finishing): the step deadline loses the
 # group like a death, the request gets 503 naming it, the worker is killed
-if start hung --graph "$TP_GRAPHS/$G.json" --ranks processes --step-timeout-ms 1000; then
+if start hung --graph "$TP_GRAPHS/$G.json" --ranks processes --step-timeout-ms 3000; then
     w=$(workers "$PID" | awk '{print $1}')
     kill -STOP "$w"
     $PYTHON "$HERE/kserve_client.py" make --graphs "$TP_GRAPHS" --graph "$G" --out "$TMP/hbody" >/dev/null
     code=$(curl -s -m 20 -o "$TMP/resp" -w '%{http_code}' -H 'Content-Type: application/json' \
         --data-binary @"$TMP/hbody" "$URL/v2/models/$G/infer")
-    [ "$code" = 503 ] && grep -q "rank 1 (pid $w) did not finish a step within 1000 ms (step_timeout_ms)" "$TMP/resp" &&
+    [ "$code" = 503 ] && grep -q "rank 1 (pid $w) did not finish a step within 3000 ms (step_timeout_ms)" "$TMP/resp" &&
         pass "worker SIGSTOP: the request gets 503 after step_timeout_ms, naming the hung rank" ||
         fail "worker SIGSTOP: $code $(cat "$TMP/resp")"
     sleep 0.5
