@@ -32,6 +32,16 @@ int tp_tensor_is_contiguous(const tp_tensor *t)
     return 1;
 }
 
+int tp_tensor_same_shape(const tp_tensor *a, const tp_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
 tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape)
 {
     tp_tensor t;

@@ -23,6 +23,8 @@ int64_t tp_tensor_numel(const tp_tensor *t);
 /* Fills row-major strides for t->shape. */
 void tp_tensor_set_contiguous(tp_tensor *t);
 int tp_tensor_is_contiguous(const tp_tensor *t);
+/* Same ndim and sizes (strides and dtypes may differ). */
+int tp_tensor_same_shape(const tp_tensor *a, const tp_tensor *b);
 /* Builds a contiguous tensor descriptor over data. */
 tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape);
 /* t restricted to [start, start + len) along dim: same strides, no copy. */

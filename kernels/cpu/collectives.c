@@ -392,16 +392,6 @@ static tp_tensor peer_in(const cpu_comm *c, int r)
 
 /* ------------------------------------------------------------ validation */
 
-static int same_shape(const tp_tensor *a, const tp_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return 1;
-}
-
 static const char *shp(char *buf, const tp_tensor *t) { return tp_shape_str(buf, 96, t->ndim, t->shape); }
 
 static tp_status check_dim(const char *name, const char *what, int dim, const tp_tensor *in, tp_err *err)
@@ -511,7 +501,7 @@ static tp_status validate(const cpu_comm *c, tp_err *err)
             if (s->in.dtype != rin->dtype)
                 return tp_fail(err, TP_INVALID, "%s: rank %d input dtype %s differs from rank 0's %s",
                                name, k, tp_dtype_name(s->in.dtype), tp_dtype_name(rin->dtype));
-            if (!same_shape(&s->in, rin))
+            if (!tp_tensor_same_shape(&s->in, rin))
                 return tp_fail(err, TP_INVALID, "%s: rank %d input shape %s differs from rank 0's %s",
                                name, k, shp(b1, &s->in), shp(b2, rin));
         }
@@ -526,7 +516,7 @@ static tp_status validate(const cpu_comm *c, tp_err *err)
         if (s->out.dtype != rin->dtype)
             return tp_fail(err, TP_INVALID, "%s: rank %d output dtype %s differs from input dtype %s",
                            name, k, tp_dtype_name(s->out.dtype), tp_dtype_name(rin->dtype));
-        if (!same_shape(&s->out, &exp))
+        if (!tp_tensor_same_shape(&s->out, &exp))
             return tp_fail(err, TP_INVALID,
                            "%s (dim %d, split_dim %d, concat_dim %d) over %d ranks: rank %d output "
                            "shape %s, expected %s for input shape %s",

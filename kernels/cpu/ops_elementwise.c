@@ -184,7 +184,7 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
     if (x->dtype != out->dtype || !tp_dtype_is_float(x->dtype))
         return tp_fail(err, TP_INVALID, "%s: needs a float input of the output dtype, got %s -> %s",
                        tp_op_name(op), tp_dtype_name(x->dtype), tp_dtype_name(out->dtype));
-    if (!ops_same_shape(x, out))
+    if (!tp_tensor_same_shape(x, out))
         return tp_fail(err, TP_INVALID, "%s: input shape %s does not match output %s",
                        tp_op_name(op), tp_shape_str(s1, sizeof s1, x->ndim, x->shape),
                        tp_shape_str(s2, sizeof s2, out->ndim, out->shape));

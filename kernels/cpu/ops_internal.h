@@ -17,16 +17,6 @@ static inline char *ops_at(const void *base, tp_dtype dt, int64_t off)
     return (char *)base + off * (int64_t)tp_dtype_size(dt);
 }
 
-static inline int ops_same_shape(const tp_tensor *a, const tp_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return 1;
-}
-
 /* An iteration space shared by up to OPS_MAX_OPERANDS strided operands,
  * after coalescing: size-1 dims dropped and adjacent dims merged wherever
  * every operand allows it. Always at least one dim. */

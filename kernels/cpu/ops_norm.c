@@ -33,7 +33,7 @@ static tp_status check_float_same(const char *what, const tp_tensor *x, const tp
     if (x->dtype != out->dtype || !tp_dtype_is_float(x->dtype))
         return tp_fail(err, TP_INVALID, "%s: needs a float input of the output dtype, got %s -> %s",
                        what, tp_dtype_name(x->dtype), tp_dtype_name(out->dtype));
-    if (!ops_same_shape(x, out))
+    if (!tp_tensor_same_shape(x, out))
         return tp_fail(err, TP_INVALID, "%s: input shape %s does not match output %s", what,
                        tp_shape_str(s1, sizeof s1, x->ndim, x->shape),
                        tp_shape_str(s2, sizeof s2, out->ndim, out->shape));

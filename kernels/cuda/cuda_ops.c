@@ -11,20 +11,10 @@
 #include "cuda/cuda_internal.h"
 #include "common/tp_checks.h"
 
-static int same_shape(const tp_tensor *a, const tp_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return 1;
-}
-
 tp_status cu_copy_tensor(cu_ctx *x, tp_tensor *dst, const tp_tensor *src, cudaStream_t s, tp_err *err)
 {
     char s1[96], s2[96];
-    if (dst->dtype != src->dtype || !same_shape(dst, src))
+    if (dst->dtype != src->dtype || !tp_tensor_same_shape(dst, src))
         return tp_fail(err, TP_INTERNAL, "cuda rank %d: copy of %s %s into %s %s", x->rank, tp_dtype_name(src->dtype),
                        tp_shape_str(s1, sizeof s1, src->ndim, src->shape), tp_dtype_name(dst->dtype),
                        tp_shape_str(s2, sizeof s2, dst->ndim, dst->shape));
@@ -70,7 +60,7 @@ static tp_status check_float_same(const char *what, const tp_tensor *in, const t
     if (in->dtype != out->dtype || !tp_dtype_is_float(in->dtype))
         return tp_fail(err, TP_INVALID, "%s: needs a float input of the output dtype, got %s -> %s", what,
                        tp_dtype_name(in->dtype), tp_dtype_name(out->dtype));
-    if (!same_shape(in, out))
+    if (!tp_tensor_same_shape(in, out))
         return tp_fail(err, TP_INVALID, "%s: input shape %s does not match output %s", what,
                        tp_shape_str(s1, sizeof s1, in->ndim, in->shape),
                        tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
