@@ -587,15 +587,6 @@ END_TEST
 
 /* ------------------------------------------------------------- examples */
 
-static const tp_host_tensor *find(const tp_host_tensor *t, int n, const char *name)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(t[i].name, name) == 0)
-            return &t[i];
-    ck_abort_msg("tensor '%s' missing", name);
-    return NULL;
-}
-
 /* World > 1: one process per GPU, this process rank 0 and `tpserve
  * worker` (from $TPSERVE, as `make unit` sets it) the others. */
 static void run_example_cuda(const char *path, const char *in_path, const char *ref_path, double rtol)
@@ -616,10 +607,7 @@ static void run_example_cuda(const char *path, const char *in_path, const char *
     int n_in, n_ref, n_out;
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref), *out;
     ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
-    for (int i = 0; i < n_out; i++) {
-        double r = tu_rel_diff(&out[i], find(ref, n_ref, out[i].name), 1);
-        ck_assert_msg(r <= rtol, "%s output '%s': error %.3g > rtol %.3g", path, out[i].name, r, rtol);
-    }
+    tu_check_outputs(path, out, n_out, ref, n_ref, rtol);
     tp_host_tensors_free(out, n_out);
     tp_host_tensors_free(in, n_in);
     tp_host_tensors_free(ref, n_ref);

@@ -21,33 +21,6 @@ static const char *graphs_dir(void)
 }
 
 
-/* The metric of graphs/README.md: max|out-ref| / max(max|ref|, 1e-6). */
-static double rel_error(const tp_host_tensor *out, const tp_host_tensor *ref)
-{
-    ck_assert_int_eq(out->dtype, ref->dtype);
-    ck_assert_int_eq(out->ndim, ref->ndim);
-    ck_assert_mem_eq(out->shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim);
-    int64_t n = (int64_t)(ref->nbytes / tp_dtype_size(ref->dtype));
-    double maxdiff = 0, maxref = 1e-6;
-    for (int64_t i = 0; i < n; i++) {
-        double a = tp_load_f32(out->data, out->dtype, i), b = tp_load_f32(ref->data, ref->dtype, i);
-        if (isnan(a) || fabs(a - b) > maxdiff)
-            maxdiff = isnan(a) ? INFINITY : fabs(a - b);
-        if (fabs(b) > maxref)
-            maxref = fabs(b);
-    }
-    return maxdiff / maxref;
-}
-
-static const tp_host_tensor *find(const tp_host_tensor *t, int n, const char *name)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(t[i].name, name) == 0)
-            return &t[i];
-    ck_abort_msg("tensor '%s' missing", name);
-    return NULL;
-}
-
 static void run_example(const char *path, const char *in_path, const char *ref_path, double rtol)
 {
     tp_engine *e;
@@ -57,11 +30,7 @@ static void run_example(const char *path, const char *in_path, const char *ref_p
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref);
     tp_host_tensor *out, *out2;
     ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
-    ck_assert_int_eq(n_out, n_ref);
-    for (int i = 0; i < n_out; i++) {
-        double r = rel_error(&out[i], find(ref, n_ref, out[i].name));
-        ck_assert_msg(r <= rtol, "%s output '%s': error %.3g > rtol %.3g", path, out[i].name, r, rtol);
-    }
+    tu_check_outputs(path, out, n_out, ref, n_ref, rtol);
     /* replaying the same capture gives bit-identical results */
     ck_assert_msg(tp_engine_infer(e, in, n_in, &out2, &n_out2, &err) == TP_OK, "%s", err.msg);
     for (int i = 0; i < n_out; i++)

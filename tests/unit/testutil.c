@@ -55,23 +55,47 @@ tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *
     return out;
 }
 
+double tu_rel_error(const tp_host_tensor *out, const tp_host_tensor *ref)
+{
+    ck_assert_int_eq(out->dtype, ref->dtype);
+    ck_assert_int_eq(out->ndim, ref->ndim);
+    ck_assert_mem_eq(out->shape, ref->shape, sizeof(int64_t) * (size_t)ref->ndim);
+    int64_t n = (int64_t)(ref->nbytes / tp_dtype_size(ref->dtype));
+    double maxdiff = 0, maxref = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        double a = tp_load_f32(out->data, out->dtype, i), b = tp_load_f32(ref->data, ref->dtype, i);
+        if (isnan(a) || fabs(a - b) > maxdiff)
+            maxdiff = isnan(a) ? INFINITY : fabs(a - b);
+        if (fabs(b) > maxref)
+            maxref = fabs(b);
+    }
+    return maxdiff / maxref;
+}
+
 double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n)
 {
     double worst = 0;
     for (int t = 0; t < n; t++) {
         ck_assert_str_eq(a[t].name, b[t].name); /* passes never rename outputs */
         ck_assert_int_eq(a[t].nbytes, b[t].nbytes);
-        ck_assert_int_eq(a[t].dtype, b[t].dtype);
-        int64_t cnt = (int64_t)(a[t].nbytes / tp_dtype_size(a[t].dtype));
-        double md = 0, mr = 1e-6;
-        for (int64_t i = 0; i < cnt; i++) {
-            double x = tp_load_f32(a[t].data, a[t].dtype, i), y = tp_load_f32(b[t].data, b[t].dtype, i);
-            md = isnan(x) || fabs(x - y) > md ? (isnan(x) ? INFINITY : fabs(x - y)) : md;
-            mr = fabs(y) > mr ? fabs(y) : mr;
-        }
-        worst = md / mr > worst ? md / mr : worst;
+        double e = tu_rel_error(&a[t], &b[t]);
+        worst = e > worst ? e : worst;
     }
     return worst;
+}
+
+void tu_check_outputs(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref,
+                      double rtol)
+{
+    ck_assert_int_eq(n_out, n_ref);
+    for (int i = 0; i < n_out; i++) {
+        const tp_host_tensor *r = NULL;
+        for (int k = 0; k < n_ref && !r; k++)
+            r = strcmp(ref[k].name, out[i].name) == 0 ? &ref[k] : NULL;
+        ck_assert_msg(r, "%s: output '%s' missing from the reference", path, out[i].name);
+        double e = tu_rel_error(&out[i], r);
+        ck_assert_msg(e <= rtol, "%s output '%s': error %.3g > rtol %.3g", path, out[i].name, e, rtol);
+    }
 }
 
 tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po)

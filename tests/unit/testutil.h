@@ -19,8 +19,14 @@ void tu_fill(float *p, int64_t n, unsigned seed);
 tp_engine *tu_engine(const char *path, int passes, int eager);
 /* Runs e on inputs; aborts the test on failure. */
 tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *n_out);
-/* max|a-b| / max(max|b|, 1e-6) over all outputs; shapes must match. */
+/* The metric of graphs/README.md, max|out-ref| / max(max|ref|, 1e-6);
+ * dtypes and shapes must match. */
+double tu_rel_error(const tp_host_tensor *out, const tp_host_tensor *ref);
+/* The worst tu_rel_error over n outputs, paired by position (same names). */
 double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n);
+/* Every output within rtol of the reference tensor of its name. */
+void tu_check_outputs(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref,
+                      double rtol);
 /* Loads path, infers at batch, runs the passes of po (default when NULL). */
 tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po);
 int tu_count_op(const tp_graph *g, tp_op op);
