@@ -24,10 +24,6 @@
 
 #define EXEC_CACHE 8
 
-typedef struct {
-    tp_exec *x;
-} bucket;
-
 /* One execution, as the leader posts it to worker processes: a bucket's
  * executable, or (bucket -1) the exact-batch one for batch. Inputs and
  * outputs sit in the request staging at offsets both sides derive from the
@@ -51,7 +47,7 @@ struct tp_engine {
     char why_exact[256];
     int n_buckets;
     int64_t bucket_size[TP_MAX_BUCKETS];
-    bucket buckets[TP_MAX_BUCKETS];
+    tp_exec *buckets[TP_MAX_BUCKETS]; /* padded: one executable per bucket */
     tp_exec *cache[EXEC_CACHE]; /* exact-batch executables (padded == 0) */
     unsigned long last_use[EXEC_CACHE], clock;
     tp_engine_stats stats;
@@ -181,11 +177,10 @@ static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 
 static tp_status build_bucket(tp_engine *e, int k, tp_err *err)
 {
-    bucket *bk = &e->buckets[k];
-    tp_status st = tp_exec_create(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &bk->x, err);
+    tp_status st = tp_exec_create(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &e->buckets[k], err);
     if (st != TP_OK)
         return st;
-    const tp_plan *p = tp_exec_plan(bk->x);
+    const tp_plan *p = tp_exec_plan(e->buckets[k]);
     for (int m = 0; m < TP_MEM_KINDS; m++)
         e->stats.arena_bytes[m] += p->arena_bytes[m];
     return TP_OK;
@@ -251,7 +246,7 @@ static void note_lost(tp_engine *e);
 static tp_status reserve_staging(tp_engine *e, tp_err *err)
 {
     tp_tensor in_t[e->g->n_inputs + 1], out_t[e->g->n_outputs + 1];
-    tp_status st = stage_layout(e, e->buckets[e->n_buckets - 1].x, in_t, out_t, err);
+    tp_status st = stage_layout(e, e->buckets[e->n_buckets - 1], in_t, out_t, err);
     if (st != TP_OK)
         tp_err_prefix(err, "the largest bucket: ");
     return st;
@@ -315,7 +310,7 @@ void tp_engine_free(tp_engine *e)
     for (int i = 0; i < EXEC_CACHE; i++)
         tp_exec_free(e->cache[i]);
     for (int k = 0; k < e->n_buckets; k++)
-        tp_exec_free(e->buckets[k].x);
+        tp_exec_free(e->buckets[k]);
     tp_weights_free(e->w);
     tp_backend_destroy(e->b); /* before the group: its comm lives in the group's memory */
     tp_rank_group_free(e->rg);
@@ -463,21 +458,25 @@ static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp
  * the same offsets in every process, derived from the executable alone. */
 static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err)
 {
-    size_t off[e->g->n_inputs + e->g->n_outputs + 1], end = 0;
-    for (int i = 0; i < e->g->n_inputs + e->g->n_outputs; i++) {
-        tp_tensor *t = i < e->g->n_inputs ? &in_t[i] : &out_t[i - e->g->n_inputs];
-        if (i < e->g->n_inputs) {
-            const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
-            int64_t shape[TP_MAX_DIMS];
-            memcpy(shape, n->gshape, sizeof shape);
-            if (n->batched)
-                shape[0] = tp_exec_batch(x);
-            *t = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
-        } else {
-            *t = tp_exec_output_desc(x, i - e->g->n_inputs);
-        }
-        off[i] = end;
-        end += ((size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype) + 63) & ~(size_t)63;
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor *all[ni + no + 1];
+    for (int i = 0; i < ni; i++) {
+        const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
+        int64_t shape[TP_MAX_DIMS];
+        memcpy(shape, n->gshape, sizeof shape);
+        if (n->batched)
+            shape[0] = tp_exec_batch(x);
+        in_t[i] = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
+        all[i] = &in_t[i];
+    }
+    for (int i = 0; i < no; i++) {
+        out_t[i] = tp_exec_output_desc(x, i);
+        all[ni + i] = &out_t[i];
+    }
+    size_t off[ni + no + 1], end = 0;
+    for (int k = 0; k < ni + no; k++) {
+        off[k] = end;
+        end += ((size_t)tp_tensor_numel(all[k]) * tp_dtype_size(all[k]->dtype) + 63) & ~(size_t)63;
     }
     if (end > e->stage_cap) {
         if (e->stage_shared)
@@ -489,8 +488,8 @@ static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tens
         e->stage = grown;
         e->stage_cap = end;
     }
-    for (int i = 0; i < e->g->n_inputs + e->g->n_outputs; i++)
-        (i < e->g->n_inputs ? &in_t[i] : &out_t[i - e->g->n_inputs])->data = e->stage + off[i];
+    for (int k = 0; k < ni + no; k++)
+        all[k]->data = e->stage + off[k];
     return TP_OK;
 }
 
@@ -503,7 +502,7 @@ static tp_status prepare_step(tp_engine *e, const step_cmd *c, tp_exec **x, tp_t
     if (tp_rank_group_leads(e->rg))
         st = tp_rank_group_post(e->rg, c, sizeof *c, err);
     if (st == TP_OK && c->bucket >= 0)
-        *x = e->buckets[c->bucket].x;
+        *x = e->buckets[c->bucket];
     else if (st == TP_OK)
         st = get_exact(e, c->batch, x, err);
     return st == TP_OK ? stage_layout(e, *x, in_t, out_t, err) : st;
