@@ -57,8 +57,7 @@ struct tp_engine {
     char *stage;
     size_t stage_cap;
     int stage_shared;
-    char lost[600];
-    _Atomic int lost_set;
+    const char *_Atomic lost; /* the group's "rank group lost: ..." once seen */
     pthread_mutex_t mu;
 };
 
@@ -659,7 +658,7 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
     pthread_mutex_unlock(&e->mu);
     out->world_size = e->g->world_size;
     out->rank_processes = tp_rank_group_shared(e->rg) != NULL;
-    out->rank_group_up = !atomic_load(&e->lost_set);
+    out->rank_group_up = !atomic_load(&e->lost);
 }
 
 int tp_engine_padded(const tp_engine *e, const char **why)
@@ -678,24 +677,22 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
     free(t);
 }
 
-/* Called with mu held: records a lost group once, for tp_engine_lost. */
+/* Called with mu held (the group's check is not thread-safe): publishes a
+ * lost group for tp_engine_lost, which must not wait for a running batch. */
 static void note_lost(tp_engine *e)
 {
-    const char *why = atomic_load(&e->lost_set) ? NULL : tp_rank_group_lost(e->rg);
-    if (why) {
-        snprintf(e->lost, sizeof e->lost, "rank group lost: %s", why);
-        atomic_store(&e->lost_set, 1);
-    }
+    if (!atomic_load(&e->lost))
+        atomic_store(&e->lost, tp_rank_group_lost(e->rg));
 }
 
 const char *tp_engine_lost(tp_engine *e)
 {
     /* a running batch holds mu and notes a loss itself: never wait for it */
-    if (!atomic_load(&e->lost_set) && pthread_mutex_trylock(&e->mu) == 0) {
+    if (!atomic_load(&e->lost) && pthread_mutex_trylock(&e->mu) == 0) {
         note_lost(e);
         pthread_mutex_unlock(&e->mu);
     }
-    return atomic_load(&e->lost_set) ? e->lost : NULL;
+    return atomic_load(&e->lost);
 }
 
 tp_status tp_engine_follow(tp_engine *e, tp_err *err)

@@ -209,7 +209,7 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         int quit;
         const char *lost = tp_rank_procs_lost(g->procs);
         if (lost)
-            return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", lost);
+            return tp_fail(err, TP_UNAVAILABLE, "%s", lost);
         tp_status st = g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_RUN, NULL, 0, err)
                                   : tp_rank_procs_recv(g->procs, TP_MSG_RUN, NULL, 0, NULL, &quit, err);
         if (st != TP_OK)
@@ -250,7 +250,7 @@ tp_status tp_rank_group_post(tp_rank_group *g, const void *cmd, size_t len, tp_e
         return TP_OK;
     const char *lost = tp_rank_procs_lost(g->procs);
     if (lost)
-        return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", lost);
+        return tp_fail(err, TP_UNAVAILABLE, "%s", lost);
     return tp_rank_procs_send(g->procs, TP_MSG_CMD, cmd, len, err);
 }
 

@@ -85,7 +85,8 @@ void tp_rank_group_local(const tp_rank_group *g, int *lo, int *hi);
 int tp_rank_group_leads(const tp_rank_group *g);
 /* NULL for a thread group. */
 const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
-/* NULL while every rank is alive, else why the group is lost. */
+/* NULL while every rank is alive, else "rank group lost: why" (a string
+ * that lives as long as the group and never changes once set). */
 const char *tp_rank_group_lost(const tp_rank_group *g);
 
 /* Runs fn(ctx, r) on every local rank and, in a process group, waits for

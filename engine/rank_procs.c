@@ -115,9 +115,11 @@ static void set_lost(tp_rank_procs *p, const char *fmt, ...)
 {
     if (p->lost[0])
         return;
+    static const char prefix[] = "rank group lost: ";
+    memcpy(p->lost, prefix, sizeof prefix);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->lost, sizeof p->lost, fmt, ap);
+    vsnprintf(p->lost + sizeof prefix - 1, sizeof p->lost - (sizeof prefix - 1), fmt, ap);
     va_end(ap);
     if (!atomic_load(&p->ctl->lost)) {
         snprintf(p->ctl->lost_msg, sizeof p->ctl->lost_msg, "%s", p->lost);
@@ -182,10 +184,7 @@ const char *tp_rank_procs_lost(tp_rank_procs *p)
     return p->lost[0] ? p->lost : NULL;
 }
 
-static tp_status lost_error(tp_rank_procs *p, tp_err *err)
-{
-    return tp_fail(err, TP_UNAVAILABLE, "rank group lost: %s", p->lost);
-}
+static tp_status lost_error(tp_rank_procs *p, tp_err *err) { return tp_fail(err, TP_UNAVAILABLE, "%s", p->lost); }
 
 /* Waits until *w >= target, or the group is lost. */
 static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, tp_err *err)
@@ -470,7 +469,7 @@ static tp_status wait_joined(tp_rank_procs *p, int timeout_ms, tp_err *err)
     for (int r = 1; r < p->world; r++)
         while (atomic_load(&p->ctl->rank[r].pid) == 0) {
             if (tp_rank_procs_lost(p))
-                return tp_fail(err, TP_UNAVAILABLE, "rank group: %s before joining", p->lost);
+                return tp_fail(err, TP_UNAVAILABLE, "%s before joining", p->lost);
             if (now_ms() > deadline)
                 return tp_fail(err, TP_TIMEOUT, "rank group: rank %d did not join within %d ms", r, timeout_ms);
             usleep(2000);

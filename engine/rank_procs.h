@@ -21,7 +21,8 @@ void tp_rank_procs_stop(tp_rank_procs *p);
 void tp_rank_procs_free(tp_rank_procs *p);
 int tp_rank_procs_rank(const tp_rank_procs *p);
 const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p);
-/* NULL while every process is alive. Checks, so it can turn non-NULL. */
+/* NULL while every process is alive, else "rank group lost: why" (set once,
+ * never changed after). Checks, so it can turn non-NULL. */
 const char *tp_rank_procs_lost(tp_rank_procs *p);
 
 /* Leader only: one message to every worker (waits while a worker is more
