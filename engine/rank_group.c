@@ -39,10 +39,11 @@ struct tp_rank_group {
     tp_err first_err;
 };
 
-static void call_hook(void (*h)(void *), const tp_rank_hooks *hooks)
+static void call_hook(const tp_rank_hooks *h, int lost)
 {
-    if (hooks && h)
-        h(hooks->ctx);
+    void (*f)(void *) = !h ? NULL : lost ? h->lost : h->fail;
+    if (f)
+        f(h->ctx);
 }
 
 static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
@@ -53,7 +54,7 @@ static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
         tp_err_prefix(e, "rank %d: ", rank);
         g->first_err = *e;
         g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs) : 0;
-        call_hook(g->hooks ? g->hooks->fail : NULL, g->hooks);
+        call_hook(g->hooks, 0);
     }
     if (++g->n_done == g->n_threads)
         pthread_cond_signal(&g->done);
@@ -194,11 +195,18 @@ static void wait_local(tp_rank_group *g)
         told |= f;
         pthread_mutex_unlock(&g->mu); /* the hooks may wait for our ranks' threads */
         if (f & TP_POLL_ABORT)
-            call_hook(g->hooks ? g->hooks->fail : NULL, g->hooks);
+            call_hook(g->hooks, 0);
         if (f & TP_POLL_LOST)
-            call_hook(g->hooks ? g->hooks->lost : NULL, g->hooks);
+            call_hook(g->hooks, 1);
         pthread_mutex_lock(&g->mu);
     }
+}
+
+/* A lost group fails every later step at once, with the same message. */
+static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)
+{
+    const char *lost = tp_rank_procs_lost(g->procs);
+    return lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : TP_OK;
 }
 
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err)
@@ -207,10 +215,10 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     err = err ? err : &tmp;
     if (g->procs) {
         int quit;
-        const char *lost = tp_rank_procs_lost(g->procs);
-        if (lost)
-            return tp_fail(err, TP_UNAVAILABLE, "%s", lost);
-        tp_status st = g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_RUN, NULL, 0, err)
+        tp_status st = fail_if_lost(g, err);
+        if (st != TP_OK)
+            return st;
+        st = g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_RUN, NULL, 0, err)
                                   : tp_rank_procs_recv(g->procs, TP_MSG_RUN, NULL, 0, NULL, &quit, err);
         if (st != TP_OK)
             return st;
@@ -248,10 +256,8 @@ tp_status tp_rank_group_post(tp_rank_group *g, const void *cmd, size_t len, tp_e
 {
     if (!g->procs)
         return TP_OK;
-    const char *lost = tp_rank_procs_lost(g->procs);
-    if (lost)
-        return tp_fail(err, TP_UNAVAILABLE, "%s", lost);
-    return tp_rank_procs_send(g->procs, TP_MSG_CMD, cmd, len, err);
+    tp_status st = fail_if_lost(g, err);
+    return st == TP_OK ? tp_rank_procs_send(g->procs, TP_MSG_CMD, cmd, len, err) : st;
 }
 
 tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *len, int *quit, tp_err *err)
