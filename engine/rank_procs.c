@@ -255,7 +255,9 @@ static tp_status create_memory(tp_rank_procs *p, const tp_rank_group_opts *o, tp
 
 /* ------------------------------------------------------------ spawning */
 
-static char **worker_env(int rank, int world)
+/* environ minus any TP_RANK / TP_WORLD_SIZE / TP_GROUP_FD it already has,
+ * plus this worker's (their strings live in own): free only the array. */
+static char **worker_env(int rank, int world, char own[3][32])
 {
     size_t n = 0;
     while (environ[n])
@@ -263,38 +265,28 @@ static char **worker_env(int rank, int world)
     char **env = calloc(n + 4, sizeof *env);
     if (!env)
         return NULL;
+    snprintf(own[0], 32, "TP_RANK=%d", rank);
+    snprintf(own[1], 32, "TP_WORLD_SIZE=%d", world);
+    snprintf(own[2], 32, "TP_GROUP_FD=%d", GROUP_FD);
     size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "TP_RANK=", 8) && strncmp(environ[i], "TP_WORLD_SIZE=", 14) &&
-            strncmp(environ[i], "TP_GROUP_FD=", 12))
+    for (size_t i = 0; i < n; i++) {
+        int ours = 0;
+        for (int v = 0; v < 3 && !ours; v++)
+            ours = strncmp(environ[i], own[v], (size_t)(strchr(own[v], '=') - own[v] + 1)) == 0;
+        if (!ours)
             env[k++] = environ[i];
-    char *extra[3];
-    if (asprintf(&extra[0], "TP_RANK=%d", rank) < 0 || asprintf(&extra[1], "TP_WORLD_SIZE=%d", world) < 0 ||
-        asprintf(&extra[2], "TP_GROUP_FD=%d", GROUP_FD) < 0) {
-        free(env);
-        return NULL;
     }
-    for (int i = 0; i < 3; i++)
-        env[k++] = extra[i];
+    for (int v = 0; v < 3; v++)
+        env[k++] = own[v];
     return env;
-}
-
-static void free_env(char **env)
-{
-    if (!env)
-        return;
-    for (size_t i = 0; env[i]; i++)
-        if (!strncmp(env[i], "TP_RANK=", 8) || !strncmp(env[i], "TP_WORLD_SIZE=", 14) ||
-            !strncmp(env[i], "TP_GROUP_FD=", 12))
-            free(env[i]);
-    free(env);
 }
 
 /* Between fork and exec only async-signal-safe calls: the server has
  * threads, and a lock held by one of them would stay held in the child. */
 static tp_status spawn_worker(tp_rank_procs *p, int r, char *const *argv, tp_err *err)
 {
-    char **env = worker_env(r, p->world);
+    char own[3][32];
+    char **env = worker_env(r, p->world, own);
     if (!env)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     sigset_t none;
@@ -313,7 +305,7 @@ static tp_status spawn_worker(tp_rank_procs *p, int r, char *const *argv, tp_err
         execve(argv[0], argv, env);
         _exit(127);
     }
-    free_env(env);
+    free(env);
     if (pid < 0)
         return tp_fail(err, TP_INTERNAL, "rank group: cannot start rank %d: fork: %s", r, strerror(errno));
     p->child[r] = pid;
