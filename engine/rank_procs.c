@@ -85,7 +85,7 @@ struct tp_rank_procs {
     pid_t child[TP_GROUP_MAX_PROCESSES]; /* leader: spawned workers not yet reaped */
     int32_t pid[TP_GROUP_MAX_PROCESSES];  /* leader: every worker's pid */
     uint32_t seen; /* leader: messages sent; worker: consumed */
-    int step_timeout_ms;
+    int step_timeout_ms, join_timeout_ms;
     int64_t step_deadline; /* leader: when the run in flight becomes a hang (0: none) */
     uint32_t step; /* the run step in flight */
     char lost[512];
@@ -320,12 +320,20 @@ typedef struct {
     int32_t rank, world, pid;
 } hello;
 
+static tp_status unix_addr(const char *path, struct sockaddr_un *a, tp_err *err)
+{
+    *a = (struct sockaddr_un){.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a->sun_path)
+        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is longer than %zu bytes", path, sizeof a->sun_path - 1);
+    strcpy(a->sun_path, path);
+    return TP_OK;
+}
+
 static tp_status listen_unix(const char *path, int *out, tp_err *err)
 {
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path)
-        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is longer than %zu bytes", path, sizeof a.sun_path - 1);
-    strcpy(a.sun_path, path);
+    struct sockaddr_un a;
+    if (unix_addr(path, &a, err) != TP_OK)
+        return TP_INVALID;
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     unlink(path); /* a stale socket from an earlier run */
     if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, TP_GROUP_MAX_PROCESSES) != 0) {
@@ -385,8 +393,9 @@ static int admit(tp_rank_procs *p, int s)
     return 1;
 }
 
-static tp_status accept_ranks(tp_rank_procs *p, const char *path, int timeout_ms, tp_err *err)
+static tp_status accept_ranks(tp_rank_procs *p, const char *path, tp_err *err)
 {
+    int timeout_ms = p->join_timeout_ms;
     int ls = -1;
     tp_status st = listen_unix(path, &ls, err);
     int joined = 0;
@@ -416,13 +425,12 @@ static tp_status accept_ranks(tp_rank_procs *p, const char *path, int timeout_ms
     return st;
 }
 
-static tp_status join_rendezvous(const char *path, const tp_rank_group_opts *o, int *fd, tp_err *err)
+static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_rank_group_opts *o, tp_err *err)
 {
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path)
-        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is too long", path);
-    strcpy(a.sun_path, path);
-    int timeout = o->timeout_ms ? o->timeout_ms : 60000;
+    struct sockaddr_un a;
+    if (unix_addr(path, &a, err) != TP_OK)
+        return TP_INVALID;
+    int timeout = p->join_timeout_ms, *fd = &p->fd;
     int64_t deadline = now_ms() + timeout;
     for (;;) {
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -455,8 +463,9 @@ static tp_status join_rendezvous(const char *path, const tp_rank_group_opts *o, 
 
 /* ------------------------------------------------------------ create */
 
-static tp_status wait_joined(tp_rank_procs *p, int timeout_ms, tp_err *err)
+static tp_status wait_joined(tp_rank_procs *p, tp_err *err)
 {
+    int timeout_ms = p->join_timeout_ms;
     int64_t deadline = now_ms() + timeout_ms;
     for (int r = 1; r < p->world; r++)
         while (atomic_load(&p->ctl->rank[r].pid) == 0) {
@@ -471,23 +480,22 @@ static tp_status wait_joined(tp_rank_procs *p, int timeout_ms, tp_err *err)
 
 static tp_status create_leader(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
 {
-    int timeout = o->timeout_ms ? o->timeout_ms : 60000;
     tp_status st = create_memory(p, o, err);
     if (st == TP_OK && o->worker_argv)
         for (int r = 1; st == TP_OK && r < p->world; r++)
             st = spawn_worker(p, r, o->worker_argv, err);
     else if (st == TP_OK && o->rendezvous)
-        st = accept_ranks(p, o->rendezvous, timeout, err);
+        st = accept_ranks(p, o->rendezvous, err);
     else if (st == TP_OK)
         st = tp_fail(err, TP_INVALID, "rank group: processes need worker argv or a rendezvous path");
-    return st == TP_OK ? wait_joined(p, timeout, err) : st;
+    return st == TP_OK ? wait_joined(p, err) : st;
 }
 
 static tp_status create_worker(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
 {
     tp_status st = TP_OK;
     if (o->rendezvous) {
-        st = join_rendezvous(o->rendezvous, o, &p->fd, err);
+        st = join_rendezvous(p, o->rendezvous, o, err);
     } else {
         const char *v = getenv("TP_GROUP_FD");
         p->fd = v ? atoi(v) : -1;
@@ -532,6 +540,7 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out,
     p->rank = leader ? 0 : o->rank;
     p->world = o->world;
     p->step_timeout_ms = o->step_timeout_ms;
+    p->join_timeout_ms = o->timeout_ms ? o->timeout_ms : 60000;
     p->fd = -1;
     tp_status st = leader ? create_leader(p, o, err) : create_worker(p, o, err);
     if (st != TP_OK) {

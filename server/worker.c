@@ -108,11 +108,9 @@ int tp_worker_main(int argc, char **argv)
     sigprocmask(SIG_SETMASK, &none, NULL);
     tp_err err = {{0}};
     int64_t bk[TP_MAX_BUCKETS];
-    opts.buckets = bk;
+    opts.buckets = buckets ? bk : NULL;
     tp_engine *e = NULL;
     tp_status st = buckets ? tp_parse_buckets(buckets, bk, &opts.n_buckets, &err) : TP_OK;
-    if (!buckets)
-        opts.buckets = NULL;
     if (st == TP_OK)
         st = tp_engine_create(graph, &opts, &e, &err);
     if (st == TP_OK)
