@@ -201,10 +201,16 @@ static tp_status run_rank(void *ctx, int rank, tp_err *err)
             st = run_partition_eager(x, rank, &x->plan->parts[p], err);
         }
     }
-    if (st == TP_OK)
+    if (st == TP_OK) {
         st = copy_outputs(x, rank, err);
-    if (st == TP_OK)
-        st = x->b->iface->synchronize(x->b, rank, err);
+        if (st == TP_OK)
+            st = x->b->iface->synchronize(x->b, rank, err);
+        /* Bad data a device reports once the step's work is done (copy_out
+         * and synchronize wait for it first): every collective completed,
+         * nobody is blocked, so no rank's backend must be aborted for it. */
+        if (st == TP_INVALID)
+            tp_rank_group_benign(x->rg, rank);
+    }
     return st;
 }
 

@@ -27,6 +27,7 @@ struct tp_rank_group {
     tp_rank_procs *procs; /* NULL: a thread group */
     pthread_t *threads;
     rank_arg *args;
+    unsigned char *benign; /* per local rank: its failure this step is benign */
     pthread_mutex_t mu;
     pthread_cond_t start, done;
     unsigned long generation; /* bumped per run; threads wait for a change */
@@ -46,16 +47,26 @@ static void call_hook(const tp_rank_hooks *h, int lost)
         f(h->ctx);
 }
 
+/* The fail hook runs outside the mutex: a backend's abort may block (NCCL
+ * revoke waits for its own streams) and must never hold up the other
+ * ranks' finish or the poller. A benign failure (tp_rank_group_benign)
+ * wakes nobody, here or in the other processes. */
 static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
 {
+    int wake = 0;
     pthread_mutex_lock(&g->mu);
+    const tp_rank_hooks *hooks = g->hooks;
     if (st != TP_OK && g->status == TP_OK) {
         g->status = st;
         tp_err_prefix(e, "rank %d: ", rank);
         g->first_err = *e;
-        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs) : 0;
-        call_hook(g->hooks, 0);
+        wake = !g->benign[rank - g->lo];
+        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs, wake) : 0;
     }
+    pthread_mutex_unlock(&g->mu);
+    if (wake)
+        call_hook(hooks, 0);
+    pthread_mutex_lock(&g->mu);
     if (++g->n_done == g->n_threads)
         pthread_cond_signal(&g->done);
     pthread_mutex_unlock(&g->mu);
@@ -89,7 +100,8 @@ static tp_status start_threads(tp_rank_group *g, tp_err *err)
     g->n_threads = g->hi - g->lo;
     g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
     g->args = calloc((size_t)g->n_threads, sizeof *g->args);
-    if (!g->threads || !g->args)
+    g->benign = calloc((size_t)g->n_threads, 1);
+    if (!g->threads || !g->args || !g->benign)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     for (int i = 0; i < g->n_threads; i++) {
         g->args[i] = (rank_arg){g, g->lo + i};
@@ -157,6 +169,7 @@ void tp_rank_group_free(tp_rank_group *g)
     pthread_cond_destroy(&g->done);
     free(g->threads);
     free(g->args);
+    free(g->benign);
     free(g);
 }
 
@@ -229,6 +242,7 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     g->hooks = hooks;
     g->status = TP_OK;
     g->n_done = 0;
+    memset(g->benign, 0, (size_t)g->n_threads);
     g->generation++;
     pthread_cond_broadcast(&g->start);
     wait_local(g);
@@ -241,6 +255,14 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     if (st != TP_OK)
         *err = first;
     return st;
+}
+
+void tp_rank_group_benign(tp_rank_group *g, int rank)
+{
+    pthread_mutex_lock(&g->mu);
+    if (rank >= g->lo && rank < g->hi)
+        g->benign[rank - g->lo] = 1;
+    pthread_mutex_unlock(&g->mu);
 }
 
 tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t cap, tp_err *err)
