@@ -215,7 +215,7 @@ cu_alloc *cu_find_alloc(cu_ctx *x, const void *p)
     const char *c = p;
     for (int i = 0; i < x->n_mem; i++) {
         cu_alloc *a = &x->mem[i];
-        if (c >= a->base && (c < a->base + a->bytes || c == a->base))
+        if (!a->released && c >= a->base && (c < a->base + a->bytes || c == a->base))
             return a;
     }
     return NULL;
@@ -502,12 +502,9 @@ static void mem_release(cu_ctx *x, cu_alloc *a)
         return;
     switch (a->kind) {
     case CU_MEM_WINDOW:
-        /* collective: same order on every rank; a revoked communicator was
-         * aborted first and took its registrations with it */
-        if (!atomic_load(&x->comm_revoked) && a->win)
-            r = ncclCommWindowDeregister(x->comm, a->win);
-        if (r == ncclSuccess)
-            r = ncclMemFree(a->base);
+        /* only after the communicator ended, which took the window's
+         * registration with it (see cu_ctx_free) */
+        r = ncclMemFree(a->base);
         break;
     default:
         close_peers(x, a); /* also the peers a failed IPC setup had opened */
@@ -591,12 +588,16 @@ static void cuda_free(tp_backend *b, int rank, void *p)
     if (e != cudaSuccess)
         TP_LOG_W("cuda rank %d: free: cudaSetDevice(%d): %s", x->rank, x->device, cudaGetErrorName(e));
     for (int i = 0; i < x->n_mem; i++) {
-        if (x->mem[i].base != p)
+        if (x->mem[i].base != p || x->mem[i].released)
             continue;
         if (x->mem[i].capture_refs > 0) {
             TP_LOG_E("cuda rank %d: free(%p) refused: %d live captured graph(s) use it (leaked; free the captures "
                      "first)",
                      x->rank, p, x->mem[i].capture_refs);
+            return;
+        }
+        if (x->mem[i].kind == CU_MEM_WINDOW) { /* released with the communicator */
+            x->mem[i].released = 1;
             return;
         }
         /* a graph or op still in flight may use it (capture_free does not wait) */
@@ -985,9 +986,11 @@ static void release_memory(cu_ctx *x)
  *    copy_in DMA may still read it) and before anything is freed;
  *  - graphs holding NCCL work are destroyed before the communicator is
  *    destroyed or aborted, which in NCCL 2.28 wait for them (A1);
- *  - healthy: windows are deregistered (collectively) before the
- *    communicator is destroyed; revoked: the communicator is aborted first
- *    (no collective may run on it any more) and the memory freed after;
+ *  - no collective at teardown: every process tears down on its own (a
+ *    worker after the leader's quit, a survivor after a peer died), so
+ *    windows are not deregistered (collective) but end with the
+ *    communicator (destroyed, or aborted once revoked), and their memory
+ *    is freed after it;
  *  - the communicator goes before the streams it was used on. */
 static void cu_ctx_free(cu_ctx *x)
 {
@@ -1000,18 +1003,14 @@ static void cu_ctx_free(cu_ctx *x)
     destroy_captures(x);
     if (x->registered && cudaHostUnregister(x->registered) != cudaSuccess)
         (void)cudaGetLastError(); /* the process is tearing down; nothing else holds it */
-    int have_comm = atomic_load(&x->comm_ready);
-    if (have_comm && atomic_load(&x->comm_revoked)) {
-        ncclResult_t r = ncclCommAbort(x->comm);
+    if (atomic_load(&x->comm_ready)) {
+        int revoked = atomic_load(&x->comm_revoked);
+        ncclResult_t r = revoked ? ncclCommAbort(x->comm) : ncclCommDestroy(x->comm);
         if (r != ncclSuccess)
-            TP_LOG_W("cuda rank %d: ncclCommAbort: %s", x->rank, ncclGetErrorString(r));
-        release_memory(x);
-    } else {
-        release_memory(x);
-        ncclResult_t r = have_comm ? ncclCommDestroy(x->comm) : ncclSuccess;
-        if (r != ncclSuccess)
-            TP_LOG_W("cuda rank %d: ncclCommDestroy: %s", x->rank, ncclGetErrorString(r));
+            TP_LOG_W("cuda rank %d: %s: %s", x->rank, revoked ? "ncclCommAbort" : "ncclCommDestroy",
+                     ncclGetErrorString(r));
     }
+    release_memory(x);
     cu_gemm_free(x);
     if (x->lt)
         cublasLtDestroy(x->lt);

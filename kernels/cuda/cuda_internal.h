@@ -42,6 +42,10 @@ typedef struct {
     char *peer[TP_CUDA_MAX_WORLD]; /* each rank's base in this process (peer_mapped) */
     int peer_mapped;
     int capture_refs; /* live captures baked onto this memory */
+    /* A window the engine freed: kept, invisible, until cu_ctx_free has
+     * ended the communicator (deregistering is collective, and ranks free
+     * and tear down independently). */
+    int released;
 } cu_alloc;
 
 typedef struct cu_gemm_cache cu_gemm_cache;

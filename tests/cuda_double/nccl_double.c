@@ -467,8 +467,6 @@ static ncclResult_t comm_end(ncclComm_t c, const char *call)
         dbl_rule("%s on rank %d while %d CUDA graph(s) that captured NCCL work on it are alive: NCCL 2.28 waits "
                  "for them to be destroyed (init.cc, localPersistentRefs) and would hang here",
                  call, c->rank, refs);
-    if (c->windows && !atomic_load(&c->revoked))
-        dbl_rule("%s on rank %d with registered windows: deregister them first", call, c->rank);
     atomic_store(&c->ended, 1);
     if (refs == 0) /* else the last graph holding it frees it */
         comm_free(c);
