@@ -402,6 +402,17 @@ static int graph_add_comm(struct CUgraph_st *g, dbl_comm *c)
     return 0;
 }
 
+/* *dst = *src with its own copy of the arguments. */
+static int copy_op(dbl_op *dst, const dbl_op *src)
+{
+    *dst = *src;
+    dst->args = malloc(src->args_bytes ? src->args_bytes : 1);
+    if (!dst->args)
+        return -1;
+    memcpy(dst->args, src->args, src->args_bytes);
+    return 0;
+}
+
 static int record(struct CUgraph_st *g, const dbl_op *op)
 {
     if (g->n == g->cap_ops) {
@@ -412,13 +423,13 @@ static int record(struct CUgraph_st *g, const dbl_op *op)
         g->ops = n;
         g->cap_ops = cap;
     }
-    dbl_op o = *op;
-    o.args = malloc(op->args_bytes ? op->args_bytes : 1);
-    if (!o.args || (op->comm && graph_add_comm(g, op->comm) != 0)) {
+    dbl_op o;
+    if (copy_op(&o, op) != 0)
+        return -1;
+    if (op->comm && graph_add_comm(g, op->comm) != 0) {
         free(o.args);
         return -1;
     }
-    memcpy(o.args, op->args, op->args_bytes);
     g->ops[g->n++] = o;
     return 0;
 }
@@ -671,16 +682,12 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *out, cudaGraph_t g, unsigned l
         free(ops);
         return fail(cudaErrorMemoryAllocation);
     }
-    for (int i = 0; i < g->n; i++) {
-        ops[i] = g->ops[i];
-        ops[i].args = malloc(g->ops[i].args_bytes ? g->ops[i].args_bytes : 1);
-        if (!ops[i].args) {
+    for (int i = 0; i < g->n; i++)
+        if (copy_op(&ops[i], &g->ops[i]) != 0) {
             free_ops(ops, i);
             free(x);
             return fail(cudaErrorMemoryAllocation);
         }
-        memcpy(ops[i].args, g->ops[i].args, g->ops[i].args_bytes);
-    }
     x->magic = EXEC_MAGIC;
     x->ops = ops;
     x->n = g->n;

@@ -403,28 +403,29 @@ START_TEST(double_refuses_duplicate_device)
 }
 END_TEST
 
+static TCase *add_case(Suite *s, const char *name, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, timeout_s);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 static Suite *cuda_host_suite(void)
 {
     Suite *s = suite_create("cuda_host (double)");
-    TCase *rules = tcase_create("double rules");
-    tcase_add_checked_fixture(rules, setup, teardown);
+    TCase *rules = add_case(s, "double rules", 30);
     tcase_add_test(rules, double_refuses_allocation_in_capture);
     tcase_add_test(rules, double_refuses_unjoined_fork);
     tcase_add_test(rules, double_models_abort_and_revoke);
     tcase_add_test(rules, double_refuses_duplicate_device);
-    suite_add_tcase(s, rules);
-    TCase *ex = tcase_create("examples");
-    tcase_add_checked_fixture(ex, setup, teardown);
-    tcase_set_timeout(ex, 300);
+    TCase *ex = add_case(s, "examples", 300);
     tcase_add_test(ex, one_rank);
     tcase_add_test(ex, examples_on_2_and_4_ranks);
     tcase_add_test(ex, examples_without_symmetric_memory);
-    suite_add_tcase(s, ex);
-    TCase *inj = tcase_create("failures");
-    tcase_add_checked_fixture(inj, setup, teardown);
-    tcase_set_timeout(inj, 120);
-    tcase_add_loop_test(inj, injected_failure, 0, (int)(sizeof injections / sizeof injections[0]));
-    suite_add_tcase(s, inj);
+    tcase_add_loop_test(add_case(s, "failures", 120), injected_failure, 0,
+                        (int)(sizeof injections / sizeof injections[0]));
     return s;
 }
 
