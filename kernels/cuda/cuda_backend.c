@@ -478,7 +478,6 @@ static tp_status sym_alloc(cu_ctx *x, size_t bytes, cu_alloc *a, tp_err *err)
     int eligible = 0;
     int lsa = tp_cuda_nccl_lsa_size(x->comm);
     TP_TRY(agree_all(x, x->world <= TP_CUDA_MAX_WORLD && lsa == x->world, &eligible, err));
-    a->bytes = bytes;
     if (eligible && x->sym_support)
         TP_TRY(try_window(x, rounded, a, err));
     if (eligible && !a->peer_mapped)
@@ -487,6 +486,7 @@ static tp_status sym_alloc(cu_ctx *x, size_t bytes, cu_alloc *a, tp_err *err)
         CU_TRY(x, err, cudaMalloc((void **)&a->base, rounded));
         a->kind = CU_MEM_SYM_LOCAL;
     }
+    a->bytes = bytes;
     if (!a->peer_mapped)
         TP_LOG_W("cuda rank %d: symmetric memory is not peer-mapped (NVLink/P2P team %d of %d ranks): one-shot "
                  "all_reduce and fused pulls fall back to NCCL",
