@@ -107,9 +107,9 @@ void dbl_comm_ref(dbl_comm *c, int delta);
 /* Counts one kernel launch (run by a stream: eagerly or in a replay). */
 void dbl_count_launch(void);
 /* Shared memory that stands for device memory: ncclMemAlloc's segments
- * (an injected alloc failure counts them) and the peers' mappings of
- * them. 0 or a cudaError_t. */
-int dbl_track_shared(void *p, size_t size);
+ * (peer 0: an injected alloc failure counts them) and the peers' mappings
+ * of them (peer 1). 0 or a cudaError_t. */
+int dbl_track_shared(void *p, size_t size, int peer);
 int dbl_untrack_shared(void *p);
 
 #endif

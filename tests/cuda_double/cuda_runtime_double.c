@@ -192,11 +192,11 @@ cudaError_t cudaFreeHost(void *ptr) { return device_free(ptr, MEM_PINNED, "cudaF
 
 /* ncclMemAlloc's shared segments and their peers' mappings are device
  * memory too (nccl_double.c owns them). */
-int dbl_track_shared(void *p, size_t size)
+int dbl_track_shared(void *p, size_t size, int peer)
 {
-    if (dbl_refuse_in_capture("ncclMemAlloc / window mapping"))
+    if (dbl_refuse_in_capture(peer ? "a window's peer mapping" : "ncclMemAlloc"))
         return cudaErrorStreamCaptureUnsupported;
-    if (dbl_inject(DBL_FAIL_ALLOC))
+    if (!peer && dbl_inject(DBL_FAIL_ALLOC))
         return cudaErrorMemoryAllocation;
     return mem_add(p, size, MEM_SHARED) == 0 ? 0 : cudaErrorMemoryAllocation;
 }

@@ -75,11 +75,61 @@ void dbl_comm_ref(dbl_comm *c, int delta)
         comm_free(c);
 }
 
-static int64_t now_ms(void)
+static int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t now_ms(void) { return now_ns() / 1000000; }
+
+/* ---------------------------------------------- shared segment names
+ *
+ * Every segment name is unlinked as soon as nobody needs to open it any
+ * more, so a process that dies (TP_DOUBLE_FAIL=die) leaves nothing in
+ * /dev/shm: a communicator's when every rank joined (or at exit of the
+ * process that made the id), a memory segment once every peer has mapped
+ * it (registered in a window: at this rank's next exchange, when every
+ * peer has finished the registration), or when freed. */
+
+#define SEG_NAME 64
+typedef struct name_node {
+    char name[SEG_NAME];
+    struct name_node *next;
+} name_node;
+static name_node *to_unlink;
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+
+static void unlink_all(void)
+{
+    pthread_mutex_lock(&names_mu);
+    while (to_unlink) {
+        name_node *n = to_unlink;
+        to_unlink = n->next;
+        shm_unlink(n->name);
+        free(n);
+    }
+    pthread_mutex_unlock(&names_mu);
+}
+
+static void at_exit_unlink(void) { atexit(unlink_all); }
+
+/* name is unlinked by the next unlink_all (or at exit). */
+static void unlink_later(const char *name)
+{
+    pthread_once(&names_once, at_exit_unlink);
+    name_node *n = calloc(1, sizeof *n);
+    if (!n) {
+        shm_unlink(name); /* early, but never leaked */
+        return;
+    }
+    snprintf(n->name, sizeof n->name, "%s", name);
+    pthread_mutex_lock(&names_mu);
+    n->next = to_unlink;
+    to_unlink = n;
+    pthread_mutex_unlock(&names_mu);
 }
 
 static ncclResult_t refuse(ncclComm_t c, ncclResult_t r, const char *fmt, const char *what)
@@ -130,6 +180,7 @@ static ncclResult_t exchange(ncclComm_t c, coll_sig sig, fill_fn fill, consume_f
     uint64_t seq = ++c->seq;
     if (wait_all(c, sh->depart, seq - 1, sig.what) != 0)
         return refuse(c, ncclRemoteError, "%s: stopped waiting for the peers", sig.what);
+    unlink_all(); /* every peer is past the previous exchange: mapped what it had to */
     fill(c, ctx, sh->data[c->rank]);
     sig.seq = seq;
     sh->sig[c->rank] = sig;
@@ -376,8 +427,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
     static atomic_int counter;
     memset(id, 0, sizeof *id);
-    snprintf(id->internal, sizeof id->internal, "/tpdbl-%d-%d-%ld", (int)getpid(), atomic_fetch_add(&counter, 1),
-             (long)now_ms());
+    snprintf(id->internal, sizeof id->internal, "/tpdbl-%d-%d-%lld", (int)getpid(), atomic_fetch_add(&counter, 1),
+             (long long)now_ns());
     int fd = shm_open(id->internal, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0)
         return ncclSystemError;
@@ -387,6 +438,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
         shm_unlink(id->internal);
         return ncclSystemError;
     }
+    unlink_later(id->internal); /* if no rank 0 joins to unlink it */
     return ncclSuccess;
 }
 
@@ -510,11 +562,11 @@ const char *ncclGetErrorString(ncclResult_t r)
 /* ncclMemAlloc memory is one shared segment per allocation, so that a
  * window's peers can map it for real: copy-engine pulls from a peer's
  * buffer then move real bytes, as over NVLink. */
-#define SEG_NAME 48
 typedef struct segment {
     char name[SEG_NAME];
     void *p;
     size_t bytes;
+    int queued; /* registered in a window: the name is unlinked once every peer mapped it */
     struct segment *next;
 } segment;
 static segment *segments;
@@ -539,9 +591,10 @@ ncclResult_t ncclMemAlloc(void **p, size_t size)
     if (!s)
         return ncclSystemError;
     s->bytes = size ? size : 1;
-    snprintf(s->name, sizeof s->name, "/tpdbl-m-%d-%d", (int)getpid(), atomic_fetch_add(&counter, 1));
+    snprintf(s->name, sizeof s->name, "/tpdbl-m-%d-%d-%lld", (int)getpid(), atomic_fetch_add(&counter, 1),
+             (long long)now_ns());
     s->p = map_segment(s->name, s->bytes, 1);
-    int e = s->p ? dbl_track_shared(s->p, s->bytes) : cudaErrorMemoryAllocation;
+    int e = s->p ? dbl_track_shared(s->p, s->bytes, 0) : cudaErrorMemoryAllocation;
     if (e != 0) {
         if (s->p) {
             munmap(s->p, s->bytes);
@@ -587,7 +640,8 @@ ncclResult_t ncclMemFree(void *p)
     }
     dbl_untrack_shared(s->p);
     munmap(s->p, s->bytes);
-    shm_unlink(s->name);
+    if (!s->queued) /* else its name goes (went) with unlink_all */
+        shm_unlink(s->name);
     free(s);
     return ncclSuccess;
 }
@@ -627,7 +681,7 @@ static void consume_window(ncclComm_t c, const void *ctx)
         window_ctx peer;
         memcpy(&peer, c->sh->data[q], sizeof peer);
         w->base[q] = map_segment(peer.name, peer.bytes, 0);
-        if (w->base[q] && dbl_track_shared(w->base[q], peer.bytes) != 0) {
+        if (w->base[q] && dbl_track_shared(w->base[q], peer.bytes, 1) != 0) {
             munmap(w->base[q], peer.bytes);
             w->base[q] = NULL;
         }
@@ -682,6 +736,10 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
         unmap_peers(c, w);
         free(w);
         return r;
+    }
+    if (seg && !seg->queued) {
+        seg->queued = 1;
+        unlink_later(seg->name);
     }
     w->next = c->windows;
     c->windows = w;

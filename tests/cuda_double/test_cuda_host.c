@@ -210,7 +210,7 @@ typedef struct {
 
 static const injection injections[] = {
     {"alloc:1:1", "mlp_sp_tp2", "backend create, local step", TP_BACKEND, 0, 0},
-    {"alloc:3:12", "megatron_block_tp4", "arena allocation", TP_BACKEND, 0, 0},
+    {"alloc:3:12", "megatron_block_tp4", "allocation at load", TP_BACKEND, 0, 0},
     {"window:1:1", "mlp_sp_tp2", "control block window (create)", TP_BACKEND, 0, 0},
     {"comm_init:2:1", "mlp_sp_tp4", "ncclCommInitRank", TP_BACKEND, 0, 0},
     {"capture:1:1", "mlp_sp_tp2", "end of capture", TP_BACKEND, 0, 0},
