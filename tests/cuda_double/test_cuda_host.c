@@ -26,6 +26,7 @@
 
 #include "check_main.h"
 #include "cuda_double.h"
+#include "backend.h"
 #include "engine.h"
 #include "testutil.h"
 #include "worker.h"
@@ -194,6 +195,30 @@ START_TEST(one_rank)
     tp_engine_free(e);
     tu_rmdir(dir);
     assert_no_breach("one rank");
+}
+END_TEST
+
+/* A4: a warm-up before capture runs on whatever the arenas hold, so they
+ * must hold zeros (the double fills new memory with 0xa5). */
+START_TEST(allocations_start_zeroed)
+{
+    tp_backend *b;
+    tp_err err;
+    ck_assert_msg(tp_backend_create("cuda", 1, &b, &err) == TP_OK, "%s", err.msg);
+    void *p[2];
+    ck_assert_msg(b->iface->alloc(b, 0, 256, &p[0], &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->alloc_symmetric(b, 0, 256, &p[1], &err) == TP_OK, "%s", err.msg);
+    int64_t shape[1] = {64};
+    for (int i = 0; i < 2; i++) {
+        int32_t host[64], zeros[64] = {0};
+        memset(host, 0x5a, sizeof host);
+        tp_tensor dev = tp_tensor_make(p[i], TP_I32, 1, shape), out = tp_tensor_make(host, TP_I32, 1, shape);
+        ck_assert_msg(b->iface->copy_out(b, 0, &out, &dev, &err) == TP_OK, "%s", err.msg);
+        ck_assert_mem_eq(host, zeros, sizeof zeros); /* bit-exact: memset to 0 */
+        b->iface->free(b, 0, p[i]);
+    }
+    tp_backend_destroy(b);
+    assert_no_breach("allocations start zeroed");
 }
 END_TEST
 
@@ -422,6 +447,7 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(rules, double_refuses_duplicate_device);
     TCase *ex = add_case(s, "examples", 300);
     tcase_add_test(ex, one_rank);
+    tcase_add_test(ex, allocations_start_zeroed);
     tcase_add_test(ex, examples_on_2_and_4_ranks);
     tcase_add_test(ex, examples_without_symmetric_memory);
     tcase_add_loop_test(add_case(s, "failures", 120), injected_failure, 0,
