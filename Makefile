@@ -41,7 +41,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu test-cpus
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu test-cpus cuda-double
 
 all: $(BUILD)/tpserve cuda
 
@@ -111,7 +111,40 @@ integration: $(BUILD)/tpserve $(GRAPHS)
 
 test: all $(GRAPHS)
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory cuda-double
 	@$(MAKE) --no-print-directory integration
+
+# ---- cuda host tests against a double of CUDA/NCCL/cuBLASLt (tests/cuda_double)
+# The backend's .c files compiled against the real headers, linked with the
+# double instead of libcudart/libnccl/libcublasLt and the .cu kernels:
+# a separate test binary, never tpserve. Built whether or not nvcc exists
+# (reusing the library objects when they already have TP_HAVE_CUDA);
+# skipped with a message when the CUDA headers are missing.
+DBL_INC   := $(firstword $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h /usr/local/cuda/include/cuda_runtime_api.h))
+NCCL_H    := $(firstword $(wildcard $(dir $(DBL_INC))nccl.h /usr/local/include/nccl.h /usr/include/nccl.h))
+DBL_BIN   := $(BUILD)/tests/test_cuda_host
+ifneq ($(and $(DBL_INC),$(NCCL_H),$(wildcard $(dir $(DBL_INC))cublasLt.h)),)
+DBL_CFLAGS := -DTP_HAVE_CUDA -I$(dir $(DBL_INC)) -I$(dir $(NCCL_H))
+DBL_SRCS  := $(wildcard tests/cuda_double/*.c)
+ifneq ($(NVCC),)
+DBL_LIB   := $(filter-out $(CU_OBJS),$(LIB_OBJS))
+else
+DBL_LIB   := $(patsubst %.c,$(BUILD)/dbl/%.o,$(LIB_SRCS) $(wildcard kernels/cuda/*.c))
+$(BUILD)/dbl/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DBL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+-include $(DBL_LIB:.o=.d)
+endif
+$(DBL_BIN): $(DBL_SRCS) $(wildcard tests/cuda_double/*.h) tests/unit/testutil.c $(DBL_LIB) | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/unit -Itests/cuda_double -o $@ $(DBL_SRCS) \
+	  tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lrt -pthread $(SAN)
+cuda-double: $(DBL_BIN) $(GRAPHS)
+	CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $(DBL_BIN)
+else
+cuda-double:
+	@echo "cuda double tests skipped: no CUDA headers (cuda_runtime_api.h, cublasLt.h, nccl.h)"
+endif
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \

@@ -74,15 +74,7 @@ static tp_cpu_shared cpu_layout(const tp_rank_group *rg)
 #ifdef TP_HAVE_CUDA
 static tp_status cuda_join(tp_rank_group *rg, const char *id, tp_backend **out, tp_err *err)
 {
-    int lo, hi;
-    tp_rank_group_local(rg, &lo, &hi);
-    const tp_rank_shared *s = tp_rank_group_shared(rg);
-    tp_status st = tp_cuda_backend_create(tp_rank_group_world(rg), lo, id, out, err);
-    if (st == TP_OK && (st = tp_cuda_backend_pin_host(*out, s->base + s->staging_offset, s->staging_bytes, err)) != TP_OK) {
-        tp_backend_destroy(*out);
-        *out = NULL;
-    }
-    return st;
+    return tp_cuda_backend_create_in_group(rg, id, out, err);
 }
 #endif
 

@@ -306,6 +306,10 @@ void tp_engine_free(tp_engine *e)
     /* workers quit first: each then tears down its own backend */
     if (e->rg)
         tp_rank_group_stop(e->rg);
+    /* a group lost between steps never ran the lost hook: without it the
+     * backend's teardown could wait in a collective for a peer that is gone */
+    if (e->b && e->rg && tp_rank_group_lost(e->rg))
+        e->b->iface->peer_lost(e->b);
     for (int i = 0; i < EXEC_CACHE; i++)
         tp_exec_free(e->cache[i]);
     for (int k = 0; k < e->n_buckets; k++)

@@ -50,8 +50,10 @@ static tp_status alloc_arenas(tp_exec *x, int rank, tp_err *err)
         size_t bytes = (size_t)x->plan->arena_bytes[k];
         tp_status st = k == TP_MEM_SYMMETRIC ? bi->alloc_symmetric(x->b, rank, bytes, &x->rs[rank].arena[k], err)
                                              : bi->alloc(x->b, rank, bytes, &x->rs[rank].arena[k], err);
-        if (st != TP_OK)
-            return tp_fail(err, st, "%s arena of %zu bytes: %s", tp_mem_kind_name((tp_mem_kind)k), bytes, err->msg);
+        if (st != TP_OK) { /* a prefix: formatting err->msg into itself garbles it */
+            tp_err_prefix(err, "%s arena of %zu bytes: ", tp_mem_kind_name((tp_mem_kind)k), bytes);
+            return st;
+        }
     }
     return TP_OK;
 }
@@ -201,10 +203,16 @@ static tp_status run_rank(void *ctx, int rank, tp_err *err)
             st = run_partition_eager(x, rank, &x->plan->parts[p], err);
         }
     }
-    if (st == TP_OK)
+    if (st == TP_OK) {
         st = copy_outputs(x, rank, err);
-    if (st == TP_OK)
-        st = x->b->iface->synchronize(x->b, rank, err);
+        if (st == TP_OK)
+            st = x->b->iface->synchronize(x->b, rank, err);
+        /* Bad data a device reports once the step's work is done (copy_out
+         * and synchronize wait for it first): every collective completed,
+         * nobody is blocked, so no rank's backend must be aborted for it. */
+        if (st == TP_INVALID)
+            tp_rank_group_benign(x->rg, rank);
+    }
     return st;
 }
 

@@ -27,6 +27,8 @@ struct tp_rank_group {
     tp_rank_procs *procs; /* NULL: a thread group */
     pthread_t *threads;
     rank_arg *args;
+    unsigned char *benign; /* per local rank: its failure this step is benign */
+    int woke;              /* this step already called hooks->fail */
     pthread_mutex_t mu;
     pthread_cond_t start, done;
     unsigned long generation; /* bumped per run; threads wait for a change */
@@ -46,16 +48,27 @@ static void call_hook(const tp_rank_hooks *h, int lost)
         f(h->ctx);
 }
 
+/* The fail hook runs outside the mutex: a backend's abort may block (NCCL
+ * revoke waits for its own streams) and must never hold up the other
+ * ranks' finish or the poller. A benign failure (tp_rank_group_benign)
+ * wakes nobody, here or in the other processes. */
 static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
 {
+    int wake = 0;
     pthread_mutex_lock(&g->mu);
+    const tp_rank_hooks *hooks = g->hooks;
     if (st != TP_OK && g->status == TP_OK) {
         g->status = st;
         tp_err_prefix(e, "rank %d: ", rank);
         g->first_err = *e;
-        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs) : 0;
-        call_hook(g->hooks, 0);
+        wake = !g->benign[rank - g->lo];
+        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs, wake) : 0;
+        g->woke |= wake;
     }
+    pthread_mutex_unlock(&g->mu);
+    if (wake)
+        call_hook(hooks, 0);
+    pthread_mutex_lock(&g->mu);
     if (++g->n_done == g->n_threads)
         pthread_cond_signal(&g->done);
     pthread_mutex_unlock(&g->mu);
@@ -89,7 +102,8 @@ static tp_status start_threads(tp_rank_group *g, tp_err *err)
     g->n_threads = g->hi - g->lo;
     g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
     g->args = calloc((size_t)g->n_threads, sizeof *g->args);
-    if (!g->threads || !g->args)
+    g->benign = calloc((size_t)g->n_threads, 1);
+    if (!g->threads || !g->args || !g->benign)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     for (int i = 0; i < g->n_threads; i++) {
         g->args[i] = (rank_arg){g, g->lo + i};
@@ -157,6 +171,7 @@ void tp_rank_group_free(tp_rank_group *g)
     pthread_cond_destroy(&g->done);
     free(g->threads);
     free(g->args);
+    free(g->benign);
     free(g);
 }
 
@@ -172,9 +187,22 @@ int tp_rank_group_leads(const tp_rank_group *g) { return g->lo == 0; }
 const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g) { return g->procs ? tp_rank_procs_shared(g->procs) : NULL; }
 const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_rank_procs_lost(g->procs) : NULL; }
 
+/* Tells the hooks what poll reports and they were not told yet (outside
+ * the mutex: the hooks may wait for our ranks' threads). */
+static int tell_hooks(tp_rank_group *g, const tp_rank_hooks *hooks, int told)
+{
+    int f = tp_rank_procs_poll(g->procs) & ~told;
+    if (f & TP_POLL_ABORT)
+        call_hook(hooks, 0);
+    if (f & TP_POLL_LOST)
+        call_hook(hooks, 1);
+    return told | f;
+}
+
 /* Waits for the local ranks; in a process group, passes a failure elsewhere
- * to hooks->fail and a lost process to hooks->lost, once each. */
-static void wait_local(tp_rank_group *g)
+ * to hooks->fail and a lost process to hooks->lost, once each. Returns what
+ * it told. */
+static int wait_local(tp_rank_group *g)
 {
     int told = 0;
     while (g->n_done < g->n_threads) {
@@ -191,15 +219,12 @@ static void wait_local(tp_rank_group *g)
         }
         if (pthread_cond_timedwait(&g->done, &g->mu, &ts) != ETIMEDOUT)
             continue;
-        int f = tp_rank_procs_poll(g->procs) & ~told;
-        told |= f;
-        pthread_mutex_unlock(&g->mu); /* the hooks may wait for our ranks' threads */
-        if (f & TP_POLL_ABORT)
-            call_hook(g->hooks, 0);
-        if (f & TP_POLL_LOST)
-            call_hook(g->hooks, 1);
+        const tp_rank_hooks *hooks = g->hooks;
+        pthread_mutex_unlock(&g->mu);
+        told = tell_hooks(g, hooks, told);
         pthread_mutex_lock(&g->mu);
     }
+    return told;
 }
 
 /* A lost group fails every later step at once, with the same message. */
@@ -229,18 +254,36 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     g->hooks = hooks;
     g->status = TP_OK;
     g->n_done = 0;
+    memset(g->benign, 0, (size_t)g->n_threads);
+    g->woke = 0;
     g->generation++;
     pthread_cond_broadcast(&g->start);
-    wait_local(g);
+    int told = wait_local(g) | (g->woke ? TP_POLL_ABORT : 0);
     tp_status st = g->status;
     tp_err first = g->first_err;
     uint32_t ticket = g->ticket;
     pthread_mutex_unlock(&g->mu);
-    if (g->procs)
-        return tp_rank_procs_finish(g->procs, st, &first, ticket, err);
+    if (g->procs) {
+        st = tp_rank_procs_finish(g->procs, st, &first, ticket, err);
+        /* A rank elsewhere failed (not benignly) after ours were done: our
+         * backend must learn it too, or it would stay healthy while the
+         * failing rank's is torn down, and the next collective (or a
+         * collective teardown) would wait for a peer that left. */
+        if (st != TP_OK)
+            tell_hooks(g, hooks, told);
+        return st;
+    }
     if (st != TP_OK)
         *err = first;
     return st;
+}
+
+void tp_rank_group_benign(tp_rank_group *g, int rank)
+{
+    pthread_mutex_lock(&g->mu);
+    if (rank >= g->lo && rank < g->hi)
+        g->benign[rank - g->lo] = 1;
+    pthread_mutex_unlock(&g->mu);
 }
 
 tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t cap, tp_err *err)

@@ -95,6 +95,14 @@ const char *tp_rank_group_lost(const tp_rank_group *g);
  * callers serialize. hooks may be NULL. */
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
 
+/* Called by fn on rank's own thread before it returns a failure that left
+ * every rank's work of this step complete (bad data found after the fact,
+ * e.g. an embedding id a kernel reported at the end): the group then wakes
+ * no peer for it (no hooks->fail, here or in the other processes), so a
+ * backend that would have to tear its communicator down for an abort keeps
+ * working. The step still fails on every rank with this message. */
+void tp_rank_group_benign(tp_rank_group *g, int rank);
+
 /* The leader's bytes to every process (a no-op in a thread group): the
  * leader passes len bytes in buf; a worker receives them into buf (cap
  * bytes) and *len. At most TP_GROUP_MESSAGE bytes. */

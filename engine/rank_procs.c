@@ -255,28 +255,34 @@ static tp_status create_memory(tp_rank_procs *p, const tp_rank_group_opts *o, tp
 
 /* ------------------------------------------------------------ spawning */
 
-/* environ minus any TP_RANK / TP_WORLD_SIZE / TP_GROUP_FD it already has,
- * plus this worker's (their strings live in own): free only the array. */
-static char **worker_env(int rank, int world, char own[3][32])
+/* environ minus any TP_RANK / TP_WORLD_SIZE / TP_GROUP_FD / LOCAL_RANK it
+ * already has, plus this worker's (their strings live in own): free only
+ * the array. LOCAL_RANK is the worker's own: the workers a leader spawns
+ * are all on its node, and a LOCAL_RANK inherited from a launcher
+ * (torchrun, Slurm, Kubernetes) would give every one the same GPU, which
+ * NCCL refuses (the cuda backend picks its device by LOCAL_RANK). */
+#define WORKER_VARS 4
+static char **worker_env(int rank, int world, char own[WORKER_VARS][32])
 {
     size_t n = 0;
     while (environ[n])
         n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + WORKER_VARS + 1, sizeof *env);
     if (!env)
         return NULL;
     snprintf(own[0], 32, "TP_RANK=%d", rank);
     snprintf(own[1], 32, "TP_WORLD_SIZE=%d", world);
     snprintf(own[2], 32, "TP_GROUP_FD=%d", GROUP_FD);
+    snprintf(own[3], 32, "LOCAL_RANK=%d", rank);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         int ours = 0;
-        for (int v = 0; v < 3 && !ours; v++)
+        for (int v = 0; v < WORKER_VARS && !ours; v++)
             ours = strncmp(environ[i], own[v], (size_t)(strchr(own[v], '=') - own[v] + 1)) == 0;
         if (!ours)
             env[k++] = environ[i];
     }
-    for (int v = 0; v < 3; v++)
+    for (int v = 0; v < WORKER_VARS; v++)
         env[k++] = own[v];
     return env;
 }
@@ -285,7 +291,7 @@ static char **worker_env(int rank, int world, char own[3][32])
  * threads, and a lock held by one of them would stay held in the child. */
 static tp_status spawn_worker(tp_rank_procs *p, int r, char *const *argv, tp_err *err)
 {
-    char own[3][32];
+    char own[WORKER_VARS][32];
     char **env = worker_env(r, p->world, own);
     if (!env)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
@@ -481,6 +487,11 @@ static tp_status wait_joined(tp_rank_procs *p, tp_err *err)
 static tp_status create_leader(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
 {
     tp_status st = create_memory(p, o, err);
+    /* A leader that spawns its workers is local rank 0 of them (see
+     * worker_env), whatever LOCAL_RANK a launcher gave it. Set before any
+     * rank thread exists, so no getenv races it. */
+    if (st == TP_OK && o->worker_argv && setenv("LOCAL_RANK", "0", 1) != 0)
+        st = tp_fail(err, TP_NOMEM, "rank group: cannot set LOCAL_RANK for the leader");
     if (st == TP_OK && o->worker_argv)
         for (int r = 1; st == TP_OK && r < p->world; r++)
             st = spawn_worker(p, r, o->worker_argv, err);
@@ -658,9 +669,10 @@ int tp_rank_procs_poll(tp_rank_procs *p)
     return tp_rank_procs_lost(p) ? f | TP_POLL_LOST : f;
 }
 
-uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p)
+uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p, int wake_peers)
 {
-    atomic_store(&p->ctl->abort_step, p->step);
+    if (wake_peers)
+        atomic_store(&p->ctl->abort_step, p->step);
     return atomic_fetch_add(&p->ctl->tickets, 1) + 1;
 }
 

@@ -32,11 +32,12 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit,
                              tp_err *err);
 
-/* Inside a step. poll: TP_POLL_* flags (a rank somewhere failed this step;
- * a process is gone). fail_ticket: a local rank failed — order it among
- * every failure of the step and tell the other processes. */
+/* Inside a step. poll: TP_POLL_* flags (a rank somewhere failed this step
+ * in a way that may leave peers blocked; a process is gone). fail_ticket: a
+ * local rank failed — order it among every failure of the step and, when
+ * wake_peers (not a benign failure), tell the other processes. */
 int tp_rank_procs_poll(tp_rank_procs *p);
-uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p);
+uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p, int wake_peers);
 /* Ends the step: the leader merges every process's result (first ticket
  * wins) and publishes it; a worker reports its own and waits for that. */
 tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, uint32_t ticket, tp_err *err);

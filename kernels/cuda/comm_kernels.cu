@@ -21,6 +21,7 @@
 #include <nccl_device.h>
 
 #include <stdint.h>
+#include <string.h>
 #include <type_traits>
 
 #include "common/tp_cuda_plan.h"
@@ -196,4 +197,25 @@ extern "C" int tp_cuda_window_peer_bases(void *win, int world, void **out_dev, v
 extern "C" int tp_cuda_nccl_lsa_size(void *comm)
 {
     return comm ? ncclTeamLsa(static_cast<ncclComm_t>(comm)).nRanks : 0;
+}
+
+// ncclDevCommCreate checks comm->symmetricSupport first (NCCL 2.28.9
+// dev_runtime.cc) and refuses with ncclInvalidUsage without it: the one
+// reliable test, since ncclCommWindowRegister then returns a local
+// registration handle as the window and ncclTeamLsa counts a node's ranks.
+// The probe's device communicator (no barriers, no resources) is released
+// at once.
+extern "C" int tp_cuda_nccl_symmetric_support(void *comm)
+{
+    ncclComm_t c = static_cast<ncclComm_t>(comm);
+    ncclDevCommRequirements_t reqs;
+    memset(&reqs, 0, sizeof reqs);
+    ncclDevComm_t dev;
+    ncclResult_t r = ncclDevCommCreate(c, &reqs, &dev);
+    if (r == ncclInvalidUsage)
+        return 0;
+    if (r != ncclSuccess)
+        return -static_cast<int>(r);
+    r = ncclDevCommDestroy(c, &dev);
+    return r == ncclSuccess ? 1 : -static_cast<int>(r);
 }

@@ -14,10 +14,23 @@
  * States of the backend object:
  *   ready --begin_capture--> capturing --end_capture--> ready
  *   any --sticky CUDA error / barrier timeout / NCCL error--> dead
- *   any --abort (a peer or this rank failed mid-run)--> dead (comm aborted)
+ *   any --abort (a peer or this rank failed mid-run)--> dead (comm revoked)
  * In `dead` every call fails with the first message; only a new backend
  * (a restarted process) leaves it. A benign failure (bad data found by a
- * kernel after all work completed) does not kill the backend. */
+ * kernel after all work completed: TP_INVALID from copy_out/synchronize)
+ * never reaches abort: the rank group wakes no peer for it
+ * (tp_rank_group_benign), so the backend stays usable.
+ *
+ * Abort never frees or aborts the communicator (GPU_ASSUMPTIONS.md, A1):
+ * NCCL 2.28's ncclCommAbort and ncclCommDestroy wait until every CUDA
+ * graph that captured NCCL work on the communicator is destroyed
+ * (init.cc commDestroySync, localPersistentRefs), and the engine keeps its
+ * graphs until shutdown, so an abort mid-run would hang. ncclCommRevoke
+ * stops in-flight NCCL work (peers blocked in a collective with us fail)
+ * without that wait; the communicator is aborted in cu_ctx_free, after the
+ * graphs. It also means abort, called from the group's poller thread while
+ * the rank thread may be inside an NCCL call, never frees what that call
+ * uses (A8). */
 #include "cuda/cuda_backend.h"
 
 #include <stdio.h>
@@ -26,6 +39,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "log.h"
+#include "rank_group.h"
 
 static const tp_backend_iface cuda_iface;
 
@@ -53,17 +67,39 @@ static int cuda_sticky(cudaError_t e)
     }
 }
 
+/* The first failing thread (the rank's, or the poller's abort) claims the
+ * message; the others keep it. */
 static void mark_dead(cu_ctx *x, const char *msg)
 {
-    if (!x || x->dead)
+    int alive = 0;
+    if (!x || !atomic_compare_exchange_strong(&x->dead, &alive, 1))
         return;
-    x->dead = 1;
     size_t n = strlen(msg); /* truncating on purpose: the first part names the call */
     if (n >= sizeof x->dead_msg)
         n = sizeof x->dead_msg - 1;
     memcpy(x->dead_msg, msg, n);
     x->dead_msg[n] = 0;
+    atomic_store(&x->dead, 2);
     TP_LOG_E("cuda rank %d: backend failed, every further call fails: %s", x->rank, msg);
+}
+
+static const char *dead_reason(cu_ctx *x)
+{
+    return atomic_load(&x->dead) == 2 ? x->dead_msg : "another thread is failing it right now";
+}
+
+/* Stops this rank's NCCL work for good (see the file comment): first the
+ * dead state, so no new call starts, then one ncclCommRevoke. Safe from
+ * any thread, any number of times, before or after the comm exists: a
+ * comm that appears later is revoked by create_comm, which sees dead. */
+static void revoke_comm(cu_ctx *x, const char *why)
+{
+    mark_dead(x, why);
+    if (!atomic_load(&x->comm_ready) || atomic_exchange(&x->comm_revoked, 1))
+        return;
+    ncclResult_t r = ncclCommRevoke(x->comm, NCCL_REVOKE_DEFAULT);
+    if (r != ncclSuccess)
+        TP_LOG_W("cuda rank %d: ncclCommRevoke: %s", x->rank, ncclGetErrorString(r));
 }
 
 static const char *base_name(const char *file)
@@ -120,9 +156,9 @@ static tp_status cu_enter(cu_ctx *x, int rank, const char *what, tp_err *err)
                        "cuda backend: %s for rank %d, but this process runs rank %d of %d (one process per GPU: "
                        "the rank group must run only the local rank)",
                        what, rank, x->rank, x->world);
-    if (x->dead)
+    if (atomic_load(&x->dead))
         return tp_fail(err, TP_BACKEND, "cuda rank %d: %s refused, the backend failed earlier: %s", x->rank, what,
-                       x->dead_msg);
+                       dead_reason(x));
     int dev = -1;
     CU_TRY(x, err, cudaGetDevice(&dev));
     if (dev != x->device)
@@ -179,7 +215,7 @@ cu_alloc *cu_find_alloc(cu_ctx *x, const void *p)
     const char *c = p;
     for (int i = 0; i < x->n_mem; i++) {
         cu_alloc *a = &x->mem[i];
-        if (c >= a->base && (c < a->base + a->bytes || c == a->base))
+        if (!a->released && c >= a->base && (c < a->base + a->bytes || c == a->base))
             return a;
     }
     return NULL;
@@ -264,6 +300,27 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
 
 /* ------------------------------------------------------- agreement */
 
+/* After a wait on NCCL work: whether it really completed. A revoked
+ * communicator's kernels return early and ncclCommGetAsyncError then says
+ * ncclInProgress (or, once quiescent, ncclSuccess): the results are
+ * garbage, so the dead state decides, then the async error. */
+static tp_status check_comm(cu_ctx *x, const char *what, tp_err *err)
+{
+    if (atomic_load(&x->dead))
+        return tp_fail(err, TP_BACKEND, "cuda rank %d: %s did not complete: %s", x->rank, what, dead_reason(x));
+    ncclResult_t async = ncclSuccess;
+    NCCL_TRY(x, err, ncclCommGetAsyncError(x->comm, &async));
+    if (async != ncclSuccess) {
+        char call[160];
+        tp_err e;
+        snprintf(call, sizeof call, "ncclCommGetAsyncError(comm) after %s", what);
+        tp_status st = cu_fail_nccl(x, &e, async, call, __FILE__, __LINE__);
+        mark_dead(x, e.msg); /* even ncclInProgress: the work did not finish */
+        return tp_fail(err, st, "%s", e.msg);
+    }
+    return TP_OK;
+}
+
 tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *err)
 {
     TP_TRY(refuse_in_capture(x, "a cross-rank agreement", err));
@@ -272,6 +329,7 @@ tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *e
     NCCL_TRY(x, err, ncclAllReduce(x->xchg, x->xchg, 2, ncclInt64, ncclMax, x->comm, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(pair, x->xchg, sizeof pair, cudaMemcpyDeviceToHost, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(check_comm(x, "a cross-rank agreement", err));
     *mx = pair[0];
     *mn = -pair[1];
     return TP_OK;
@@ -289,36 +347,53 @@ static tp_status agree_all(cu_ctx *x, int ok, int *all, tp_err *err)
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* NCCL symmetric window; a->peer_mapped stays 0 when any rank got none. */
-static tp_status try_window(cu_ctx *x, size_t rounded, cu_alloc *a, tp_err *err)
+/* This process's address of every rank's window base. Only for a window
+ * of a communicator with symmetric support: without it, NCCL 2.28 returns
+ * a local registration handle as the window (dev_runtime.cc
+ * ncclCommWindowRegister), and the kernel would read a host structure. */
+static tp_status window_bases(cu_ctx *x, ncclWindow_t win, cu_alloc *a, tp_err *err)
 {
-    void *p = NULL;
-    ncclWindow_t win = NULL; /* may stay NULL on success when unsupported */
-    NCCL_TRY(x, err, ncclMemAlloc(&p, rounded));
-    ncclResult_t r = ncclCommWindowRegister(x->comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC);
-    if (r != ncclSuccess) {
-        ncclMemFree(p);
-        return cu_fail_nccl(x, err, r, "ncclCommWindowRegister(comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC)",
-                            __FILE__, __LINE__);
-    }
-    int all = 0;
-    tp_status st = agree_all(x, win != NULL, &all, err);
-    if (st != TP_OK || !all) {
-        if (win)
-            ncclCommWindowDeregister(x->comm, win);
-        ncclMemFree(p);
-        return st;
-    }
     void *bases[TP_CUDA_MAX_WORLD];
     KERNEL_TRY(x, err, tp_cuda_window_peer_bases(win, x->world, x->xchg, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(bases, x->xchg, sizeof(void *) * (size_t)x->world, cudaMemcpyDeviceToHost,
                                    x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
-    a->base = p;
-    a->win = win;
-    a->kind = CU_MEM_WINDOW;
     for (int q = 0; q < x->world; q++)
         a->peer[q] = bases[q];
+    return TP_OK;
+}
+
+/* NCCL symmetric window (called only when every rank has symmetric
+ * support); a->peer_mapped stays 0 when any rank got no window. Every
+ * branch releases or hands over what it took (A7): on agreement that some
+ * rank got none, every rank deregisters (collective, same order
+ * everywhere) and frees; on an error, the memory and window stay in *a
+ * for cu_ctx_free, which releases them after the communicator is aborted
+ * (a collective deregister could wait for a peer that took another path). */
+static tp_status try_window(cu_ctx *x, size_t rounded, cu_alloc *a, tp_err *err)
+{
+    void *p = NULL;
+    ncclWindow_t win = NULL;
+    NCCL_TRY(x, err, ncclMemAlloc(&p, rounded));
+    a->base = p;
+    a->kind = CU_MEM_WINDOW;
+    ncclResult_t r = ncclCommWindowRegister(x->comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess)
+        return cu_fail_nccl(x, err, r, "ncclCommWindowRegister(comm, p, rounded, &win, NCCL_WIN_COLL_SYMMETRIC)",
+                            __FILE__, __LINE__);
+    a->win = win;
+    int all = 0;
+    TP_TRY(agree_all(x, win != NULL, &all, err));
+    if (!all) {
+        ncclResult_t d = win ? ncclCommWindowDeregister(x->comm, win) : ncclSuccess;
+        ncclResult_t f = ncclMemFree(p);
+        if (d != ncclSuccess || f != ncclSuccess)
+            TP_LOG_W("cuda rank %d: releasing an unused window: %s", x->rank,
+                     ncclGetErrorString(d != ncclSuccess ? d : f));
+        memset(a, 0, sizeof *a);
+        return TP_OK;
+    }
+    TP_TRY(window_bases(x, win, a, err));
     a->peer_mapped = 1;
     return TP_OK;
 }
@@ -364,9 +439,9 @@ static tp_status try_ipc(cu_ctx *x, size_t rounded, cu_alloc *a, tp_err *err)
 {
     char *p = NULL;
     CU_TRY(x, err, cudaMalloc((void **)&p, rounded));
+    a->base = p; /* usable locally either way; released by the caller on error */
     int ok = 0;
     tp_status st = open_ipc_peers(x, p, a, &ok, err);
-    a->base = p; /* usable locally either way */
     a->kind = ok ? CU_MEM_IPC : CU_MEM_SYM_LOCAL;
     a->peer[x->rank] = ok ? p : NULL;
     a->peer_mapped = ok;
@@ -395,10 +470,15 @@ static tp_status sym_alloc(cu_ctx *x, size_t bytes, cu_alloc *a, tp_err *err)
         a->peer_mapped = 1;
         return TP_OK;
     }
+    /* lsa counts the ranks of this node that NCCL can load/store: equal to
+     * world means one node, not that windows work (A2): x->sym_support,
+     * agreed at create, says whether NCCL has symmetric memory at all.
+     * Without it (no all-pairs P2P, NCCL_CUMEM_ENABLE=0, NCCL_P2P_DISABLE,
+     * NCCL_WIN_ENABLE=0) the CUDA IPC fallback gets its chance. */
     int eligible = 0;
     int lsa = tp_cuda_nccl_lsa_size(x->comm);
     TP_TRY(agree_all(x, x->world <= TP_CUDA_MAX_WORLD && lsa == x->world, &eligible, err));
-    if (eligible)
+    if (eligible && x->sym_support)
         TP_TRY(try_window(x, rounded, a, err));
     if (eligible && !a->peer_mapped)
         TP_TRY(try_ipc(x, rounded, a, err));
@@ -418,18 +498,16 @@ static void mem_release(cu_ctx *x, cu_alloc *a)
 {
     cudaError_t e = cudaSuccess;
     ncclResult_t r = ncclSuccess;
+    if (!a->base)
+        return;
     switch (a->kind) {
     case CU_MEM_WINDOW:
-        if (!x->comm_aborted && a->win)
-            r = ncclCommWindowDeregister(x->comm, a->win); /* collective: same order on every rank */
-        if (r == ncclSuccess)
-            r = ncclMemFree(a->base);
-        break;
-    case CU_MEM_IPC:
-        close_peers(x, a);
-        e = cudaFree(a->base);
+        /* only after the communicator ended, which took the window's
+         * registration with it (see cu_ctx_free) */
+        r = ncclMemFree(a->base);
         break;
     default:
+        close_peers(x, a); /* also the peers a failed IPC setup had opened */
         e = cudaFree(a->base);
         break;
     }
@@ -440,6 +518,17 @@ static void mem_release(cu_ctx *x, cu_alloc *a)
 }
 
 /* ------------------------------------------------------- iface: memory */
+
+/* Arenas start as zeros (A4): the warm-up runs every partition eagerly
+ * before capture on whatever the arenas hold, and an embedding reading
+ * garbage ids would fail on some ranks and not others (a failure that
+ * differs per rank at startup). Once per allocation, outside capture. */
+static tp_status zero_alloc(cu_ctx *x, const cu_alloc *a, tp_err *err)
+{
+    CU_TRY(x, err, cudaMemsetAsync(a->base, 0, a->bytes ? a->bytes : 1, x->compute));
+    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    return TP_OK;
+}
 
 static tp_status cuda_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err)
 {
@@ -456,6 +545,7 @@ static tp_status cuda_alloc(tp_backend *b, int rank, size_t bytes, void **out, t
         cudaFree(a.base);
         return st;
     }
+    TP_TRY(zero_alloc(x, &a, err));
     *out = a.base;
     return TP_OK;
 }
@@ -466,12 +556,20 @@ static tp_status cuda_alloc_symmetric(tp_backend *b, int rank, size_t bytes, voi
     TP_TRY(cu_enter(x, rank, "alloc_symmetric", err));
     TP_TRY(refuse_in_capture(x, "symmetric allocation", err));
     cu_alloc a;
-    TP_TRY(sym_alloc(x, bytes, &a, err));
-    tp_status st = mem_add(x, &a, err);
+    memset(&a, 0, sizeof a);
+    tp_status st = sym_alloc(x, bytes, &a, err);
+    /* A failed allocation's memory (and window) is released by cu_ctx_free
+     * in teardown order; freed here it could race a peer's collective. */
     if (st != TP_OK) {
-        mem_release(x, &a);
+        if (a.base && mem_add(x, &a, err) != TP_OK)
+            TP_LOG_E("cuda rank %d: leaking a failed symmetric allocation (no host memory to track it)", x->rank);
         return st;
     }
+    if (mem_add(x, &a, err) != TP_OK) {
+        mem_release(x, &a);
+        return TP_NOMEM;
+    }
+    TP_TRY(zero_alloc(x, &a, err));
     *out = a.base;
     return TP_OK;
 }
@@ -490,12 +588,16 @@ static void cuda_free(tp_backend *b, int rank, void *p)
     if (e != cudaSuccess)
         TP_LOG_W("cuda rank %d: free: cudaSetDevice(%d): %s", x->rank, x->device, cudaGetErrorName(e));
     for (int i = 0; i < x->n_mem; i++) {
-        if (x->mem[i].base != p)
+        if (x->mem[i].base != p || x->mem[i].released)
             continue;
         if (x->mem[i].capture_refs > 0) {
             TP_LOG_E("cuda rank %d: free(%p) refused: %d live captured graph(s) use it (leaked; free the captures "
                      "first)",
                      x->rank, p, x->mem[i].capture_refs);
+            return;
+        }
+        if (x->mem[i].kind == CU_MEM_WINDOW) { /* released with the communicator */
+            x->mem[i].released = 1;
             return;
         }
         /* a graph or op still in flight may use it (capture_free does not wait) */
@@ -777,9 +879,11 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
     CU_TRY(x, err, cudaMemsetAsync(x->errw, 0, sizeof *x->errw, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
     if (e.code == TP_CUDA_ERR_EMBED_ID) {
-        x->last_fail_benign = 1; /* the graph ran to completion on every rank */
-        return tp_fail(err, TP_INVALID, "cuda rank %d: embedding: id %lld (position %lld) is out of range", x->rank,
-                       e.b, e.c);
+        /* TP_INVALID after the step's work completed: the engine marks
+         * it benign for the whole group (tp_rank_group_benign), so no
+         * process revokes its communicator for it (A3). */
+        return tp_fail(err, TP_INVALID, "cuda rank %d: embedding: id %lld (position %lld) is out of range",
+                       x->rank, e.b, e.c);
     }
     char msg[512];
     snprintf(msg, sizeof msg,
@@ -799,37 +903,25 @@ static tp_status cuda_synchronize(tp_backend *b, int rank, tp_err *err)
     CU_TRY(x, err, cudaStreamSynchronize(x->side));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
     x->pinned_used = 0;
-    TP_TRY(check_device_errors(x, err));
-    ncclResult_t async = ncclSuccess;
-    NCCL_TRY(x, err, ncclCommGetAsyncError(x->comm, &async));
-    if (async != ncclSuccess)
-        return cu_fail_nccl(x, err, async, "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
-    return TP_OK;
+    TP_TRY(check_comm(x, "this step's NCCL work", err));
+    return check_device_errors(x, err);
 }
 
-/* A rank failed while others may be blocked in a collective: abort the
- * communicator so they fail instead of hanging. Not after a benign failure
- * (every rank completed its work), where nobody is blocked. */
-static void cuda_abort(tp_backend *b)
-{
-    cu_ctx *x = ctx_of(b);
-    if (x->last_fail_benign || x->comm_aborted || !x->comm)
-        return;
-    x->comm_aborted = 1;
-    ncclResult_t r = ncclCommAbort(x->comm);
-    mark_dead(x, r == ncclSuccess ? "NCCL communicator aborted after a rank failed"
-                                  : "NCCL communicator abort failed after a rank failed");
-}
+/* A rank failed while others may be blocked in a collective: revoke the
+ * communicator so they fail instead of hanging (never abort it here: see
+ * the file comment). The group does not call this for a benign failure. */
+static void cuda_abort(tp_backend *b) { revoke_comm(ctx_of(b), "NCCL communicator revoked: a rank of the group failed"); }
 
-/* A dead peer process never enters the next NCCL call: only an abort
- * unblocks ours, whatever the local failure was. */
+/* A dead peer process never enters the next NCCL call: only a revoke
+ * unblocks ours. */
 static void cuda_peer_lost(tp_backend *b)
 {
-    ctx_of(b)->last_fail_benign = 0;
-    cuda_abort(b);
+    revoke_comm(ctx_of(b), "NCCL communicator revoked: a rank's process is gone");
 }
 
-static void cuda_reset(tp_backend *b) { ctx_of(b)->last_fail_benign = 0; }
+/* Nothing to clear: a benign failure leaves the backend as it was, and a
+ * revoked communicator is never usable again. */
+static void cuda_reset(tp_backend *b) { (void)b; }
 
 /* ------------------------------------------------------- iface: destroy */
 
@@ -879,9 +971,27 @@ static void destroy_buffers(cu_ctx *x)
         cudaFree(x->lt_ws);
 }
 
-/* Order matters: graphs holding NCCL work before the communicator, windows
- * (deregistered collectively) before the communicator, the communicator
- * before the streams it was used on. */
+static void release_memory(cu_ctx *x)
+{
+    for (int i = 0; i < x->n_mem; i++)
+        mem_release(x, &x->mem[i]);
+    free(x->mem);
+    x->mem = NULL;
+    x->n_mem = 0;
+    mem_release(x, &x->ctrl);
+}
+
+/* Order matters:
+ *  - the device is idle before the host staging is unregistered (A9: a
+ *    copy_in DMA may still read it) and before anything is freed;
+ *  - graphs holding NCCL work are destroyed before the communicator is
+ *    destroyed or aborted, which in NCCL 2.28 wait for them (A1);
+ *  - no collective at teardown: every process tears down on its own (a
+ *    worker after the leader's quit, a survivor after a peer died), so
+ *    windows are not deregistered (collective) but end with the
+ *    communicator (destroyed, or aborted once revoked), and their memory
+ *    is freed after it;
+ *  - the communicator goes before the streams it was used on. */
 static void cu_ctx_free(cu_ctx *x)
 {
     if (!x)
@@ -891,16 +1001,16 @@ static void cu_ctx_free(cu_ctx *x)
     if (x->compute && !x->capturing)
         cudaDeviceSynchronize();
     destroy_captures(x);
-    for (int i = 0; i < x->n_mem; i++)
-        mem_release(x, &x->mem[i]);
-    free(x->mem);
-    if (x->ctrl.base)
-        mem_release(x, &x->ctrl);
-    if (x->comm && !x->comm_aborted) {
-        ncclResult_t r = ncclCommDestroy(x->comm);
+    if (x->registered && cudaHostUnregister(x->registered) != cudaSuccess)
+        (void)cudaGetLastError(); /* the process is tearing down; nothing else holds it */
+    if (atomic_load(&x->comm_ready)) {
+        int revoked = atomic_load(&x->comm_revoked);
+        ncclResult_t r = revoked ? ncclCommAbort(x->comm) : ncclCommDestroy(x->comm);
         if (r != ncclSuccess)
-            TP_LOG_W("cuda rank %d: ncclCommDestroy: %s", x->rank, ncclGetErrorString(r));
+            TP_LOG_W("cuda rank %d: %s: %s", x->rank, revoked ? "ncclCommAbort" : "ncclCommDestroy",
+                     ncclGetErrorString(r));
     }
+    release_memory(x);
     cu_gemm_free(x);
     if (x->lt)
         cublasLtDestroy(x->lt);
@@ -911,9 +1021,11 @@ static void cu_ctx_free(cu_ctx *x)
     free(x);
 }
 
-tp_status tp_cuda_backend_pin_host(tp_backend *b, void *p, size_t bytes, tp_err *err)
+/* The rank group's shared request staging, page-locked (portable) so
+ * copy_in/copy_out DMA straight from and to it; unregistered in
+ * cu_ctx_free once the device is idle. */
+static tp_status pin_host(cu_ctx *x, void *p, size_t bytes, tp_err *err)
 {
-    cu_ctx *x = ctx_of(b);
     if (x->registered)
         return tp_fail(err, TP_INTERNAL, "rank %d: host staging is already registered", x->rank);
     CU_TRY(x, err, cudaSetDevice(x->device));
@@ -926,8 +1038,6 @@ static void cuda_destroy(tp_backend *b)
 {
     if (!b)
         return;
-    if (ctx_of(b)->registered && cudaHostUnregister(ctx_of(b)->registered) != cudaSuccess)
-        (void)cudaGetLastError(); /* the process is tearing down; nothing else holds it */
     cu_ctx_free(ctx_of(b));
     free(b);
 }
@@ -1044,8 +1154,29 @@ static tp_status create_comm(cu_ctx *x, const char *hex, tp_err *err)
         return tp_fail(err, TP_INVALID, "cuda rank %d: a world of %d ranks needs rank 0's NCCL id", x->rank,
                        x->world);
     }
+    /* Blocks until every rank has joined, and no other thread can cut it
+     * short (there is no communicator to revoke yet): the group runs it
+     * only once every rank's local setup succeeded (create_in_group). */
     NCCL_TRY(x, err, ncclCommInitRank(&x->comm, x->world, id, x->rank));
+    atomic_store(&x->comm_ready, 1);
+    if (atomic_load(&x->dead)) { /* aborted while we were joining */
+        revoke_comm(x, "aborted while joining"); /* the abort saw no comm: revoke it here */
+        return tp_fail(err, TP_BACKEND, "cuda rank %d: NCCL communicator joined after the group failed: %s", x->rank,
+                       dead_reason(x));
+    }
     return TP_OK;
+}
+
+/* Whether NCCL has symmetric memory on every rank (A2): ncclDevCommCreate
+ * refuses with ncclInvalidUsage without it. Asked once, agreed, so every
+ * rank takes the same allocation path. */
+static tp_status probe_symmetric(cu_ctx *x, tp_err *err)
+{
+    int s = x->world > 1 ? tp_cuda_nccl_symmetric_support(x->comm) : 0;
+    if (s < 0)
+        return cu_fail_nccl(x, err, (ncclResult_t)-s, "ncclDevCommCreate (symmetric-memory probe)", __FILE__,
+                            __LINE__);
+    return x->world > 1 ? agree_all(x, s == 1, &x->sym_support, err) : TP_OK;
 }
 
 /* The control block of the barriers: zeroed on every rank before any rank
@@ -1053,6 +1184,7 @@ static tp_status create_comm(cu_ctx *x, const char *hex, tp_err *err)
  * kernels. Without peer mapping the cross-rank kernels are off. */
 static tp_status create_ctrl(cu_ctx *x, tp_err *err)
 {
+    TP_TRY(probe_symmetric(x, err));
     TP_TRY(sym_alloc(x, TP_CUDA_CTRL_BYTES, &x->ctrl, err));
     CU_TRY(x, err, cudaMemsetAsync(x->ctrl.base, 0, TP_CUDA_CTRL_BYTES, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
@@ -1081,17 +1213,13 @@ static tp_status pick_device(cu_ctx *x, tp_err *err)
     return TP_OK;
 }
 
-tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out, tp_err *err)
+/* Everything that can fail on this rank alone, before any rank enters
+ * ncclCommInitRank (which cannot be interrupted, A7). */
+static tp_status create_local(int world, int rank, cu_ctx **out, tp_err *err)
 {
-    if (world < 1 || rank < 0 || rank >= world)
-        return tp_fail(err, TP_INVALID, "backend cuda: rank %d of world %d", rank, world);
     cu_ctx *x = calloc(1, sizeof *x);
-    tp_backend *b = calloc(1, sizeof *b);
-    if (!x || !b) {
-        free(x);
-        free(b);
+    if (!x)
         return tp_fail(err, TP_NOMEM, "backend cuda: out of memory");
-    }
     x->world = world;
     x->rank = rank;
     x->device = -1;
@@ -1100,24 +1228,122 @@ tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_nul
         st = create_streams(x, err);
     if (st == TP_OK)
         st = create_buffers(x, err);
-    if (st == TP_OK)
-        st = create_comm(x, nccl_id_or_null, err);
+    if (st != TP_OK) {
+        cu_ctx_free(x);
+        return st;
+    }
+    *out = x;
+    return TP_OK;
+}
+
+/* The collective part: the communicator, the control block, the warm-up. */
+static tp_status create_join(cu_ctx *x, const char *nccl_id_or_null, tp_err *err)
+{
+    tp_status st = create_comm(x, nccl_id_or_null, err);
     if (st == TP_OK)
         st = create_ctrl(x, err);
     if (st == TP_OK)
         st = cu_warm_up(x, err);
-    if (st != TP_OK) {
+    return st;
+}
+
+static tp_status wrap(cu_ctx *x, tp_backend **out, tp_err *err)
+{
+    tp_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        revoke_comm(x, "out of memory creating the backend");
         cu_ctx_free(x);
-        free(b);
-        return st;
+        return tp_fail(err, TP_NOMEM, "backend cuda: out of memory");
     }
     b->iface = &cuda_iface;
     b->ctx = x;
-    b->world = world;
+    b->world = x->world;
     *out = b;
-    TP_LOG_I("cuda rank %d of %d on device %d: ready (peer-mapped symmetric memory: %s)", rank, world, x->device,
-             x->sync_ok ? "yes" : "no");
+    TP_LOG_I("cuda rank %d of %d on device %d: ready (peer-mapped symmetric memory: %s, NCCL windows: %s)", x->rank,
+             x->world, x->device, x->sync_ok ? "yes" : "no", x->sym_support ? "yes" : "no");
     return TP_OK;
+}
+
+/* A failed creation is torn down as a failed group: revoked first, so no
+ * collective (window deregistration) waits for a peer that gave up. */
+static void discard(cu_ctx *x)
+{
+    revoke_comm(x, "backend creation failed");
+    cu_ctx_free(x);
+}
+
+tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out, tp_err *err)
+{
+    if (world < 1 || rank < 0 || rank >= world)
+        return tp_fail(err, TP_INVALID, "backend cuda: rank %d of world %d", rank, world);
+    cu_ctx *x = NULL;
+    TP_TRY(create_local(world, rank, &x, err));
+    tp_status st = create_join(x, nccl_id_or_null, err);
+    if (st != TP_OK) {
+        discard(x);
+        return st;
+    }
+    return wrap(x, out, err);
+}
+
+/* ---------------------------------------------- create as group steps (A7)
+ *
+ * Two timed steps of the rank group: local setup, then the join. A rank
+ * failing its local setup fails the first step on every rank, so nobody
+ * enters ncclCommInitRank and waits for it forever; a rank failing in the
+ * join makes the group revoke every rank's communicator (the hooks), so
+ * peers blocked in the agreement all-reduce or a window registration fail
+ * at once; a rank that hangs or dies is the group's step timeout / lost
+ * process. Either way every rank gets the first failure, named by rank. */
+
+typedef struct {
+    tp_rank_group *rg;
+    const char *id;
+    int world;
+    cu_ctx *_Atomic x; /* read by the hooks on the poller thread */
+} group_create;
+
+static tp_status local_step(void *ctx, int rank, tp_err *err)
+{
+    group_create *gc = ctx;
+    cu_ctx *x = NULL;
+    TP_TRY(create_local(gc->world, rank, &x, err));
+    atomic_store(&gc->x, x);
+    /* the group's request staging, page-locked for direct DMA; here so a
+     * failure is one rank's local failure like any other */
+    const tp_rank_shared *sh = tp_rank_group_shared(gc->rg);
+    return sh ? pin_host(x, sh->base + sh->staging_offset, sh->staging_bytes, err) : TP_OK;
+}
+
+static tp_status join_step(void *ctx, int rank, tp_err *err)
+{
+    (void)rank;
+    group_create *gc = ctx;
+    return create_join(atomic_load(&gc->x), gc->id, err);
+}
+
+static void creation_failed(void *ctx)
+{
+    cu_ctx *x = atomic_load(&((group_create *)ctx)->x);
+    if (x)
+        revoke_comm(x, "NCCL communicator revoked: a rank failed while the group was created");
+}
+
+tp_status tp_cuda_backend_create_in_group(tp_rank_group *rg, const char *nccl_id, tp_backend **out, tp_err *err)
+{
+    group_create gc = {.rg = rg, .id = nccl_id, .world = tp_rank_group_world(rg)};
+    atomic_init(&gc.x, NULL);
+    tp_rank_hooks hooks = {creation_failed, creation_failed, &gc};
+    tp_status st = tp_rank_group_run(rg, local_step, &gc, &hooks, err);
+    if (st == TP_OK)
+        st = tp_rank_group_run(rg, join_step, &gc, &hooks, err);
+    cu_ctx *x = atomic_load(&gc.x);
+    if (st != TP_OK) {
+        if (x)
+            discard(x);
+        return st;
+    }
+    return wrap(x, out, err);
 }
 
 int tp_cuda_backend_rank(const tp_backend *b)

@@ -6,8 +6,9 @@
  * call for another rank fails: its process does that); the engine's rank
  * group for a cuda backend therefore runs only the local rank.
  *
- * Device choice: $LOCAL_RANK when set (torchrun-style launchers), else
- * rank % tp_cuda_device_count().
+ * Device choice: $LOCAL_RANK when set (torchrun-style launchers, and every
+ * worker a process group spawns gets its own), else rank %
+ * tp_cuda_device_count().
  *
  * Environment knobs (read once at create):
  *   TP_CUDA_GEMM_WORKSPACE_MB   cuBLASLt workspace (default 32)
@@ -46,10 +47,14 @@ tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err);
 tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out,
                                  tp_err *err);
 
-/* Page-locks the rank group's shared request staging (cudaHostRegister,
- * portable) so copy_in/copy_out DMA straight from and to it; unregistered
- * when b is destroyed. */
-tp_status tp_cuda_backend_pin_host(tp_backend *b, void *p, size_t bytes, tp_err *err);
+/* The same for this process's rank of a process group, as two timed steps
+ * of the group (local setup, then the NCCL join), so that one rank failing
+ * or hanging fails every rank with its message instead of leaving them
+ * blocked in ncclCommInitRank or the first collective. Also page-locks the
+ * group's request staging for direct DMA (unregistered at destroy). */
+struct tp_rank_group;
+tp_status tp_cuda_backend_create_in_group(struct tp_rank_group *rg, const char *nccl_id, tp_backend **out,
+                                          tp_err *err);
 
 /* The rank this process runs (-1 if b is not a cuda backend). */
 int tp_cuda_backend_rank(const tp_backend *b);

@@ -19,6 +19,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -41,6 +42,10 @@ typedef struct {
     char *peer[TP_CUDA_MAX_WORLD]; /* each rank's base in this process (peer_mapped) */
     int peer_mapped;
     int capture_refs; /* live captures baked onto this memory */
+    /* A window the engine freed: kept, invisible, until cu_ctx_free has
+     * ended the communicator (deregistering is collective, and ranks free
+     * and tear down independently). */
+    int released;
 } cu_alloc;
 
 typedef struct cu_gemm_cache cu_gemm_cache;
@@ -48,6 +53,12 @@ typedef struct cu_gemm_cache cu_gemm_cache;
 typedef struct {
     int world, rank, device;
     ncclComm_t comm;
+    /* Set once ncclCommInitRank has returned: before that the abort hook
+     * (another thread) must not read comm. */
+    atomic_int comm_ready;
+    /* NCCL's symmetric memory is really available (ncclDevCommCreate
+     * accepted) on every rank: only then are windows peer-addressable. */
+    int sym_support;
     cudaStream_t compute, copy, side;
     cudaEvent_t ev_copy, ev_fork, ev_join, ev_pull[2], ev_gemm[2];
     cublasLtHandle_t lt;
@@ -80,11 +91,15 @@ typedef struct {
     char **cap_refs;
     int n_cap_refs, cap_cap_refs;
     tp_capture *live; /* live captures, destroyed before the communicator */
-    /* failure state */
-    int dead;
+    /* failure state. dead: 0 alive, 1 a thread is writing dead_msg, 2
+     * dead_msg is final. The rank thread and the group's poller (abort) may
+     * both fail the backend at once: the first claims it. */
+    atomic_int dead;
     char dead_msg[512];
-    int comm_aborted;
-    int last_fail_benign; /* the last failure left every stream and the comm sound */
+    /* ncclCommRevoke was called (once, by whichever thread aborted first):
+     * the communicator is only good for ncclCommAbort, and only after every
+     * graph that captured NCCL work on it is destroyed (cu_ctx_free). */
+    atomic_int comm_revoked;
     /* collective signatures run eagerly (warm-up) */
     uint64_t *warm;
     int n_warm, cap_warm;

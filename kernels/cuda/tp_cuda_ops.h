@@ -153,6 +153,14 @@ int tp_cuda_window_peer_bases(void *win, int world, void **out_dev, void *stream
  * peer-reading kernels need every rank in it. comm is an ncclComm_t. */
 int tp_cuda_nccl_lsa_size(void *comm);
 
+/* Whether the communicator has NCCL symmetric memory: 1 yes, 0 no
+ * (ncclDevCommCreate refuses with ncclInvalidUsage: no all-pairs CUDA P2P,
+ * NCCL_CUMEM_ENABLE=0, NCCL_WIN_ENABLE=0), or minus the ncclResult_t of
+ * another failure. Without it ncclCommWindowRegister still succeeds, with
+ * a local registration handle as the "window". Collective: every rank
+ * calls it at the same point. comm is an ncclComm_t. */
+int tp_cuda_nccl_symmetric_support(void *comm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,9 +18,14 @@
  *    (ranks=processes, workers are $TPSERVE) for every world that fits.
  *
  * CUDA must not be initialised in a process that later forks (Check forks
- * per test): the device count is probed in a throwaway child, and ranks are
- * spawned with exec, never forked. */
+ * per test): the device count is probed once, in a throwaway child, before
+ * this process makes any CUDA call, and reused by every test (a child
+ * forked after the first engine initialised CUDA would count 0 devices and
+ * every later example would pass as "skipped"); ranks are spawned with
+ * exec, never forked. An example that needs more GPUs than there are says
+ * so on stdout. The probe logic itself is tested on every machine. */
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,23 +47,73 @@
 extern char **environ;
 #endif
 
-/* Devices usable by a fresh process (0 without TP_HAVE_CUDA). */
-static int probe_devices(void)
+/* What fn returns in a fresh child process, clamped to [0, 100]; 0 when
+ * the child cannot run or dies. */
+static int count_in_child(int (*fn)(void))
 {
-#ifdef TP_HAVE_CUDA
     pid_t pid = fork();
     if (pid == 0) {
-        int n = tp_cuda_device_count();
-        _exit(n > 100 ? 100 : n);
+        int n = fn();
+        _exit(n < 0 ? 0 : n > 100 ? 100 : n);
     }
     int status = 0;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
         return 0;
     return WEXITSTATUS(status);
+}
+
+/* fn's count, asked once (*cache < 0 until then). */
+static int count_once(int (*fn)(void), int *cache)
+{
+    if (*cache < 0)
+        *cache = count_in_child(fn);
+    return *cache;
+}
+
+static int no_devices(void) { return 0; }
+
+/* Devices usable by this machine, probed before the first CUDA call of
+ * this process (cuda_device_suite asks first). */
+static int probe_devices(void)
+{
+    static int devices = -1;
+#ifdef TP_HAVE_CUDA
+    return count_once(tp_cuda_device_count, &devices);
 #else
-    return 0;
+    return count_once(no_devices, &devices);
 #endif
 }
+
+/* ---------------------------------------------------- the probe logic */
+
+static int fake_calls;
+static int fake_three(void)
+{
+    fake_calls++; /* in the child: this process's count stays 0 */
+    return 3;
+}
+static int fake_many(void) { return 1000; }
+static int fake_crash(void)
+{
+    raise(SIGKILL);
+    return 1;
+}
+
+START_TEST(probe_asks_once_in_a_child)
+{
+    int cache = -1;
+    ck_assert_int_eq(count_once(fake_three, &cache), 3);
+    ck_assert_int_eq(count_once(fake_three, &cache), 3);
+    ck_assert_int_eq(count_once(fake_many, &cache), 3); /* cached: never asked again */
+    ck_assert_int_eq(fake_calls, 0);                    /* asked in a child, not here */
+    cache = -1;
+    ck_assert_int_eq(count_once(fake_many, &cache), 100);
+    cache = -1;
+    ck_assert_int_eq(count_once(fake_crash, &cache), 0);
+    cache = -1;
+    ck_assert_int_eq(count_once(no_devices, &cache), 0);
+}
+END_TEST
 
 START_TEST(no_device_skips)
 {
@@ -596,8 +651,10 @@ static void run_example_cuda(const char *path, const char *in_path, const char *
     ck_assert_msg(tp_graph_load(path, &g, &err) == TP_OK, "%s", err.msg);
     int world = g->world_size;
     tp_graph_free(g);
-    if (world > probe_devices())
-        return; /* not enough GPUs for this example */
+    if (world > probe_devices()) {
+        printf("skipped: %s needs %d GPUs, this machine has %d\n", path, world, probe_devices());
+        return;
+    }
     const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
     char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cuda", NULL};
     tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
@@ -629,6 +686,9 @@ static Suite *cuda_device_suite(void)
         rank_main(); /* a spawned rank: never returns */
 #endif
     Suite *s = suite_create("cuda_device");
+    TCase *probe = tcase_create("probe");
+    tcase_add_test(probe, probe_asks_once_in_a_child);
+    suite_add_tcase(s, probe);
     TCase *tc = tcase_create("device");
     if (probe_devices() == 0) {
         tcase_add_test(tc, no_device_skips);

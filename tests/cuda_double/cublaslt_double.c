@@ -1,0 +1,109 @@
+/* cublaslt_double.c — the cuBLASLt calls of the cuda backend: handles and
+ * descriptors are host objects (leaks show under ASan), a heuristic always
+ * offers one algorithm without workspace, and a matmul is a recorded launch
+ * like any kernel. */
+#include <cublasLt.h>
+#include <stdlib.h>
+
+#include "cuda_double.h"
+
+struct cublasLtContext {
+    int unused;
+};
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    if (dbl_refuse_in_capture("cublasLtCreate"))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    *h = calloc(1, sizeof **h);
+    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    free(h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *cublasLtGetStatusName(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_(cuda double)";
+}
+
+const char *cublasLtGetStatusString(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? "success" : "failure"; }
+
+#define OPAQUE(type, create, destroy)                           \
+    cublasStatus_t destroy(type d)                              \
+    {                                                           \
+        free(d);                                                \
+        return CUBLAS_STATUS_SUCCESS;                           \
+    }                                                           \
+    static cublasStatus_t create(type *d)                       \
+    {                                                           \
+        *d = calloc(1, sizeof **d);                             \
+        return *d ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED; \
+    }
+OPAQUE(cublasLtMatmulDesc_t, new_desc, cublasLtMatmulDescDestroy)
+OPAQUE(cublasLtMatrixLayout_t, new_layout, cublasLtMatrixLayoutDestroy)
+OPAQUE(cublasLtMatmulPreference_t, new_pref, cublasLtMatmulPreferenceDestroy)
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t ct, cudaDataType_t st)
+{
+    (void)ct, (void)st;
+    return new_desc(d);
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows,
+                                          uint64_t cols, int64_t ld)
+{
+    (void)type, (void)rows, (void)cols, (void)ld;
+    return new_layout(l);
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { return new_pref(p); }
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
+                                              const void *buf, size_t n)
+{
+    (void)d, (void)a, (void)buf, (void)n;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
+                                                const void *buf, size_t n)
+{
+    (void)l, (void)a, (void)buf, (void)n;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a, const void *buf,
+                                                    size_t n)
+{
+    (void)p, (void)a, (void)buf, (void)n;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t p, int want,
+                                              cublasLtMatmulHeuristicResult_t out[], int *got)
+{
+    (void)h, (void)d, (void)a, (void)b, (void)c, (void)dd, (void)p;
+    *got = 0;
+    if (want < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    out[0] = (cublasLtMatmulHeuristicResult_t){.workspaceSize = 0, .state = CUBLAS_STATUS_SUCCESS};
+    *got = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t ad, const void *B, cublasLtMatrixLayout_t bd, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t cd, void *D, cublasLtMatrixLayout_t dd,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t s)
+{
+    (void)h, (void)d, (void)alpha, (void)A, (void)ad, (void)B, (void)bd, (void)beta, (void)C, (void)cd, (void)D,
+        (void)dd, (void)algo, (void)ws, (void)ws_bytes;
+    return dbl_launch(s, "cublasLtMatmul") == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}

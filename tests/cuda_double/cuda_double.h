@@ -1,0 +1,115 @@
+/* cuda_double.h — a test double of the CUDA runtime, NCCL and cuBLASLt
+ * entry points the cuda backend calls (and of its kernel launchers), for a
+ * test binary only: it is never linked into tpserve.
+ *
+ * What it is: host memory stands in for device memory, every stream runs
+ * its work at once in the calling thread (so a stream never lags behind
+ * the host), kernels are recorded and counted but never run (values are
+ * not checked: the cpu backend proves the math), memory copies and NCCL
+ * collectives really move bytes (between processes through one shared
+ * memory segment per communicator), and a capture records every operation
+ * into a graph that cudaGraphLaunch replays in order.
+ *
+ * What it enforces (each breach is a "rule" line on stderr and in
+ * $TP_DOUBLE_LOG, and the call fails as CUDA/NCCL would):
+ *  - nothing allocated, freed, copied synchronously or synchronised by the
+ *    capturing thread during a (thread-local) capture; the capture is then
+ *    invalidated;
+ *  - every stream forked into a capture is joined back before it ends;
+ *  - only an instantiated graph (a live cudaGraphExec_t) is launched;
+ *  - ncclCommAbort / ncclCommDestroy while a graph or exec that captured
+ *    NCCL work on the communicator is alive would wait forever in NCCL
+ *    2.28 (init.cc commDestroySync, localPersistentRefs): reported instead
+ *    of hanging;
+ *  - ncclCommRevoke wakes this rank's NCCL waits; a wait nobody wakes for
+ *    TP_DOUBLE_HANG_MS (20000) is reported as a hang;
+ *  - two ranks of a communicator on one device are refused
+ *    (ncclInvalidUsage on every rank), as NCCL does;
+ *  - window registration is collective (same call, same order on every
+ *    rank: any collective whose signature differs across ranks is refused);
+ *  - the peer bases of a window are only read for a communicator with
+ *    symmetric memory (NCCL 2.28 returns a local registration handle as
+ *    the window otherwise);
+ *  - host memory is unregistered only once the device is idle;
+ *  - new device memory is filled with 0xa5, so reading it before writing
+ *    (a warm-up on uninitialised ids) shows.
+ *
+ * Configuration (environment, read once per process):
+ *  TP_DOUBLE_DEVICES    devices per process (default 8)
+ *  TP_DOUBLE_SYMMETRIC  0: communicators without NCCL symmetric memory
+ *  TP_DOUBLE_FAIL       point:rank[:nth] — make the nth (default 1st) call
+ *                       at `point` fail on process rank `rank` ($TP_RANK,
+ *                       0 for the leader); points: alloc, window, comm_init,
+ *                       capture, replay, nccl_async, embed_id, die
+ *                       (_exit(9) at a graph launch)
+ *  TP_DOUBLE_LOG        a file every process appends rule breaches to
+ *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang */
+#ifndef TP_CUDA_DOUBLE_H
+#define TP_CUDA_DOUBLE_H
+
+#include <stddef.h>
+
+/* Test-facing: what this process saw. */
+int dbl_rule_breaches(void);
+long dbl_kernel_launches(void);
+long dbl_graph_launches(void);
+
+/* ---- shared by the double's own files ---- */
+
+typedef enum {
+    DBL_FAIL_ALLOC,
+    DBL_FAIL_WINDOW,
+    DBL_FAIL_COMM_INIT,
+    DBL_FAIL_CAPTURE,
+    DBL_FAIL_REPLAY,
+    DBL_FAIL_NCCL_ASYNC,
+    DBL_FAIL_EMBED_ID,
+    DBL_FAIL_DIE,
+    DBL_FAIL_POINTS
+} dbl_fail_point;
+
+/* Whether this call at `point` is the injected failure. */
+int dbl_inject(dbl_fail_point point);
+/* Reports a broken rule (printf-style). */
+void dbl_rule(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int dbl_env_int(const char *name, int dflt);
+int dbl_process_rank(void);
+
+/* A recorded operation: run(args) executes it (now, or at each replay of a
+ * graph that captured it); args is a private copy of args_bytes. comm is
+ * the NCCL communicator it uses (NULL for a CUDA op): graphs holding one
+ * keep a persistent reference on it, as NCCL's do. */
+typedef struct ncclComm dbl_comm;
+typedef int (*dbl_run_fn)(const void *args);
+typedef struct {
+    const char *name;
+    dbl_run_fn run;
+    void *args;
+    size_t args_bytes;
+    dbl_comm *comm;
+} dbl_op;
+
+/* Runs op on stream s now, or records it when s is being captured (then
+ * the return is 0). Returns run's result otherwise. s may be NULL (the
+ * legacy stream). */
+struct CUstream_st;
+int dbl_enqueue(struct CUstream_st *s, const char *name, dbl_run_fn run, const void *args, size_t args_bytes,
+                dbl_comm *comm);
+/* A kernel launch that does nothing but count when it runs. */
+int dbl_launch(struct CUstream_st *s, const char *name);
+/* Whether the calling thread is capturing (thread-local capture mode). */
+int dbl_thread_capturing(void);
+/* A call the capturing thread must not make: breaks the rule, invalidates
+ * the capture; returns nonzero when the caller must fail. */
+int dbl_refuse_in_capture(const char *call);
+/* Persistent references (graphs/execs holding NCCL work) on a comm. */
+void dbl_comm_ref(dbl_comm *c, int delta);
+/* Counts one kernel launch (run by a stream: eagerly or in a replay). */
+void dbl_count_launch(void);
+/* Shared memory that stands for device memory: ncclMemAlloc's segments
+ * (peer 0: an injected alloc failure counts them) and the peers' mappings
+ * of them (peer 1). 0 or a cudaError_t. */
+int dbl_track_shared(void *p, size_t size, int peer);
+int dbl_untrack_shared(void *p);
+
+#endif

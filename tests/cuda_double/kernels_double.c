@@ -1,0 +1,123 @@
+/* kernels_double.c — the backend's kernel launchers (tp_cuda_kernels.h,
+ * tp_cuda_ops.h) without kernels: each launch is recorded on its stream
+ * (run at once, or at every replay of a graph that captured it) and
+ * counted. Only the embedding looks at data: it reports the device error
+ * the real kernel would (TP_DOUBLE_FAIL=embed_id), and breaks a rule when
+ * its ids are still the double's fill pattern (read before written). */
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/tp_cuda_kernels.h"
+#include "cuda/tp_cuda_ops.h"
+#include "cuda_double.h"
+
+static int launch(const char *name, void *stream) { return dbl_launch(stream, name); }
+
+int tp_cuda_gelu(const void *x, void *y, int64_t n, tp_dtype dtype, int approx_tanh, void *stream)
+{
+    (void)x, (void)y, (void)n, (void)dtype, (void)approx_tanh;
+    return launch("gelu", stream);
+}
+
+int tp_cuda_silu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
+{
+    (void)x, (void)y, (void)n, (void)dtype;
+    return launch("silu", stream);
+}
+
+int tp_cuda_relu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
+{
+    (void)x, (void)y, (void)n, (void)dtype;
+    return launch("relu", stream);
+}
+
+int tp_cuda_softmax(const void *x, void *y, int64_t outer, int64_t n, int64_t inner, tp_dtype dtype, void *stream)
+{
+    (void)x, (void)y, (void)outer, (void)n, (void)inner, (void)dtype;
+    return launch("softmax", stream);
+}
+
+int tp_cuda_layer_norm(const void *x, const void *weight, const void *bias, void *y, int64_t rows, int64_t n,
+                       float eps, tp_dtype dtype, void *stream)
+{
+    (void)x, (void)weight, (void)bias, (void)y, (void)rows, (void)n, (void)eps, (void)dtype;
+    return launch("layer_norm", stream);
+}
+
+int tp_cuda_rms_norm(const void *x, const void *weight, void *y, int64_t rows, int64_t n, float eps,
+                     tp_dtype dtype, void *stream)
+{
+    (void)x, (void)weight, (void)y, (void)rows, (void)n, (void)eps, (void)dtype;
+    return launch("rms_norm", stream);
+}
+
+int tp_cuda_copy_strided(void *dst, const void *src, const tp_layout *l, int es, void *stream)
+{
+    (void)dst, (void)src, (void)l, (void)es;
+    return launch("copy_strided", stream);
+}
+
+int tp_cuda_binary(int op, const void *a, const void *b, void *out, const tp_layout *l, tp_dtype dtype,
+                   void *stream)
+{
+    (void)op, (void)a, (void)b, (void)out, (void)l, (void)dtype;
+    return launch("binary", stream);
+}
+
+static int run_embedding(const void *p)
+{
+    const tp_cuda_embedding_args *a = p;
+    dbl_count_launch();
+    uint32_t first;
+    memcpy(&first, a->ids, sizeof first);
+    if (first == 0xa5a5a5a5u)
+        dbl_rule("embedding read ids from memory nobody wrote (the double's fill pattern): a GPU would read "
+                 "garbage ids and fail on some ranks only");
+    if (dbl_inject(DBL_FAIL_EMBED_ID) && a->err->code == TP_CUDA_ERR_NONE)
+        *a->err = (tp_cuda_error){TP_CUDA_ERR_EMBED_ID, 0, a->total, 0};
+    return 0;
+}
+
+int tp_cuda_embedding(const tp_cuda_embedding_args *a, void *stream)
+{
+    return dbl_enqueue(stream, "embedding", run_embedding, a, sizeof *a, NULL);
+}
+
+int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream)
+{
+    (void)a;
+    return launch("attention", stream);
+}
+
+int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d, int es,
+                       int to_packed, void *stream)
+{
+    (void)src, (void)dst, (void)outer, (void)len, (void)inner, (void)d, (void)es, (void)to_packed;
+    return launch("block_pack", stream);
+}
+
+int tp_cuda_reduce_chunks(const void *own, const void *stage, void *out, int64_t count, int rank, int d, int red,
+                          tp_dtype dtype, void *stream)
+{
+    (void)own, (void)stage, (void)out, (void)count, (void)rank, (void)d, (void)red, (void)dtype;
+    return launch("reduce_chunks", stream);
+}
+
+int tp_cuda_finish_avg(void *p, int64_t count, int d, tp_dtype dtype, void *stream)
+{
+    (void)p, (void)count, (void)d, (void)dtype;
+    return launch("finish_avg", stream);
+}
+
+int tp_cuda_barrier(const tp_cuda_sync *s, int slot, void *stream)
+{
+    (void)s, (void)slot;
+    return launch("barrier", stream);
+}
+
+int tp_cuda_oneshot_all_reduce(const tp_cuda_sync *s, const tp_cuda_peers *in, void *out, int64_t count,
+                               tp_dtype dtype, int red, void *stream)
+{
+    (void)s, (void)in, (void)out, (void)count, (void)dtype, (void)red;
+    return launch("oneshot_all_reduce", stream);
+}
