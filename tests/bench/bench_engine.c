@@ -6,7 +6,8 @@
  *                         the example MLP; planned vs naive bytes
  *   bench_engine passes   the sequence-parallel MLP at several sizes with
  *                         and without fuse_tp; bytes fusion did not
- *                         materialize */
+ *                         materialize; the same for the slice/cat forms
+ *                         of reduce_scatter / all_gather on another dim */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,48 @@ static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
     free(w2);
 }
 
+/* The slice_cat example of graphs/gen_examples.py at world 2, seq m:
+ * z [B, m, k] @ w_in [k, 2c] -> its 2 column chunks cat on the rows ->
+ * reduce_scatter(avg) -> all_gather on the rows -> its 2 row chunks cat on
+ * the last dim -> @ w_out [2c, c]. */
+static void write_slice_cat(const char *dir, int64_t m, int64_t k, int64_t c, char *path)
+{
+    char json[4096], wpath[256];
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"slice_cat\",\"world_size\":2,\"weights\":\"sc.safetensors\","
+             "\"inputs\":[{\"name\":\"z\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,%lld],\"placement\":\"shard(2)\"}],"
+             "\"params\":[{\"name\":\"w_in\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"shard(0)\"},"
+             "{\"name\":\"w_out\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"replicate\"}],"
+             "\"nodes\":[{\"name\":\"p\",\"op\":\"matmul\",\"inputs\":[\"z\",\"w_in\"]},"
+             "{\"name\":\"p0\",\"op\":\"slice\",\"inputs\":[\"p\"],\"attrs\":{\"dim\":2,\"start\":0,\"length\":%lld}},"
+             "{\"name\":\"p1\",\"op\":\"slice\",\"inputs\":[\"p\"],\"attrs\":{\"dim\":2,\"start\":%lld,\"length\":%lld}},"
+             "{\"name\":\"pc\",\"op\":\"cat\",\"inputs\":[\"p0\",\"p1\"],\"attrs\":{\"dim\":1}},"
+             "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"pc\"],\"attrs\":{\"dim\":1,\"op\":\"avg\"}},"
+             "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"y\"],\"attrs\":{\"dim\":1}},"
+             "{\"name\":\"g0\",\"op\":\"slice\",\"inputs\":[\"g\"],\"attrs\":{\"dim\":1,\"start\":0,\"length\":%lld}},"
+             "{\"name\":\"g1\",\"op\":\"slice\",\"inputs\":[\"g\"],\"attrs\":{\"dim\":1,\"start\":%lld,\"length\":%lld}},"
+             "{\"name\":\"gc\",\"op\":\"cat\",\"inputs\":[\"g0\",\"g1\"],\"attrs\":{\"dim\":2}},"
+             "{\"name\":\"out\",\"op\":\"matmul\",\"inputs\":[\"gc\",\"w_out\"]}],"
+             "\"outputs\":[{\"name\":\"out\",\"placement\":\"replicate\"}]}",
+             (long long)m, (long long)k, (long long)k, (long long)(2 * c), (long long)(2 * c), (long long)c,
+             (long long)c, (long long)c, (long long)c, (long long)m, (long long)m, (long long)m);
+    snprintf(path, 256, "%s/slice_cat.json", dir);
+    write_text(path, json);
+    int64_t s1[2] = {k, 2 * c}, s2[2] = {2 * c, c};
+    float *w1 = malloc(sizeof(float) * (size_t)(2 * k * c)), *w2 = malloc(sizeof(float) * (size_t)(2 * c * c));
+    fill(w1, 2 * k * c, 5);
+    fill(w2, 2 * c * c, 6);
+    st_write_item items[2] = {{"w_in", TP_F32, 2, s1, w1}, {"w_out", TP_F32, 2, s2, w2}};
+    tp_err err;
+    snprintf(wpath, sizeof wpath, "%s/sc.safetensors", dir);
+    if (st_write(wpath, items, 2, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    free(w1);
+    free(w2);
+}
+
 /* The replay/ranks benchmark graphs at batch 4: tiny-400 (pass 0) or the
  * MLP with seq 64, hidden 256 (pass 1), and an input for it (data malloc'd). */
 static tp_host_tensor bench_graph(const char *dir, int pass, char *path, unsigned seed)
@@ -216,6 +259,38 @@ static void bench_replay(const char *dir)
     }
 }
 
+/* The slice/cat forms: unfused they materialize the product, both cats
+ * and the gather; fused, only the reduce_scatter's workspace. Bytes are
+ * the plan's intermediates without reuse (per rank), unfused - fused. */
+static void bench_passes_slice_cat(const char *dir)
+{
+    printf("\n| slice/cat forms (rs on columns, ag on K) | seq | batch | unfused us/req | fused us/req | speedup | "
+           "intermediate bytes not materialized (per rank) |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    int64_t cols[2] = {128, 256};
+    for (int i = 0; i < 2; i++) {
+        char path[256];
+        int64_t m = 128, k = 512, c = cols[i], batch = 2, planned, naive_off, naive_on;
+        int nodes;
+        write_slice_cat(dir, m, k, c, path);
+        plan_bytes(path, batch, 0, &planned, &naive_off, &nodes);
+        plan_bytes(path, batch, 1, &planned, &naive_on, &nodes);
+        int64_t n_z = batch * m * k;
+        float *z = malloc(sizeof(float) * (size_t)n_z);
+        fill(z, n_z, 7);
+        tp_host_tensor in = {.name = "z", .dtype = TP_F32, .ndim = 3, .shape = {batch, m, k}, .data = z,
+                             .nbytes = sizeof(float) * (size_t)n_z};
+        tp_engine *off = engine(path, 0, 0), *on = engine(path, 1, 0);
+        double tu = time_request(off, &in, 1, 20), tf = time_request(on, &in, 1, 20);
+        printf("| k=%lld, 2 chunks of %lld cols | %lld | %lld | %.0f | %.0f | %.2fx | %lld (%lld -> %lld) |\n",
+               (long long)k, (long long)c, (long long)m, (long long)batch, tu, tf, tu / tf,
+               (long long)(naive_off - naive_on), (long long)naive_off, (long long)naive_on);
+        tp_engine_free(off);
+        tp_engine_free(on);
+        free(z);
+    }
+}
+
 static void bench_passes(const char *dir)
 {
     printf("| hidden | seq | batch | unfused us/req | fused us/req | speedup | gathered bytes not materialized (per rank) |\n");
@@ -238,6 +313,7 @@ static void bench_passes(const char *dir)
         tp_engine_free(on);
         free(x);
     }
+    bench_passes_slice_cat(dir);
 }
 
 /* The same graph with ranks as threads and as processes (the leader posts
