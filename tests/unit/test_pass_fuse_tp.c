@@ -233,9 +233,10 @@ typedef struct {
     int swap;            /* the first two slices in the cat swapped */
     const char *extra;   /* more nodes (a second reader), or "" */
     const char *outputs; /* more outputs, or "" */
+    int row_cat;         /* AG only: x [64d, 2, K], the chunks cat on dim 1 (rows), not K */
 } chunk_form;
 
-static float x_buf[4 * AG_ROWS * AG_K], w_buf[4 * AG_K * AG_N + RS_K * 4 * RS_COLS];
+static float x_buf[4 * AG_ROWS * 2 * AG_K], w_buf[4 * AG_K * AG_N + RS_K * 4 * RS_COLS];
 
 /* The form's node list: the source `src` sliced on slice_dim, cat on
  * cat_dim, then `tail` (the node reading the cat). */
@@ -261,22 +262,25 @@ static void write_chunk_form(const chunk_form *f, int rs, char *dir, char *path)
 {
     int d = f->world;
     char nodes[4096], json[8192];
-    int64_t xs[2], ws[2];
+    int64_t ws[2];
+    char xshape[64];
     if (!rs) {
-        xs[0] = (int64_t)AG_ROWS * d, xs[1] = AG_K, ws[0] = (int64_t)f->chunks * AG_K, ws[1] = AG_N;
+        snprintf(xshape, sizeof xshape, f->row_cat ? "%d,2,%d" : "%d,%d", AG_ROWS * d, AG_K);
+        ws[0] = f->row_cat ? AG_K : (int64_t)f->chunks * AG_K, ws[1] = AG_N;
         chunk_nodes(nodes, sizeof nodes, f, "{\"name\":\"y\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":0}}",
                     "y", 0, 1, "{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w\"]}");
     } else {
-        xs[0] = RS_M, xs[1] = RS_K, ws[0] = RS_K, ws[1] = (int64_t)RS_COLS * d;
+        snprintf(xshape, sizeof xshape, "%d,%d", RS_M, RS_K);
+        ws[0] = RS_K, ws[1] = (int64_t)RS_COLS * d;
         chunk_nodes(nodes, sizeof nodes, f, "{\"name\":\"y\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"]}", "y", 1, 0,
                     "{\"name\":\"o\",\"op\":\"reduce_scatter\",\"inputs\":[\"c\"],\"attrs\":{\"dim\":0,\"op\":\"avg\"}}");
     }
     snprintf(json, sizeof json,
              "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"chunks\",\"world_size\":%d,\"weights\":\"w.safetensors\","
-             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"shard(%d)\"}],"
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[%s],\"placement\":\"shard(%d)\"}],"
              "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"%s\"}],"
              "\"nodes\":[%s],\"outputs\":[{\"name\":\"o\",\"placement\":\"%s\"}%s%s]}",
-             d, (long long)xs[0], (long long)xs[1], rs, (long long)ws[0], (long long)ws[1],
+             d, xshape, rs, (long long)ws[0], (long long)ws[1],
              rs ? "shard(0)" : "replicate", nodes, rs ? "shard(1)" : "replicate", *f->outputs ? "," : "", f->outputs);
     st_write_item w = {"w", TP_F32, 2, ws, w_buf};
     tu_write_graph(dir, path, json, &w, 1);
@@ -305,6 +309,19 @@ static void expect_processes_same_as_unfused(const char *path, const tp_host_ten
     tp_engine_free(off);
 }
 
+/* Every fused node is the direct form of the collective on the cat dim:
+ * no pieces left to permute, `dim` the dim the cat was on. */
+static void expect_direct_form(const char *path, int dim)
+{
+    tp_graph *g = tu_load_passed(path, 2, NULL);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TP_OP_FUSED_AG_MM || g->nodes[i].op == TP_OP_FUSED_MM_RS) {
+            ck_assert_int_eq(g->nodes[i].attrs.n_pieces, 0);
+            ck_assert_int_eq(g->nodes[i].attrs.dim, dim);
+        }
+    tp_graph_free(g);
+}
+
 /* Counts after passes, then numbers against the unfused graph (threads,
  * and processes when the form fuses). */
 static void check_chunk_form(const chunk_form *f, int rs, counts want)
@@ -312,20 +329,30 @@ static void check_chunk_form(const chunk_form *f, int rs, counts want)
     char dir[64], path[128];
     write_chunk_form(f, rs, dir, path);
     expect_counts(path, want);
-    int64_t shape[2] = {rs ? RS_M : (int64_t)AG_ROWS * f->world, rs ? RS_K : AG_K};
-    tp_host_tensor in = tu_f32("x", x_buf, 2, shape);
+    /* AG: all_gather on the cat dim (K = 1, or rows = 1 of [64, 2d, K]);
+     * RS: reduce_scatter on the slices' dim (1, the columns) */
+    expect_direct_form(path, 1);
+    int64_t ag_shape[3] = {(int64_t)AG_ROWS * f->world, f->row_cat ? 2 : AG_K, AG_K}, rs_shape[2] = {RS_M, RS_K};
+    tp_host_tensor in = rs ? tu_f32("x", x_buf, 2, rs_shape) : tu_f32("x", x_buf, f->row_cat ? 3 : 2, ag_shape);
     expect_same_as_unfused(path, &in, 1);
     if (want.fused_ag + want.fused_rs > 0)
         expect_processes_same_as_unfused(path, &in);
     tu_rmdir(dir);
 }
 
-/* The fused forms at world d: one fused node, nothing of the reassembly. */
+/* The fused forms at world d: one fused node, nothing of the reassembly.
+ * Also the gathered chunks cat on a row dim (the plain fused gather along
+ * it) and cat on K read by two matmuls (one rank-ordered sum each). */
 static void check_fuses_at(int d)
 {
-    chunk_form ag = {d, d, AG_ROWS, 0, "", ""}, rs = {d, d, RS_COLS, 0, "", ""};
+    chunk_form ag = {d, d, AG_ROWS, 0, "", "", 0}, rs = {d, d, RS_COLS, 0, "", "", 0};
     check_chunk_form(&ag, 0, (counts){1, 0, 0, 0, 0});
     check_chunk_form(&rs, 1, (counts){0, 1, 0, 0, 0});
+    chunk_form rows = {d, d, AG_ROWS, 0, "", "", 1};
+    check_chunk_form(&rows, 0, (counts){1, 0, 0, 0, 0});
+    chunk_form two = {d, d, AG_ROWS, 0, "{\"name\":\"o2\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w\"]}",
+                      "{\"name\":\"o2\",\"placement\":\"replicate\"}", 0};
+    check_chunk_form(&two, 0, (counts){2, 0, 0, 0, 0});
 }
 
 START_TEST(repro_chunks_cat_world_2)
@@ -351,7 +378,7 @@ END_TEST
 static void check_left_alone(int d, int chunks, int64_t ag_len, int64_t rs_len, int swap, const char *extra,
                              const char *outputs)
 {
-    chunk_form ag = {d, chunks, ag_len, swap, extra, outputs}, rs = {d, chunks, rs_len, swap, extra, outputs};
+    chunk_form ag = {d, chunks, ag_len, swap, extra, outputs, 0}, rs = {d, chunks, rs_len, swap, extra, outputs, 0};
     check_chunk_form(&ag, 0, (counts){0, 0, 1, 0, chunks});
     check_chunk_form(&rs, 1, (counts){0, 0, 0, 1, chunks});
 }
@@ -385,7 +412,7 @@ START_TEST(slice_or_cat_with_another_reader_left_alone)
         check_left_alone(d, d, AG_ROWS, RS_COLS, 0, "", "{\"name\":\"c\"}");
     }
     /* the gathered tensor read by something else too */
-    chunk_form ag = {2, 2, AG_ROWS, 0, "{\"name\":\"e\",\"op\":\"relu\",\"inputs\":[\"y\"]}", "{\"name\":\"e\"}"};
+    chunk_form ag = {2, 2, AG_ROWS, 0, "{\"name\":\"e\",\"op\":\"relu\",\"inputs\":[\"y\"]}", "{\"name\":\"e\"}", 0};
     check_chunk_form(&ag, 0, (counts){0, 0, 1, 0, 2});
 }
 END_TEST
