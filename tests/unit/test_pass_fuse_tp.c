@@ -15,11 +15,6 @@ typedef struct {
     int fused_ag, fused_rs, all_gathers, reduce_scatters, slices;
 } counts;
 
-/* Fused kernels compute the same products grouped otherwise (GEMMs over
- * chunks of rows, columns or of K summed over ranks), so results agree to
- * rounding, not bit for bit. */
-#define FUSE_RTOL 1e-5
-
 /* Op counts of the graph at path after every pass. */
 static void expect_counts(const char *path, counts want)
 {
@@ -41,7 +36,7 @@ static void expect_same_as_unfused(const char *path, const tp_host_tensor *in, i
     tp_host_tensor *a = tu_infer(on, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
     ck_assert_int_eq(n1, n2);
     double diff = tu_rel_diff(a, b, n1);
-    ck_assert_msg(diff < FUSE_RTOL, "fused vs unfused differ by %g", diff);
+    ck_assert_msg(diff <= TU_RTOL_REORDER, "fused vs unfused differ by %g", diff);
     tp_host_tensors_free(a, n1);
     tp_host_tensors_free(b, n2);
     tp_engine_free(on);
@@ -302,7 +297,7 @@ static void expect_processes_same_as_unfused(const char *path, const tp_host_ten
     tp_host_tensor *a = tu_infer(procs, in, 1, &n1), *b = tu_infer(off, in, 1, &n2);
     ck_assert_int_eq(n1, n2);
     double diff = tu_rel_diff(a, b, n1);
-    ck_assert_msg(diff < FUSE_RTOL, "fused (processes) vs unfused differ by %g", diff);
+    ck_assert_msg(diff <= TU_RTOL_REORDER, "fused (processes) vs unfused differ by %g", diff);
     tp_host_tensors_free(a, n1);
     tp_host_tensors_free(b, n2);
     tp_engine_free(procs);
