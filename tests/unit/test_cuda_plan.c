@@ -746,6 +746,30 @@ static void mm(const float *a, const float *b, float *c, int64_t m, int64_t k, i
         }
 }
 
+/* Rank r's view of shard src at a fused gather step: its own x, or the
+ * peer's copied (pulled) into the next of two slots of n floats. */
+static const float *pull_shard(float *const *x, int r, int src, float slot[2][64], int *pulls, int64_t n)
+{
+    if (src == r)
+        return x[r];
+    int k = tp_ag_stage_slot((*pulls)++);
+    memcpy(slot[k], x[src], sizeof(float) * (size_t)n);
+    return slot[k];
+}
+
+/* Element i of rank r's reduced chunk as the reduce kernel indexes it: its
+ * own chunk from its workspace, the others from the stage slot of the step
+ * they arrived at, folded in rank order. */
+static float reduce_received(const float *own, const float *stage, int r, int d, int64_t chunk, int64_t i, int red)
+{
+    float acc = 0;
+    for (int src = 0; src < d; src++) {
+        float v = src == r ? own[i] : stage[(int64_t)tp_rs_step_of(r, d, src) * chunk + i];
+        acc = src == 0 ? v : tp_reduce_step_f32(acc, v, red);
+    }
+    return tp_reduce_finish_f32(acc, red, d);
+}
+
 /* The fused all_gather+matmul as the backend schedules it (rows gathered),
  * with the pulled shards cycling through two slots, vs gather-then-matmul. */
 START_TEST(fused_ag_mm_emulated)
@@ -764,12 +788,7 @@ START_TEST(fused_ag_mm_emulated)
             int pulls = 0;
             for (int s = 0; s < d; s++) {
                 int src = tp_ag_src(r, d, s, 0);
-                const float *xs = x[r];
-                if (src != r) {
-                    int k = tp_ag_stage_slot(pulls++);
-                    memcpy(slot[k], x[src], sizeof(float) * (size_t)(len * K));
-                    xs = slot[k];
-                }
+                const float *xs = pull_shard(x, r, src, slot, &pulls, len * K);
                 mm(xs, w, out + src * len * N, len, K, N, N, 0);
             }
             for (int64_t i = 0; i < d * len * N; i++)
@@ -813,15 +832,8 @@ START_TEST(fused_mm_rs_emulated)
                 for (int64_t i = 0; i < chunk; i++)
                     want[i] += part[i];
             }
-            for (int64_t i = 0; i < chunk; i++) { /* reduce_chunks_kernel's indexing */
-                float acc = 0;
-                for (int src = 0; src < d; src++) {
-                    const float *buf = src == r ? ws[r] + r * chunk : stage[r];
-                    int64_t at = src == r ? i : (int64_t)tp_rs_step_of(r, d, src) * chunk + i;
-                    acc = src == 0 ? buf[at] : tp_reduce_step_f32(acc, buf[at], 0);
-                }
-                ck_assert(fabsf(acc - want[i]) < 1e-4f);
-            }
+            for (int64_t i = 0; i < chunk; i++)
+                ck_assert(fabsf(reduce_received(ws[r] + r * chunk, stage[r], r, d, chunk, i, 0) - want[i]) < 1e-4f);
         }
         for (int r = 0; r < d; r++) {
             free(a[r]);
@@ -872,18 +884,13 @@ START_TEST(fused_ag_mm_gathered_k_emulated)
             tp_tensor ct = tp_tensor_make(cat, TP_F32, 2, rs), wt = tp_tensor_make(want, TP_F32, 2, os);
             ref_matmul(&ct, &w, tb, &wt);
             for (int r = 0; r < d; r++) {
-                float *out = calloc((size_t)(rows * N), sizeof(float)), slot[2][16];
+                float *out = calloc((size_t)(rows * N), sizeof(float)), slot[2][64];
                 tp_tensor o = tp_tensor_make(out, TP_F32, 2, os);
                 int pulls = 0;
                 for (int s = 0; s < d; s++) {
                     int src = tp_ag_src(r, d, s, 1);
-                    float *xs = x[r];
-                    if (src != r) {
-                        int k = tp_ag_stage_slot(pulls++);
-                        memcpy(slot[k], x[src], sizeof(float) * (size_t)(rows * kl));
-                        xs = slot[k];
-                    }
-                    tp_tensor xt = tp_tensor_make(xs, TP_F32, 2, xs_shape);
+                    const float *xs = pull_shard(x, r, src, slot, &pulls, rows * kl);
+                    tp_tensor xt = tp_tensor_make((void *)xs, TP_F32, 2, xs_shape);
                     tp_tensor wk = tp_fused_w_k_rows(&w, tb, src, kl);
                     int64_t calls;
                     lt_matmul(&xt, &wk, tb, &o, s ? 1.0f : 0.0f, &calls);
@@ -945,15 +952,8 @@ START_TEST(fused_mm_rs_column_chunks_emulated)
                 }
             for (int r = 0; r < d; r++) {
                 float got[64];
-                for (int64_t i = 0; i < chunk; i++) { /* reduce_chunks_kernel's indexing */
-                    float acc = 0;
-                    for (int src = 0; src < d; src++) {
-                        const float *buf = src == r ? ws[r] + r * chunk : stage[r];
-                        int64_t at = src == r ? i : (int64_t)tp_rs_step_of(r, d, src) * chunk + i;
-                        acc = src == 0 ? buf[at] : tp_reduce_step_f32(acc, buf[at], 0);
-                    }
-                    got[i] = tp_reduce_finish_f32(acc, 1, d);
-                }
+                for (int64_t i = 0; i < chunk; i++)
+                    got[i] = reduce_received(ws[r] + r * chunk, stage[r], r, d, chunk, i, 1);
                 expect_close(got, want + r * chunk, chunk);
             }
             for (int r = 0; r < d; r++) {

@@ -27,20 +27,27 @@ static void expect_counts(const char *path, counts want)
     tp_graph_free(g);
 }
 
+/* Engine `fused` gives the numbers the graph at path gives without passes
+ * (ranks as threads); frees `fused`. */
+static void expect_same_as_unfused_by(tp_engine *fused, const char *path, const tp_host_tensor *in, int n_in)
+{
+    tp_engine *off = tu_engine(path, 0, 0);
+    int n1, n2;
+    tp_host_tensor *a = tu_infer(fused, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
+    ck_assert_int_eq(n1, n2);
+    double diff = tu_rel_diff(a, b, n1);
+    ck_assert_msg(diff <= TU_RTOL_REORDER, "%s: fused vs unfused differ by %g", path, diff);
+    tp_host_tensors_free(a, n1);
+    tp_host_tensors_free(b, n2);
+    tp_engine_free(fused);
+    tp_engine_free(off);
+}
+
 /* The graph at path with passes (ranks as threads) gives the numbers it
  * gives without them. */
 static void expect_same_as_unfused(const char *path, const tp_host_tensor *in, int n_in)
 {
-    tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
-    int n1, n2;
-    tp_host_tensor *a = tu_infer(on, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
-    ck_assert_int_eq(n1, n2);
-    double diff = tu_rel_diff(a, b, n1);
-    ck_assert_msg(diff <= TU_RTOL_REORDER, "fused vs unfused differ by %g", diff);
-    tp_host_tensors_free(a, n1);
-    tp_host_tensors_free(b, n2);
-    tp_engine_free(on);
-    tp_engine_free(off);
+    expect_same_as_unfused_by(tu_engine(path, 1, 0), path, in, n_in);
 }
 
 /* Builds a world-2 graph around `nodes`, checks op counts after passes and
@@ -290,18 +297,10 @@ static void expect_processes_same_as_unfused(const char *path, const tp_host_ten
     char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cpu", NULL};
     tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
     tp_engine_opts o = {.backend = "cpu", .group = &go};
-    tp_engine *procs, *off = tu_engine(path, 0, 0);
+    tp_engine *procs;
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, &o, &procs, &err) == TP_OK, "%s", err.msg);
-    int n1, n2;
-    tp_host_tensor *a = tu_infer(procs, in, 1, &n1), *b = tu_infer(off, in, 1, &n2);
-    ck_assert_int_eq(n1, n2);
-    double diff = tu_rel_diff(a, b, n1);
-    ck_assert_msg(diff <= TU_RTOL_REORDER, "fused (processes) vs unfused differ by %g", diff);
-    tp_host_tensors_free(a, n1);
-    tp_host_tensors_free(b, n2);
-    tp_engine_free(procs);
-    tp_engine_free(off);
+    expect_same_as_unfused_by(procs, path, in, 1);
 }
 
 /* Every fused node is the direct form of the collective on the cat dim:
