@@ -448,7 +448,8 @@ def ex_slice_cat(d):
     into d column chunks stacked on the rows, reduce_scatter(avg) on the
     rows (= reduce_scatter on the columns); then all_gather on the rows, its
     d row chunks laid side by side on the last dim (= all_gather on K) into
-    a replicated matmul. fuse_tp turns both into fused nodes."""
+    a replicated matmul, relu and a last replicated matmul. fuse_tp turns
+    both into fused nodes."""
     B, M, KZ, C, F = 2, 16, 12, 8, 16
     dtype, st = "FP32", "F32"
     rng = np.random.default_rng(500 + d)
@@ -457,6 +458,7 @@ def ex_slice_cat(d):
     g.input("z", dtype, ["B", M, KZ], "shard(2)")
     g.param("w_in", dtype, [KZ, C * d], "shard(0)")
     g.param("w_out", dtype, [C * d, F], "replicate")
+    g.param("w_head", dtype, [F, C], "replicate")
     g.node("y_partial", "matmul", ["z", "w_in"])                             # [B, M, C*d]
     for j in range(d):
         g.node("y_cols%d" % j, "slice", ["y_partial"], dim=2, start=C * j, length=C)
@@ -466,16 +468,19 @@ def ex_slice_cat(d):
     for j in range(d):
         g.node("y_row%d" % j, "slice", ["y_rows"], dim=1, start=M * j, length=M)
     g.node("y_full", "cat", ["y_row%d" % j for j in range(d)], dim=2)        # [B, M, C*d]
-    g.node("out", "matmul", ["y_full", "w_out"])
+    g.node("h", "matmul", ["y_full", "w_out"])
+    g.node("a", "relu", ["h"])
+    g.node("out", "matmul", ["a", "w_head"])
     g.output("y", "shard(2)")
     g.output("out", "replicate")
 
     z_raw, z = rand(rng, (B, M, KZ), 1.0, dtype)
     wi_raw, wi = rand(rng, (KZ, C * d), 1.0 / math.sqrt(KZ), dtype)
     wo_raw, wo = rand(rng, (C * d, F), 1.0 / math.sqrt(C * d), dtype)
+    wh_raw, wh = rand(rng, (F, C), 1.0 / math.sqrt(F), dtype)
     y = z @ wi / d
-    return Example(g, dtype, 1e-4, {"w_in": (st, wi_raw), "w_out": (st, wo_raw)},
-                   {"z": (st, z_raw)}, {"y": (dtype, y), "out": (dtype, y @ wo)},
+    return Example(g, dtype, 1e-4, {"w_in": (st, wi_raw), "w_out": (st, wo_raw), "w_head": (st, wh_raw)},
+                   {"z": (st, z_raw)}, {"y": (dtype, y), "out": (dtype, np.maximum(y @ wo, 0.0) @ wh)},
                    "slice/cat forms of reduce_scatter and all_gather on another dim")
 
 

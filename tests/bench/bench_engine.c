@@ -185,7 +185,8 @@ static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
     write_weights(dir, "mlp.safetensors", "w1", s1, "w2", s2);
 }
 
-/* The slice_cat example of graphs/gen_examples.py at world 2, seq m:
+/* The two slice/cat forms of the slice_cat example (graphs/gen_examples.py)
+ * at world 2, seq m:
  * z [B, m, k] @ w_in [k, 2c] -> its 2 column chunks cat on the rows ->
  * reduce_scatter(avg) -> all_gather on the rows -> its 2 row chunks cat on
  * the last dim -> @ w_out [2c, c]. */
