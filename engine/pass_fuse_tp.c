@@ -16,6 +16,15 @@
  * Gathering the contracted dim K makes the product a sum over ranks of
  * x_r times w's matching rows; that fuses too, one matmul per node.
  *
+ * A reassembly can also be a collective along another dim in disguise —
+ * how functional collectives lower gather_dim / scatter_dim != 0: the d
+ * rank chunks of all_gather(x, a) along a, in rank order, cat along b are
+ * all_gather(x, b); the product's d chunks along a cat along b before
+ * reduce_scatter(b) are reduce_scatter(product, a). fuse_tp rewrites them
+ * into that direct form first (when it will then fuse: every reader of the
+ * cat fuses, no slice or cat has another reader) and fuses that; cat on K
+ * thus becomes the rank-ordered sum, slices of N a column-block scatter.
+ *
  * Safety checks, each a reason to leave the pattern alone:
  *  - weights must be 2-D, of one dtype and transpose_b, defined before the
  *    first matmul (so the fused node can take its place);
@@ -30,6 +39,7 @@
 #include <string.h>
 
 #include "passes.h"
+#include "reassembly.h"
 
 static int is_op(const tp_graph *g, int i, tp_op op) { return g->nodes[i].op == op; }
 
@@ -56,57 +66,70 @@ static int operand_of(const tp_graph *g, int ag, int user)
     return -1;
 }
 
-/* Slices of `src` on one dim, each read only by the cat `cat`, covering
- * that dim exactly once, and nothing else reading src: a pure permutation
- * of src's rows. Fills the piece attrs in cat order. */
-static int match_reassembly(const tp_graph *g, int src, int cat, tp_attrs *a)
+/* The slices of `src` that are cat's inputs, all on one dim, each read
+ * only by cat, with nothing else reading src: their (start, length) in cat
+ * order into a's piece attrs. */
+static int read_pieces(const tp_graph *g, int src, int cat, tp_attrs *a)
 {
-    const tp_node *c = &g->nodes[cat], *sn = &g->nodes[src];
+    const tp_node *c = &g->nodes[cat];
     if (c->op != TP_OP_CAT || c->n_inputs > TP_MAX_DIMS || c->fallback || tp_graph_n_users(g, src) != c->n_inputs)
         return 0;
-    int dim = -1;
-    int64_t covered = 0;
     for (int j = 0; j < c->n_inputs; j++) {
         const tp_node *sl = &g->nodes[c->inputs[j]];
         if (sl->op != TP_OP_SLICE || sl->inputs[0] != src || tp_graph_sole_user(g, c->inputs[j]) != cat ||
-            (dim >= 0 && sl->attrs.dim != dim))
+            (j > 0 && sl->attrs.dim != a->piece_dim))
             return 0;
-        dim = sl->attrs.dim;
+        a->piece_dim = sl->attrs.dim;
         a->piece_start[j] = sl->attrs.start;
         a->piece_len[j] = sl->attrs.length;
-        covered += sl->attrs.length;
-        for (int k = 0; k < j; k++)
-            if (a->piece_start[k] < sl->attrs.start + sl->attrs.length &&
-                sl->attrs.start < a->piece_start[k] + a->piece_len[k])
-                return 0; /* overlapping pieces duplicate rows */
     }
-    if (dim < 0 || covered != sn->shape[dim] || dim == sn->ndim - 1 || c->attrs.dim == sn->ndim - 1)
-        return 0;
     a->n_pieces = c->n_inputs;
-    a->piece_dim = dim;
     a->cat_dim = c->attrs.dim;
     return 1;
+}
+
+/* Pieces covering src's piece dim exactly once, neither it nor the cat
+ * dim the last: a pure permutation of src's rows. */
+static int match_reassembly(const tp_graph *g, int src, int cat, tp_attrs *a)
+{
+    const tp_node *sn = &g->nodes[src];
+    if (!read_pieces(g, src, cat, a))
+        return 0;
+    int64_t covered = 0;
+    for (int j = 0; j < a->n_pieces; j++) {
+        covered += a->piece_len[j];
+        for (int k = 0; k < j; k++)
+            if (a->piece_start[k] < a->piece_start[j] + a->piece_len[j] &&
+                a->piece_start[j] < a->piece_start[k] + a->piece_len[k])
+                return 0; /* overlapping pieces duplicate rows */
+    }
+    return covered == sn->shape[a->piece_dim] && a->piece_dim != sn->ndim - 1 && a->cat_dim != sn->ndim - 1;
+}
+
+/* Removes the nodes of `list` that nothing reads, highest index first so
+ * the indices still to remove stay valid (list is reordered). */
+static void remove_unread(tp_graph *g, int *list, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (list[j] > list[i]) {
+                int t = list[i];
+                list[i] = list[j];
+                list[j] = t;
+            }
+    for (int i = 0; i < n; i++)
+        if (tp_graph_n_users(g, list[i]) == 0)
+            tp_graph_remove(g, list[i]);
 }
 
 /* Removes a cat and its slices (which sit before it) once nothing reads
  * them; indices after `cat` shift, those before do not. */
 static void remove_reassembly(tp_graph *g, int cat)
 {
-    int n = g->nodes[cat].n_inputs, slices[TP_MAX_DIMS];
-    memcpy(slices, g->nodes[cat].inputs, sizeof(int) * (size_t)n);
-    if (tp_graph_n_users(g, cat) != 0)
-        return;
-    tp_graph_remove(g, cat);
-    for (int i = 0; i < n; i++) /* highest index first */
-        for (int j = i + 1; j < n; j++)
-            if (slices[j] > slices[i]) {
-                int t = slices[i];
-                slices[i] = slices[j];
-                slices[j] = t;
-            }
-    for (int i = 0; i < n; i++)
-        if (tp_graph_n_users(g, slices[i]) == 0)
-            tp_graph_remove(g, slices[i]);
+    int n = g->nodes[cat].n_inputs, list[TP_MAX_DIMS + 1];
+    memcpy(list, g->nodes[cat].inputs, sizeof(int) * (size_t)n);
+    list[n] = cat;
+    remove_unread(g, list, n + 1);
 }
 
 static tp_status make_node(tp_graph *g, tp_op op, const char *base, int n_inputs, tp_node *n, tp_err *err)
@@ -228,6 +251,56 @@ static tp_status fuse_gather(tp_graph *g, int ag, int a, const tp_attrs *pieces,
     return TP_OK;
 }
 
+/* Whether fusing will leave nothing reading v (and v is no output): every
+ * reader is a matmul taking v as its activation with a 2-D weight or, when
+ * via_view, a view keeping the last dim that only such matmuls read. */
+static int only_fusable_matmuls_read(const tp_graph *g, int v, int via_view)
+{
+    int seen = 0;
+    for (int j = v + 1; j < g->n_nodes; j++) {
+        int reads = 0;
+        for (int k = 0; k < g->nodes[j].n_inputs; k++)
+            reads += g->nodes[j].inputs[k] == v;
+        if (!reads)
+            continue;
+        seen += reads;
+        if (!fusable_matmul(g, j, v, j) && !(via_view && operand_of(g, v, j) == j && only_fusable_matmuls_read(g, j, 0)))
+            return 0;
+    }
+    return seen > 0 && seen == tp_graph_n_users(g, v);
+}
+
+/* all_gather(x, a) -> its d rank chunks along a -> cat along b is
+ * all_gather(x, b) (tp_pieces_are_rank_chunks). When only matmuls that will
+ * fuse read the cat, the cat becomes that gather and the chunks and the old
+ * gather go; try_gather then fuses the direct form (gathering K, the
+ * contracted dim, as a rank-ordered sum). Returns 1 when rewritten. */
+static int redirect_gather(tp_graph *g, int ag)
+{
+    int first = -1;
+    for (int j = ag + 1; j < g->n_nodes && first < 0; j++)
+        for (int k = 0; k < g->nodes[j].n_inputs; k++)
+            if (g->nodes[j].inputs[k] == ag)
+                first = j;
+    int cat = first >= 0 && is_op(g, first, TP_OP_SLICE) ? tp_graph_sole_user(g, first) : -1;
+    tp_attrs pieces = {0};
+    if (cat < 0 || !read_pieces(g, ag, cat, &pieces) || pieces.piece_dim != g->nodes[ag].attrs.dim ||
+        !tp_pieces_are_rank_chunks(&pieces, g->world_size, g->nodes[ag].shape) ||
+        !only_fusable_matmuls_read(g, cat, pieces.cat_dim != g->nodes[cat].ndim - 1))
+        return 0;
+    tp_node *c = &g->nodes[cat];
+    int list[TP_MAX_DIMS + 1];
+    memcpy(list, c->inputs, sizeof(int) * (size_t)pieces.n_pieces);
+    list[pieces.n_pieces] = ag;
+    c->op = TP_OP_ALL_GATHER;
+    c->n_inputs = 1;
+    c->inputs[0] = g->nodes[ag].inputs[0];
+    memset(&c->attrs, 0, sizeof c->attrs);
+    c->attrs.dim = pieces.cat_dim;
+    remove_unread(g, list, pieces.n_pieces + 1);
+    return 1;
+}
+
 /* Gather `ag` at index i: fuse its matmuls, directly or through one view. */
 static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
 {
@@ -235,6 +308,10 @@ static tp_status try_gather(tp_graph *g, int ag, int *changed, tp_err *err)
     int gdim = n->attrs.dim;
     if (n->fallback)
         return TP_OK;
+    if (redirect_gather(g, ag)) {
+        *changed += 1; /* the caller rescans and meets the gather along b */
+        return TP_OK;
+    }
     for (int j = ag + 1; j < g->n_nodes; j++) {
         int reads = 0;
         for (int k = 0; k < g->nodes[j].n_inputs; k++)
@@ -274,14 +351,39 @@ static tp_status become_fused_rs(tp_graph *g, int rs, int m, tp_err *err)
     return TP_OK;
 }
 
+/* A matmul whose product fused_matmul_reduce_scatter can compute. */
+static int fusable_product(const tp_graph *g, int m)
+{
+    const tp_node *mn = &g->nodes[m];
+    return mn->op == TP_OP_MATMUL && !mn->fallback && g->nodes[mn->inputs[1]].ndim == 2;
+}
+
+/* matmul -> its d rank chunks along a -> cat along b -> reduce_scatter
+ * along b is reduce_scatter(matmul, a): the cat's chunk r along b is the
+ * product's chunk r along a (tp_pieces_are_rank_chunks). Rewritten when
+ * the cat has no other reader, so try_scatter then fuses the direct form
+ * (a scatter of column blocks of w when a is the last dim). Returns 1 when
+ * rewritten. */
+static int redirect_scatter(tp_graph *g, int rs, int cat)
+{
+    int m = g->nodes[g->nodes[cat].inputs[0]].inputs[0];
+    tp_attrs pieces = {0};
+    if (!fusable_product(g, m) || tp_graph_sole_user(g, cat) != rs || !read_pieces(g, m, cat, &pieces) ||
+        pieces.cat_dim != g->nodes[rs].attrs.dim ||
+        !tp_pieces_are_rank_chunks(&pieces, g->world_size, g->nodes[m].shape))
+        return 0;
+    g->nodes[rs].inputs[0] = m;
+    g->nodes[rs].attrs.dim = pieces.piece_dim;
+    remove_reassembly(g, cat);
+    return 1;
+}
+
 /* matmul -> slices -> cat -> reduce_scatter: the product's rows permuted. */
 static tp_status try_scatter_reassembly(tp_graph *g, int rs, int cat, int *changed, tp_err *err)
 {
     int m = g->nodes[g->nodes[cat].inputs[0]].inputs[0];
     tp_attrs pieces = {0};
-    const tp_node *mn = &g->nodes[m];
-    if (mn->op != TP_OP_MATMUL || mn->fallback || g->nodes[mn->inputs[1]].ndim != 2 ||
-        !match_reassembly(g, m, cat, &pieces) || g->nodes[rs].attrs.dim >= g->nodes[cat].ndim - 1 ||
+    if (!fusable_product(g, m) || !match_reassembly(g, m, cat, &pieces) || g->nodes[rs].attrs.dim >= g->nodes[cat].ndim - 1 ||
         tp_graph_sole_user(g, cat) != rs)
         return TP_OK;
     tp_attrs *ra = &g->nodes[rs].attrs;
@@ -310,19 +412,21 @@ static tp_status try_scatter(tp_graph *g, int rs, int *changed, tp_err *err)
     int src = r->inputs[0], v = -1, m = src;
     if (r->fallback)
         return TP_OK;
-    if (is_op(g, src, TP_OP_CAT) && is_op(g, g->nodes[src].inputs[0], TP_OP_SLICE))
-        return try_scatter_reassembly(g, rs, src, changed, err);
+    if (is_op(g, src, TP_OP_CAT) && is_op(g, g->nodes[src].inputs[0], TP_OP_SLICE)) {
+        if (!redirect_scatter(g, rs, src))
+            return try_scatter_reassembly(g, rs, src, changed, err);
+        *changed += 1; /* the caller rescans and meets the direct form */
+        return TP_OK;
+    }
     if (is_op(g, src, TP_OP_VIEW) || is_op(g, src, TP_OP_RESHAPE)) {
         v = src;
         m = g->nodes[v].inputs[0];
         if (g->nodes[v].storage != g->nodes[m].storage || tp_graph_sole_user(g, v) != rs)
             return TP_OK;
     }
+    if (!fusable_product(g, m) || tp_graph_sole_user(g, m) != (v >= 0 ? v : rs))
+        return TP_OK;
     const tp_node *mn = &g->nodes[m];
-    if (mn->op != TP_OP_MATMUL || mn->fallback || tp_graph_sole_user(g, m) != (v >= 0 ? v : rs))
-        return TP_OK;
-    if (g->nodes[mn->inputs[1]].ndim != 2)
-        return TP_OK;
     const tp_node *out = &g->nodes[src];
     if (v >= 0 && out->shape[out->ndim - 1] != mn->shape[mn->ndim - 1])
         return TP_OK; /* the view must keep N as the last dim */

@@ -59,6 +59,23 @@ static inline int tp_reassembled_shape(const tp_attrs *a, int nd, const int64_t 
     return 0;
 }
 
+/* Whether the pieces are P's `world` equal chunks along piece_dim, chunk j
+ * as piece j. Then R is a collective along cat_dim in disguise: after a
+ * gather along piece_dim chunk j is rank j's shard, so R is the gather
+ * along cat_dim; before a reduce_scatter along cat_dim, R's chunk j there
+ * is P's chunk j, so it is the reduce_scatter of P along piece_dim. This is
+ * how functional collectives lower gather_dim / scatter_dim != 0. */
+static inline int tp_pieces_are_rank_chunks(const tp_attrs *a, int world, const int64_t *p)
+{
+    int64_t len = world > 0 ? p[a->piece_dim] / world : 0;
+    if (world <= 0 || a->n_pieces != world || len * world != p[a->piece_dim])
+        return 0;
+    for (int j = 0; j < world; j++)
+        if (a->piece_start[j] != j * len || a->piece_len[j] != len)
+            return 0;
+    return 1;
+}
+
 /* Offset of piece j along cat_dim in R. */
 static inline int64_t tp_piece_offset(const tp_attrs *a, int j, const int64_t *p)
 {

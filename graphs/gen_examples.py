@@ -442,6 +442,48 @@ def ex_vocab_embed(d, id_dtype="INT64", suffix=""):
                    "vocab-parallel embedding with %s ids" % id_dtype)
 
 
+def ex_slice_cat(d):
+    """The slice/cat forms functional collectives lower scatter_dim /
+    gather_dim 1 to, chained: a row-parallel matmul's partial product split
+    into d column chunks stacked on the rows, reduce_scatter(avg) on the
+    rows (= reduce_scatter on the columns); then all_gather on the rows, its
+    d row chunks laid side by side on the last dim (= all_gather on K) into
+    a replicated matmul, relu and a last replicated matmul. fuse_tp turns
+    both into fused nodes."""
+    B, M, KZ, C, F = 2, 16, 12, 8, 16
+    dtype, st = "FP32", "F32"
+    rng = np.random.default_rng(500 + d)
+    name = "slice_cat_tp%d" % d
+    g = Graph(name, d)
+    g.input("z", dtype, ["B", M, KZ], "shard(2)")
+    g.param("w_in", dtype, [KZ, C * d], "shard(0)")
+    g.param("w_out", dtype, [C * d, F], "replicate")
+    g.param("w_head", dtype, [F, C], "replicate")
+    g.node("y_partial", "matmul", ["z", "w_in"])                             # [B, M, C*d]
+    for j in range(d):
+        g.node("y_cols%d" % j, "slice", ["y_partial"], dim=2, start=C * j, length=C)
+    g.node("y_stack", "cat", ["y_cols%d" % j for j in range(d)], dim=1)      # [B, d*M, C]
+    g.node("y", "reduce_scatter", ["y_stack"], dim=1, op="avg")              # [B, M, C]
+    g.node("y_rows", "all_gather", ["y"], dim=1)                             # [B, d*M, C]
+    for j in range(d):
+        g.node("y_row%d" % j, "slice", ["y_rows"], dim=1, start=M * j, length=M)
+    g.node("y_full", "cat", ["y_row%d" % j for j in range(d)], dim=2)        # [B, M, C*d]
+    g.node("h", "matmul", ["y_full", "w_out"])
+    g.node("a", "relu", ["h"])
+    g.node("out", "matmul", ["a", "w_head"])
+    g.output("y", "shard(2)")
+    g.output("out", "replicate")
+
+    z_raw, z = rand(rng, (B, M, KZ), 1.0, dtype)
+    wi_raw, wi = rand(rng, (KZ, C * d), 1.0 / math.sqrt(KZ), dtype)
+    wo_raw, wo = rand(rng, (C * d, F), 1.0 / math.sqrt(C * d), dtype)
+    wh_raw, wh = rand(rng, (F, C), 1.0 / math.sqrt(F), dtype)
+    y = z @ wi / d
+    return Example(g, dtype, 1e-4, {"w_in": (st, wi_raw), "w_out": (st, wo_raw), "w_head": (st, wh_raw)},
+                   {"z": (st, z_raw)}, {"y": (dtype, y), "out": (dtype, np.maximum(y @ wo, 0.0) @ wh)},
+                   "slice/cat forms of reduce_scatter and all_gather on another dim")
+
+
 def all_examples():
     out = []
     for d in (2, 4):
@@ -452,6 +494,7 @@ def all_examples():
         out.append(ex_mlp_sp(d, "FP16", approximate="tanh", suffix="_fp16", rtol=5e-3, seed=110))
         out.append(ex_mlp_sp(d, "BF16", approximate="none", suffix="_bf16", rtol=2e-2, seed=120))
         out.append(ex_vocab_embed(d, "INT32", suffix="_i32"))
+    out += [ex_slice_cat(d) for d in (2, 3, 4)]
     return out
 
 

@@ -233,6 +233,22 @@ TP_HD int tp_rs_src(int rank, int world, int step) { return ((rank - 1 - step) %
 /* Step at which the chunk from `src` (!= rank) arrives. */
 TP_HD int tp_rs_step_of(int rank, int world, int src) { return ((rank - 1 - src) % world + world) % world; }
 
+/* The block of the weight (2-D: [K, N], or [N, K] under transpose_b) one
+ * fused step multiplies, the same on every backend. Gathering K (the
+ * contracted dim — also what fuse_tp makes of gathered rank chunks cat on
+ * K): rank src's rows of K, [src*kl, (src+1)*kl). Scattering the last dim
+ * (also what it makes of the product's column chunks cat before a
+ * reduce_scatter): rank dst's columns, [dst*nl, (dst+1)*nl). */
+static inline tp_tensor tp_fused_w_k_rows(const tp_tensor *w, int transpose_b, int src, int64_t kl)
+{
+    return tp_tensor_narrow(w, transpose_b ? 1 : 0, src * kl, kl);
+}
+
+static inline tp_tensor tp_fused_w_n_cols(const tp_tensor *w, int transpose_b, int dst, int64_t nl)
+{
+    return tp_tensor_narrow(w, transpose_b ? 0 : 1, dst * nl, nl);
+}
+
 /* ------------------------------------------------------------------------
  * cuBLASLt from row-major matmuls.
  *

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
 #include "reassembly.h"
 
@@ -100,9 +101,9 @@ static tp_status release(cpu_comm *c, int rank, tp_status st, tp_err *err)
 
 /* ag_mm gathering K (the contracted dim): out = sum over ranks of x_r times
  * the rows of w that meet x_r (fuse_tp gives such a node one weight).
- * Summed in rank order 0..d-1 on every rank so replicated results stay
- * bit-identical across ranks (the overlap order (r+i)%d would make each
- * rank round differently). */
+ * Summed in rank order 0..d-1 on every rank (tp_ag_src, the schedule the
+ * cuda backend runs too) so replicated results stay bit-identical across
+ * ranks (the overlap order (r+i)%d would make each rank round differently). */
 static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, int rank,
                          tp_err *err)
 {
@@ -114,11 +115,12 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor part = tp_tensor_make(scratch, out->dtype, out->ndim, out->shape);
     tp_status st = TP_OK;
-    for (int src = 0; st == TP_OK && src < d; src++) {
-        tp_tensor w_rows = tp_tensor_narrow(&ins[1], attrs->transpose_b ? 1 : 0, src * kl, kl);
+    for (int step = 0; st == TP_OK && step < d; step++) {
+        int src = tp_ag_src(rank, d, step, 1);
+        tp_tensor w_rows = tp_fused_w_k_rows(&ins[1], attrs->transpose_b, src, kl);
         tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
-        st = matmul_into(attrs, &xs, &w_rows, src ? &part : out, rank, d, err);
-        if (st == TP_OK && src)
+        st = matmul_into(attrs, &xs, &w_rows, step ? &part : out, rank, d, err);
+        if (st == TP_OK && step)
             accumulate(out, &part);
     }
     free(scratch);
@@ -139,8 +141,8 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     }
     tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
     int64_t len = ins[0].shape[g];
-    for (int i = 0; st == TP_OK && i < d; i++) {
-        int src = (rank + i) % d; /* own shard first: no waiting on a peer */
+    for (int step = 0; st == TP_OK && step < d; step++) {
+        int src = tp_ag_src(rank, d, step, 0); /* own shard first: no waiting on a peer */
         tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
         if (attrs->n_pieces > 0) {
             st = ag_mm_pieces(attrs, &xs, src, ins, n_ins, out, rank, d, err);
@@ -228,8 +230,8 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         a = tp_tensor_make(ins[0].data, ins[0].dtype, nd, ashape);
     int64_t chunk = tp_tensor_numel(out);
     tp_status st = TP_OK;
-    for (int i = 1; st == TP_OK && i <= d; i++) {
-        int dst = (rank + i) % d; /* peers' chunks first, own chunk last */
+    for (int step = 0; st == TP_OK && step < d; step++) {
+        int dst = tp_rs_dst(rank, d, step); /* peers' chunks first, own chunk last */
         tp_tensor slot = tp_tensor_make((char *)ws->data + dst * chunk * (int64_t)tp_dtype_size(out->dtype),
                                         out->dtype, nd, out->shape);
         if (attrs->n_pieces > 0) {
@@ -238,7 +240,7 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
             tp_tensor rows = tp_tensor_narrow(&a, s, dst * len, len);
             st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
         } else {
-            tp_tensor cols = tp_tensor_narrow(w, attrs->transpose_b ? 0 : 1, dst * len, len);
+            tp_tensor cols = tp_fused_w_n_cols(w, attrs->transpose_b, dst, len);
             st = matmul_into(attrs, &a, &cols, &slot, rank, d, err);
         }
     }

@@ -178,7 +178,7 @@ static tp_status ag_step(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs, int
     int g = at->dim;
     if (g == xs->ndim - 1) { /* K gathered: out = sum over src, rank order */
         int64_t kl = xs->shape[g];
-        tp_tensor w_rows = tp_tensor_narrow(&ins[1], at->transpose_b ? 1 : 0, src * kl, kl);
+        tp_tensor w_rows = tp_fused_w_k_rows(&ins[1], at->transpose_b, src, kl);
         return cu_matmul(x, xs, &w_rows, at->transpose_b, out, step == 0 ? 0.0f : 1.0f, x->compute, err);
     }
     if (at->n_pieces > 0)
@@ -274,7 +274,7 @@ static tp_status rs_gemm(cu_ctx *x, const tp_attrs *at, const rs_plan *p, int ds
         tp_tensor rows = tp_tensor_narrow(&p->a, s, dst * len, len);
         return cu_matmul(x, &rows, p->w, at->transpose_b, slot, 0.0f, x->compute, err);
     }
-    tp_tensor cols = tp_tensor_narrow(p->w, at->transpose_b ? 0 : 1, dst * len, len);
+    tp_tensor cols = tp_fused_w_n_cols(p->w, at->transpose_b, dst, len);
     return cu_matmul(x, &p->a, &cols, at->transpose_b, slot, 0.0f, x->compute, err);
 }
 

@@ -6,7 +6,8 @@
  *                         the example MLP; planned vs naive bytes
  *   bench_engine passes   the sequence-parallel MLP at several sizes with
  *                         and without fuse_tp; bytes fusion did not
- *                         materialize */
+ *                         materialize; the same for the slice/cat forms
+ *                         of reduce_scatter / all_gather on another dim */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,10 +145,29 @@ static void write_tiny_graph(const char *dir, int n, char *path)
     free(json);
 }
 
+/* Two 2-D FP32 weights of deterministic values into dir/file. */
+static void write_weights(const char *dir, const char *file, const char *n1, const int64_t *s1, const char *n2,
+                          const int64_t *s2)
+{
+    char wpath[256];
+    float *w1 = malloc(sizeof(float) * (size_t)(s1[0] * s1[1])), *w2 = malloc(sizeof(float) * (size_t)(s2[0] * s2[1]));
+    fill(w1, s1[0] * s1[1], 1);
+    fill(w2, s2[0] * s2[1], 2);
+    st_write_item items[2] = {{n1, TP_F32, 2, s1, w1}, {n2, TP_F32, 2, s2, w2}};
+    tp_err err;
+    snprintf(wpath, sizeof wpath, "%s/%s", dir, file);
+    if (st_write(wpath, items, 2, &err) != TP_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    free(w1);
+    free(w2);
+}
+
 /* The sequence-parallel MLP of graphs/gen_examples.py at hidden size h. */
 static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
 {
-    char json[2048], wpath[256];
+    char json[2048];
     snprintf(json, sizeof json,
              "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"mlp\",\"world_size\":2,\"weights\":\"mlp.safetensors\","
              "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,%lld],\"placement\":\"shard(1)\"}],"
@@ -162,18 +182,39 @@ static void write_mlp(const char *dir, int64_t s, int64_t h, char *path)
     snprintf(path, 256, "%s/mlp.json", dir);
     write_text(path, json);
     int64_t s1[2] = {h, 4 * h}, s2[2] = {4 * h, h};
-    float *w1 = malloc(sizeof(float) * (size_t)(4 * h * h)), *w2 = malloc(sizeof(float) * (size_t)(4 * h * h));
-    fill(w1, 4 * h * h, 1);
-    fill(w2, 4 * h * h, 2);
-    st_write_item items[2] = {{"w1", TP_F32, 2, s1, w1}, {"w2", TP_F32, 2, s2, w2}};
-    tp_err err;
-    snprintf(wpath, sizeof wpath, "%s/mlp.safetensors", dir);
-    if (st_write(wpath, items, 2, &err) != TP_OK) {
-        fprintf(stderr, "bench: %s\n", err.msg);
-        exit(1);
-    }
-    free(w1);
-    free(w2);
+    write_weights(dir, "mlp.safetensors", "w1", s1, "w2", s2);
+}
+
+/* The two slice/cat forms of the slice_cat example (graphs/gen_examples.py)
+ * at world 2, seq m:
+ * z [B, m, k] @ w_in [k, 2c] -> its 2 column chunks cat on the rows ->
+ * reduce_scatter(avg) -> all_gather on the rows -> its 2 row chunks cat on
+ * the last dim -> @ w_out [2c, c]. */
+static void write_slice_cat(const char *dir, int64_t m, int64_t k, int64_t c, char *path)
+{
+    char json[4096];
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"slice_cat\",\"world_size\":2,\"weights\":\"sc.safetensors\","
+             "\"inputs\":[{\"name\":\"z\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,%lld],\"placement\":\"shard(2)\"}],"
+             "\"params\":[{\"name\":\"w_in\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"shard(0)\"},"
+             "{\"name\":\"w_out\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"replicate\"}],"
+             "\"nodes\":[{\"name\":\"p\",\"op\":\"matmul\",\"inputs\":[\"z\",\"w_in\"]},"
+             "{\"name\":\"p0\",\"op\":\"slice\",\"inputs\":[\"p\"],\"attrs\":{\"dim\":2,\"start\":0,\"length\":%lld}},"
+             "{\"name\":\"p1\",\"op\":\"slice\",\"inputs\":[\"p\"],\"attrs\":{\"dim\":2,\"start\":%lld,\"length\":%lld}},"
+             "{\"name\":\"pc\",\"op\":\"cat\",\"inputs\":[\"p0\",\"p1\"],\"attrs\":{\"dim\":1}},"
+             "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"pc\"],\"attrs\":{\"dim\":1,\"op\":\"avg\"}},"
+             "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"y\"],\"attrs\":{\"dim\":1}},"
+             "{\"name\":\"g0\",\"op\":\"slice\",\"inputs\":[\"g\"],\"attrs\":{\"dim\":1,\"start\":0,\"length\":%lld}},"
+             "{\"name\":\"g1\",\"op\":\"slice\",\"inputs\":[\"g\"],\"attrs\":{\"dim\":1,\"start\":%lld,\"length\":%lld}},"
+             "{\"name\":\"gc\",\"op\":\"cat\",\"inputs\":[\"g0\",\"g1\"],\"attrs\":{\"dim\":2}},"
+             "{\"name\":\"out\",\"op\":\"matmul\",\"inputs\":[\"gc\",\"w_out\"]}],"
+             "\"outputs\":[{\"name\":\"out\",\"placement\":\"replicate\"}]}",
+             (long long)m, (long long)k, (long long)k, (long long)(2 * c), (long long)(2 * c), (long long)c,
+             (long long)c, (long long)c, (long long)c, (long long)m, (long long)m, (long long)m);
+    snprintf(path, 256, "%s/slice_cat.json", dir);
+    write_text(path, json);
+    int64_t s1[2] = {k, 2 * c}, s2[2] = {2 * c, c};
+    write_weights(dir, "sc.safetensors", "w_in", s1, "w_out", s2);
 }
 
 /* The replay/ranks benchmark graphs at batch 4: tiny-400 (pass 0) or the
@@ -216,6 +257,49 @@ static void bench_replay(const char *dir)
     }
 }
 
+/* Median request times of the graph at path without and with passes, its
+ * one input `name` [batch, d1, d2] of deterministic values. */
+static void time_unfused_fused(const char *path, const char *name, int64_t batch, int64_t d1, int64_t d2, double *tu,
+                               double *tf)
+{
+    int64_t n = batch * d1 * d2;
+    float *x = malloc(sizeof(float) * (size_t)n);
+    fill(x, n, 4);
+    tp_host_tensor in = {.dtype = TP_F32, .ndim = 3, .shape = {batch, d1, d2}, .data = x,
+                         .nbytes = sizeof(float) * (size_t)n};
+    snprintf(in.name, sizeof in.name, "%s", name);
+    tp_engine *off = engine(path, 0, 0), *on = engine(path, 1, 0);
+    *tu = time_request(off, &in, 1, 20);
+    *tf = time_request(on, &in, 1, 20);
+    tp_engine_free(off);
+    tp_engine_free(on);
+    free(x);
+}
+
+/* The slice/cat forms: unfused they materialize the product, both cats
+ * and the gather; fused, only the reduce_scatter's workspace. Bytes are
+ * the plan's intermediates without reuse (per rank), unfused - fused. */
+static void bench_passes_slice_cat(const char *dir)
+{
+    printf("\n| slice/cat forms (rs on columns, ag on K) | seq | batch | unfused us/req | fused us/req | speedup | "
+           "intermediate bytes not materialized (per rank) |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    int64_t cols[2] = {128, 256};
+    for (int i = 0; i < 2; i++) {
+        char path[256];
+        int64_t m = 128, k = 512, c = cols[i], batch = 2, planned, naive_off, naive_on;
+        int nodes;
+        write_slice_cat(dir, m, k, c, path);
+        plan_bytes(path, batch, 0, &planned, &naive_off, &nodes);
+        plan_bytes(path, batch, 1, &planned, &naive_on, &nodes);
+        double tu, tf;
+        time_unfused_fused(path, "z", batch, m, k, &tu, &tf);
+        printf("| k=%lld, 2 chunks of %lld cols | %lld | %lld | %.0f | %.0f | %.2fx | %lld (%lld -> %lld) |\n",
+               (long long)k, (long long)c, (long long)m, (long long)batch, tu, tf, tu / tf,
+               (long long)(naive_off - naive_on), (long long)naive_off, (long long)naive_on);
+    }
+}
+
 static void bench_passes(const char *dir)
 {
     printf("| hidden | seq | batch | unfused us/req | fused us/req | speedup | gathered bytes not materialized (per rank) |\n");
@@ -225,19 +309,12 @@ static void bench_passes(const char *dir)
         char path[256];
         int64_t h = sizes[k], s = 128, batch = 2;
         write_mlp(dir, s, h, path);
-        int64_t n_x = batch * s * h;
-        float *x = malloc(sizeof(float) * (size_t)n_x);
-        fill(x, n_x, 4);
-        tp_host_tensor in = {.name = "x", .dtype = TP_F32, .ndim = 3, .shape = {batch, s, h}, .data = x,
-                             .nbytes = sizeof(float) * (size_t)n_x};
-        tp_engine *off = engine(path, 0, 0), *on = engine(path, 1, 0);
-        double tu = time_request(off, &in, 1, 20), tf = time_request(on, &in, 1, 20);
+        double tu, tf;
+        time_unfused_fused(path, "x", batch, s, h, &tu, &tf);
         printf("| %lld | %lld | %lld | %.0f | %.0f | %.2fx | %lld |\n", (long long)h, (long long)s, (long long)batch, tu,
                tf, tu / tf, (long long)(batch * s * h * 4));
-        tp_engine_free(off);
-        tp_engine_free(on);
-        free(x);
     }
+    bench_passes_slice_cat(dir);
 }
 
 /* The same graph with ranks as threads and as processes (the leader posts

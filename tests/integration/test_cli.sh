@@ -65,6 +65,16 @@ for p in (p1, pm, pv):
     m = p["memory"]
     assert m["symmetric_offsets_equal"] is True and m["peak_bytes"] < m["naive_bytes"], m
 PY
+# plan --json on the slice/cat example: both reassemblies become fused nodes
+for d in 2 3 4; do
+    "$TPSERVE" plan "$G/slice_cat_tp$d.json" --json --batch 2 >"$TMP/ps.json" && $PYTHON - "$TMP/ps.json" <<'PY' &&
+import json, sys
+ops = {n["name"]: n["op"] for n in json.load(open(sys.argv[1]))["nodes"]}
+assert ops.get("y") == "fused_matmul_reduce_scatter" and ops.get("h") == "fused_all_gather_matmul", ops
+assert not {"slice", "cat", "all_gather", "reduce_scatter"} & set(ops.values()), ops
+PY
+    pass "plan slice_cat_tp$d: fused nodes, no slice/cat/collective left" || bad "plan slice_cat_tp$d: $(head -c 600 "$TMP/ps.json")"
+done
 "$TPSERVE" plan "$G/mlp_sp_tp2.json" >"$TMP/plan.txt" && grep -q "all_gather" "$TMP/plan.txt" \
     && pass "plan text" || bad "plan text"
 

@@ -12,7 +12,9 @@
  *  - fused schedules: every peer exactly once, own shard first, slot
  *    reuse only after the GEMM that read it, send/recv pairs that meet, and
  *    a whole fused all_gather+matmul / matmul+reduce_scatter emulated with
- *    them;
+ *    them — also the lowerings fuse_tp gives the slice/cat forms of
+ *    functional collectives (gathered chunks cat on K: the rank-ordered
+ *    sum; product column chunks cat before reduce_scatter: column blocks);
  *  - the reduction steps (rank order, NaN, wrap, truncating avg). */
 #include <check.h>
 #include <math.h>
@@ -22,6 +24,7 @@
 
 #include "check_main.h"
 #include "common/tp_cuda_plan.h"
+#include "testutil.h"
 
 /* ------------------------------------------------------------- helpers */
 
@@ -133,10 +136,11 @@ static tp_tensor contiguous_copy(const tp_tensor *t)
     return c;
 }
 
-/* Runs a, b -> out the way cu_matmul does: problem, plan (packing what the
- * plan refuses), then every call of the problem through the emulation.
+/* Runs a, b -> out (+ beta * out) the way cu_matmul does: problem, plan
+ * (packing what the plan refuses), then every call of the problem through
+ * the emulation.
  * Returns how many operands had to be packed. */
-static int lt_matmul(const tp_tensor *a0, const tp_tensor *b0, int tb, tp_tensor *out, int64_t *n_calls)
+static int lt_matmul(const tp_tensor *a0, const tp_tensor *b0, int tb, tp_tensor *out, float beta, int64_t *n_calls)
 {
     tp_tensor a = *a0, b = *b0, ca = {0}, cb = {0};
     tp_mm_problem p;
@@ -163,7 +167,7 @@ static int lt_matmul(const tp_tensor *a0, const tp_tensor *b0, int tb, tp_tensor
         int64_t nb = tp_mm_call_batch(&p);
         /* cuBLASLt's A is the graph's B: operands and batch strides swap */
         lt_emulate(&g, (float *)b.data + ob, (float *)a.data + oa, (float *)out->data + od, nb, p.bsb, p.bsa, p.bsd,
-                   0.0f);
+                   beta);
     }
     free(ca.data);
     free(cb.data);
@@ -226,7 +230,7 @@ static int64_t run_case(const tp_tensor *a, const tp_tensor *b, int tb, int nd_o
     float *o1, *o2;
     tp_tensor out1 = make_out(nd_out, oshape, pad_last, &o1), out2 = make_out(nd_out, oshape, pad_last, &o2);
     int64_t calls;
-    int pk = lt_matmul(a, b, tb, &out1, &calls);
+    int pk = lt_matmul(a, b, tb, &out1, 0.0f, &calls);
     if (packed)
         *packed = pk;
     ref_matmul(a, b, tb, &out2);
@@ -742,6 +746,30 @@ static void mm(const float *a, const float *b, float *c, int64_t m, int64_t k, i
         }
 }
 
+/* Rank r's view of shard src at a fused gather step: its own x, or the
+ * peer's copied (pulled) into the next of two slots of n floats. */
+static const float *pull_shard(float *const *x, int r, int src, float slot[2][64], int *pulls, int64_t n)
+{
+    if (src == r)
+        return x[r];
+    int k = tp_ag_stage_slot((*pulls)++);
+    memcpy(slot[k], x[src], sizeof(float) * (size_t)n);
+    return slot[k];
+}
+
+/* Element i of rank r's reduced chunk as the reduce kernel indexes it: its
+ * own chunk from its workspace, the others from the stage slot of the step
+ * they arrived at, folded in rank order. */
+static float reduce_received(const float *own, const float *stage, int r, int d, int64_t chunk, int64_t i, int red)
+{
+    float acc = 0;
+    for (int src = 0; src < d; src++) {
+        float v = src == r ? own[i] : stage[(int64_t)tp_rs_step_of(r, d, src) * chunk + i];
+        acc = src == 0 ? v : tp_reduce_step_f32(acc, v, red);
+    }
+    return tp_reduce_finish_f32(acc, red, d);
+}
+
 /* The fused all_gather+matmul as the backend schedules it (rows gathered),
  * with the pulled shards cycling through two slots, vs gather-then-matmul. */
 START_TEST(fused_ag_mm_emulated)
@@ -760,12 +788,7 @@ START_TEST(fused_ag_mm_emulated)
             int pulls = 0;
             for (int s = 0; s < d; s++) {
                 int src = tp_ag_src(r, d, s, 0);
-                const float *xs = x[r];
-                if (src != r) {
-                    int k = tp_ag_stage_slot(pulls++);
-                    memcpy(slot[k], x[src], sizeof(float) * (size_t)(len * K));
-                    xs = slot[k];
-                }
+                const float *xs = pull_shard(x, r, src, slot, &pulls, len * K);
                 mm(xs, w, out + src * len * N, len, K, N, N, 0);
             }
             for (int64_t i = 0; i < d * len * N; i++)
@@ -809,15 +832,8 @@ START_TEST(fused_mm_rs_emulated)
                 for (int64_t i = 0; i < chunk; i++)
                     want[i] += part[i];
             }
-            for (int64_t i = 0; i < chunk; i++) { /* reduce_chunks_kernel's indexing */
-                float acc = 0;
-                for (int src = 0; src < d; src++) {
-                    const float *buf = src == r ? ws[r] + r * chunk : stage[r];
-                    int64_t at = src == r ? i : (int64_t)tp_rs_step_of(r, d, src) * chunk + i;
-                    acc = src == 0 ? buf[at] : tp_reduce_step_f32(acc, buf[at], 0);
-                }
-                ck_assert(fabsf(acc - want[i]) < 1e-4f);
-            }
+            for (int64_t i = 0; i < chunk; i++)
+                ck_assert(fabsf(reduce_received(ws[r] + r * chunk, stage[r], r, d, chunk, i, 0) - want[i]) < 1e-4f);
         }
         for (int r = 0; r < d; r++) {
             free(a[r]);
@@ -826,6 +842,129 @@ START_TEST(fused_mm_rs_emulated)
             free(stage[r]);
         }
     }
+}
+END_TEST
+
+/* A fused schedule against the unfused definition: the same products,
+ * summed in another grouping (K split over ranks, GEMMs on column blocks). */
+static void expect_close(const float *got, const float *want, int64_t n)
+{
+    int64_t shape[1] = {n};
+    tp_host_tensor g = tu_f32("got", (float *)got, 1, shape), w = tu_f32("want", (float *)want, 1, shape);
+    double e = tu_rel_error(&g, &w);
+    ck_assert_msg(e <= TU_RTOL_REORDER, "error %g > %g", e, TU_RTOL_REORDER);
+}
+
+/* A [rows, cols] weight, stored [cols, rows] under transpose_b. */
+static tp_tensor weight(int64_t k, int64_t n, int tb, float **buf)
+{
+    int64_t shape[2] = {tb ? n : k, tb ? k : n};
+    *buf = frand(k * n);
+    return tp_tensor_make(*buf, TP_F32, 2, shape);
+}
+
+/* fuse_tp's lowering of all_gather(x, 0) -> its d chunks cat on dim 1
+ * (K) -> matmul: fused_all_gather_matmul gathering K. Each rank sums
+ * x_src . w[src*kl, (src+1)*kl) over the steps (beta 1 after the first),
+ * shards pulled through the two slots; vs the reassembled matmul, and
+ * every rank bit-identical (the rank-ordered sum rounds the same way). */
+START_TEST(fused_ag_mm_gathered_k_emulated)
+{
+    for (int d = 2; d <= 4; d++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t rows = 5, kl = 3, N = 4, xs_shape[2] = {rows, kl}, os[2] = {rows, N}, rs[2] = {rows, d * kl};
+            float *x[4], *wb, *cat = malloc(sizeof(float) * (size_t)(rows * d * kl));
+            float *want = malloc(sizeof(float) * (size_t)(rows * N)), *first = NULL;
+            tp_tensor w = weight(d * kl, N, tb, &wb);
+            for (int r = 0; r < d; r++) {
+                x[r] = frand(rows * kl);
+                for (int64_t i = 0; i < rows; i++) /* chunk r of the gather lands at columns r*kl */
+                    memcpy(cat + i * d * kl + r * kl, x[r] + i * kl, sizeof(float) * (size_t)kl);
+            }
+            tp_tensor ct = tp_tensor_make(cat, TP_F32, 2, rs), wt = tp_tensor_make(want, TP_F32, 2, os);
+            ref_matmul(&ct, &w, tb, &wt);
+            for (int r = 0; r < d; r++) {
+                float *out = calloc((size_t)(rows * N), sizeof(float)), slot[2][64];
+                tp_tensor o = tp_tensor_make(out, TP_F32, 2, os);
+                int pulls = 0;
+                for (int s = 0; s < d; s++) {
+                    int src = tp_ag_src(r, d, s, 1);
+                    const float *xs = pull_shard(x, r, src, slot, &pulls, rows * kl);
+                    tp_tensor xt = tp_tensor_make((void *)xs, TP_F32, 2, xs_shape);
+                    tp_tensor wk = tp_fused_w_k_rows(&w, tb, src, kl);
+                    int64_t calls;
+                    lt_matmul(&xt, &wk, tb, &o, s ? 1.0f : 0.0f, &calls);
+                }
+                expect_close(out, want, rows * N);
+                if (first) {
+                    ck_assert_mem_eq(out, first, sizeof(float) * (size_t)(rows * N));
+                    free(out);
+                } else {
+                    first = out;
+                }
+            }
+            for (int r = 0; r < d; r++)
+                free(x[r]);
+            free(first);
+            free(wb);
+            free(cat);
+            free(want);
+        }
+}
+END_TEST
+
+/* fuse_tp's lowering of y = a . w -> its d column chunks cat on dim 0 ->
+ * reduce_scatter(avg, 0): fused_matmul_reduce_scatter on the last dim.
+ * Step s computes a . w[:, dst*nl, (dst+1)*nl) for dst = tp_rs_dst, sends
+ * it, and the owner reduces in rank order; vs the cat's chunk r summed
+ * over ranks, divided by d. */
+START_TEST(fused_mm_rs_column_chunks_emulated)
+{
+    for (int d = 2; d <= 4; d++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t M = 3, K = 5, nl = 2, chunk = M * nl, as[2] = {M, K}, cs[2] = {M, nl}, ys[2] = {M, d * nl};
+            float *a[4], *w[4], *ws[4], *stage[4];
+            tp_tensor wt[4];
+            float *want = calloc((size_t)(d * chunk), sizeof(float)), *y = malloc(sizeof(float) * (size_t)(M * d * nl));
+            for (int r = 0; r < d; r++) {
+                a[r] = frand(M * K);
+                wt[r] = weight(K, d * nl, tb, &w[r]);
+                ws[r] = calloc((size_t)(d * chunk), sizeof(float));
+                stage[r] = calloc((size_t)((d - 1) * chunk), sizeof(float));
+                tp_tensor at = tp_tensor_make(a[r], TP_F32, 2, as), yt = tp_tensor_make(y, TP_F32, 2, ys);
+                ref_matmul(&at, &wt[r], tb, &yt);
+                for (int j = 0; j < d; j++) /* cat row block j = column chunk j, summed over ranks */
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t c = 0; c < nl; c++)
+                            want[j * chunk + i * nl + c] += y[i * d * nl + j * nl + c];
+            }
+            for (int64_t i = 0; i < d * chunk; i++)
+                want[i] /= (float)d;
+            for (int s = 0; s < d; s++) /* every rank runs step s */
+                for (int r = 0; r < d; r++) {
+                    int dst = tp_rs_dst(r, d, s);
+                    tp_tensor at = tp_tensor_make(a[r], TP_F32, 2, as), slot = tp_tensor_make(ws[r] + dst * chunk, TP_F32, 2, cs);
+                    tp_tensor cols = tp_fused_w_n_cols(&wt[r], tb, dst, nl);
+                    int64_t calls;
+                    lt_matmul(&at, &cols, tb, &slot, 0.0f, &calls);
+                    if (s < d - 1)
+                        memcpy(stage[dst] + s * chunk, ws[r] + dst * chunk, sizeof(float) * (size_t)chunk);
+                }
+            for (int r = 0; r < d; r++) {
+                float got[64];
+                for (int64_t i = 0; i < chunk; i++)
+                    got[i] = reduce_received(ws[r] + r * chunk, stage[r], r, d, chunk, i, 1);
+                expect_close(got, want + r * chunk, chunk);
+            }
+            for (int r = 0; r < d; r++) {
+                free(a[r]);
+                free(w[r]);
+                free(ws[r]);
+                free(stage[r]);
+            }
+            free(want);
+            free(y);
+        }
 }
 END_TEST
 
@@ -881,6 +1020,8 @@ static Suite *cuda_plan_suite(void)
     tcase_add_test(f, rs_schedule_pairs_meet);
     tcase_add_test(f, fused_ag_mm_emulated);
     tcase_add_test(f, fused_mm_rs_emulated);
+    tcase_add_test(f, fused_ag_mm_gathered_k_emulated);
+    tcase_add_test(f, fused_mm_rs_column_chunks_emulated);
     tcase_add_test(f, reduce_steps_match_cpu_semantics);
     suite_add_tcase(s, f);
     return s;

@@ -2,6 +2,7 @@
  * and identical numbers with the pass on and off. */
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check_main.h"
@@ -13,6 +14,41 @@ static const int64_t s86[2] = {8, 6}, s84[2] = {8, 4}, s68[2] = {6, 8};
 typedef struct {
     int fused_ag, fused_rs, all_gathers, reduce_scatters, slices;
 } counts;
+
+/* Op counts of the graph at path after every pass. */
+static void expect_counts(const char *path, counts want)
+{
+    tp_graph *g = tu_load_passed(path, 2, NULL);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_FUSED_AG_MM), want.fused_ag);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_FUSED_MM_RS), want.fused_rs);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), want.all_gathers);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_REDUCE_SCATTER), want.reduce_scatters);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_SLICE), want.slices);
+    tp_graph_free(g);
+}
+
+/* Engine `fused` gives the numbers the graph at path gives without passes
+ * (ranks as threads); frees `fused`. */
+static void expect_same_as_unfused_by(tp_engine *fused, const char *path, const tp_host_tensor *in, int n_in)
+{
+    tp_engine *off = tu_engine(path, 0, 0);
+    int n1, n2;
+    tp_host_tensor *a = tu_infer(fused, in, n_in, &n1), *b = tu_infer(off, in, n_in, &n2);
+    ck_assert_int_eq(n1, n2);
+    double diff = tu_rel_diff(a, b, n1);
+    ck_assert_msg(diff <= TU_RTOL_REORDER, "%s: fused vs unfused differ by %g", path, diff);
+    tp_host_tensors_free(a, n1);
+    tp_host_tensors_free(b, n2);
+    tp_engine_free(fused);
+    tp_engine_free(off);
+}
+
+/* The graph at path with passes (ranks as threads) gives the numbers it
+ * gives without them. */
+static void expect_same_as_unfused(const char *path, const tp_host_tensor *in, int n_in)
+{
+    expect_same_as_unfused_by(tu_engine(path, 1, 0), path, in, n_in);
+}
 
 /* Builds a world-2 graph around `nodes`, checks op counts after passes and
  * that every output matches the unfused graph. */
@@ -31,28 +67,13 @@ static void check_case(const char *nodes, const char *outputs, counts want)
     st_write_item items[] = {{"w1", TP_F32, 2, s86, w1}, {"w2", TP_F32, 2, s84, w2}, {"w3", TP_F32, 2, s86, w3},
                              {"wd", TP_F32, 2, s68, wd}, {"wt", TP_F32, 2, s68, wt}};
     tu_write_graph(dir, path, json, items, 5);
-    tp_graph *g = tu_load_passed(path, 2, NULL);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_FUSED_AG_MM), want.fused_ag);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_FUSED_MM_RS), want.fused_rs);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), want.all_gathers);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_REDUCE_SCATTER), want.reduce_scatters);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_SLICE), want.slices);
-    tp_graph_free(g);
+    expect_counts(path, want);
     for (int64_t batch = 1; batch <= 3; batch++) {
         float x[3 * 4 * 8];
         tu_fill(x, 3 * 4 * 8, (unsigned)batch);
         int64_t shape[3] = {batch, 4, 8};
         tp_host_tensor in = tu_f32("x", x, 3, shape);
-        tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
-        int n1, n2;
-        tp_host_tensor *a = tu_infer(on, &in, 1, &n1), *b = tu_infer(off, &in, 1, &n2);
-        ck_assert_int_eq(n1, n2);
-        double diff = tu_rel_diff(a, b, n1);
-        ck_assert_msg(diff <= TU_RTOL_REORDER, "fused vs unfused differ by %g", diff);
-        tp_host_tensors_free(a, n1);
-        tp_host_tensors_free(b, n2);
-        tp_engine_free(on);
-        tp_engine_free(off);
+        expect_same_as_unfused(path, &in, 1);
     }
     tu_rmdir(dir);
 }
@@ -196,6 +217,200 @@ START_TEST(matmul_slice_cat_reduce_scatter)
 }
 END_TEST
 
+/* ------------------------------------------------------------------
+ * The two repros of the PyTorch issue fuse_tp answers, as functional
+ * collectives lower gather_dim / scatter_dim 1, at world d:
+ *   AG: x local [64, K] -> all_gather(dim 0) -> narrow(0, 64j, 64), j < d
+ *       -> cat(dim 1) [64, dK] -> matmul w [dK, N]   (= all_gather on K)
+ *   RS: y = x @ w [M, 8d] -> narrow(1, 8j, 8), j < d -> cat(dim 0) [dM, 8]
+ *       -> reduce_scatter(avg, dim 0)                 (= scatter of N)
+ * and the variants that must be left alone. */
+
+enum { AG_K = 8, AG_N = 6, AG_ROWS = 64, RS_M = 4, RS_K = 12, RS_COLS = 8 };
+
+typedef struct {
+    int world;
+    int chunks;          /* slices in the cat (d for the fusing forms) */
+    int64_t len;         /* rows (AG) or columns (RS) per slice */
+    int swap;            /* the first two slices in the cat swapped */
+    const char *extra;   /* more nodes (a second reader), or "" */
+    const char *outputs; /* more outputs, or "" */
+    int row_cat;         /* AG only: x [64d, 2, K], the chunks cat on dim 1 (rows), not K */
+} chunk_form;
+
+static float x_buf[4 * AG_ROWS * 2 * AG_K], w_buf[4 * AG_K * AG_N + RS_K * 4 * RS_COLS];
+
+/* The form's node list: the source `src` sliced on slice_dim, cat on
+ * cat_dim, then `tail` (the node reading the cat). */
+static void chunk_nodes(char *buf, size_t cap, const chunk_form *f, const char *head, const char *src,
+                        int slice_dim, int cat_dim, const char *tail)
+{
+    size_t o = (size_t)snprintf(buf, cap, "%s", head);
+    for (int j = 0; j < f->chunks; j++)
+        o += (size_t)snprintf(buf + o, cap - o,
+                              ",{\"name\":\"s%d\",\"op\":\"slice\",\"inputs\":[\"%s\"],\"attrs\":{\"dim\":%d,"
+                              "\"start\":%lld,\"length\":%lld}}",
+                              j, src, slice_dim, (long long)(j * f->len), (long long)f->len);
+    o += (size_t)snprintf(buf + o, cap - o, ",{\"name\":\"c\",\"op\":\"cat\",\"inputs\":[");
+    for (int j = 0; j < f->chunks; j++) {
+        int k = f->swap && j < 2 ? 1 - j : j;
+        o += (size_t)snprintf(buf + o, cap - o, "%s\"s%d\"", j ? "," : "", k);
+    }
+    snprintf(buf + o, cap - o, "],\"attrs\":{\"dim\":%d}},%s%s%s", cat_dim, tail, *f->extra ? "," : "", f->extra);
+}
+
+/* Writes the AG (rs = 0) or RS (rs = 1) form into a temp dir. */
+static void write_chunk_form(const chunk_form *f, int rs, char *dir, char *path)
+{
+    int d = f->world;
+    char nodes[4096], json[8192];
+    int64_t ws[2];
+    char xshape[64];
+    if (!rs) {
+        snprintf(xshape, sizeof xshape, f->row_cat ? "%d,2,%d" : "%d,%d", AG_ROWS * d, AG_K);
+        ws[0] = f->row_cat ? AG_K : (int64_t)f->chunks * AG_K, ws[1] = AG_N;
+        chunk_nodes(nodes, sizeof nodes, f, "{\"name\":\"y\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":0}}",
+                    "y", 0, 1, "{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w\"]}");
+    } else {
+        snprintf(xshape, sizeof xshape, "%d,%d", RS_M, RS_K);
+        ws[0] = RS_K, ws[1] = (int64_t)RS_COLS * d;
+        chunk_nodes(nodes, sizeof nodes, f, "{\"name\":\"y\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"]}", "y", 1, 0,
+                    "{\"name\":\"o\",\"op\":\"reduce_scatter\",\"inputs\":[\"c\"],\"attrs\":{\"dim\":0,\"op\":\"avg\"}}");
+    }
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"chunks\",\"world_size\":%d,\"weights\":\"w.safetensors\","
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[%s],\"placement\":\"shard(%d)\"}],"
+             "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[%lld,%lld],\"placement\":\"%s\"}],"
+             "\"nodes\":[%s],\"outputs\":[{\"name\":\"o\",\"placement\":\"%s\"}%s%s]}",
+             d, xshape, rs, (long long)ws[0], (long long)ws[1],
+             rs ? "shard(0)" : "replicate", nodes, rs ? "shard(1)" : "replicate", *f->outputs ? "," : "", f->outputs);
+    st_write_item w = {"w", TP_F32, 2, ws, w_buf};
+    tu_write_graph(dir, path, json, &w, 1);
+}
+
+/* The graph at path with passes and ranks in processes (`tpserve worker`,
+ * $TPSERVE as `make unit` sets it) gives the numbers it gives without
+ * passes with ranks as threads. */
+static void expect_processes_same_as_unfused(const char *path, const tp_host_tensor *in)
+{
+    const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
+    char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cpu", NULL};
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    tp_engine_opts o = {.backend = "cpu", .group = &go};
+    tp_engine *procs;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, &o, &procs, &err) == TP_OK, "%s", err.msg);
+    expect_same_as_unfused_by(procs, path, in, 1);
+}
+
+/* Every fused node is the direct form of the collective on the cat dim:
+ * no pieces left to permute, `dim` the dim the cat was on. */
+static void expect_direct_form(const char *path, int dim)
+{
+    tp_graph *g = tu_load_passed(path, 2, NULL);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == TP_OP_FUSED_AG_MM || g->nodes[i].op == TP_OP_FUSED_MM_RS) {
+            ck_assert_int_eq(g->nodes[i].attrs.n_pieces, 0);
+            ck_assert_int_eq(g->nodes[i].attrs.dim, dim);
+        }
+    tp_graph_free(g);
+}
+
+/* Counts after passes, then numbers against the unfused graph (threads,
+ * and processes when the form fuses). */
+static void check_chunk_form(const chunk_form *f, int rs, counts want)
+{
+    char dir[64], path[128];
+    write_chunk_form(f, rs, dir, path);
+    expect_counts(path, want);
+    /* AG: all_gather on the cat dim (K = 1, or rows = 1 of [64, 2d, K]);
+     * RS: reduce_scatter on the slices' dim (1, the columns) */
+    expect_direct_form(path, 1);
+    int64_t ag_shape[3] = {(int64_t)AG_ROWS * f->world, f->row_cat ? 2 : AG_K, AG_K}, rs_shape[2] = {RS_M, RS_K};
+    tp_host_tensor in = rs ? tu_f32("x", x_buf, 2, rs_shape) : tu_f32("x", x_buf, f->row_cat ? 3 : 2, ag_shape);
+    expect_same_as_unfused(path, &in, 1);
+    if (want.fused_ag + want.fused_rs > 0)
+        expect_processes_same_as_unfused(path, &in);
+    tu_rmdir(dir);
+}
+
+/* The fused forms at world d: one fused node, nothing of the reassembly.
+ * Also the gathered chunks cat on a row dim (the plain fused gather along
+ * it) and cat on K read by two matmuls (one rank-ordered sum each). */
+static void check_fuses_at(int d)
+{
+    chunk_form ag = {d, d, AG_ROWS, 0, "", "", 0}, rs = {d, d, RS_COLS, 0, "", "", 0};
+    check_chunk_form(&ag, 0, (counts){1, 0, 0, 0, 0});
+    check_chunk_form(&rs, 1, (counts){0, 1, 0, 0, 0});
+    chunk_form rows = {d, d, AG_ROWS, 0, "", "", 1};
+    check_chunk_form(&rows, 0, (counts){1, 0, 0, 0, 0});
+    chunk_form two = {d, d, AG_ROWS, 0, "{\"name\":\"o2\",\"op\":\"matmul\",\"inputs\":[\"c\",\"w\"]}",
+                      "{\"name\":\"o2\",\"placement\":\"replicate\"}", 0};
+    check_chunk_form(&two, 0, (counts){2, 0, 0, 0, 0});
+}
+
+START_TEST(repro_chunks_cat_world_2)
+{
+    check_fuses_at(2);
+}
+END_TEST
+
+START_TEST(chunks_cat_world_3)
+{
+    check_fuses_at(3);
+}
+END_TEST
+
+START_TEST(chunks_cat_world_4)
+{
+    check_fuses_at(4);
+}
+END_TEST
+
+/* Each refusal at world 2 and 3: the gather or reduce_scatter, all slices
+ * and the cat stay; numbers still match. */
+static void check_left_alone(int d, int chunks, int64_t ag_len, int64_t rs_len, int swap, const char *extra,
+                             const char *outputs)
+{
+    chunk_form ag = {d, chunks, ag_len, swap, extra, outputs, 0}, rs = {d, chunks, rs_len, swap, extra, outputs, 0};
+    check_chunk_form(&ag, 0, (counts){0, 0, 1, 0, chunks});
+    check_chunk_form(&rs, 1, (counts){0, 0, 0, 1, chunks});
+}
+
+START_TEST(chunks_in_another_order_left_alone)
+{
+    for (int d = 2; d <= 3; d++)
+        check_left_alone(d, d, AG_ROWS, RS_COLS, 1, "", "");
+}
+END_TEST
+
+START_TEST(partial_coverage_left_alone)
+{
+    for (int d = 2; d <= 3; d++) /* d slices, each half a chunk: half the rows (columns) */
+        check_left_alone(d, d, AG_ROWS / 2, RS_COLS / 2, 0, "", "");
+}
+END_TEST
+
+START_TEST(chunk_count_other_than_world_left_alone)
+{
+    for (int d = 2; d <= 3; d++) /* 2d slices of half a chunk: all rows, in order */
+        check_left_alone(d, 2 * d, AG_ROWS / 2, RS_COLS / 2, 0, "", "");
+}
+END_TEST
+
+START_TEST(slice_or_cat_with_another_reader_left_alone)
+{
+    for (int d = 2; d <= 3; d++) {
+        check_left_alone(d, d, AG_ROWS, RS_COLS, 0, "{\"name\":\"e\",\"op\":\"relu\",\"inputs\":[\"s1\"]}",
+                         "{\"name\":\"e\"}");
+        check_left_alone(d, d, AG_ROWS, RS_COLS, 0, "", "{\"name\":\"c\"}");
+    }
+    /* the gathered tensor read by something else too */
+    chunk_form ag = {2, 2, AG_ROWS, 0, "{\"name\":\"e\",\"op\":\"relu\",\"inputs\":[\"y\"]}", "{\"name\":\"e\"}", 0};
+    check_chunk_form(&ag, 0, (counts){0, 0, 1, 0, 2});
+}
+END_TEST
+
 Suite *fuse_suite(void)
 {
     tu_fill(w1, 48, 1);
@@ -203,6 +418,8 @@ Suite *fuse_suite(void)
     tu_fill(w3, 48, 3);
     tu_fill(wd, 48, 4);
     tu_fill(wt, 48, 5);
+    tu_fill(x_buf, (int64_t)(sizeof x_buf / sizeof x_buf[0]), 6);
+    tu_fill(w_buf, (int64_t)(sizeof w_buf / sizeof w_buf[0]), 7);
     Suite *s = suite_create("pass_fuse_tp");
     TCase *tc = tcase_create("fuse");
     tcase_set_timeout(tc, 60);
@@ -216,6 +433,16 @@ Suite *fuse_suite(void)
     tcase_add_test(tc, gather_through_slice_cat_reassembly);
     tcase_add_test(tc, matmul_slice_cat_reduce_scatter);
     suite_add_tcase(s, tc);
+    TCase *ck = tcase_create("chunks_cat");
+    tcase_set_timeout(ck, 120);
+    tcase_add_test(ck, repro_chunks_cat_world_2);
+    tcase_add_test(ck, chunks_cat_world_3);
+    tcase_add_test(ck, chunks_cat_world_4);
+    tcase_add_test(ck, chunks_in_another_order_left_alone);
+    tcase_add_test(ck, partial_coverage_left_alone);
+    tcase_add_test(ck, chunk_count_other_than_world_left_alone);
+    tcase_add_test(ck, slice_or_cat_with_another_reader_left_alone);
+    suite_add_tcase(s, ck);
     return s;
 }
 
