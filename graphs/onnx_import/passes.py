@@ -3,16 +3,15 @@ import numpy as np
 
 
 def _fold_flatten_matmul(prog, uses):
-    """reshape [..., K] -> [M, K]; matmul W; [add bias]; reshape -> [..., N]
-    is one matmul on the unflattened tensor (tpgraph's matmul takes
-    [..., M, K]): fewer copies, and an all_gather feeding it stays adjacent
-    to the matmul so fuse_tp can fuse them."""
+    """reshape x -> [M, K]; matmul W; [add bias]; reshape -> [d0, .., N]
+    with d0·..·dk = M is one matmul on reshape(x, [d0, .., K]) (tpgraph's
+    matmul takes [..., M, K]; the inner reshape goes when x already has that
+    shape). Fewer copies, the sequence dim survives for reduce_scatter, and
+    an all_gather feeding the matmul stays adjacent so fuse_tp fuses them."""
     for r1 in list(prog.nodes):
-        if r1.op != "reshape":
+        if r1.op != "reshape" or len(r1.shape) != 2 or r1.name in prog.outputs:
             continue
         x = prog.values[r1.inputs[0]]
-        if len(x.shape) < 3 or r1.shape != (int(np.prod(x.shape[:-1])), x.shape[-1]):
-            continue
         chain, t = [], r1
         while True:
             us = uses.get(t.name, [])
@@ -27,14 +26,21 @@ def _fold_flatten_matmul(prog, uses):
                 break
             t = u
         us = uses.get(t.name, [])
-        if not chain or len(us) != 1 or us[0].op != "reshape" or us[0].shape != x.shape[:-1] + (t.shape[-1],):
+        if not chain or len(us) != 1 or us[0].op != "reshape":
             continue
         r2 = us[0]
-        chain[0].inputs[0] = x.name
+        lead = r2.shape[:-1]
+        if len(lead) < 2 or int(np.prod(lead)) != r1.shape[0] or r2.shape[-1] != t.shape[-1] or r2.bdim is None:
+            continue
+        if x.shape == lead + (r1.shape[1],):
+            chain[0].inputs[0] = x.name
+            prog.nodes.remove(r1)
+        else:
+            r1.shape, r1.bdim = lead + (r1.shape[1],), r2.bdim
         for n in chain:
-            n.shape, n.bdim = r2.shape, x.bdim
+            n.shape, n.bdim = r2.shape, r2.bdim
         prog.replace_uses(r2.name, t.name)
-        prog.nodes = [n for n in prog.nodes if n is not r1 and n is not r2]
+        prog.nodes.remove(r2)
         uses.clear()
         uses.update(prog.consumers())
 
