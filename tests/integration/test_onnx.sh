@@ -127,6 +127,15 @@ else
     fail "import with a mixed --plan: $(cat "$TMP/err")"
 fi
 
+# Llama at 4 ranks has too few KV heads (the error below); replicating the
+# k/v projections through a plan file makes it run (attention then gathers q).
+echo '{"val_34": "replicate", "val_41": "replicate", "val_175": "replicate", "val_182": "replicate"}' >"$TMP/kv_rep.json"
+if $IMPORT "$TMP/llama.onnx" --world-size 4 --plan "$TMP/kv_rep.json" --out "$TMP/llama_kvrep4.json" 2>"$TMP/err"; then
+    run_check llama_kvrep4 llama 3 threads
+else
+    fail "llama at 4 ranks with k/v replicated: $(cat "$TMP/err")"
+fi
+
 # ---- errors: one line naming the culprit, exit 1, nothing written ---------------
 # expect_error DESC SUBSTRING ARGS...
 expect_error() {
