@@ -60,7 +60,8 @@ class Program:
                 live.update(n.inputs)
         self.nodes = [n for n in self.nodes if n.name in live]
         self.params = {k: v for k, v in self.params.items() if k in live}
-        self.values = {k: v for k, v in self.values.items() if k in live or k in {i.name for i in self.inputs}}
+        live.update(i.name for i in self.inputs)
+        self.values = {k: v for k, v in self.values.items() if k in live}
 
     def replace_uses(self, old, new):
         for n in self.nodes:

@@ -7,8 +7,11 @@ intermediate kept. A tensor that depends only on initializers and on input
 *shapes* (Shape, Size) is a constant; comparing the two runs tells which
 dims of every tensor scale with the batch, and which constants merely repeat
 along the batch dim (those collapse to size 1 and broadcast)."""
+import os
+
 import numpy as np
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 from onnx import numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
 
@@ -63,6 +66,11 @@ def load_model(path):
         model = onnx.load_from_string(data)
     except Exception as e:  # protobuf raises several unrelated types
         raise ImportFailure("%s: not a valid ONNX file (truncated or corrupt?): %s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__))
+    try:
+        # Exports of large models keep initializers in files beside the model.
+        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+    except Exception as e:  # OSError, ValueError or onnx's ValidationError
+        raise ImportFailure("%s: cannot read its external tensor data: %s" % (path, str(e).splitlines()[0]))
     try:
         onnx.checker.check_model(model)
     except Exception as e:

@@ -199,8 +199,8 @@ class Planner:
         mode = self.mode_for(b)
         if mode is None:
             mode = "rowwise" if pa is not None and pa.dim == rank_a - 1 else "colwise"
-        if self.d == 1:
-            mode = "replicate"
+        if self.d == 1 or self.prog.params[b].ndim != 2:
+            mode = "replicate"  # batched weights: no Megatron split
         if mode == "colwise":
             segs = self.segments_after(n.name)
             w = self.use_param(b, 0 if tb else 1, segs)

@@ -69,6 +69,11 @@ for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed; do
     done
 done
 
+# Weights in an external data file (large exports): imported like the rest;
+# without the data file the import fails naming it.
+$IMPORT "$TMP/external.onnx" --world-size 2 --out "$TMP/external_tp2.json" 2>"$TMP/err" && reference external 3 &&
+    run_check external_tp2 external 3 threads || fail "external data: $(cat "$TMP/err")"
+
 # ---- --sequence-parallel: reduce_scatter + all_gather, fused by fuse_tp -------
 for m in gpt2 bert llama decomposed; do
     g=${m}_sp2
@@ -159,6 +164,10 @@ head -c 300000 "$TMP/gpt2.onnx" >"$TMP/truncated.onnx"
 expect_error "truncated .onnx" "truncated.onnx: not a valid ONNX file (truncated or corrupt?)" "$TMP/truncated.onnx" --world-size 2
 head -c 3 "$TMP/gpt2.onnx" >"$TMP/truncated3.onnx"
 expect_error "3-byte .onnx" "truncated3.onnx: not a valid ONNX" "$TMP/truncated3.onnx" --world-size 2
+mv "$TMP/external.onnx.data" "$TMP/moved.data"
+expect_error "external data missing" "external.onnx: cannot read its external tensor data" "$TMP/external.onnx" --world-size 2
+head -c 1000 "$TMP/moved.data" >"$TMP/external.onnx.data"
+expect_error "external data truncated" "external.onnx: cannot read its external tensor data: External data length" "$TMP/external.onnx" --world-size 2
 expect_error "missing file" "nope.onnx: cannot read" "$TMP/nope.onnx" --world-size 2
 expect_error "--dim of no input" "--dim nosuch: no input has a dynamic dim of that name" "$TMP/mlp.onnx" --world-size 1 --dim nosuch=4
 expect_error "dim not divisible" "weight '0.weight' [256, 64]: dim 0 (256) is not divisible by world size 3" "$TMP/mlp.onnx" --world-size 3

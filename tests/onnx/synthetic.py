@@ -4,7 +4,8 @@
 Writes small hand-built ONNX models (onnx.helper, fixed-seed weights) for
 what the exported fixtures do not cover:
 
-- decomposed.onnx: LayerNorm spelled out (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add),
+- decomposed.onnx (and external.onnx, the same with its weights in
+  external.onnx.data as exports of large models have them): LayerNorm spelled out (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add),
   an MLP with Relu and a Div by 2, RMSNorm in its Div form, x [batch, 8, 32];
 - two_dynamic.onnx: x [batch, seq, 16] -> MatMul -> Softmax (seq must be fixed
   with --dim seq=N);
@@ -32,14 +33,15 @@ def axes(name, v):
     return numpy_helper.from_array(np.array(v, dtype=np.int64), name)
 
 
-def save(nodes, inits, inputs, outputs, path, opset=18):
+def save(nodes, inits, inputs, outputs, path, opset=18, external=False):
     g = helper.make_graph(nodes, os.path.basename(path)[:-5], inputs, outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     onnx.checker.check_model(m)
-    onnx.save(m, path)
+    onnx.save(m, path, save_as_external_data=external, location=os.path.basename(path) + ".data",
+              size_threshold=256)
 
 
-def decomposed(path):
+def decomposed(path, external=False):
     N = helper.make_node
     nodes = [
         N("ReduceMean", ["x", "ax"], ["mu"]),
@@ -68,7 +70,7 @@ def decomposed(path):
              init("ln_b", [32]), init("w1", [32, 64]), init("b1", [64]), init("w2", [64, 32]),
              init("rms_w", [32], 0.2, 1.0)]
     save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 32])],
-         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])], path)
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])], path, external=external)
 
 
 def two_dynamic(path):
@@ -87,6 +89,7 @@ def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     decomposed(os.path.join(out, "decomposed.onnx"))
+    decomposed(os.path.join(out, "external.onnx"), external=True)
     two_dynamic(os.path.join(out, "two_dynamic.onnx"))
     unmapped_op(os.path.join(out, "unmapped_op.onnx"))
 
