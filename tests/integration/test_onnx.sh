@@ -54,12 +54,12 @@ run_all() {
 }
 
 # ---- every model at world sizes 1, 2, 4 --------------------------------------
-for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed; do
+for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed fused_gqa; do
     reference $m 1 && reference $m 3 || { fail "$m: onnxruntime reference"; continue; }
     for ws in 1 2 4; do
         g=${m}_tp$ws
-        if [ "$m" = llama ] && [ $ws = 4 ]; then
-            continue # 2 KV heads: the heads error below
+        if [ $ws = 4 ] && { [ "$m" = llama ] || [ "$m" = fused_gqa ]; }; then
+            continue # 2 KV heads: the heads errors below
         fi
         if $IMPORT "$TMP/$m.onnx" --world-size $ws --out "$TMP/$g.json" 2>"$TMP/err"; then
             run_all "$g" "$m"
@@ -95,9 +95,9 @@ PY
 done
 
 # ---- the default plan's structure, and --plan overrides --------------------------
-$PYTHON - "$TMP/gpt2_tp2.json" "$TMP/llama_tp2.json" <<'PY' && pass "default plan: Megatron placements and collectives" || fail "default plan structure"
+$PYTHON - "$TMP/gpt2_tp2.json" "$TMP/llama_tp2.json" "$TMP/fused_gqa_tp2.json" <<'PY' && pass "default plan: Megatron placements and collectives" || fail "default plan structure"
 import json, sys
-g, l = (json.load(open(f)) for f in sys.argv[1:])
+g, l, f = (json.load(open(p)) for p in sys.argv[1:])
 pl = {p["name"]: p for p in g["params"]}
 # GPT-2: fused QKV column-parallel stored rank-major, c_proj row-parallel,
 # tied embedding / LM head vocab-parallel (one param), logits all_gathered.
@@ -112,6 +112,11 @@ emb = [n for n in g["nodes"] if n["op"] == "embedding"][0]
 assert emb["attrs"] == {"vocab_parallel": True}
 assert [n["op"] for n in l["nodes"]].count("attention") == 2
 assert all(n["attrs"].get("causal") for n in l["nodes"] if n["op"] == "attention")
+# fused GQA projection q 32 | k 16 | v 16: split per segment, stored rank-major
+fp = {p["name"]: p for p in f["params"]}
+assert fp["w_qkv"]["placement"] == "shard(1)" and fp["w_qkv"]["tensor"] == "w_qkv.rank_major2"
+assert [(n["attrs"]["start"], n["attrs"]["length"]) for n in f["nodes"] if n["op"] == "slice"] == [(0, 16), (16, 8), (24, 8)]
+assert [n["attrs"] for n in f["nodes"] if n["op"] == "attention"] == [{"causal": True, "scale": 0.1767766922712326}]
 PY
 echo '{"*": "replicate"}' >"$TMP/all_rep.json"
 if $IMPORT "$TMP/gpt2.onnx" --world-size 2 --plan "$TMP/all_rep.json" --out "$TMP/gpt2_rep2.json" 2>"$TMP/err"; then
@@ -160,6 +165,7 @@ expect_error() {
 expect_error "op without a mapping" "ONNX node 'the_sine' (op Sin): no tpgraph mapping" "$TMP/unmapped_op.onnx" --world-size 2
 expect_error "unfixed dynamic dim" "input 'x' dim 1 ('seq') is dynamic: fix it with --dim seq=VALUE" "$TMP/two_dynamic.onnx" --world-size 1
 expect_error "heads not divisible" "[64, 32]: 'view_1' splits its dim of 32 into 2 x 16 and 2 (heads) is not divisible by world size 4" "$TMP/llama.onnx" --world-size 4
+expect_error "KV heads of a fused QKV not divisible" "weight 'w_qkv' [32, 64]: 'k4' splits its dim of 16 into 2 x 8 and 2 (heads) is not divisible by world size 4" "$TMP/fused_gqa.onnx" --world-size 4
 head -c 300000 "$TMP/gpt2.onnx" >"$TMP/truncated.onnx"
 expect_error "truncated .onnx" "truncated.onnx: not a valid ONNX file (truncated or corrupt?)" "$TMP/truncated.onnx" --world-size 2
 head -c 3 "$TMP/gpt2.onnx" >"$TMP/truncated3.onnx"

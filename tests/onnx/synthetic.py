@@ -7,6 +7,10 @@ what the exported fixtures do not cover:
 - decomposed.onnx (and external.onnx, the same with its weights in
   external.onnx.data as exports of large models have them): LayerNorm spelled out (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add),
   an MLP with Relu and a Div by 2, RMSNorm in its Div form, x [batch, 8, 32];
+- fused_gqa.onnx: one fused QKV weight for grouped-query attention (4 query
+  heads, 2 KV heads of 8: output dim 32 | 16 | 16, cut by an unequal Split),
+  KV heads repeated by Unsqueeze/Expand/Reshape, a constant -inf causal mask,
+  kᵀ by a Transpose, x [batch, 8, 32];
 - two_dynamic.onnx: x [batch, seq, 16] -> MatMul -> Softmax (seq must be fixed
   with --dim seq=N);
 - unmapped_op.onnx: x [batch, 16] -> Sin (no tpgraph mapping).
@@ -73,6 +77,43 @@ def decomposed(path, external=False):
          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])], path, external=external)
 
 
+def fused_gqa(path):
+    """Attention with a fused, unequally split QKV projection and GQA."""
+    N = helper.make_node
+    S, H, KV, D = 8, 4, 2, 8
+    mask = np.triu(np.full((S, S), -np.inf, np.float32), 1)
+    nodes = [
+        N("MatMul", ["x", "w_qkv"], ["qkv"]),
+        N("Split", ["qkv", "split"], ["q2", "k2", "v2"], axis=2),
+        N("Reshape", ["q2", "q_shape"], ["q4"]),
+        N("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3]),
+    ]
+    for t in ("k", "v"):
+        nodes += [N("Reshape", [t + "2", "kv_shape"], [t + "4"]),
+                  N("Transpose", [t + "4"], [t + "h"], perm=[0, 2, 1, 3]),
+                  N("Unsqueeze", [t + "h", "axis2"], [t + "u"]),
+                  N("Expand", [t + "u", "rep_shape"], [t + "e"]),
+                  N("Reshape", [t + "e", "heads_shape"], [t + "r"])]
+    nodes += [
+        N("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+        N("MatMul", ["q", "kt"], ["scores"]),
+        N("Mul", ["scores", "scale"], ["scaled"]),
+        N("Add", ["scaled", "mask"], ["masked"]),
+        N("Softmax", ["masked"], ["p"], axis=-1),
+        N("MatMul", ["p", "vr"], ["o4"]),
+        N("Transpose", ["o4"], ["o_t"], perm=[0, 2, 1, 3]),
+        N("Reshape", ["o_t", "o_shape"], ["o"]),
+        N("MatMul", ["o", "w_o"], ["y"]),
+    ]
+    inits = [init("w_qkv", [32, H * D + 2 * KV * D]), axes("split", [H * D, KV * D, KV * D]),
+             axes("q_shape", [-1, S, H, D]), axes("kv_shape", [-1, S, KV, D]), axes("axis2", [2]),
+             axes("rep_shape", [1, KV, H // KV, S, D]), axes("heads_shape", [-1, H, S, D]),
+             scalar("scale", 1 / np.sqrt(D) * 0.5), numpy_helper.from_array(mask, "mask"),
+             axes("o_shape", [-1, S, H * D]), init("w_o", [H * D, 32])]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", S, 32])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", S, 32])], path)
+
+
 def two_dynamic(path):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)]
     save(nodes, [init("w", [16, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
@@ -90,6 +131,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     decomposed(os.path.join(out, "decomposed.onnx"))
     decomposed(os.path.join(out, "external.onnx"), external=True)
+    fused_gqa(os.path.join(out, "fused_gqa.onnx"))
     two_dynamic(os.path.join(out, "two_dynamic.onnx"))
     unmapped_op(os.path.join(out, "unmapped_op.onnx"))
 
