@@ -137,17 +137,10 @@ class Lowering:
             s = self.nm.shape[t]
             if len(s) == 4 and s == tuple(self.nm.shape[kt][i] for i in (0, 1, 3, 2)) and self._replays_transpose(t, chain, kt):
                 return self.value(t, node)
-        p = self.g.producer(kt, "Transpose")
         sk = tuple(self.nm.shape[kt][i] for i in (0, 1, 3, 2))
         bd = self.nm.bdim.get(kt)
-        dt = _tp_dtype(self.nm.dtype[kt], kt)
-        if p is not None:
-            perm = list(self.g.attr(p, "perm"))
-            perm[2], perm[3] = perm[3], perm[2]
-            return self.helper(kt, "k", "permute", [self.value(p.input[0], node)], {"dims": perm}, node, sk,
-                               perm.index(self.nm.bdim[p.input[0]]) if self.nm.bdim.get(p.input[0]) is not None else None, dt)
         return self.helper(kt, "k", "transpose", [self.value(kt, node)], {"dim0": -2, "dim1": -1}, node, sk,
-                           {2: 3, 3: 2}.get(bd, bd) if bd is not None else None, dt)
+                           {2: 3, 3: 2}.get(bd, bd), _tp_dtype(self.nm.dtype[kt], kt))
 
     def _replays_transpose(self, k, chain, kt):
         idx = np.arange(int(np.prod(self.nm.shape[k]))).reshape(self.nm.shape[k])
