@@ -7,7 +7,6 @@ import numpy as np
 from . import patterns
 from .errors import ImportFailure
 from .ir import Node, Program, Value
-from .normalize import ONNX_TO_TP
 
 NP_TO_TP = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",
             np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64"}

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import onnx
 from onnx.external_data_helper import load_external_data_for_model
-from onnx import numpy_helper, shape_inference
+from onnx import shape_inference
 from onnx.reference import ReferenceEvaluator
 
 from .errors import ImportFailure

@@ -326,15 +326,18 @@ class Planner:
         x = n.inputs[0]
         pl = self.place.get(x)
         dim, start, length = n.attrs["dim"] % len(n.shape), n.attrs["start"], n.attrs["length"]
+        whole = {"dim": dim, "start": start, "length": length}
         if pl is None or pl.dim != dim:
-            return self.emit_same(n, [self.name[x] if pl is not None else self.name[x]], pl, {"dim": dim, "start": start, "length": length})
-        bounds = np.cumsum((0,) + pl.segs)
+            return self.emit_same(n, [self.name[x]], pl, whole)
+        # Rank r holds chunk r of every segment side by side, so a slice made
+        # of whole segments is the same slice scaled by 1/d on every rank.
+        bounds = list(np.cumsum((0,) + pl.segs))
         if start in bounds and start + length in bounds:
-            i, j = list(bounds).index(start), list(bounds).index(start + length)
+            i, j = bounds.index(start), bounds.index(start + length)
             self.emit_same(n, [self.name[x]], Shard(dim, pl.segs[i:j], pl.origin),
                            {"dim": dim, "start": start // self.d, "length": length // self.d})
         else:
-            self.emit_same(n, [self.replicated(x)], None, {"dim": dim, "start": start, "length": length})
+            self.emit_same(n, [self.replicated(x)], None, whole)
 
     def op_reshape(self, n):
         x = n.inputs[0]

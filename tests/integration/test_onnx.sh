@@ -207,5 +207,5 @@ if start http --graph "$TMP/$G.json" --backend cpu --ranks processes; then
         pass "HTTP $G metadata: INT64 input_ids [-1, 16]" || fail "HTTP metadata: $(curl -s "$URL/v2/models/$G")"
 fi
 
-echo "$npass passed, $nfail failed"
+echo "test_onnx: $npass passed, $nfail failed"
 [ "$nfail" = 0 ]
