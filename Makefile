@@ -65,7 +65,7 @@ help:
 $(DEPS_OK):
 	@mkdir -p $(BUILD)
 	@pkg-config --exists $(PKGS) check libcurl && command -v wrk >/dev/null \
-	  && $(PYTHON) -c "import numpy, onnx, onnxruntime" 2>/dev/null || ./scripts/deps.sh
+	  && $(PYTHON) -c "import numpy" 2>/dev/null || ./scripts/deps.sh
 	@touch $@
 deps: $(DEPS_OK)
 
@@ -166,6 +166,12 @@ WS         ?= 1
 RUN_GRAPH  := $(if $(MODEL),$(IMPORTED)/$(basename $(notdir $(MODEL)))_tp$(WS).json)
 ONNX_MODEL  = $(if $(filter %.onnx,$(MODEL)),$(MODEL),tests/onnx/$(patsubst %_tp$(lastword $(subst _tp, ,$*)),%,$*).onnx)
 .PHONY: bench-import
+# The importer's Python packages, checked once like the Debian ones.
+$(BUILD)/.deps-onnx:
+	@mkdir -p $(BUILD)
+	@$(PYTHON) -c "import onnx, onnxruntime" 2>/dev/null || ./scripts/deps.sh
+	@touch $@
+$(DEPS_OK): $(BUILD)/.deps-onnx
 $(IMPORTED)/%.json: graphs/import_onnx.py $(wildcard graphs/onnx_import/*.py) | $(DEPS_OK)
 	@mkdir -p $(IMPORTED)
 	$(PYTHON) graphs/import_onnx.py $(ONNX_MODEL) --world-size $(lastword $(subst _tp, ,$*)) --out $@
