@@ -59,6 +59,8 @@ help:
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
+	@echo "make bench-import  imported ONNX models: tpserve vs onnxruntime per request"
+	@echo "make run MODEL=gpt2 WS=2   import tests/onnx/gpt2.onnx (or MODEL=path.onnx) for 2 ranks and serve it"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
 $(DEPS_OK):
@@ -198,8 +200,31 @@ fuzz:
 	  build/asan/tpserve build/asan/graphs/.stamp
 	TPSERVE=build/asan/tpserve TP_GRAPHS=build/asan/graphs $(PYTHON) tests/fuzz/mutate_graphs.py
 
-run: $(BUILD)/tpserve $(GRAPHS)
-	$(BUILD)/tpserve serve --config config/default.json
+# ---- ONNX import (graphs/import_onnx.py; graphs/README.md) -----------------
+# $(BUILD)/imported/NAME_tpN.json: tests/onnx/NAME.onnx (or MODEL when it is
+# a path to an .onnx file) imported for N tensor-parallel ranks.
+# `make run MODEL=gpt2 WS=2` imports a fixture and serves it.
+IMPORTED   := $(BUILD)/imported
+WS         ?= 1
+RUN_GRAPH  := $(if $(MODEL),$(IMPORTED)/$(basename $(notdir $(MODEL)))_tp$(WS).json)
+ONNX_MODEL  = $(if $(filter %.onnx,$(MODEL)),$(MODEL),tests/onnx/$(patsubst %_tp$(lastword $(subst _tp, ,$*)),%,$*).onnx)
+.PHONY: bench-import
+# The importer's Python packages, checked once like the Debian ones.
+$(BUILD)/.deps-onnx:
+	@mkdir -p $(BUILD)
+	@$(PYTHON) -c "import onnx, onnxruntime" 2>/dev/null || ./scripts/deps.sh
+	@touch $@
+$(DEPS_OK): $(BUILD)/.deps-onnx
+$(IMPORTED)/%.json: graphs/import_onnx.py $(wildcard graphs/onnx_import/*.py) | $(DEPS_OK)
+	@mkdir -p $(IMPORTED)
+	$(PYTHON) graphs/import_onnx.py $(ONNX_MODEL) --world-size $(lastword $(subst _tp, ,$*)) --out $@
+
+# tpserve (world size 1, 2) vs onnxruntime (same threads) per request; a table.
+bench-import: $(BUILD)/tpserve | $(DEPS_OK)
+	$(PYTHON) tests/bench/bench_import.py --tpserve $(BUILD)/tpserve
+
+run: $(BUILD)/tpserve $(GRAPHS) $(RUN_GRAPH)
+	$(BUILD)/tpserve serve --config config/default.json $(if $(RUN_GRAPH),--graph $(RUN_GRAPH))
 
 clean:
 	rm -rf build

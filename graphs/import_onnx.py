@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""import_onnx.py MODEL.onnx --world-size N --out OUT.json [--plan PLAN.json]
+                 [--dim NAME=VALUE ...] [--sequence-parallel] [--stats]
+
+Imports an ONNX model as a tpgraph v1 program for N tensor-parallel ranks:
+OUT.json plus its unsharded weights OUT.safetensors beside it. Input and
+output names and datatypes stay as in the model; the first dynamic input dim
+is the batch dim B, every other dynamic dim must be fixed with --dim.
+
+Steps (graphs/onnx_import/): normalize (shape inference + folding of all
+that does not depend on the inputs' values, with onnx's reference
+evaluator), lower (pattern matching to fused ops, then one tpgraph op per
+remaining ONNX node), tp_plan (Megatron placement + collectives), write.
+
+Errors are one line on stderr, exit status 1, and nothing is written.
+Needs python3 with numpy and onnx (scripts/deps.sh installs them)."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from onnx_import.errors import ImportFailure  # noqa: E402
+
+
+def parse_dims(items):
+    dims = {}
+    for it in items:
+        name, sep, value = it.partition("=")
+        if not sep or not value.isdigit() or int(value) < 1:
+            raise ImportFailure("--dim %s: expected NAME=VALUE with a positive integer VALUE" % it)
+        dims[name] = int(value)
+    return dims
+
+
+def read_plan(path):
+    from onnx_import.tp_plan import MODES
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except OSError as e:
+        raise ImportFailure("%s: cannot read: %s" % (path, e.strerror))
+    except json.JSONDecodeError as e:
+        raise ImportFailure("%s: bad JSON at line %d column %d: %s" % (path, e.lineno, e.colno, e.msg))
+    if not isinstance(plan, dict):
+        raise ImportFailure("%s: expected an object {weight-name glob: mode}" % path)
+    for glob, mode in plan.items():
+        if mode not in MODES:
+            raise ImportFailure("%s: '%s': mode '%s' is not one of %s" % (path, glob, mode, ", ".join(MODES)))
+    return plan
+
+
+def import_model(args):
+    from onnx_import.lower import lower
+    from onnx_import.normalize import normalize
+    from onnx_import.passes import simplify
+    from onnx_import.tp_plan import Planner
+    from onnx_import.write import build, write
+
+    if args.world_size < 1:
+        raise ImportFailure("--world-size %d: must be at least 1" % args.world_size)
+    if not args.out.endswith(".json"):
+        raise ImportFailure("--out %s: must end in .json" % args.out)
+    plan = read_plan(args.plan) if args.plan else None
+    nm = normalize(args.model, parse_dims(args.dim))
+    prog = lower(nm)
+    simplify(prog)
+    planner = Planner(prog, args.world_size, plan, args.sequence_parallel)
+    outs = planner.run()
+    base = os.path.basename(args.out)[:-len(".json")]
+    graph, tensors = build(planner, prog, outs, base, base + ".safetensors")
+    write(args.out, graph, tensors)
+    if args.stats:
+        print(json.dumps({"onnx_nodes": nm.onnx_node_count, "tpgraph_nodes": len(graph["nodes"])}))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--plan")
+    ap.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--stats", action="store_true", help="print ONNX and tpgraph node counts as JSON")
+    args = ap.parse_args(argv)
+    try:
+        import_model(args)
+    except ImportFailure as e:
+        print("import_onnx: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Pattern matching on the folded ONNX graph: decomposed subgraphs that are
+exactly one fused tpgraph op (gelu, silu, rms_norm, layer_norm, attention).
+
+Each matcher takes an anchor node and returns a Match or None. A match is
+accepted only when every tensor inside it is used by the match alone, so
+replacing the subgraph by one op changes nothing else."""
+import math
+
+import numpy as np
+import onnx
+
+
+class Match:
+    """`nodes`: ONNX nodes replaced; `last`: the one whose output the fused
+    op produces; `inputs`: ONNX tensor names, or ("kT", tensor) for an
+    attention key given transposed; `op`/`attrs`: the tpgraph op (op
+    "alias" forwards inputs[0])."""
+
+    def __init__(self, op, inputs, attrs, nodes, last):
+        self.op, self.inputs, self.attrs, self.nodes, self.last = op, inputs, attrs, nodes, last
+
+
+class Graph:
+    """Producer/consumer lookups over the value-dependent nodes."""
+
+    def __init__(self, nm):
+        self.nm = nm
+        self.prod = {o: n for n in nm.nodes for o in n.output}
+        self.uses = {}
+        for n in nm.nodes:
+            for i in n.input:
+                self.uses.setdefault(i, []).append(n)
+        self.outputs = set(nm.outputs)
+
+    def producer(self, t, op_type=None):
+        n = self.prod.get(t)
+        if n is None or (op_type is not None and n.op_type not in (op_type if isinstance(op_type, tuple) else (op_type,))):
+            return None
+        return n
+
+    def scalar(self, t):
+        """The value of a constant with one element, else None."""
+        c = self.nm.const.get(t)
+        if c is None or c.size != 1:
+            return None
+        return float(c.reshape(-1)[0])
+
+    def other(self, node, t):
+        """For a binary node with input t, the other input (None if not)."""
+        a, b = node.input[0], node.input[1]
+        if a == t:
+            return b
+        if b == t:
+            return a
+        return None
+
+    def split_const(self, node, pred=None):
+        """Binary node with one scalar-constant operand satisfying pred ->
+        (the other operand, constant value); else None."""
+        if node is None or len(node.input) != 2:
+            return None
+        for k in (0, 1):
+            c = self.scalar(node.input[k])
+            if c is not None and (pred is None or pred(c)) and node.input[1 - k] not in self.nm.const:
+                return node.input[1 - k], c
+        return None
+
+    def only_use(self, t):
+        u = self.uses.get(t, [])
+        if len(u) != 1 or t in self.outputs:
+            return None
+        return u[0]
+
+    def attr(self, node, name, default=None):
+        for a in node.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+
+def key(node):
+    """A node's identity: its first output (ONNX node names may be empty)."""
+    return node.output[0]
+
+
+def near(c, target, tol=1e-6):
+    return abs(c - target) <= tol * max(1.0, abs(target))
+
+
+def _internal_ok(g, nodes, last):
+    """Every output of `nodes` except last's is consumed only inside."""
+    names = {key(n) for n in nodes}
+    for n in nodes:
+        for o in n.output:
+            if n is last:
+                continue
+            if o in g.outputs or any(key(u) not in names for u in g.uses.get(o, [])):
+                return False
+    return True
+
+
+def _accept(g, m):
+    return m if m is not None and _internal_ok(g, m.nodes, m.last) else None
+
+
+# -- gelu ------------------------------------------------------------------
+
+def _times_half_of(g, node, x):
+    """node = Mul(y, 0.5) -> y; None otherwise."""
+    r = g.split_const(node, lambda c: near(c, 0.5))
+    return r[0] if r else None
+
+
+def _gelu_tail(g, x, inner, nodes):
+    """inner = 1 + f(x). Accepts 0.5*x*inner, (x*inner)*0.5, (0.5*x)*inner.
+    Returns (nodes, last) or None."""
+    m = g.only_use(inner)
+    if m is None or m.op_type != "Mul":
+        return None
+    o = g.other(m, inner)
+    if o == x:
+        h = g.only_use(m.output[0])
+        if h is not None and h.op_type == "Mul" and _times_half_of(g, h, x) == m.output[0]:
+            return nodes + [m, h], h
+        return None
+    half = g.producer(o, "Mul")
+    if half is not None and _times_half_of(g, half, x) == x:
+        return nodes + [half, m], m
+    return None
+
+
+def match_gelu_erf(g, erf):
+    src = g.producer(erf.input[0], ("Div", "Mul"))
+    if src is None:
+        return None
+    r = g.split_const(src, lambda c: near(c, math.sqrt(2.0)) if src.op_type == "Div" else near(c, 1 / math.sqrt(2.0)))
+    if r is None or (src.op_type == "Div" and src.input[0] != r[0]):
+        return None
+    x = r[0]
+    plus = g.only_use(erf.output[0])
+    if plus is None or plus.op_type != "Add" or g.split_const(plus, lambda c: near(c, 1.0)) is None:
+        return None
+    tail = _gelu_tail(g, x, plus.output[0], [src, erf, plus])
+    if tail is None:
+        return None
+    return _accept(g, Match("gelu", [x], {}, tail[0], tail[1]))
+
+
+def match_gelu_tanh(g, tanh):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    s = g.producer(tanh.input[0], "Mul")
+    r = g.split_const(s, lambda c: near(c, math.sqrt(2 / math.pi), 1e-5))
+    if r is None:
+        return None
+    inner = g.producer(r[0], "Add")
+    if inner is None:
+        return None
+    for k in (0, 1):
+        x, cube_mul = inner.input[k], g.producer(inner.input[1 - k], "Mul")
+        rc = g.split_const(cube_mul, lambda c: near(c, 0.044715, 1e-5))
+        if rc is None:
+            continue
+        p = g.producer(rc[0], "Pow")
+        if p is None or p.input[0] != x or g.scalar(p.input[1]) != 3.0:
+            continue
+        plus = g.only_use(tanh.output[0])
+        if plus is None or plus.op_type != "Add" or g.split_const(plus, lambda c: near(c, 1.0)) is None:
+            return None
+        tail = _gelu_tail(g, x, plus.output[0], [p, cube_mul, inner, s, tanh, plus])
+        if tail is None:
+            return None
+        return _accept(g, Match("gelu", [x], {"approximate": "tanh"}, tail[0], tail[1]))
+    return None
+
+
+# -- silu ------------------------------------------------------------------
+
+def match_silu(g, sig):
+    x = sig.input[0]
+    m = g.only_use(sig.output[0])
+    if m is None or m.op_type != "Mul" or g.other(m, sig.output[0]) != x:
+        return None
+    return _accept(g, Match("silu", [x], {}, [sig, m], m))
+
+
+# -- norms -----------------------------------------------------------------
+
+def _last_axis_mean(g, node):
+    """ReduceMean over the last axis with keepdims -> its input, else None."""
+    if node is None or node.op_type != "ReduceMean" or g.attr(node, "keepdims", 1) != 1:
+        return None
+    axes = g.attr(node, "axes")
+    if axes is None and len(node.input) > 1:
+        c = g.nm.const.get(node.input[1])
+        axes = None if c is None else [int(a) for a in c.reshape(-1)]
+    rank = len(g.nm.shape[node.input[0]])
+    if axes is None or len(axes) != 1 or axes[0] % rank != rank - 1:
+        return None
+    return node.input[0]
+
+
+def _squared(g, t):
+    """t = Pow(x, 2) or Mul(x, x) -> x."""
+    n = g.producer(t, ("Pow", "Mul"))
+    if n is None:
+        return None
+    if n.op_type == "Pow":
+        return n.input[0] if g.scalar(n.input[1]) == 2.0 else None
+    return n.input[0] if n.input[0] == n.input[1] else None
+
+
+def _inv_std(g, var_t):
+    """var_t = mean(sq) -> the nodes computing 1/sqrt(var + eps) used by a
+    Mul, or sqrt(var + eps) used by a Div: (eps, nodes, tail tensor, kind)."""
+    add = g.only_use(var_t)
+    r = g.split_const(add, lambda c: 0 <= c < 1) if add is not None and add.op_type == "Add" else None
+    if r is None:
+        return None
+    sq = g.only_use(add.output[0])
+    if sq is None or sq.op_type != "Sqrt":
+        return None
+    nxt = g.only_use(sq.output[0])
+    if nxt is not None and nxt.op_type == "Reciprocal":
+        return r[1], [add, sq, nxt], nxt.output[0], "mul"
+    return r[1], [add, sq], sq.output[0], "div"
+
+
+def _scale_weight(g, t, last_dim):
+    """Optional Mul(t, w) with w a constant vector of the last dim ->
+    (weight name or None, final node or None)."""
+    m = g.only_use(t)
+    if m is None or m.op_type != "Mul":
+        return None, None
+    w = g.other(m, t)
+    c = g.nm.const.get(w)
+    if c is None or c.shape != (last_dim,):
+        return None, None
+    return w, m
+
+
+def match_rms_norm(g, mean):
+    sq_src = _last_axis_mean(g, mean)
+    x = _squared(g, sq_src) if sq_src else None
+    if x is None:
+        return None
+    sq_node = g.producer(sq_src)
+    inv = _inv_std(g, mean.output[0])
+    if inv is None:
+        return None
+    eps, nodes, tail, kind = inv
+    norm = g.only_use(tail)
+    if norm is None or norm.op_type != ("Mul" if kind == "mul" else "Div"):
+        return None
+    if (kind == "mul" and g.other(norm, tail) != x) or (kind == "div" and list(norm.input) != [x, tail]):
+        return None
+    dim = g.nm.shape[x][-1]
+    w, wm = _scale_weight(g, norm.output[0], dim)
+    used = [sq_node, mean] + nodes + [norm] + ([wm] if wm else [])
+    inputs = [x, w] if w else [x, ("ones", dim, g.nm.dtype[x])]
+    return _accept(g, Match("rms_norm", inputs, {"eps": eps}, used, wm or norm))
+
+
+def match_layer_norm_decomposed(g, mean):
+    """(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * w + b."""
+    x = _last_axis_mean(g, mean)
+    if x is None:
+        return None
+    sub = g.only_use(mean.output[0])
+    if sub is None or sub.op_type != "Sub" or list(sub.input) != [x, mean.output[0]]:
+        return None
+    d = sub.output[0]
+    users = g.uses.get(d, [])
+    sq = [u for u in users if u.op_type in ("Pow", "Mul") and _squared(g, u.output[0]) == d]
+    if len(sq) != 1 or len(users) != 2:
+        return None
+    var = g.only_use(sq[0].output[0])
+    if _last_axis_mean(g, var) is None:
+        return None
+    inv = _inv_std(g, var.output[0])
+    if inv is None:
+        return None
+    eps, nodes, tail, kind = inv
+    norm = [u for u in users if u is not sq[0]][0]
+    if norm.op_type != ("Mul" if kind == "mul" else "Div") or g.other(norm, d) != tail:
+        return None
+    dim = g.nm.shape[x][-1]
+    w, wm = _scale_weight(g, norm.output[0], dim)
+    last, b = wm or norm, None
+    add = g.only_use(last.output[0])
+    if add is not None and add.op_type == "Add":
+        bc = g.nm.const.get(g.other(add, last.output[0]))
+        if bc is not None and bc.shape == (dim,):
+            b, last = g.other(add, last.output[0]), add
+    dt = g.nm.dtype[x]
+    inputs = [x, w or ("ones", dim, dt), b or ("zeros", dim, dt)]
+    used = [mean, sub, sq[0], var] + nodes + [norm] + ([wm] if wm else []) + ([last] if b else [])
+    return _accept(g, Match("layer_norm", inputs, {"eps": eps}, used, last))
+
+
+# -- attention ---------------------------------------------------------------
+
+def _scaled(g, t):
+    """t = Mul(y, c) / Div(y, c) with scalar c -> (y, factor, node); else (t, 1, None)."""
+    n = g.producer(t, ("Mul", "Div"))
+    if n is not None:
+        r = g.split_const(n)
+        if r is not None and (n.op_type == "Mul" or n.input[1] in g.nm.const):
+            return r[0], (r[1] if n.op_type == "Mul" else 1.0 / r[1]), n
+    return t, 1.0, None
+
+
+def mask_kind(mask, s, t):
+    """A constant additive mask broadcast to [..., s, t] -> "none" (zeros),
+    "causal", or None (anything else). Values <= -1e9 count as -inf: after
+    the max is subtracted exp() of them is exactly 0 in FP32 and FP64."""
+    m = np.asarray(mask, dtype=np.float64)
+    if m.ndim < 2:
+        m = m.reshape((1,) * (2 - m.ndim) + m.shape)
+    lead = m.reshape(-1, *m.shape[-2:])
+    if not all(np.array_equal(lead[0], x) for x in lead[1:]):
+        return None
+    m2 = np.broadcast_to(lead[0], (s, t))
+    if not np.any(m2):
+        return "none"
+    if s != t:
+        return None
+    upper = np.triu(np.ones((s, t), bool), 1)
+    if np.all(m2[~upper] == 0) and np.all(m2[upper] <= -1e9):
+        return "causal"
+    return None
+
+
+def _not_nan_guard(g, p):
+    """Where(IsNaN(p), 0, p) after the softmax -> (its nodes, output)."""
+    users = g.uses.get(p, [])
+    isnan = [u for u in users if u.op_type == "IsNaN"]
+    where = [u for u in users if u.op_type == "Where"]
+    if len(isnan) != 1 or len(where) != 1 or len(users) != 2:
+        return [], p
+    w = where[0]
+    if w.input[0] != isnan[0].output[0] or w.input[2] != p or g.scalar(w.input[1]) != 0.0:
+        return [], p
+    return [isnan[0], w], w.output[0]
+
+
+def match_attention(g, sm):
+    if g.attr(sm, "axis", -1) not in (-1, 3) or len(g.nm.shape[sm.input[0]]) != 4:
+        return None
+    scores, mask, nodes = sm.input[0], None, [sm]
+    add = g.producer(scores, "Add")
+    if add is not None:
+        cands = [i for i in add.input if i in g.nm.const]
+        if len(cands) != 1:
+            return None
+        mask = cands[0]
+        scores = g.other(add, mask)
+        nodes.append(add)
+    scores, post, post_node = _scaled(g, scores)
+    nodes += [post_node] if post_node else []
+    mm = g.producer(scores, "MatMul")
+    if mm is None:
+        return None
+    q, s1, n1 = _scaled(g, mm.input[0])
+    kt, s2, n2 = _scaled(g, mm.input[1])
+    nodes += [mm] + [n for n in (n1, n2) if n]
+    sq, skt = g.nm.shape[q], g.nm.shape[kt]
+    if len(sq) != 4 or len(skt) != 4 or sq[-1] != skt[-2]:
+        return None
+    s, t = sq[2], skt[3]
+    kind = "none" if mask is None else mask_kind(g.nm.const[mask], s, t)
+    if kind is None:
+        return None
+    guard, p = _not_nan_guard(g, sm.output[0])
+    nodes += guard
+    pv = g.only_use(p)
+    if pv is None or pv.op_type != "MatMul" or pv.input[0] != p:
+        return None
+    v = pv.input[1]
+    if g.nm.shape[v] != (sq[0], sq[1], t, sq[3]) or skt[:2] != sq[:2]:
+        return None
+    nodes.append(pv)
+    attrs = {"causal": kind == "causal"}
+    scale = np.float32(s1 * s2 * post)
+    if scale != np.float32(1.0 / math.sqrt(sq[3])):
+        attrs["scale"] = float(scale)
+    return _accept(g, Match("attention", [q, ("kT", kt), v], attrs, nodes, pv))
+
+
+# anchor op type -> matchers tried in order
+MATCHERS = {
+    "Erf": [match_gelu_erf],
+    "Tanh": [match_gelu_tanh],
+    "Sigmoid": [match_silu],
+    "ReduceMean": [match_rms_norm, match_layer_norm_decomposed],
+    "Softmax": [match_attention],
+}
+
+
+def find_matches(g):
+    """-> {name of the last node of a match: Match}, consumed node names."""
+    by_last, consumed = {}, set()
+    for n in g.nm.nodes:
+        if key(n) in consumed:
+            continue
+        for f in MATCHERS.get(n.op_type, []):
+            m = f(g, n)
+            if m is not None and not any(key(x) in consumed for x in m.nodes):
+                by_last[key(m.last)] = m
+                consumed.update(key(x) for x in m.nodes)
+                break
+    return by_last, consumed

@@ -1,0 +1,371 @@
+"""The tensor-parallel plan: global ir.Program -> SPMD tpgraph nodes.
+
+Placements propagate forward through the program (Megatron by default):
+a matmul whose input is replicated is column-parallel (its weight split on
+the output features), one whose input is split on the contraction dim is
+row-parallel and followed by an all_reduce (with --sequence-parallel a
+reduce_scatter along the sequence, and an all_gather before the next
+column-parallel matmul). Embeddings are vocab-parallel. A plan file
+(weight-name glob -> colwise | rowwise | replicate | vocab_parallel)
+overrides the choice per weight. A consumer that cannot take a split input
+gets an all_gather first, so every program stays exact.
+
+A split may be "grouped": a fused QKV weight's output dim is [q | k | v],
+and each segment is split across ranks separately. Such a weight is stored
+rank-major (rank r's chunks of every segment side by side) so a plain
+shard(k) hands each rank whole heads of q, k and v."""
+import fnmatch
+from collections import namedtuple
+
+import numpy as np
+
+from .errors import ImportFailure
+
+MODES = ("colwise", "rowwise", "replicate", "vocab_parallel")
+
+# dim: the split dim; segs: segment sizes along it (each split d ways);
+# origin: the weight the split comes from (for error messages).
+Shard = namedtuple("Shard", "dim segs origin")
+
+
+def _fmt(shape):
+    return "[%s]" % ", ".join(str(s) for s in shape)
+
+
+def _reshape_groups(src, dst):
+    """Pairs (src dims, dst dims) with equal element counts, in order."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj, pi, pj = [], [], 1, 1
+        if i < len(src):
+            gi, pi, i = [i], src[i], i + 1
+        if j < len(dst):
+            gj, pj, j = [j], dst[j], j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi, i = pi * src[i], i + 1
+            else:
+                gj.append(j)
+                pj, j = pj * dst[j], j + 1
+        groups.append((gi, gj))
+    return groups
+
+
+class Planner:
+    def __init__(self, prog, world, plan=None, sequence_parallel=False):
+        self.prog, self.d, self.plan, self.sp = prog, world, plan or {}, sequence_parallel
+        self.place = {}  # IR value -> Shard or None (replicated)
+        self.name = {}   # IR value -> emitted name
+        self.nodes = []  # emitted tpgraph nodes (dicts)
+        self.params = {}  # emitted param name -> dict(source, dim, segs, placement)
+        self.param_key = {}  # (source, dim, segs) -> emitted param name
+        self.gathered = {}
+        self.taken = {v.name for v in prog.inputs}
+        self.uses = prog.consumers()
+        self.used_plan = set()
+
+    # -- helpers --------------------------------------------------------------
+
+    def shape(self, v):
+        return self.prog.values[v].shape
+
+    def local_shape(self, v, shape=None, pl="auto"):
+        s = list(self.shape(v) if shape is None else shape)
+        pl = self.place.get(v) if pl == "auto" else pl
+        if pl is not None:
+            s[pl.dim] //= self.d
+        return s
+
+    def add(self, name, op, inputs, attrs=None):
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        self.nodes.append({"name": name, "op": op, "inputs": list(inputs), "attrs": dict(attrs or {})})
+        return name
+
+    def mode_for(self, weight):
+        for glob, mode in self.plan.items():
+            if fnmatch.fnmatchcase(weight, glob):
+                self.used_plan.add(glob)
+                return mode
+        return None
+
+    def use_param(self, p, dim=None, segs=None):
+        """The emitted param for IR param p split on dim (None: replicated)."""
+        arr = self.prog.params[p]
+        if dim is not None:
+            dim %= arr.ndim
+            segs = tuple(segs or (arr.shape[dim],))
+            for s in segs:
+                if s % self.d:
+                    raise ImportFailure("weight '%s' %s: dim %d (%s) is not divisible by world size %d"
+                                        % (p, _fmt(arr.shape), dim, " + ".join(map(str, segs)), self.d))
+        k = (p, dim, segs if dim is not None and len(segs) > 1 else None)
+        if k in self.param_key:
+            return self.param_key[k]
+        name = p if not any(v["source"] == p for v in self.params.values()) else "%s.%s" % (p, "replicate" if dim is None else "shard%d" % dim)
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        self.param_key[k] = name
+        self.params[name] = {"source": p, "dim": dim, "segs": k[2]}
+        return name
+
+    def replicated(self, v):
+        """v's emitted name as a whole tensor: all_gather it if split."""
+        pl = self.place.get(v)
+        if pl is None:
+            return self.name[v]
+        if len(pl.segs) > 1:
+            raise ImportFailure("'%s' is split in segments %s (from weight '%s') and needed whole: set the weight to replicate in a --plan"
+                                % (v, list(pl.segs), pl.origin))
+        if v not in self.gathered:
+            self.gathered[v] = self.add(self.name[v] + ".all_gather", "all_gather", [self.name[v]], {"dim": pl.dim})
+        return self.gathered[v]
+
+    def seq_dim(self, v):
+        """The sequence dim of an activation [B, S, ...] when --sequence-parallel applies."""
+        val = self.prog.values[v]
+        if not self.sp or val.bdim != 0 or len(val.shape) < 3 or val.shape[1] % self.d:
+            return None
+        return 1
+
+    def reduce(self, v, partial, origin):
+        sd = self.seq_dim(v)
+        if sd is None:
+            self.name[v] = self.add(v, "all_reduce", [partial], {"op": "sum"})
+            self.place[v] = None
+        else:
+            self.name[v] = self.add(v, "reduce_scatter", [partial], {"dim": sd, "op": "sum"})
+            self.place[v] = Shard(sd, (self.shape(v)[sd],), origin)
+
+    def emit_same(self, n, inputs, pl, attrs=None):
+        self.name[n.name] = self.add(n.name, n.op, inputs, n.attrs if attrs is None else attrs)
+        self.place[n.name] = pl
+
+    # -- the walk -------------------------------------------------------------
+
+    def run(self):
+        for v in self.prog.inputs:
+            self.name[v.name], self.place[v.name] = v.name, None
+        for n in self.prog.nodes:
+            getattr(self, "op_" + n.op, self.op_elementwise)(n)
+        outs = [self.replicated(o) for o in self.prog.outputs]
+        unused = set(self.plan) - self.used_plan
+        if unused:
+            raise ImportFailure("--plan: pattern '%s' matches no weight" % sorted(unused)[0])
+        return outs
+
+    def is_param(self, v):
+        return v in self.prog.params
+
+    # -- matmul / embedding ---------------------------------------------------
+
+    def segments_after(self, v):
+        """Segments of v's last dim cut by the slices that consume it (through
+        a bias add and reshapes keeping the last dim)."""
+        n_last = self.shape(v)[-1]
+        seen = v
+        while True:
+            us = self.uses.get(seen, [])
+            if len(us) == 1 and us[0].op == "add" and any(self.is_param(i) for i in us[0].inputs):
+                seen = us[0].name
+            elif len(us) == 1 and us[0].op == "reshape" and us[0].shape[-1] == n_last:
+                seen = us[0].name
+            else:
+                break
+        us = self.uses.get(seen, [])
+        rank = len(self.shape(seen))
+        cuts = sorted((u.attrs["start"], u.attrs["length"]) for u in us
+                      if u.op == "slice" and u.attrs["dim"] % rank == rank - 1)
+        if not us or len(cuts) != len(us):
+            return (n_last,)
+        pos, segs = 0, []
+        for s, length in cuts:
+            if s != pos:
+                return (n_last,)
+            segs.append(length)
+            pos += length
+        return tuple(segs) if pos == n_last else (n_last,)
+
+    def op_matmul(self, n):
+        a, b = n.inputs
+        if not self.is_param(b):
+            return self.matmul_activations(n)
+        tb = n.attrs.get("transpose_b", False)
+        pa = self.place.get(a)
+        rank_a = len(self.shape(a))
+        mode = self.mode_for(b)
+        if mode is None:
+            mode = "rowwise" if pa is not None and pa.dim == rank_a - 1 else "colwise"
+        if self.d == 1 or self.prog.params[b].ndim != 2:
+            mode = "replicate"  # batched weights: no Megatron split
+        if mode == "colwise":
+            segs = self.segments_after(n.name)
+            w = self.use_param(b, 0 if tb else 1, segs)
+            self.emit_same(n, [self.replicated(a), w], Shard(len(n.shape) - 1, segs, b))
+        elif mode == "rowwise":
+            if pa is None or pa.dim != rank_a - 1 or len(pa.segs) > 1:
+                raise ImportFailure("--plan: weight '%s' is rowwise but its input '%s' is not split on the contraction dim" % (b, a))
+            w = self.use_param(b, 1 if tb else 0)
+            partial = self.add(n.name + ".partial", "matmul", [self.name[a], w], n.attrs)
+            self.reduce(n.name, partial, b)
+        elif mode == "replicate":
+            self.emit_same(n, [self.replicated(a), self.use_param(b)], None)
+        else:
+            raise ImportFailure("--plan: weight '%s' feeds a matmul: %s does not apply" % (b, mode))
+
+    def matmul_activations(self, n):
+        a, b = n.inputs
+        pa, pb = self.place.get(a), self.place.get(b)
+        ra, rb = len(self.shape(a)), len(self.shape(b))
+        if (pa is not None and pb is not None and pa.segs == pb.segs and pa.dim < ra - 2
+                and pb.dim < rb - 2 and ra - pa.dim == rb - pb.dim):
+            self.emit_same(n, [self.name[a], self.name[b]], Shard(len(n.shape) - (ra - pa.dim), pa.segs, pa.origin))
+        else:
+            self.emit_same(n, [self.replicated(a), self.replicated(b)], None)
+
+    def op_embedding(self, n):
+        ids, table = n.inputs
+        mode = self.mode_for(table) or "vocab_parallel"
+        if self.d == 1:
+            mode = "replicate"
+        ids_name = self.replicated(ids)
+        if mode in ("vocab_parallel", "rowwise"):
+            w = self.use_param(table, 0)
+            partial = self.add(n.name + ".partial", "embedding", [ids_name, w], {"vocab_parallel": True})
+            self.reduce(n.name, partial, table)
+        elif mode == "colwise":
+            self.emit_same(n, [ids_name, self.use_param(table, 1)], Shard(len(n.shape) - 1, (n.shape[-1],), table))
+        else:
+            self.emit_same(n, [ids_name, self.use_param(table)], None)
+
+    # -- elementwise and friends -----------------------------------------------
+
+    def op_elementwise(self, n):
+        """add/sub/mul/gelu/silu/relu: NumPy broadcasting, aligned right."""
+        rank = len(n.shape)
+        split = set()
+        for i in n.inputs:
+            pl = self.place.get(i)
+            if pl is not None and not self.is_param(i):
+                split.add((pl.dim + rank - len(self.shape(i)), pl.segs, pl.origin))
+        target = None
+        if len({(s[0], s[1]) for s in split}) == 1:
+            target = Shard(*next(iter(split)))
+            for i in n.inputs:
+                if self.is_param(i) or self.place.get(i) is not None:
+                    continue
+                k = target.dim - (rank - len(self.shape(i)))
+                if k >= 0 and self.shape(i)[k] != 1:
+                    target = None
+                    break
+        ins = []
+        for i in n.inputs:
+            k = None if target is None else target.dim - (rank - len(self.shape(i)))
+            if self.is_param(i):
+                split_it = k is not None and k >= 0 and self.shape(i)[k] == n.shape[target.dim]
+                ins.append(self.use_param(i, k, target.segs) if split_it else self.use_param(i))
+            elif target is None:
+                ins.append(self.replicated(i))
+            else:
+                ins.append(self.name[i])
+        self.emit_same(n, ins, target)
+
+    def _along(self, n, dim):
+        """Unary op along `dim` (softmax, norms): that dim must be whole."""
+        x = n.inputs[0]
+        pl = self.place.get(x)
+        rank = len(self.shape(x))
+        if pl is not None and pl.dim == dim % rank:
+            pl, xs = None, self.replicated(x)
+        else:
+            xs = self.name[x]
+        rest = [self.use_param(p) if self.is_param(p) else self.replicated(p) for p in n.inputs[1:]]
+        self.emit_same(n, [xs] + rest, pl)
+
+    def op_softmax(self, n):
+        self._along(n, n.attrs.get("dim", -1))
+
+    def op_layer_norm(self, n):
+        self._along(n, -1)
+
+    op_rms_norm = op_layer_norm
+
+    def op_attention(self, n):
+        pls = [self.place.get(i) for i in n.inputs]
+        if all(p is not None and p.dim == 1 and len(p.segs) == 1 for p in pls):
+            self.emit_same(n, [self.name[i] for i in n.inputs], pls[0])
+        else:
+            self.emit_same(n, [self.replicated(i) for i in n.inputs], None)
+
+    def op_cat(self, n):
+        dim = n.attrs["dim"] % len(n.shape)
+        pls = {self.place.get(i) for i in n.inputs}
+        if len(pls) == 1 and None not in pls and next(iter(pls)).dim != dim:
+            self.emit_same(n, [self.name[i] for i in n.inputs], next(iter(pls)), {"dim": dim})
+        else:
+            self.emit_same(n, [self.replicated(i) for i in n.inputs], None, {"dim": dim})
+
+    # -- views ----------------------------------------------------------------
+
+    def op_permute(self, n):
+        pl = self.place.get(n.inputs[0])
+        out = None if pl is None else pl._replace(dim=list(n.attrs["dims"]).index(pl.dim))
+        self.emit_same(n, [self.name[n.inputs[0]]], out)
+
+    def op_transpose(self, n):
+        pl = self.place.get(n.inputs[0])
+        rank = len(n.shape)
+        d0, d1 = n.attrs["dim0"] % rank, n.attrs["dim1"] % rank
+        out = None if pl is None else pl._replace(dim={d0: d1, d1: d0}.get(pl.dim, pl.dim))
+        self.emit_same(n, [self.name[n.inputs[0]]], out)
+
+    def op_slice(self, n):
+        x = n.inputs[0]
+        pl = self.place.get(x)
+        dim, start, length = n.attrs["dim"] % len(n.shape), n.attrs["start"], n.attrs["length"]
+        whole = {"dim": dim, "start": start, "length": length}
+        if pl is None or pl.dim != dim:
+            return self.emit_same(n, [self.name[x]], pl, whole)
+        # Rank r holds chunk r of every segment side by side, so a slice made
+        # of whole segments is the same slice scaled by 1/d on every rank.
+        bounds = list(np.cumsum((0,) + pl.segs))
+        if start in bounds and start + length in bounds:
+            i, j = bounds.index(start), bounds.index(start + length)
+            self.emit_same(n, [self.name[x]], Shard(dim, pl.segs[i:j], pl.origin),
+                           {"dim": dim, "start": start // self.d, "length": length // self.d})
+        else:
+            self.emit_same(n, [self.replicated(x)], None, whole)
+
+    def op_reshape(self, n):
+        x = n.inputs[0]
+        pl, src, dst = self.place.get(x), self.shape(x), n.shape
+        out = None
+        if pl is not None:
+            out = self.reshape_split(n, pl, src, dst)
+        xs = self.replicated(x) if pl is not None and out is None else self.name[x]
+        local = self.local_shape(n.name, pl=out)
+        if n.bdim is not None:
+            local[n.bdim] = -1
+        self.emit_same(n, [xs], out, {"shape": local})
+
+    def reshape_split(self, n, pl, src, dst):
+        for gi, gj in _reshape_groups(src, dst):
+            if pl.dim not in gi:
+                continue
+            si = [k for k in gi if src[k] != 1]
+            sj = [k for k in gj if dst[k] != 1]
+            if not sj or si[0] != pl.dim:
+                return None
+            if len(pl.segs) > 1 and not (len(si) == 1 and len(sj) == 1):
+                return None
+            o = sj[0]
+            if dst[o] % self.d:
+                w = self.prog.params.get(pl.origin)
+                raise ImportFailure("weight '%s'%s: '%s' splits its dim of %d into %s and %d (heads) is not divisible by world size %d"
+                                    % (pl.origin, "" if w is None else " " + _fmt(w.shape), n.name, src[pl.dim],
+                                       " x ".join(str(dst[k]) for k in sj), dst[o], self.d))
+            return Shard(o, pl.segs if len(pl.segs) > 1 else (dst[o],), pl.origin)
+        return None

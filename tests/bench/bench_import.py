@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""bench_import.py --tpserve BIN [--models mlp,gpt2,bert,llama] [--iters N]
+
+tpserve serving the imported ONNX fixtures (world size 1 and 2, ranks as
+threads, binary KServe requests on one keep-alive connection) against
+onnxruntime's CPU provider on the same machine with the same number of
+threads (intra_op threads = world size), per request at batch 1 and 8.
+Prints a markdown table of median milliseconds; every tpserve answer is
+checked against onnxruntime's first (a table of wrong answers is no
+benchmark). Never fails on timings. Needs numpy, onnx, onnxruntime."""
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "onnx"))
+import kserve_client  # noqa: E402
+import reference  # noqa: E402
+
+NP_KS = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+RTOL = 1e-4
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_server(tpserve, graph, log):
+    port = free_port()
+    p = subprocess.Popen([tpserve, "serve", "--graph", graph, "--port", str(port), "--backend", "cpu",
+                          "--threads", "1", "--log-level", "warn"], stdout=log, stderr=log)
+    for _ in range(300):
+        if p.poll() is not None:
+            raise SystemExit("bench_import: tpserve exited at startup (see %s)" % log.name)
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/v2/health/ready")
+            if c.getresponse().status == 200:
+                c.close()
+                return p, port
+        except OSError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    raise SystemExit("bench_import: tpserve not ready after 30 s")
+
+
+def time_tpserve(port, model_name, feeds, ref, iters):
+    body, hl = kserve_client.build_request({k: (NP_KS[v.dtype], v) for k, v in feeds.items()},
+                                           binary=True, binary_out=True)
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(hl)}
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    path = "/v2/models/%s/infer" % model_name
+    times = []
+    for i in range(iters + 3):
+        t0 = time.perf_counter()
+        c.request("POST", path, body, headers)
+        r = c.getresponse()
+        data = r.read()
+        dt = time.perf_counter() - t0
+        if r.status != 200:
+            raise SystemExit("bench_import: %s: HTTP %d: %s" % (model_name, r.status, data[:200]))
+        if i == 0:
+            _, outs = kserve_client.parse_response(data, int(r.getheader("Inference-Header-Content-Length")))
+            for name, want in ref.items():
+                err = kserve_client.compare.rel_err(outs[name][2], want.astype(np.float64))
+                if not err <= RTOL:
+                    raise SystemExit("bench_import: %s output %s: err %.3e > %g" % (model_name, name, err, RTOL))
+        if i >= 3:
+            times.append(dt)
+    c.close()
+    return 1e3 * float(np.median(times))
+
+
+def time_ort(path, feeds, threads, iters):
+    _, sess = reference.run_reference(path, feeds, threads)
+    names = [o.name for o in sess.get_outputs()]
+    times = []
+    for i in range(iters + 3):
+        t0 = time.perf_counter()
+        sess.run(names, feeds)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tpserve", required=True)
+    ap.add_argument("--models", default="mlp,gpt2,bert,llama")
+    ap.add_argument("--iters", type=int, default=30)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench_import.")
+    rows = []
+    try:
+        for m in a.models.split(","):
+            src = os.path.join(ROOT, "tests", "onnx", m + ".onnx")
+            model = onnx.load(src)
+            for ws in (1, 2):
+                g = os.path.join(tmp, "%s_tp%d.json" % (m, ws))
+                subprocess.run([sys.executable, os.path.join(ROOT, "graphs", "import_onnx.py"), src,
+                                "--world-size", str(ws), "--out", g], check=True)
+                with open(os.path.join(tmp, "%s_tp%d.log" % (m, ws)), "w") as log:
+                    proc, port = start_server(a.tpserve, g, log)
+                    try:
+                        for b in (1, 8):
+                            feeds = reference.make_feeds(model, b, {}, seed=b)
+                            ref, _ = reference.run_reference(src, feeds)
+                            tp = time_tpserve(port, "%s_tp%d" % (m, ws), feeds, ref, a.iters)
+                            ort_ms = time_ort(src, feeds, ws, a.iters)
+                            rows.append((m, b, ws, ort_ms, tp))
+                    finally:
+                        proc.terminate()
+                        proc.wait(timeout=30)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\nper request, median of %d (ms); onnxruntime in-process, tpserve over HTTP (binary, keep-alive)\n" % a.iters)
+    print("| model | batch | threads = world size | onnxruntime | tpserve | tpserve / ort |")
+    print("|---|---|---|---|---|---|")
+    for m, b, ws, o, t in sorted(rows):
+        print("| %s | %d | %d | %.3f | %.3f | %.2f |" % (m, b, ws, o, t, t / o))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""synthetic.py OUTDIR
+
+Writes small hand-built ONNX models (onnx.helper, fixed-seed weights) for
+what the exported fixtures do not cover:
+
+- decomposed.onnx (and external.onnx, the same with its weights in
+  external.onnx.data as exports of large models have them): LayerNorm spelled out (ReduceMean/Sub/Pow/Sqrt/Div/Mul/Add),
+  an MLP with Relu and a Div by 2, RMSNorm in its Div form, x [batch, 8, 32];
+- fused_gqa.onnx: one fused QKV weight for grouped-query attention (4 query
+  heads, 2 KV heads of 8: output dim 32 | 16 | 16, cut by an unequal Split),
+  KV heads repeated by Unsqueeze/Expand/Reshape, a constant -inf causal mask,
+  kᵀ by a Transpose, x [batch, 8, 32];
+- two_dynamic.onnx: x [batch, seq, 16] -> MatMul -> Softmax (seq must be fixed
+  with --dim seq=N);
+- unmapped_op.onnx: x [batch, 16] -> Sin (no tpgraph mapping).
+Needs numpy and onnx."""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(7)
+
+
+def init(name, shape, scale=0.3, offset=0.0):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale + offset).astype(np.float32), name)
+
+
+def scalar(name, v):
+    return numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+
+
+def axes(name, v):
+    return numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+
+
+def save(nodes, inits, inputs, outputs, path, opset=18, external=False):
+    g = helper.make_graph(nodes, os.path.basename(path)[:-5], inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(m)
+    onnx.save(m, path, save_as_external_data=external, location=os.path.basename(path) + ".data",
+              size_threshold=256)
+
+
+def decomposed(path, external=False):
+    N = helper.make_node
+    nodes = [
+        N("ReduceMean", ["x", "ax"], ["mu"]),
+        N("Sub", ["x", "mu"], ["d"]),
+        N("Pow", ["d", "two"], ["d2"]),
+        N("ReduceMean", ["d2", "ax"], ["var"]),
+        N("Add", ["var", "eps"], ["var_eps"]),
+        N("Sqrt", ["var_eps"], ["std"]),
+        N("Div", ["d", "std"], ["xhat"]),
+        N("Mul", ["xhat", "ln_w"], ["xw"]),
+        N("Add", ["xw", "ln_b"], ["ln"]),
+        N("MatMul", ["ln", "w1"], ["h"]),
+        N("Add", ["h", "b1"], ["hb"]),
+        N("Relu", ["hb"], ["r"]),
+        N("Div", ["r", "two"], ["half"]),
+        N("MatMul", ["half", "w2"], ["o"]),
+        N("Add", ["o", "x"], ["res"]),
+        N("Mul", ["res", "res"], ["sq"]),
+        N("ReduceMean", ["sq", "ax"], ["ms"]),
+        N("Add", ["ms", "eps"], ["ms_eps"]),
+        N("Sqrt", ["ms_eps"], ["rms"]),
+        N("Div", ["res", "rms"], ["normed"]),
+        N("Mul", ["rms_w", "normed"], ["y"]),
+    ]
+    inits = [axes("ax", [-1]), scalar("two", 2.0), scalar("eps", 1e-5), init("ln_w", [32], 0.2, 1.0),
+             init("ln_b", [32]), init("w1", [32, 64]), init("b1", [64]), init("w2", [64, 32]),
+             init("rms_w", [32], 0.2, 1.0)]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 32])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])], path, external=external)
+
+
+def fused_gqa(path):
+    """Attention with a fused, unequally split QKV projection and GQA."""
+    N = helper.make_node
+    S, H, KV, D = 8, 4, 2, 8
+    mask = np.triu(np.full((S, S), -np.inf, np.float32), 1)
+    nodes = [
+        N("MatMul", ["x", "w_qkv"], ["qkv"]),
+        N("Split", ["qkv", "split"], ["q2", "k2", "v2"], axis=2),
+        N("Reshape", ["q2", "q_shape"], ["q4"]),
+        N("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3]),
+    ]
+    for t in ("k", "v"):
+        nodes += [N("Reshape", [t + "2", "kv_shape"], [t + "4"]),
+                  N("Transpose", [t + "4"], [t + "h"], perm=[0, 2, 1, 3]),
+                  N("Unsqueeze", [t + "h", "axis2"], [t + "u"]),
+                  N("Expand", [t + "u", "rep_shape"], [t + "e"]),
+                  N("Reshape", [t + "e", "heads_shape"], [t + "r"])]
+    nodes += [
+        N("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+        N("MatMul", ["q", "kt"], ["scores"]),
+        N("Mul", ["scores", "scale"], ["scaled"]),
+        N("Add", ["scaled", "mask"], ["masked"]),
+        N("Softmax", ["masked"], ["p"], axis=-1),
+        N("MatMul", ["p", "vr"], ["o4"]),
+        N("Transpose", ["o4"], ["o_t"], perm=[0, 2, 1, 3]),
+        N("Reshape", ["o_t", "o_shape"], ["o"]),
+        N("MatMul", ["o", "w_o"], ["y"]),
+    ]
+    inits = [init("w_qkv", [32, H * D + 2 * KV * D]), axes("split", [H * D, KV * D, KV * D]),
+             axes("q_shape", [-1, S, H, D]), axes("kv_shape", [-1, S, KV, D]), axes("axis2", [2]),
+             axes("rep_shape", [1, KV, H // KV, S, D]), axes("heads_shape", [-1, H, S, D]),
+             scalar("scale", 1 / np.sqrt(D) * 0.5), numpy_helper.from_array(mask, "mask"),
+             axes("o_shape", [-1, S, H * D]), init("w_o", [H * D, 32])]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", S, 32])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", S, 32])], path)
+
+
+def two_dynamic(path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)]
+    save(nodes, [init("w", [16, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])], path)
+
+
+def unmapped_op(path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sin", ["h"], ["y"], name="the_sine")]
+    save(nodes, [init("w", [16, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], path)
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    decomposed(os.path.join(out, "decomposed.onnx"))
+    decomposed(os.path.join(out, "external.onnx"), external=True)
+    fused_gqa(os.path.join(out, "fused_gqa.onnx"))
+    two_dynamic(os.path.join(out, "two_dynamic.onnx"))
+    unmapped_op(os.path.join(out, "unmapped_op.onnx"))
+
+
+if __name__ == "__main__":
+    main()
