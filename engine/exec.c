@@ -50,8 +50,10 @@ static tp_status alloc_arenas(tp_exec *x, int rank, tp_err *err)
         size_t bytes = (size_t)x->plan->arena_bytes[k];
         tp_status st = k == TP_MEM_SYMMETRIC ? bi->alloc_symmetric(x->b, rank, bytes, &x->rs[rank].arena[k], err)
                                              : bi->alloc(x->b, rank, bytes, &x->rs[rank].arena[k], err);
-        if (st != TP_OK)
-            return tp_fail(err, st, "%s arena of %zu bytes: %s", tp_mem_kind_name((tp_mem_kind)k), bytes, err->msg);
+        if (st != TP_OK) {
+            tp_err_prefix(err, "%s arena of %zu bytes: ", tp_mem_kind_name((tp_mem_kind)k), bytes);
+            return st;
+        }
     }
     return TP_OK;
 }
