@@ -19,6 +19,7 @@
 #include "graph.h"
 #include "passes.h"
 #include "plan.h"
+#include "request_checks.h"
 #include "rank_group.h"
 #include "weights.h"
 
@@ -643,7 +644,8 @@ tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int
 {
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     *batch = 0;
-    return match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    tp_status st = match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
 }
 
 int tp_engine_batchable(const tp_engine *e)
