@@ -34,9 +34,9 @@ void tp_serve_usage(FILE *out)
             "batching: concurrent requests are concatenated on the batch dim, up to\n"
             "  max_batch_size rows per engine run or max_queue_delay_us of waiting.\n"
             "signals: SIGTERM/SIGINT -> readiness 503, stop accepting, finish in-flight requests,\n"
-            "  exit 0; after drain_timeout_ms (or a second signal) queued requests get 503 and\n"
-            "  the exit code is 1 if a request was still running in the engine. SIGHUP, SIGUSR1\n"
-            "  and SIGUSR2 are logged and ignored (serving goes on).\n"
+            "  exit 0; after drain_timeout_ms (or another signal 1 s or more after the first)\n"
+            "  queued requests get 503 and the exit code is 1 if a request was still running\n"
+            "  in the engine. SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored.\n"
             "example: tpserve serve --config config/default.json --port 8080\n",
             "config", "(file)");
 }
@@ -159,10 +159,14 @@ static int wait_signal(const sigset_t *set, int timeout_ms)
  * counted (and answered) before the daemon closes the connections. */
 #define QUIET_MS 150
 
+/* Signals within this long of the first are one burst (a supervisor
+ * signalling a process group repeatedly), not a request to cut the drain. */
+#define SIGNAL_BURST_MS 1000
+
 /* Returns 1 when every accepted request was answered. */
 static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
 {
-    double deadline = now_ms() + cfg->drain_timeout_ms, quiet_since = -1;
+    double start = now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
     for (;;) {
         double t = now_ms();
         if (tp_http_in_flight(h) > 0) {
@@ -178,7 +182,7 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
                      cfg->drain_timeout_ms, tp_http_in_flight(h));
             return 0;
         }
-        if (wait_signal(set, 10) > 0) {
+        if (wait_signal(set, 10) > 0 && now_ms() - start >= SIGNAL_BURST_MS) {
             TP_LOG_W("second signal: ending the drain with %ld requests in flight",
                      tp_http_in_flight(h));
             return 0;
