@@ -87,16 +87,12 @@ CASES = {
                                 params=[inp("w", [4])], weights="weights_truncated.safetensors"),
                           1, ["weights_truncated.safetensors", "tensor 'w'", "run past the end of the file"]),
 }
-# Seeds only (another issue fixes the engine side): cat of 64 inputs.
-SEEDS = {"cat_64_inputs": graph("h", X, [node("y", "cat", ["x"] * 64, dim=1)], ["y"])}
 
 
 def write(d):
     os.makedirs(d, exist_ok=True)
     for name, (g, _, _) in CASES.items():
         json.dump(g, open(os.path.join(d, name + ".json"), "w"))
-    for name, g in SEEDS.items():
-        json.dump(g, open(os.path.join(d, name + ".seed.json"), "w"))
     fifo = os.path.join(d, "weights_fifo.safetensors")
     if os.path.exists(fifo):
         os.unlink(fifo)
