@@ -490,6 +490,10 @@ START_TEST(errors_binary)
                                          "request has no Inference-Header-Content-Length header");
     expect_bin_error(&m, hdr, v, 16, 100000, "Inference-Header-Content-Length 100000 exceeds the "
                                              "body length");
+    /* the header length set to the whole body's: the tail is not JSON, and
+     * the message says so instead of asking for the header it has */
+    expect_bin_error(&m, hdr, v, 16, (long long)strlen(hdr) + 16,
+                     "runs 16 bytes past the JSON header, which ends at byte");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}",
                      v, 16, -2, "input 't' has both 'data' and parameters.binary_data_size");
