@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "fuzz_file.h"
 #include "graph.h"
 #include "safetensors.h"
 
@@ -139,11 +140,8 @@ static void run_batch(tp_engine *e, int64_t rows)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    FILE *fp = fopen(graph_path, "wb");
-    if (!fp)
+    if (fuzz_write_file(graph_path, data, size) != 0)
         return 0;
-    fwrite(data, 1, size, fp);
-    fclose(fp);
     if (!small_enough())
         return 0;
     /* the input's length picks the mode, so every mode sees every graph

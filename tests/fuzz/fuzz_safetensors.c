@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "fuzz_file.h"
 #include "safetensors.h"
 
 static char path[64];
@@ -39,11 +40,8 @@ static void read_all_ways(st_file *f, const st_tensor_info *t)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    FILE *fp = fopen(path, "wb");
-    if (!fp)
+    if (fuzz_write_file(path, data, size) != 0)
         return 0;
-    fwrite(data, 1, size, fp);
-    fclose(fp);
     st_file *f;
     tp_err err;
     if (st_open(path, &f, &err) == TP_OK) {
