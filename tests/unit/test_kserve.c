@@ -376,6 +376,9 @@ START_TEST(errors_document)
                  "request body has 3 bytes after the JSON document (at byte 13); a binary tensor "
                  "tail needs the Inference-Header-Content-Length header");
     expect_error(&M, "{}", TP_INVALID, "request has no 'inputs' (model 'm' expects 'x', 'n')");
+    /* found by fuzz_kserve_json: the parser quotes the bad escape with its
+     * newline; the message stays one line (no forged log lines) */
+    expect_error(&M, "{\"inputs\":[{\"dat-\\\n\x01\"", TP_PARSE, "invalid escape near '\"dat-\\?'");
     expect_error(&M, "{\"inputs\":{}}", TP_INVALID, "'inputs' must be an array, got an object");
     expect_error(&M, "{\"id\":5,\"inputs\":[]}", TP_INVALID, "'id' must be a string, got an integer");
     expect_error(&M, "{\"parameters\":[],\"inputs\":[]}", TP_INVALID, "'parameters' must be an object");
