@@ -41,8 +41,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu \
-        fuzz-build fuzz-smoke soak
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
 
 all: $(BUILD)/tpserve cuda
 
@@ -162,6 +161,7 @@ FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 600
 FUZZ_SMOKE_SECONDS ?= 3
 FUZZ_JOBS    ?= 4
+.PHONY: fuzz-build fuzz-smoke soak
 FUZZ_SAN     := -fsanitize=address,undefined -fsanitize=fuzzer-no-link -fno-omit-frame-pointer \
                 -fno-sanitize-recover=undefined
 
