@@ -34,7 +34,7 @@ void tp_http_guard_free(tp_http_guard *g);
  * connection notifier, the URL unescaper) to opts; returns how many, at
  * most TP_HTTP_GUARD_N_OPTIONS. share_limits 0 leaves the limits out (the
  * small probes listener keeps libmicrohttpd's own). */
-#define TP_HTTP_GUARD_N_OPTIONS 5
+#define TP_HTTP_GUARD_N_OPTIONS 4
 int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts, int share_limits);
 
 /* The request on c is complete (body in): the deadline no longer applies. */
