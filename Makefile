@@ -55,7 +55,9 @@ help:
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
 	@echo "make bench-gpu  fused vs unfused AG+GEMM, one-shot vs NCCL all_reduce, replay vs eager (GPUs)"
 	@echo "make bench-http wrk on tpserve vs a bare libmicrohttpd baseline (markdown table)"
-	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
+	@echo "make fuzz       libFuzzer harnesses (request decoder, binary split, safetensors, graph->engine),"
+	@echo "                FUZZ_SECONDS each (600), a table of executions, coverage, findings"
+	@echo "make soak       SOAK_SECONDS of mixed valid/invalid traffic on a real server, answers checked, RSS"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
@@ -65,7 +67,7 @@ help:
 # Installs missing Debian packages once; re-checked when the stamp is gone.
 $(DEPS_OK):
 	@mkdir -p $(BUILD)
-	@pkg-config --exists $(PKGS) check libcurl && command -v wrk >/dev/null \
+	@pkg-config --exists $(PKGS) check libcurl && command -v wrk >/dev/null && command -v clang >/dev/null \
 	  && $(PYTHON) -c "import numpy" 2>/dev/null || ./scripts/deps.sh
 	@touch $@
 deps: $(DEPS_OK)
@@ -115,6 +117,7 @@ test: all $(GRAPHS)
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory cuda-double
 	@$(MAKE) --no-print-directory integration
+	@$(MAKE) --no-print-directory fuzz-smoke
 
 # ---- cuda host tests against a double of CUDA/NCCL/cuBLASLt (tests/cuda_double)
 # The backend's .c files compiled against the real headers, linked with the
@@ -193,12 +196,49 @@ docker:
 	@docker info >/dev/null 2>&1 || { echo "make docker: no Docker engine reachable ('docker info' fails: start dockerd or set DOCKER_HOST); nothing built" >&2; exit 1; }
 	docker build -f docker/Dockerfile -t $(DOCKER_IMAGE) .
 
-# Mutation fuzzing of loader + engine under ASan (not part of make test).
-fuzz:
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 NVCC= \
-	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  build/asan/tpserve build/asan/graphs/.stamp
-	TPSERVE=build/asan/tpserve TP_GRAPHS=build/asan/graphs $(PYTHON) tests/fuzz/mutate_graphs.py
+# ---- coverage-guided fuzzing: libFuzzer harnesses tests/fuzz/fuzz_*.c -------
+# The library is rebuilt with clang into build/fuzz (ASan + UBSan + libFuzzer
+# coverage); each harness links it. `make fuzz` runs every harness for
+# FUZZ_SECONDS, FUZZ_JOBS at a time, and prints a table; `make test` runs
+# each for FUZZ_SMOKE_SECONDS so they never rot (tests/fuzz/README.md).
+FUZZ_BUILD   := build/fuzz
+FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 3
+FUZZ_JOBS    ?= 4
+.PHONY: fuzz-build fuzz-smoke soak
+FUZZ_SAN     := -fsanitize=address,undefined -fsanitize=fuzzer-no-link -fno-omit-frame-pointer \
+                -fno-sanitize-recover=undefined
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) $(BUILD)/libtpserve.a
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Itests/fuzz -fsanitize=fuzzer -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS)
+
+fuzz-build: $(GRAPHS)
+	@command -v clang >/dev/null || ./scripts/deps.sh
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 NVCC= SAN="$(FUZZ_SAN)" \
+	  $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%)
+	@mkdir -p $(FUZZ_BUILD)/seeds/graph
+	@cp $(BUILD)/graphs/*_tp2.json $(FUZZ_BUILD)/seeds/graph/
+	@$(PYTHON) tests/hostile/hostile_graphs.py write $(FUZZ_BUILD)/hostile >/dev/null
+	@cp $(FUZZ_BUILD)/hostile/*.json $(FUZZ_BUILD)/seeds/graph/
+
+FUZZ_HEADER = echo "| harness | seconds | executions | exec/s | cov (edges) | ft (features) | corpus | findings |"; \
+	      echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+
+fuzz: fuzz-build
+	@$(FUZZ_HEADER); printf '%s\n' $(FUZZ_NAMES) | xargs -P $(FUZZ_JOBS) -I{} env FUZZ_BUILD=$(FUZZ_BUILD) \
+	  TP_GRAPHS=$(BUILD)/graphs sh tests/fuzz/run_fuzz.sh {} $(FUZZ_SECONDS)
+
+fuzz-smoke: fuzz-build
+	@$(FUZZ_HEADER); fail=0; for f in $(FUZZ_NAMES); do FUZZ_BUILD=$(FUZZ_BUILD) TP_GRAPHS=$(BUILD)/graphs \
+	  sh tests/fuzz/run_fuzz.sh $$f $(FUZZ_SMOKE_SECONDS) || fail=1; done; exit $$fail
+
+# Mixed valid and invalid traffic against a real server; prints a table.
+SOAK_SECONDS ?= 30
+SOAK_CONNS   ?= 8
+soak: $(BUILD)/tpserve $(GRAPHS)
+	TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) SOAK_SECONDS=$(SOAK_SECONDS) \
+	  SOAK_CONNS=$(SOAK_CONNS) sh tests/load/soak.sh
 
 # ---- ONNX import (graphs/import_onnx.py; graphs/README.md) -----------------
 # $(BUILD)/imported/NAME_tpN.json: tests/onnx/NAME.onnx (or MODEL when it is

@@ -19,6 +19,7 @@
 #include "graph.h"
 #include "passes.h"
 #include "plan.h"
+#include "request_checks.h"
 #include "rank_group.h"
 #include "weights.h"
 
@@ -457,6 +458,14 @@ static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp
     return TP_OK;
 }
 
+/* memcpy from a request tensor, which may be empty with a NULL data
+ * pointer (memcpy's arguments must be valid even for 0 bytes). */
+static void copy_request_bytes(void *dst, const void *src, size_t n)
+{
+    if (n > 0)
+        memcpy(dst, src, n);
+}
+
 /* Where an execution's inputs (then outputs) sit in the request staging:
  * the same offsets in every process, derived from the executable alone. */
 static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err)
@@ -481,6 +490,8 @@ static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tens
         off[k] = end;
         end += ((size_t)tp_tensor_numel(all[k]) * tp_dtype_size(all[k]->dtype) + 63) & ~(size_t)63;
     }
+    if (end == 0)
+        end = 64; /* every tensor empty: still a real staging, never NULL + 0 */
     if (end > e->stage_cap) {
         if (e->stage_shared)
             return tp_fail(err, TP_INVALID, "a batch of %lld needs %zu bytes of request staging; the rank group has %zu "
@@ -524,7 +535,7 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batc
     if (st != TP_OK)
         return st;
     for (int i = 0; i < ni; i++)
-        memcpy(in_t[i].data, in[i]->data, in[i]->nbytes);
+        copy_request_bytes(in_t[i].data, in[i]->data, in[i]->nbytes);
     tp_exec_stats xs = {0};
     st = tp_exec_run(x, in_t, out_t, &xs, err);
     add_run_stats(e, &xs, -1);
@@ -543,10 +554,10 @@ static void stage_inputs(tp_engine *e, const tp_host_tensor **in, int64_t batch,
         int batched = e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
         if (batched) {
             size_t rb = t->nbytes / (size_t)batch;
-            memcpy(in_t[i].data, (char *)t->data + (size_t)row * rb, (size_t)n * rb);
+            copy_request_bytes(in_t[i].data, (char *)t->data + (size_t)row * rb, (size_t)n * rb);
             memset((char *)in_t[i].data + (size_t)n * rb, 0, (size_t)(in_t[i].shape[0] - n) * rb);
         } else {
-            memcpy(in_t[i].data, t->data, t->nbytes);
+            copy_request_bytes(in_t[i].data, t->data, t->nbytes);
         }
     }
 }
@@ -637,7 +648,8 @@ tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int
 {
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     *batch = 0;
-    return match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    tp_status st = match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
 }
 
 int tp_engine_batchable(const tp_engine *e)

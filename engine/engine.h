@@ -92,7 +92,8 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
 void tp_host_tensors_free(tp_host_tensor *t, int n);
 
 /* Validates a request exactly as tp_engine_infer would (names, datatypes,
- * shapes, sizes, batch agreement) without running it; *batch receives its
+ * shapes, sizes, batch agreement, and the values a kernel would refuse:
+ * request_checks.h) without running it; *batch receives its
  * batch size (1 when no input has a batch dim). For a batcher that must
  * refuse one bad request without failing the batch it would have joined. */
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,

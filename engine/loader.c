@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checked_math.h"
 #include "safetensors.h"
 
 /* Attrs each op accepts; anything else is an error (the format says an
@@ -306,6 +307,8 @@ static tp_status parse_source(load_ctx *L, tp_graph *g, json_t *obj, tp_op op, i
                          op == TP_OP_INPUT && i == 0 ? " or \"B\"" : "");
         }
     }
+    if (tp_shape_bounded(n->g_ndim, n->gshape) != 0)
+        return LFAIL(L, TP_INVALID, "%s: 'shape' has more than 2^48 elements", what);
     tp_status st = parse_placement(L, json_object_get(obj, "placement"), what, n->g_ndim, &n->placement);
     if (st != TP_OK)
         return st;

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,11 +17,13 @@
  * attack), and rejecting it early avoids parsing hundreds of MB of JSON. */
 #define ST_MAX_HEADER 100000000ull
 
+/* The file is read with pread, never mapped: a weights file truncated or
+ * rewritten while it loads then reads short (an error naming the file)
+ * instead of raising SIGBUS inside a memcpy. */
 struct st_file {
     char *path;
-    void *map;
-    size_t map_len;
-    const unsigned char *data; /* start of the data section inside map */
+    int fd;
+    uint64_t data_off; /* file offset of the data section */
     uint64_t data_len;
     int n;
     st_tensor_info *tensors;
@@ -210,6 +211,43 @@ out:
     return s;
 }
 
+/* Exactly len bytes at off, or an error: a short read means the file
+ * shrank after it was opened (its size was checked then). */
+static tp_status pread_full(const st_file *f, const char *tensor, void *dst, size_t len, uint64_t off,
+                            tp_err *err)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = pread(f->fd, (char *)dst + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return st_fail(err, TP_IO, f->path, tensor, "read error at byte %" PRIu64 ": %s",
+                           off + done, strerror(errno));
+        if (r == 0)
+            return st_fail(err, TP_IO, f->path, tensor, "file ends at byte %" PRIu64 " but %zu more bytes "
+                           "were expected (truncated while loading?)", off + done, len - done);
+        done += (size_t)r;
+    }
+    return TP_OK;
+}
+
+/* O_NONBLOCK so a FIFO or device never blocks open(); only regular files
+ * pass the fstat check after it. */
+static tp_status open_regular(st_file *f, uint64_t *size, tp_err *err)
+{
+    f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f->fd < 0)
+        return st_fail(err, TP_IO, f->path, NULL, "cannot open: %s", strerror(errno));
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0)
+        return st_fail(err, TP_IO, f->path, NULL, "cannot stat: %s", strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return st_fail(err, TP_IO, f->path, NULL, "not a regular file");
+    *size = (uint64_t)sb.st_size;
+    return TP_OK;
+}
+
 tp_status st_open(const char *path, st_file **out, tp_err *err)
 {
     *out = NULL;
@@ -218,48 +256,23 @@ tp_status st_open(const char *path, st_file **out, tp_err *err)
         free(f);
         return st_fail(err, TP_NOMEM, path, NULL, "out of memory");
     }
-    tp_status s = TP_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        s = st_fail(err, TP_IO, path, NULL, "cannot open: %s", strerror(errno));
+    f->fd = -1;
+    uint64_t size = 0;
+    unsigned char prefix[8];
+    char *hdr = NULL;
+    tp_status s = open_regular(f, &size, err);
+    if (s != TP_OK)
         goto fail;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        s = st_fail(err, TP_IO, path, NULL, "cannot stat: %s", strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        s = st_fail(err, TP_IO, path, NULL, "not a regular file");
-        goto fail;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
     if (size < 8) {
         s = st_fail(err, TP_PARSE, path, NULL,
                     "file is %" PRIu64 " bytes, shorter than the 8-byte header length", size);
         goto fail;
     }
-    if (size > SIZE_MAX) {
-        s = st_fail(err, TP_IO, path, NULL, "file of %" PRIu64 " bytes cannot be mapped", size);
+    if ((s = pread_full(f, NULL, prefix, sizeof prefix, 0, err)) != TP_OK)
         goto fail;
-    }
-    /* The whole file is mapped (never less than 8 bytes), so an empty data
-     * section is simply a data pointer at the end of the mapping. */
-    f->map_len = (size_t)size;
-    f->map = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        s = st_fail(err, TP_IO, path, NULL, "cannot mmap %" PRIu64 " bytes: %s", size,
-                    strerror(errno));
-        goto fail;
-    }
-    close(fd);
-    fd = -1;
-
-    const unsigned char *p = f->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | p[i];
+        hlen = (hlen << 8) | prefix[i];
     if (hlen > ST_MAX_HEADER) {
         s = st_fail(err, TP_PARSE, path, NULL,
                     "header length %" PRIu64 " exceeds the %llu-byte limit (corrupt file?)", hlen,
@@ -272,16 +285,20 @@ tp_status st_open(const char *path, st_file **out, tp_err *err)
                     " bytes after the length prefix)", hlen, size - 8);
         goto fail;
     }
-    f->data = p + 8 + hlen;
+    f->data_off = 8 + hlen;
     f->data_len = size - 8 - hlen;
-    s = parse_header(f, (const char *)p + 8, (size_t)hlen, err);
+    if (!(hdr = malloc(hlen ? hlen : 1))) {
+        s = st_fail(err, TP_NOMEM, path, NULL, "out of memory for a %" PRIu64 "-byte header", hlen);
+        goto fail;
+    }
+    if ((s = pread_full(f, NULL, hdr, (size_t)hlen, 8, err)) == TP_OK)
+        s = parse_header(f, hdr, (size_t)hlen, err);
+    free(hdr);
     if (s != TP_OK)
         goto fail;
     *out = f;
     return TP_OK;
 fail:
-    if (fd >= 0)
-        close(fd);
     st_close(f);
     return s;
 }
@@ -290,8 +307,8 @@ void st_close(st_file *f)
 {
     if (!f)
         return;
-    if (f->map)
-        munmap(f->map, f->map_len);
+    if (f->fd >= 0)
+        close(f->fd);
     for (int i = 0; i < f->n; i++)
         free(f->tensors[i].name);
     free(f->tensors);
@@ -320,8 +337,6 @@ const st_tensor_info *st_find(const st_file *f, const char *name)
     return hit ? *hit : NULL;
 }
 
-const void *st_data(const st_file *f, const st_tensor_info *t) { return f->data + t->begin; }
-
 tp_status st_read_shard(const st_file *f, const st_tensor_info *t, int shard_dim, int rank,
                         int world, void *dst, tp_err *err)
 {
@@ -335,15 +350,13 @@ tp_status st_read_shard(const st_file *f, const st_tensor_info *t, int shard_dim
         t->end - t->begin != (uint64_t)nbytes)
         return st_fail(err, TP_INVALID, f->path, t->name,
                        "tensor info does not describe a tensor of this file");
-    const unsigned char *src = f->data + t->begin;
+    uint64_t src = f->data_off + t->begin;
     unsigned char *out = dst;
 
     if (shard_dim < 0) {
         if (nbytes > 0 && !dst)
             return st_fail(err, TP_INVALID, f->path, t->name, "destination is NULL");
-        if (nbytes > 0)
-            memcpy(out, src, (size_t)nbytes);
-        return TP_OK;
+        return nbytes > 0 ? pread_full(f, t->name, out, (size_t)nbytes, src, err) : TP_OK;
     }
     if (world < 1 || rank < 0 || rank >= world)
         return st_fail(err, TP_INVALID, f->path, t->name, "rank %d out of range for world %d",
@@ -371,9 +384,10 @@ tp_status st_read_shard(const st_file *f, const st_tensor_info *t, int shard_dim
     if (!dst)
         return st_fail(err, TP_INVALID, f->path, t->name, "destination is NULL");
     src += (uint64_t)rank * run;
-    for (uint64_t o = 0; o < outer; o++)
-        memcpy(out + o * run, src + o * pitch, (size_t)run);
-    return TP_OK;
+    tp_status s = TP_OK;
+    for (uint64_t o = 0; s == TP_OK && o < outer; o++)
+        s = pread_full(f, t->name, out + o * run, (size_t)run, src + o * pitch, err);
+    return s;
 }
 
 /* ---- writer ---- */

@@ -1,10 +1,11 @@
-/* safetensors.h — read weights straight out of a read-only mapping, and write
- * the same format for tests and tools.
+/* safetensors.h — read weights with pread (never a mapping: a file that
+ * shrinks while it loads is an error naming it, not SIGBUS), and write the
+ * same format for tests and tools.
  *
- * The reader validates the whole header at open time, so every later access
- * (st_data, st_read_shard) can trust the offsets and never reads outside the
- * mapping. Shards are cut on the fly: rank r of `world` copies only its own
- * bytes, so no rank ever materializes the full tensor.
+ * The reader validates the whole header at open time, so every later read
+ * (st_read_shard) can trust the offsets; a FIFO, device or directory is
+ * refused without blocking. Shards are cut on the fly: rank r of `world`
+ * reads only its own bytes, so no rank ever materializes the full tensor.
  *
  * Format: u64 little-endian header length N, N bytes of JSON
  *   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
@@ -32,7 +33,7 @@ typedef struct {
 /* On failure *out is NULL and err names the path (and the tensor, if one is
  * at fault). TP_IO for an unreadable file, TP_PARSE for malformed content. */
 tp_status st_open(const char *path, st_file **out, tp_err *err);
-/* Unmaps the file; every pointer obtained from f becomes invalid. NULL is ok. */
+/* Closes the file; every info obtained from f becomes invalid. NULL is ok. */
 void st_close(st_file *f);
 
 const char *st_path(const st_file *f);
@@ -41,11 +42,6 @@ int st_count(const st_file *f);
  * out of range. */
 const st_tensor_info *st_info(const st_file *f, int i);
 const st_tensor_info *st_find(const st_file *f, const char *name); /* NULL if absent */
-/* A pointer into the mapping, valid until st_close. Not necessarily aligned
- * for the element type (that depends on the writer): use memcpy or
- * st_read_shard rather than dereferencing it as float * etc. */
-const void *st_data(const st_file *f, const st_tensor_info *t);
-
 /* Copies rank's shard of t into dst (contiguous, row-major). shard_dim < 0
  * means the whole tensor (replicate). Otherwise dim shard_dim is split into
  * `world` equal contiguous chunks and rank r gets chunk r; any dim works

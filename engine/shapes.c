@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checked_math.h"
 #include "graph.h"
 #include "reassembly.h"
 
@@ -231,17 +232,28 @@ static int resolve_shape(const int64_t *target, int nt, int64_t numel, int64_t *
             neg = i;
         else if (target[i] < 0)
             return -1;
-        else
-            known *= target[i];
+        else if (tp_mul_i64(known, target[i], &known) != 0)
+            return -1;
         out[i] = target[i];
     }
     if (neg >= 0) {
         if (known == 0 || numel % known != 0)
             return -1;
         out[neg] = numel / known;
-        known *= out[neg];
+        known = numel;
     }
-    return known == numel ? 0 : -1;
+    return known == numel && tp_shape_bounded(nt, out) == 0 ? 0 : -1;
+}
+
+/* A shape whose strides or byte count would overflow is an error before
+ * any stride is computed from it. */
+static tp_status check_extent(const tp_node *n, int64_t batch, tp_err *err)
+{
+    if (tp_shape_bounded(n->ndim, n->shape) == 0)
+        return TP_OK;
+    char sh[128], b[32];
+    snprintf(b, sizeof b, "%lld", (long long)batch);
+    return node_fail(err, n, "shape %s (at batch %s) has more than 2^48 elements", SHAPE(sh, n), b);
 }
 
 static int64_t numel_of(int nd, const int64_t *shape)
@@ -364,7 +376,7 @@ static tp_status infer_slice(tp_graph *g, tp_node *n, tp_err *err)
         return st;
     int d = n->attrs.dim;
     int64_t s = n->attrs.start, len = n->attrs.length;
-    if (s < 0 || len < 0 || s + len > x->shape[d]) {
+    if (s < 0 || len < 0 || s > x->shape[d] - len) {
         char a[96], b[128];
         snprintf(a, sizeof a, "start %lld + length %lld", (long long)s, (long long)len);
         return node_fail(err, n, "%s runs past dim of size %s", a,
@@ -593,7 +605,7 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         st = infer_collective(g, n, err);
         break;
     }
-    if (st == TP_OK)
+    if (st == TP_OK && (st = check_extent(n, batch, err)) == TP_OK)
         own_contiguous(n, i);
     return st;
 }

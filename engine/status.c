@@ -24,6 +24,16 @@ int tp_status_http(tp_status s)
     return 500;
 }
 
+/* Messages quote their input (a JSON parser's "near '...'", a name from a
+ * request): control bytes there would break the one-line contract, and in
+ * a log let a client forge lines. */
+static void one_line(char *msg)
+{
+    for (unsigned char *p = (unsigned char *)msg; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            *p = '?';
+}
+
 tp_status tp_fail(tp_err *err, tp_status s, const char *fmt, ...)
 {
     if (err) {
@@ -31,6 +41,7 @@ tp_status tp_fail(tp_err *err, tp_status s, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        one_line(err->msg);
     }
     return s;
 }
@@ -46,4 +57,5 @@ void tp_err_prefix(tp_err *err, const char *fmt, ...)
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
     snprintf(err->msg, sizeof err->msg, "%.500s%.520s", prefix, old);
+    one_line(err->msg);
 }

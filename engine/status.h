@@ -37,7 +37,9 @@ const char *tp_status_name(tp_status s);
 int tp_status_http(tp_status s);
 
 /* Formats into err (if non-NULL) and returns s, so callers can write
- * `return tp_fail(err, TP_INVALID, "node '%s': ...", name);` */
+ * `return tp_fail(err, TP_INVALID, "node '%s': ...", name);`. Control
+ * characters (a newline quoted from a request, say) become '?': every
+ * message stays one line. */
 tp_status tp_fail(tp_err *err, tp_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

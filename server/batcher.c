@@ -297,7 +297,16 @@ static void run_batch(tp_batcher *b, job *batch)
         tp_metrics_engine_stats(b->o.metrics, &s);
         tp_metrics_batch(b->o.metrics, rows);
     }
-    if (st != TP_OK) {
+    if (st == TP_INVALID && n > 1) {
+        /* a request's data the per-request checks could not judge: each
+         * runs alone, so a bad one fails only its sender, with its own
+         * positions in the message */
+        for (job *next; batch; batch = next) {
+            next = batch->next;
+            batch->next = NULL;
+            run_batch(b, batch);
+        }
+    } else if (st != TP_OK) {
         if (n > 1)
             tp_err_prefix(&err, "batch of %d requests (%lld rows): ", n, (long long)rows);
         fail_all(batch, st, &err);

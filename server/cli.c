@@ -32,7 +32,8 @@ static int fail(const char *cmd, const char *msg)
     return 1;
 }
 
-/* Global input tensors straight from the mmap'd inputs file. */
+/* Global input tensors read from the inputs file, each into its own
+ * malloc'd (so naturally aligned) buffer. */
 static tp_status read_inputs(st_file *f, tp_host_tensor **out, int *n, tp_err *err)
 {
     *n = st_count(f);
@@ -49,21 +50,11 @@ static tp_status read_inputs(st_file *f, tp_host_tensor **out, int *n, tp_err *e
         h->ndim = t->ndim;
         memcpy(h->shape, t->shape, sizeof h->shape);
         h->nbytes = (size_t)(t->end - t->begin);
-        h->data = (void *)st_data(f, t);
-    }
-    return TP_OK;
-}
-
-/* The mapping may be unaligned for the element type: copy each input into
- * its own malloc'd buffer so kernels see naturally aligned data. */
-static tp_status align_inputs(tp_host_tensor *in, int n, tp_err *err)
-{
-    for (int i = 0; i < n; i++) {
-        void *p = malloc(in[i].nbytes ? in[i].nbytes : 1);
-        if (!p)
-            return tp_fail(err, TP_NOMEM, "input '%s': out of memory", in[i].name);
-        memcpy(p, in[i].data, in[i].nbytes);
-        in[i].data = p;
+        if (!(h->data = malloc(h->nbytes ? h->nbytes : 1)))
+            return tp_fail(err, TP_NOMEM, "input '%s': out of memory", t->name);
+        tp_status st = st_read_shard(f, t, -1, 0, 1, h->data, err);
+        if (st != TP_OK)
+            return st;
     }
     return TP_OK;
 }
@@ -89,15 +80,12 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
     if (st == TP_OK)
         st = read_inputs(f, &in, &n_in, err);
     if (st == TP_OK)
-        st = align_inputs(in, n_in, err);
-    if (st == TP_OK)
         st = tp_engine_infer(e, in, n_in, &outs, &n_out, err);
     if (st == TP_OK)
         st = write_outputs(out_path, outs, n_out, err);
     tp_host_tensors_free(outs, n_out);
-    for (int i = 0; in && f && i < n_in; i++)
-        if (in[i].data != st_data(f, st_info(f, i)))
-            free(in[i].data);
+    for (int i = 0; in && i < n_in; i++)
+        free(in[i].data);
     free(in);
     if (f)
         st_close(f);

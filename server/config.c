@@ -51,6 +51,17 @@ static const key_desc keys[] = {
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
+    /* availability under abuse (issue 16): server/http_guard.c */
+    INT_KEY(max_connections, 16, 1 << 20, "open HTTP connections in total; beyond it new ones wait in the "
+                                          "kernel's backlog (RLIMIT_NOFILE is raised to fit)"),
+    INT_KEY(max_connections_per_ip, 0, 1 << 20, "open HTTP connections per client address (0: no limit; in a "
+                                                "sidecar every client is the pod's 127.0.0.1)"),
+    INT_KEY(request_deadline_ms, 0, 86400000, "longest a client may take to send one whole request (headers "
+                                              "and body), or to idle between requests; trickling bytes "
+                                              "does not extend it (0: none)"),
+    INT_KEY(health_port, -1, 65535, "a second listener that answers only /v2/health/* and /metrics, "
+                                    "for probes a flood of the main port cannot starve (0: any free "
+                                    "port, logged; -1: none)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -72,6 +83,10 @@ void tp_config_defaults(tp_config *c)
     c->staging_mb = 64;
     c->rank_heap_mb = 4096;
     c->step_timeout_ms = 600000;
+    c->max_connections = 4096;
+    c->max_connections_per_ip = 0;
+    c->request_deadline_ms = 30000;
+    c->health_port = -1;
 }
 
 /* Accepts "max-body-bytes" as well as "max_body_bytes". */

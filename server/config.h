@@ -30,6 +30,10 @@ typedef struct {
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
+    int max_connections;     /* open HTTP connections in total */
+    int max_connections_per_ip; /* per client address; 0: no limit */
+    int request_deadline_ms; /* whole request (or idle gap) per connection; 0: none */
+    int health_port;         /* probes-only listener; -1: none, 0: any free port */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

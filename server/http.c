@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "batcher.h"
+#include "http_guard.h"
 #include "kserve.h"
 #include "log.h"
 #include "metrics.h"
@@ -72,6 +73,9 @@ typedef struct req_ctx {
 struct tp_http {
     struct MHD_Daemon *d;
     int listen_fd, port;
+    tp_http_guard *guard;      /* connection limits, request deadline, strictness */
+    struct MHD_Daemon *probe_d; /* health_port: probes only; NULL without one */
+    int probe_fd, probe_port;
     tp_config cfg;
     _Atomic int state;
     _Atomic int loaded; /* engine and model published; stays set while draining */
@@ -706,24 +710,40 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
     return r->rt.kind == R_INFER ? dispatch_infer(h, r) : handle_get(h, r);
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_size, void **con_cls)
+/* Refused by the guard: answered, then the connection is closed, so
+ * nothing after these headers is ever parsed as another request. */
+static enum MHD_Result reply_refused(tp_http *h, req_ctx *r, unsigned code, const char *msg)
 {
-    (void)version;
-    tp_http *h = cls;
+    log_request(r, code, msg);
+    struct MHD_Response *resp = error_response(msg);
+    if (resp)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    return send_response(h, r, code, resp);
+}
+
+static int probe_route(route_kind k) { return k == R_LIVE || k == R_READY || k == R_METRICS; }
+
+static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Connection *c, const char *url,
+                                      const char *method, const char *version,
+                                      const char *upload_data, size_t *upload_size, void **con_cls)
+{
     req_ctx *r = *con_cls;
     if (!r) {
         if (!(r = new_request(h, c, url, method)))
             return MHD_NO;
         *con_cls = r;
-        return begin_body(h, r);
+        if (probes_only && !probe_route(r->rt.kind))
+            r->rt.kind = R_NONE;
+        tp_err e;
+        unsigned bad = tp_http_guard_check_headers(c, version, e.msg, sizeof e.msg);
+        return bad ? reply_refused(h, r, bad, e.msg) : begin_body(h, r);
     }
     switch (r->state) {
     case REQ_RECEIVING:
     case REQ_TOO_LARGE:
         if (*upload_size)
             return receive_body(h, r, upload_data, upload_size);
+        tp_http_guard_request_complete(c);
         if (r->state == REQ_TOO_LARGE)
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
@@ -740,12 +760,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 }
 
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    return handle_request(cls, 0, c, url, method, version, upload_data, upload_size, con_cls);
+}
+
+/* The health_port listener: the same handler restricted to the health
+ * routes and /metrics, on its own socket and thread, so probes are answered while
+ * the main port is saturated with connections. */
+static enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url,
+                                        const char *method, const char *version,
+                                        const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    return handle_request(cls, 1, c, url, method, version, upload_data, upload_size, con_cls);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)c;
     tp_http *h = cls;
     req_ctx *r = *con_cls;
+    tp_http_guard_answered(c);
     if (!r)
         return;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
@@ -816,29 +853,44 @@ static tp_status start_workers(tp_http *h, tp_err *err)
     return TP_OK;
 }
 
-static tp_status start_daemon(tp_http *h, tp_err *err)
+/* probes 0: the main listener (thread pool, the guard's limits);
+ * 1: the health_port listener (one thread, libmicrohttpd's own limits). */
+static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port, tp_err *err)
 {
     unsigned flags = MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
                           ? MHD_USE_EPOLL_INTERNAL_THREAD
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
-    struct MHD_OptionItem opts[] = {
-        {MHD_OPTION_LISTEN_SOCKET, h->listen_fd, NULL},
+    int pool = probes ? 1 : h->cfg.threads;
+    struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
+        {MHD_OPTION_LISTEN_SOCKET, fd, NULL},
         {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
         /* a pool of one is no pool: the daemon's own thread serves */
-        {h->cfg.threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END,
-         (intptr_t)h->cfg.threads, NULL},
-        {MHD_OPTION_END, 0, NULL},
+        {pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)pool, NULL},
     };
+    int n = pool > 1 ? 4 : 3;
+    n += tp_http_guard_options(h->guard, opts + n, !probes);
+    opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so even option errors reach our log */
-    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-                            on_mhd_log, h, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
-    if (!h->d)
-        return tp_fail(err, TP_INTERNAL, "libmicrohttpd failed to start on %s:%d",
-                       h->cfg.host, h->port);
-    return TP_OK;
+    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? on_probe_request : on_request, h,
+                                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_ARRAY, opts,
+                                            MHD_OPTION_END);
+    if (!d)
+        tp_fail(err, TP_INTERNAL, "libmicrohttpd failed to start on %s:%d", h->cfg.host, port);
+    return d;
+}
+
+static tp_status start_probe_listener(tp_http *h, tp_err *err)
+{
+    tp_status st = open_listener(h->cfg.host, h->cfg.health_port, &h->probe_fd, &h->probe_port, err);
+    if (st == TP_OK && !(h->probe_d = start_daemon(h, 1, h->probe_fd, h->probe_port, err)))
+        st = TP_INTERNAL;
+    if (st == TP_OK)
+        TP_LOG_I("probes listener on port %d (health_port): /v2/health/live, /v2/health/ready, /metrics",
+                 h->probe_port);
+    return st;
 }
 
 tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
@@ -848,7 +900,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     if (!h)
         return tp_fail(err, TP_NOMEM, "out of memory");
     h->cfg = *cfg;
-    h->listen_fd = -1;
+    h->listen_fd = h->probe_fd = -1;
     atomic_init(&h->state, SRV_LOADING);
     atomic_init(&h->loaded, 0);
     atomic_init(&h->in_flight, 0);
@@ -858,11 +910,15 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     h->metrics = tp_metrics_create();
     tp_status st = h->metrics ? TP_OK : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     if (st == TP_OK)
+        st = tp_http_guard_create(cfg, &h->guard, err);
+    if (st == TP_OK)
         st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
     if (st == TP_OK)
         st = start_workers(h, err);
-    if (st == TP_OK)
-        st = start_daemon(h, err);
+    if (st == TP_OK && !(h->d = start_daemon(h, 0, h->listen_fd, h->port, err)))
+        st = TP_INTERNAL;
+    if (st == TP_OK && cfg->health_port >= 0)
+        st = start_probe_listener(h, err);
     if (st != TP_OK) {
         tp_http_stop(h);
         return st;
@@ -1008,8 +1064,13 @@ void tp_http_stop(tp_http *h)
     tp_batcher_free(h->batcher);
     if (h->d)
         MHD_stop_daemon(h->d);
+    if (h->probe_d)
+        MHD_stop_daemon(h->probe_d);
+    tp_http_guard_free(h->guard);
     if (h->listen_fd >= 0)
         close(h->listen_fd);
+    if (h->probe_fd >= 0)
+        close(h->probe_fd);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     free(h->workers);

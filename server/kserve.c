@@ -489,7 +489,7 @@ static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_ta
 /* Parses one JSON document. Bytes after it are reported apart from plain
  * syntax errors: they usually mean a binary tail sent without its
  * Inference-Header-Content-Length header. */
-static tp_status load_json(const char *body, size_t len, json_t **out, tp_err *err)
+static tp_status load_json(const char *body, size_t len, long long header_len, json_t **out, tp_err *err)
 {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
@@ -499,6 +499,12 @@ static tp_status load_json(const char *body, size_t len, json_t **out, tp_err *e
     size_t end = (size_t)jerr.position;
     while (end < len && strchr(" \t\r\n", body[end]) && body[end])
         end++;
+    if (end < len && header_len >= 0) {
+        json_decref(root);
+        return tp_fail(err, TP_INVALID, "Inference-Header-Content-Length %lld runs %zu bytes past the JSON header, "
+                       "which ends at byte %zu: it must be the length of the JSON header alone",
+                       header_len, len - end, (size_t)jerr.position);
+    }
     if (end < len) {
         json_decref(root);
         return tp_fail(err, TP_PARSE, "request body has %zu bytes after the JSON document (at "
@@ -519,7 +525,7 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
     if (st != TP_OK)
         return st;
     json_t *root = NULL;
-    if ((st = load_json(body, json_len, &root, err)) != TP_OK)
+    if ((st = load_json(body, json_len, header_len, &root, err)) != TP_OK)
         return st;
     st = parse_root(m, root, &tail, req, err);
     json_decref(root);

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "serve.h"
+#include "signals.h"
 #include "worker.h"
 
 static void usage(FILE *out)
@@ -28,8 +29,12 @@ int main(int argc, char **argv)
         return tp_cli_plan(argc - 1, argv + 1);
     if (strcmp(argv[1], "worker") == 0)
         return tp_worker_main(argc - 1, argv + 1);
-    if (strcmp(argv[1], "serve") == 0)
+    if (strcmp(argv[1], "serve") == 0) {
+        tp_err err;
+        if (tp_signals_block_everywhere(argv, &err) != TP_OK)
+            fprintf(stderr, "tpserve serve: warning: %s\n", err.msg);
         return tp_serve_main(argc - 1, argv + 1);
+    }
     fprintf(stderr, "tpserve: unknown command '%s' (try tpserve --help)\n", argv[1]);
     return 2;
 }

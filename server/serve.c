@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "http.h"
 #include "log.h"
+#include "signals.h"
 #include "worker.h"
 
 void tp_serve_usage(FILE *out)
@@ -33,8 +34,9 @@ void tp_serve_usage(FILE *out)
             "batching: concurrent requests are concatenated on the batch dim, up to\n"
             "  max_batch_size rows per engine run or max_queue_delay_us of waiting.\n"
             "signals: SIGTERM/SIGINT -> readiness 503, stop accepting, finish in-flight requests,\n"
-            "  exit 0; after drain_timeout_ms (or a second signal) queued requests get 503 and\n"
-            "  the exit code is 1 if a request was still running in the engine.\n"
+            "  exit 0; after drain_timeout_ms (or another signal 1 s or more after the first)\n"
+            "  queued requests get 503 and the exit code is 1 if a request was still running\n"
+            "  in the engine. SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored.\n"
             "example: tpserve serve --config config/default.json --port 8080\n",
             "config", "(file)");
 }
@@ -130,27 +132,26 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* SIGTERM/SIGINT are blocked in every thread (they inherit this mask) and
- * taken synchronously with sigwait, so no work happens in a handler. */
+/* The server's signals are blocked in every thread (main() made sure of it
+ * before any thread existed, see signals.h; threads started here inherit
+ * the mask) and taken synchronously with sigwait. */
 static void block_signals(sigset_t *set)
 {
-    sigemptyset(set);
-    sigaddset(set, SIGTERM);
-    sigaddset(set, SIGINT);
+    tp_signals_set(set);
     pthread_sigmask(SIG_BLOCK, set, NULL);
     /* a client closing early must not kill the server mid-write */
     signal(SIGPIPE, SIG_IGN);
 }
 
-/* Returns the signal taken, or -1 when timeout_ms (-1: forever) passed. */
+/* Returns the stop signal taken (SIGTERM, SIGINT), or -1 when timeout_ms
+ * passed; the other signals of the set are logged and waited through. */
 static int wait_signal(const sigset_t *set, int timeout_ms)
 {
-    if (timeout_ms < 0) {
-        int sig;
-        return sigwait(set, &sig) == 0 ? sig : -1;
-    }
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-    return sigtimedwait(set, NULL, &ts);
+    int sig;
+    while ((sig = sigtimedwait(set, NULL, &ts)) > 0 && !tp_signals_stop(sig))
+        TP_LOG_I("received %s: ignored, serving goes on (SIGTERM or SIGINT stops the server)", strsignal(sig));
+    return sig;
 }
 
 /* A request sent on a keep-alive connection may sit unread in a socket
@@ -158,10 +159,14 @@ static int wait_signal(const sigset_t *set, int timeout_ms)
  * counted (and answered) before the daemon closes the connections. */
 #define QUIET_MS 150
 
+/* Signals within this long of the first are one burst (a supervisor
+ * signalling a process group repeatedly), not a request to cut the drain. */
+#define SIGNAL_BURST_MS 1000
+
 /* Returns 1 when every accepted request was answered. */
 static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
 {
-    double deadline = now_ms() + cfg->drain_timeout_ms, quiet_since = -1;
+    double start = now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
     for (;;) {
         double t = now_ms();
         if (tp_http_in_flight(h) > 0) {
@@ -177,7 +182,7 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
                      cfg->drain_timeout_ms, tp_http_in_flight(h));
             return 0;
         }
-        if (wait_signal(set, 10) > 0) {
+        if (wait_signal(set, 10) > 0 && now_ms() - start >= SIGNAL_BURST_MS) {
             TP_LOG_W("second signal: ending the drain with %ld requests in flight",
                      tp_http_in_flight(h));
             return 0;
@@ -227,7 +232,8 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
              cfg->ranks, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
              cfg->threads, (long long)cfg->max_body_bytes);
     int sig;
-    while ((sig = wait_signal(set, 200)) <= 0) {
+    /* 20 ms: readiness turns 503 well within 100 ms of a rank's death */
+    while ((sig = wait_signal(set, 20)) <= 0) {
         const char *lost = tp_engine_lost(e);
         if (lost && tp_http_set_broken(h, lost))
             TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);

@@ -130,26 +130,26 @@ def parse_response(body, header_len):
     return doc, outs
 
 
-def check_outputs(doc, outs, ref, rtol, want_names, rid):
-    """Prints one line per output; returns the number of failures."""
+def check_outputs(doc, outs, ref, rtol, want_names, rid, say=print):
+    """Says one line per output (print by default); returns the number of failures."""
     fails = 0
     if rid is not None and doc.get("id") != rid:
-        print("FAIL id: sent %r, got %r" % (rid, doc.get("id")))
+        say("FAIL id: sent %r, got %r" % (rid, doc.get("id")))
         fails += 1
     if sorted(outs) != sorted(want_names):
-        print("FAIL outputs: got %s, expected %s" % (sorted(outs), sorted(want_names)))
+        say("FAIL outputs: got %s, expected %s" % (sorted(outs), sorted(want_names)))
         return fails + 1
     for name in want_names:
         rdt, r = ref[name]
         dt, shape, o = outs[name]
         if dt != rdt or shape != r.shape:
-            print("FAIL %s: got %s %s, expected %s %s" % (name, dt, list(shape), rdt, list(r.shape)))
+            say("FAIL %s: got %s %s, expected %s %s" % (name, dt, list(shape), rdt, list(r.shape)))
             fails += 1
             continue
         err = compare.rel_err(o, compare.to_f64("BF16" if rdt == "BF16" else "F32", r))
         ok = err <= rtol
         fails += 0 if ok else 1
-        print("%s %s %s %s err=%.3e rtol=%.1e" % ("ok  " if ok else "FAIL", name, dt, list(shape),
+        say("%s %s %s %s err=%.3e rtol=%.1e" % ("ok  " if ok else "FAIL", name, dt, list(shape),
                                                   err, rtol))
     return fails
 

@@ -382,23 +382,27 @@ END_TEST
 
 /* ---- a tiny embedding graph: failing batches, unbatchable graphs -------- */
 
-/* Embedding of ids [B or 1, 2] (shard(1) over 2 ranks) then all_gather:
- * out-of-range ids make one rank fail at run time, which no input check
- * can see. batch_dim 0: a static input, so the graph cannot batch. */
-static tp_engine *open_embedding(char *dir, int batch_dim)
+/* Embedding of ids [B or 1, 2] (shard(1) over 2 ranks) then all_gather.
+ * batch_dim 0: a static input, so the graph cannot batch. sliced: the ids
+ * reach the embedding through a (whole-dim) slice, which the per-request
+ * value checks do not follow, so out-of-range ids fail only at run time. */
+static tp_engine *open_embedding(char *dir, int batch_dim, int sliced)
 {
     static float table[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
     int64_t ts[2] = {4, 2};
     st_write_item item = {"t", TP_F32, 2, ts, table};
-    char json[1024], path[128];
+    char json[1200], path[128];
     snprintf(json, sizeof json,
              "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"emb\",\"world_size\":2,"
              "\"weights\":\"w.safetensors\",\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT32\","
              "\"shape\":[%s,2],\"placement\":\"shard(1)\"}],"
              "\"params\":[{\"name\":\"t\",\"datatype\":\"FP32\",\"shape\":[4,2]}],"
-             "\"nodes\":[{\"name\":\"e\",\"op\":\"embedding\",\"inputs\":[\"ids\",\"t\"]},"
+             "\"nodes\":[%s{\"name\":\"e\",\"op\":\"embedding\",\"inputs\":[\"%s\",\"t\"]},"
              "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"e\"],\"attrs\":{\"dim\":1}}],"
-             "\"outputs\":[{\"name\":\"g\"}]}", batch_dim ? "\"B\"" : "1");
+             "\"outputs\":[{\"name\":\"g\"}]}", batch_dim ? "\"B\"" : "1",
+             sliced ? "{\"name\":\"s\",\"op\":\"slice\",\"inputs\":[\"ids\"],"
+                      "\"attrs\":{\"dim\":1,\"start\":0,\"length\":1}}," : "",
+             sliced ? "s" : "ids");
     tu_write_graph(dir, path, json, &item, 1);
     return tu_engine(path, 1, 0);
 }
@@ -409,12 +413,39 @@ static tp_host_tensor ids_tensor(int32_t *ids)
                             .data = ids, .nbytes = 2 * sizeof(int32_t)};
 }
 
-/* An engine failure fails every request of its batch, with the reason;
- * the next batch is served. */
-START_TEST(engine_failure_fails_each_request_of_the_batch)
+/* Out-of-range ids are refused at submit, naming the request's own
+ * element: the request never joins (and never fails) a batch. */
+START_TEST(bad_ids_refused_alone_at_submit)
 {
     char dir[64];
-    tp_engine *e = open_embedding(dir, 1);
+    tp_engine *e = open_embedding(dir, 1, 0);
+    tp_batcher *b = new_batcher(e, 2, 0, 0, NULL);
+    int32_t good[2] = {1, 3}, bad[2] = {1, 9};
+    tp_host_tensor g = ids_tensor(good), x = ids_tensor(bad);
+    slot s = new_slot();
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(b, &x, &s, 0, 0, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "input 'ids': element 1 holds id 9, outside [0, 4)") &&
+                  strstr(err.msg, "embedding 'e'"), "%s", err.msg);
+    tp_host_tensor *o;
+    int n;
+    ck_assert_msg(tp_batcher_infer(b, &g, 1, 0, &o, &n, NULL, &err) == TP_OK, "%s", err.msg);
+    float want[4] = {3, 4, 7, 8};
+    ck_assert_mem_eq(o[0].data, want, sizeof want);
+    tp_host_tensors_free(o, n);
+    tp_batcher_free(b);
+    tp_engine_free(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* A batch that fails on a request's data (here ids no submit check sees)
+ * is retried request by request: the good one gets its rows, the bad one
+ * its own error, which never mentions the batch. */
+START_TEST(batch_failing_on_data_retries_each_request_alone)
+{
+    char dir[64];
+    tp_engine *e = open_embedding(dir, 1, 1);
     tp_batcher *b = new_batcher(e, 2, LONG_DELAY_US, 0, NULL);
     int32_t good[2] = {1, 3}, bad[2] = {1, 9};
     tp_host_tensor g = ids_tensor(good), x = ids_tensor(bad);
@@ -424,20 +455,9 @@ START_TEST(engine_failure_fails_each_request_of_the_batch)
     ck_assert_int_eq(submit(b, &x, &s[1], 0, 0, &err), TP_OK); /* full: runs now */
     wait_done(&s[0]);
     wait_done(&s[1]);
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_ne(s[i].st, TP_OK);
-        ck_assert_int_eq(s[i].st, s[0].st);
-        ck_assert_msg(strstr(s[i].msg, "batch of 2 requests (2 rows): ") && strstr(s[i].msg, "9"),
-                      "%s", s[i].msg);
-    }
-    tp_batcher_free(b);
-    b = new_batcher(e, 2, 0, 0, NULL);
-    tp_host_tensor *o;
-    int n;
-    ck_assert_msg(tp_batcher_infer(b, &g, 1, 0, &o, &n, NULL, &err) == TP_OK, "%s", err.msg);
-    float want[4] = {3, 4, 7, 8};
-    ck_assert_mem_eq(o[0].data, want, sizeof want);
-    tp_host_tensors_free(o, n);
+    ck_assert_msg(s[0].st == TP_OK, "%s", s[0].msg);
+    ck_assert_int_eq(s[1].st, TP_INVALID);
+    ck_assert_msg(strstr(s[1].msg, "id 9") && !strstr(s[1].msg, "batch of"), "%s", s[1].msg);
     tp_batcher_free(b);
     tp_engine_free(e);
     tu_rmdir(dir);
@@ -471,7 +491,7 @@ START_TEST(unbatchable_graph_runs_one_by_one)
 {
     enum { N = 6 };
     char dir[64];
-    tp_engine *e = open_embedding(dir, 0);
+    tp_engine *e = open_embedding(dir, 0, 0);
     tp_batcher *b = new_batcher(e, 0, 2000, 0, NULL);
     ck_assert_int_eq(tp_batcher_batching(b), 0);
     emb_client c[N];
@@ -509,7 +529,8 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
-    tcase_add_test(tc, engine_failure_fails_each_request_of_the_batch);
+    tcase_add_test(tc, bad_ids_refused_alone_at_submit);
+    tcase_add_test(tc, batch_failing_on_data_retries_each_request_alone);
     tcase_add_test(tc, unbatchable_graph_runs_one_by_one);
     suite_add_tcase(s, tc);
     return s;

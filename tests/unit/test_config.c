@@ -170,6 +170,30 @@ START_TEST(flag_errors)
 }
 END_TEST
 
+/* The availability keys (server/http_guard.h): sidecar defaults, flags,
+ * ranges. */
+START_TEST(availability_keys)
+{
+    tp_config c;
+    tp_config_defaults(&c);
+    ck_assert_int_eq(c.max_connections, 4096);
+    ck_assert_int_eq(c.max_connections_per_ip, 0);
+    ck_assert_int_eq(c.request_deadline_ms, 30000);
+    ck_assert_int_eq(c.health_port, -1);
+    tp_err e;
+    ck_assert_int_eq(tp_config_set(&c, "health-port", "0", &e), TP_OK);
+    ck_assert_int_eq(tp_config_set(&c, "max-connections-per-ip", "8", &e), TP_OK);
+    ck_assert_int_eq(tp_config_set(&c, "request_deadline_ms", "0", &e), TP_OK);
+    ck_assert_int_eq(c.health_port, 0);
+    ck_assert_int_eq(c.max_connections_per_ip, 8);
+    ck_assert_int_eq(c.request_deadline_ms, 0);
+    ck_assert_int_eq(tp_config_set(&c, "health_port", "-2", &e), TP_INVALID);
+    ck_assert_str_eq(e.msg, "--health-port: 'health_port' must be in [-1, 65535], got -2");
+    ck_assert_int_eq(tp_config_set(&c, "max_connections", "15", &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "'max_connections' must be in [16, "));
+}
+END_TEST
+
 START_TEST(validate_and_usage)
 {
     tp_config c;
@@ -212,6 +236,7 @@ static Suite *config_suite(void)
     tcase_add_test(t, defaults);
     tcase_add_test(t, file_then_flags);
     tcase_add_test(t, default_json_matches_defaults);
+    tcase_add_test(t, availability_keys);
     tcase_add_test(t, file_errors);
     tcase_add_test(t, flag_errors);
     tcase_add_test(t, validate_and_usage);

@@ -376,6 +376,9 @@ START_TEST(errors_document)
                  "request body has 3 bytes after the JSON document (at byte 13); a binary tensor "
                  "tail needs the Inference-Header-Content-Length header");
     expect_error(&M, "{}", TP_INVALID, "request has no 'inputs' (model 'm' expects 'x', 'n')");
+    /* found by fuzz_kserve_json: the parser quotes the bad escape with its
+     * newline; the message stays one line (no forged log lines) */
+    expect_error(&M, "{\"inputs\":[{\"dat-\\\n\x01\"", TP_PARSE, "invalid escape near '\"dat-\\?'");
     expect_error(&M, "{\"inputs\":{}}", TP_INVALID, "'inputs' must be an array, got an object");
     expect_error(&M, "{\"id\":5,\"inputs\":[]}", TP_INVALID, "'id' must be a string, got an integer");
     expect_error(&M, "{\"parameters\":[],\"inputs\":[]}", TP_INVALID, "'parameters' must be an object");
@@ -490,6 +493,10 @@ START_TEST(errors_binary)
                                          "request has no Inference-Header-Content-Length header");
     expect_bin_error(&m, hdr, v, 16, 100000, "Inference-Header-Content-Length 100000 exceeds the "
                                              "body length");
+    /* the header length set to the whole body's: the tail is not JSON, and
+     * the message says so instead of asking for the header it has */
+    expect_bin_error(&m, hdr, v, 16, (long long)strlen(hdr) + 16,
+                     "runs 16 bytes past the JSON header, which ends at byte");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}",
                      v, 16, -2, "input 't' has both 'data' and parameters.binary_data_size");

@@ -1,0 +1,288 @@
+#include "http_guard.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "log.h"
+
+/* One per open connection, linked in the guard's list from libmicrohttpd's
+ * STARTED notification to its CLOSED one. libmicrohttpd notifies CLOSED
+ * before it closes the socket, and the watcher shuts sockets down only
+ * under the same mutex, so it never touches a descriptor already reused. */
+typedef struct conn_entry {
+    struct conn_entry *prev, *next;
+    int fd;
+    _Atomic int64_t since_ms; /* accept, or the previous answer */
+    _Atomic int waiting;      /* 1 while the client owes us (part of) a request */
+    int cut;                  /* shut down once already */
+} conn_entry;
+
+struct tp_http_guard {
+    int max_connections, per_ip, deadline_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    conn_entry head; /* sentinel of a circular list */
+    int stopping;
+    pthread_t watcher;
+    int watching;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- the deadline watcher ------------------------------------------------ */
+
+static int cut_overdue(tp_http_guard *g, int64_t now)
+{
+    int n = 0;
+    for (conn_entry *e = g->head.next; e != &g->head; e = e->next) {
+        if (!e->cut && atomic_load(&e->waiting) && now - atomic_load(&e->since_ms) > g->deadline_ms) {
+            /* libmicrohttpd sees the socket fail and closes the connection
+             * through its usual path (the fd stays its to close). */
+            shutdown(e->fd, SHUT_RDWR);
+            e->cut = 1;
+            n++;
+        }
+    }
+    return n;
+}
+
+static void *watch_main(void *arg)
+{
+    tp_http_guard *g = arg;
+    /* a tenth of the deadline (at least 10 ms): cuts land within 10% of it */
+    int64_t tick = g->deadline_ms / 10 > 10 ? g->deadline_ms / 10 : 10;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stopping) {
+        int n = cut_overdue(g, now_ms());
+        if (n)
+            TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += tick / 1000;
+        ts.tv_nsec += (tick % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* ---- libmicrohttpd callbacks ------------------------------------------- */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    tp_http_guard *g = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_entry *e = calloc(1, sizeof *e);
+        if (!e || !fi) {
+            free(e); /* not watched: only the idle timeout applies */
+            return;
+        }
+        e->fd = fi->connect_fd;
+        atomic_init(&e->since_ms, now_ms());
+        atomic_init(&e->waiting, 1);
+        pthread_mutex_lock(&g->mu);
+        e->next = g->head.next;
+        e->prev = &g->head;
+        g->head.next->prev = e;
+        g->head.next = e;
+        pthread_mutex_unlock(&g->mu);
+        *socket_context = e;
+        return;
+    }
+    conn_entry *e = *socket_context;
+    if (!e)
+        return;
+    pthread_mutex_lock(&g->mu);
+    e->prev->next = e->next;
+    e->next->prev = e->prev;
+    pthread_mutex_unlock(&g->mu);
+    free(e);
+    *socket_context = NULL;
+}
+
+static conn_entry *entry_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return i ? i->socket_context : NULL;
+}
+
+void tp_http_guard_request_complete(struct MHD_Connection *c)
+{
+    conn_entry *e = entry_of(c);
+    if (e)
+        atomic_store(&e->waiting, 0);
+}
+
+void tp_http_guard_answered(struct MHD_Connection *c)
+{
+    conn_entry *e = entry_of(c);
+    if (e) {
+        atomic_store(&e->since_ms, now_ms());
+        atomic_store(&e->waiting, 1);
+    }
+}
+
+static int hexval(int ch)
+{
+    return isdigit(ch) ? ch - '0' : isxdigit(ch) ? tolower(ch) - 'a' + 10 : -1;
+}
+
+/* RFC 3986 percent-decoding in place, except %00: a NUL would end the
+ * path early ("/v2/models/M%00evil/ready" routed as model M), so it stays
+ * the three characters it was and the path matches nothing. */
+static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *p = s; *p; p++) {
+        int hi = p[0] == '%' ? hexval((unsigned char)p[1]) : -1;
+        int lo = hi >= 0 ? hexval((unsigned char)p[2]) : -1;
+        if (lo >= 0 && (hi | lo) != 0) {
+            *w++ = (char)(hi * 16 + lo);
+            p += 2;
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
+int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts, int share_limits)
+{
+    int n = 0;
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, g};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape_keep_nul, NULL};
+    if (share_limits) {
+        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, g->max_connections, NULL};
+        if (g->per_ip > 0)
+            opts[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, g->per_ip, NULL};
+    }
+    return n;
+}
+
+/* ---- header checks ----------------------------------------------------- */
+
+typedef struct {
+    int n_cl, cl_differ, has_te;
+    const char *cl, *te;
+} header_scan;
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    header_scan *s = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (s->n_cl++ && strcmp(s->cl, value ? value : "") != 0)
+            s->cl_differ = 1;
+        s->cl = value ? value : "";
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        s->has_te++;
+        s->te = value ? value : "";
+    }
+    return MHD_YES;
+}
+
+unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, char *msg, size_t len)
+{
+    header_scan s = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &s);
+    if (s.cl_differ) {
+        snprintf(msg, len, "two different Content-Length headers: the body's end is ambiguous");
+        return 400;
+    }
+    if (s.has_te && s.n_cl) {
+        snprintf(msg, len, "both Transfer-Encoding and Content-Length: the body's end is ambiguous");
+        return 400;
+    }
+    if (s.has_te && (s.has_te > 1 || strcasecmp(s.te, "chunked") != 0)) {
+        snprintf(msg, len, "Transfer-Encoding '%.100s' is not supported (only chunked)", s.te);
+        return 501;
+    }
+    if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 &&
+        !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
+        snprintf(msg, len, "HTTP/1.1 request without a Host header");
+        return 400;
+    }
+    return 0;
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+/* Every connection is a descriptor; a limit above RLIMIT_NOFILE would make
+ * accept() fail instead of queueing in the backlog. */
+static void raise_fd_limit(tp_http_guard *g)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)g->max_connections + 256; /* + weights, logs, the rank group */
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < want) {
+        int fit = (int)rl.rlim_cur > 512 ? (int)rl.rlim_cur - 256 : 256;
+        TP_LOG_W("max_connections %d needs %llu descriptors, RLIMIT_NOFILE allows %llu: using %d",
+                 g->max_connections, (unsigned long long)want, (unsigned long long)rl.rlim_cur, fit);
+        g->max_connections = fit;
+    }
+}
+
+tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err *err)
+{
+    *out = NULL;
+    tp_http_guard *g = calloc(1, sizeof *g);
+    if (!g)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    g->max_connections = cfg->max_connections;
+    g->per_ip = cfg->max_connections_per_ip;
+    g->deadline_ms = cfg->request_deadline_ms;
+    g->head.next = g->head.prev = &g->head;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    raise_fd_limit(g);
+    if (g->deadline_ms > 0) {
+        if (pthread_create(&g->watcher, NULL, watch_main, g) != 0) {
+            tp_http_guard_free(g);
+            return tp_fail(err, TP_INTERNAL, "cannot start the request deadline watcher");
+        }
+        g->watching = 1;
+    }
+    *out = g;
+    return TP_OK;
+}
+
+void tp_http_guard_free(tp_http_guard *g)
+{
+    if (!g)
+        return;
+    if (g->watching) {
+        pthread_mutex_lock(&g->mu);
+        g->stopping = 1;
+        pthread_cond_signal(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        pthread_join(g->watcher, NULL);
+    }
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}

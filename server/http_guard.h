@@ -1,0 +1,50 @@
+/* http_guard.h — connection policy for the HTTP server: what one client can
+ * hold, and how long it may take, so that no client locks the others out.
+ *
+ * - max_connections (total) and max_connections_per_ip, enforced by
+ *   libmicrohttpd; RLIMIT_NOFILE is raised so the total can be reached.
+ * - request_deadline_ms: from a connection's accept (or its previous
+ *   answer) to its request being complete. Unlike libmicrohttpd's idle
+ *   timeout, a client trickling a byte at a time cannot extend it; past it
+ *   the connection is shut down. Requests in the server's hands (queued,
+ *   running) are never cut by it.
+ * - protocol strictness: HTTP/1.1 without Host, two different
+ *   Content-Length headers (request smuggling), a Transfer-Encoding other
+ *   than chunked, and %00 in the path are refused.
+ *
+ * http.c owns the daemon; it adds tp_http_guard_options to its option list
+ * and reports each request's progress with the two calls below. */
+#ifndef TP_HTTP_GUARD_H
+#define TP_HTTP_GUARD_H
+
+#include <stddef.h>
+#include <microhttpd.h>
+
+#include "config.h"
+#include "status.h"
+
+typedef struct tp_http_guard tp_http_guard;
+
+/* Starts the deadline watcher; raises RLIMIT_NOFILE for max_connections. */
+tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err *err);
+/* Call after every daemon using its options has stopped. NULL is ok. */
+void tp_http_guard_free(tp_http_guard *g);
+
+/* Appends the guard's libmicrohttpd options (limits, strictness, the
+ * connection notifier, the URL unescaper) to opts; returns how many, at
+ * most TP_HTTP_GUARD_N_OPTIONS. share_limits 0 leaves the limits out (the
+ * small probes listener keeps libmicrohttpd's own). */
+#define TP_HTTP_GUARD_N_OPTIONS 4
+int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts, int share_limits);
+
+/* The request on c is complete (body in): the deadline no longer applies. */
+void tp_http_guard_request_complete(struct MHD_Connection *c);
+/* The answer on c was sent: a new deadline starts for the next request. */
+void tp_http_guard_answered(struct MHD_Connection *c);
+
+/* Header checks for a request whose headers just arrived: 0 when it may
+ * proceed, else the HTTP status to answer (then close the connection) with
+ * a one-line reason in msg. */
+unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, char *msg, size_t len);
+
+#endif
