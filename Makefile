@@ -9,12 +9,17 @@ CC      ?= gcc
 PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
-PKGS    := jansson libmicrohttpd openblas
+PKGS    := jansson libmicrohttpd openblas double-conversion
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread \
            -I. -Iengine -Ikernels -Iserver $(SAN)
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lm -pthread $(SAN)
+LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lstdc++ -lm -pthread $(SAN)
+# C++ only where a C++ library is wrapped (server/numtext_dc.cc): same
+# warnings, no exceptions or RTTI crossing into C.
+CXX     ?= g++
+CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-exceptions -fno-rtti -pthread \
+            -I. -Iengine -Ikernels -Iserver $(SAN)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
 LIB_SRCS  := $(wildcard engine/*.c kernels/cpu/*.c kernels/common/*.c) \
@@ -32,7 +37,7 @@ LIB_SRCS  += $(wildcard kernels/cuda/*.c)
 CFLAGS    += -DTP_HAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard server/*.cc))
 ifneq ($(NVCC),)
 LIB_OBJS  += $(CU_OBJS)
 endif
@@ -70,6 +75,10 @@ deps: $(DEPS_OK)
 $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libtpserve.a: $(LIB_OBJS)
 	@rm -f $@

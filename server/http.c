@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -418,34 +417,15 @@ static void finish_error(req_ctx *r, unsigned code, const char *msg)
 }
 
 /* Bad requests found by the engine rather than the codec stay 400: the
- * engine names a missing input TP_NOT_FOUND, which alone would read 404. */
+ * engine names a missing input TP_NOT_FOUND, which alone would read 404.
+ * Out of memory is the server's momentary state, not the request's fault:
+ * 503, so clients retry (elsewhere). */
 static unsigned infer_http_code(tp_status st)
 {
+    if (st == TP_NOMEM)
+        return 503;
     return st == TP_NOT_FOUND || st == TP_INVALID || st == TP_PARSE ? 400
                                                                      : (unsigned)tp_status_http(st);
-}
-
-/* Triton's request-level "parameters": {"timeout": microseconds}. The codec
- * ignores parameters it does not know, so it is read here; the JSON header
- * is parsed a second time only when it mentions "timeout" at all. *us is
- * -1 when the request has none. */
-static tp_status timeout_param(const req_ctx *r, int64_t *us, tp_err *err)
-{
-    size_t hl = r->header_len >= 0 && (size_t)r->header_len < r->len ? (size_t)r->header_len
-                                                                     : r->len;
-    *us = -1;
-    if (!r->body || !memmem(r->body, hl, "\"timeout\"", 9))
-        return TP_OK;
-    json_t *root = json_loadb(r->body, hl, 0, NULL);
-    const json_t *v = json_object_get(json_object_get(root, "parameters"), "timeout");
-    tp_status st = TP_OK;
-    if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
-        st = tp_fail(err, TP_INVALID, "parameters.timeout must be a non-negative integer "
-                     "(microseconds; 0: none)");
-    else if (v)
-        *us = (int64_t)json_integer_value(v);
-    json_decref(root);
-    return st;
 }
 
 /* The request's own timeout replaces request_timeout_ms; either counts
@@ -520,14 +500,11 @@ static int waited_too_long(tp_http *h, req_ctx *r)
     return 1;
 }
 
-/* Body -> r->req and the request's own timeout; the body is freed either
- * way (the tensors own copies). */
-static tp_status decode(tp_http *h, req_ctx *r, int64_t *param_us, tp_err *err)
+/* Body -> r->req; the body is freed either way (the tensors own copies). */
+static tp_status decode(tp_http *h, req_ctx *r, tp_err *err)
 {
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len,
                                          r->header_len, &r->req, err);
-    if (st == TP_OK && (st = timeout_param(r, param_us, err)) != TP_OK)
-        tp_kserve_request_free(&r->req);
     free(r->body);
     r->body = NULL;
     return st;
@@ -543,10 +520,9 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
         return 1;
     }
     tp_err err;
-    int64_t param_us = -1;
-    tp_status st = decode(h, r, &param_us, &err);
+    tp_status st = decode(h, r, &err);
     if (st == TP_OK) {
-        set_timeout(h, r, param_us);
+        set_timeout(h, r, r->req.timeout_us);
         if ((st = submit(h, r, &err)) == TP_OK)
             return 0;
         tp_kserve_request_free(&r->req);

@@ -41,6 +41,7 @@ typedef struct {
     int n_inputs;
     tp_kserve_output_sel *outputs; /* what to answer with, never empty */
     int n_outputs;
+    int64_t timeout_us;            /* Triton's parameters.timeout; -1 when absent (0: none) */
 } tp_kserve_request;
 
 /* An encoded response body; body is malloc'ed and owned by the caller. */

@@ -4,7 +4,11 @@
 # answering the bytes tpserve answered) with the same scripts and
 # concurrencies, and a markdown table: requests/s, p50/p99 latency, the
 # average batch (rows per engine execution, from /metrics) and tpserve's
-# throughput as a fraction of the bare HTTP stack on this machine.
+# throughput as a fraction of the bare HTTP stack on this machine, and for
+# both servers the server-side CPU time and context switches per request
+# (/proc/PID/stat utime+stime and /proc/PID/task/*/status ctxt_switches,
+# summed over the server and its direct children: with --ranks processes the
+# rank workers count too).
 #
 # env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
 #      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
@@ -69,14 +73,35 @@ metric() {
     curl -s "$BASE/metrics" | awk -v k="$1" '$1 == k { print $2 }'
 }
 
+# proc_sample: "CPU_TICKS CTX_SWITCHES" of $PID and its direct children.
+proc_sample() {
+    pids="$PID $(cat /proc/"$PID"/task/*/children 2>/dev/null)"
+    ticks=0
+    ctx=0
+    for p in $pids; do
+        t=$(sed 's/^.*) //' /proc/"$p"/stat 2>/dev/null | awk '{ print $12 + $13 }')
+        c=$(cat /proc/"$p"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }')
+        ticks=$((ticks + ${t:-0}))
+        ctx=$((ctx + ${c:-0}))
+    done
+    echo "$ticks $ctx"
+}
+
 # run_wrk SCRIPT CONNS: one wrk run against $BASE; sets RPS P50 P99 ERR
-# (latencies in ms).
+# (latencies in ms) and CPU_US CTX (server CPU microseconds and context
+# switches per request).
 run_wrk() {
     t=2
     [ "$2" -lt 2 ] && t=1
+    s0=$(proc_sample)
     wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
+    s1=$(proc_sample)
     line=$(sed -n 's/^TPBENCH //p' "$TMP/wrk.out")
     [ -n "$line" ] || die "wrk printed no summary: $(cat "$TMP/wrk.out")"
+    n=$(echo "$line" | sed 's/^requests=\([0-9]*\).*/\1/')
+    hz=$(getconf CLK_TCK)
+    CPU_US=$(echo "$s0 $s1" | awk -v n="$n" -v hz="$hz" '{ printf "%.0f", n ? ($3 - $1) * 1e6 / hz / n : 0 }')
+    CTX=$(echo "$s0 $s1" | awk -v n="$n" '{ printf "%.1f", n ? ($4 - $2) / n : 0 }')
     RPS=$(echo "$line" | sed 's/.*rps=\([^ ]*\).*/\1/')
     P50=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p50_us=/) printf "%.2f", substr($i, 8) / 1000 }')
     P99=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p99_us=/) printf "%.2f", substr($i, 8) / 1000 }')
@@ -131,8 +156,8 @@ for load in json binary mixed; do
         e1=$(metric tpserve_execution_count_total)
         r1=$(metric tpserve_inference_count_total)
         batch=$(awk -v r=$((r1 - r0)) -v e=$((e1 - e0)) 'BEGIN { printf "%.2f", e ? r / e : 0 }')
-        echo "$load $c $RPS $P50 $P99 $batch $ERR" >>"$TMP/tp.res"
-        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR" >&2
+        echo "$load $c $RPS $P50 $P99 $batch $ERR $CPU_US $CTX" >>"$TMP/tp.res"
+        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
     done
 done
 stop_server
@@ -154,8 +179,8 @@ for load in json binary; do
     run_wrk "$script" 8 # warm-up
     for c in $CONNS; do
         run_wrk "$script" "$c"
-        echo "$load $c $RPS $P50 $P99 $ERR" >>"$TMP/bare.res"
-        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR" >&2
+        echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX" >>"$TMP/bare.res"
+        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
     done
     stop_server
 done
@@ -167,10 +192,10 @@ echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr),
 echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
 echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
 echo
-echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | bare HTTP req/s | bare p50 ms | bare p99 ms | tpserve / bare |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-while read -r load c rps p50 p99 batch err; do
-    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6 }' "$TMP/bare.res")
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+while read -r load c rps p50 p99 batch err cpu ctx; do
+    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6, $7, $8 }' "$TMP/bare.res")
     label=$load
     case $load in
     json) label="JSON" ;;
@@ -179,16 +204,18 @@ while read -r load c rps p50 p99 batch err; do
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
     if [ -n "$bare" ]; then
-        # shellcheck disable=SC2086 # four fields, split on purpose
+        # shellcheck disable=SC2086 # six fields, split on purpose
         set -- $bare
         frac=$(awk -v a="$rps" -v b="$1" 'BEGIN { printf "%.1f%%", (b > 0 ? 100 * a / b : 0) }')
         [ "$4" != 0 ] && frac="$frac (bare: $4 errors)"
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $1 | $2 | $3 | $frac |"
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $1 | $2 | $3 | $5 | $6 | $frac |"
     else
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | — | — | — | — |"
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | — | — | — | — | — | — |"
     fi
 done <"$TMP/tp.res"
 echo
+echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
+echo "threads) per request during the row's run, the server and its rank processes together."
 echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
