@@ -46,7 +46,8 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu \
+        test-numtext-exhaustive
 
 all: $(BUILD)/tpserve cuda
 
@@ -59,6 +60,7 @@ help:
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
 	@echo "make bench-gpu  fused vs unfused AG+GEMM, one-shot vs NCCL all_reduce, replay vs eager (GPUs)"
 	@echo "make bench-http wrk on tpserve vs a bare libmicrohttpd baseline (markdown table)"
+	@echo "make test-numtext-exhaustive  all 2^32 FP32 patterns through the JSON number writer and reader"
 	@echo "make fuzz       mutation-fuzz the loader and engine under ASan"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
@@ -144,6 +146,10 @@ bench-ranks: $(BUILD)/bench/bench_engine $(BUILD)/tpserve
 # One process per GPU; prints one line and exits 0 on a machine without one.
 bench-gpu: $(BUILD)/bench/bench_gpu
 	$(BUILD)/bench/bench_gpu
+
+# Every finite FP32 through the JSON number writer and reader (minutes).
+test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
+	$(BUILD)/bench/numtext_exhaustive
 
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
