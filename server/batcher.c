@@ -245,31 +245,38 @@ static void deliver(tp_batcher *b, job *j, tp_status st, tp_host_tensor *outs, i
     finish_job(j, st, outs, n_outs, err, st == TP_OK ? &info : NULL);
 }
 
+/* *split_s: the time spent slicing (not in the callbacks). */
 static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, int n_outs,
-                              tp_batch_info info, double t0)
+                              tp_batch_info info, double t0, double *split_s)
 {
     int64_t row = 0;
     while (batch) {
         job *next = batch->next;
         tp_host_tensor *mine = NULL;
         tp_err err = {{0}};
+        double ts = tp_batcher_now();
         tp_status st = slice_outputs(b, outs, n_outs, info.batch_rows, row, batch->rows, &mine, &err);
+        *split_s += tp_batcher_now() - ts;
         row += batch->rows;
         deliver(b, batch, st, mine, st == TP_OK ? n_outs : 0, &err, info, t0);
         batch = next;
     }
 }
 
+/* *concat_s: the time spent concatenating inputs (0 for one request). */
 static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t rows,
-                             tp_host_tensor **outs, int *n_outs, tp_err *err)
+                             tp_host_tensor **outs, int *n_outs, double *concat_s, tp_err *err)
 {
+    *concat_s = 0;
     if (n == 1)
         return tp_engine_infer(b->e, batch->r.inputs, batch->r.n_inputs, outs, n_outs, err);
     int ni = tp_engine_n_inputs(b->e);
     tp_host_tensor *cat = calloc((size_t)ni + 1, sizeof *cat);
     if (!cat)
         return tp_fail(err, TP_NOMEM, "batching %d requests: out of memory", n);
+    double t0 = tp_batcher_now();
     tp_status st = concat_inputs(b, batch, rows, cat, err);
+    *concat_s = tp_batcher_now() - t0;
     if (st == TP_OK)
         st = tp_engine_infer(b->e, cat, ni, outs, n_outs, err);
     if (st == TP_OK && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
@@ -288,8 +295,8 @@ static void run_batch(tp_batcher *b, job *batch)
         rows += j->rows;
     tp_host_tensor *outs = NULL;
     tp_err err = {{0}};
-    double t0 = tp_batcher_now();
-    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &err);
+    double t0 = tp_batcher_now(), concat_s, split_s = 0;
+    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &concat_s, &err);
     tp_batch_info info = {0, tp_batcher_now() - t0, rows, n};
     if (b->o.metrics) {
         tp_engine_stats s;
@@ -304,9 +311,11 @@ static void run_batch(tp_batcher *b, job *batch)
     } else if (n == 1) {
         deliver(b, batch, TP_OK, outs, n_outs, &err, info, t0);
     } else {
-        split_and_deliver(b, batch, outs, n_outs, info, t0);
+        split_and_deliver(b, batch, outs, n_outs, info, t0, &split_s);
         tp_host_tensors_free(outs, n_outs);
     }
+    if (st == TP_OK && b->o.stats)
+        tp_model_stats_execution(b->o.stats, rows, concat_s, info.compute_s - concat_s, split_s);
 }
 
 static void *batcher_main(void *arg)

@@ -18,6 +18,7 @@
 
 #include "engine.h"
 #include "metrics.h"
+#include "model_stats.h"
 #include "status.h"
 
 typedef struct tp_batcher tp_batcher;
@@ -27,6 +28,7 @@ typedef struct {
     int64_t max_queue_delay_us; /* longest the oldest request waits for more rows */
     int max_queue;              /* queued requests before submit refuses; 0: 1024 */
     tp_metrics *metrics;        /* optional: batch sizes, queue and compute times */
+    tp_model_stats *stats;      /* optional: Triton statistics per engine execution */
 } tp_batcher_opts;
 
 /* How a finished request ran. */

@@ -18,19 +18,24 @@
 #include "kserve.h"
 #include "log.h"
 #include "metrics.h"
+#include "model_stats.h"
+#include "route.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
-typedef enum {
-    R_NONE, R_LIVE, R_READY, R_SERVER, R_MODEL, R_MODEL_READY, R_INFER, R_METRICS
-} route_kind;
+typedef struct req_ctx req_ctx;
 
-typedef struct {
-    route_kind kind;
-    char model[256];
-    char version[256];
-    int has_version;
-} route;
+/* One row of the route table (ROUTES, below the handlers). */
+enum {
+    ROUTE_MODEL = 1, /* answers for the served model: 503 until loaded, 404 for another name */
+    ROUTE_INFER = 2, /* an inference: counted in the request metrics and statistics */
+};
+typedef struct route_def {
+    const char *methods; /* as the Allow header says them */
+    const char *pattern; /* route.h */
+    int flags;
+    enum MHD_Result (*handler)(tp_http *h, req_ctx *r);
+} route_def;
 
 /* Per-request life: RECEIVING (the body: kept for infer, counted and
  * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED
@@ -40,12 +45,14 @@ typedef struct {
  * sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
 
-typedef struct req_ctx {
+struct req_ctx {
     struct req_ctx *next; /* worker queue link */
     tp_http *h;
     struct MHD_Connection *conn;
     int state;
-    route rt;
+    const route_def *route; /* NULL: no route has this path */
+    tp_route_args args;     /* what the route's pattern captured */
+    int for_model;          /* an infer that reached the served model (statistics) */
     char method[16];
     char url[256];
     char *body;
@@ -66,7 +73,8 @@ typedef struct req_ctx {
     /* set by the worker before it resumes the connection */
     unsigned code;
     struct MHD_Response *resp;
-} req_ctx;
+    tp_request_times times; /* for the statistics extension */
+};
 
 struct tp_http {
     struct MHD_Daemon *d;
@@ -82,6 +90,7 @@ struct tp_http {
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
     tp_metrics *metrics;
+    tp_model_stats *stats;
     tp_batcher *batcher; /* created with the engine */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -98,62 +107,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* ---- routing ------------------------------------------------------------ */
-
-/* Splits "/v2/models/m/versions/1/infer" into at most 8 segments, dropping
- * empty ones, so a trailing or doubled slash routes the same. */
-static int split_path(const char *url, char seg[][256], int max)
-{
-    int n = 0;
-    for (const char *p = url; *p;) {
-        while (*p == '/')
-            p++;
-        if (!*p)
-            break;
-        size_t len = strcspn(p, "/");
-        if (n == max || len >= 256)
-            return -1;
-        memcpy(seg[n], p, len);
-        seg[n++][len] = '\0';
-        p += len;
-    }
-    return n;
-}
-
-static route_kind model_action(const char *s)
-{
-    return strcmp(s, "ready") == 0 ? R_MODEL_READY : strcmp(s, "infer") == 0 ? R_INFER : R_NONE;
-}
-
-static route parse_route(const char *url)
-{
-    char seg[8][256];
-    route r = {R_NONE, "", "", 0};
-    int n = split_path(url, seg, 8);
-    if (n == 1 && strcmp(seg[0], "metrics") == 0)
-        r.kind = R_METRICS;
-    if (n < 1 || strcmp(seg[0], "v2") != 0)
-        return r;
-    if (n == 1) {
-        r.kind = R_SERVER;
-    } else if (n == 3 && strcmp(seg[1], "health") == 0) {
-        r.kind = strcmp(seg[2], "live") == 0 ? R_LIVE : strcmp(seg[2], "ready") == 0 ? R_READY : R_NONE;
-    } else if (n >= 3 && strcmp(seg[1], "models") == 0) {
-        int rest = 3;
-        snprintf(r.model, sizeof r.model, "%s", seg[2]);
-        if (n >= 5 && strcmp(seg[3], "versions") == 0) {
-            snprintf(r.version, sizeof r.version, "%s", seg[4]);
-            r.has_version = 1;
-            rest = 5;
-        }
-        if (n == rest)
-            r.kind = R_MODEL;
-        else if (n == rest + 1)
-            r.kind = model_action(seg[rest]);
-    }
-    return r;
 }
 
 /* ---- replies ------------------------------------------------------------ */
@@ -195,14 +148,29 @@ static void log_request(const req_ctx *r, unsigned code, const char *msg)
         tp_log(lvl, "%s %s -> %u (%.1f ms)", r->method, r->url, code, ms);
 }
 
+/* Triton's statistics: an answered inference of the served model. */
+static void record_stats(tp_http *h, req_ctx *r, unsigned code, double total)
+{
+    if (code != 200) {
+        tp_model_stats_fail(h->stats, total);
+        return;
+    }
+    r->times.total = total;
+    tp_model_stats_success(h->stats, &r->times);
+}
+
 /* Queues resp (consumed) on the connection. While draining every answer
  * closes its connection so keep-alive clients move to another replica. */
 static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
                                      struct MHD_Response *resp)
 {
     r->state = REQ_REPLIED;
-    if (r->rt.kind == R_INFER)
-        tp_metrics_request(h->metrics, code, (now_ms() - r->t_start) / 1e3);
+    if (r->route && (r->route->flags & ROUTE_INFER)) {
+        double total = (now_ms() - r->t_start) / 1e3;
+        tp_metrics_request(h->metrics, code, total);
+        if (r->for_model)
+            record_stats(h, r, code, total);
+    }
     if (!resp)
         return MHD_NO; /* out of memory: dropping the connection is all that is left */
     if (atomic_load(&h->state) == SRV_DRAINING)
@@ -238,19 +206,7 @@ static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const 
     return send_response(h, r, code, error_response(e.msg));
 }
 
-/* ---- GET routes --------------------------------------------------------- */
-
-static const char *allowed_methods(route_kind k)
-{
-    return k == R_INFER ? "POST" : "GET, HEAD";
-}
-
-static int method_ok(route_kind k, const char *m)
-{
-    if (k == R_INFER)
-        return strcmp(m, "POST") == 0;
-    return strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
-}
+/* ---- model and server routes -------------------------------------------- */
 
 /* Model routes: 503 while loading, 404 for another model or version. */
 static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
@@ -262,18 +218,18 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
         return reply_error(h, r, 503, "not ready: the graph %s",
                            atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
                                                                   : "is still loading");
-    if (strcmp(r->rt.model, h->model.name) != 0)
-        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->rt.model,
+    if (strcmp(r->args.model, h->model.name) != 0)
+        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
                            h->model.name);
-    if (r->rt.has_version && strcmp(r->rt.version, h->model.version) != 0)
+    if (r->args.has_version && strcmp(r->args.version, h->model.version) != 0)
         return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
-                           r->rt.model, r->rt.version, h->model.version);
+                           r->args.model, r->args.version, h->model.version);
     *handled = 0;
     return MHD_YES;
 }
 
 /* Prometheus text format; served while loading and draining too. */
-static enum MHD_Result reply_metrics(tp_http *h, req_ctx *r)
+static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
 {
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->suspended),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
@@ -286,31 +242,45 @@ static enum MHD_Result reply_metrics(tp_http *h, req_ctx *r)
                          make_response(text, len, "text/plain; version=0.0.4; charset=utf-8", 0));
 }
 
-static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
+static enum MHD_Result get_live(tp_http *h, req_ctx *r)
 {
-    int state = atomic_load(&h->state), handled;
-    switch (r->rt.kind) {
-    case R_LIVE:
-        return reply_json(h, r, atomic_load(&h->broken) ? 503 : 200,
-                          tp_kserve_bool_json("live", !atomic_load(&h->broken)));
-    case R_READY:
-        state = atomic_load(&h->broken) ? SRV_DRAINING : state;
-        return reply_json(h, r, state == SRV_READY ? 200 : 503,
-                          tp_kserve_bool_json("ready", state == SRV_READY));
-    case R_SERVER:
-        return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
-    case R_METRICS:
-        return reply_metrics(h, r);
-    default:
-        break;
-    }
-    enum MHD_Result ok = check_model(h, r, &handled);
-    if (handled)
-        return ok;
-    if (r->rt.kind == R_MODEL)
-        return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
-    return reply_json(h, r, state == SRV_READY ? 200 : 503,
-                      tp_kserve_bool_json("ready", state == SRV_READY));
+    int up = !atomic_load(&h->broken);
+    return reply_json(h, r, up ? 200 : 503, tp_kserve_bool_json("live", up));
+}
+
+static int is_ready(tp_http *h)
+{
+    return !atomic_load(&h->broken) && atomic_load(&h->state) == SRV_READY;
+}
+
+/* Server readiness; model readiness is the same (one model). */
+static enum MHD_Result get_ready(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", is_ready(h)));
+}
+
+static enum MHD_Result get_server(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
+}
+
+static enum MHD_Result get_model(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
+}
+
+static enum MHD_Result get_model_config(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_model_config(&h->model));
+}
+
+/* Statistics of the one model, for /v2/models/M/stats and /v2/models/stats
+ * alike (all models); an empty list while it is not loaded. */
+static enum MHD_Result get_stats(tp_http *h, req_ctx *r)
+{
+    if (!atomic_load(&h->loaded))
+        return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
+    return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
 }
 
 /* ---- inference: receive ------------------------------------------------- */
@@ -391,7 +361,8 @@ static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, si
     *size = 0;
     if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
         return discard_body(h, r, n);
-    int keep = r->rt.kind == R_INFER && strcmp(r->method, "POST") == 0;
+    int keep = r->route && strcmp(r->method, "POST") == 0 &&
+               tp_route_method_allowed(r->route->methods, "POST");
     if (!keep) {
         r->len += n;
         return MHD_YES;
@@ -448,9 +419,12 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
-    (void)info;
     req_ctx *r = ctx;
     tp_http *h = r->h;
+    if (info) {
+        r->times.queue = info->queue_s;
+        r->times.infer = info->compute_s;
+    }
     r->st = st;
     r->outs = outs;
     r->n_outs = n_outs;
@@ -520,7 +494,9 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
         return 1;
     }
     tp_err err;
+    double t0 = now_ms();
     tp_status st = decode(h, r, &err);
+    r->times.input = (now_ms() - t0) / 1e3;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
         if ((st = submit(h, r, &err)) == TP_OK)
@@ -537,10 +513,12 @@ static void encode_answer(tp_http *h, req_ctx *r)
     tp_err err = r->err;
     tp_status st = r->st;
     tp_kserve_buf buf = {0};
+    double t0 = now_ms();
     if (st == TP_OK)
         st = tp_kserve_build_infer(&h->model, &r->req, r->outs, r->n_outs, &buf, &err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
+    r->times.output = (now_ms() - t0) / 1e3;
     tp_host_tensors_free(r->outs, r->n_outs);
     r->outs = NULL;
     tp_kserve_request_free(&r->req);
@@ -602,10 +580,6 @@ static void *worker_main(void *arg)
  * and queue the job, or answer 503 at once when the queue is full. */
 static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 {
-    int handled;
-    enum MHD_Result ok = check_model(h, r, &handled);
-    if (handled)
-        return ok;
     if (!r->before_drain)
         return reply_error(h, r, 503, "server is shutting down");
     const char *ihcl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
@@ -641,6 +615,54 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     return MHD_YES;
 }
 
+/* ---- the route table ---------------------------------------------------- */
+
+/* First match wins: /v2/models/stats before /v2/models/{model}. */
+static const route_def ROUTES[] = {
+    {"GET, HEAD", "/v2/health/live", 0, get_live},
+    {"GET, HEAD", "/v2/health/ready", 0, get_ready},
+    {"GET, HEAD", "/v2", 0, get_server},
+    {"GET, HEAD", "/metrics", 0, get_metrics},
+    {"GET, HEAD", "/v2/models/stats", 0, get_stats},
+    {"GET, HEAD", "/v2/models/{model}", ROUTE_MODEL, get_model},
+    {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, get_ready},
+    {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, get_model_config},
+    {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, get_stats},
+    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
+};
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+
+static const route_def *find_route(const char *url, tp_route_args *args)
+{
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (tp_route_match(ROUTES[i].pattern, url, args))
+            return &ROUTES[i];
+    return NULL;
+}
+
+static enum MHD_Result reply_unknown_path(tp_http *h, req_ctx *r)
+{
+    char list[1024];
+    size_t off = 0;
+    for (size_t i = 0; i < N_ROUTES && off < sizeof list; i++)
+        off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
+                                ROUTES[i].pattern);
+    return reply_error(h, r, 404, "unknown path '%s' (routes: %s; every {model} route also "
+                       "takes /versions/{v})", r->url, list);
+}
+
+static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method, r->url,
+             r->route->methods);
+    log_request(r, 405, e.msg);
+    struct MHD_Response *resp = error_response(e.msg);
+    if (resp)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->route->methods);
+    return send_response(h, r, 405, resp);
+}
+
 /* ---- the access handler ------------------------------------------------- */
 
 static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
@@ -654,7 +676,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     r->t_start = now_ms();
     snprintf(r->method, sizeof r->method, "%s", method);
     snprintf(r->url, sizeof r->url, "%s", url);
-    r->rt = parse_route(url);
+    r->route = find_route(url, &r->args);
     r->before_drain = atomic_load(&h->state) != SRV_DRAINING;
     atomic_fetch_add(&h->in_flight, 1);
     return r;
@@ -663,23 +685,18 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
 /* Called once the whole body is in. */
 static enum MHD_Result route_request(tp_http *h, req_ctx *r)
 {
-    if (r->rt.kind == R_NONE)
-        return reply_error(h, r, 404, "unknown path '%s' (KServe v2 routes: /v2, "
-                           "/v2/health/{live,ready}, /v2/models/{model}[/versions/{v}]"
-                           "[/ready|/infer]; Prometheus: /metrics)", r->url);
-    if (!method_ok(r->rt.kind, r->method)) {
-        enum MHD_Result ok;
-        tp_err e;
-        snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method,
-                 r->url, allowed_methods(r->rt.kind));
-        log_request(r, 405, e.msg);
-        struct MHD_Response *resp = error_response(e.msg);
-        if (resp)
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r->rt.kind));
-        ok = send_response(h, r, 405, resp);
-        return ok;
+    if (!r->route)
+        return reply_unknown_path(h, r);
+    if (!tp_route_method_allowed(r->route->methods, r->method))
+        return reply_bad_method(h, r);
+    if (r->route->flags & ROUTE_MODEL) {
+        int handled;
+        enum MHD_Result ok = check_model(h, r, &handled);
+        if (handled)
+            return ok;
+        r->for_model = 1;
     }
-    return r->rt.kind == R_INFER ? dispatch_infer(h, r) : handle_get(h, r);
+    return r->route->handler(h, r);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -832,7 +849,9 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->metrics = tp_metrics_create();
-    tp_status st = h->metrics ? TP_OK : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
+    h->stats = tp_model_stats_create();
+    tp_status st = h->metrics && h->stats ? TP_OK
+                                          : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     if (st == TP_OK)
         st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
     if (st == TP_OK)
@@ -852,7 +871,7 @@ int tp_http_port(const tp_http *h) { return h->port; }
 static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
 {
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
-                         h->metrics};
+                         h->metrics, h->stats};
     tp_status st = tp_batcher_create(e, &o, &h->batcher, err);
     if (st != TP_OK)
         return st;
@@ -883,7 +902,10 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
     if (st != TP_OK)
         return st;
     h->engine = e;
-    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no};
+    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
+                                 tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
+                                                                 : 0,
+                                 h->cfg.max_queue_delay_us, h->cfg.max_queue};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -992,5 +1014,6 @@ void tp_http_stop(tp_http *h)
     free(h->ins);
     free(h->outs);
     tp_metrics_free(h->metrics);
+    tp_model_stats_free(h->stats);
     free(h);
 }

@@ -3,6 +3,7 @@
 #include "json_tensor.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -581,8 +582,9 @@ static char *dump_and_free(json_t *doc)
 
 char *tp_kserve_server_metadata(const char *version)
 {
-    return dump_and_free(json_pack("{s:s, s:s, s:[s]}", "name", "tpserve", "version", version,
-                                   "extensions", "binary_tensor_data"));
+    return dump_and_free(json_pack("{s:s, s:s, s:[s, s, s, s]}", "name", "tpserve", "version",
+                                   version, "extensions", "binary_tensor_data",
+                                   "model_configuration", "statistics", "system_shared_memory"));
 }
 
 static json_t *shape_json(int ndim, const int64_t *shape)
@@ -609,6 +611,45 @@ char *tp_kserve_model_metadata(const tp_kserve_model *m)
                                    m->version ? m->version : "1", "platform", "tpserve", "inputs",
                                    io_json(m->inputs, m->n_inputs), "outputs",
                                    io_json(m->outputs, m->n_outputs)));
+}
+
+/* model_config.proto's dims leave out the batch dim when max_batch_size > 0. */
+static json_t *config_io_json(const tp_io_desc *io, int n, int batched, int is_input)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) {
+        int skip = batched && io[i].ndim > 0;
+        char type[32];
+        snprintf(type, sizeof type, "TYPE_%s", tp_dtype_name(io[i].dtype));
+        json_t *o = json_pack("{s:s, s:s, s:o, s:b}", "name", io[i].name, "data_type", type,
+                              "dims", shape_json(io[i].ndim - skip, io[i].shape + skip),
+                              "is_shape_tensor", 0);
+        if (o && is_input)
+            json_object_update_new(o, json_pack("{s:s, s:b, s:b}", "format", "FORMAT_NONE",
+                                                "allow_ragged_batch", 0, "optional", 0));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+char *tp_kserve_model_config(const tp_kserve_model *m)
+{
+    int batched = m->max_batch_size > 0;
+    json_t *doc = json_pack("{s:s, s:s, s:s, s:I, s:{s:{s:i}}, s:o, s:o, s:[{s:s, s:s, s:i}]}",
+                            "name", m->name, "platform", "tpserve", "backend", "tpserve",
+                            "max_batch_size", (json_int_t)m->max_batch_size, "version_policy",
+                            "latest", "num_versions", 1, "input",
+                            config_io_json(m->inputs, m->n_inputs, batched, 1), "output",
+                            config_io_json(m->outputs, m->n_outputs, batched, 0),
+                            "instance_group", "name", m->name, "kind", "KIND_MODEL", "count", 1);
+    if (doc && batched)
+        json_object_set_new(doc, "dynamic_batching",
+                            json_pack("{s:[], s:I, s:b, s:{s:I}}", "preferred_batch_size",
+                                      "max_queue_delay_microseconds",
+                                      (json_int_t)m->max_queue_delay_us, "preserve_ordering", 1,
+                                      "default_queue_policy", "max_queue_size",
+                                      (json_int_t)m->max_queue_size));
+    return dump_and_free(doc);
 }
 
 /* Messages quote client text (paths, names) and may be cut mid-character by

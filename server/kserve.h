@@ -25,6 +25,10 @@ typedef struct {
     int n_inputs;
     const tp_io_desc *outputs;
     int n_outputs;
+    /* batching, for Triton's model configuration document */
+    int64_t max_batch_size;     /* 0: requests run one at a time (dims keep the batch dim) */
+    int64_t max_queue_delay_us;
+    int max_queue_size;
 } tp_kserve_model;
 
 /* One output to return, in response order. */
@@ -66,6 +70,10 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
 /* Small JSON documents; each returns a malloc'ed string or NULL (no memory). */
 char *tp_kserve_server_metadata(const char *version);
 char *tp_kserve_model_metadata(const tp_kserve_model *m);
+/* Triton's model configuration extension (GET /v2/models/M/config): the
+ * model_config.proto fields clients read (name, platform, max_batch_size,
+ * input/output with data_type and dims, dynamic_batching). */
+char *tp_kserve_model_config(const tp_kserve_model *m);
 char *tp_kserve_error_json(const char *msg);
 /* {"<key>": true|false}, e.g. {"live": true}. */
 char *tp_kserve_bool_json(const char *key, int value);

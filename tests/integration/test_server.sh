@@ -150,7 +150,7 @@ expect "wrong method on health" 405 "method DELETE not allowed" DELETE /v2/healt
 expect "POST to metadata" 405 "method POST not allowed" POST /v2/models/$G --data-binary '{}'
 expect "unknown path" 404 "unknown path '/v2/foo'" GET /v2/foo
 expect "unknown path outside /v2" 404 "unknown path '/stats'" GET /stats
-expect "unknown model action" 404 "unknown path" GET /v2/models/$G/stats
+expect "unknown model action" 404 "unknown path" GET /v2/models/$G/nope
 # The engine's output overflows to Inf/NaN: JSON cannot carry it -> 500, binary can.
 BIG=$($PYTHON -c 'print(",".join(["3e38"] * 256))')
 expect_json "server-side failure (non-finite output as JSON)" 500 "which JSON cannot carry" \

@@ -18,7 +18,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
@@ -26,7 +26,7 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
@@ -306,7 +306,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
@@ -535,8 +535,31 @@ START_TEST(metadata_docs)
     free(s);
     s = tp_kserve_server_metadata("1.2.3");
     ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
-                        "\"extensions\":[\"binary_tensor_data\"]}");
+                        "\"extensions\":[\"binary_tensor_data\",\"model_configuration\","
+                        "\"statistics\",\"system_shared_memory\"]}");
     free(s);
+    /* Triton's model configuration: dims without the batch dim when batching */
+    tp_kserve_model batched = M;
+    batched.max_batch_size = 8;
+    batched.max_queue_delay_us = 100;
+    batched.max_queue_size = 64;
+    json_t *cfg = json_loads(s = tp_kserve_model_config(&batched), 0, NULL);
+    free(s);
+    ck_assert_int_eq(json_integer_value(json_object_get(cfg, "max_batch_size")), 8);
+    json_t *in0 = json_array_get(json_object_get(cfg, "input"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(in0, "data_type")), "TYPE_FP32");
+    ck_assert_int_eq(json_array_size(json_object_get(in0, "dims")), 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(in0, "dims"), 0)), 3);
+    json_t *db = json_object_get(cfg, "dynamic_batching");
+    ck_assert_int_eq(json_integer_value(json_object_get(db, "max_queue_delay_microseconds")), 100);
+    json_decref(cfg);
+    cfg = json_loads(s = tp_kserve_model_config(&M), 0, NULL); /* M: no batching */
+    free(s);
+    ck_assert_int_eq(json_integer_value(json_object_get(cfg, "max_batch_size")), 0);
+    ck_assert_ptr_null(json_object_get(cfg, "dynamic_batching"));
+    in0 = json_array_get(json_object_get(cfg, "output"), 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(in0, "dims"), 0)), -1);
+    json_decref(cfg);
     s = tp_kserve_bool_json("ready", 0);
     ck_assert_str_eq(s, "{\"ready\":false}");
     free(s);
