@@ -51,6 +51,9 @@ static const key_desc keys[] = {
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
+    /* Triton protocol extensions */
+    INT_KEY(allow_client_shm, 0, 1, "1: clients may register system shared memory regions (POSIX "
+                                    "shm objects this process can open) for inputs and outputs"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -30,6 +30,8 @@ typedef struct {
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
+    /* Triton protocol extensions */
+    int allow_client_shm;    /* 1: clients may register system shared memory regions */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

@@ -91,6 +91,7 @@ struct tp_http {
     tp_io_desc *ins, *outs;
     tp_metrics *metrics;
     tp_model_stats *stats;
+    tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_batcher *batcher; /* created with the engine */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -281,6 +282,54 @@ static enum MHD_Result get_stats(tp_http *h, req_ctx *r)
     if (!atomic_load(&h->loaded))
         return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
     return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
+}
+
+/* ---- system shared memory ------------------------------------------------ */
+
+static unsigned shm_http_code(tp_status st)
+{
+    return st == TP_NOMEM ? 503 : st == TP_IO ? 500 : 400;
+}
+
+/* /v2/systemsharedmemory[/region/R]/status */
+static enum MHD_Result get_shm_status(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    tp_status st;
+    char *doc = tp_shm_status_json(h->shm, r->args.region[0] ? r->args.region : NULL, &st, &e);
+    if (!doc)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    return reply_json(h, r, 200, doc);
+}
+
+static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
+{
+    char key[256];
+    uint64_t offset, size;
+    tp_err e;
+    if (!h->cfg.allow_client_shm)
+        return reply_error(h, r, 400, "system shared memory is disabled on this server "
+                           "(allow_client_shm 0)");
+    tp_status st = tp_kserve_parse_shm_register(r->body ? r->body : "", r->len, key, sizeof key,
+                                                &offset, &size, &e);
+    if (st == TP_OK)
+        st = tp_shm_register(h->shm, r->args.region, key, offset, size, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    TP_LOG_I("system shared memory region '%s' registered: key %s, offset %llu, %llu bytes",
+             r->args.region, key, (unsigned long long)offset, (unsigned long long)size);
+    return reply_json(h, r, 200, strdup("{}"));
+}
+
+/* /v2/systemsharedmemory[/region/R]/unregister; requests still using a
+ * region keep it mapped until they finish. */
+static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    tp_status st = tp_shm_unregister(h->shm, r->args.region[0] ? r->args.region : NULL, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    return reply_json(h, r, 200, strdup("{}"));
 }
 
 /* ---- inference: receive ------------------------------------------------- */
@@ -629,6 +678,11 @@ static const route_def ROUTES[] = {
     {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, get_model_config},
     {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, get_stats},
     {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
+    {"GET, HEAD", "/v2/systemsharedmemory/status", 0, get_shm_status},
+    {"GET, HEAD", "/v2/systemsharedmemory/region/{region}/status", 0, get_shm_status},
+    {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
+    {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
+    {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -850,7 +904,8 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     pthread_cond_init(&h->cv, NULL);
     h->metrics = tp_metrics_create();
     h->stats = tp_model_stats_create();
-    tp_status st = h->metrics && h->stats ? TP_OK
+    h->shm = tp_shm_registry_create();
+    tp_status st = h->metrics && h->stats && h->shm ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     if (st == TP_OK)
         st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
@@ -905,7 +960,8 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
     h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
                                  tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
                                                                  : 0,
-                                 h->cfg.max_queue_delay_us, h->cfg.max_queue};
+                                 h->cfg.max_queue_delay_us, h->cfg.max_queue,
+                                 h->cfg.allow_client_shm ? h->shm : NULL};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -1015,5 +1071,6 @@ void tp_http_stop(tp_http *h)
     free(h->outs);
     tp_metrics_free(h->metrics);
     tp_model_stats_free(h->stats);
+    tp_shm_registry_free(h->shm);
     free(h);
 }

@@ -190,6 +190,82 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
     return TP_OK;
 }
 
+/* ---- system shared memory ----------------------------------------------- */
+
+/* A non-negative integer parameter; *present says whether it was there. */
+static tp_status get_u64_param(const json_t *params, const char *key, const char *where,
+                               uint64_t *out, int *present, tp_err *err)
+{
+    const json_t *v = json_object_get(params, key);
+    *present = v != NULL;
+    if (!v)
+        return TP_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return tp_fail(err, TP_INVALID, "%s: '%s' must be a non-negative integer, got %s",
+                       where, key, tp_json_kind(v));
+    *out = (uint64_t)json_integer_value(v);
+    return TP_OK;
+}
+
+/* Region, offset and byte_size of an input or output that names a region:
+ * the region acquired (release it), its name checked against the registry. */
+static tp_status shm_params(const tp_kserve_model *m, const json_t *params, const char *where,
+                            tp_shm_region **region, uint64_t *offset, uint64_t *size, tp_err *err)
+{
+    const json_t *jr = json_object_get(params, "shared_memory_region");
+    int has_size, has_off;
+    *offset = 0;
+    if (!json_is_string(jr))
+        return tp_fail(err, TP_INVALID, "%s: parameters.shared_memory_region must be a string, "
+                       "got %s", where, tp_json_kind(jr));
+    tp_status st = get_u64_param(params, "shared_memory_byte_size", where, size, &has_size, err);
+    if (st == TP_OK)
+        st = get_u64_param(params, "shared_memory_offset", where, offset, &has_off, err);
+    if (st != TP_OK)
+        return st;
+    if (!has_size)
+        return tp_fail(err, TP_INVALID, "%s: parameters.shared_memory_region needs "
+                       "parameters.shared_memory_byte_size", where);
+    if (!m->shm)
+        return tp_fail(err, TP_INVALID, "%s: system shared memory is disabled on this server "
+                       "(allow_client_shm 0)", where);
+    *region = tp_shm_acquire(m->shm, json_string_value(jr), err);
+    if (!*region)
+        tp_err_prefix(err, "%s: ", where);
+    return *region ? TP_OK : TP_INVALID;
+}
+
+/* The input's bytes copied out of its region: the engine gets its own
+ * buffer, so the client may reuse the region once the answer is back and a
+ * concurrent unregister never pulls memory from under a batch. */
+static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_host_tensor *t,
+                            tp_err *err)
+{
+    char where[160], sh[128];
+    snprintf(where, sizeof where, "input '%s'", t->name);
+    tp_shm_region *r = NULL;
+    uint64_t off, size;
+    tp_status st = shm_params(m, params, where, &r, &off, &size, err);
+    if (st != TP_OK)
+        return st;
+    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
+    void *src = NULL;
+    if (size != want)
+        st = tp_fail(err, TP_INVALID, "input '%s': shared_memory_byte_size %llu does not match "
+                     "shape %s of %s (%zu bytes)", t->name, (unsigned long long)size,
+                     shape_str(sh, t->ndim, t->shape), tp_dtype_name(t->dtype), want);
+    if (st == TP_OK)
+        st = tp_shm_span(r, off, size, 0, &src, err);
+    if (st == TP_OK && !(t->data = malloc(want ? want : 1)))
+        st = tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
+    if (st == TP_OK) {
+        memcpy(t->data, src, want);
+        t->nbytes = want;
+    }
+    tp_shm_release(r);
+    return st;
+}
+
 /* ---- inputs ------------------------------------------------------------- */
 
 static tp_status parse_input_name(const json_t *in, size_t pos, const char **name, tp_err *err)
@@ -205,8 +281,9 @@ static tp_status parse_input_name(const json_t *in, size_t pos, const char **nam
 }
 
 /* Fills t from one request input already matched to model input d. */
-static tp_status parse_input(const json_t *in, size_t pos, const tp_io_desc *d,
-                             tp_host_tensor *t, const data_text *text, bin_tail *tail, tp_err *err)
+static tp_status parse_input(const tp_kserve_model *m, const json_t *in, size_t pos,
+                             const tp_io_desc *d, tp_host_tensor *t, const data_text *text,
+                             bin_tail *tail, tp_err *err)
 {
     snprintf(t->name, sizeof t->name, "%s", d->name);
     tp_status st = parse_datatype(json_object_get(in, "datatype"), d->name, &t->dtype, err);
@@ -223,15 +300,20 @@ static tp_status parse_input(const json_t *in, size_t pos, const tp_io_desc *d,
         return tp_fail(err, TP_INVALID, "input '%s': 'parameters' must be an object, got %s",
                        d->name, tp_json_kind(params));
     const json_t *bsize = params ? json_object_get(params, "binary_data_size") : NULL;
+    const json_t *shm = params ? json_object_get(params, "shared_memory_region") : NULL;
     const json_t *data = json_object_get(in, "data");
-    if (bsize && data)
-        return tp_fail(err, TP_INVALID, "input '%s' has both 'data' and "
-                       "parameters.binary_data_size; send one", d->name);
+    if (!!bsize + !!shm + !!data > 1)
+        return tp_fail(err, TP_INVALID, "input '%s' has more than one of 'data', "
+                       "parameters.binary_data_size and parameters.shared_memory_region; send "
+                       "one", d->name);
     if (bsize)
         return decode_binary(bsize, t, tail, err);
+    if (shm)
+        return decode_shm(m, params, t, err);
     if (!data)
-        return tp_fail(err, TP_INVALID, "input '%s' has no 'data' and no "
-                       "parameters.binary_data_size", d->name);
+        return tp_fail(err, TP_INVALID, "input '%s' has no 'data', no "
+                       "parameters.binary_data_size and no parameters.shared_memory_region",
+                       d->name);
     return decode_json_data(data, text, pos, t, err);
 }
 
@@ -256,7 +338,7 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, const
                            m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
         if (ts[k].name[0])
             return tp_fail(err, TP_INVALID, "input '%s' appears more than once", name);
-        if ((st = parse_input(in, i, &m->inputs[k], &ts[k], text, tail, err)) != TP_OK)
+        if ((st = parse_input(m, in, i, &m->inputs[k], &ts[k], text, tail, err)) != TP_OK)
             return st;
     }
     for (int k = 0; k < m->n_inputs; k++)
@@ -311,7 +393,11 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
     if (params && json_object_get(params, "classification"))
         return tp_fail(err, TP_INVALID, "%s: parameters.classification is not supported", where);
     sel->binary = binary_default;
-    return get_bool_param(params, "binary_data", where, &sel->binary, err);
+    tp_status st = get_bool_param(params, "binary_data", where, &sel->binary, err);
+    if (st != TP_OK || !params || !json_object_get(params, "shared_memory_region"))
+        return st;
+    sel->binary = 0; /* the bytes go to the region, not the body */
+    return shm_params(m, params, where, &sel->shm, &sel->shm_offset, &sel->shm_size, err);
 }
 
 /* No "outputs" means every model output, encoded per binary_data_output. */
@@ -459,6 +545,8 @@ void tp_kserve_request_free(tp_kserve_request *req)
     for (int i = 0; i < req->n_inputs && req->inputs; i++)
         free(req->inputs[i].data);
     free(req->inputs);
+    for (int i = 0; i < req->n_outputs && req->outputs; i++)
+        tp_shm_release(req->outputs[i].shm);
     free(req->outputs);
     free(req->id);
     memset(req, 0, sizeof *req);
@@ -488,7 +576,31 @@ static void write_shape(tp_jbuf *b, int ndim, const int64_t *shape)
     tp_jbuf_raw(b, "]", 1);
 }
 
-static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t, int binary, tp_err *err)
+/* The output's bytes go into the client's region; the answer says where. */
+static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
+                                  const tp_kserve_output_sel *sel, tp_err *err)
+{
+    void *dst = NULL;
+    if (t->nbytes > sel->shm_size)
+        return tp_fail(err, TP_INVALID, "output '%s' has %zu bytes, more than its "
+                       "shared_memory_byte_size %llu", t->name, t->nbytes,
+                       (unsigned long long)sel->shm_size);
+    tp_status st = tp_shm_span(sel->shm, sel->shm_offset, t->nbytes, 1, &dst, err);
+    if (st != TP_OK)
+        return st;
+    memcpy(dst, t->data, t->nbytes);
+    tp_jbuf_lit(b, ",\"parameters\":{\"shared_memory_region\":");
+    tp_jbuf_str(b, tp_shm_name(sel->shm));
+    tp_jbuf_lit(b, ",\"shared_memory_offset\":");
+    tp_jbuf_i64(b, (int64_t)sel->shm_offset);
+    tp_jbuf_lit(b, ",\"shared_memory_byte_size\":");
+    tp_jbuf_i64(b, (int64_t)t->nbytes);
+    tp_jbuf_lit(b, "}}");
+    return TP_OK;
+}
+
+static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t,
+                              const tp_kserve_output_sel *sel, tp_err *err)
 {
     size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
     if (t->nbytes != want || (want && !t->data))
@@ -500,7 +612,9 @@ static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t, int binary, t
     tp_jbuf_lit(b, tp_dtype_name(t->dtype));
     tp_jbuf_lit(b, "\",\"shape\":");
     write_shape(b, t->ndim, t->shape);
-    if (binary) {
+    if (sel->shm)
+        return write_shm_output(b, t, sel, err);
+    if (sel->binary) {
         tp_jbuf_lit(b, ",\"parameters\":{\"binary_data_size\":");
         tp_jbuf_i64(b, (int64_t)t->nbytes);
         tp_jbuf_lit(b, "}}");
@@ -534,7 +648,7 @@ static tp_status write_response(const tp_kserve_model *m, const tp_kserve_reques
             return tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
         if (i)
             tp_jbuf_raw(b, ",", 1);
-        tp_status st = write_output(b, t, sel->binary, err);
+        tp_status st = write_output(b, t, sel, err);
         if (st != TP_OK)
             return st;
         tail_len += sel->binary ? t->nbytes : 0;
@@ -569,6 +683,38 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
     out->len = b.len;
     out->header_len = header_len;
     return TP_OK;
+}
+
+/* ---- system shared memory registration ------------------------------------ */
+
+tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,
+                                       uint64_t *offset, uint64_t *byte_size, tp_err *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return tp_fail(err, TP_PARSE, "malformed JSON in register request at line %d column %d: "
+                       "%s", jerr.line, jerr.column, jerr.text);
+    const json_t *jk = json_object_get(root, "key");
+    int has_size, has_off;
+    tp_status st = TP_OK;
+    *offset = 0;
+    if (!json_is_object(root))
+        st = tp_fail(err, TP_INVALID, "register request must be a JSON object, got %s",
+                     tp_json_kind(root));
+    else if (!json_is_string(jk) || json_string_length(jk) >= key_size)
+        st = tp_fail(err, TP_INVALID, "register request: 'key' must be a string of at most %zu "
+                     "bytes, got %s", key_size - 1, tp_json_kind(jk));
+    if (st == TP_OK)
+        st = get_u64_param(root, "byte_size", "register request", byte_size, &has_size, err);
+    if (st == TP_OK)
+        st = get_u64_param(root, "offset", "register request", offset, &has_off, err);
+    if (st == TP_OK && !has_size)
+        st = tp_fail(err, TP_INVALID, "register request has no 'byte_size'");
+    if (st == TP_OK)
+        snprintf(key, key_size, "%s", json_string_value(jk));
+    json_decref(root);
+    return st;
 }
 
 /* ---- small documents ---------------------------------------------------- */

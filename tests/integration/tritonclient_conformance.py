@@ -181,6 +181,72 @@ def infer_modes(c, g, inputs, ref, rtol, r):
     return ins
 
 
+def check_shm(c, g, inputs, ref, rtol, r):
+    """Triton's system shared memory extension: inputs read from and outputs
+    written to regions the client registered; bad registrations refused."""
+    import tritonclient.utils.shared_memory as shm
+    tag = "%d" % os.getpid()
+    in_arrays = [a for _, (st, a) in inputs.items()]
+    in_size = sum(a.nbytes for a in in_arrays)
+    out_size = sum(ref[n][1].nbytes for n in sorted(ref))
+    ih = shm.create_shared_memory_region("tp_in", "/tp_in_" + tag, in_size)
+    oh = shm.create_shared_memory_region("tp_out", "/tp_out_" + tag, out_size)
+    try:
+        shm.set_shared_memory_region(ih, in_arrays)
+        c.unregister_system_shared_memory()
+        c.register_system_shared_memory("tp_in", "/tp_in_" + tag, in_size)
+        c.register_system_shared_memory("tp_out", "/tp_out_" + tag, out_size)
+        names = sorted(x["name"] for x in c.get_system_shared_memory_status())
+        r.check(names == ["tp_in", "tp_out"], "system shared memory status lists %s" % names)
+        one = c.get_system_shared_memory_status("tp_in")
+        r.check(len(one) == 1 and one[0]["byte_size"] == in_size and one[0]["key"] == "/tp_in_" + tag,
+                "status of one region: %s" % one)
+        ins, off = [], 0
+        for name, (st, a) in inputs.items():
+            i = httpclient.InferInput(name, list(a.shape), ST_TO_KSERVE[st])
+            i.set_shared_memory("tp_in", a.nbytes, offset=off)
+            ins.append(i)
+            off += a.nbytes
+        outs, where, off = [], {}, 0
+        for name in sorted(ref):
+            o = httpclient.InferRequestedOutput(name)
+            o.set_shared_memory("tp_out", ref[name][1].nbytes, offset=off)
+            outs.append(o)
+            where[name] = off
+            off += ref[name][1].nbytes
+        res = c.infer(g, ins, outputs=outs)
+        for name in sorted(ref):
+            st, want = ref[name]
+            got = shm.get_contents_as_numpy(oh, want.dtype, want.shape, offset=where[name])
+            params = res.get_output(name).get("parameters", {})
+            r.check(params.get("shared_memory_region") == "tp_out"
+                    and params.get("shared_memory_byte_size") == want.nbytes,
+                    "shm output %s described in the answer: %s" % (name, params))
+            err = compare.rel_err(compare.to_f64(st, got), compare.to_f64(st, want))
+            r.check(err <= rtol, "infer through system shared memory: %s err=%.3e" % (name, err))
+        expect_error(r, "register a name twice",
+                     lambda: c.register_system_shared_memory("tp_in", "/tp_in_" + tag, in_size),
+                     "already registered")
+        expect_error(r, "register past the object's end",
+                     lambda: c.register_system_shared_memory("tp_big", "/tp_in_" + tag, in_size + 1),
+                     "does not fit")
+        expect_error(r, "register an object that does not exist",
+                     lambda: c.register_system_shared_memory("tp_none", "/tp_none_" + tag, 8),
+                     "cannot open")
+        big = httpclient.InferInput(ins[0].name(), ins[0].shape(), ins[0].datatype())
+        big.set_shared_memory("tp_in", in_size + 8)
+        expect_error(r, "input byte size vs shape", lambda: c.infer(g, [big] + ins[1:]),
+                     "shared_memory_byte_size")
+        c.unregister_system_shared_memory("tp_in")
+        expect_error(r, "infer from an unregistered region", lambda: c.infer(g, ins, outputs=outs),
+                     "no shared memory region 'tp_in'")
+    finally:
+        c.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(ih)
+        shm.destroy_shared_memory_region(oh)
+    r.check(c.get_system_shared_memory_status() == [], "every region unregistered")
+
+
 def expect_error(r, what, fn, *words):
     try:
         fn()
@@ -227,6 +293,7 @@ def main(argv):
         before = model_stat(c, a.graph)["inference_stats"]["success"]["count"]
         ins = infer_modes(c, a.graph, inputs, ref, m["rtol"], r)
         check_stats(c, a.graph, before, r)
+        check_shm(c, a.graph, inputs, ref, m["rtol"], r)
         check_errors(c, a.graph, inputs, ins, r)
     except Exception as e:  # a client-side surprise is a failure, not a crash
         r.check(False, "unexpected %s: %s" % (type(e).__name__, e))
