@@ -31,6 +31,10 @@ struct tp_rank_group {
     pthread_cond_t start, done;
     unsigned long generation; /* bumped per run; threads wait for a change */
     int quit, n_done, n_threads;
+    /* Thread groups: the thread calling run runs rank lo itself, sparing a
+     * wake-up and a wait per step. Process groups keep a thread per local
+     * rank: the caller must stay free to watch for dead processes. */
+    int caller_runs;
     tp_rank_fn fn;
     void *ctx;
     const tp_rank_hooks *hooks;
@@ -56,7 +60,7 @@ static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
         g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs) : 0;
         call_hook(g->hooks, 0);
     }
-    if (++g->n_done == g->n_threads)
+    if (++g->n_done == g->n_threads + g->caller_runs)
         pthread_cond_signal(&g->done);
     pthread_mutex_unlock(&g->mu);
 }
@@ -86,16 +90,18 @@ static void *rank_main(void *p)
 
 static tp_status start_threads(tp_rank_group *g, tp_err *err)
 {
-    g->n_threads = g->hi - g->lo;
+    g->caller_runs = !g->procs;
+    g->n_threads = g->hi - g->lo - g->caller_runs;
     g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
     g->args = calloc((size_t)g->n_threads, sizeof *g->args);
     if (!g->threads || !g->args)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     for (int i = 0; i < g->n_threads; i++) {
-        g->args[i] = (rank_arg){g, g->lo + i};
+        g->args[i] = (rank_arg){g, g->lo + g->caller_runs + i};
         if (pthread_create(&g->threads[i], NULL, rank_main, &g->args[i]) != 0) {
             g->n_threads = i; /* join only the threads that exist */
-            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d", g->lo + i);
+            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d",
+                           g->args[i].rank);
         }
     }
     return TP_OK;
@@ -177,7 +183,7 @@ const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_ra
 static void wait_local(tp_rank_group *g)
 {
     int told = 0;
-    while (g->n_done < g->n_threads) {
+    while (g->n_done < g->n_threads + g->caller_runs) {
         if (!g->procs) {
             pthread_cond_wait(&g->done, &g->mu);
             continue;
@@ -231,6 +237,13 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     g->n_done = 0;
     g->generation++;
     pthread_cond_broadcast(&g->start);
+    if (g->caller_runs) {
+        pthread_mutex_unlock(&g->mu);
+        tp_err e = {{0}};
+        tp_status rst = fn(ctx, g->lo, &e);
+        finish_rank(g, g->lo, rst, &e);
+        pthread_mutex_lock(&g->mu);
+    }
     wait_local(g);
     tp_status st = g->status;
     tp_err first = g->first_err;

@@ -39,9 +39,12 @@ typedef struct {
     int batch_requests; /* requests in its batch */
 } tp_batch_info;
 
-/* Called exactly once per accepted request, from the batcher thread (or the
- * thread calling tp_batcher_cancel). On TP_OK outs holds the request's own
- * outputs in graph order, owned by the callee (tp_host_tensors_free);
+/* Called exactly once per accepted request, from the batcher thread, the
+ * thread calling tp_batcher_cancel, or — when the batcher was idle, nothing
+ * was queued and there is no queue delay — the submitting thread itself,
+ * before tp_batcher_submit returns (it runs that request's batch). On TP_OK
+ * outs holds the request's own outputs in graph order, owned by the callee
+ * (tp_host_tensors_free);
  * otherwise outs is NULL and err says why: TP_TIMEOUT (waited past its
  * deadline; never ran), the status of a failed engine run, or the one given
  * to tp_batcher_cancel. info is NULL unless the request ran. */

@@ -63,6 +63,7 @@ struct req_ctx {
     int before_drain; /* headers arrived before SIGTERM: the request is served */
     /* decoded request and its batch result, between the two worker jobs */
     int encode; /* the next worker job: 0 decode and submit, 1 encode the answer */
+    int ran_here; /* the batch ran on the submitting worker, which encodes at once */
     tp_kserve_request req;
     tp_status st;
     tp_host_tensor *outs;
@@ -463,8 +464,13 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
+/* The request this worker thread is submitting: when the batcher runs it on
+ * this very thread (it was idle), the worker encodes the answer itself. */
+static _Thread_local req_ctx *submitting;
+
 /* Runs on the batcher thread: hands the result to a worker for encoding, so
- * the batcher goes straight back to forming the next batch. */
+ * the batcher goes straight back to forming the next batch. Or on the
+ * submitting worker, inside tp_batcher_submit: then no hand-off at all. */
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
@@ -482,6 +488,14 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->encode = 1;
     r->next = NULL;
     pthread_mutex_lock(&h->mu);
+    if (r == submitting) {
+        r->ran_here = 1;
+        h->in_batcher--;
+        if (h->stopping)
+            pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        return;
+    }
     if (h->enc_tail)
         h->enc_tail->next = r;
     else
@@ -499,7 +513,9 @@ static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
     pthread_mutex_lock(&h->mu);
     h->in_batcher++;
     pthread_mutex_unlock(&h->mu);
+    submitting = r;
     tp_status st = tp_batcher_submit(h->batcher, &br, err);
+    submitting = NULL;
     if (st != TP_OK) {
         pthread_mutex_lock(&h->mu);
         h->in_batcher--;
@@ -533,8 +549,11 @@ static tp_status decode(tp_http *h, req_ctx *r, tp_err *err)
     return st;
 }
 
+static void encode_answer(tp_http *h, req_ctx *r);
+
 /* The first worker job: decode the body and submit it. Returns 1 when r was
- * answered here (an error), 0 when the batcher has it. */
+ * answered here (an error, or the batch ran on this thread), 0 when the
+ * batcher has it. */
 static int decode_and_submit(tp_http *h, req_ctx *r)
 {
     if (waited_too_long(h, r)) {
@@ -548,8 +567,11 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
     r->times.input = (now_ms() - t0) / 1e3;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
-        if ((st = submit(h, r, &err)) == TP_OK)
-            return 0;
+        /* ran_here is only ever set on this thread; encode is not. */
+        if ((st = submit(h, r, &err)) == TP_OK && r->ran_here)
+            encode_answer(h, r);
+        if (st == TP_OK)
+            return r->ran_here;
         tp_kserve_request_free(&r->req);
     }
     finish_error(r, infer_http_code(st), err.msg);
