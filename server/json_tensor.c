@@ -31,6 +31,31 @@ static int at(const cursor *c, char ch)
     return c->i < c->len && c->s[c->i] == ch;
 }
 
+/* At an array's or object's opener: 0 when it closes at once (consumed),
+ * 2 when an element follows. */
+static int open_list(cursor *c, char closer)
+{
+    c->i++;
+    skip_blanks(c);
+    if (at(c, closer))
+        return c->i++, 0;
+    return 2;
+}
+
+/* After an element or member: 0 at the closer (consumed), 2 after a ','
+ * (another follows), 1 at anything else (not JSON). */
+static int after_item(cursor *c, char closer)
+{
+    skip_blanks(c);
+    if (at(c, closer))
+        return c->i++, 0;
+    if (!at(c, ','))
+        return 1;
+    c->i++;
+    skip_blanks(c);
+    return 2;
+}
+
 /* At '"': past the closing quote, or -1. Escapes are stepped over, not
  * checked: jansson (or the tensor reader) judges the text. */
 static int skip_string(cursor *c)
@@ -121,11 +146,8 @@ typedef int (*array_fn)(cursor *c, span_list *l, int input);
 
 static int walk_object(cursor *c, const char *key, array_fn on_array, span_list *l, int input)
 {
-    c->i++;
-    skip_blanks(c);
-    if (at(c, '}'))
-        return c->i++, 0;
-    for (;;) {
+    int more = open_list(c, '}');
+    while (more == 2) {
         int match = key_is(c, key);
         skip_blanks(c);
         if (match < 0 || !at(c, ':'))
@@ -135,14 +157,9 @@ static int walk_object(cursor *c, const char *key, array_fn on_array, span_list 
         int rc = match && at(c, '[') ? on_array(c, l, input) : skip_value(c) ? 1 : 0;
         if (rc)
             return rc;
-        skip_blanks(c);
-        if (at(c, '}'))
-            return c->i++, 0;
-        if (!at(c, ','))
-            return 1;
-        c->i++;
-        skip_blanks(c);
+        more = after_item(c, '}');
     }
+    return more;
 }
 
 static int take_data(cursor *c, span_list *l, int input)
@@ -158,22 +175,14 @@ static int take_data(cursor *c, span_list *l, int input)
 static int take_inputs(cursor *c, span_list *l, int unused)
 {
     (void)unused;
-    c->i++;
-    skip_blanks(c);
-    if (at(c, ']'))
-        return c->i++, 0;
-    for (int k = 0;; k++) {
+    int more = open_list(c, ']');
+    for (int k = 0; more == 2; k++) {
         int rc = at(c, '{') ? walk_object(c, "data", take_data, l, k) : skip_value(c) ? 1 : 0;
         if (rc)
             return rc;
-        skip_blanks(c);
-        if (at(c, ']'))
-            return c->i++, 0;
-        if (!at(c, ','))
-            return 1;
-        c->i++;
-        skip_blanks(c);
+        more = after_item(c, ']');
     }
+    return more;
 }
 
 int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans)
@@ -364,32 +373,20 @@ static tp_status read_scalar(reader *r)
     return st;
 }
 
-/* After an element: ',' (1, more follow), ']' (0, the array ended; the
- * cursor is past it), or malformed. */
+/* After an element: 1 when more follow, 0 past the array's end, -1 (and
+ * *st) when the text is not JSON. */
 static int next_or_end(reader *r, tp_status *st)
 {
-    skip_blanks(&r->c);
-    if (at(&r->c, ',')) {
-        r->c.i++;
-        skip_blanks(&r->c);
-        return 1;
-    }
-    if (at(&r->c, ']')) {
-        r->c.i++;
-        return 0;
-    }
-    *st = malformed(r);
-    return -1;
+    int more = after_item(&r->c, ']');
+    if (more == 1)
+        *st = malformed(r);
+    return more == 2 ? 1 : more == 0 ? 0 : -1;
 }
 
 /* Opens an array at the cursor: 1 when it has elements, 0 when empty. */
 static int open_array(reader *r)
 {
-    r->c.i++;
-    skip_blanks(&r->c);
-    if (at(&r->c, ']'))
-        return r->c.i++, 0;
-    return 1;
+    return open_list(&r->c, ']') == 2;
 }
 
 static tp_status read_flat(reader *r)

@@ -95,3 +95,18 @@ int tp_numtext_parse_i64(const char *s, size_t len, int64_t *out)
     *out = neg ? (int64_t)(0 - u) : (int64_t)u;
     return 0;
 }
+
+int tp_numtext_digits(const char *s, size_t len)
+{
+    int first = -1, last = -1, pos = 0;
+    for (size_t i = 0; i < len && s[i] != 'e'; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            continue;
+        if (s[i] != '0') {
+            first = first < 0 ? pos : first;
+            last = pos;
+        }
+        pos++;
+    }
+    return first < 0 ? 1 : last - first + 1;
+}

@@ -36,6 +36,11 @@ double tp_numtext_parse_f64(const char *s, size_t len);
  * fraction and no exponent. */
 size_t tp_numtext_scan(const char *s, size_t len, int *is_int);
 
+/* Significant digits of a decimal s[0..len) (first to last nonzero digit
+ * before any exponent; 1 for zero): how tests hold the writers to their
+ * digit budgets. */
+int tp_numtext_digits(const char *s, size_t len);
+
 /* An integer token (from tp_numtext_scan with is_int) as int64: 0, or -1 when
  * it does not fit. */
 int tp_numtext_parse_i64(const char *s, size_t len, int64_t *out);

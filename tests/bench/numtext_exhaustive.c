@@ -31,18 +31,7 @@ static void *run_slice(void *arg)
         memcpy(&f, &u, 4);
         size_t n = tp_numtext_f32(f, buf);
         back = tp_numtext_parse_f32(buf, n);
-        /* significant digits: first to last nonzero of the mantissa */
-        int first = -1, last = -1, pos = 0;
-        for (size_t i = 0; i < n && buf[i] != 'e'; i++) {
-            if (buf[i] < '0' || buf[i] > '9')
-                continue;
-            if (buf[i] != '0') {
-                first = first < 0 ? pos : first;
-                last = pos;
-            }
-            pos++;
-        }
-        if (memcmp(&back, &f, 4) != 0 || last - first + 1 > 9) {
+        if (memcmp(&back, &f, 4) != 0 || tp_numtext_digits(buf, n) > 9) {
             buf[n] = '\0';
             fprintf(stderr, "FAIL: %08x -> '%s'\n", u, buf);
             s->failed = 1;

@@ -18,7 +18,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, NULL};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
@@ -26,7 +26,7 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, NULL};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
@@ -252,7 +252,7 @@ START_TEST(response_json)
     int32_t k[2] = {-7, 2147483647};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[2] = {{"y", 0}, {"k", 0}};
+    tp_kserve_output_sel sel[2] = {{.name = "y"}, {.name = "k"}};
     tp_kserve_request req = {.id = "abc", .outputs = sel, .n_outputs = 2};
     tp_kserve_buf b;
     tp_err e;
@@ -285,7 +285,7 @@ START_TEST(response_binary_round_trip)
     int32_t k[2] = {3, 4};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[2] = {{"y", 1}, {"k", 0}};
+    tp_kserve_output_sel sel[2] = {{.name = "y", .binary = 1}, {.name = "k"}};
     tp_kserve_request req = {.outputs = sel, .n_outputs = 2};
     tp_kserve_buf b;
     tp_err e;
@@ -306,7 +306,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, NULL};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
@@ -328,7 +328,7 @@ START_TEST(response_half_types_as_json)
     tp_host_tensor t = {.name = "u", .dtype = TP_F16, .ndim = 2, .shape = {2, 2},
                         .data = h, .nbytes = 8};
     tp_kserve_model m = one_model(TP_F16);
-    tp_kserve_output_sel sel = {"u", 0};
+    tp_kserve_output_sel sel = {.name = "u"};
     tp_kserve_request req = {.outputs = &sel, .n_outputs = 1};
     tp_kserve_buf b;
     tp_err e;
@@ -345,7 +345,7 @@ START_TEST(response_errors)
     int32_t k[2] = {0, 0};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[1] = {{"y", 0}};
+    tp_kserve_output_sel sel[1] = {{.name = "y"}};
     tp_kserve_request req = {.outputs = sel, .n_outputs = 1};
     tp_kserve_buf b;
     tp_err e;
@@ -400,7 +400,8 @@ START_TEST(errors_inputs)
     expect_error(&M, REQ("{\"name\":\"x\",\"datatype\":\"FP32\",\"data\":[1,2,3]}"), TP_INVALID,
                  "input 'x': missing 'shape'");
     expect_error(&M, REQ("{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\"}"), TP_INVALID,
-                 "input 'x' has no 'data' and no parameters.binary_data_size");
+                 "input 'x' has no 'data', no parameters.binary_data_size and no "
+                 "parameters.shared_memory_region");
 }
 END_TEST
 
@@ -492,7 +493,16 @@ START_TEST(errors_binary)
                                              "body length");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}",
-                     v, 16, -2, "input 't' has both 'data' and parameters.binary_data_size");
+                     v, 16, -2, "input 't' has more than one of 'data', "
+                                "parameters.binary_data_size and parameters.shared_memory_region");
+    /* system shared memory named while the extension is off (allow_client_shm 0) */
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":{\"shared_memory_region\":\"r\","
+                         "\"shared_memory_byte_size\":16}}]}",
+                     v, 0, -1, "input 't': system shared memory is disabled on this server");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":{\"shared_memory_region\":\"r\"}}]}",
+                     v, 0, -1, "needs parameters.shared_memory_byte_size");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"parameters\":{\"binary_data_size\":\"16\"}}]}",
                      v, 16, -2, "input 't': parameters.binary_data_size must be a non-negative "

@@ -28,20 +28,9 @@ static float bits_f32(uint32_t u)
     return f;
 }
 
-/* Significant digits of a decimal: first to last nonzero digit. */
 static int sig_digits(const char *s)
 {
-    int first = -1, last = -1, pos = 0;
-    for (; *s && *s != 'e'; s++) {
-        if (*s < '0' || *s > '9')
-            continue;
-        if (*s != '0') {
-            first = first < 0 ? pos : first;
-            last = pos;
-        }
-        pos++;
-    }
-    return first < 0 ? 1 : last - first + 1;
+    return tp_numtext_digits(s, strlen(s));
 }
 
 /* One float through the writer, then back through our reader and glibc's
