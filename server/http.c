@@ -63,7 +63,6 @@ struct req_ctx {
     int before_drain; /* headers arrived before SIGTERM: the request is served */
     /* decoded request and its batch result, between the two worker jobs */
     int encode; /* the next worker job: 0 decode and submit, 1 encode the answer */
-    int ran_here; /* the batch ran on the submitting worker, which encodes at once */
     tp_kserve_request req;
     tp_status st;
     tp_host_tensor *outs;
@@ -333,6 +332,21 @@ static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
     return reply_json(h, r, 200, strdup("{}"));
 }
 
+/* CUDA shared memory is not offered (not listed in /v2's extensions), but
+ * Triton's clients clean up both kinds (perf_analyzer unregisters all CUDA
+ * regions on exit): there are never any, so status is empty, unregistering
+ * all succeeds, and naming a region or registering one says why not. */
+static enum MHD_Result cuda_shm(tp_http *h, req_ctx *r)
+{
+    int all = !r->args.region[0], get = strcmp(r->method, "POST") != 0;
+    if (get && all)
+        return reply_json(h, r, 200, strdup("[]"));
+    if (!get && all)
+        return reply_json(h, r, 200, strdup("{}"));
+    return reply_error(h, r, 400, "no CUDA shared memory region '%s': tpserve offers system "
+                       "shared memory only", r->args.region);
+}
+
 /* ---- inference: receive ------------------------------------------------- */
 
 static int parse_ll(const char *s, long long *out)
@@ -464,9 +478,12 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
-/* The request this worker thread is submitting: when the batcher runs it on
- * this very thread (it was idle), the worker encodes the answer itself. */
+/* The request this worker thread is submitting, and whether the batcher ran
+ * it on this very thread (it was idle): then the worker encodes the answer
+ * itself. Kept here, not in the request: once a submit hands the request to
+ * the batcher thread, another worker may answer and free it at any time. */
 static _Thread_local req_ctx *submitting;
+static _Thread_local int submitted_ran_here;
 
 /* Runs on the batcher thread: hands the result to a worker for encoding, so
  * the batcher goes straight back to forming the next batch. Or on the
@@ -489,7 +506,7 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->next = NULL;
     pthread_mutex_lock(&h->mu);
     if (r == submitting) {
-        r->ran_here = 1;
+        submitted_ran_here = 1;
         h->in_batcher--;
         if (h->stopping)
             pthread_cond_broadcast(&h->cv);
@@ -514,6 +531,7 @@ static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
     h->in_batcher++;
     pthread_mutex_unlock(&h->mu);
     submitting = r;
+    submitted_ran_here = 0;
     tp_status st = tp_batcher_submit(h->batcher, &br, err);
     submitting = NULL;
     if (st != TP_OK) {
@@ -567,11 +585,11 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
     r->times.input = (now_ms() - t0) / 1e3;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
-        /* ran_here is only ever set on this thread; encode is not. */
-        if ((st = submit(h, r, &err)) == TP_OK && r->ran_here)
+        /* unless it ran here, r may already be answered and freed */
+        if ((st = submit(h, r, &err)) == TP_OK && submitted_ran_here)
             encode_answer(h, r);
         if (st == TP_OK)
-            return r->ran_here;
+            return submitted_ran_here;
         tp_kserve_request_free(&r->req);
     }
     finish_error(r, infer_http_code(st), err.msg);
@@ -705,6 +723,11 @@ static const route_def ROUTES[] = {
     {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
     {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
     {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
+    {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
+    {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/unregister", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/unregister", 0, cuda_shm},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 

@@ -576,7 +576,9 @@ static void write_shape(tp_jbuf *b, int ndim, const int64_t *shape)
     tp_jbuf_raw(b, "]", 1);
 }
 
-/* The output's bytes go into the client's region; the answer says where. */
+/* The output's bytes go into the client's region. The answer names the
+ * output with no data and no parameters, as Triton does: Triton's C++ client
+ * (perf_analyzer) reads any output "parameters" as binary_data_size. */
 static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
                                   const tp_kserve_output_sel *sel, tp_err *err)
 {
@@ -589,13 +591,7 @@ static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
     if (st != TP_OK)
         return st;
     memcpy(dst, t->data, t->nbytes);
-    tp_jbuf_lit(b, ",\"parameters\":{\"shared_memory_region\":");
-    tp_jbuf_str(b, tp_shm_name(sel->shm));
-    tp_jbuf_lit(b, ",\"shared_memory_offset\":");
-    tp_jbuf_i64(b, (int64_t)sel->shm_offset);
-    tp_jbuf_lit(b, ",\"shared_memory_byte_size\":");
-    tp_jbuf_i64(b, (int64_t)t->nbytes);
-    tp_jbuf_lit(b, "}}");
+    tp_jbuf_raw(b, "}", 1);
     return TP_OK;
 }
 
