@@ -15,6 +15,9 @@
 #      DURATION (seconds per run, 5), CONNS (connection counts, "1 8 32"),
 #      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
+# With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
+# build/venv-perf), a second table: Triton's own load generator against
+# tpserve with binary tensors, JSON tensors and system shared memory.
 # Timings never fail the run (noisy machines); wrk errors are reported.
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
@@ -113,7 +116,7 @@ PORT=$(free_port)
 BASE="http://127.0.0.1:$PORT"
 # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
 "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
-    --log-level warn $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
+    --log-level warn --allow-client-shm 1 $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
 PID=$!
 wait_up "$BASE/v2/health/ready" tpserve
 until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do sleep 0.1; done
@@ -160,6 +163,28 @@ for load in json binary mixed; do
         echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
     done
 done
+# ---- perf_analyzer (when installed) ---------------------------------------------
+if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
+    "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
+    eval "$(cat "$TMP/pa.env")"
+    for mode in binary json shm; do
+        case $mode in
+        binary) args="" ;;
+        json) args="--input-tensor-format json --output-tensor-format json" ;;
+        shm) args="--shared-memory system" ;;
+        esac
+        for c in $CONNS; do
+            # shellcheck disable=SC2086 # args splits into flags on purpose
+            LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$PORT" \
+                -i http --concurrency-range "$c" -p $((DURATION * 1000)) -s 1000 --percentile=50 \
+                $args >"$TMP/pa.out" 2>&1
+            line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, p50 latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
+            [ -n "$line" ] || line="failed -"
+            echo "$mode $c $line" >>"$TMP/pa.res"
+            echo "  perf_analyzer $mode c=$c: $line" >&2
+        done
+    done
+fi
 stop_server
 
 # ---- bare libmicrohttpd -------------------------------------------------------
@@ -214,6 +239,23 @@ while read -r load c rps p50 p99 batch err cpu ctx; do
     fi
 done <"$TMP/tp.res"
 echo
+if [ -f "$TMP/pa.res" ]; then
+    echo
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, ${DURATION} s windows:"
+    echo
+    echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
+    echo "| --- | ---: | ---: | ---: |"
+    while read -r mode c rps p50; do
+        case $mode in
+        binary) label="binary (its default)" ;;
+        json) label="JSON (--input/output-tensor-format json)" ;;
+        shm) label="system shared memory (--shared-memory system)" ;;
+        esac
+        ms=$(awk -v u="$p50" 'BEGIN { if (u == "-") print "—"; else printf "%.2f", u / 1000 }')
+        echo "| $label | $c | $rps | $ms |"
+    done <"$TMP/pa.res"
+    echo
+fi
 echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
 echo "threads) per request during the row's run, the server and its rank processes together."
 echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
