@@ -178,7 +178,7 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
             LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$PORT" \
                 -i http --concurrency-range "$c" -p $((DURATION * 1000)) -s 1000 --percentile=50 \
                 $args >"$TMP/pa.out" 2>&1
-            line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, p50 latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
+            line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
             [ -n "$line" ] || line="failed -"
             echo "$mode $c $line" >>"$TMP/pa.res"
             echo "  perf_analyzer $mode c=$c: $line" >&2
