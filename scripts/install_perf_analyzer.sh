@@ -6,9 +6,11 @@
 # perf_analyzer ships as a binary inside the tritonclient 2.49 wheel (later
 # wheels dropped it); it links libb64 (Debian's libb64-0d) and libcudart
 # (pip's nvidia-cuda-runtime-cu12; no GPU is used). Installed into a venv at
-# $PERF_VENV (build/venv-perf). On success prints two lines for eval:
+# $PERF_VENV (build/venv-perf). On success prints lines for eval:
 #   PERF_ANALYZER=<binary>
 #   PERF_LIBS=<directory for LD_LIBRARY_PATH>
+#   PERF_ARGS_binary, PERF_ARGS_json, PERF_ARGS_shm: its flags for each way
+#   of sending tensors (binary is its default)
 # and exits 0; otherwise says why on stderr and exits 1.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -37,3 +39,6 @@ missing=$(LD_LIBRARY_PATH="$LIBS" ldd "$PA" 2>&1 | sed -n 's/^[[:space:]]*\([^ ]
 [ -z "$missing" ] || fail "perf_analyzer lacks libraries: $missing"
 echo "PERF_ANALYZER=$PA"
 echo "PERF_LIBS=$LIBS"
+echo "PERF_ARGS_binary=''"
+echo "PERF_ARGS_json='--input-tensor-format json --output-tensor-format json'"
+echo "PERF_ARGS_shm='--shared-memory system'"

@@ -47,11 +47,7 @@ npass=0
 nfail=0
 # count windows of 300 requests: a busy machine cannot make it "unstable"
 for mode in binary json shm; do
-    case $mode in
-    binary) args="" ;;
-    json) args="--input-tensor-format json --output-tensor-format json" ;;
-    shm) args="--shared-memory system" ;;
-    esac
+    eval "args=\$PERF_ARGS_$mode"
     # shellcheck disable=SC2086 # args splits into flags on purpose
     LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$port" -i http \
         --concurrency-range 2 --measurement-mode count_windows --measurement-request-count 300 \

@@ -168,11 +168,7 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
     "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
     eval "$(cat "$TMP/pa.env")"
     for mode in binary json shm; do
-        case $mode in
-        binary) args="" ;;
-        json) args="--input-tensor-format json --output-tensor-format json" ;;
-        shm) args="--shared-memory system" ;;
-        esac
+        eval "args=\$PERF_ARGS_$mode"
         for c in $CONNS; do
             # shellcheck disable=SC2086 # args splits into flags on purpose
             LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$PORT" \
