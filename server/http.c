@@ -112,15 +112,11 @@ static double now_ms(void)
 
 /* ---- replies ------------------------------------------------------------ */
 
-/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
-static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
-                                          size_t header_len)
+static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
+                                         size_t header_len)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!resp) {
-        free(body);
+    if (!resp)
         return NULL;
-    }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (header_len) {
         char v[32];
@@ -128,6 +124,16 @@ static struct MHD_Response *make_response(char *body, size_t len, const char *ct
         MHD_add_response_header(resp, "Inference-Header-Content-Length", v);
     }
     return resp;
+}
+
+/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
+static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
+                                          size_t header_len)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp)
+        free(body);
+    return with_headers(resp, ctype, header_len);
 }
 
 static struct MHD_Response *json_response(char *doc)
@@ -596,30 +602,82 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
     return 1;
 }
 
-/* The second worker job: the batch result as a KServe answer. */
+/* What a binary answer sends straight from the engine's outputs: freed by
+ * libmicrohttpd once the response is gone. */
+typedef struct {
+    char *header;
+    tp_host_tensor *outs;
+    int n_outs;
+} sent_answer;
+
+static void free_sent_answer(void *cls)
+{
+    sent_answer *a = cls;
+    free(a->header);
+    tp_host_tensors_free(a->outs, a->n_outs);
+    free(a);
+}
+
+/* The header and the outputs' own bytes as one response, without copying
+ * them into a body: takes ownership of buf->body and r->outs. */
+static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
+                                            const tp_kserve_piece *tail, int n_tail)
+{
+    sent_answer *a = malloc(sizeof *a);
+    struct MHD_IoVec *iov = calloc((size_t)n_tail + 1, sizeof *iov); /* MHD copies it */
+    struct MHD_Response *resp = NULL;
+    if (!a) {
+        free(buf->body);
+        tp_host_tensors_free(r->outs, r->n_outs);
+    } else {
+        *a = (sent_answer){buf->body, r->outs, r->n_outs};
+    }
+    if (a && iov) {
+        iov[0] = (struct MHD_IoVec){buf->body, buf->len};
+        for (int i = 0; i < n_tail; i++)
+            iov[i + 1] = (struct MHD_IoVec){tail[i].data, tail[i].len};
+        resp = MHD_create_response_from_iovec(iov, (unsigned)n_tail + 1, free_sent_answer, a);
+    }
+    free(iov);
+    if (!resp && a)
+        free_sent_answer(a);
+    r->outs = NULL;
+    return with_headers(resp, "application/octet-stream", buf->header_len);
+}
+
+/* The second worker job: the batch result as a KServe answer. Binary
+ * outputs go out from the engine's buffers (no copy into a body). */
 static void encode_answer(tp_http *h, req_ctx *r)
 {
     tp_err err = r->err;
     tp_status st = r->st;
     tp_kserve_buf buf = {0};
+    tp_kserve_piece *tail = calloc((size_t)r->req.n_outputs + 1, sizeof *tail);
+    int n_tail = 0;
     double t0 = now_ms();
-    if (st == TP_OK)
-        st = tp_kserve_build_infer(&h->model, &r->req, r->outs, r->n_outs, &buf, &err);
+    if (st == TP_OK && !tail)
+        st = tp_fail(&err, TP_NOMEM, "out of memory encoding the answer");
+    else if (st == TP_OK)
+        st = tp_kserve_build_infer_parts(&h->model, &r->req, r->outs, r->n_outs, &buf, tail,
+                                         &n_tail, &err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
     r->times.output = (now_ms() - t0) / 1e3;
+    tp_kserve_request_free(&r->req);
+    struct MHD_Response *resp = NULL;
+    if (st == TP_OK && n_tail)
+        resp = binary_response(r, &buf, tail, n_tail);
+    else if (st == TP_OK)
+        resp = make_response(buf.body, buf.len,
+                             buf.header_len ? "application/octet-stream" : "application/json",
+                             buf.header_len);
+    free(tail);
     tp_host_tensors_free(r->outs, r->n_outs);
     r->outs = NULL;
-    tp_kserve_request_free(&r->req);
-    if (st != TP_OK) {
+    if (st != TP_OK)
         finish_error(r, infer_http_code(st), err.msg);
-        return;
-    }
-    finish(r, 200,
-           make_response(buf.body, buf.len,
-                         buf.header_len ? "application/octet-stream" : "application/json",
-                         buf.header_len),
-           NULL);
+    else
+        finish(r, 200, resp, NULL);
 }
 
 static req_ctx *unlink_head(req_ctx **head, req_ctx **tail)

@@ -75,6 +75,20 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
                                 const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
                                 tp_err *err);
 
+/* A piece of an answer's binary tail: one output's bytes, borrowed. */
+typedef struct {
+    const void *data;
+    size_t len;
+} tp_kserve_piece;
+
+/* tp_kserve_build_infer without copying the binary outputs: out->body holds
+ * the JSON header only (out->len bytes; header_len is set as before), and
+ * tail[0..*n_tail) point into outs, which must outlive the send. tail has
+ * room for req->n_outputs pieces. */
+tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_request *req,
+                                      const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                                      tp_kserve_piece *tail, int *n_tail, tp_err *err);
+
 /* The body of POST /v2/systemsharedmemory/region/R/register:
  * {"key": string, "offset": number (optional, 0), "byte_size": number}. */
 tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,

@@ -327,6 +327,19 @@ START_TEST(response_binary_round_trip)
     ck_assert_mem_eq(r2.inputs[0].data, y, 24);
     tp_kserve_request_free(&r2);
     free(req_body);
+
+    /* in parts: the same header, and the tail is y itself, not a copy */
+    tp_kserve_buf p;
+    tp_kserve_piece tail[2];
+    int n_tail = -1;
+    ck_assert_int_eq(tp_kserve_build_infer_parts(&M, &req, outs, 2, &p, tail, &n_tail, &e), TP_OK);
+    ck_assert_int_eq(n_tail, 1);
+    ck_assert_ptr_eq(tail[0].data, (const void *)y);
+    ck_assert_uint_eq(tail[0].len, 24);
+    ck_assert_uint_eq(p.len, b.header_len);
+    ck_assert_uint_eq(p.header_len, b.header_len);
+    ck_assert_mem_eq(p.body, b.body, b.header_len);
+    free(p.body);
     free(b.body);
 }
 END_TEST
