@@ -9,12 +9,17 @@ CC      ?= gcc
 PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
-PKGS    := jansson libmicrohttpd openblas
+PKGS    := jansson libmicrohttpd openblas double-conversion
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread \
            -I. -Iengine -Ikernels -Iserver $(SAN)
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lm -pthread $(SAN)
+LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lstdc++ -lm -pthread $(SAN)
+# C++ only where a C++ library is wrapped (server/numtext_dc.cc): same
+# warnings, no exceptions or RTTI crossing into C.
+CXX     ?= g++
+CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-exceptions -fno-rtti -pthread \
+            -I. -Iengine -Ikernels -Iserver $(SAN)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
 LIB_SRCS  := $(wildcard engine/*.c kernels/cpu/*.c kernels/common/*.c) \
@@ -32,7 +37,7 @@ LIB_SRCS  += $(wildcard kernels/cuda/*.c)
 CFLAGS    += -DTP_HAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard server/*.cc))
 ifneq ($(NVCC),)
 LIB_OBJS  += $(CU_OBJS)
 endif
@@ -41,7 +46,8 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu test-cpus cuda-double
+.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: test-cpus cuda-double test-numtext-exhaustive
 
 all: $(BUILD)/tpserve cuda
 
@@ -58,6 +64,7 @@ help:
 	@echo "make fuzz       libFuzzer harnesses (request decoder, binary split, safetensors, graph->engine),"
 	@echo "                FUZZ_SECONDS each (600), a table of executions, coverage, findings"
 	@echo "make soak       SOAK_SECONDS of mixed valid/invalid traffic on a real server, answers checked, RSS"
+	@echo "make test-numtext-exhaustive  all 2^32 FP32 patterns through the JSON number writer and reader"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
@@ -75,6 +82,10 @@ deps: $(DEPS_OK)
 $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libtpserve.a: $(LIB_OBJS)
 	@rm -f $@
@@ -183,6 +194,10 @@ bench-ranks: $(BUILD)/bench/bench_engine $(BUILD)/tpserve
 # One process per GPU; prints one line and exits 0 on a machine without one.
 bench-gpu: $(BUILD)/bench/bench_gpu
 	$(BUILD)/bench/bench_gpu
+
+# Every finite FP32 through the JSON number writer and reader (minutes).
+test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
+	$(BUILD)/bench/numtext_exhaustive
 
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \

@@ -33,6 +33,10 @@ struct tp_rank_group {
     pthread_cond_t start, done;
     unsigned long generation; /* bumped per run; threads wait for a change */
     int quit, n_done, n_threads;
+    /* Thread groups: the thread calling run runs rank lo itself, sparing a
+     * wake-up and a wait per step. Process groups keep a thread per local
+     * rank: the caller must stay free to watch for dead processes. */
+    int caller_runs;
     tp_rank_fn fn;
     void *ctx;
     const tp_rank_hooks *hooks;
@@ -69,7 +73,7 @@ static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
     if (wake)
         call_hook(hooks, 0);
     pthread_mutex_lock(&g->mu);
-    if (++g->n_done == g->n_threads)
+    if (++g->n_done == g->n_threads + g->caller_runs)
         pthread_cond_signal(&g->done);
     pthread_mutex_unlock(&g->mu);
 }
@@ -99,17 +103,19 @@ static void *rank_main(void *p)
 
 static tp_status start_threads(tp_rank_group *g, tp_err *err)
 {
-    g->n_threads = g->hi - g->lo;
+    g->caller_runs = !g->procs;
+    g->n_threads = g->hi - g->lo - g->caller_runs;
     g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
     g->args = calloc((size_t)g->n_threads, sizeof *g->args);
-    g->benign = calloc((size_t)g->n_threads, 1);
+    g->benign = calloc((size_t)(g->hi - g->lo), 1); /* every local rank, the caller's too */
     if (!g->threads || !g->args || !g->benign)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     for (int i = 0; i < g->n_threads; i++) {
-        g->args[i] = (rank_arg){g, g->lo + i};
+        g->args[i] = (rank_arg){g, g->lo + g->caller_runs + i};
         if (pthread_create(&g->threads[i], NULL, rank_main, &g->args[i]) != 0) {
             g->n_threads = i; /* join only the threads that exist */
-            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d", g->lo + i);
+            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d",
+                           g->args[i].rank);
         }
     }
     return TP_OK;
@@ -205,7 +211,7 @@ static int tell_hooks(tp_rank_group *g, const tp_rank_hooks *hooks, int told)
 static int wait_local(tp_rank_group *g)
 {
     int told = 0;
-    while (g->n_done < g->n_threads) {
+    while (g->n_done < g->n_threads + g->caller_runs) {
         if (!g->procs) {
             pthread_cond_wait(&g->done, &g->mu);
             continue;
@@ -254,10 +260,17 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
     g->hooks = hooks;
     g->status = TP_OK;
     g->n_done = 0;
-    memset(g->benign, 0, (size_t)g->n_threads);
+    memset(g->benign, 0, (size_t)(g->hi - g->lo));
     g->woke = 0;
     g->generation++;
     pthread_cond_broadcast(&g->start);
+    if (g->caller_runs) {
+        pthread_mutex_unlock(&g->mu);
+        tp_err e = {{0}};
+        tp_status rst = fn(ctx, g->lo, &e);
+        finish_rank(g, g->lo, rst, &e);
+        pthread_mutex_lock(&g->mu);
+    }
     int told = wait_local(g) | (g->woke ? TP_POLL_ABORT : 0);
     tp_status st = g->status;
     tp_err first = g->first_err;

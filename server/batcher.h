@@ -18,6 +18,7 @@
 
 #include "engine.h"
 #include "metrics.h"
+#include "model_stats.h"
 #include "status.h"
 
 typedef struct tp_batcher tp_batcher;
@@ -27,6 +28,7 @@ typedef struct {
     int64_t max_queue_delay_us; /* longest the oldest request waits for more rows */
     int max_queue;              /* queued requests before submit refuses; 0: 1024 */
     tp_metrics *metrics;        /* optional: batch sizes, queue and compute times */
+    tp_model_stats *stats;      /* optional: Triton statistics per engine execution */
 } tp_batcher_opts;
 
 /* How a finished request ran. */
@@ -37,9 +39,12 @@ typedef struct {
     int batch_requests; /* requests in its batch */
 } tp_batch_info;
 
-/* Called exactly once per accepted request, from the batcher thread (or the
- * thread calling tp_batcher_cancel). On TP_OK outs holds the request's own
- * outputs in graph order, owned by the callee (tp_host_tensors_free);
+/* Called exactly once per accepted request, from the batcher thread, the
+ * thread calling tp_batcher_cancel, or — when the batcher was idle, nothing
+ * was queued and there is no queue delay — the submitting thread itself,
+ * before tp_batcher_submit returns (it runs that request's batch). On TP_OK
+ * outs holds the request's own outputs in graph order, owned by the callee
+ * (tp_host_tensors_free);
  * otherwise outs is NULL and err says why: TP_TIMEOUT (waited past its
  * deadline; never ran), the status of a failed engine run, or the one given
  * to tp_batcher_cancel. info is NULL unless the request ran. */

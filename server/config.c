@@ -62,6 +62,9 @@ static const key_desc keys[] = {
     INT_KEY(health_port, -1, 65535, "a second listener that answers only /v2/health/* and /metrics, "
                                     "for probes a flood of the main port cannot starve (0: any free "
                                     "port, logged; -1: none)"),
+    /* Triton protocol extensions */
+    INT_KEY(allow_client_shm, 0, 1, "1: clients may register system shared memory regions (POSIX "
+                                    "shm objects this process can open) for inputs and outputs"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 

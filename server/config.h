@@ -34,6 +34,8 @@ typedef struct {
     int max_connections_per_ip; /* per client address; 0: no limit */
     int request_deadline_ms; /* whole request (or idle gap) per connection; 0: none */
     int health_port;         /* probes-only listener; -1: none, 0: any free port */
+    /* Triton protocol extensions */
+    int allow_client_shm;    /* 1: clients may register system shared memory regions */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

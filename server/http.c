@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -20,19 +19,24 @@
 #include "kserve.h"
 #include "log.h"
 #include "metrics.h"
+#include "model_stats.h"
+#include "route.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
-typedef enum {
-    R_NONE, R_LIVE, R_READY, R_SERVER, R_MODEL, R_MODEL_READY, R_INFER, R_METRICS
-} route_kind;
+typedef struct req_ctx req_ctx;
 
-typedef struct {
-    route_kind kind;
-    char model[256];
-    char version[256];
-    int has_version;
-} route;
+/* One row of the route table (ROUTES, below the handlers). */
+enum {
+    ROUTE_MODEL = 1, /* answers for the served model: 503 until loaded, 404 for another name */
+    ROUTE_INFER = 2, /* an inference: counted in the request metrics and statistics */
+};
+typedef struct route_def {
+    const char *methods; /* as the Allow header says them */
+    const char *pattern; /* route.h */
+    int flags;
+    enum MHD_Result (*handler)(tp_http *h, req_ctx *r);
+} route_def;
 
 /* Per-request life: RECEIVING (the body: kept for infer, counted and
  * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED
@@ -42,12 +46,14 @@ typedef struct {
  * sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
 
-typedef struct req_ctx {
+struct req_ctx {
     struct req_ctx *next; /* worker queue link */
     tp_http *h;
     struct MHD_Connection *conn;
     int state;
-    route rt;
+    const route_def *route; /* NULL: no route has this path */
+    tp_route_args args;     /* what the route's pattern captured */
+    int for_model;          /* an infer that reached the served model (statistics) */
     char method[16];
     char url[256];
     char *body;
@@ -68,7 +74,8 @@ typedef struct req_ctx {
     /* set by the worker before it resumes the connection */
     unsigned code;
     struct MHD_Response *resp;
-} req_ctx;
+    tp_request_times times; /* for the statistics extension */
+};
 
 struct tp_http {
     struct MHD_Daemon *d;
@@ -87,6 +94,8 @@ struct tp_http {
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
     tp_metrics *metrics;
+    tp_model_stats *stats;
+    tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_batcher *batcher; /* created with the engine */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -105,73 +114,13 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* ---- routing ------------------------------------------------------------ */
-
-/* Splits "/v2/models/m/versions/1/infer" into at most 8 segments, dropping
- * empty ones, so a trailing or doubled slash routes the same. */
-static int split_path(const char *url, char seg[][256], int max)
-{
-    int n = 0;
-    for (const char *p = url; *p;) {
-        while (*p == '/')
-            p++;
-        if (!*p)
-            break;
-        size_t len = strcspn(p, "/");
-        if (n == max || len >= 256)
-            return -1;
-        memcpy(seg[n], p, len);
-        seg[n++][len] = '\0';
-        p += len;
-    }
-    return n;
-}
-
-static route_kind model_action(const char *s)
-{
-    return strcmp(s, "ready") == 0 ? R_MODEL_READY : strcmp(s, "infer") == 0 ? R_INFER : R_NONE;
-}
-
-static route parse_route(const char *url)
-{
-    char seg[8][256];
-    route r = {R_NONE, "", "", 0};
-    int n = split_path(url, seg, 8);
-    if (n == 1 && strcmp(seg[0], "metrics") == 0)
-        r.kind = R_METRICS;
-    if (n < 1 || strcmp(seg[0], "v2") != 0)
-        return r;
-    if (n == 1) {
-        r.kind = R_SERVER;
-    } else if (n == 3 && strcmp(seg[1], "health") == 0) {
-        r.kind = strcmp(seg[2], "live") == 0 ? R_LIVE : strcmp(seg[2], "ready") == 0 ? R_READY : R_NONE;
-    } else if (n >= 3 && strcmp(seg[1], "models") == 0) {
-        int rest = 3;
-        snprintf(r.model, sizeof r.model, "%s", seg[2]);
-        if (n >= 5 && strcmp(seg[3], "versions") == 0) {
-            snprintf(r.version, sizeof r.version, "%s", seg[4]);
-            r.has_version = 1;
-            rest = 5;
-        }
-        if (n == rest)
-            r.kind = R_MODEL;
-        else if (n == rest + 1)
-            r.kind = model_action(seg[rest]);
-    }
-    return r;
-}
-
 /* ---- replies ------------------------------------------------------------ */
 
-/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
-static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
-                                          size_t header_len)
+static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
+                                         size_t header_len)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!resp) {
-        free(body);
+    if (!resp)
         return NULL;
-    }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (header_len) {
         char v[32];
@@ -179,6 +128,16 @@ static struct MHD_Response *make_response(char *body, size_t len, const char *ct
         MHD_add_response_header(resp, "Inference-Header-Content-Length", v);
     }
     return resp;
+}
+
+/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
+static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
+                                          size_t header_len)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp)
+        free(body);
+    return with_headers(resp, ctype, header_len);
 }
 
 static struct MHD_Response *json_response(char *doc)
@@ -200,14 +159,29 @@ static void log_request(const req_ctx *r, unsigned code, const char *msg)
         tp_log(lvl, "%s %s -> %u (%.1f ms)", r->method, r->url, code, ms);
 }
 
+/* Triton's statistics: an answered inference of the served model. */
+static void record_stats(tp_http *h, req_ctx *r, unsigned code, double total)
+{
+    if (code != 200) {
+        tp_model_stats_fail(h->stats, total);
+        return;
+    }
+    r->times.total = total;
+    tp_model_stats_success(h->stats, &r->times);
+}
+
 /* Queues resp (consumed) on the connection. While draining every answer
  * closes its connection so keep-alive clients move to another replica. */
 static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
                                      struct MHD_Response *resp)
 {
     r->state = REQ_REPLIED;
-    if (r->rt.kind == R_INFER)
-        tp_metrics_request(h->metrics, code, (now_ms() - r->t_start) / 1e3);
+    if (r->route && (r->route->flags & ROUTE_INFER)) {
+        double total = (now_ms() - r->t_start) / 1e3;
+        tp_metrics_request(h->metrics, code, total);
+        if (r->for_model)
+            record_stats(h, r, code, total);
+    }
     if (!resp)
         return MHD_NO; /* out of memory: dropping the connection is all that is left */
     if (atomic_load(&h->state) == SRV_DRAINING)
@@ -243,19 +217,7 @@ static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const 
     return send_response(h, r, code, error_response(e.msg));
 }
 
-/* ---- GET routes --------------------------------------------------------- */
-
-static const char *allowed_methods(route_kind k)
-{
-    return k == R_INFER ? "POST" : "GET, HEAD";
-}
-
-static int method_ok(route_kind k, const char *m)
-{
-    if (k == R_INFER)
-        return strcmp(m, "POST") == 0;
-    return strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
-}
+/* ---- model and server routes -------------------------------------------- */
 
 /* Model routes: 503 while loading, 404 for another model or version. */
 static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
@@ -267,18 +229,18 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
         return reply_error(h, r, 503, "not ready: the graph %s",
                            atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
                                                                   : "is still loading");
-    if (strcmp(r->rt.model, h->model.name) != 0)
-        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->rt.model,
+    if (strcmp(r->args.model, h->model.name) != 0)
+        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
                            h->model.name);
-    if (r->rt.has_version && strcmp(r->rt.version, h->model.version) != 0)
+    if (r->args.has_version && strcmp(r->args.version, h->model.version) != 0)
         return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
-                           r->rt.model, r->rt.version, h->model.version);
+                           r->args.model, r->args.version, h->model.version);
     *handled = 0;
     return MHD_YES;
 }
 
 /* Prometheus text format; served while loading and draining too. */
-static enum MHD_Result reply_metrics(tp_http *h, req_ctx *r)
+static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
 {
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->suspended),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
@@ -291,31 +253,108 @@ static enum MHD_Result reply_metrics(tp_http *h, req_ctx *r)
                          make_response(text, len, "text/plain; version=0.0.4; charset=utf-8", 0));
 }
 
-static enum MHD_Result handle_get(tp_http *h, req_ctx *r)
+static enum MHD_Result get_live(tp_http *h, req_ctx *r)
 {
-    int state = atomic_load(&h->state), handled;
-    switch (r->rt.kind) {
-    case R_LIVE:
-        return reply_json(h, r, atomic_load(&h->broken) ? 503 : 200,
-                          tp_kserve_bool_json("live", !atomic_load(&h->broken)));
-    case R_READY:
-        state = atomic_load(&h->broken) ? SRV_DRAINING : state;
-        return reply_json(h, r, state == SRV_READY ? 200 : 503,
-                          tp_kserve_bool_json("ready", state == SRV_READY));
-    case R_SERVER:
-        return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
-    case R_METRICS:
-        return reply_metrics(h, r);
-    default:
-        break;
-    }
-    enum MHD_Result ok = check_model(h, r, &handled);
-    if (handled)
-        return ok;
-    if (r->rt.kind == R_MODEL)
-        return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
-    return reply_json(h, r, state == SRV_READY ? 200 : 503,
-                      tp_kserve_bool_json("ready", state == SRV_READY));
+    int up = !atomic_load(&h->broken);
+    return reply_json(h, r, up ? 200 : 503, tp_kserve_bool_json("live", up));
+}
+
+static int is_ready(tp_http *h)
+{
+    return !atomic_load(&h->broken) && atomic_load(&h->state) == SRV_READY;
+}
+
+/* Server readiness; model readiness is the same (one model). */
+static enum MHD_Result get_ready(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", is_ready(h)));
+}
+
+static enum MHD_Result get_server(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
+}
+
+static enum MHD_Result get_model(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
+}
+
+static enum MHD_Result get_model_config(tp_http *h, req_ctx *r)
+{
+    return reply_json(h, r, 200, tp_kserve_model_config(&h->model));
+}
+
+/* Statistics of the one model, for /v2/models/M/stats and /v2/models/stats
+ * alike (all models); an empty list while it is not loaded. */
+static enum MHD_Result get_stats(tp_http *h, req_ctx *r)
+{
+    if (!atomic_load(&h->loaded))
+        return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
+    return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
+}
+
+/* ---- system shared memory ------------------------------------------------ */
+
+static unsigned shm_http_code(tp_status st)
+{
+    return st == TP_NOMEM ? 503 : st == TP_IO ? 500 : 400;
+}
+
+/* /v2/systemsharedmemory[/region/R]/status */
+static enum MHD_Result get_shm_status(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    tp_status st;
+    char *doc = tp_shm_status_json(h->shm, r->args.region[0] ? r->args.region : NULL, &st, &e);
+    if (!doc)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    return reply_json(h, r, 200, doc);
+}
+
+static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
+{
+    char key[256];
+    uint64_t offset, size;
+    tp_err e;
+    if (!h->cfg.allow_client_shm)
+        return reply_error(h, r, 400, "system shared memory is disabled on this server "
+                           "(allow_client_shm 0)");
+    tp_status st = tp_kserve_parse_shm_register(r->body ? r->body : "", r->len, key, sizeof key,
+                                                &offset, &size, &e);
+    if (st == TP_OK)
+        st = tp_shm_register(h->shm, r->args.region, key, offset, size, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    TP_LOG_I("system shared memory region '%s' registered: key %s, offset %llu, %llu bytes",
+             r->args.region, key, (unsigned long long)offset, (unsigned long long)size);
+    return reply_json(h, r, 200, strdup("{}"));
+}
+
+/* /v2/systemsharedmemory[/region/R]/unregister; requests still using a
+ * region keep it mapped until they finish. */
+static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    tp_status st = tp_shm_unregister(h->shm, r->args.region[0] ? r->args.region : NULL, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
+    return reply_json(h, r, 200, strdup("{}"));
+}
+
+/* CUDA shared memory is not offered (not listed in /v2's extensions), but
+ * Triton's clients clean up both kinds (perf_analyzer unregisters all CUDA
+ * regions on exit): there are never any, so status is empty, unregistering
+ * all succeeds, and naming a region or registering one says why not. */
+static enum MHD_Result cuda_shm(tp_http *h, req_ctx *r)
+{
+    int all = !r->args.region[0], get = strcmp(r->method, "POST") != 0;
+    if (get && all)
+        return reply_json(h, r, 200, strdup("[]"));
+    if (!get && all)
+        return reply_json(h, r, 200, strdup("{}"));
+    return reply_error(h, r, 400, "no CUDA shared memory region '%s': tpserve offers system "
+                       "shared memory only", r->args.region);
 }
 
 /* ---- inference: receive ------------------------------------------------- */
@@ -396,7 +435,8 @@ static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, si
     *size = 0;
     if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
         return discard_body(h, r, n);
-    int keep = r->rt.kind == R_INFER && strcmp(r->method, "POST") == 0;
+    int keep = r->route && strcmp(r->method, "POST") == 0 &&
+               tp_route_method_allowed(r->route->methods, "POST");
     if (!keep) {
         r->len += n;
         return MHD_YES;
@@ -422,34 +462,15 @@ static void finish_error(req_ctx *r, unsigned code, const char *msg)
 }
 
 /* Bad requests found by the engine rather than the codec stay 400: the
- * engine names a missing input TP_NOT_FOUND, which alone would read 404. */
+ * engine names a missing input TP_NOT_FOUND, which alone would read 404.
+ * Out of memory is the server's momentary state, not the request's fault:
+ * 503, so clients retry (elsewhere). */
 static unsigned infer_http_code(tp_status st)
 {
+    if (st == TP_NOMEM)
+        return 503;
     return st == TP_NOT_FOUND || st == TP_INVALID || st == TP_PARSE ? 400
                                                                      : (unsigned)tp_status_http(st);
-}
-
-/* Triton's request-level "parameters": {"timeout": microseconds}. The codec
- * ignores parameters it does not know, so it is read here; the JSON header
- * is parsed a second time only when it mentions "timeout" at all. *us is
- * -1 when the request has none. */
-static tp_status timeout_param(const req_ctx *r, int64_t *us, tp_err *err)
-{
-    size_t hl = r->header_len >= 0 && (size_t)r->header_len < r->len ? (size_t)r->header_len
-                                                                     : r->len;
-    *us = -1;
-    if (!r->body || !memmem(r->body, hl, "\"timeout\"", 9))
-        return TP_OK;
-    json_t *root = json_loadb(r->body, hl, 0, NULL);
-    const json_t *v = json_object_get(json_object_get(root, "parameters"), "timeout");
-    tp_status st = TP_OK;
-    if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
-        st = tp_fail(err, TP_INVALID, "parameters.timeout must be a non-negative integer "
-                     "(microseconds; 0: none)");
-    else if (v)
-        *us = (int64_t)json_integer_value(v);
-    json_decref(root);
-    return st;
 }
 
 /* The request's own timeout replaces request_timeout_ms; either counts
@@ -467,14 +488,25 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
+/* The request this worker thread is submitting, and whether the batcher ran
+ * it on this very thread (it was idle): then the worker encodes the answer
+ * itself. Kept here, not in the request: once a submit hands the request to
+ * the batcher thread, another worker may answer and free it at any time. */
+static _Thread_local req_ctx *submitting;
+static _Thread_local int submitted_ran_here;
+
 /* Runs on the batcher thread: hands the result to a worker for encoding, so
- * the batcher goes straight back to forming the next batch. */
+ * the batcher goes straight back to forming the next batch. Or on the
+ * submitting worker, inside tp_batcher_submit: then no hand-off at all. */
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
-    (void)info;
     req_ctx *r = ctx;
     tp_http *h = r->h;
+    if (info) {
+        r->times.queue = info->queue_s;
+        r->times.infer = info->compute_s;
+    }
     r->st = st;
     r->outs = outs;
     r->n_outs = n_outs;
@@ -483,6 +515,14 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->encode = 1;
     r->next = NULL;
     pthread_mutex_lock(&h->mu);
+    if (r == submitting) {
+        submitted_ran_here = 1;
+        h->in_batcher--;
+        if (h->stopping)
+            pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        return;
+    }
     if (h->enc_tail)
         h->enc_tail->next = r;
     else
@@ -500,7 +540,10 @@ static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
     pthread_mutex_lock(&h->mu);
     h->in_batcher++;
     pthread_mutex_unlock(&h->mu);
+    submitting = r;
+    submitted_ran_here = 0;
     tp_status st = tp_batcher_submit(h->batcher, &br, err);
+    submitting = NULL;
     if (st != TP_OK) {
         pthread_mutex_lock(&h->mu);
         h->in_batcher--;
@@ -524,21 +567,21 @@ static int waited_too_long(tp_http *h, req_ctx *r)
     return 1;
 }
 
-/* Body -> r->req and the request's own timeout; the body is freed either
- * way (the tensors own copies). */
-static tp_status decode(tp_http *h, req_ctx *r, int64_t *param_us, tp_err *err)
+/* Body -> r->req; the body is freed either way (the tensors own copies). */
+static tp_status decode(tp_http *h, req_ctx *r, tp_err *err)
 {
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len,
                                          r->header_len, &r->req, err);
-    if (st == TP_OK && (st = timeout_param(r, param_us, err)) != TP_OK)
-        tp_kserve_request_free(&r->req);
     free(r->body);
     r->body = NULL;
     return st;
 }
 
+static void encode_answer(tp_http *h, req_ctx *r);
+
 /* The first worker job: decode the body and submit it. Returns 1 when r was
- * answered here (an error), 0 when the batcher has it. */
+ * answered here (an error, or the batch ran on this thread), 0 when the
+ * batcher has it. */
 static int decode_and_submit(tp_http *h, req_ctx *r)
 {
     if (waited_too_long(h, r)) {
@@ -547,40 +590,98 @@ static int decode_and_submit(tp_http *h, req_ctx *r)
         return 1;
     }
     tp_err err;
-    int64_t param_us = -1;
-    tp_status st = decode(h, r, &param_us, &err);
+    double t0 = now_ms();
+    tp_status st = decode(h, r, &err);
+    r->times.input = (now_ms() - t0) / 1e3;
     if (st == TP_OK) {
-        set_timeout(h, r, param_us);
-        if ((st = submit(h, r, &err)) == TP_OK)
-            return 0;
+        set_timeout(h, r, r->req.timeout_us);
+        /* unless it ran here, r may already be answered and freed */
+        if ((st = submit(h, r, &err)) == TP_OK && submitted_ran_here)
+            encode_answer(h, r);
+        if (st == TP_OK)
+            return submitted_ran_here;
         tp_kserve_request_free(&r->req);
     }
     finish_error(r, infer_http_code(st), err.msg);
     return 1;
 }
 
-/* The second worker job: the batch result as a KServe answer. */
+/* What a binary answer sends straight from the engine's outputs: freed by
+ * libmicrohttpd once the response is gone. */
+typedef struct {
+    char *header;
+    tp_host_tensor *outs;
+    int n_outs;
+} sent_answer;
+
+static void free_sent_answer(void *cls)
+{
+    sent_answer *a = cls;
+    free(a->header);
+    tp_host_tensors_free(a->outs, a->n_outs);
+    free(a);
+}
+
+/* The header and the outputs' own bytes as one response, without copying
+ * them into a body: takes ownership of buf->body and r->outs. */
+static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
+                                            const tp_kserve_piece *tail, int n_tail)
+{
+    sent_answer *a = malloc(sizeof *a);
+    struct MHD_IoVec *iov = calloc((size_t)n_tail + 1, sizeof *iov); /* MHD copies it */
+    struct MHD_Response *resp = NULL;
+    if (!a) {
+        free(buf->body);
+        tp_host_tensors_free(r->outs, r->n_outs);
+    } else {
+        *a = (sent_answer){buf->body, r->outs, r->n_outs};
+    }
+    if (a && iov) {
+        iov[0] = (struct MHD_IoVec){buf->body, buf->len};
+        for (int i = 0; i < n_tail; i++)
+            iov[i + 1] = (struct MHD_IoVec){tail[i].data, tail[i].len};
+        resp = MHD_create_response_from_iovec(iov, (unsigned)n_tail + 1, free_sent_answer, a);
+    }
+    free(iov);
+    if (!resp && a)
+        free_sent_answer(a);
+    r->outs = NULL;
+    return with_headers(resp, "application/octet-stream", buf->header_len);
+}
+
+/* The second worker job: the batch result as a KServe answer. Binary
+ * outputs go out from the engine's buffers (no copy into a body). */
 static void encode_answer(tp_http *h, req_ctx *r)
 {
     tp_err err = r->err;
     tp_status st = r->st;
     tp_kserve_buf buf = {0};
-    if (st == TP_OK)
-        st = tp_kserve_build_infer(&h->model, &r->req, r->outs, r->n_outs, &buf, &err);
+    tp_kserve_piece *tail = calloc((size_t)r->req.n_outputs + 1, sizeof *tail);
+    int n_tail = 0;
+    double t0 = now_ms();
+    if (st == TP_OK && !tail)
+        st = tp_fail(&err, TP_NOMEM, "out of memory encoding the answer");
+    else if (st == TP_OK)
+        st = tp_kserve_build_infer_parts(&h->model, &r->req, r->outs, r->n_outs, &buf, tail,
+                                         &n_tail, &err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
+    r->times.output = (now_ms() - t0) / 1e3;
+    tp_kserve_request_free(&r->req);
+    struct MHD_Response *resp = NULL;
+    if (st == TP_OK && n_tail)
+        resp = binary_response(r, &buf, tail, n_tail);
+    else if (st == TP_OK)
+        resp = make_response(buf.body, buf.len,
+                             buf.header_len ? "application/octet-stream" : "application/json",
+                             buf.header_len);
+    free(tail);
     tp_host_tensors_free(r->outs, r->n_outs);
     r->outs = NULL;
-    tp_kserve_request_free(&r->req);
-    if (st != TP_OK) {
+    if (st != TP_OK)
         finish_error(r, infer_http_code(st), err.msg);
-        return;
-    }
-    finish(r, 200,
-           make_response(buf.body, buf.len,
-                         buf.header_len ? "application/octet-stream" : "application/json",
-                         buf.header_len),
-           NULL);
+    else
+        finish(r, 200, resp, NULL);
 }
 
 static req_ctx *unlink_head(req_ctx **head, req_ctx **tail)
@@ -630,10 +731,6 @@ static void *worker_main(void *arg)
  * and queue the job, or answer 503 at once when the queue is full. */
 static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 {
-    int handled;
-    enum MHD_Result ok = check_model(h, r, &handled);
-    if (handled)
-        return ok;
     if (!r->before_drain)
         return reply_error(h, r, 503, "server is shutting down");
     const char *ihcl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
@@ -669,6 +766,64 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     return MHD_YES;
 }
 
+/* ---- the route table ---------------------------------------------------- */
+
+/* First match wins: /v2/models/stats before /v2/models/{model}. */
+static const route_def ROUTES[] = {
+    {"GET, HEAD", "/v2/health/live", 0, get_live},
+    {"GET, HEAD", "/v2/health/ready", 0, get_ready},
+    {"GET, HEAD", "/v2", 0, get_server},
+    {"GET, HEAD", "/metrics", 0, get_metrics},
+    {"GET, HEAD", "/v2/models/stats", 0, get_stats},
+    {"GET, HEAD", "/v2/models/{model}", ROUTE_MODEL, get_model},
+    {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, get_ready},
+    {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, get_model_config},
+    {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, get_stats},
+    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
+    {"GET, HEAD", "/v2/systemsharedmemory/status", 0, get_shm_status},
+    {"GET, HEAD", "/v2/systemsharedmemory/region/{region}/status", 0, get_shm_status},
+    {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
+    {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
+    {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
+    {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
+    {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/unregister", 0, cuda_shm},
+    {"POST", "/v2/cudasharedmemory/unregister", 0, cuda_shm},
+};
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+
+static const route_def *find_route(const char *url, tp_route_args *args)
+{
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (tp_route_match(ROUTES[i].pattern, url, args))
+            return &ROUTES[i];
+    return NULL;
+}
+
+static enum MHD_Result reply_unknown_path(tp_http *h, req_ctx *r)
+{
+    char list[1024];
+    size_t off = 0;
+    for (size_t i = 0; i < N_ROUTES && off < sizeof list; i++)
+        off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
+                                ROUTES[i].pattern);
+    return reply_error(h, r, 404, "unknown path '%s' (routes: %s; every {model} route also "
+                       "takes /versions/{v})", r->url, list);
+}
+
+static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method, r->url,
+             r->route->methods);
+    log_request(r, 405, e.msg);
+    struct MHD_Response *resp = error_response(e.msg);
+    if (resp)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->route->methods);
+    return send_response(h, r, 405, resp);
+}
+
 /* ---- the access handler ------------------------------------------------- */
 
 static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
@@ -682,7 +837,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     r->t_start = now_ms();
     snprintf(r->method, sizeof r->method, "%s", method);
     snprintf(r->url, sizeof r->url, "%s", url);
-    r->rt = parse_route(url);
+    r->route = find_route(url, &r->args);
     r->before_drain = atomic_load(&h->state) != SRV_DRAINING;
     atomic_fetch_add(&h->in_flight, 1);
     return r;
@@ -691,23 +846,18 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
 /* Called once the whole body is in. */
 static enum MHD_Result route_request(tp_http *h, req_ctx *r)
 {
-    if (r->rt.kind == R_NONE)
-        return reply_error(h, r, 404, "unknown path '%s' (KServe v2 routes: /v2, "
-                           "/v2/health/{live,ready}, /v2/models/{model}[/versions/{v}]"
-                           "[/ready|/infer]; Prometheus: /metrics)", r->url);
-    if (!method_ok(r->rt.kind, r->method)) {
-        enum MHD_Result ok;
-        tp_err e;
-        snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method,
-                 r->url, allowed_methods(r->rt.kind));
-        log_request(r, 405, e.msg);
-        struct MHD_Response *resp = error_response(e.msg);
-        if (resp)
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allowed_methods(r->rt.kind));
-        ok = send_response(h, r, 405, resp);
-        return ok;
+    if (!r->route)
+        return reply_unknown_path(h, r);
+    if (!tp_route_method_allowed(r->route->methods, r->method))
+        return reply_bad_method(h, r);
+    if (r->route->flags & ROUTE_MODEL) {
+        int handled;
+        enum MHD_Result ok = check_model(h, r, &handled);
+        if (handled)
+            return ok;
+        r->for_model = 1;
     }
-    return r->rt.kind == R_INFER ? dispatch_infer(h, r) : handle_get(h, r);
+    return r->route->handler(h, r);
 }
 
 /* Refused by the guard: answered, then the connection is closed, so
@@ -908,7 +1058,10 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->metrics = tp_metrics_create();
-    tp_status st = h->metrics ? TP_OK : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
+    h->stats = tp_model_stats_create();
+    h->shm = tp_shm_registry_create();
+    tp_status st = h->metrics && h->stats && h->shm ? TP_OK
+                                          : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     if (st == TP_OK)
         st = tp_http_guard_create(cfg, &h->guard, err);
     if (st == TP_OK)
@@ -932,7 +1085,7 @@ int tp_http_port(const tp_http *h) { return h->port; }
 static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
 {
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
-                         h->metrics};
+                         h->metrics, h->stats};
     tp_status st = tp_batcher_create(e, &o, &h->batcher, err);
     if (st != TP_OK)
         return st;
@@ -963,7 +1116,11 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
     if (st != TP_OK)
         return st;
     h->engine = e;
-    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no};
+    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
+                                 tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
+                                                                 : 0,
+                                 h->cfg.max_queue_delay_us, h->cfg.max_queue,
+                                 h->cfg.allow_client_shm ? h->shm : NULL};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -1077,5 +1234,7 @@ void tp_http_stop(tp_http *h)
     free(h->ins);
     free(h->outs);
     tp_metrics_free(h->metrics);
+    tp_model_stats_free(h->stats);
+    tp_shm_registry_free(h->shm);
     free(h);
 }

@@ -1,7 +1,9 @@
 #include "kserve.h"
 #include "json_kind.h"
+#include "json_tensor.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -118,134 +120,33 @@ static tp_status check_shape(const tp_io_desc *d, const tp_host_tensor *t, tp_er
 
 /* ---- JSON "data" -------------------------------------------------------- */
 
-/* Formats "data[1][0]" for the element path idx[0..depth). */
-static const char *path_str(char *buf, size_t len, const size_t *idx, int depth)
-{
-    size_t off = (size_t)snprintf(buf, len, "data");
-    for (int i = 0; i < depth && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "[%zu]", idx[i]);
-    return buf;
-}
+/* Where the request's JSON data arrays are: read from the body text
+ * (json_tensor.h), so jansson never holds a node per element. */
+typedef struct {
+    const char *body;
+    const tp_json_span *spans;
+    int n_spans;
+} data_text;
 
-/* Nested data must follow the shape exactly: level d is an array of
- * shape[d] entries, and the last level holds scalars. */
-static tp_status check_nested(const json_t *v, const tp_host_tensor *t, int dim, size_t *idx,
-                              tp_err *err)
+/* inputs[pos].data: the span the scan found, or (for spellings the scan does
+ * not follow, e.g. an escaped key) the array as jansson parsed it, dumped
+ * back to text. */
+static tp_status decode_json_data(const json_t *data, const data_text *dt, size_t pos,
+                                  tp_host_tensor *t, tp_err *err)
 {
-    char path[160], sh[128];
-    path_str(path, sizeof path, idx, dim);
-    if (!json_is_array(v))
-        return tp_fail(err, TP_INVALID, "input '%s': %s is %s, expected an array of %" PRId64
-                       " (shape %s)", t->name, path, tp_json_kind(v), t->shape[dim],
-                       shape_str(sh, t->ndim, t->shape));
-    if ((int64_t)json_array_size(v) != t->shape[dim])
-        return tp_fail(err, TP_INVALID, "input '%s': %s has %zu elements, shape %s needs %" PRId64
-                       " at dim %d", t->name, path, json_array_size(v),
-                       shape_str(sh, t->ndim, t->shape), t->shape[dim], dim);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *e = json_array_get(v, i);
-        idx[dim] = i;
-        if (dim + 1 < t->ndim) {
-            tp_status st = check_nested(e, t, dim + 1, idx, err);
-            if (st != TP_OK)
-                return st;
-        } else if (json_is_array(e) || json_is_object(e)) {
-            return tp_fail(err, TP_INVALID, "input '%s': %s is %s, but shape %s has only %d "
-                           "dims", t->name, path_str(path, sizeof path, idx, dim + 1), tp_json_kind(e),
-                           shape_str(sh, t->ndim, t->shape), t->ndim);
-        }
-    }
-    return TP_OK;
-}
-
-/* Flat data: one array of numel scalars. */
-static tp_status check_flat(const json_t *v, const tp_host_tensor *t, int64_t numel, tp_err *err)
-{
-    char sh[128];
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *e = json_array_get(v, i);
-        if (json_is_array(e) || json_is_object(e))
-            return tp_fail(err, TP_INVALID, "input '%s': data[%zu] is %s; data must be flat or "
-                           "nested exactly like shape %s", t->name, i, tp_json_kind(e),
-                           shape_str(sh, t->ndim, t->shape));
-    }
-    if ((int64_t)json_array_size(v) != numel)
-        return tp_fail(err, TP_INVALID, "input '%s': data has %zu elements, shape %s needs %" PRId64,
-                       t->name, json_array_size(v), shape_str(sh, t->ndim, t->shape), numel);
-    return TP_OK;
-}
-
-static tp_status store_float(void *dst, tp_dtype dt, int64_t i, double d, const char *input,
-                             tp_err *err)
-{
-    float f = (float)d;
-    int overflow = !isfinite(f);
-    if (dt == TP_F16)
-        overflow = overflow || (tp_f32_to_f16(f) & 0x7fffu) == 0x7c00u;
-    else if (dt == TP_BF16)
-        overflow = overflow || (tp_f32_to_bf16(f) & 0x7fffu) == 0x7f80u;
-    if (overflow)
-        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " (%g) is out of "
-                       "%s range", input, i, d, tp_dtype_name(dt));
-    tp_store_f32(dst, dt, i, f);
-    return TP_OK;
-}
-
-static tp_status store_elem(void *dst, tp_dtype dt, int64_t i, const json_t *v, const char *input,
-                            tp_err *err)
-{
-    if (tp_dtype_is_float(dt)) {
-        if (!json_is_number(v))
-            return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, "
-                           "expected a number for %s", input, i, tp_json_kind(v), tp_dtype_name(dt));
-        return store_float(dst, dt, i, json_number_value(v), input, err);
-    }
-    if (!json_is_integer(v))
-        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, expected "
-                       "an integer for %s", input, i, tp_json_kind(v), tp_dtype_name(dt));
-    json_int_t x = json_integer_value(v);
-    if (dt == TP_I64) {
-        ((int64_t *)dst)[i] = (int64_t)x;
-        return TP_OK;
-    }
-    if (x < INT32_MIN || x > INT32_MAX)
-        return tp_fail(err, TP_INVALID, "input '%s': data element %" PRId64 " (%" JSON_INTEGER_FORMAT
-                       ") is out of INT32 range", input, i, x);
-    ((int32_t *)dst)[i] = (int32_t)x;
-    return TP_OK;
-}
-
-/* Walks the (already validated) nesting depth-first, storing leaves. */
-static tp_status store_all(const json_t *v, tp_host_tensor *t, int64_t *i, tp_err *err)
-{
-    for (size_t k = 0; k < json_array_size(v); k++) {
-        const json_t *e = json_array_get(v, k);
-        tp_status st = json_is_array(e) ? store_all(e, t, i, err)
-                                        : store_elem(t->data, t->dtype, (*i)++, e, t->name, err);
-        if (st != TP_OK)
-            return st;
-    }
-    return TP_OK;
-}
-
-static tp_status decode_json_data(const json_t *data, tp_host_tensor *t, tp_err *err)
-{
-    int64_t numel = numel_of(t->ndim, t->shape);
     if (!json_is_array(data))
         return tp_fail(err, TP_INVALID, "input '%s': 'data' must be an array, got %s", t->name,
                        tp_json_kind(data));
-    size_t idx[TP_MAX_DIMS];
-    int nested = json_array_size(data) > 0 && json_is_array(json_array_get(data, 0));
-    tp_status st = nested && t->ndim > 0 ? check_nested(data, t, 0, idx, err)
-                                         : check_flat(data, t, numel, err);
-    if (st != TP_OK)
-        return st;
-    t->nbytes = (size_t)numel * tp_dtype_size(t->dtype);
-    if (!(t->data = malloc(t->nbytes)))
-        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name,
-                       t->nbytes);
-    int64_t i = 0;
-    return store_all(data, t, &i, err);
+    for (int k = 0; k < dt->n_spans; k++)
+        if ((size_t)dt->spans[k].input == pos)
+            return tp_json_tensor_read(dt->body + dt->spans[k].start,
+                                       dt->spans[k].end - dt->spans[k].start, t, err);
+    char *text = json_dumps(data, JSON_COMPACT);
+    if (!text)
+        return tp_fail(err, TP_NOMEM, "input '%s': out of memory", t->name);
+    tp_status st = tp_json_tensor_read(text, strlen(text), t, err);
+    free(text);
+    return st;
 }
 
 /* ---- binary tensor data ------------------------------------------------- */
@@ -289,6 +190,82 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
     return TP_OK;
 }
 
+/* ---- system shared memory ----------------------------------------------- */
+
+/* A non-negative integer parameter; *present says whether it was there. */
+static tp_status get_u64_param(const json_t *params, const char *key, const char *where,
+                               uint64_t *out, int *present, tp_err *err)
+{
+    const json_t *v = json_object_get(params, key);
+    *present = v != NULL;
+    if (!v)
+        return TP_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return tp_fail(err, TP_INVALID, "%s: '%s' must be a non-negative integer, got %s",
+                       where, key, tp_json_kind(v));
+    *out = (uint64_t)json_integer_value(v);
+    return TP_OK;
+}
+
+/* Region, offset and byte_size of an input or output that names a region:
+ * the region acquired (release it), its name checked against the registry. */
+static tp_status shm_params(const tp_kserve_model *m, const json_t *params, const char *where,
+                            tp_shm_region **region, uint64_t *offset, uint64_t *size, tp_err *err)
+{
+    const json_t *jr = json_object_get(params, "shared_memory_region");
+    int has_size, has_off;
+    *offset = 0;
+    if (!json_is_string(jr))
+        return tp_fail(err, TP_INVALID, "%s: parameters.shared_memory_region must be a string, "
+                       "got %s", where, tp_json_kind(jr));
+    tp_status st = get_u64_param(params, "shared_memory_byte_size", where, size, &has_size, err);
+    if (st == TP_OK)
+        st = get_u64_param(params, "shared_memory_offset", where, offset, &has_off, err);
+    if (st != TP_OK)
+        return st;
+    if (!has_size)
+        return tp_fail(err, TP_INVALID, "%s: parameters.shared_memory_region needs "
+                       "parameters.shared_memory_byte_size", where);
+    if (!m->shm)
+        return tp_fail(err, TP_INVALID, "%s: system shared memory is disabled on this server "
+                       "(allow_client_shm 0)", where);
+    *region = tp_shm_acquire(m->shm, json_string_value(jr), err);
+    if (!*region)
+        tp_err_prefix(err, "%s: ", where);
+    return *region ? TP_OK : TP_INVALID;
+}
+
+/* The input's bytes copied out of its region: the engine gets its own
+ * buffer, so the client may reuse the region once the answer is back and a
+ * concurrent unregister never pulls memory from under a batch. */
+static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_host_tensor *t,
+                            tp_err *err)
+{
+    char where[160], sh[128];
+    snprintf(where, sizeof where, "input '%s'", t->name);
+    tp_shm_region *r = NULL;
+    uint64_t off, size;
+    tp_status st = shm_params(m, params, where, &r, &off, &size, err);
+    if (st != TP_OK)
+        return st;
+    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
+    void *src = NULL;
+    if (size != want)
+        st = tp_fail(err, TP_INVALID, "input '%s': shared_memory_byte_size %llu does not match "
+                     "shape %s of %s (%zu bytes)", t->name, (unsigned long long)size,
+                     shape_str(sh, t->ndim, t->shape), tp_dtype_name(t->dtype), want);
+    if (st == TP_OK)
+        st = tp_shm_span(r, off, size, 0, &src, err);
+    if (st == TP_OK && !(t->data = malloc(want ? want : 1)))
+        st = tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
+    if (st == TP_OK) {
+        memcpy(t->data, src, want);
+        t->nbytes = want;
+    }
+    tp_shm_release(r);
+    return st;
+}
+
 /* ---- inputs ------------------------------------------------------------- */
 
 static tp_status parse_input_name(const json_t *in, size_t pos, const char **name, tp_err *err)
@@ -304,7 +281,8 @@ static tp_status parse_input_name(const json_t *in, size_t pos, const char **nam
 }
 
 /* Fills t from one request input already matched to model input d. */
-static tp_status parse_input(const json_t *in, const tp_io_desc *d, tp_host_tensor *t,
+static tp_status parse_input(const tp_kserve_model *m, const json_t *in, size_t pos,
+                             const tp_io_desc *d, tp_host_tensor *t, const data_text *text,
                              bin_tail *tail, tp_err *err)
 {
     snprintf(t->name, sizeof t->name, "%s", d->name);
@@ -322,20 +300,25 @@ static tp_status parse_input(const json_t *in, const tp_io_desc *d, tp_host_tens
         return tp_fail(err, TP_INVALID, "input '%s': 'parameters' must be an object, got %s",
                        d->name, tp_json_kind(params));
     const json_t *bsize = params ? json_object_get(params, "binary_data_size") : NULL;
+    const json_t *shm = params ? json_object_get(params, "shared_memory_region") : NULL;
     const json_t *data = json_object_get(in, "data");
-    if (bsize && data)
-        return tp_fail(err, TP_INVALID, "input '%s' has both 'data' and "
-                       "parameters.binary_data_size; send one", d->name);
+    if (!!bsize + !!shm + !!data > 1)
+        return tp_fail(err, TP_INVALID, "input '%s' has more than one of 'data', "
+                       "parameters.binary_data_size and parameters.shared_memory_region; send "
+                       "one", d->name);
     if (bsize)
         return decode_binary(bsize, t, tail, err);
+    if (shm)
+        return decode_shm(m, params, t, err);
     if (!data)
-        return tp_fail(err, TP_INVALID, "input '%s' has no 'data' and no "
-                       "parameters.binary_data_size", d->name);
-    return decode_json_data(data, t, err);
+        return tp_fail(err, TP_INVALID, "input '%s' has no 'data', no "
+                       "parameters.binary_data_size and no parameters.shared_memory_region",
+                       d->name);
+    return decode_json_data(data, text, pos, t, err);
 }
 
-static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, bin_tail *tail,
-                              tp_host_tensor *ts, tp_err *err)
+static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, const data_text *text,
+                              bin_tail *tail, tp_host_tensor *ts, tp_err *err)
 {
     char names[512];
     if (!jin)
@@ -355,7 +338,7 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, bin_t
                            m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
         if (ts[k].name[0])
             return tp_fail(err, TP_INVALID, "input '%s' appears more than once", name);
-        if ((st = parse_input(in, &m->inputs[k], &ts[k], tail, err)) != TP_OK)
+        if ((st = parse_input(m, in, i, &m->inputs[k], &ts[k], text, tail, err)) != TP_OK)
             return st;
     }
     for (int k = 0; k < m->n_inputs; k++)
@@ -410,7 +393,11 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
     if (params && json_object_get(params, "classification"))
         return tp_fail(err, TP_INVALID, "%s: parameters.classification is not supported", where);
     sel->binary = binary_default;
-    return get_bool_param(params, "binary_data", where, &sel->binary, err);
+    tp_status st = get_bool_param(params, "binary_data", where, &sel->binary, err);
+    if (st != TP_OK || !params || !json_object_get(params, "shared_memory_region"))
+        return st;
+    sel->binary = 0; /* the bytes go to the region, not the body */
+    return shm_params(m, params, where, &sel->shm, &sel->shm_offset, &sel->shm_size, err);
 }
 
 /* No "outputs" means every model output, encoded per binary_data_output. */
@@ -461,8 +448,21 @@ static tp_status split_body(const char *body, size_t len, long long header_len, 
     return TP_OK;
 }
 
-static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_tail *tail,
-                            tp_kserve_request *req, tp_err *err)
+/* Triton's request-level "parameters": {"timeout": microseconds}. */
+static tp_status parse_timeout(const json_t *params, int64_t *us, tp_err *err)
+{
+    const json_t *v = params ? json_object_get(params, "timeout") : NULL;
+    *us = -1;
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
+        return tp_fail(err, TP_INVALID, "parameters.timeout must be a non-negative integer "
+                       "(microseconds; 0: none)");
+    if (v)
+        *us = (int64_t)json_integer_value(v);
+    return TP_OK;
+}
+
+static tp_status parse_root(const tp_kserve_model *m, const json_t *root, const data_text *text,
+                            bin_tail *tail, tp_kserve_request *req, tp_err *err)
 {
     if (!json_is_object(root))
         return tp_fail(err, TP_PARSE, "request body must be a JSON object, got %s", tp_json_kind(root));
@@ -476,12 +476,13 @@ static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_ta
         return tp_fail(err, TP_INVALID, "'parameters' must be an object, got %s", tp_json_kind(params));
     int binary_default = 0;
     tp_status st = get_bool_param(params, "binary_data_output", "request", &binary_default, err);
-    if (st != TP_OK)
+    if (st != TP_OK || (st = parse_timeout(params, &req->timeout_us, err)) != TP_OK)
         return st;
     if (!(req->inputs = calloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *req->inputs)))
         return tp_fail(err, TP_NOMEM, "out of memory");
     req->n_inputs = m->n_inputs;
-    if ((st = parse_inputs(m, json_object_get(root, "inputs"), tail, req->inputs, err)) != TP_OK)
+    if ((st = parse_inputs(m, json_object_get(root, "inputs"), text, tail, req->inputs, err)) !=
+        TP_OK)
         return st;
     return parse_outputs(m, json_object_get(root, "outputs"), binary_default, req, err);
 }
@@ -489,10 +490,14 @@ static tp_status parse_root(const tp_kserve_model *m, const json_t *root, bin_ta
 /* Parses one JSON document. Bytes after it are reported apart from plain
  * syntax errors: they usually mean a binary tail sent without its
  * Inference-Header-Content-Length header. */
-static tp_status load_json(const char *body, size_t len, long long header_len, json_t **out, tp_err *err)
+static tp_status load_json(const char *body, size_t len, long long header_len, const data_text *text,
+                           json_t **out, tp_err *err)
 {
     json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    json_t *root = tp_json_load_blanked(body, len, text->spans, text->n_spans,
+                                        JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_out_of_memory)
+        return tp_fail(err, TP_NOMEM, "out of memory parsing a %zu-byte request", len);
     if (!root)
         return tp_fail(err, TP_PARSE, "malformed JSON in request body at line %d column %d: %s",
                        jerr.line, jerr.column, jerr.text);
@@ -524,11 +529,16 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
     tp_status st = split_body(body, len, header_len, &tail, &json_len, err);
     if (st != TP_OK)
         return st;
+    data_text text = {body, NULL, 0};
+    tp_json_span *spans = NULL;
+    if (tp_json_data_spans(body, json_len, &spans, &text.n_spans) != 0)
+        return tp_fail(err, TP_NOMEM, "out of memory scanning a %zu-byte request", json_len);
+    text.spans = spans;
     json_t *root = NULL;
-    if ((st = load_json(body, json_len, header_len, &root, err)) != TP_OK)
-        return st;
-    st = parse_root(m, root, &tail, req, err);
+    if ((st = load_json(body, json_len, header_len, &text, &root, err)) == TP_OK)
+        st = parse_root(m, root, &text, &tail, req, err);
     json_decref(root);
+    free(spans);
     if (st != TP_OK)
         tp_kserve_request_free(req);
     return st;
@@ -541,6 +551,8 @@ void tp_kserve_request_free(tp_kserve_request *req)
     for (int i = 0; i < req->n_inputs && req->inputs; i++)
         free(req->inputs[i].data);
     free(req->inputs);
+    for (int i = 0; i < req->n_outputs && req->outputs; i++)
+        tp_shm_release(req->outputs[i].shm);
     free(req->outputs);
     free(req->id);
     memset(req, 0, sizeof *req);
@@ -548,44 +560,8 @@ void tp_kserve_request_free(tp_kserve_request *req)
 
 /* ---- response ----------------------------------------------------------- */
 
-static json_t *shape_json(int ndim, const int64_t *shape)
-{
-    json_t *a = json_array();
-    for (int i = 0; a && i < ndim; i++)
-        json_array_append_new(a, json_integer((json_int_t)shape[i]));
-    return a;
-}
-
-static tp_status data_json(const tp_host_tensor *t, json_t **out, tp_err *err)
-{
-    int64_t n = numel_of(t->ndim, t->shape);
-    json_t *a = json_array();
-    for (int64_t i = 0; a && i < n; i++) {
-        json_t *v;
-        if (tp_dtype_is_float(t->dtype)) {
-            float f = tp_load_f32(t->data, t->dtype, i);
-            if (!isfinite(f)) {
-                json_decref(a);
-                return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
-                               "JSON cannot carry; request this output with "
-                               "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");
-            }
-            v = json_real((double)f);
-        } else if (t->dtype == TP_I32) {
-            v = json_integer(((const int32_t *)t->data)[i]);
-        } else {
-            v = json_integer((json_int_t)((const int64_t *)t->data)[i]);
-        }
-        if (!v || json_array_append_new(a, v) != 0) {
-            json_decref(a);
-            a = NULL;
-        }
-    }
-    if (!a)
-        return tp_fail(err, TP_NOMEM, "output '%s': out of memory encoding JSON", t->name);
-    *out = a;
-    return TP_OK;
-}
+/* Written as text rather than built as a jansson document: the data arrays
+ * are most of the answer, and a node per element cost more than the model. */
 
 static const tp_host_tensor *find_tensor(const tp_host_tensor *ts, int n, const char *name)
 {
@@ -595,101 +571,173 @@ static const tp_host_tensor *find_tensor(const tp_host_tensor *ts, int n, const 
     return NULL;
 }
 
-static tp_status output_json(const tp_host_tensor *t, int binary, json_t **out, tp_err *err)
+static void write_shape(tp_jbuf *b, int ndim, const int64_t *shape)
+{
+    tp_jbuf_raw(b, "[", 1);
+    for (int i = 0; i < ndim; i++) {
+        if (i)
+            tp_jbuf_raw(b, ",", 1);
+        tp_jbuf_i64(b, shape[i]);
+    }
+    tp_jbuf_raw(b, "]", 1);
+}
+
+/* The output's bytes go into the client's region. The answer names the
+ * output with no data and no parameters, as Triton does: Triton's C++ client
+ * (perf_analyzer) reads any output "parameters" as binary_data_size. */
+static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
+                                  const tp_kserve_output_sel *sel, tp_err *err)
+{
+    void *dst = NULL;
+    if (t->nbytes > sel->shm_size)
+        return tp_fail(err, TP_INVALID, "output '%s' has %zu bytes, more than its "
+                       "shared_memory_byte_size %llu", t->name, t->nbytes,
+                       (unsigned long long)sel->shm_size);
+    tp_status st = tp_shm_span(sel->shm, sel->shm_offset, t->nbytes, 1, &dst, err);
+    if (st != TP_OK)
+        return st;
+    memcpy(dst, t->data, t->nbytes);
+    tp_jbuf_raw(b, "}", 1);
+    return TP_OK;
+}
+
+static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t,
+                              const tp_kserve_output_sel *sel, tp_err *err)
 {
     size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
     if (t->nbytes != want || (want && !t->data))
         return tp_fail(err, TP_INTERNAL, "output '%s': engine returned %zu bytes for %zu expected",
                        t->name, t->nbytes, want);
-    json_t *o = json_pack("{s:s, s:s, s:o}", "name", t->name, "datatype", tp_dtype_name(t->dtype),
-                          "shape", shape_json(t->ndim, t->shape));
-    if (!o)
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    if (binary) {
-        json_object_set_new(o, "parameters", json_pack("{s:I}", "binary_data_size",
-                                                        (json_int_t)t->nbytes));
-    } else {
-        json_t *data = NULL;
-        tp_status st = data_json(t, &data, err);
-        if (st != TP_OK) {
-            json_decref(o);
-            return st;
-        }
-        json_object_set_new(o, "data", data);
+    tp_jbuf_lit(b, "{\"name\":");
+    tp_jbuf_str(b, t->name);
+    tp_jbuf_lit(b, ",\"datatype\":\"");
+    tp_jbuf_lit(b, tp_dtype_name(t->dtype));
+    tp_jbuf_lit(b, "\",\"shape\":");
+    write_shape(b, t->ndim, t->shape);
+    if (sel->shm)
+        return write_shm_output(b, t, sel, err);
+    if (sel->binary) {
+        tp_jbuf_lit(b, ",\"parameters\":{\"binary_data_size\":");
+        tp_jbuf_i64(b, (int64_t)t->nbytes);
+        tp_jbuf_lit(b, "}}");
+        return TP_OK;
     }
-    *out = o;
-    return TP_OK;
+    tp_jbuf_lit(b, ",\"data\":");
+    tp_status st = tp_json_tensor_write(b, t, err);
+    tp_jbuf_raw(b, "}", 1);
+    return st;
 }
 
-/* Builds the header document and, for binary outputs, the sum of their sizes. */
-static tp_status response_header(const tp_kserve_model *m, const tp_kserve_request *req,
-                                 const tp_host_tensor *outs, int n_outs, json_t **out,
-                                 size_t *tail_len, tp_err *err)
+/* The JSON header, then for binary outputs their bytes in order: appended
+ * to b, or (tail non-NULL) listed in tail as pieces of outs. */
+static tp_status write_response(const tp_kserve_model *m, const tp_kserve_request *req,
+                                const tp_host_tensor *outs, int n_outs, tp_jbuf *b,
+                                size_t *header_len, tp_kserve_piece *tail, int *n_tail,
+                                tp_err *err)
 {
-    json_t *root = json_pack("{s:s, s:s}", "model_name", m->name, "model_version",
-                             m->version ? m->version : "1");
-    json_t *arr = json_array();
-    if (!root || !arr) {
-        json_decref(root);
-        json_decref(arr);
-        return tp_fail(err, TP_NOMEM, "out of memory");
+    tp_jbuf_lit(b, "{\"model_name\":");
+    tp_jbuf_str(b, m->name);
+    tp_jbuf_lit(b, ",\"model_version\":");
+    tp_jbuf_str(b, m->version ? m->version : "1");
+    if (req->id) {
+        tp_jbuf_lit(b, ",\"id\":");
+        tp_jbuf_str(b, req->id);
     }
-    if (req->id)
-        json_object_set_new(root, "id", json_string(req->id));
-    json_object_set_new(root, "outputs", arr);
-    *tail_len = 0;
+    tp_jbuf_lit(b, ",\"outputs\":[");
+    size_t tail_len = 0;
     for (int i = 0; i < req->n_outputs; i++) {
         const tp_kserve_output_sel *sel = &req->outputs[i];
         const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
-        json_t *o = NULL;
-        tp_status st = t ? output_json(t, sel->binary, &o, err)
-                         : tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
-        if (st != TP_OK) {
-            json_decref(root);
+        if (!t)
+            return tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
+        if (i)
+            tp_jbuf_raw(b, ",", 1);
+        tp_status st = write_output(b, t, sel, err);
+        if (st != TP_OK)
             return st;
-        }
-        json_array_append_new(arr, o);
-        *tail_len += sel->binary ? t->nbytes : 0;
+        tail_len += sel->binary ? t->nbytes : 0;
     }
-    *out = root;
+    tp_jbuf_lit(b, "]}");
+    *header_len = tail_len ? b->len : 0;
+    for (int i = 0; i < req->n_outputs && tail_len; i++) {
+        const tp_host_tensor *t = find_tensor(outs, n_outs, req->outputs[i].name);
+        if (!req->outputs[i].binary || !t->nbytes)
+            continue;
+        if (tail)
+            tail[(*n_tail)++] = (tp_kserve_piece){t->data, t->nbytes};
+        else
+            tp_jbuf_raw(b, t->data, t->nbytes);
+    }
+    tp_jbuf_raw(b, "", 1); /* a NUL past the end lets pure-JSON bodies be logged as strings */
+    b->len -= !b->oom;
+    if (b->oom)
+        return tp_fail(err, TP_NOMEM, "out of memory for a %zu-byte response", b->len + tail_len);
     return TP_OK;
 }
 
-/* 9 significant digits round-trip every float32, without printing the
- * 17 digits a double would need. */
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+static tp_status build(const tp_kserve_model *m, const tp_kserve_request *req,
+                       const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                       tp_kserve_piece *tail, int *n_tail, tp_err *err)
+{
+    memset(out, 0, sizeof *out);
+    tp_jbuf b = {0};
+    size_t header_len = 0;
+    tp_status st = write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail, err);
+    if (st != TP_OK) {
+        free(b.p);
+        return st;
+    }
+    out->body = b.p;
+    out->len = b.len;
+    out->header_len = header_len;
+    return TP_OK;
+}
 
 tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_request *req,
                                 const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
                                 tp_err *err)
 {
-    memset(out, 0, sizeof *out);
-    json_t *root = NULL;
-    size_t tail_len = 0;
-    tp_status st = response_header(m, req, outs, n_outs, &root, &tail_len, err);
-    if (st != TP_OK)
-        return st;
-    size_t hlen = json_dumpb(root, NULL, 0, DUMP_FLAGS);
-    char *body = hlen ? malloc(hlen + tail_len + 1) : NULL;
-    if (!body) {
-        json_decref(root);
-        return tp_fail(err, TP_NOMEM, "out of memory for a %zu-byte response", hlen + tail_len);
-    }
-    json_dumpb(root, body, hlen, DUMP_FLAGS);
+    return build(m, req, outs, n_outs, out, NULL, NULL, err);
+}
+
+tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_request *req,
+                                      const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                                      tp_kserve_piece *tail, int *n_tail, tp_err *err)
+{
+    *n_tail = 0;
+    return build(m, req, outs, n_outs, out, tail, n_tail, err);
+}
+
+/* ---- system shared memory registration ------------------------------------ */
+
+tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,
+                                       uint64_t *offset, uint64_t *byte_size, tp_err *err)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return tp_fail(err, TP_PARSE, "malformed JSON in register request at line %d column %d: "
+                       "%s", jerr.line, jerr.column, jerr.text);
+    const json_t *jk = json_object_get(root, "key");
+    int has_size, has_off;
+    tp_status st = TP_OK;
+    *offset = 0;
+    if (!json_is_object(root))
+        st = tp_fail(err, TP_INVALID, "register request must be a JSON object, got %s",
+                     tp_json_kind(root));
+    else if (!json_is_string(jk) || json_string_length(jk) >= key_size)
+        st = tp_fail(err, TP_INVALID, "register request: 'key' must be a string of at most %zu "
+                     "bytes, got %s", key_size - 1, tp_json_kind(jk));
+    if (st == TP_OK)
+        st = get_u64_param(root, "byte_size", "register request", byte_size, &has_size, err);
+    if (st == TP_OK)
+        st = get_u64_param(root, "offset", "register request", offset, &has_off, err);
+    if (st == TP_OK && !has_size)
+        st = tp_fail(err, TP_INVALID, "register request has no 'byte_size'");
+    if (st == TP_OK)
+        snprintf(key, key_size, "%s", json_string_value(jk));
     json_decref(root);
-    size_t off = hlen;
-    for (int i = 0; i < req->n_outputs; i++) {
-        const tp_host_tensor *t = find_tensor(outs, n_outs, req->outputs[i].name);
-        if (req->outputs[i].binary && t->nbytes) {
-            memcpy(body + off, t->data, t->nbytes);
-            off += t->nbytes;
-        }
-    }
-    body[off] = '\0'; /* lets pure-JSON bodies be logged as strings */
-    out->body = body;
-    out->len = off;
-    out->header_len = tail_len ? hlen : 0;
-    return TP_OK;
+    return st;
 }
 
 /* ---- small documents ---------------------------------------------------- */
@@ -703,8 +751,17 @@ static char *dump_and_free(json_t *doc)
 
 char *tp_kserve_server_metadata(const char *version)
 {
-    return dump_and_free(json_pack("{s:s, s:s, s:[s]}", "name", "tpserve", "version", version,
-                                   "extensions", "binary_tensor_data"));
+    return dump_and_free(json_pack("{s:s, s:s, s:[s, s, s, s]}", "name", "tpserve", "version",
+                                   version, "extensions", "binary_tensor_data",
+                                   "model_configuration", "statistics", "system_shared_memory"));
+}
+
+static json_t *shape_json(int ndim, const int64_t *shape)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < ndim; i++)
+        json_array_append_new(a, json_integer((json_int_t)shape[i]));
+    return a;
 }
 
 static json_t *io_json(const tp_io_desc *io, int n)
@@ -723,6 +780,45 @@ char *tp_kserve_model_metadata(const tp_kserve_model *m)
                                    m->version ? m->version : "1", "platform", "tpserve", "inputs",
                                    io_json(m->inputs, m->n_inputs), "outputs",
                                    io_json(m->outputs, m->n_outputs)));
+}
+
+/* model_config.proto's dims leave out the batch dim when max_batch_size > 0. */
+static json_t *config_io_json(const tp_io_desc *io, int n, int batched, int is_input)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) {
+        int skip = batched && io[i].ndim > 0;
+        char type[32];
+        snprintf(type, sizeof type, "TYPE_%s", tp_dtype_name(io[i].dtype));
+        json_t *o = json_pack("{s:s, s:s, s:o, s:b}", "name", io[i].name, "data_type", type,
+                              "dims", shape_json(io[i].ndim - skip, io[i].shape + skip),
+                              "is_shape_tensor", 0);
+        if (o && is_input)
+            json_object_update_new(o, json_pack("{s:s, s:b, s:b}", "format", "FORMAT_NONE",
+                                                "allow_ragged_batch", 0, "optional", 0));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+char *tp_kserve_model_config(const tp_kserve_model *m)
+{
+    int batched = m->max_batch_size > 0;
+    json_t *doc = json_pack("{s:s, s:s, s:s, s:I, s:{s:{s:i}}, s:o, s:o, s:[{s:s, s:s, s:i}]}",
+                            "name", m->name, "platform", "tpserve", "backend", "tpserve",
+                            "max_batch_size", (json_int_t)m->max_batch_size, "version_policy",
+                            "latest", "num_versions", 1, "input",
+                            config_io_json(m->inputs, m->n_inputs, batched, 1), "output",
+                            config_io_json(m->outputs, m->n_outputs, batched, 0),
+                            "instance_group", "name", m->name, "kind", "KIND_MODEL", "count", 1);
+    if (doc && batched)
+        json_object_set_new(doc, "dynamic_batching",
+                            json_pack("{s:[], s:I, s:b, s:{s:I}}", "preferred_batch_size",
+                                      "max_queue_delay_microseconds",
+                                      (json_int_t)m->max_queue_delay_us, "preserve_ordering", 1,
+                                      "default_queue_policy", "max_queue_size",
+                                      (json_int_t)m->max_queue_size));
+    return dump_and_free(doc);
 }
 
 /* Messages quote client text (paths, names) and may be cut mid-character by

@@ -1,10 +1,12 @@
 /* kserve.h — the KServe v2 (Open Inference Protocol) codec, with no HTTP in
  * it: request bodies in, tp_host_tensor arrays out, and back.
  *
- * Supports JSON tensors (flat or nested "data") and the binary tensor data
+ * Supports JSON tensors (flat or nested "data"), the binary tensor data
  * extension: a JSON header of Inference-Header-Content-Length bytes followed
  * by the raw little-endian tensors of every input that carries
- * parameters.binary_data_size, in input order. Datatypes: FP32 FP16 BF16
+ * parameters.binary_data_size, in input order; and Triton's system shared
+ * memory extension (parameters shared_memory_region, shared_memory_offset,
+ * shared_memory_byte_size on inputs and outputs; shm_registry.h). Datatypes: FP32 FP16 BF16
  * INT32 INT64; FP16/BF16 as binary, or as JSON numbers (converted).
  *
  * Every error message says what is wrong and where: which input or output,
@@ -15,6 +17,7 @@
 #include <stddef.h>
 
 #include "engine.h"
+#include "shm_registry.h"
 
 /* What the codec validates requests against: the served graph's signature.
  * Borrowed pointers; the codec never frees them. */
@@ -25,12 +28,21 @@ typedef struct {
     int n_inputs;
     const tp_io_desc *outputs;
     int n_outputs;
+    /* batching, for Triton's model configuration document */
+    int64_t max_batch_size;     /* 0: requests run one at a time (dims keep the batch dim) */
+    int64_t max_queue_delay_us;
+    int max_queue_size;
+    /* system shared memory regions inputs and outputs may name; NULL: the
+     * extension is off (allow_client_shm 0) and such requests are refused */
+    tp_shm_registry *shm;
 } tp_kserve_model;
 
 /* One output to return, in response order. */
 typedef struct {
     char name[128];
-    int binary; /* 1: raw bytes in the binary tail; 0: JSON "data" */
+    int binary;          /* 1: raw bytes in the binary tail; 0: JSON "data" */
+    tp_shm_region *shm;  /* non-NULL: written into this region instead (held until freed) */
+    uint64_t shm_offset, shm_size;
 } tp_kserve_output_sel;
 
 /* A parsed infer request. Everything is owned by the struct and released by
@@ -41,6 +53,7 @@ typedef struct {
     int n_inputs;
     tp_kserve_output_sel *outputs; /* what to answer with, never empty */
     int n_outputs;
+    int64_t timeout_us;            /* Triton's parameters.timeout; -1 when absent (0: none) */
 } tp_kserve_request;
 
 /* An encoded response body; body is malloc'ed and owned by the caller. */
@@ -62,9 +75,32 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
                                 const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
                                 tp_err *err);
 
+/* A piece of an answer's binary tail: one output's bytes, borrowed. */
+typedef struct {
+    const void *data;
+    size_t len;
+} tp_kserve_piece;
+
+/* tp_kserve_build_infer without copying the binary outputs: out->body holds
+ * the JSON header only (out->len bytes; header_len is set as before), and
+ * tail[0..*n_tail) point into outs, which must outlive the send. tail has
+ * room for req->n_outputs pieces. */
+tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_request *req,
+                                      const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
+                                      tp_kserve_piece *tail, int *n_tail, tp_err *err);
+
+/* The body of POST /v2/systemsharedmemory/region/R/register:
+ * {"key": string, "offset": number (optional, 0), "byte_size": number}. */
+tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,
+                                       uint64_t *offset, uint64_t *byte_size, tp_err *err);
+
 /* Small JSON documents; each returns a malloc'ed string or NULL (no memory). */
 char *tp_kserve_server_metadata(const char *version);
 char *tp_kserve_model_metadata(const tp_kserve_model *m);
+/* Triton's model configuration extension (GET /v2/models/M/config): the
+ * model_config.proto fields clients read (name, platform, max_batch_size,
+ * input/output with data_type and dims, dynamic_batching). */
+char *tp_kserve_model_config(const tp_kserve_model *m);
 char *tp_kserve_error_json(const char *msg);
 /* {"<key>": true|false}, e.g. {"live": true}. */
 char *tp_kserve_bool_json(const char *key, int value);

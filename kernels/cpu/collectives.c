@@ -61,6 +61,7 @@
 
 #define CPU_COMM_MAX_WORLD 4096
 #define RED_CHUNK 256
+#define BARRIER_SPIN 200 /* pause instructions (~10 us) before a futex sleep */
 #define COMM_MAGIC 0x6d6d6f635f757063ULL /* "cpu_comm" */
 #define COMM_VERSION 1u
 /* The barrier state is one 64-bit word, so that arriving, completing a
@@ -113,6 +114,7 @@ struct cpu_comm {
     size_t span;    /* shared mode: published tensors must lie in [base, base + span) */
     int futex_flags;
     int can_reset;
+    int spin; /* polls of the generation before a futex sleep (0: sleep at once) */
     void *own; /* thread mode: the malloc'd state */
 };
 
@@ -145,6 +147,13 @@ static cpu_comm *new_handle(int world, void *area, tp_err *err)
     c->world = world;
     c->h = area;
     c->slot = (cpu_slot *)((char *)area + SLOTS_AT);
+    /* Peers usually arrive within microseconds, and sleeping costs two
+     * context switches and more: spin a little first (BARRIER_SPIN pause
+     * instructions), but only when every rank can have a core of its
+     * own, so a spinning rank never holds the core the peer it waits for
+     * needs. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->spin = cores >= world ? BARRIER_SPIN : 0;
     return c;
 }
 
@@ -306,6 +315,17 @@ static tp_status check_flags(uint64_t s, int abortable, tp_err *err)
  * the state. The waker skips FUTEX_WAKE when sleepers is 0, which is safe
  * because a waiter counts itself in sleepers before the kernel re-reads seq,
  * and the waker bumps seq before reading sleepers (all seq_cst). */
+/* Whether generation g completed within c->spin polls. */
+static int spun_past(const cpu_comm *c, uint32_t g)
+{
+    for (int i = 0; i < c->spin; i++) {
+        if (GEN_OF(atomic_load_explicit(&c->h->state, memory_order_acquire)) != g)
+            return 1;
+        __builtin_ia32_pause();
+    }
+    return 0;
+}
+
 static tp_status barrier_wait(cpu_comm *c, int abortable, tp_err *err)
 {
     comm_hdr *h = c->h;
@@ -324,6 +344,8 @@ static tp_status barrier_wait(cpu_comm *c, int abortable, tp_err *err)
         wake_all(c);
         return TP_OK;
     }
+    if (spun_past(c, g))
+        return TP_OK;
     for (;;) {
         uint32_t q = atomic_load(&h->seq);
         s = atomic_load(&h->state);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_tritonclient.sh — conformance with NVIDIA's official tritonclient[http]
-# (pip): health, metadata, infer with JSON and binary tensors, errors, against
+# (pip): health, metadata, model configuration, statistics, infer with JSON
+# and binary tensors and through system shared memory, errors, against
 # the reference outputs, for FP32, FP16, BF16 and INT64/INT32-input graphs.
 #
 # The client is installed into a venv under build/ (reused across runs). If
@@ -54,6 +55,7 @@ for g in mlp_sp_tp2 mlp_sp_fp16_tp2 mlp_sp_bf16_tp2 vocab_embed_tp2 vocab_embed_
     [ -f "$TP_GRAPHS/$g.json" ] || { echo "FAIL: $g: no $TP_GRAPHS/$g.json"; nfail=$((nfail + 1)); continue; }
     port=$(free_port)
     "$TPSERVE" serve --graph "$TP_GRAPHS/$g.json" --port "$port" --backend cpu --log-level debug \
+        --allow-client-shm 1 \
         >"$TMP/$g.log" 2>&1 &
     PID=$!
     i=0

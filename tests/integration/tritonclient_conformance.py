@@ -3,9 +3,10 @@
 
 Drives a running `tpserve serve` with NVIDIA's official tritonclient[http]
 (the client Triton and KServe users already have): health, server and model
-metadata, model readiness, infer with JSON tensors and with the binary tensor
-extension (each input/output combination), requested outputs, request ids,
-and error reporting. Infer results are checked against NAME.ref.safetensors
+metadata, model readiness, Triton's model configuration and statistics
+extensions, infer with JSON tensors and with the binary tensor extension
+(each input/output combination), requested outputs, request ids, and error
+reporting. Infer results are checked against NAME.ref.safetensors
 with the manifest rtol (graphs/README.md metric, via compare.py).
 
 Prints PASS/FAIL lines and "N passed, N failed"; exit 1 on any failure.
@@ -86,6 +87,55 @@ def check_metadata(c, g, inputs, ref, r):
     r.check(mv.get("name") == g, "model metadata with model_version='1'")
 
 
+def check_config(c, g, inputs, ref, r):
+    """Triton's model configuration extension, as perf_analyzer reads it."""
+    sm = c.get_server_metadata()
+    for ext in ("model_configuration", "statistics", "system_shared_memory"):
+        r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
+    cfg = c.get_model_config(g)
+    mbs = cfg.get("max_batch_size")
+    r.check(cfg.get("name") == g and isinstance(mbs, int) and mbs >= 0,
+            "model config name %s, max_batch_size %s" % (cfg.get("name"), mbs))
+    by_name = {i["name"]: i for i in cfg.get("input", [])}
+    for name, (st, a) in inputs.items():
+        i = by_name.get(name, {})
+        want = list(a.shape[1:]) if mbs > 0 else list(a.shape)
+        dims = i.get("dims", [])
+        ok = (i.get("data_type") == "TYPE_" + ST_TO_KSERVE[st] and len(dims) == len(want)
+              and all(d == -1 or d == w for d, w in zip(dims, want)))
+        r.check(ok, "model config input %s: %s" % (name, i))
+    r.check(sorted(o["name"] for o in cfg.get("output", [])) == sorted(ref),
+            "model config outputs %s" % [o["name"] for o in cfg.get("output", [])])
+    r.check((mbs > 0) == ("dynamic_batching" in cfg),
+            "dynamic_batching present exactly when max_batch_size > 0 (%s)" % mbs)
+    r.check(c.get_model_config(g, model_version="1").get("name") == g, "model config, version 1")
+
+
+def model_stat(c, g):
+    st = c.get_inference_statistics(g)["model_stats"]
+    return st[0] if len(st) == 1 and st[0].get("name") == g else None
+
+
+def check_stats(c, g, before, r):
+    """Triton's statistics extension after the infer_modes requests."""
+    s = model_stat(c, g)
+    if not r.check(s is not None, "statistics for %s" % g):
+        return
+    inf = s["inference_stats"]
+    done = inf["success"]["count"] - before
+    r.check(done >= 6, "statistics: %d successful requests counted (>= 6 sent)" % done)
+    for k in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        r.check(inf[k]["count"] >= done and inf[k]["ns"] > 0, "statistics %s: %s" % (k, inf[k]))
+    per_batch = sum(b["compute_infer"]["count"] for b in s["batch_stats"])
+    r.check(s["execution_count"] >= 1 and per_batch == s["execution_count"]
+            and s["inference_count"] >= s["execution_count"] and s["last_inference"] > 0,
+            "statistics: %d executions, %d by batch size, %d inferences"
+            % (s["execution_count"], per_batch, s["inference_count"]))
+    all_models = c.get_inference_statistics()["model_stats"]
+    r.check([m["name"] for m in all_models] == [g], "statistics of all models: %s"
+            % [m["name"] for m in all_models])
+
+
 def compare_outputs(res, ref, rtol, names, r, what):
     ok = True
     for name in names:
@@ -131,6 +181,71 @@ def infer_modes(c, g, inputs, ref, rtol, r):
     return ins
 
 
+def check_shm(c, g, inputs, ref, rtol, r):
+    """Triton's system shared memory extension: inputs read from and outputs
+    written to regions the client registered; bad registrations refused."""
+    import tritonclient.utils.shared_memory as shm
+    tag = "%d" % os.getpid()
+    in_arrays = [a for _, (st, a) in inputs.items()]
+    in_size = sum(a.nbytes for a in in_arrays)
+    out_size = sum(ref[n][1].nbytes for n in sorted(ref))
+    ih = shm.create_shared_memory_region("tp_in", "/tp_in_" + tag, in_size)
+    oh = shm.create_shared_memory_region("tp_out", "/tp_out_" + tag, out_size)
+    try:
+        shm.set_shared_memory_region(ih, in_arrays)
+        c.unregister_system_shared_memory()
+        c.register_system_shared_memory("tp_in", "/tp_in_" + tag, in_size)
+        c.register_system_shared_memory("tp_out", "/tp_out_" + tag, out_size)
+        names = sorted(x["name"] for x in c.get_system_shared_memory_status())
+        r.check(names == ["tp_in", "tp_out"], "system shared memory status lists %s" % names)
+        one = c.get_system_shared_memory_status("tp_in")
+        r.check(len(one) == 1 and one[0]["byte_size"] == in_size and one[0]["key"] == "/tp_in_" + tag,
+                "status of one region: %s" % one)
+        ins, off = [], 0
+        for name, (st, a) in inputs.items():
+            i = httpclient.InferInput(name, list(a.shape), ST_TO_KSERVE[st])
+            i.set_shared_memory("tp_in", a.nbytes, offset=off)
+            ins.append(i)
+            off += a.nbytes
+        outs, where, off = [], {}, 0
+        for name in sorted(ref):
+            o = httpclient.InferRequestedOutput(name)
+            o.set_shared_memory("tp_out", ref[name][1].nbytes, offset=off)
+            outs.append(o)
+            where[name] = off
+            off += ref[name][1].nbytes
+        res = c.infer(g, ins, outputs=outs)
+        for name in sorted(ref):
+            st, want = ref[name]
+            got = shm.get_contents_as_numpy(oh, want.dtype, want.shape, offset=where[name])
+            out = res.get_output(name)
+            r.check("data" not in out and "parameters" not in out,
+                    "shm output %s answered without data or parameters: %s" % (name, out))
+            err = compare.rel_err(compare.to_f64(st, got), compare.to_f64(st, want))
+            r.check(err <= rtol, "infer through system shared memory: %s err=%.3e" % (name, err))
+        expect_error(r, "register a name twice",
+                     lambda: c.register_system_shared_memory("tp_in", "/tp_in_" + tag, in_size),
+                     "already registered")
+        expect_error(r, "register past the object's end",
+                     lambda: c.register_system_shared_memory("tp_big", "/tp_in_" + tag, in_size + 1),
+                     "does not fit")
+        expect_error(r, "register an object that does not exist",
+                     lambda: c.register_system_shared_memory("tp_none", "/tp_none_" + tag, 8),
+                     "cannot open")
+        big = httpclient.InferInput(ins[0].name(), ins[0].shape(), ins[0].datatype())
+        big.set_shared_memory("tp_in", in_size + 8)
+        expect_error(r, "input byte size vs shape", lambda: c.infer(g, [big] + ins[1:]),
+                     "shared_memory_byte_size")
+        c.unregister_system_shared_memory("tp_in")
+        expect_error(r, "infer from an unregistered region", lambda: c.infer(g, ins, outputs=outs),
+                     "no shared memory region 'tp_in'")
+    finally:
+        c.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(ih)
+        shm.destroy_shared_memory_region(oh)
+    r.check(c.get_system_shared_memory_status() == [], "every region unregistered")
+
+
 def expect_error(r, what, fn, *words):
     try:
         fn()
@@ -153,6 +268,9 @@ def check_errors(c, g, inputs, ins, r):
     i.set_data_from_numpy(client_array(st, a), binary_data=True)
     expect_error(r, "unknown input", lambda: c.infer(g, ins + [i]), "unknown input 'no_such_input'")
     r.check(c.is_server_live(), "server still live after the errors")
+    s = model_stat(c, g)
+    r.check(s is not None and s["inference_stats"]["fail"]["count"] >= 2,
+            "statistics count the failed requests: %s" % (s and s["inference_stats"]["fail"]))
 
 
 def main(argv):
@@ -170,7 +288,11 @@ def main(argv):
     try:
         check_health(c, a.graph, r)
         check_metadata(c, a.graph, inputs, ref, r)
+        check_config(c, a.graph, inputs, ref, r)
+        before = model_stat(c, a.graph)["inference_stats"]["success"]["count"]
         ins = infer_modes(c, a.graph, inputs, ref, m["rtol"], r)
+        check_stats(c, a.graph, before, r)
+        check_shm(c, a.graph, inputs, ref, m["rtol"], r)
         check_errors(c, a.graph, inputs, ins, r)
     except Exception as e:  # a client-side surprise is a failure, not a crash
         r.check(False, "unexpected %s: %s" % (type(e).__name__, e))

@@ -4,13 +4,20 @@
 # answering the bytes tpserve answered) with the same scripts and
 # concurrencies, and a markdown table: requests/s, p50/p99 latency, the
 # average batch (rows per engine execution, from /metrics) and tpserve's
-# throughput as a fraction of the bare HTTP stack on this machine.
+# throughput as a fraction of the bare HTTP stack on this machine, and for
+# both servers the server-side CPU time and context switches per request
+# (/proc/PID/stat utime+stime and /proc/PID/task/*/status ctxt_switches,
+# summed over the server and its direct children: with --ranks processes the
+# rank workers count too).
 #
 # env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
 #      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
 #      DURATION (seconds per run, 5), CONNS (connection counts, "1 8 32"),
 #      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
+# With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
+# build/venv-perf), a second table: Triton's own load generator against
+# tpserve with binary tensors, JSON tensors and system shared memory.
 # Timings never fail the run (noisy machines); wrk errors are reported.
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
@@ -69,14 +76,35 @@ metric() {
     curl -s "$BASE/metrics" | awk -v k="$1" '$1 == k { print $2 }'
 }
 
+# proc_sample: "CPU_TICKS CTX_SWITCHES" of $PID and its direct children.
+proc_sample() {
+    pids="$PID $(cat /proc/"$PID"/task/*/children 2>/dev/null)"
+    ticks=0
+    ctx=0
+    for p in $pids; do
+        t=$(sed 's/^.*) //' /proc/"$p"/stat 2>/dev/null | awk '{ print $12 + $13 }')
+        c=$(cat /proc/"$p"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s + 0 }')
+        ticks=$((ticks + ${t:-0}))
+        ctx=$((ctx + ${c:-0}))
+    done
+    echo "$ticks $ctx"
+}
+
 # run_wrk SCRIPT CONNS: one wrk run against $BASE; sets RPS P50 P99 ERR
-# (latencies in ms).
+# (latencies in ms) and CPU_US CTX (server CPU microseconds and context
+# switches per request).
 run_wrk() {
     t=2
     [ "$2" -lt 2 ] && t=1
+    s0=$(proc_sample)
     wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
+    s1=$(proc_sample)
     line=$(sed -n 's/^TPBENCH //p' "$TMP/wrk.out")
     [ -n "$line" ] || die "wrk printed no summary: $(cat "$TMP/wrk.out")"
+    n=$(echo "$line" | sed 's/^requests=\([0-9]*\).*/\1/')
+    hz=$(getconf CLK_TCK)
+    CPU_US=$(echo "$s0 $s1" | awk -v n="$n" -v hz="$hz" '{ printf "%.0f", n ? ($3 - $1) * 1e6 / hz / n : 0 }')
+    CTX=$(echo "$s0 $s1" | awk -v n="$n" '{ printf "%.1f", n ? ($4 - $2) / n : 0 }')
     RPS=$(echo "$line" | sed 's/.*rps=\([^ ]*\).*/\1/')
     P50=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p50_us=/) printf "%.2f", substr($i, 8) / 1000 }')
     P99=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p99_us=/) printf "%.2f", substr($i, 8) / 1000 }')
@@ -88,7 +116,7 @@ PORT=$(free_port)
 BASE="http://127.0.0.1:$PORT"
 # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
 "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
-    --log-level warn $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
+    --log-level warn --allow-client-shm 1 $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
 PID=$!
 wait_up "$BASE/v2/health/ready" tpserve
 until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do sleep 0.1; done
@@ -131,10 +159,28 @@ for load in json binary mixed; do
         e1=$(metric tpserve_execution_count_total)
         r1=$(metric tpserve_inference_count_total)
         batch=$(awk -v r=$((r1 - r0)) -v e=$((e1 - e0)) 'BEGIN { printf "%.2f", e ? r / e : 0 }')
-        echo "$load $c $RPS $P50 $P99 $batch $ERR" >>"$TMP/tp.res"
-        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR" >&2
+        echo "$load $c $RPS $P50 $P99 $batch $ERR $CPU_US $CTX" >>"$TMP/tp.res"
+        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
     done
 done
+# ---- perf_analyzer (when installed) ---------------------------------------------
+if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
+    "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
+    eval "$(cat "$TMP/pa.env")"
+    for mode in binary json shm; do
+        eval "args=\$PERF_ARGS_$mode"
+        for c in $CONNS; do
+            # shellcheck disable=SC2086 # args splits into flags on purpose
+            LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$PORT" \
+                -i http --concurrency-range "$c" -p $((DURATION * 1000)) -s 1000 --percentile=50 \
+                $args >"$TMP/pa.out" 2>&1
+            line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
+            [ -n "$line" ] || line="failed -"
+            echo "$mode $c $line" >>"$TMP/pa.res"
+            echo "  perf_analyzer $mode c=$c: $line" >&2
+        done
+    done
+fi
 stop_server
 
 # ---- bare libmicrohttpd -------------------------------------------------------
@@ -154,8 +200,8 @@ for load in json binary; do
     run_wrk "$script" 8 # warm-up
     for c in $CONNS; do
         run_wrk "$script" "$c"
-        echo "$load $c $RPS $P50 $P99 $ERR" >>"$TMP/bare.res"
-        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR" >&2
+        echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX" >>"$TMP/bare.res"
+        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
     done
     stop_server
 done
@@ -167,10 +213,10 @@ echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr),
 echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
 echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
 echo
-echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | bare HTTP req/s | bare p50 ms | bare p99 ms | tpserve / bare |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-while read -r load c rps p50 p99 batch err; do
-    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6 }' "$TMP/bare.res")
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+while read -r load c rps p50 p99 batch err cpu ctx; do
+    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6, $7, $8 }' "$TMP/bare.res")
     label=$load
     case $load in
     json) label="JSON" ;;
@@ -179,16 +225,35 @@ while read -r load c rps p50 p99 batch err; do
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
     if [ -n "$bare" ]; then
-        # shellcheck disable=SC2086 # four fields, split on purpose
+        # shellcheck disable=SC2086 # six fields, split on purpose
         set -- $bare
         frac=$(awk -v a="$rps" -v b="$1" 'BEGIN { printf "%.1f%%", (b > 0 ? 100 * a / b : 0) }')
         [ "$4" != 0 ] && frac="$frac (bare: $4 errors)"
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $1 | $2 | $3 | $frac |"
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $1 | $2 | $3 | $5 | $6 | $frac |"
     else
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | — | — | — | — |"
+        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | — | — | — | — | — | — |"
     fi
 done <"$TMP/tp.res"
 echo
+if [ -f "$TMP/pa.res" ]; then
+    echo
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, ${DURATION} s windows:"
+    echo
+    echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
+    echo "| --- | ---: | ---: | ---: |"
+    while read -r mode c rps p50; do
+        case $mode in
+        binary) label="binary (its default)" ;;
+        json) label="JSON (--input/output-tensor-format json)" ;;
+        shm) label="system shared memory (--shared-memory system)" ;;
+        esac
+        ms=$(awk -v u="$p50" 'BEGIN { if (u == "-") print "—"; else printf "%.2f", u / 1000 }')
+        echo "| $label | $c | $rps | $ms |"
+    done <"$TMP/pa.res"
+    echo
+fi
+echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
+echo "threads) per request during the row's run, the server and its rank processes together."
 echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."

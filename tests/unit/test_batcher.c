@@ -30,7 +30,7 @@ static tp_engine *open_mlp(void)
 static tp_batcher *new_batcher(tp_engine *e, int64_t max_batch, int64_t delay_us, int max_queue,
                                tp_metrics *m)
 {
-    tp_batcher_opts o = {max_batch, delay_us, max_queue, m};
+    tp_batcher_opts o = {max_batch, delay_us, max_queue, m, NULL};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);

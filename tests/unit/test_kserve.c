@@ -18,7 +18,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, NULL};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
@@ -26,7 +26,7 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, NULL};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
@@ -107,6 +107,15 @@ START_TEST(nested_equals_flat)
     ck_assert_mem_eq(a.inputs[0].data, b.inputs[0].data, 24);
     ck_assert_mem_eq(a.inputs[1].data, b.inputs[1].data, 32);
     ck_assert_ptr_null(a.id);
+    tp_kserve_request_free(&b);
+    /* keys spelled with escapes, pretty-printed: the data-array scan does not
+     * follow them, jansson does, and the same values come out */
+    ck_assert_int_eq(parse(&M, "{ \"in\\u0070uts\" : [\n " N_OK " ,\n {\"name\":\"x\",\"shape\":"
+                               "[2,3],\"datatype\":\"FP32\",\"d\\u0061ta\": [ [1, 2,3] ,\n"
+                               "[ 4,5,6 ] ] } ] }", &b, &e),
+                     TP_OK);
+    ck_assert_mem_eq(a.inputs[0].data, b.inputs[0].data, 24);
+    ck_assert_mem_eq(a.inputs[1].data, b.inputs[1].data, 32);
     tp_kserve_request_free(&a);
     tp_kserve_request_free(&b);
 }
@@ -252,7 +261,7 @@ START_TEST(response_json)
     int32_t k[2] = {-7, 2147483647};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[2] = {{"y", 0}, {"k", 0}};
+    tp_kserve_output_sel sel[2] = {{.name = "y"}, {.name = "k"}};
     tp_kserve_request req = {.id = "abc", .outputs = sel, .n_outputs = 2};
     tp_kserve_buf b;
     tp_err e;
@@ -285,7 +294,7 @@ START_TEST(response_binary_round_trip)
     int32_t k[2] = {3, 4};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[2] = {{"y", 1}, {"k", 0}};
+    tp_kserve_output_sel sel[2] = {{.name = "y", .binary = 1}, {.name = "k"}};
     tp_kserve_request req = {.outputs = sel, .n_outputs = 2};
     tp_kserve_buf b;
     tp_err e;
@@ -306,7 +315,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, NULL};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
@@ -318,6 +327,19 @@ START_TEST(response_binary_round_trip)
     ck_assert_mem_eq(r2.inputs[0].data, y, 24);
     tp_kserve_request_free(&r2);
     free(req_body);
+
+    /* in parts: the same header, and the tail is y itself, not a copy */
+    tp_kserve_buf p;
+    tp_kserve_piece tail[2];
+    int n_tail = -1;
+    ck_assert_int_eq(tp_kserve_build_infer_parts(&M, &req, outs, 2, &p, tail, &n_tail, &e), TP_OK);
+    ck_assert_int_eq(n_tail, 1);
+    ck_assert_ptr_eq(tail[0].data, (const void *)y);
+    ck_assert_uint_eq(tail[0].len, 24);
+    ck_assert_uint_eq(p.len, b.header_len);
+    ck_assert_uint_eq(p.header_len, b.header_len);
+    ck_assert_mem_eq(p.body, b.body, b.header_len);
+    free(p.body);
     free(b.body);
 }
 END_TEST
@@ -328,7 +350,7 @@ START_TEST(response_half_types_as_json)
     tp_host_tensor t = {.name = "u", .dtype = TP_F16, .ndim = 2, .shape = {2, 2},
                         .data = h, .nbytes = 8};
     tp_kserve_model m = one_model(TP_F16);
-    tp_kserve_output_sel sel = {"u", 0};
+    tp_kserve_output_sel sel = {.name = "u"};
     tp_kserve_request req = {.outputs = &sel, .n_outputs = 1};
     tp_kserve_buf b;
     tp_err e;
@@ -345,7 +367,7 @@ START_TEST(response_errors)
     int32_t k[2] = {0, 0};
     tp_host_tensor outs[2];
     make_outputs(outs, y, k);
-    tp_kserve_output_sel sel[1] = {{"y", 0}};
+    tp_kserve_output_sel sel[1] = {{.name = "y"}};
     tp_kserve_request req = {.outputs = sel, .n_outputs = 1};
     tp_kserve_buf b;
     tp_err e;
@@ -403,7 +425,8 @@ START_TEST(errors_inputs)
     expect_error(&M, REQ("{\"name\":\"x\",\"datatype\":\"FP32\",\"data\":[1,2,3]}"), TP_INVALID,
                  "input 'x': missing 'shape'");
     expect_error(&M, REQ("{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\"}"), TP_INVALID,
-                 "input 'x' has no 'data' and no parameters.binary_data_size");
+                 "input 'x' has no 'data', no parameters.binary_data_size and no "
+                 "parameters.shared_memory_region");
 }
 END_TEST
 
@@ -499,7 +522,16 @@ START_TEST(errors_binary)
                      "runs 16 bytes past the JSON header, which ends at byte");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"data\":[1,2,3,4],\"parameters\":{\"binary_data_size\":16}}]}",
-                     v, 16, -2, "input 't' has both 'data' and parameters.binary_data_size");
+                     v, 16, -2, "input 't' has more than one of 'data', "
+                                "parameters.binary_data_size and parameters.shared_memory_region");
+    /* system shared memory named while the extension is off (allow_client_shm 0) */
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":{\"shared_memory_region\":\"r\","
+                         "\"shared_memory_byte_size\":16}}]}",
+                     v, 0, -1, "input 't': system shared memory is disabled on this server");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                         "\"parameters\":{\"shared_memory_region\":\"r\"}}]}",
+                     v, 0, -1, "needs parameters.shared_memory_byte_size");
     expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
                          "\"parameters\":{\"binary_data_size\":\"16\"}}]}",
                      v, 16, -2, "input 't': parameters.binary_data_size must be a non-negative "
@@ -542,8 +574,31 @@ START_TEST(metadata_docs)
     free(s);
     s = tp_kserve_server_metadata("1.2.3");
     ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
-                        "\"extensions\":[\"binary_tensor_data\"]}");
+                        "\"extensions\":[\"binary_tensor_data\",\"model_configuration\","
+                        "\"statistics\",\"system_shared_memory\"]}");
     free(s);
+    /* Triton's model configuration: dims without the batch dim when batching */
+    tp_kserve_model batched = M;
+    batched.max_batch_size = 8;
+    batched.max_queue_delay_us = 100;
+    batched.max_queue_size = 64;
+    json_t *cfg = json_loads(s = tp_kserve_model_config(&batched), 0, NULL);
+    free(s);
+    ck_assert_int_eq(json_integer_value(json_object_get(cfg, "max_batch_size")), 8);
+    json_t *in0 = json_array_get(json_object_get(cfg, "input"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(in0, "data_type")), "TYPE_FP32");
+    ck_assert_int_eq(json_array_size(json_object_get(in0, "dims")), 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(in0, "dims"), 0)), 3);
+    json_t *db = json_object_get(cfg, "dynamic_batching");
+    ck_assert_int_eq(json_integer_value(json_object_get(db, "max_queue_delay_microseconds")), 100);
+    json_decref(cfg);
+    cfg = json_loads(s = tp_kserve_model_config(&M), 0, NULL); /* M: no batching */
+    free(s);
+    ck_assert_int_eq(json_integer_value(json_object_get(cfg, "max_batch_size")), 0);
+    ck_assert_ptr_null(json_object_get(cfg, "dynamic_batching"));
+    in0 = json_array_get(json_object_get(cfg, "output"), 1);
+    ck_assert_int_eq(json_integer_value(json_array_get(json_object_get(in0, "dims"), 0)), -1);
+    json_decref(cfg);
     s = tp_kserve_bool_json("ready", 0);
     ck_assert_str_eq(s, "{\"ready\":false}");
     free(s);

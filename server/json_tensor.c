@@ -1,0 +1,643 @@
+#include "json_tensor.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "numtext.h"
+#include "tensor.h"
+
+/* ---- scanning ----------------------------------------------------------- */
+
+typedef struct {
+    const char *s;
+    size_t len, i;
+} cursor;
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static void skip_blanks(cursor *c)
+{
+    while (c->i < c->len && is_blank(c->s[c->i]))
+        c->i++;
+}
+
+static int at(const cursor *c, char ch)
+{
+    return c->i < c->len && c->s[c->i] == ch;
+}
+
+/* At an array's or object's opener: 0 when it closes at once (consumed),
+ * 2 when an element follows. */
+static int open_list(cursor *c, char closer)
+{
+    c->i++;
+    skip_blanks(c);
+    if (at(c, closer))
+        return c->i++, 0;
+    return 2;
+}
+
+/* After an element or member: 0 at the closer (consumed), 2 after a ','
+ * (another follows), 1 at anything else (not JSON). */
+static int after_item(cursor *c, char closer)
+{
+    skip_blanks(c);
+    if (at(c, closer))
+        return c->i++, 0;
+    if (!at(c, ','))
+        return 1;
+    c->i++;
+    skip_blanks(c);
+    return 2;
+}
+
+/* At '"': past the closing quote, or -1. Escapes are stepped over, not
+ * checked: jansson (or the tensor reader) judges the text. */
+static int skip_string(cursor *c)
+{
+    for (c->i++; c->i < c->len; c->i++) {
+        if (c->s[c->i] == '\\')
+            c->i++;
+        else if (c->s[c->i] == '"')
+            return c->i++, 0;
+    }
+    return -1;
+}
+
+/* At '"': reads a key and says whether it is exactly `want` (1), another
+ * key (0), or not a string (-1). */
+static int key_is(cursor *c, const char *want)
+{
+    size_t from = c->i + 1, n = strlen(want);
+    if (!at(c, '"') || skip_string(c) != 0)
+        return -1;
+    return c->i - from - 1 == n && memcmp(c->s + from, want, n) == 0;
+}
+
+/* Skips one value of any kind, brackets matched; -1 at what cannot be JSON
+ * (c->i then says where). Deeper nesting than a tensor can have is refused
+ * rather than tracked. */
+static int skip_value(cursor *c)
+{
+    char closers[2 * TP_MAX_DIMS + 8];
+    int depth = 0;
+    do {
+        skip_blanks(c);
+        if (c->i >= c->len)
+            return -1;
+        char ch = c->s[c->i];
+        if (ch == '"') {
+            if (skip_string(c) != 0)
+                return -1;
+        } else if (ch == '[' || ch == '{') {
+            if (depth == (int)sizeof closers)
+                return -1;
+            closers[depth++] = ch == '[' ? ']' : '}';
+            c->i++;
+        } else if (ch == ']' || ch == '}') {
+            if (!depth || closers[depth - 1] != ch)
+                return -1;
+            depth--;
+            c->i++;
+        } else if (ch == ',' || ch == ':') {
+            if (!depth)
+                return -1;
+            c->i++;
+        } else {
+            size_t from = c->i;
+            while (c->i < c->len && !is_blank(c->s[c->i]) && !strchr(",:[]{}\"", c->s[c->i]))
+                c->i++;
+            if (c->i == from)
+                return -1;
+        }
+    } while (depth > 0);
+    return 0;
+}
+
+typedef struct {
+    tp_json_span *v;
+    int n, cap;
+} span_list;
+
+static int add_span(span_list *l, int input, size_t start, size_t end)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 4;
+        tp_json_span *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (tp_json_span){input, start, end};
+    return 0;
+}
+
+/* Walks the members of the object at c (at '{'); for each one whose key is
+ * `key` and whose value starts with '[', on_array is called at the '['
+ * instead of skipping the value. Returns 0 at the closing '}', 1 when the
+ * text cannot be followed, -1 without memory. */
+typedef int (*array_fn)(cursor *c, span_list *l, int input);
+
+static int walk_object(cursor *c, const char *key, array_fn on_array, span_list *l, int input)
+{
+    int more = open_list(c, '}');
+    while (more == 2) {
+        int match = key_is(c, key);
+        skip_blanks(c);
+        if (match < 0 || !at(c, ':'))
+            return 1;
+        c->i++;
+        skip_blanks(c);
+        int rc = match && at(c, '[') ? on_array(c, l, input) : skip_value(c) ? 1 : 0;
+        if (rc)
+            return rc;
+        more = after_item(c, '}');
+    }
+    return more;
+}
+
+static int take_data(cursor *c, span_list *l, int input)
+{
+    size_t start = c->i;
+    int bad = skip_value(c);
+    if (add_span(l, input, start, c->i) != 0)
+        return -1;
+    return bad ? 1 : 0;
+}
+
+/* inputs: [ {..."data": [...]...}, ... ] */
+static int take_inputs(cursor *c, span_list *l, int unused)
+{
+    (void)unused;
+    int more = open_list(c, ']');
+    for (int k = 0; more == 2; k++) {
+        int rc = at(c, '{') ? walk_object(c, "data", take_data, l, k) : skip_value(c) ? 1 : 0;
+        if (rc)
+            return rc;
+        more = after_item(c, ']');
+    }
+    return more;
+}
+
+int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans)
+{
+    cursor c = {body, len, 0};
+    span_list l = {0};
+    skip_blanks(&c);
+    int rc = at(&c, '{') ? walk_object(&c, "inputs", take_inputs, &l, 0) : 0;
+    if (rc < 0) {
+        free(l.v);
+        l.v = NULL;
+        l.n = 0;
+    }
+    *spans = l.v;
+    *n_spans = l.n;
+    return rc < 0 ? -1 : 0;
+}
+
+/* ---- jansson on the blanked body --------------------------------------- */
+
+typedef struct {
+    const char *s;
+    size_t len, off;
+    const tp_json_span *spans;
+    int n, k;
+} feed;
+
+/* What of span k is blanked: inside the brackets, or up to where an open
+ * array was given up. */
+static void blank_range(const feed *f, size_t *from, size_t *to)
+{
+    const tp_json_span *sp = &f->spans[f->k];
+    *from = sp->start + 1;
+    *to = sp->end > *from && f->s[sp->end - 1] == ']' ? sp->end - 1 : sp->end;
+    if (*to < *from)
+        *to = *from;
+}
+
+static size_t feed_blanked(void *buf, size_t size, void *data)
+{
+    feed *f = data;
+    char *out = buf;
+    size_t w = 0;
+    while (w < size && f->off < f->len) {
+        size_t from = f->len, to = f->len;
+        while (f->k < f->n) {
+            blank_range(f, &from, &to);
+            if (to > f->off)
+                break;
+            f->k++;
+            from = to = f->len;
+        }
+        int blank = f->off >= from;
+        size_t end = blank ? to : from;
+        size_t n = end - f->off < size - w ? end - f->off : size - w;
+        if (blank) {
+            /* newlines stay so jansson's line numbers stay right */
+            memset(out + w, ' ', n);
+            for (const char *p = f->s + f->off; (p = memchr(p, '\n', (size_t)(f->s + f->off + n - p)));)
+                out[w + (size_t)(p++ - (f->s + f->off))] = '\n';
+        } else {
+            memcpy(out + w, f->s + f->off, n);
+        }
+        w += n;
+        f->off += n;
+    }
+    return w;
+}
+
+json_t *tp_json_load_blanked(const char *body, size_t len, const tp_json_span *spans,
+                             int n_spans, size_t flags, json_error_t *jerr)
+{
+    if (n_spans == 0)
+        return json_loadb(body, len, flags, jerr);
+    feed f = {body, len, 0, spans, n_spans, 0};
+    return json_load_callback(feed_blanked, &f, flags, jerr);
+}
+
+/* ---- reading tensor data ------------------------------------------------ */
+
+typedef struct {
+    cursor c;
+    tp_host_tensor *t;
+    int64_t count, cap; /* leaves read; leaves t->data has room for */
+    size_t idx[TP_MAX_DIMS];
+    tp_err *err;
+} reader;
+
+static const char *shape_of(char *buf, const tp_host_tensor *t)
+{
+    return tp_shape_str(buf, 128, t->ndim, t->shape);
+}
+
+/* "data[1][0]" for the element path idx[0..depth). */
+static const char *path_of(char *buf, size_t len, const size_t *idx, int depth)
+{
+    size_t off = (size_t)snprintf(buf, len, "data");
+    for (int i = 0; i < depth && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "[%zu]", idx[i]);
+    return buf;
+}
+
+static tp_status malformed(reader *r)
+{
+    return tp_fail(r->err, TP_PARSE, "input '%s': malformed JSON in 'data' at byte %zu of the "
+                   "array", r->t->name, r->c.i);
+}
+
+/* What the value at the cursor is, in tp_json_kind's words; NULL when it
+ * cannot start a JSON value. */
+static const char *kind_here(const cursor *c)
+{
+    static const struct {
+        const char *word, *kind;
+    } lits[] = {{"true", "a boolean"}, {"false", "a boolean"}, {"null", "null"}};
+    if (c->i >= c->len)
+        return NULL;
+    const char *p = c->s + c->i;
+    int is_int;
+    switch (*p) {
+    case '"': return "a string";
+    case '[': return "an array";
+    case '{': return "an object";
+    default: break;
+    }
+    for (size_t k = 0; k < sizeof lits / sizeof lits[0]; k++) {
+        size_t n = strlen(lits[k].word);
+        if (c->len - c->i >= n && memcmp(p, lits[k].word, n) == 0)
+            return lits[k].kind;
+    }
+    if (tp_numtext_scan(p, c->len - c->i, &is_int))
+        return is_int ? "an integer" : "a real number";
+    return NULL;
+}
+
+static tp_status store_float(reader *r, const char *tok, size_t n)
+{
+    tp_dtype dt = r->t->dtype;
+    float f = tp_numtext_parse_f32(tok, n);
+    int overflow = !isfinite(f);
+    if (dt == TP_F16)
+        overflow = overflow || (tp_f32_to_f16(f) & 0x7fffu) == 0x7c00u;
+    else if (dt == TP_BF16)
+        overflow = overflow || (tp_f32_to_bf16(f) & 0x7fffu) == 0x7f80u;
+    if (overflow)
+        return tp_fail(r->err, TP_INVALID, "input '%s': data element %" PRId64 " (%g) is out of "
+                       "%s range", r->t->name, r->count, tp_numtext_parse_f64(tok, n),
+                       tp_dtype_name(dt));
+    if (r->count < r->cap)
+        tp_store_f32(r->t->data, dt, r->count, f);
+    return TP_OK;
+}
+
+static tp_status store_int(reader *r, const char *tok, size_t n)
+{
+    int64_t v;
+    const char *name = tp_dtype_name(r->t->dtype);
+    if (tp_numtext_parse_i64(tok, n, &v) != 0 ||
+        (r->t->dtype == TP_I32 && (v < INT32_MIN || v > INT32_MAX)))
+        return tp_fail(r->err, TP_INVALID, "input '%s': data element %" PRId64 " (%.*s) is out "
+                       "of %s range", r->t->name, r->count, (int)n, tok, name);
+    if (r->count >= r->cap)
+        return TP_OK;
+    if (r->t->dtype == TP_I64)
+        ((int64_t *)r->t->data)[r->count] = v;
+    else
+        ((int32_t *)r->t->data)[r->count] = (int32_t)v;
+    return TP_OK;
+}
+
+/* One scalar leaf, stored at flat position r->count. */
+static tp_status read_scalar(reader *r)
+{
+    const char *p = r->c.s + r->c.i;
+    int is_int, is_float = tp_dtype_is_float(r->t->dtype);
+    size_t n = tp_numtext_scan(p, r->c.len - r->c.i, &is_int);
+    if (!n || (!is_int && !is_float)) {
+        const char *kind = kind_here(&r->c);
+        if (!kind)
+            return malformed(r);
+        return tp_fail(r->err, TP_INVALID, "input '%s': data element %" PRId64 " is %s, "
+                       "expected %s for %s", r->t->name, r->count, kind,
+                       is_float ? "a number" : "an integer", tp_dtype_name(r->t->dtype));
+    }
+    tp_status st = is_float ? store_float(r, p, n) : store_int(r, p, n);
+    r->c.i += n;
+    r->count++;
+    return st;
+}
+
+/* After an element: 1 when more follow, 0 past the array's end, -1 (and
+ * *st) when the text is not JSON. */
+static int next_or_end(reader *r, tp_status *st)
+{
+    int more = after_item(&r->c, ']');
+    if (more == 1)
+        *st = malformed(r);
+    return more == 2 ? 1 : more == 0 ? 0 : -1;
+}
+
+/* Opens an array at the cursor: 1 when it has elements, 0 when empty. */
+static int open_array(reader *r)
+{
+    return open_list(&r->c, ']') == 2;
+}
+
+static tp_status read_flat(reader *r)
+{
+    tp_status st = TP_OK;
+    char sh[128];
+    int more = open_array(r);
+    for (size_t k = 0; more > 0; k++) {
+        if (at(&r->c, '[') || at(&r->c, '{'))
+            return tp_fail(r->err, TP_INVALID, "input '%s': data[%zu] is %s; data must be flat "
+                           "or nested exactly like shape %s", r->t->name, k, kind_here(&r->c),
+                           shape_of(sh, r->t));
+        if ((st = read_scalar(r)) != TP_OK)
+            return st;
+        more = next_or_end(r, &st);
+    }
+    return st;
+}
+
+/* Counts the rest of an array that already has `have` elements (its
+ * extent for a "has N elements" message). */
+static tp_status count_rest(reader *r, size_t *have)
+{
+    tp_status st = TP_OK;
+    int more = 1;
+    while (more > 0) {
+        if (skip_value(&r->c) != 0)
+            return malformed(r);
+        ++*have;
+        more = next_or_end(r, &st);
+    }
+    return st;
+}
+
+/* The number of elements of the array at `start`, or -1 if the text cannot
+ * be followed that far. */
+static int64_t count_array(const reader *r, size_t start)
+{
+    reader probe = *r;
+    size_t n = 0;
+    probe.c.i = start;
+    if (open_array(&probe) > 0 && count_rest(&probe, &n) != TP_OK)
+        return -1;
+    return (int64_t)n;
+}
+
+static tp_status count_mismatch(reader *r, int dim, int64_t have)
+{
+    char path[160], sh[128];
+    return tp_fail(r->err, TP_INVALID, "input '%s': %s has %" PRId64 " elements, shape %s needs "
+                   "%" PRId64 " at dim %d", r->t->name, path_of(path, sizeof path, r->idx, dim),
+                   have, shape_of(sh, r->t), r->t->shape[dim], dim);
+}
+
+/* Level dim of nested data: an array of shape[dim] entries; the last level
+ * holds scalars. Read in one pass; only when something inside is wrong is
+ * the array counted, so that a wrong count at an outer level is what the
+ * client hears about (it usually explains the inner error). */
+static tp_status read_nested(reader *r, int dim)
+{
+    char path[160], sh[128];
+    tp_status st = TP_OK;
+    size_t start = r->c.i, k = 0;
+    int more = open_array(r);
+    while (more > 0 && st == TP_OK) {
+        if ((int64_t)k == r->t->shape[dim]) {
+            if ((st = count_rest(r, &k)) == TP_OK)
+                st = count_mismatch(r, dim, (int64_t)k);
+            return st;
+        }
+        r->idx[dim] = k++;
+        int leaf = dim + 1 == r->t->ndim, is_array = at(&r->c, '[');
+        const char *kind = kind_here(&r->c);
+        if (!kind)
+            st = malformed(r);
+        else if (!leaf && !is_array)
+            st = tp_fail(r->err, TP_INVALID, "input '%s': %s is %s, expected an array of "
+                         "%" PRId64 " (shape %s)", r->t->name,
+                         path_of(path, sizeof path, r->idx, dim + 1), kind,
+                         r->t->shape[dim + 1], shape_of(sh, r->t));
+        else if (leaf && (is_array || at(&r->c, '{')))
+            st = tp_fail(r->err, TP_INVALID, "input '%s': %s is %s, but shape %s has only %d "
+                         "dims", r->t->name, path_of(path, sizeof path, r->idx, dim + 1), kind,
+                         shape_of(sh, r->t), r->t->ndim);
+        else
+            st = leaf ? read_scalar(r) : read_nested(r, dim + 1);
+        if (st == TP_OK)
+            more = next_or_end(r, &st);
+    }
+    if (st == TP_OK && (int64_t)k != r->t->shape[dim])
+        return count_mismatch(r, dim, (int64_t)k);
+    if (st == TP_INVALID) {
+        int64_t n = count_array(r, start);
+        if (n >= 0 && n != r->t->shape[dim])
+            st = count_mismatch(r, dim, n);
+    }
+    return st;
+}
+
+tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err)
+{
+    reader r = {.c = {s, len, 0}, .t = t, .err = err};
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++)
+        numel *= t->shape[i];
+    skip_blanks(&r.c);
+    if (!at(&r.c, '['))
+        return malformed(&r);
+    /* Every element takes at least two bytes of text ("1,"), so the text
+     * bounds what can be stored: a shape that claims more than the body
+     * carries fails on the count, after at most ~2 bytes per byte of body. */
+    r.cap = numel < (int64_t)(len / 2 + 1) ? numel : (int64_t)(len / 2 + 1);
+    size_t esize = tp_dtype_size(t->dtype);
+    if (!(t->data = malloc((size_t)r.cap * esize)))
+        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name,
+                       (size_t)r.cap * esize);
+    t->nbytes = (size_t)numel * esize;
+    cursor peek = r.c;
+    peek.i++;
+    skip_blanks(&peek);
+    int nested = t->ndim > 0 && at(&peek, '[');
+    tp_status st = nested ? read_nested(&r, 0) : read_flat(&r);
+    skip_blanks(&r.c);
+    if (st == TP_OK && r.c.i != len)
+        st = malformed(&r);
+    if (st == TP_OK && !nested && r.count != numel) {
+        char sh[128];
+        st = tp_fail(err, TP_INVALID, "input '%s': data has %" PRId64 " elements, shape %s "
+                     "needs %" PRId64, t->name, r.count, shape_of(sh, t), numel);
+    }
+    if (st != TP_OK) {
+        free(t->data);
+        t->data = NULL;
+        t->nbytes = 0;
+    }
+    return st;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+char *tp_jbuf_grow(tp_jbuf *b, size_t n)
+{
+    if (b->oom)
+        return NULL;
+    if (b->cap - b->len < n) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return NULL;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    char *at_end = b->p + b->len;
+    b->len += n;
+    return at_end;
+}
+
+void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n)
+{
+    char *p = tp_jbuf_grow(b, n);
+    if (p)
+        memcpy(p, s, n);
+}
+
+void tp_jbuf_lit(tp_jbuf *b, const char *s)
+{
+    tp_jbuf_raw(b, s, strlen(s));
+}
+
+void tp_jbuf_str(tp_jbuf *b, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    tp_jbuf_raw(b, "\"", 1);
+    for (const char *run = s;; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch && ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        tp_jbuf_raw(b, run, (size_t)(s - run));
+        run = s + 1;
+        if (!ch)
+            break;
+        char esc[6] = {'\\', (char)ch, 0};
+        size_t n = 2;
+        if (ch < 0x20) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[ch >> 4];
+            esc[5] = hex[ch & 15];
+            n = 6;
+        }
+        tp_jbuf_raw(b, esc, n);
+    }
+    tp_jbuf_raw(b, "\"", 1);
+}
+
+void tp_jbuf_i64(tp_jbuf *b, int64_t v)
+{
+    char *p = tp_jbuf_grow(b, TP_NUMTEXT_MAX);
+    if (p)
+        b->len -= TP_NUMTEXT_MAX - tp_numtext_i64(v, p);
+}
+
+/* One element's text at p (room for TP_NUMTEXT_MAX); 0 when it has none. */
+static size_t element_text(const tp_host_tensor *t, int64_t i, char *p)
+{
+    switch (t->dtype) {
+    case TP_F32: {
+        float f = ((const float *)t->data)[i];
+        return isfinite(f) ? tp_numtext_f32(f, p) : 0;
+    }
+    case TP_F16: {
+        uint16_t h = ((const uint16_t *)t->data)[i];
+        return (h & 0x7c00u) != 0x7c00u ? tp_numtext_f16(h, p) : 0;
+    }
+    case TP_BF16: {
+        uint16_t h = ((const uint16_t *)t->data)[i];
+        return (h & 0x7f80u) != 0x7f80u ? tp_numtext_bf16(h, p) : 0;
+    }
+    case TP_I32: return tp_numtext_i64(((const int32_t *)t->data)[i], p);
+    case TP_I64: return tp_numtext_i64(((const int64_t *)t->data)[i], p);
+    case TP_DTYPE_COUNT: break;
+    }
+    return 0;
+}
+
+tp_status tp_json_tensor_write(tp_jbuf *b, const tp_host_tensor *t, tp_err *err)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    tp_jbuf_raw(b, "[", 1);
+    for (int64_t i = 0; i < n; i++) {
+        char *p = tp_jbuf_grow(b, TP_NUMTEXT_MAX + 1);
+        if (!p)
+            break;
+        size_t comma = i > 0;
+        p[0] = ',';
+        size_t len = element_text(t, i, p + comma);
+        if (!len) {
+            float f = tp_load_f32(t->data, t->dtype, i);
+            return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
+                           "JSON cannot carry; request this output with "
+                           "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");
+        }
+        b->len -= TP_NUMTEXT_MAX + 1 - comma - len;
+    }
+    tp_jbuf_raw(b, "]", 1);
+    if (b->oom)
+        return tp_fail(err, TP_NOMEM, "output '%s': out of memory encoding JSON", t->name);
+    return TP_OK;
+}

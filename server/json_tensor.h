@@ -1,0 +1,68 @@
+/* json_tensor.h — KServe tensor "data" arrays as JSON text, without a
+ * jansson node per element; jansson still parses the rest of each document.
+ *
+ * Reading: tp_json_data_spans finds where each request input's "data"
+ * array lies in the body, so the document can be handed to jansson with
+ * those arrays blanked (tp_json_load_blanked: same length, same line and
+ * column of every error) and each array decoded straight into its tensor
+ * once the input's datatype and shape are known (tp_json_tensor_read).
+ * Memory is then the body plus the tensors, whatever the element count.
+ *
+ * Writing: tp_jbuf, a growable text buffer with JSON strings, integers and
+ * tensor data arrays (numbers via numtext.h). */
+#ifndef TP_JSON_TENSOR_H
+#define TP_JSON_TENSOR_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "engine.h"
+#include "status.h"
+
+/* Where inputs[input]'s "data" array sits in a body: [start, end), from its
+ * '[' through its ']'. */
+typedef struct {
+    int input;
+    size_t start, end;
+} tp_json_span;
+
+/* The data arrays of a body's top-level "inputs" (in body order). A body
+ * the scan cannot follow (not JSON, unusual spellings) simply yields fewer
+ * spans: what it does not blank, jansson parses and judges. An array the
+ * scan entered but could not close ends where the scan gave up (the
+ * document is malformed; blanking that much keeps jansson from building a
+ * node per element before it says so). *spans is malloc'ed (free it), NULL
+ * when there are none. Returns 0, or -1 without memory. */
+int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans);
+
+/* json_loadb on body with the inside of every span replaced by blanks
+ * (newlines kept), fed to jansson piecewise so the body is never copied. */
+json_t *tp_json_load_blanked(const char *body, size_t len, const tp_json_span *spans,
+                             int n_spans, size_t flags, json_error_t *jerr);
+
+/* Decodes the array text s[0..len) (a span, or a dumped jansson array) into
+ * t->data (malloc'ed, t->nbytes set) for t's dtype and shape: flat, or
+ * nested exactly like the shape. Errors name t->name and the element:
+ * TP_INVALID, TP_PARSE (not JSON) or TP_NOMEM. */
+tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err);
+
+/* A growable text buffer. Appends after an allocation failure are dropped
+ * and remembered in oom; the caller checks once at the end. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} tp_jbuf;
+
+void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n);
+void tp_jbuf_lit(tp_jbuf *b, const char *s); /* NUL-terminated, no escaping */
+void tp_jbuf_str(tp_jbuf *b, const char *s); /* as a quoted, escaped JSON string */
+void tp_jbuf_i64(tp_jbuf *b, int64_t v);
+/* Reserves n more bytes and returns where they start (NULL: no memory). */
+char *tp_jbuf_grow(tp_jbuf *b, size_t n);
+
+/* t's elements as a flat JSON array. NaN and Inf have no JSON spelling:
+ * TP_INTERNAL naming the element (ask for the output as binary). */
+tp_status tp_json_tensor_write(tp_jbuf *b, const tp_host_tensor *t, tp_err *err);
+
+#endif

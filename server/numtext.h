@@ -1,0 +1,48 @@
+/* numtext.h — numbers to and from JSON text at library speed.
+ *
+ * Floats are written in the shortest form that reads back to the same value
+ * of their own type (at most 9 significant digits for FP32, 5 for FP16, 4
+ * for BF16) and read with correct rounding: Google's double-conversion
+ * (libdouble-conversion, a C++ library wrapped in numtext_dc.cc) does the
+ * decimal work, because printf's %.17g and strtod dominated the JSON path's
+ * profile. Integers are written and read here, without printf or strtoll.
+ *
+ * Writers take a buffer of at least TP_NUMTEXT_MAX bytes and return the
+ * text's length (a NUL may follow it). Floats must be finite (JSON has no NaN or Inf).
+ * Integral floats keep a ".0" so that JSON readers which type numbers by
+ * their spelling (Python's json) still see floats. */
+#ifndef TP_NUMTEXT_H
+#define TP_NUMTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TP_NUMTEXT_MAX 32
+
+size_t tp_numtext_f32(float v, char *buf);
+size_t tp_numtext_f16(uint16_t h, char *buf);
+size_t tp_numtext_bf16(uint16_t h, char *buf);
+size_t tp_numtext_i64(int64_t v, char *buf);
+/* v rounded to digits (1..17) significant digits, same spelling rules. */
+size_t tp_numtext_precision(double v, int digits, char *buf);
+
+/* s[0..len) must be a JSON number (tp_numtext_scan says so). f32 rounds the
+ * decimal once, straight to the nearest float (not via a double). */
+float tp_numtext_parse_f32(const char *s, size_t len);
+double tp_numtext_parse_f64(const char *s, size_t len);
+
+/* The JSON number token at s (no leading blanks), at most len bytes: its
+ * length, or 0 when s does not start with one. *is_int is 1 when it has no
+ * fraction and no exponent. */
+size_t tp_numtext_scan(const char *s, size_t len, int *is_int);
+
+/* Significant digits of a decimal s[0..len) (first to last nonzero digit
+ * before any exponent; 1 for zero): how tests hold the writers to their
+ * digit budgets. */
+int tp_numtext_digits(const char *s, size_t len);
+
+/* An integer token (from tp_numtext_scan with is_int) as int64: 0, or -1 when
+ * it does not fit. */
+int tp_numtext_parse_i64(const char *s, size_t len, int64_t *out);
+
+#endif

@@ -1,0 +1,54 @@
+/* shm_registry.h — Triton's system shared memory extension: regions of POSIX
+ * shared memory objects (shm_open names) that clients register by name and
+ * then use for inputs and outputs instead of sending tensor bytes over HTTP.
+ *
+ * Registration checks everything once: the region name (1..127 characters
+ * of [A-Za-z0-9_.-]), the key (a shm_open name: "/" then 1..254 characters,
+ * no other "/"), that the object is a regular shared memory object this
+ * process may open read-write (or read-only: then outputs may not go there),
+ * and that offset + byte_size lies inside it. Every use checks its span
+ * against the region and that the object has not shrunk since (a shrunk
+ * object would fault on access).
+ *
+ * Requests hold references (tp_shm_acquire/release): unregistering a region
+ * a request is using removes its name at once, and the mapping goes away
+ * when the last request lets go. Thread-safe. */
+#ifndef TP_SHM_REGISTRY_H
+#define TP_SHM_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct tp_shm_registry tp_shm_registry;
+typedef struct tp_shm_region tp_shm_region;
+
+tp_shm_registry *tp_shm_registry_create(void);
+/* Unregisters everything; regions still held are unmapped by their last
+ * release. NULL is a no-op. */
+void tp_shm_registry_free(tp_shm_registry *g);
+
+/* TP_INVALID with the reason (bad name or key, already registered, out of
+ * bounds), TP_NOT_FOUND when the key names no object, TP_IO otherwise. */
+tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key, uint64_t offset,
+                          uint64_t byte_size, tp_err *err);
+/* name NULL: every region. TP_NOT_FOUND for an unknown name. */
+tp_status tp_shm_unregister(tp_shm_registry *g, const char *name, tp_err *err);
+
+/* [{"name","key","offset","byte_size"}, ...] for one region (name) or all
+ * (NULL); malloc'ed. NULL with err set: unknown name (TP_NOT_FOUND) or no
+ * memory. */
+char *tp_shm_status_json(tp_shm_registry *g, const char *name, tp_status *st, tp_err *err);
+
+/* A reference to a registered region, or NULL (err: unknown name). */
+tp_shm_region *tp_shm_acquire(tp_shm_registry *g, const char *name, tp_err *err);
+void tp_shm_release(tp_shm_region *r);
+const char *tp_shm_name(const tp_shm_region *r);
+
+/* The bytes [offset, offset + size) of the region, checked: inside it,
+ * writable when write is set, and the object still that large. */
+tp_status tp_shm_span(tp_shm_region *r, uint64_t offset, uint64_t size, int write, void **ptr,
+                      tp_err *err);
+
+#endif

@@ -1,0 +1,273 @@
+/* test_numtext.c — numbers as JSON text (numtext.h) and tensor data arrays
+ * read and written as text (json_tensor.h).
+ *
+ * Round trips are compared bit for bit on purpose: "shortest text that reads
+ * back to the same value" is an exact guarantee, not an approximation. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "dtype.h"
+#include "json_tensor.h"
+#include "numtext.h"
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static int sig_digits(const char *s)
+{
+    return tp_numtext_digits(s, strlen(s));
+}
+
+/* One float through the writer, then back through our reader and glibc's
+ * strtof (a client's reader): same bits, at most 9 significant digits,
+ * and a valid JSON number. */
+static void check_f32(uint32_t bits)
+{
+    float f = bits_f32(bits);
+    char buf[TP_NUMTEXT_MAX + 1];
+    size_t n = tp_numtext_f32(f, buf);
+    buf[n] = '\0';
+    int is_int;
+    ck_assert_msg(tp_numtext_scan(buf, n, &is_int) == n, "'%s' is not a JSON number", buf);
+    ck_assert_msg(f32_bits(tp_numtext_parse_f32(buf, n)) == bits, "%08x -> '%s' reads back as "
+                  "%a", bits, buf, (double)tp_numtext_parse_f32(buf, n));
+    ck_assert_msg(f32_bits(strtof(buf, NULL)) == bits, "%08x -> '%s' (strtof)", bits, buf);
+    ck_assert_msg(sig_digits(buf) <= 9, "'%s' has more than 9 significant digits", buf);
+}
+
+START_TEST(f32_round_trip)
+{
+    static const float edge[] = {0.0f, -0.0f, 1.0f, -2.0f, 0.1f, 1e-45f, 1.17549435e-38f,
+                                 3.40282347e38f, 16777216.0f, 16777217.0f, 1e9f, 1e-6f, 9.999999e-7f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        check_f32(f32_bits(edge[i]));
+    /* every exponent, scattered mantissas (the exhaustive run is
+     * `make test-numtext-exhaustive`) */
+    uint32_t s = 12345;
+    for (int i = 0; i < 400000; i++) {
+        s = s * 1664525u + 1013904223u;
+        if ((s & 0x7f800000u) != 0x7f800000u)
+            check_f32(s);
+    }
+}
+END_TEST
+
+START_TEST(f32_spelling)
+{
+    char buf[TP_NUMTEXT_MAX + 1];
+    const struct {
+        float f;
+        const char *want;
+    } cases[] = {{1.5f, "1.5"}, {-2.0f, "-2.0"}, {0.1f, "0.1"}, {1e-7f, "1e-7"},
+                 {123456.7f, "123456.7"}, {3.40282347e38f, "3.4028235e38"}, {0.0f, "0.0"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        buf[tp_numtext_f32(cases[i].f, buf)] = '\0';
+        ck_assert_str_eq(buf, cases[i].want);
+    }
+}
+END_TEST
+
+/* Every finite FP16 and BF16 value: the text reads back (our reader and
+ * strtod, as numpy does) to the same half, in at most 5 (FP16) or 4 (BF16)
+ * digits, and no shorter precision would have. */
+static void check_all_halves(size_t (*write)(uint16_t, char *), float (*widen)(uint16_t),
+                             uint16_t (*narrow)(float), uint16_t exp_mask, int max_digits)
+{
+    char buf[TP_NUMTEXT_MAX + 1];
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & exp_mask) == exp_mask)
+            continue;
+        size_t n = write((uint16_t)h, buf);
+        buf[n] = '\0';
+        ck_assert_msg(narrow(tp_numtext_parse_f32(buf, n)) == h, "%04x -> '%s'", h, buf);
+        ck_assert_msg(narrow((float)strtod(buf, NULL)) == h, "%04x -> '%s' (strtod)", h, buf);
+        ck_assert_msg(sig_digits(buf) <= max_digits, "%04x -> '%s'", h, buf);
+        if (sig_digits(buf) > 1) {
+            char shorter[TP_NUMTEXT_MAX + 1];
+            size_t m = tp_numtext_precision(widen((uint16_t)h), sig_digits(buf) - 1, shorter);
+            ck_assert_msg(narrow(tp_numtext_parse_f32(shorter, m)) != h, "%04x: '%s' is not "
+                          "the shortest", h, buf);
+        }
+    }
+}
+
+START_TEST(halves_exhaustive)
+{
+    check_all_halves(tp_numtext_f16, tp_f16_to_f32, tp_f32_to_f16, 0x7c00, 5);
+    check_all_halves(tp_numtext_bf16, tp_bf16_to_f32, tp_f32_to_bf16, 0x7f80, 4);
+}
+END_TEST
+
+START_TEST(integers)
+{
+    const int64_t v[] = {0, 1, -1, 9, 10, 123456789, INT64_MAX, INT64_MIN, INT32_MIN};
+    char buf[TP_NUMTEXT_MAX + 1], want[32];
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        buf[tp_numtext_i64(v[i], buf)] = '\0';
+        snprintf(want, sizeof want, "%" PRId64, v[i]);
+        ck_assert_str_eq(buf, want);
+        int64_t back;
+        ck_assert_int_eq(tp_numtext_parse_i64(buf, strlen(buf), &back), 0);
+        ck_assert(back == v[i]);
+    }
+    int64_t x;
+    ck_assert_int_eq(tp_numtext_parse_i64("9223372036854775808", 19, &x), -1);
+    ck_assert_int_eq(tp_numtext_parse_i64("-9223372036854775809", 20, &x), -1);
+}
+END_TEST
+
+START_TEST(number_tokens)
+{
+    const struct {
+        const char *s;
+        size_t len;
+        int is_int;
+    } cases[] = {{"0", 1, 1}, {"-0", 2, 1}, {"12,", 2, 1}, {"1.5]", 3, 0}, {"-1e5", 4, 0},
+                 {"2E+3 ", 4, 0}, {"01", 0, 1}, {"1.", 0, 0}, {".5", 0, 1}, {"-", 0, 1},
+                 {"+1", 0, 1}, {"1e", 0, 0}, {"NaN", 0, 1}, {"Infinity", 0, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int is_int;
+        size_t n = tp_numtext_scan(cases[i].s, strlen(cases[i].s), &is_int);
+        ck_assert_msg(n == cases[i].len, "'%s': %zu", cases[i].s, n);
+        if (n)
+            ck_assert_int_eq(is_int, cases[i].is_int);
+    }
+}
+END_TEST
+
+/* ---- json_tensor -------------------------------------------------------- */
+
+START_TEST(spans_and_blanked_parse)
+{
+    const char *body = "{\"id\":\"a\",\"inputs\":[{\"name\":\"x\",\"data\":[[1,2],\n[3,4]]},"
+                       "{\"data\":{\"a\":[1]}},{\"name\":\"y\",\"data\": [ ]}],\"data\":[9]}";
+    tp_json_span *sp;
+    int n;
+    ck_assert_int_eq(tp_json_data_spans(body, strlen(body), &sp, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(sp[0].input, 0);
+    ck_assert(strncmp(body + sp[0].start, "[[1,2],\n[3,4]]", sp[0].end - sp[0].start) == 0);
+    ck_assert_int_eq(sp[1].input, 2);
+    json_error_t je;
+    json_t *root = tp_json_load_blanked(body, strlen(body), sp, n, 0, &je);
+    ck_assert_ptr_nonnull(root);
+    json_t *d0 = json_object_get(json_array_get(json_object_get(root, "inputs"), 0), "data");
+    ck_assert(json_is_array(d0) && json_array_size(d0) == 0);
+    ck_assert_int_eq(json_array_size(json_object_get(root, "data")), 1); /* not an input's */
+    json_decref(root);
+    free(sp);
+    /* an array the scan cannot close is blanked up to there: jansson
+     * reports the error where it is, without parsing the numbers */
+    const char *bad = "{\"inputs\":[{\"data\":[1,2,3}]}";
+    ck_assert_int_eq(tp_json_data_spans(bad, strlen(bad), &sp, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_ptr_null(tp_json_load_blanked(bad, strlen(bad), sp, n, 0, &je));
+    ck_assert_int_eq(je.column, 26);
+    free(sp);
+}
+END_TEST
+
+static tp_status read_into(const char *text, tp_dtype dt, int ndim, const int64_t *shape,
+                           tp_host_tensor *t, tp_err *e)
+{
+    *t = (tp_host_tensor){.name = "x", .dtype = dt, .ndim = ndim};
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    return tp_json_tensor_read(text, strlen(text), t, e);
+}
+
+START_TEST(read_values)
+{
+    tp_host_tensor t;
+    tp_err e;
+    const int64_t s23[] = {2, 3};
+    ck_assert_int_eq(read_into(" [ [1, 2.5,-3e0], [4,5,6 ] ] ", TP_F32, 2, s23, &t, &e), TP_OK);
+    const float *f = t.data;
+    ck_assert(f[1] == 2.5f && f[2] == -3.0f && f[5] == 6.0f);
+    ck_assert_uint_eq(t.nbytes, 24);
+    free(t.data);
+    ck_assert_int_eq(read_into("[1,2,3,4,5,-9223372036854775808]", TP_I64, 2, s23, &t, &e), TP_OK);
+    ck_assert(((int64_t *)t.data)[5] == INT64_MIN);
+    free(t.data);
+    ck_assert_int_eq(read_into("[1,2,3,4,5,6.5]", TP_I32, 2, s23, &t, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "data element 5 is a real number, expected an integer"));
+    ck_assert_int_eq(read_into("[1,2,3,4,5,9223372036854775808]", TP_I64, 2, s23, &t, &e),
+                     TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "(9223372036854775808) is out of INT64 range"));
+    ck_assert_int_eq(read_into("[1,2,,3]", TP_F32, 2, s23, &t, &e), TP_PARSE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "malformed JSON in 'data' at byte 5"));
+    ck_assert_int_eq(read_into("[1,2,3,4,5,6] x", TP_F32, 2, s23, &t, &e), TP_PARSE);
+    ck_assert_int_eq(read_into("[1,2,3,4,5,tru]", TP_F32, 2, s23, &t, &e), TP_PARSE);
+    ck_assert_int_eq(read_into("[[1,2,3],[4,5,6],[7]]", TP_F32, 2, s23, &t, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "data has 3 elements, shape [2, 3] needs 2 at dim 0"));
+    ck_assert_ptr_null(t.data);
+}
+END_TEST
+
+/* A shape that claims far more elements than the text holds allocates for
+ * the text, not for the shape, and fails on the count. */
+START_TEST(read_bounded_by_text)
+{
+    tp_host_tensor t;
+    tp_err e;
+    const int64_t huge[] = {1000000000, 1000};
+    ck_assert_int_eq(read_into("[1,2,3]", TP_I64, 2, huge, &t, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "data has 3 elements, shape [1000000000, 1000] needs "
+                                        "1000000000000"));
+}
+END_TEST
+
+START_TEST(write_values)
+{
+    float f[] = {1.5f, -2.0f, 0.1f, 1e-7f};
+    tp_host_tensor t = {.name = "y", .dtype = TP_F32, .ndim = 1, .shape = {4}, .data = f,
+                        .nbytes = sizeof f};
+    tp_jbuf b = {0};
+    tp_err e;
+    ck_assert_int_eq(tp_json_tensor_write(&b, &t, &e), TP_OK);
+    tp_jbuf_str(&b, "q\"\\\n\x01é");
+    tp_jbuf_raw(&b, "", 1);
+    ck_assert_str_eq(b.p, "[1.5,-2.0,0.1,1e-7]\"q\\\"\\\\\\u000a\\u0001é\"");
+    f[2] = NAN;
+    b.len = 0;
+    ck_assert_int_eq(tp_json_tensor_write(&b, &t, &e), TP_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(e.msg, "output 'y': element 2 is NaN"));
+    free(b.p);
+}
+END_TEST
+
+static Suite *numtext_suite(void)
+{
+    Suite *s = suite_create("numtext");
+    TCase *n = tcase_create("numbers");
+    tcase_set_timeout(n, 60);
+    tcase_add_test(n, f32_round_trip);
+    tcase_add_test(n, f32_spelling);
+    tcase_add_test(n, halves_exhaustive);
+    tcase_add_test(n, integers);
+    tcase_add_test(n, number_tokens);
+    suite_add_tcase(s, n);
+    TCase *j = tcase_create("json_tensor");
+    tcase_add_test(j, spans_and_blanked_parse);
+    tcase_add_test(j, read_values);
+    tcase_add_test(j, read_bounded_by_text);
+    tcase_add_test(j, write_values);
+    suite_add_tcase(s, j);
+    return s;
+}
+
+TP_CHECK_MAIN(numtext_suite)
