@@ -30,6 +30,7 @@ typedef struct req_ctx req_ctx;
 enum {
     ROUTE_MODEL = 1, /* answers for the served model: 503 until loaded, 404 for another name */
     ROUTE_INFER = 2, /* an inference: counted in the request metrics and statistics */
+    ROUTE_PROBE = 4, /* also served on health_port (probes and scrapes only) */
 };
 typedef struct route_def {
     const char *methods; /* as the Allow header says them */
@@ -770,10 +771,10 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 
 /* First match wins: /v2/models/stats before /v2/models/{model}. */
 static const route_def ROUTES[] = {
-    {"GET, HEAD", "/v2/health/live", 0, get_live},
-    {"GET, HEAD", "/v2/health/ready", 0, get_ready},
+    {"GET, HEAD", "/v2/health/live", ROUTE_PROBE, get_live},
+    {"GET, HEAD", "/v2/health/ready", ROUTE_PROBE, get_ready},
     {"GET, HEAD", "/v2", 0, get_server},
-    {"GET, HEAD", "/metrics", 0, get_metrics},
+    {"GET, HEAD", "/metrics", ROUTE_PROBE, get_metrics},
     {"GET, HEAD", "/v2/models/stats", 0, get_stats},
     {"GET, HEAD", "/v2/models/{model}", ROUTE_MODEL, get_model},
     {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, get_ready},
@@ -871,8 +872,6 @@ static enum MHD_Result reply_refused(tp_http *h, req_ctx *r, unsigned code, cons
     return send_response(h, r, code, resp);
 }
 
-static int probe_route(route_kind k) { return k == R_LIVE || k == R_READY || k == R_METRICS; }
-
 static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Connection *c, const char *url,
                                       const char *method, const char *version,
                                       const char *upload_data, size_t *upload_size, void **con_cls)
@@ -882,8 +881,8 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         if (!(r = new_request(h, c, url, method)))
             return MHD_NO;
         *con_cls = r;
-        if (probes_only && !probe_route(r->rt.kind))
-            r->rt.kind = R_NONE;
+        if (probes_only && r->route && !(r->route->flags & ROUTE_PROBE))
+            r->route = NULL; /* 404 */
         tp_err e;
         unsigned bad = tp_http_guard_check_headers(c, version, e.msg, sizeof e.msg);
         return bad ? reply_refused(h, r, bad, e.msg) : begin_body(h, r);
