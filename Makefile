@@ -230,7 +230,7 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) $(BUILD)/libtpse
 
 fuzz-build: $(GRAPHS)
 	@command -v clang >/dev/null || ./scripts/deps.sh
-	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 NVCC= SAN="$(FUZZ_SAN)" \
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang CXX=clang++ OPT=-O1 NVCC= SAN="$(FUZZ_SAN)" \
 	  $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%)
 	@mkdir -p $(FUZZ_BUILD)/seeds/graph
 	@cp $(BUILD)/graphs/*_tp2.json $(FUZZ_BUILD)/seeds/graph/
