@@ -41,7 +41,7 @@ NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Wer
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
 
 all: $(BUILD)/tpserve cuda
 
@@ -49,6 +49,7 @@ help:
 	@echo "make            build build/tpserve (and kernels/cuda when nvcc exists)"
 	@echo "make test       build and run unit + integration tests"
 	@echo "make asan       the same suite under AddressSanitizer + UBSan"
+	@echo "make static-checks  prove the op table fails the build when an op or rule lacks its entry"
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
@@ -66,6 +67,10 @@ $(DEPS_OK):
 	  && $(PYTHON) -c "import numpy" 2>/dev/null || ./scripts/deps.sh
 	@touch $@
 deps: $(DEPS_OK)
+
+# The engine switches over ops (and their rules) list every case, never
+# `default:`, so an op or rule added without its case fails the build.
+$(BUILD)/obj/engine/%.o: CFLAGS += -Wswitch-enum
 
 $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
@@ -108,7 +113,12 @@ integration: $(BUILD)/tpserve $(GRAPHS)
 	  [ -f "$$t" ] || continue; echo "== $$t"; \
 	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) sh $$t || fail=1; done; exit $$fail
 
+# Build-time guarantees that need a failing compile to show (the op table).
+static-checks:
+	@CC="$(CC)" sh tests/static/op_table.sh
+
 test: all $(GRAPHS)
+	@$(MAKE) --no-print-directory static-checks
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory integration
 

@@ -87,7 +87,7 @@ static tp_status issue_node(tp_exec *x, int rank, int i, tp_err *err)
     const tp_node *n = &x->g->nodes[i];
     rank_state *s = &x->rs[rank];
     const tp_backend_iface *bi = x->b->iface;
-    tp_tensor ins[20];
+    tp_tensor ins[TP_OP_MAX_INPUTS + 1]; /* + the fused workspace */
     int nin = n->n_inputs;
     for (int j = 0; j < nin; j++)
         ins[j] = s->t[n->inputs[j]];
