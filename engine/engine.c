@@ -151,7 +151,7 @@ static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_pass_opts *po_ = &e->passes, po;
     tp_pass_opts_default(po_);
-    po_->cuda = strcmp(e->b->iface->name, "cuda") == 0;
+    po_->lowering = e->b->kind->caps->lowering;
     if (o && o->no_passes)
         for (int i = 0; i < TP_PASS_COUNT; i++)
             po_->disabled[i] = 1;
@@ -259,9 +259,11 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
     if (st == TP_OK)
         st = agree_options(e, o, err);
     if (st == TP_OK)
-        st = tp_backend_create_for_group(o ? o->backend : NULL, e->rg, &e->b, err);
+        st = tp_backend_create_for_group(o ? o->backend : NULL, NULL, e->rg, &e->b, err);
     if (st == TP_OK)
         st = run_passes(e, o, err);
+    if (st == TP_OK)
+        st = tp_backend_check_graph(e->b->kind, e->g, err);
     if (st == TP_OK)
         st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
     if (st == TP_OK)

@@ -27,6 +27,9 @@
 /* 128-byte ncclUniqueId as lowercase hex. */
 #define TP_CUDA_NCCL_ID_HEX 256
 
+/* The registry entry (kernels/cuda/cuda_kind.c, listed in engine/backend.c). */
+extern const tp_backend_kind tp_cuda_backend_kind;
+
 /* Number of usable CUDA devices; 0 when there is no driver or no device
  * (never fails, never aborts). */
 int tp_cuda_device_count(void);
