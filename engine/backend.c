@@ -112,8 +112,9 @@ tp_status tp_backend_create(const char *name, int world, tp_backend **out, tp_er
 /* ---------------------------------------------------------- process groups
  *
  * The leader chooses (auto decides once, for everyone) and tells the
- * workers "NAME MESSAGE", the message (an NCCL id) made before its own join
- * because joining may block until every rank joins. */
+ * workers its settings (the same binary: workers are this executable) and
+ * "NAME MESSAGE", the kind's message (an NCCL id) made before its own join
+ * when joining blocks until every rank joins. */
 
 static tp_backend_group group_of(const tp_rank_group *rg)
 {
@@ -145,14 +146,17 @@ static tp_status lead_group(const char *name, const tp_backend_settings *s, tp_r
                                          : tp_backend_find(name ? name : "cpu");
     if (!k)
         return unknown(name, err);
-    size_t used = (size_t)snprintf(msg, sizeof msg, "%s ", k->name);
-    tp_status st = k->group_message(msg + used, sizeof msg - used, err);
-    size_t len = strlen(msg) + 1;
-    /* cpu: the owner initializes the shared comm area before any worker attaches */
+    memcpy(msg, s, sizeof *s);
+    char *text = msg + sizeof *s;
+    size_t cap = sizeof msg - sizeof *s, used = (size_t)snprintf(text, cap, "%s ", k->name);
+    tp_status st = k->group_message(text + used, cap - used, err);
+    size_t len = sizeof *s + strlen(text) + 1;
+    /* first when the join blocks for every rank (cuda); else after, so
+     * workers attach to what the leader's join set up (cpu's comm area) */
     if (st == TP_OK && k->share_before_join)
         st = tp_rank_group_share(rg, msg, &len, sizeof msg, err);
     if (st == TP_OK)
-        st = join(k, rg, msg + used, s, out, err);
+        st = join(k, rg, text + used, s, out, err);
     if (st == TP_OK && !k->share_before_join && (st = tp_rank_group_share(rg, msg, &len, sizeof msg, err)) != TP_OK) {
         tp_backend_destroy(*out);
         *out = NULL;
@@ -162,20 +166,25 @@ static tp_status lead_group(const char *name, const tp_backend_settings *s, tp_r
     return st;
 }
 
-static tp_status follow_group(const tp_backend_settings *s, tp_rank_group *rg, tp_backend **out, tp_err *err)
+static tp_status follow_group(tp_rank_group *rg, tp_backend **out, tp_err *err)
 {
     char msg[TP_GROUP_MESSAGE];
+    tp_backend_settings leader;
     size_t len = 0;
     tp_status st = tp_rank_group_share(rg, msg, &len, sizeof msg - 1, err);
     if (st != TP_OK)
         return st;
+    if (len <= sizeof leader)
+        return tp_fail(err, TP_INTERNAL, "the leader's backend message is %zu bytes, too short", len);
     msg[len] = 0;
-    size_t name_len = strcspn(msg, " ");
+    memcpy(&leader, msg, sizeof leader);
+    const char *text = msg + sizeof leader;
+    size_t name_len = strcspn(text, " ");
     for (int i = 0; i < N_KINDS; i++)
-        if (strlen(registry[i]->name) == name_len && strncmp(msg, registry[i]->name, name_len) == 0)
-            return join(registry[i], rg, msg + name_len + (msg[name_len] == ' '), s, out, err);
+        if (strlen(registry[i]->name) == name_len && strncmp(text, registry[i]->name, name_len) == 0)
+            return join(registry[i], rg, text + name_len + (text[name_len] == ' '), &leader, out, err);
     return tp_fail(err, TP_UNAVAILABLE, "the leader chose backend '%.*s', which this worker cannot run",
-                   (int)(name_len > 40 ? 40 : name_len), msg);
+                   (int)(name_len > 40 ? 40 : name_len), text);
 }
 
 tp_status tp_backend_create_for_group(const char *name, const tp_backend_settings *s, tp_rank_group *rg,
@@ -188,7 +197,7 @@ tp_status tp_backend_create_for_group(const char *name, const tp_backend_setting
     }
     if (!tp_rank_group_shared(rg))
         return tp_backend_create_with(name, tp_rank_group_world(rg), s, out, err);
-    return tp_rank_group_leads(rg) ? lead_group(name, s, rg, out, err) : follow_group(s, rg, out, err);
+    return tp_rank_group_leads(rg) ? lead_group(name, s, rg, out, err) : follow_group(rg, out, err);
 }
 
 tp_status tp_backend_check_graph(const tp_backend_kind *k, const tp_graph *g, tp_err *err)

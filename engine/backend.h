@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend_settings.h"
 #include "dtype.h"
 #include "ops.h"
 #include "status.h"
@@ -90,14 +91,6 @@ typedef struct {
     tp_lowering lowering; /* without symmetric memory: every threshold 0, no one_shot lowering */
     int dma_input_copies; /* copy_in is an async DMA into device memory, not a memcpy */
 } tp_backend_caps;
-
-/* Typed settings of the backends (server config keys, CLI flags). */
-typedef struct {
-    int verify_replay;        /* cpu: re-run every replay eagerly and compare */
-    int cuda_gemm_workspace_mb, cuda_scratch_mb, cuda_barrier_timeout_ms;
-    int cuda_check_collectives;
-} tp_backend_settings;
-void tp_backend_settings_default(tp_backend_settings *s);
 
 /* The part of a process rank group a backend uses (engine/backend.c fills
  * it from the group, so backends never include the rank group). */

@@ -259,7 +259,7 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
     if (st == TP_OK)
         st = agree_options(e, o, err);
     if (st == TP_OK)
-        st = tp_backend_create_for_group(o ? o->backend : NULL, NULL, e->rg, &e->b, err);
+        st = tp_backend_create_for_group(o ? o->backend : NULL, o ? o->settings : NULL, e->rg, &e->b, err);
     if (st == TP_OK)
         st = run_passes(e, o, err);
     if (st == TP_OK)

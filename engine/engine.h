@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend_settings.h"
 #include "dtype.h"
 #include "rank_group.h"
 #include "status.h"
@@ -20,6 +21,7 @@ typedef struct tp_engine tp_engine;
 
 typedef struct {
     const char *backend;        /* "cpu" (default when NULL), "cuda", "auto" */
+    const tp_backend_settings *settings; /* NULL: defaults; a worker takes its leader's */
     const int64_t *buckets;     /* batch buckets, ascending; NULL: 1,2,4,8,16 */
     int n_buckets;
     int no_passes;              /* skip every graph pass */

@@ -125,14 +125,16 @@ static tp_status run_in_processes(const char *graph, const char *in, const char 
 int tp_cli_run(int argc, char **argv)
 {
     const char *graph = NULL, *in = NULL, *out = NULL, *ranks = "threads";
-    tp_engine_opts opts = {.backend = "cpu"};
+    tp_backend_settings settings;
+    tp_backend_settings_default(&settings);
+    tp_engine_opts opts = {.backend = "cpu", .settings = &settings};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-passes") == 0)
             opts.no_passes = 1;
         else if (strcmp(argv[i], "--eager") == 0)
             opts.eager = 1;
         else if (strcmp(argv[i], "--verify-replay") == 0)
-            setenv("TP_VERIFY_REPLAY", "1", 1); /* read by the cpu backend at create */
+            settings.verify_replay = 1;
         else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc)
             opts.disable_passes = argv[++i];
         else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc)

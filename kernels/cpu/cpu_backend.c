@@ -58,7 +58,7 @@ typedef struct {
     cpu_comm *comm;
     tp_capture **capturing; /* per rank: the record in progress, or NULL */
     cpu_registry reg;
-    int verify_replay;      /* TP_VERIFY_REPLAY=1: check every replay */
+    int verify_replay;      /* setting verify_replay: check every replay */
     /* shared mode only (heap == NULL for threads) */
     int rank_lo, rank_hi;   /* the ranks this process runs */
     cpu_heap **heap;        /* [rank - rank_lo]: that rank's region of the mapping */

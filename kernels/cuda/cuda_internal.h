@@ -88,7 +88,7 @@ typedef struct {
     /* collective signatures run eagerly (warm-up) */
     uint64_t *warm;
     int n_warm, cap_warm;
-    int check_collectives; /* TP_CUDA_CHECK_COLLECTIVES=1: cross-rank signature check */
+    int check_collectives; /* setting cuda_check_collectives: cross-rank signature check */
     int oneshot_fallback_logged, fused_fallback_logged;
 } cu_ctx;
 

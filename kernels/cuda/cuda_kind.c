@@ -26,11 +26,10 @@ static int cuda_supports_op(tp_op op, tp_dtype dtype)
 
 static tp_status cuda_create_threads(int world, const tp_backend_settings *s, tp_backend **out, tp_err *err)
 {
-    (void)s;
     if (world > 1)
         return tp_fail(err, TP_INVALID, "backend 'cuda' runs one process per GPU: world_size %d needs ranks=processes "
                        "(--ranks processes)", world);
-    return tp_cuda_backend_create(1, 0, NULL, out, err);
+    return tp_cuda_backend_create_with(1, 0, NULL, s, out, err);
 }
 
 static tp_status cuda_group_message(char *msg, size_t cap, tp_err *err)
@@ -45,8 +44,7 @@ static tp_status cuda_group_message(char *msg, size_t cap, tp_err *err)
 static tp_status cuda_group_join(const tp_backend_group *g, const char *msg, const tp_backend_settings *s,
                                  tp_backend **out, tp_err *err)
 {
-    (void)s;
-    tp_status st = tp_cuda_backend_create(g->world, g->rank_lo, msg, out, err);
+    tp_status st = tp_cuda_backend_create_with(g->world, g->rank_lo, msg, s, out, err);
     if (st == TP_OK && (st = tp_cuda_backend_pin_host(*out, g->base + g->staging_offset, g->staging_bytes, err)) != TP_OK) {
         tp_backend_destroy(*out);
         *out = NULL;

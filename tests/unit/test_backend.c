@@ -77,6 +77,37 @@ START_TEST(capabilities_without_a_device)
 }
 END_TEST
 
+/* The verify_replay setting reaches the cpu backend through the registry:
+ * a replay whose recorded buffer was freed is refused, not run. */
+START_TEST(verify_replay_setting_checks_replays)
+{
+    tp_backend_settings s;
+    tp_backend_settings_default(&s);
+    s.verify_replay = 1;
+    tp_backend *b;
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_backend_create_with("cpu", 1, &s, &b, &err), TP_OK);
+    const tp_backend_iface *bi = b->iface;
+    void *x, *y;
+    ck_assert_int_eq(bi->alloc(b, 0, 64, &x, &err), TP_OK);
+    ck_assert_int_eq(bi->alloc(b, 0, 64, &y, &err), TP_OK);
+    int64_t shape[1] = {4};
+    tp_tensor tx = tp_tensor_make(x, TP_F32, 1, shape), ty = tp_tensor_make(y, TP_F32, 1, shape);
+    tp_capture *c;
+    ck_assert_int_eq(bi->begin_capture(b, 0, &err), TP_OK);
+    tp_attrs none = {0};
+    ck_assert_int_eq(bi->run_op(b, 0, TP_OP_RELU, &none, &tx, 1, &ty, &err), TP_OK);
+    ck_assert_int_eq(bi->end_capture(b, 0, &c, &err), TP_OK);
+    ck_assert_int_eq(bi->replay(b, 0, c, &err), TP_OK);
+    bi->free(b, 0, y);
+    ck_assert_int_eq(bi->replay(b, 0, c, &err), TP_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "not a live backend allocation"), "%s", err.msg);
+    bi->capture_free(b, c);
+    bi->free(b, 0, x);
+    tp_backend_destroy(b);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -84,6 +115,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, backend_without_an_op_refuses_the_graph);
     tcase_add_test(tc, registry_by_name);
     tcase_add_test(tc, capabilities_without_a_device);
+    tcase_add_test(tc, verify_replay_setting_checks_replays);
     suite_add_tcase(s, tc);
     return s;
 }
