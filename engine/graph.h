@@ -67,6 +67,9 @@ typedef struct tp_graph {
  * for a small batch). Every error names the file, the node and the reason. */
 tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err);
 void tp_graph_free(tp_graph *g);
+/* A deep copy of g (nodes, attrs, names, lists): an executable lowers and
+ * keeps its own, so no later edit of g reaches a captured bucket. */
+tp_status tp_graph_clone(const tp_graph *g, tp_graph **out, tp_err *err);
 
 /* Index of the node called name, or -1. */
 int tp_graph_find(const tp_graph *g, const char *name);

@@ -561,6 +561,54 @@ void tp_graph_free(tp_graph *g)
     free(g);
 }
 
+static int *dup_ints(const int *v, int n)
+{
+    int *d = malloc(sizeof(int) * (size_t)(n + 1));
+    if (d && n > 0)
+        memcpy(d, v, sizeof(int) * (size_t)n);
+    return d;
+}
+
+static int clone_node(tp_node *d, const tp_node *s)
+{
+    *d = *s;
+    d->name = dupstr(s->name);
+    d->inputs = dup_ints(s->inputs, s->n_inputs);
+    d->tensor_key = s->tensor_key ? dupstr(s->tensor_key) : NULL;
+    return d->name && d->inputs && (d->tensor_key || !s->tensor_key) ? 0 : -1;
+}
+
+tp_status tp_graph_clone(const tp_graph *g, tp_graph **out, tp_err *err)
+{
+    tp_graph *c = calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c)
+        return tp_fail(err, TP_NOMEM, "graph '%s': out of memory copying it", g->name);
+    *c = *g;
+    c->path = dupstr(g->path);
+    c->name = dupstr(g->name);
+    c->weights = g->weights ? dupstr(g->weights) : NULL;
+    c->nodes = calloc((size_t)g->n_nodes + 1, sizeof *c->nodes);
+    c->input_ids = dup_ints(g->input_ids, g->n_inputs);
+    c->param_ids = dup_ints(g->param_ids, g->n_params);
+    c->output_ids = dup_ints(g->output_ids, g->n_outputs);
+    c->output_place = malloc(sizeof *c->output_place * (size_t)(g->n_outputs + 1));
+    int ok = c->path && c->name && (c->weights || !g->weights) && c->nodes && c->input_ids && c->param_ids &&
+             c->output_ids && c->output_place;
+    c->n_nodes = 0;
+    /* n_nodes counts a node that failed half-way too: its copies are freed */
+    for (int i = 0; ok && i < g->n_nodes; i++, c->n_nodes++)
+        ok = clone_node(&c->nodes[i], &g->nodes[i]) == 0;
+    if (ok && g->n_outputs > 0)
+        memcpy(c->output_place, g->output_place, sizeof *c->output_place * (size_t)g->n_outputs);
+    if (!ok) {
+        tp_graph_free(c);
+        return tp_fail(err, TP_NOMEM, "graph '%s': out of memory copying it", g->name);
+    }
+    *out = c;
+    return TP_OK;
+}
+
 int tp_graph_find(const tp_graph *g, const char *name)
 {
     for (int i = 0; i < g->n_nodes; i++)
