@@ -127,6 +127,9 @@ typedef struct tp_backend_kind {
 /* The registered backend called name, or NULL; the default one (cpu). */
 const tp_backend_kind *tp_backend_default(void);
 const tp_backend_kind *tp_backend_find(const char *name);
+/* The kind a backend name means for world ranks as threads ("auto"
+ * probes for devices; NULL name: cpu); NULL when unknown. */
+const tp_backend_kind *tp_backend_pick(const char *name, int world);
 /* "cpu, cuda": the registered names, for messages. */
 const char *tp_backend_names(void);
 

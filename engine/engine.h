@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend_settings.h"
 #include "dtype.h"
@@ -74,6 +75,14 @@ tp_status tp_parse_buckets(const char *text, int64_t *out, int *n, tp_err *err);
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err);
 void tp_engine_free(tp_engine *e);
+
+/* `tpserve plan`: compiles graph_path exactly as tp_engine_create does for
+ * opts (the same passes at the same bucket, the chosen backend's lowering
+ * and capabilities) but needs no device and loads no weights, then reports
+ * the executable a batch of `batch` rows runs in (its bucket) to out, as a
+ * table or (json) one JSON object. */
+tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int64_t batch, int json, FILE *out,
+                         tp_err *err);
 
 const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);
