@@ -12,6 +12,7 @@
 
 #include "backend_settings.h"
 #include "dtype.h"
+#include "mem_kind.h"
 #include "rank_group.h"
 #include "status.h"
 #include "tensor.h"
@@ -43,7 +44,7 @@ typedef struct {
     uint64_t bucket_runs[TP_MAX_BUCKETS];
     uint64_t exact_runs;                 /* runs at an exact batch (no padding) */
     uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
-    int64_t arena_bytes[5];              /* per rank, summed over buckets, by tp_mem_kind */
+    int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
     int rank_group_up;                   /* 0 once a rank's process died */
 } tp_engine_stats;
