@@ -85,6 +85,12 @@ typedef struct {
     tp_algo other_collectives;
 } tp_lowering;
 
+/* One-shot thresholds after vLLM's custom all-reduce and TensorRT-LLM's
+ * tables: one-shot pays d-1 full reads per rank, so its break-even falls as
+ * d grows. A backend's caps start from these unless measured otherwise. */
+#define TP_ONE_SHOT_MAX_BYTES_DEFAULT \
+    {0, 1 << 20, 1 << 20, 512 << 10, 512 << 10, 256 << 10, 256 << 10, 256 << 10, 256 << 10}
+
 /* What a backend can do, known without a device: planning (`tpserve plan
  * --backend NAME`) and the passes read these, never the backend's name. */
 typedef struct {

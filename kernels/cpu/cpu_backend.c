@@ -478,10 +478,7 @@ void tp_cpu_backend_verify_replay(tp_backend *b, int on) { ctx_of(b)->verify_rep
 /* ------------------------------------------------------- registry entry */
 
 static const tp_backend_caps cpu_caps = {
-    /* one_shot thresholds after vLLM's custom all-reduce and TensorRT-LLM:
-     * one-shot pays d-1 full reads per rank, so its break-even falls as d grows */
-    .lowering = {.one_shot_max_bytes = {0, 1 << 20, 1 << 20, 512 << 10, 512 << 10, 256 << 10, 256 << 10,
-                                        256 << 10, 256 << 10},
+    .lowering = {.one_shot_max_bytes = TP_ONE_SHOT_MAX_BYTES_DEFAULT,
                  .large_all_reduce = TP_ALGO_RING,
                  .other_collectives = TP_ALGO_ONE_SHOT},
     .dma_input_copies = 0,

@@ -10,8 +10,7 @@
 static const tp_backend_caps cuda_caps = {
     /* one_shot (peer-mapped symmetric buffers) below the thresholds, as on
      * cpu; NCCL above them and for every other collective */
-    .lowering = {.one_shot_max_bytes = {0, 1 << 20, 1 << 20, 512 << 10, 512 << 10, 256 << 10, 256 << 10,
-                                        256 << 10, 256 << 10},
+    .lowering = {.one_shot_max_bytes = TP_ONE_SHOT_MAX_BYTES_DEFAULT,
                  .large_all_reduce = TP_ALGO_NCCL,
                  .other_collectives = TP_ALGO_NCCL},
     .dma_input_copies = 1,
