@@ -9,14 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_backend.h"
 #include "graph.h"
 #include "rank_group.h"
-#ifdef TP_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 
-/* In "auto" preference order; cpu, always present, comes last. */
+/* The kinds (kernels/NAME/), in "auto" preference order; cpu, always
+ * present, comes last. The engine sees a backend only through its kind:
+ * it includes no kernels/ header (the build gives it no path to them). */
+extern const tp_backend_kind tp_cpu_backend_kind;
+#ifdef TP_HAVE_CUDA
+extern const tp_backend_kind tp_cuda_backend_kind;
+#endif
 static const tp_backend_kind *const registry[] = {
 #ifdef TP_HAVE_CUDA
     &tp_cuda_backend_kind,

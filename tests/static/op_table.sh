@@ -12,7 +12,7 @@ fail=0
 
 # compile FILE EXPECT: EXPECT "ok" or a string the compiler error must name
 compile() {
-    out=$($CC -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wswitch-enum -I"$tmp" -I"$tmp/engine" -Ikernels \
+    out=$($CC -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wswitch-enum -I"$tmp" -I"$tmp/engine" -Iutil -Ikernels \
           -fsyntax-only "$tmp/engine/$1" 2>&1)
     rc=$?
     if [ "$2" = ok ]; then
