@@ -83,10 +83,11 @@ static void note_auto(tp_backend *b, const char *why)
     snprintf(b->note, sizeof b->note, "backend auto chose %s: %s", b->kind->name, why);
 }
 
-const tp_backend_kind *tp_backend_pick(const char *name, int world)
+tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err)
 {
     char why[160];
-    return name && strcmp(name, "auto") == 0 ? auto_kind(world, 0, why, sizeof why) : tp_backend_find(name ? name : "cpu");
+    *out = name && strcmp(name, "auto") == 0 ? auto_kind(world, 0, why, sizeof why) : tp_backend_find(name ? name : "cpu");
+    return *out ? TP_OK : unknown(name, err);
 }
 
 tp_status tp_backend_create_with(const char *name, int world, const tp_backend_settings *s, tp_backend **out,

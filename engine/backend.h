@@ -134,8 +134,9 @@ typedef struct tp_backend_kind {
 const tp_backend_kind *tp_backend_default(void);
 const tp_backend_kind *tp_backend_find(const char *name);
 /* The kind a backend name means for world ranks as threads ("auto"
- * probes for devices; NULL name: cpu); NULL when unknown. */
-const tp_backend_kind *tp_backend_pick(const char *name, int world);
+ * probes for devices; NULL name: cpu); an error naming the registered
+ * backends when unknown. */
+tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err);
 /* "cpu, cuda": the registered names, for messages. */
 const char *tp_backend_names(void);
 

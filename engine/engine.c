@@ -317,16 +317,14 @@ tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, t
     return TP_OK;
 }
 
-/* The bucket a batch runs in (past the largest: pieces of the largest), or
- * the batch itself when batches are not padded. */
-static int64_t run_batch(const tp_engine *e, int64_t batch)
+/* The index of the smallest bucket holding rows (past the largest: the
+ * largest, which then runs in pieces). */
+static int bucket_for(const tp_engine *e, int64_t rows)
 {
-    if (!e->padded)
-        return batch;
     int k = 0;
-    while (k < e->n_buckets - 1 && e->bucket_size[k] < batch)
+    while (k < e->n_buckets - 1 && e->bucket_size[k] < rows)
         k++;
-    return e->bucket_size[k];
+    return k;
 }
 
 tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int64_t batch, int json, FILE *out,
@@ -336,14 +334,15 @@ tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int
     tp_graph *lowered = NULL;
     tp_status st = engine_new(graph_path, opts, &e, err);
     const tp_backend_kind *k = NULL;
-    if (st == TP_OK && !(k = tp_backend_pick(opts ? opts->backend : NULL, e->g->world_size)))
-        st = tp_fail(err, TP_INVALID, "unknown backend '%s' (expected %s or auto)", opts->backend, tp_backend_names());
+    if (st == TP_OK)
+        st = tp_backend_pick(opts ? opts->backend : NULL, e->g->world_size, &k, err);
     if (st == TP_OK)
         st = choose_buckets(e, opts, err);
     if (st == TP_OK)
         st = compile_graph(e, k, opts, err);
     if (st == TP_OK)
-        st = tp_exec_lower(e->g, run_batch(e, batch), e->xopts.lowering, &lowered, err);
+        st = tp_exec_lower(e->g, e->padded ? e->bucket_size[bucket_for(e, batch)] : batch, e->xopts.lowering,
+                           &lowered, err);
     if (st == TP_OK) {
         tp_report_opts ro = {.batch = lowered->batch, .json = json, .dma = k->caps->dma_input_copies,
                              .passes = e->pass_results, .padding = e->padded ? NULL : e->why_exact};
@@ -625,9 +624,7 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
     int64_t max = e->bucket_size[e->n_buckets - 1];
     for (int64_t row = 0; st == TP_OK && row < batch; row += max) {
         int64_t n = batch - row < max ? batch - row : max;
-        int k = 0;
-        while (e->bucket_size[k] < n)
-            k++;
+        int k = bucket_for(e, n);
         tp_exec *x;
         step_cmd c = {.bucket = k, .batch = e->bucket_size[k]};
         st = prepare_step(e, &c, &x, in_t, out_t, err);
