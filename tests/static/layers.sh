@@ -28,4 +28,24 @@ check kernels "$INC_kernels" config.h refused
 check server "$INC_server" engine.h ok
 check server "$INC_server" cpu/cpu_backend.h refused
 check server "$INC_server" cuda/cuda_internal.h refused
+
+# Public headers: what server/ may use of the engine (the engine API), and
+# what kernels/ may use (the kernel API). Everything else in engine/ is
+# internal; a source including it is named here.
+engine_api="engine.h dtype.h tensor.h mem_kind.h backend_settings.h rank_group.h safetensors.h"
+kernel_api="backend.h backend_settings.h ops.h tensor.h dtype.h reassembly.h"
+# only_public DIR API: DIR's quoted includes are its own, util's, or in API
+only_public() {
+    bad=0
+    for f in "$1"/*.c "$1"/*.h "$1"/*/*.c "$1"/*/*.h "$1"/*/*.cu; do
+        [ -f "$f" ] || continue
+        for h in $(sed -n 's/^#include "\(.*\)"/\1/p' "$f"); do
+            [ -f "$(dirname "$f")/$h" ] || [ -f "$1/$h" ] || [ -f "util/$h" ] && continue
+            case " $2 " in *" $h "*) ;; *) echo "FAIL: $f includes engine-internal $h"; bad=1; fail=1 ;; esac
+        done
+    done
+    [ $bad -eq 0 ] && echo "ok: $1/ includes only the public engine headers ($2)"
+}
+only_public server "$engine_api"
+only_public kernels "$kernel_api"
 exit $fail
