@@ -46,7 +46,8 @@ typedef struct tp_backend_iface {
     tp_status (*run_op)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                         int n_ins, tp_tensor *out, tp_err *err);
     /* A collective or fused comm+compute node (kind COLLECTIVE/FUSED); every
-     * rank calls it in the same order. ins[0] is the communicated operand;
+     * rank calls it in the same order. ins[0] is the communicated operand
+     * (every such op's descriptor has comm_input 0);
      * fused_matmul_reduce_scatter gets its symmetric workspace last. */
     tp_status (*collective)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                             int n_ins, tp_tensor *out, tp_err *err);

@@ -101,6 +101,12 @@ static inline int tp_node_owns(const tp_graph *g, int i)
     return g->nodes[i].storage == i;
 }
 
+/* The input a collective or fused node communicates (its descriptor's
+ * comm_input): the value peers exchange, which passes make contiguous or
+ * place in symmetric memory. */
+static inline int *tp_comm_slot(tp_node *n) { return &n->inputs[tp_op_desc_of(n->op)->comm_input]; }
+static inline int tp_comm_input(const tp_node *n) { return n->inputs[tp_op_desc_of(n->op)->comm_input]; }
+
 /* Graph editing for passes (graph_edit.c). Indices shift so invariant 1
  * holds after every call; tp_graph_infer must run again before shapes are
  * read. */

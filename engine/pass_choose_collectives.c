@@ -24,7 +24,7 @@ tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *ch
             continue;
         else if (n->op != TP_OP_ALL_REDUCE)
             algo = o->lowering.other_collectives;
-        else if (tp_node_bytes(&g->nodes[n->inputs[0]]) > o->lowering.one_shot_max_bytes[d])
+        else if (tp_node_bytes(&g->nodes[tp_comm_input(n)]) > o->lowering.one_shot_max_bytes[d])
             algo = o->lowering.large_all_reduce;
         else
             algo = TP_ALGO_ONE_SHOT;

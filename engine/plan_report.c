@@ -42,7 +42,7 @@ static json_t *collectives_json(const tp_graph *g)
             continue;
         json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:I}", "node", n->name, "op", tp_op_name(n->op),
                                            "algorithm", tp_algo_name(n->attrs.algo), "bytes",
-                                           (json_int_t)tp_node_bytes(&g->nodes[n->inputs[0]])));
+                                           (json_int_t)tp_node_bytes(&g->nodes[tp_comm_input(n)])));
     }
     return a;
 }
@@ -142,7 +142,7 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
         tp_op_kind k = tp_op_kind_of(n->op);
         if (k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED)
             fprintf(out, "  %-28s %-27s %-9s %lld bytes\n", n->name, tp_op_name(n->op), tp_algo_name(n->attrs.algo),
-                    (long long)tp_node_bytes(&g->nodes[n->inputs[0]]));
+                    (long long)tp_node_bytes(&g->nodes[tp_comm_input(n)]));
     }
     fprintf(out, "partitions:\n");
     for (int i = 0; i < p->n_parts; i++)

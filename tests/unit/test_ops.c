@@ -23,7 +23,8 @@ START_TEST(every_descriptor_is_complete)
         ck_assert_msg(d->min_inputs >= 0 && d->min_inputs <= d->max_inputs && d->max_inputs <= TP_OP_MAX_INPUTS,
                       "op '%s': inputs %d..%d outside 0..TP_OP_MAX_INPUTS", d->name, d->min_inputs, d->max_inputs);
         int communicates = d->kind == TP_KIND_COLLECTIVE || d->kind == TP_KIND_FUSED;
-        ck_assert_msg(communicates ? d->comm_input >= 0 && d->comm_input < d->min_inputs : d->comm_input == -1,
+        /* backends take the communicated operand as ins[0] (backend.h) */
+        ck_assert_msg(communicates ? d->comm_input == 0 : d->comm_input == -1,
                       "op '%s': comm_input %d does not fit its kind", d->name, d->comm_input);
         tp_op back;
         if (d->flags & TP_OPF_GRAPH)
