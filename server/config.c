@@ -25,6 +25,8 @@ typedef struct {
 #define STR_KEY(f, ch, h) {#f, KEY_STR, offsetof(tp_config, f), sizeof(((tp_config *)0)->f), 0, 0, ch, h}
 #define INT_KEY(f, lo, hi, h) {#f, KEY_INT, offsetof(tp_config, f), 0, lo, hi, NULL, h}
 #define I64_KEY(f, lo, hi, h) {#f, KEY_I64, offsetof(tp_config, f), 0, lo, hi, NULL, h}
+#define BACKEND_KEY(f, lo, hi, h) \
+    {#f, KEY_INT, offsetof(tp_config, backend_settings) + offsetof(tp_backend_settings, f), 0, lo, hi, NULL, h}
 
 static const key_desc keys[] = {
     STR_KEY(graph, NULL, "graph JSON file to serve (relative to the working directory)"),
@@ -65,6 +67,14 @@ static const key_desc keys[] = {
     /* Triton protocol extensions */
     INT_KEY(allow_client_shm, 0, 1, "1: clients may register system shared memory regions (POSIX "
                                     "shm objects this process can open) for inputs and outputs"),
+    BACKEND_KEY(verify_replay, 0, 1, "cpu backend: before every replay, check each recorded pointer still lies in a "
+                                     "live allocation (debugging; 1: on)"),
+    BACKEND_KEY(cuda_gemm_workspace_mb, 0, 4096, "cuda backend: cuBLASLt workspace per rank"),
+    BACKEND_KEY(cuda_scratch_mb, 0, 65536, "cuda backend: kernel scratch per rank"),
+    BACKEND_KEY(cuda_barrier_timeout_ms, 1, 86400000,
+                "cuda backend: a peer missing a device barrier this long fails the run"),
+    BACKEND_KEY(cuda_check_collectives, 0, 1, "cuda backend: compare every eager collective's signature across "
+                                              "ranks before running it (debugging; 1: on)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -90,6 +100,7 @@ void tp_config_defaults(tp_config *c)
     c->max_connections_per_ip = 0;
     c->request_deadline_ms = 30000;
     c->health_port = -1;
+    tp_backend_settings_default(&c->backend_settings);
 }
 
 /* Accepts "max-body-bytes" as well as "max_body_bytes". */

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend_settings.h"
 #include "status.h"
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
     int health_port;         /* probes-only listener; -1: none, 0: any free port */
     /* Triton protocol extensions */
     int allow_client_shm;    /* 1: clients may register system shared memory regions */
+    tp_backend_settings backend_settings; /* verify_replay, cuda_* keys */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

@@ -276,7 +276,7 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
         x->capture_failed = 1;
         return tp_fail(err, TP_INTERNAL,
                        "cuda rank %d: an op needs %zu more bytes of scratch during capture but %zu are reserved: run "
-                       "the partition once eagerly before capturing it, or raise TP_CUDA_SCRATCH_MB",
+                       "the partition once eagerly before capturing it, or raise cuda_scratch_mb",
                        x->rank, off + bytes - x->scratch_bytes, x->scratch_bytes);
     }
     /* Retire, never free: earlier takes of this op and captured graphs may
@@ -1121,12 +1121,12 @@ static tp_status create_streams(cu_ctx *x, tp_err *err)
     return TP_OK;
 }
 
-static tp_status create_buffers(cu_ctx *x, tp_err *err)
+static tp_status create_buffers(cu_ctx *x, const tp_backend_settings *s, tp_err *err)
 {
-    x->lt_ws_bytes = (size_t)env_long("TP_CUDA_GEMM_WORKSPACE_MB", 32, 0, 4096) << 20;
-    x->scratch_bytes = (size_t)env_long("TP_CUDA_SCRATCH_MB", 64, 0, 65536) << 20;
-    x->sync.timeout_ns = (unsigned long long)env_long("TP_CUDA_BARRIER_TIMEOUT_MS", 30000, 1, 86400000) * 1000000ull;
-    x->check_collectives = env_long("TP_CUDA_CHECK_COLLECTIVES", 0, 0, 1) == 1;
+    x->lt_ws_bytes = (size_t)s->cuda_gemm_workspace_mb << 20;
+    x->scratch_bytes = (size_t)s->cuda_scratch_mb << 20;
+    x->sync.timeout_ns = (unsigned long long)s->cuda_barrier_timeout_ms * 1000000ull;
+    x->check_collectives = s->cuda_check_collectives;
     if (x->lt_ws_bytes)
         CU_TRY(x, err, cudaMalloc(&x->lt_ws, x->lt_ws_bytes));
     if (x->scratch_bytes)
@@ -1215,7 +1215,7 @@ static tp_status pick_device(cu_ctx *x, tp_err *err)
 
 /* Everything that can fail on this rank alone, before any rank enters
  * ncclCommInitRank (which cannot be interrupted, A7). */
-static tp_status create_local(int world, int rank, cu_ctx **out, tp_err *err)
+static tp_status create_local(int world, int rank, const tp_backend_settings *s, cu_ctx **out, tp_err *err)
 {
     cu_ctx *x = calloc(1, sizeof *x);
     if (!x)
@@ -1227,7 +1227,7 @@ static tp_status create_local(int world, int rank, cu_ctx **out, tp_err *err)
     if (st == TP_OK)
         st = create_streams(x, err);
     if (st == TP_OK)
-        st = create_buffers(x, err);
+        st = create_buffers(x, s, err);
     if (st != TP_OK) {
         cu_ctx_free(x);
         return st;
@@ -1274,10 +1274,18 @@ static void discard(cu_ctx *x)
 
 tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out, tp_err *err)
 {
+    tp_backend_settings s;
+    tp_backend_settings_default(&s);
+    return tp_cuda_backend_create_with(world, rank, nccl_id_or_null, &s, out, err);
+}
+
+tp_status tp_cuda_backend_create_with(int world, int rank, const char *nccl_id_or_null, const tp_backend_settings *s,
+                                      tp_backend **out, tp_err *err)
+{
     if (world < 1 || rank < 0 || rank >= world)
         return tp_fail(err, TP_INVALID, "backend cuda: rank %d of world %d", rank, world);
     cu_ctx *x = NULL;
-    TP_TRY(create_local(world, rank, &x, err));
+    TP_TRY(create_local(world, rank, s, &x, err));
     tp_status st = create_join(x, nccl_id_or_null, err);
     if (st != TP_OK) {
         discard(x);
@@ -1299,6 +1307,7 @@ tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_nul
 typedef struct {
     tp_rank_group *rg;
     const char *id;
+    const tp_backend_settings *s;
     int world;
     cu_ctx *_Atomic x; /* read by the hooks on the poller thread */
 } group_create;
@@ -1307,7 +1316,7 @@ static tp_status local_step(void *ctx, int rank, tp_err *err)
 {
     group_create *gc = ctx;
     cu_ctx *x = NULL;
-    TP_TRY(create_local(gc->world, rank, &x, err));
+    TP_TRY(create_local(gc->world, rank, gc->s, &x, err));
     atomic_store(&gc->x, x);
     /* the group's request staging, page-locked for direct DMA; here so a
      * failure is one rank's local failure like any other */
@@ -1329,9 +1338,10 @@ static void creation_failed(void *ctx)
         revoke_comm(x, "NCCL communicator revoked: a rank failed while the group was created");
 }
 
-tp_status tp_cuda_backend_create_in_group(tp_rank_group *rg, const char *nccl_id, tp_backend **out, tp_err *err)
+tp_status tp_cuda_backend_create_in_group(tp_rank_group *rg, const char *nccl_id, const tp_backend_settings *s,
+                                          tp_backend **out, tp_err *err)
 {
-    group_create gc = {.rg = rg, .id = nccl_id, .world = tp_rank_group_world(rg)};
+    group_create gc = {.rg = rg, .id = nccl_id, .s = s, .world = tp_rank_group_world(rg)};
     atomic_init(&gc.x, NULL);
     tp_rank_hooks hooks = {creation_failed, creation_failed, &gc};
     tp_status st = tp_rank_group_run(rg, local_step, &gc, &hooks, err);

@@ -35,16 +35,14 @@
 
 static char rule_log[64];
 
-/* The environment every rank inherits: small buffers, a rule log of this
- * test, and a launcher's LOCAL_RANK (every spawned worker must get its
+/* The environment every rank inherits: a rule log of this test, and a
+ * launcher's LOCAL_RANK (every spawned worker must get its
  * own, or NCCL refuses two ranks on one device). */
 static void setup(void)
 {
     snprintf(rule_log, sizeof rule_log, "/tmp/tp_double_rules_%d.log", (int)getpid());
     unlink(rule_log);
     setenv("TP_DOUBLE_LOG", rule_log, 1);
-    setenv("TP_CUDA_SCRATCH_MB", "1", 1);
-    setenv("TP_CUDA_GEMM_WORKSPACE_MB", "1", 1);
     setenv("TP_DOUBLE_HANG_MS", "10000", 1);
     setenv("LOCAL_RANK", "1", 1);
     unsetenv("TP_DOUBLE_FAIL");
@@ -87,7 +85,12 @@ static tp_status cuda_engine(const char *path, tp_engine **e, tp_err *err)
     ck_assert_ptr_nonnull(argv);
     tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv, .step_timeout_ms = STEP_TIMEOUT_MS,
                              .staging_bytes = 8 << 20, .heap_bytes = 1 << 20};
-    tp_engine_opts o = {.backend = "cuda", .group = graph_world(path) > 1 ? &go : NULL};
+    /* small buffers: the workers take the leader's settings */
+    tp_backend_settings bs;
+    tp_backend_settings_default(&bs);
+    bs.cuda_scratch_mb = 1;
+    bs.cuda_gemm_workspace_mb = 1;
+    tp_engine_opts o = {.backend = "cuda", .group = graph_world(path) > 1 ? &go : NULL, .settings = &bs};
     tp_status st = tp_engine_create(path, &o, e, err);
     tp_worker_argv_free(argv);
     return st;
