@@ -10,14 +10,22 @@ PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
 PKGS    := jansson libmicrohttpd openblas
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread \
-           -I. -Iengine -Ikernels -Iserver $(SAN)
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread $(SAN)
+# Layers, enforced by what each directory may include: util/ (status, log,
+# JSON helpers) depends on nothing; engine/ on util/; kernels/ on util/ and
+# the engine's kernel API (backend.h, ops.h, tensor.h, ...); server/ on util/
+# and engine/, never kernels/. Tests and benchmarks see everything.
+INC_util    := -Iutil
+INC_engine  := -Iutil -Iengine
+INC_kernels := -Iutil -Iengine -Ikernels
+INC_server  := -Iutil -Iengine -Iserver
+INC_all     := -Iutil -Iengine -Ikernels -Iserver
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lm -pthread $(SAN)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 
-LIB_SRCS  := $(wildcard engine/*.c kernels/cpu/*.c kernels/common/*.c) \
+LIB_SRCS  := $(wildcard util/*.c engine/*.c kernels/cpu/*.c kernels/common/*.c) \
              $(filter-out server/main.c,$(wildcard server/*.c))
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -36,12 +44,12 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 ifneq ($(NVCC),)
 LIB_OBJS  += $(CU_OBJS)
 endif
-NVFLAGS   := -std=c++17 -O2 -I. -Iengine -Ikernels --compiler-options -Wall,-Werror \
+NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --compiler-options -Wall,-Werror \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
 
 all: $(BUILD)/tpserve cuda
 
@@ -49,6 +57,7 @@ help:
 	@echo "make            build build/tpserve (and kernels/cuda when nvcc exists)"
 	@echo "make test       build and run unit + integration tests"
 	@echo "make asan       the same suite under AddressSanitizer + UBSan"
+	@echo "make static-checks  prove the build refuses an op without its descriptor and an include across layers"
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
@@ -69,9 +78,18 @@ $(DEPS_OK):
 	@touch $@
 deps: $(DEPS_OK)
 
+# The engine switches over ops (and their rules) list every case, never
+# `default:`, so an op or rule added without its case fails the build.
+$(BUILD)/obj/engine/%.o: CFLAGS += -Wswitch-enum
+
+$(BUILD)/obj/util/%.o: INC := $(INC_util)
+$(BUILD)/obj/engine/%.o: INC := $(INC_engine)
+$(BUILD)/obj/kernels/%.o: INC := $(INC_kernels)
+$(BUILD)/obj/server/%.o: INC := $(INC_server)
+
 $(BUILD)/obj/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(INC) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libtpserve.a: $(LIB_OBJS)
 	@rm -f $@
@@ -82,11 +100,11 @@ $(BUILD)/tpserve: $(BUILD)/obj/server/main.o $(BUILD)/libtpserve.a
 
 $(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.c tests/unit/testutil.h $(BUILD)/libtpserve.a tests/unit/check_main.h | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Itests/unit -o $@ $< tests/unit/testutil.c $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -Itests/unit -o $@ $< tests/unit/testutil.c $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)
 cuda: $(CU_OBJS)
-$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h kernels/cuda/*.h) engine/dtype.h
+$(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h kernels/cuda/*.h) engine/dtype.h util/status.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 else
@@ -110,7 +128,15 @@ integration: $(BUILD)/tpserve $(GRAPHS)
 	  [ -f "$$t" ] || continue; echo "== $$t"; \
 	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) sh $$t || fail=1; done; exit $$fail
 
+# Build-time guarantees that need a failing compile to show: the op table
+# and the layers (include paths per directory).
+static-checks:
+	@CC="$(CC)" sh tests/static/op_table.sh
+	@CC="$(CC)" INC_util="$(INC_util)" INC_engine="$(INC_engine)" INC_kernels="$(INC_kernels)" \
+	  INC_server="$(INC_server)" sh tests/static/layers.sh
+
 test: all $(GRAPHS)
+	@$(MAKE) --no-print-directory static-checks
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory integration
 
@@ -121,7 +147,7 @@ asan:
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtpserve.a | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS)
 
 # Benchmarks print tables; they never fail on timings (noisy machines).
 bench: $(BUILD)/bench/bench_engine

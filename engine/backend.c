@@ -1,152 +1,224 @@
-/* backend.c — picks a backend by name. "auto" takes cuda only when this
- * process can really drive world_size GPUs, and otherwise says why it fell
- * back to cpu (tp_backend.note, logged by the server). */
+/* backend.c — the backend registry: every backend is one tp_backend_kind,
+ * listed below (the one place that knows which backends this build has).
+ * "auto" takes the first that can really drive world_size ranks here and
+ * otherwise says why it fell back to cpu (tp_backend.note, logged by the
+ * server). */
 #include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_backend.h"
+#include "graph.h"
 #include "rank_group.h"
-#ifdef TP_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 
-/* Within one process cuda runs one rank: several ranks need one process per
- * GPU (a process rank group, tp_backend_create_for_group). */
-static tp_status cuda_create(int world, tp_backend **out, tp_err *err)
-{
+/* The kinds (kernels/NAME/), in "auto" preference order; cpu, always
+ * present, comes last. The engine sees a backend only through its kind:
+ * it includes no kernels/ header (the build gives it no path to them). */
+extern const tp_backend_kind tp_cpu_backend_kind;
 #ifdef TP_HAVE_CUDA
-    if (world > 1)
-        return tp_fail(err, TP_INVALID, "backend 'cuda' runs one process per GPU: world_size %d needs ranks=processes "
-                       "(--ranks processes)", world);
-    return tp_cuda_backend_create(1, 0, NULL, out, err);
-#else
-    (void)world;
-    (void)out;
-    return tp_fail(err, TP_UNAVAILABLE, "backend 'cuda': not available in this build (built without nvcc); use --backend cpu");
+extern const tp_backend_kind tp_cuda_backend_kind;
 #endif
+static const tp_backend_kind *const registry[] = {
+#ifdef TP_HAVE_CUDA
+    &tp_cuda_backend_kind,
+#endif
+    &tp_cpu_backend_kind,
+};
+#define N_KINDS ((int)(sizeof registry / sizeof registry[0]))
+
+void tp_backend_settings_default(tp_backend_settings *s)
+{
+    *s = (tp_backend_settings){.cuda_gemm_workspace_mb = 32, .cuda_scratch_mb = 64,
+                               .cuda_barrier_timeout_ms = 30000};
 }
 
-static tp_status auto_create(int world, tp_backend **out, tp_err *err)
+const tp_backend_kind *tp_backend_default(void) { return registry[N_KINDS - 1]; }
+
+const tp_backend_kind *tp_backend_find(const char *name)
 {
-    char why[160] = "built without nvcc";
-#ifdef TP_HAVE_CUDA
-    int n = tp_cuda_probe(why, sizeof why);
-    if (n >= 1 && world == 1)
-        return cuda_create(world, out, err);
-    if (n > 0)
-        snprintf(why, sizeof why, "world_size %d needs one process per GPU (ranks=processes)", world);
-#endif
-    tp_status st = tp_cpu_backend_create(world, NULL, out, err);
-    if (st == TP_OK)
-        snprintf((*out)->note, sizeof (*out)->note, "backend auto chose cpu: %s", why);
+    for (int i = 0; name && i < N_KINDS; i++)
+        if (strcmp(registry[i]->name, name) == 0)
+            return registry[i];
+    return NULL;
+}
+
+const char *tp_backend_names(void)
+{
+    static char names[128];
+    if (!names[0])
+        for (int i = 0, n = 0; i < N_KINDS && n < (int)sizeof names; i++)
+            n += snprintf(names + n, sizeof names - (size_t)n, "%s%s", i ? ", " : "", registry[i]->name);
+    return names;
+}
+
+static tp_status unknown(const char *name, tp_err *err)
+{
+    return tp_fail(err, TP_INVALID, "unknown backend '%s' (expected %s or auto)", name, tp_backend_names());
+}
+
+/* The kind "auto" picks for world ranks (threads of this process, or one
+ * process each), with why the better ones could not (into why) when it
+ * falls back to the last (cpu). */
+static const tp_backend_kind *auto_kind(int world, int processes, char *why, size_t len)
+{
+    snprintf(why, len, "this build has only %s", tp_backend_names());
+    for (int i = 0; i < N_KINDS - 1; i++) {
+        const tp_backend_kind *k = registry[i];
+        int n = k->probe(why, len);
+        /* as threads, a one-rank-per-process backend fits one rank only */
+        int fits = processes || !k->one_rank_per_process || world == 1;
+        if (fits && n >= world)
+            return k;
+        if (n > 0 && !fits)
+            snprintf(why, len, "world_size %d needs one process per GPU (ranks=processes)", world);
+        else if (n > 0)
+            snprintf(why, len, "%d %s device(s) for world_size %d", n, k->name, world);
+    }
+    return registry[N_KINDS - 1];
+}
+
+static void note_auto(tp_backend *b, const char *why)
+{
+    snprintf(b->note, sizeof b->note, "backend auto chose %s: %s", b->kind->name, why);
+}
+
+tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err)
+{
+    char why[160];
+    *out = name && strcmp(name, "auto") == 0 ? auto_kind(world, 0, why, sizeof why) : tp_backend_find(name ? name : "cpu");
+    return *out ? TP_OK : unknown(name, err);
+}
+
+tp_status tp_backend_create_with(const char *name, int world, const tp_backend_settings *s, tp_backend **out,
+                                 tp_err *err)
+{
+    tp_backend_settings dflt;
+    if (!s) {
+        tp_backend_settings_default(&dflt);
+        s = &dflt;
+    }
+    char why[160] = "";
+    int automatic = name && strcmp(name, "auto") == 0;
+    /* threads of one process: a backend with one device per process runs one rank */
+    const tp_backend_kind *k = automatic ? auto_kind(world, 0, why, sizeof why) : tp_backend_find(name ? name : "cpu");
+    if (!k)
+        return unknown(name, err);
+    tp_status st = k->create(world, s, out, err);
+    if (st == TP_OK) {
+        (*out)->kind = k;
+        if (automatic && k == registry[N_KINDS - 1])
+            note_auto(*out, why);
+    }
     return st;
 }
 
 tp_status tp_backend_create(const char *name, int world, tp_backend **out, tp_err *err)
 {
-    if (!name || strcmp(name, "cpu") == 0)
-        return tp_cpu_backend_create(world, NULL, out, err);
-    if (strcmp(name, "auto") == 0)
-        return auto_create(world, out, err);
-    if (strcmp(name, "cuda") == 0)
-        return cuda_create(world, out, err);
-    return tp_fail(err, TP_INVALID, "unknown backend '%s' (expected cpu, cuda or auto)", name);
+    return tp_backend_create_with(name, world, NULL, out, err);
 }
 
 /* ---------------------------------------------------------- process groups
  *
  * The leader chooses (auto decides once, for everyone) and tells the
- * workers what it chose: "cpu", or "cuda <nccl id>" sent before its own
- * create because ncclCommInitRank blocks until every rank joins. The cpu
- * owner initializes the shared comm area before any worker attaches. */
+ * workers its settings (the same binary: workers are this executable) and
+ * "NAME MESSAGE", the kind's message (an NCCL id) made before its own join
+ * when joining blocks until every rank joins. */
 
-static tp_cpu_shared cpu_layout(const tp_rank_group *rg)
+static tp_backend_group group_of(const tp_rank_group *rg)
 {
     const tp_rank_shared *s = tp_rank_group_shared(rg);
-    int lo, hi;
-    tp_rank_group_local(rg, &lo, &hi);
-    return (tp_cpu_shared){s->base, s->comm_offset, s->comm_bytes, s->heap_offset, s->heap_bytes, lo, hi, lo == 0};
+    tp_backend_group g = {.world = tp_rank_group_world(rg), .leads = tp_rank_group_leads(rg), .base = s->base,
+                          .comm_offset = s->comm_offset, .comm_bytes = s->comm_bytes,
+                          .heap_offset = s->heap_offset, .heap_bytes = s->heap_bytes,
+                          .staging_offset = s->staging_offset, .staging_bytes = s->staging_bytes};
+    tp_rank_group_local(rg, &g.rank_lo, &g.rank_hi);
+    return g;
 }
 
-#ifdef TP_HAVE_CUDA
-static tp_status cuda_join(tp_rank_group *rg, const char *id, tp_backend **out, tp_err *err)
+static tp_status join(const tp_backend_kind *k, tp_rank_group *rg, const char *msg, const tp_backend_settings *s,
+                      tp_backend **out, tp_err *err)
 {
-    int lo, hi;
-    tp_rank_group_local(rg, &lo, &hi);
-    const tp_rank_shared *s = tp_rank_group_shared(rg);
-    tp_status st = tp_cuda_backend_create(tp_rank_group_world(rg), lo, id, out, err);
-    if (st == TP_OK && (st = tp_cuda_backend_pin_host(*out, s->base + s->staging_offset, s->staging_bytes, err)) != TP_OK) {
-        tp_backend_destroy(*out);
-        *out = NULL;
-    }
+    tp_backend_group g = group_of(rg);
+    tp_status st = k->group_join(&g, msg, s, out, err);
+    if (st == TP_OK)
+        (*out)->kind = k;
     return st;
 }
-#endif
 
-static tp_status lead_group(const char *name, tp_rank_group *rg, tp_backend **out, tp_err *err)
+static tp_status lead_group(const char *name, const tp_backend_settings *s, tp_rank_group *rg, tp_backend **out,
+                            tp_err *err)
 {
-    char msg[TP_GROUP_MESSAGE] = "cpu";
-    int world = tp_rank_group_world(rg);
-    int use_cuda = name && strcmp(name, "cuda") == 0;
-    char why[160] = "built without nvcc";
-#ifdef TP_HAVE_CUDA
-    if (name && strcmp(name, "auto") == 0) {
-        int n = tp_cuda_probe(why, sizeof why);
-        use_cuda = n >= world; /* one GPU per rank on this node */
-        if (n > 0 && n < world)
-            snprintf(why, sizeof why, "%d CUDA device(s) for world_size %d", n, world);
-    }
-    if (use_cuda) {
-        char id[TP_CUDA_NCCL_ID_HEX + 1];
-        tp_status st = tp_cuda_nccl_id_new(id, err);
-        size_t len = (size_t)snprintf(msg, sizeof msg, "cuda %s", id) + 1;
-        if (st == TP_OK)
-            st = tp_rank_group_share(rg, msg, &len, sizeof msg, err);
-        return st == TP_OK ? cuda_join(rg, id, out, err) : st;
-    }
-#else
-    if (use_cuda)
-        return cuda_create(world, out, err);
-#endif
-    if (name && strcmp(name, "cpu") && strcmp(name, "auto") && strcmp(name, "cuda"))
-        return tp_fail(err, TP_INVALID, "unknown backend '%s' (expected cpu, cuda or auto)", name);
-    tp_cpu_shared sh = cpu_layout(rg);
-    tp_status st = tp_cpu_backend_create(world, &sh, out, err);
-    size_t len = strlen(msg) + 1;
-    if (st == TP_OK && (st = tp_rank_group_share(rg, msg, &len, sizeof msg, err)) != TP_OK) {
+    char msg[TP_GROUP_MESSAGE], why[160] = "";
+    int automatic = name && strcmp(name, "auto") == 0;
+    const tp_backend_kind *k = automatic ? auto_kind(tp_rank_group_world(rg), 1, why, sizeof why)
+                                         : tp_backend_find(name ? name : "cpu");
+    if (!k)
+        return unknown(name, err);
+    memcpy(msg, s, sizeof *s);
+    char *text = msg + sizeof *s;
+    size_t cap = sizeof msg - sizeof *s, used = (size_t)snprintf(text, cap, "%s ", k->name);
+    tp_status st = k->group_message(text + used, cap - used, err);
+    size_t len = sizeof *s + strlen(text) + 1;
+    /* first when the join blocks for every rank (cuda); else after, so
+     * workers attach to what the leader's join set up (cpu's comm area) */
+    if (st == TP_OK && k->share_before_join)
+        st = tp_rank_group_share(rg, msg, &len, sizeof msg, err);
+    if (st == TP_OK)
+        st = join(k, rg, text + used, s, out, err);
+    if (st == TP_OK && !k->share_before_join && (st = tp_rank_group_share(rg, msg, &len, sizeof msg, err)) != TP_OK) {
         tp_backend_destroy(*out);
         *out = NULL;
     }
-    if (st == TP_OK && name && strcmp(name, "auto") == 0)
-        snprintf((*out)->note, sizeof (*out)->note, "backend auto chose cpu: %s", why);
+    if (st == TP_OK && automatic && k == registry[N_KINDS - 1])
+        note_auto(*out, why);
     return st;
 }
 
 static tp_status follow_group(tp_rank_group *rg, tp_backend **out, tp_err *err)
 {
     char msg[TP_GROUP_MESSAGE];
+    tp_backend_settings leader;
     size_t len = 0;
     tp_status st = tp_rank_group_share(rg, msg, &len, sizeof msg - 1, err);
     if (st != TP_OK)
         return st;
+    if (len <= sizeof leader)
+        return tp_fail(err, TP_INTERNAL, "the leader's backend message is %zu bytes, too short", len);
     msg[len] = 0;
-    if (strcmp(msg, "cpu") == 0) {
-        tp_cpu_shared sh = cpu_layout(rg);
-        return tp_cpu_backend_create(tp_rank_group_world(rg), &sh, out, err);
-    }
-#ifdef TP_HAVE_CUDA
-    if (strncmp(msg, "cuda ", 5) == 0)
-        return cuda_join(rg, msg + 5, out, err);
-#endif
-    return tp_fail(err, TP_UNAVAILABLE, "the leader chose backend '%.40s', which this worker cannot run", msg);
+    memcpy(&leader, msg, sizeof leader);
+    const char *text = msg + sizeof leader;
+    size_t name_len = strcspn(text, " ");
+    for (int i = 0; i < N_KINDS; i++)
+        if (strlen(registry[i]->name) == name_len && strncmp(text, registry[i]->name, name_len) == 0)
+            return join(registry[i], rg, text + name_len + (text[name_len] == ' '), &leader, out, err);
+    return tp_fail(err, TP_UNAVAILABLE, "the leader chose backend '%.*s', which this worker cannot run",
+                   (int)(name_len > 40 ? 40 : name_len), text);
 }
 
-tp_status tp_backend_create_for_group(const char *name, tp_rank_group *rg, tp_backend **out, tp_err *err)
+tp_status tp_backend_create_for_group(const char *name, const tp_backend_settings *s, tp_rank_group *rg,
+                                      tp_backend **out, tp_err *err)
 {
+    tp_backend_settings dflt;
+    if (!s) {
+        tp_backend_settings_default(&dflt);
+        s = &dflt;
+    }
     if (!tp_rank_group_shared(rg))
-        return tp_backend_create(name, tp_rank_group_world(rg), out, err);
-    return tp_rank_group_leads(rg) ? lead_group(name, rg, out, err) : follow_group(rg, out, err);
+        return tp_backend_create_with(name, tp_rank_group_world(rg), s, out, err);
+    return tp_rank_group_leads(rg) ? lead_group(name, s, rg, out, err) : follow_group(rg, out, err);
+}
+
+tp_status tp_backend_check_graph(const tp_backend_kind *k, const tp_graph *g, tp_err *err)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        tp_op_kind kind = tp_op_kind_of(n->op);
+        if (kind == TP_KIND_SOURCE || kind == TP_KIND_VIEW)
+            continue; /* nothing runs */
+        if (!k->supports_op(n->op, n->dtype))
+            return tp_fail(err, TP_UNAVAILABLE, "node '%s': backend '%s' has no kernel for op '%s' on %s", n->name,
+                           k->name, tp_op_name(n->op), tp_dtype_name(n->dtype));
+    }
+    return TP_OK;
 }

@@ -15,7 +15,10 @@
 #define TP_BACKEND_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "backend_settings.h"
+#include "dtype.h"
 #include "ops.h"
 #include "status.h"
 #include "tensor.h"
@@ -43,7 +46,8 @@ typedef struct tp_backend_iface {
     tp_status (*run_op)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                         int n_ins, tp_tensor *out, tp_err *err);
     /* A collective or fused comm+compute node (kind COLLECTIVE/FUSED); every
-     * rank calls it in the same order. ins[0] is the communicated operand;
+     * rank calls it in the same order. ins[0] is the communicated operand
+     * (every such op's descriptor has comm_input 0);
      * fused_matmul_reduce_scatter gets its symmetric workspace last. */
     tp_status (*collective)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                             int n_ins, tp_tensor *out, tp_err *err);
@@ -65,21 +69,96 @@ typedef struct tp_backend_iface {
 
 struct tp_backend {
     const tp_backend_iface *iface;
+    const struct tp_backend_kind *kind; /* the registry entry it was made from */
     void *ctx;
     int world;
     char note[200]; /* why this backend was chosen ("auto"), or empty */
 };
 
-/* Creates a backend by name: "cpu", "cuda", "auto" (cuda when a device
- * exists, else cpu). Fails with a clear reason when it cannot. */
+/* How collectives are lowered (choose_collectives): an all_reduce of at
+ * most one_shot_max_bytes per rank goes one_shot (every rank reads every
+ * peer's symmetric buffer); a larger one goes large_all_reduce; every other
+ * collective goes other_collectives. Thresholds by world size 1..8 (8 also
+ * for more). */
+typedef struct {
+    int64_t one_shot_max_bytes[9];
+    tp_algo large_all_reduce;
+    tp_algo other_collectives;
+} tp_lowering;
+
+/* One-shot thresholds after vLLM's custom all-reduce and TensorRT-LLM's
+ * tables: one-shot pays d-1 full reads per rank, so its break-even falls as
+ * d grows. A backend's caps start from these unless measured otherwise. */
+#define TP_ONE_SHOT_MAX_BYTES_DEFAULT \
+    {0, 1 << 20, 1 << 20, 512 << 10, 512 << 10, 256 << 10, 256 << 10, 256 << 10, 256 << 10}
+
+/* What a backend can do, known without a device: planning (`tpserve plan
+ * --backend NAME`) and the passes read these, never the backend's name. */
+typedef struct {
+    tp_lowering lowering; /* without symmetric memory: every threshold 0, no one_shot lowering */
+    int dma_input_copies; /* copy_in is an async DMA into device memory, not a memcpy */
+} tp_backend_caps;
+
+/* The part of a process rank group a backend uses (engine/backend.c fills
+ * it from the group, so backends never include the rank group). */
+typedef struct {
+    int world, rank_lo, rank_hi; /* this process runs ranks [rank_lo, rank_hi) */
+    int leads;                   /* rank 0's process */
+    char *base;                  /* the shared mapping, in this process */
+    size_t comm_offset, comm_bytes, heap_offset, heap_bytes, staging_offset, staging_bytes;
+} tp_backend_group;
+
+/* One backend in the registry (engine/backend.c lists them). */
+typedef struct tp_backend_kind {
+    const char *name;
+    const tp_backend_caps *caps;
+    /* Whether the backend can run op producing dtype (sources and views run
+     * nothing). A graph using an op it cannot run is refused at load. */
+    int (*supports_op)(tp_op op, tp_dtype dtype);
+    /* How many devices this process could drive; when none, why. */
+    int (*probe)(char *why, size_t len);
+    int one_rank_per_process; /* several ranks need a process group (one process per device) */
+    int share_before_join;    /* the group message goes out before the leader joins (its join blocks
+                                 until every rank joins); else after (the leader's join sets up what
+                                 workers attach to) */
+    /* world ranks as threads of this process. */
+    tp_status (*create)(int world, const tp_backend_settings *s, tp_backend **out, tp_err *err);
+    /* Process groups: the leader writes what every process needs to join
+     * (cuda: an NCCL id; cpu: nothing) before joining itself; every process
+     * then joins with that message. */
+    tp_status (*group_message)(char *msg, size_t cap, tp_err *err);
+    tp_status (*group_join)(const tp_backend_group *g, const char *msg, const tp_backend_settings *s,
+                            tp_backend **out, tp_err *err);
+} tp_backend_kind;
+
+/* The registered backend called name, or NULL; the default one (cpu). */
+const tp_backend_kind *tp_backend_default(void);
+const tp_backend_kind *tp_backend_find(const char *name);
+/* The kind a backend name means for world ranks as threads ("auto"
+ * probes for devices; NULL name: cpu); an error naming the registered
+ * backends when unknown. */
+tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err);
+/* "cpu, cuda": the registered names, for messages. */
+const char *tp_backend_names(void);
+
+/* Creates a backend by name: a registered one, or "auto" (the first that
+ * can drive world ranks here, else cpu, saying why in note). Fails with a
+ * clear reason when it cannot. Settings NULL: defaults. */
 tp_status tp_backend_create(const char *name, int world, tp_backend **out, tp_err *err);
+tp_status tp_backend_create_with(const char *name, int world, const tp_backend_settings *s, tp_backend **out,
+                                 tp_err *err);
 
 /* The backend for a rank group's local ranks. In a process group the
- * leader's choice is shared with every worker (so "auto" decides once), the
- * cpu backend uses the group's shared memory, and cuda joins one NCCL
- * communicator whose id travels through the group. */
+ * leader's choice is shared with every worker (so "auto" decides once), and
+ * its group message (an NCCL id) travels with it. */
 struct tp_rank_group;
-tp_status tp_backend_create_for_group(const char *name, struct tp_rank_group *rg, tp_backend **out, tp_err *err);
+tp_status tp_backend_create_for_group(const char *name, const tp_backend_settings *s, struct tp_rank_group *rg,
+                                      tp_backend **out, tp_err *err);
+
+/* Whether b can run every node of g; else an error naming the first node,
+ * its op and the backend. */
+struct tp_graph;
+tp_status tp_backend_check_graph(const tp_backend_kind *k, const struct tp_graph *g, tp_err *err);
 
 static inline void tp_backend_destroy(tp_backend *b)
 {

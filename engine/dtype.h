@@ -105,8 +105,9 @@ TP_HD float tp_load_f32(const void *p, tp_dtype t, int64_t i)
     case TP_BF16: return tp_bf16_to_f32(((const uint16_t *)p)[i]);
     case TP_I32: return (float)((const int32_t *)p)[i];
     case TP_I64: return (float)((const int64_t *)p)[i];
-    default: return 0.0f;
+    case TP_DTYPE_COUNT: break;
     }
+    return 0.0f;
 }
 
 TP_HD void tp_store_f32(void *p, tp_dtype t, int64_t i, float v)
@@ -117,7 +118,7 @@ TP_HD void tp_store_f32(void *p, tp_dtype t, int64_t i, float v)
     case TP_BF16: ((uint16_t *)p)[i] = tp_f32_to_bf16(v); break;
     case TP_I32: ((int32_t *)p)[i] = (int32_t)v; break;
     case TP_I64: ((int64_t *)p)[i] = (int64_t)v; break;
-    default: break;
+    case TP_DTYPE_COUNT: break;
     }
 }
 

@@ -19,6 +19,7 @@
 #include "graph.h"
 #include "passes.h"
 #include "plan.h"
+#include "plan_report.h"
 #include "rank_group.h"
 #include "weights.h"
 
@@ -43,6 +44,7 @@ struct tp_engine {
     int64_t *out_rows; /* per output: dim-0 rows per batch row (0: static) */
     tp_exec_opts xopts;
     tp_pass_opts passes; /* kept: executables lower collectives per bucket */
+    tp_pass_result pass_results[TP_PASS_COUNT];
     int padded; /* rows independent: pad into buckets */
     char why_exact[256];
     int n_buckets;
@@ -147,11 +149,11 @@ tp_status tp_parse_buckets(const char *text, int64_t *out, int *n, tp_err *err)
     return *n ? TP_OK : tp_fail(err, TP_INVALID, "buckets '%s': no batch sizes", text);
 }
 
-static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
+static tp_status run_passes(tp_engine *e, const tp_backend_kind *k, const tp_engine_opts *o, tp_err *err)
 {
     tp_pass_opts *po_ = &e->passes, po;
     tp_pass_opts_default(po_);
-    po_->cuda = strcmp(e->b->iface->name, "cuda") == 0;
+    po_->lowering = k->caps->lowering;
     if (o && o->no_passes)
         for (int i = 0; i < TP_PASS_COUNT; i++)
             po_->disabled[i] = 1;
@@ -170,8 +172,20 @@ static tp_status run_passes(tp_engine *e, const tp_engine_opts *o, tp_err *err)
      * larger bucket can only move a collective from one_shot to ring/nccl,
      * never into needing symmetric memory it was not given. */
     tp_status st = tp_graph_infer(e->g, e->bucket_size[0], err);
-    tp_pass_result res[TP_PASS_COUNT];
-    return st == TP_OK ? tp_run_passes(e->g, &po, res, err) : st;
+    return st == TP_OK ? tp_run_passes(e->g, &po, e->pass_results, err) : st;
+}
+
+/* What tp_engine_create and tp_engine_plan both do once the backend kind is
+ * known: the passes, the check that the backend runs every op, and whether
+ * batches may be padded into buckets. */
+static tp_status compile_graph(tp_engine *e, const tp_backend_kind *k, const tp_engine_opts *o, tp_err *err)
+{
+    tp_status st = run_passes(e, k, o, err);
+    if (st == TP_OK)
+        st = tp_backend_check_graph(k, e->g, err);
+    if (st == TP_OK)
+        st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
+    return st;
 }
 
 static tp_status build_bucket(tp_engine *e, int k, tp_err *err)
@@ -259,11 +273,9 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
     if (st == TP_OK)
         st = agree_options(e, o, err);
     if (st == TP_OK)
-        st = tp_backend_create_for_group(o ? o->backend : NULL, e->rg, &e->b, err);
+        st = tp_backend_create_for_group(o ? o->backend : NULL, o ? o->settings : NULL, e->rg, &e->b, err);
     if (st == TP_OK)
-        st = run_passes(e, o, err);
-    if (st == TP_OK)
-        st = tp_plan_rows_independent(e->g, e->bucket_size[0], &e->padded, e->why_exact, sizeof e->why_exact, err);
+        st = compile_graph(e, e->b->kind, o, err);
     if (st == TP_OK)
         st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
     for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
@@ -279,16 +291,22 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
     return st;
 }
 
+static tp_status engine_new(const char *graph_path, const tp_engine_opts *opts, tp_engine **out, tp_err *err)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return tp_fail(err, TP_NOMEM, "engine: out of memory");
+    pthread_mutex_init(&(*out)->mu, NULL);
+    (*out)->xopts.eager = opts && opts->eager;
+    return tp_graph_load(graph_path, &(*out)->g, err);
+}
+
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err)
 {
+    tp_engine *e;
     *out = NULL;
-    tp_engine *e = calloc(1, sizeof *e);
-    if (!e)
-        return tp_fail(err, TP_NOMEM, "engine: out of memory");
-    pthread_mutex_init(&e->mu, NULL);
-    e->xopts.eager = opts && opts->eager;
-    tp_status st = tp_graph_load(graph_path, &e->g, err);
+    tp_status st = engine_new(graph_path, opts, &e, err);
     if (st == TP_OK)
         st = compile(e, opts, err);
     if (st != TP_OK) {
@@ -297,6 +315,42 @@ tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, t
     }
     *out = e;
     return TP_OK;
+}
+
+/* The index of the smallest bucket holding rows (past the largest: the
+ * largest, which then runs in pieces). */
+static int bucket_for(const tp_engine *e, int64_t rows)
+{
+    int k = 0;
+    while (k < e->n_buckets - 1 && e->bucket_size[k] < rows)
+        k++;
+    return k;
+}
+
+tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int64_t batch, int json, FILE *out,
+                         tp_err *err)
+{
+    tp_engine *e;
+    tp_graph *lowered = NULL;
+    tp_status st = engine_new(graph_path, opts, &e, err);
+    const tp_backend_kind *k = NULL;
+    if (st == TP_OK)
+        st = tp_backend_pick(opts ? opts->backend : NULL, e->g->world_size, &k, err);
+    if (st == TP_OK)
+        st = choose_buckets(e, opts, err);
+    if (st == TP_OK)
+        st = compile_graph(e, k, opts, err);
+    if (st == TP_OK)
+        st = tp_exec_lower(e->g, e->padded ? e->bucket_size[bucket_for(e, batch)] : batch, e->xopts.lowering,
+                           &lowered, err);
+    if (st == TP_OK) {
+        tp_report_opts ro = {.batch = lowered->batch, .json = json, .dma = k->caps->dma_input_copies,
+                             .passes = e->pass_results, .padding = e->padded ? NULL : e->why_exact};
+        st = tp_plan_report(lowered, &ro, out, err);
+    }
+    tp_graph_free(lowered);
+    tp_engine_free(e);
+    return st;
 }
 
 void tp_engine_free(tp_engine *e)
@@ -570,9 +624,7 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
     int64_t max = e->bucket_size[e->n_buckets - 1];
     for (int64_t row = 0; st == TP_OK && row < batch; row += max) {
         int64_t n = batch - row < max ? batch - row : max;
-        int k = 0;
-        while (e->bucket_size[k] < n)
-            k++;
+        int k = bucket_for(e, n);
         tp_exec *x;
         step_cmd c = {.bucket = k, .batch = e->bucket_size[k]};
         st = prepare_step(e, &c, &x, in_t, out_t, err);

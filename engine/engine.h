@@ -8,8 +8,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "backend_settings.h"
 #include "dtype.h"
+#include "mem_kind.h"
 #include "rank_group.h"
 #include "status.h"
 #include "tensor.h"
@@ -20,6 +23,7 @@ typedef struct tp_engine tp_engine;
 
 typedef struct {
     const char *backend;        /* "cpu" (default when NULL), "cuda", "auto" */
+    const tp_backend_settings *settings; /* NULL: defaults; a worker takes its leader's */
     const int64_t *buckets;     /* batch buckets, ascending; NULL: 1,2,4,8,16 */
     int n_buckets;
     int no_passes;              /* skip every graph pass */
@@ -40,7 +44,7 @@ typedef struct {
     uint64_t bucket_runs[TP_MAX_BUCKETS];
     uint64_t exact_runs;                 /* runs at an exact batch (no padding) */
     uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
-    int64_t arena_bytes[5];              /* per rank, summed over buckets, by tp_mem_kind */
+    int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
     int rank_group_up;                   /* 0 once a rank's process died */
 } tp_engine_stats;
@@ -72,6 +76,14 @@ tp_status tp_parse_buckets(const char *text, int64_t *out, int *n, tp_err *err);
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err);
 void tp_engine_free(tp_engine *e);
+
+/* `tpserve plan`: compiles graph_path exactly as tp_engine_create does for
+ * opts (the same passes at the same bucket, the chosen backend's lowering
+ * and capabilities) but needs no device and loads no weights, then reports
+ * the executable a batch of `batch` rows runs in (its bucket) to out, as a
+ * table or (json) one JSON object. */
+tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int64_t batch, int json, FILE *out,
+                         tp_err *err);
 
 const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);

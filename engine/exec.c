@@ -18,7 +18,7 @@ typedef struct {
 } rank_state;
 
 struct tp_exec {
-    tp_graph *g;
+    tp_graph *g; /* our own copy, lowered for this batch: nodes and attrs never change after create */
     tp_backend *b;
     tp_rank_group *rg;
     tp_rank_hooks hooks; /* a failing rank aborts the backend's collectives */
@@ -87,7 +87,7 @@ static tp_status issue_node(tp_exec *x, int rank, int i, tp_err *err)
     const tp_node *n = &x->g->nodes[i];
     rank_state *s = &x->rs[rank];
     const tp_backend_iface *bi = x->b->iface;
-    tp_tensor ins[20];
+    tp_tensor ins[TP_OP_MAX_INPUTS + 1]; /* + the fused workspace */
     int nin = n->n_inputs;
     for (int j = 0; j < nin; j++)
         ins[j] = s->t[n->inputs[j]];
@@ -241,18 +241,34 @@ static tp_status alloc_rank_states(tp_exec *x, tp_err *err)
     return TP_OK;
 }
 
-tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_group *rg,
+tp_status tp_exec_lower(const tp_graph *g, int64_t batch, const tp_pass_opts *lowering, tp_graph **out,
+                        tp_err *err)
+{
+    tp_status st = tp_graph_clone(g, out, err);
+    if (st == TP_OK)
+        st = tp_graph_infer(*out, batch, err);
+    int lowered;
+    if (st == TP_OK && lowering && !lowering->disabled[TP_PASS_CHOOSE_COLLECTIVES])
+        st = tp_pass_choose_collectives(*out, lowering, &lowered, err);
+    if (st != TP_OK) {
+        tp_graph_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+tp_status tp_exec_create(const tp_graph *g0, int64_t batch, tp_backend *b, tp_rank_group *rg,
                          const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
 {
-    tp_status st = tp_graph_infer(g, batch, err);
-    int lowered;
-    if (st == TP_OK && o && o->lowering && !o->lowering->disabled[TP_PASS_CHOOSE_COLLECTIVES])
-        st = tp_pass_choose_collectives(g, o->lowering, &lowered, err);
+    tp_graph *g;
+    tp_status st = tp_exec_lower(g0, batch, o ? o->lowering : NULL, &g, err);
     if (st != TP_OK)
         return st;
     tp_exec *x = calloc(1, sizeof *x);
-    if (!x)
+    if (!x) {
+        tp_graph_free(g);
         return tp_fail(err, TP_NOMEM, "out of memory");
+    }
     *x = (tp_exec){.g = g, .b = b, .rg = rg, .w = w, .batch = batch, .world = g->world_size,
                    .hooks = {abort_backend, lose_backend, b}};
     if (o)
@@ -293,11 +309,13 @@ void tp_exec_free(tp_exec *x)
     free(x->rs);
     free(x->out_desc);
     tp_plan_free(x->plan);
+    tp_graph_free(x->g);
     free(x);
 }
 
 int64_t tp_exec_batch(const tp_exec *x) { return x->batch; }
 const tp_plan *tp_exec_plan(const tp_exec *x) { return x->plan; }
+const tp_graph *tp_exec_graph(const tp_exec *x) { return x->g; }
 tp_tensor tp_exec_output_desc(const tp_exec *x, int i) { return x->out_desc[i]; }
 tp_tensor tp_exec_node_tensor(const tp_exec *x, int rank, int i) { return x->rs[rank].t[i]; }
 

@@ -29,13 +29,22 @@ typedef struct {
     int replays, eager_nodes;
 } tp_exec_stats;
 
-/* Infers g for batch, plans memory, allocates every buffer and captures
- * each captured partition on each rank. g must have been through passes. */
-tp_status tp_exec_create(tp_graph *g, int64_t batch, tp_backend *b, tp_rank_group *rg,
+/* A copy of g inferred at batch with its collectives lowered for it
+ * (choose_collectives, unless lowering is NULL or disables it): exactly
+ * the graph tp_exec_create runs, which `tpserve plan` reports. */
+tp_status tp_exec_lower(const tp_graph *g, int64_t batch, const tp_pass_opts *lowering, tp_graph **out,
+                        tp_err *err);
+
+/* Lowers its own copy of g (tp_exec_lower), plans memory, allocates every
+ * buffer and captures each captured partition on each rank. g must have
+ * been through passes; it is not changed or kept. */
+tp_status tp_exec_create(const tp_graph *g, int64_t batch, tp_backend *b, tp_rank_group *rg,
                          const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err);
 void tp_exec_free(tp_exec *x);
 int64_t tp_exec_batch(const tp_exec *x);
 const tp_plan *tp_exec_plan(const tp_exec *x);
+/* The executable's own lowered graph. */
+const tp_graph *tp_exec_graph(const tp_exec *x);
 /* Global (unsharded) output i as a contiguous descriptor with data NULL. */
 tp_tensor tp_exec_output_desc(const tp_exec *x, int i);
 /* Rank-local tensor of node i (where the plan put it), for tests. */

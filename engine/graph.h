@@ -67,6 +67,9 @@ typedef struct tp_graph {
  * for a small batch). Every error names the file, the node and the reason. */
 tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err);
 void tp_graph_free(tp_graph *g);
+/* A deep copy of g (nodes, attrs, names, lists): an executable lowers and
+ * keeps its own, so no later edit of g reaches a captured bucket. */
+tp_status tp_graph_clone(const tp_graph *g, tp_graph **out, tp_err *err);
 
 /* Index of the node called name, or -1. */
 int tp_graph_find(const tp_graph *g, const char *name);
@@ -97,6 +100,12 @@ static inline int tp_node_owns(const tp_graph *g, int i)
 {
     return g->nodes[i].storage == i;
 }
+
+/* The input a collective or fused node communicates (its descriptor's
+ * comm_input): the value peers exchange, which passes make contiguous or
+ * place in symmetric memory. */
+static inline int *tp_comm_slot(tp_node *n) { return &n->inputs[tp_op_desc_of(n->op)->comm_input]; }
+static inline int tp_comm_input(const tp_node *n) { return n->inputs[tp_op_desc_of(n->op)->comm_input]; }
 
 /* Graph editing for passes (graph_edit.c). Indices shift so invariant 1
  * holds after every call; tp_graph_infer must run again before shapes are

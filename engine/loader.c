@@ -12,55 +12,6 @@
 
 #include "safetensors.h"
 
-/* Attrs each op accepts; anything else is an error (the format says an
- * unknown attr is an error, so a typo never silently means the default). */
-static const char *const op_attrs[TP_OP_COUNT] = {
-    [TP_OP_GELU] = "approximate",
-    [TP_OP_SOFTMAX] = "dim",
-    [TP_OP_LAYER_NORM] = "eps",
-    [TP_OP_RMS_NORM] = "eps",
-    [TP_OP_MATMUL] = "transpose_b",
-    [TP_OP_ATTENTION] = "causal scale",
-    [TP_OP_EMBEDDING] = "vocab_parallel",
-    [TP_OP_VIEW] = "shape",
-    [TP_OP_RESHAPE] = "shape",
-    [TP_OP_PERMUTE] = "dims",
-    [TP_OP_TRANSPOSE] = "dim0 dim1",
-    [TP_OP_SLICE] = "dim start length",
-    [TP_OP_CAT] = "dim",
-    [TP_OP_ALL_GATHER] = "dim",
-    [TP_OP_REDUCE_SCATTER] = "dim op",
-    [TP_OP_ALL_REDUCE] = "op",
-    [TP_OP_ALL_TO_ALL] = "split_dim concat_dim",
-    [TP_OP_BROADCAST] = "src",
-};
-
-/* Attrs without a default. */
-static const char *const op_required[TP_OP_COUNT] = {
-    [TP_OP_VIEW] = "shape",
-    [TP_OP_RESHAPE] = "shape",
-    [TP_OP_PERMUTE] = "dims",
-    [TP_OP_TRANSPOSE] = "dim0 dim1",
-    [TP_OP_SLICE] = "dim start length",
-    [TP_OP_CAT] = "dim",
-    [TP_OP_ALL_GATHER] = "dim",
-    [TP_OP_REDUCE_SCATTER] = "dim",
-    [TP_OP_ALL_TO_ALL] = "split_dim concat_dim",
-};
-
-static int word_in(const char *list, const char *word)
-{
-    size_t n = strlen(word);
-    for (const char *p = list; p && *p;) {
-        const char *end = strchr(p, ' ');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, word, n) == 0)
-            return 1;
-        p = end ? end + 1 : NULL;
-    }
-    return 0;
-}
-
 typedef struct {
     const char *file;
     tp_err *err;
@@ -134,99 +85,122 @@ static tp_status get_int_list(load_ctx *L, json_t *v, const char *what, const ch
     return TP_OK;
 }
 
-static tp_status get_reduce(load_ctx *L, json_t *v, const char *what, tp_op op, tp_reduce *out)
+/* A TP_ATTR_CHOICE value: the index of its word in spec->choices. */
+static tp_status get_choice(load_ctx *L, json_t *v, const char *what, const tp_attr_spec *spec, int *out)
 {
     const char *s = json_string_value(v);
-    if (s && strcmp(s, "sum") == 0)
-        *out = TP_REDUCE_SUM;
-    else if (s && strcmp(s, "avg") == 0)
-        *out = TP_REDUCE_AVG;
-    else if (s && strcmp(s, "max") == 0 && op == TP_OP_ALL_REDUCE)
-        *out = TP_REDUCE_MAX;
-    else
-        return LFAIL(L, TP_INVALID, "%s: attr 'op' must be %s", what,
-                     op == TP_OP_ALL_REDUCE ? "\"sum\", \"avg\" or \"max\"" : "\"sum\" or \"avg\"");
-    return TP_OK;
+    int idx = 0;
+    char list[160] = "";
+    size_t used = 0;
+    for (const char *p = spec->choices; *p; idx++) {
+        size_t len = strcspn(p, " ");
+        if (s && strlen(s) == len && strncmp(s, p, len) == 0) {
+            *out = idx;
+            return TP_OK;
+        }
+        const char *next = p + len + (p[len] == ' ');
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s\"%.*s\"",
+                                 idx == 0 ? "" : *next ? ", " : " or ", (int)len, p);
+        if (used >= sizeof list)
+            used = sizeof list - 1;
+        p = next;
+    }
+    return LFAIL(L, TP_INVALID, "%s: attr '%s' must be %s", what, spec->key, list);
 }
 
-/* One attr -> the tp_attrs field it sets. */
-static tp_status parse_attr(load_ctx *L, tp_node *n, const char *what, const char *key, json_t *v)
+#define ATTR_AT(a, off, type) ((type *)((char *)(a) + (off)))
+
+/* One attr, by its spec's type, into its tp_attrs field. */
+static tp_status parse_attr(load_ctx *L, tp_attrs *a, const char *what, const tp_attr_spec *spec, json_t *v)
 {
-    tp_attrs *a = &n->attrs;
-    int64_t x = 0;
+    const char *key = spec->key;
+    int64_t x = 0, list[TP_MAX_DIMS];
     tp_status st = TP_OK;
-    if (strcmp(key, "dim") == 0)
-        st = get_dim_attr(L, v, what, key, &a->dim);
-    else if (strcmp(key, "dim0") == 0)
-        st = get_dim_attr(L, v, what, key, &a->dim0);
-    else if (strcmp(key, "dim1") == 0)
-        st = get_dim_attr(L, v, what, key, &a->dim1);
-    else if (strcmp(key, "split_dim") == 0)
-        st = get_dim_attr(L, v, what, key, &a->split_dim);
-    else if (strcmp(key, "concat_dim") == 0)
-        st = get_dim_attr(L, v, what, key, &a->concat_dim);
-    else if (strcmp(key, "start") == 0)
-        st = get_int(L, v, what, key, &a->start);
-    else if (strcmp(key, "length") == 0)
-        st = get_int(L, v, what, key, &a->length);
-    else if (strcmp(key, "src") == 0) {
+    if (spec->present != TP_ATTR_NO_FIELD)
+        *ATTR_AT(a, spec->present, int) = 1;
+    switch (spec->type) {
+    case TP_ATTR_DIM:
+        return get_dim_attr(L, v, what, key, ATTR_AT(a, spec->field, int));
+    case TP_ATTR_INT:
+        return get_int(L, v, what, key, ATTR_AT(a, spec->field, int64_t));
+    case TP_ATTR_RANK:
         st = get_int(L, v, what, key, &x);
-        a->src = (int)x;
         if (st == TP_OK && (x < 0 || x > INT_MAX))
-            return LFAIL(L, TP_INVALID, "%s: attr 'src' = %lld is not a rank", what, (long long)x);
-    } else if (strcmp(key, "shape") == 0)
-        st = get_int_list(L, v, what, key, a->shape, &a->n_shape);
-    else if (strcmp(key, "dims") == 0) {
-        int64_t d[TP_MAX_DIMS];
-        st = get_int_list(L, v, what, key, d, &a->n_dims);
-        for (int i = 0; st == TP_OK && i < a->n_dims; i++)
-            a->dims[i] = (int)d[i];
-    } else if (strcmp(key, "eps") == 0)
-        st = get_float(L, v, what, key, &a->eps);
-    else if (strcmp(key, "scale") == 0) {
-        st = get_float(L, v, what, key, &a->scale);
-        a->has_scale = 1;
-    } else if (strcmp(key, "causal") == 0)
-        st = get_bool(L, v, what, key, &a->causal);
-    else if (strcmp(key, "transpose_b") == 0)
-        st = get_bool(L, v, what, key, &a->transpose_b);
-    else if (strcmp(key, "vocab_parallel") == 0)
-        st = get_bool(L, v, what, key, &a->vocab_parallel);
-    else if (strcmp(key, "approximate") == 0) {
-        const char *s = json_string_value(v);
-        if (!s || (strcmp(s, "none") && strcmp(s, "tanh")))
-            return LFAIL(L, TP_INVALID, "%s: attr 'approximate' must be \"none\" or \"tanh\"", what);
-        a->gelu_tanh = strcmp(s, "tanh") == 0;
-    } else if (strcmp(key, "op") == 0)
-        st = get_reduce(L, v, what, n->op, &a->reduce);
-    return st;
+            return LFAIL(L, TP_INVALID, "%s: attr '%s' = %lld is not a rank", what, key, (long long)x);
+        *ATTR_AT(a, spec->field, int) = (int)x;
+        return st;
+    case TP_ATTR_SHAPE:
+        return get_int_list(L, v, what, key, ATTR_AT(a, spec->field, int64_t), ATTR_AT(a, spec->count, int));
+    case TP_ATTR_DIMS: {
+        int *n = ATTR_AT(a, spec->count, int);
+        st = get_int_list(L, v, what, key, list, n);
+        for (int i = 0; st == TP_OK && i < *n; i++)
+            ATTR_AT(a, spec->field, int)[i] = (int)list[i];
+        return st;
+    }
+    case TP_ATTR_FLOAT:
+        return get_float(L, v, what, key, ATTR_AT(a, spec->field, float));
+    case TP_ATTR_BOOL:
+        return get_bool(L, v, what, key, ATTR_AT(a, spec->field, int));
+    case TP_ATTR_CHOICE:
+        return get_choice(L, v, what, spec, ATTR_AT(a, spec->field, int));
+    }
+    return LFAIL(L, TP_INTERNAL, "%s: attr '%s' has no type", what, key);
+}
+
+/* Defaults of absent scalar attrs (lists are always required). */
+static void set_default(tp_attrs *a, const tp_attr_spec *spec)
+{
+    switch (spec->type) {
+    case TP_ATTR_DIM:
+    case TP_ATTR_RANK:
+    case TP_ATTR_BOOL:
+    case TP_ATTR_CHOICE:
+        *ATTR_AT(a, spec->field, int) = (int)spec->fallback;
+        break;
+    case TP_ATTR_INT:
+        *ATTR_AT(a, spec->field, int64_t) = (int64_t)spec->fallback;
+        break;
+    case TP_ATTR_FLOAT:
+        *ATTR_AT(a, spec->field, float) = (float)spec->fallback;
+        break;
+    case TP_ATTR_SHAPE:
+    case TP_ATTR_DIMS:
+        break;
+    }
+}
+
+static const tp_attr_spec *find_attr(const tp_attr_spec *specs, const char *key)
+{
+    for (; specs->key; specs++)
+        if (strcmp(specs->key, key) == 0)
+            return specs;
+    return NULL;
 }
 
 static tp_status parse_attrs(load_ctx *L, tp_node *n, json_t *attrs, const char *what)
 {
-    n->attrs.dim = -1; /* softmax default */
-    n->attrs.eps = n->op == TP_OP_RMS_NORM ? 1e-6f : 1e-5f;
+    const tp_attr_spec *specs = tp_op_desc_of(n->op)->attrs;
     if (attrs && !json_is_object(attrs))
         return LFAIL(L, TP_INVALID, "%s: 'attrs' must be an object", what);
     const char *key;
     json_t *v;
     json_object_foreach(attrs, key, v) {
-        if (!word_in(op_attrs[n->op], key))
+        if (!find_attr(specs, key))
             return LFAIL(L, TP_INVALID, "%s: unknown attr '%s' for op '%s'", what, key,
                          tp_op_name(n->op));
-        tp_status st = parse_attr(L, n, what, key, v);
+    }
+    for (const tp_attr_spec *spec = specs; spec->key; spec++) {
+        json_t *given = json_object_get(attrs, spec->key);
+        if (!given && spec->required)
+            return LFAIL(L, TP_INVALID, "%s: op '%s' needs attr '%s'", what, tp_op_name(n->op), spec->key);
+        if (!given) {
+            set_default(&n->attrs, spec);
+            continue;
+        }
+        tp_status st = parse_attr(L, &n->attrs, what, spec, given);
         if (st != TP_OK)
             return st;
-    }
-    const char *req = op_required[n->op];
-    for (const char *p = req; p && *p;) {
-        char word[32];
-        size_t len = strcspn(p, " ");
-        snprintf(word, sizeof word, "%.*s", (int)len, p);
-        if (!json_object_get(attrs, word))
-            return LFAIL(L, TP_INVALID, "%s: op '%s' needs attr '%s'", what, tp_op_name(n->op), word);
-        p += len;
-        p += *p == ' ';
     }
     return TP_OK;
 }
@@ -585,6 +559,54 @@ void tp_graph_free(tp_graph *g)
     free(g->name);
     free(g->weights);
     free(g);
+}
+
+static int *dup_ints(const int *v, int n)
+{
+    int *d = malloc(sizeof(int) * (size_t)(n + 1));
+    if (d && n > 0)
+        memcpy(d, v, sizeof(int) * (size_t)n);
+    return d;
+}
+
+static int clone_node(tp_node *d, const tp_node *s)
+{
+    *d = *s;
+    d->name = dupstr(s->name);
+    d->inputs = dup_ints(s->inputs, s->n_inputs);
+    d->tensor_key = s->tensor_key ? dupstr(s->tensor_key) : NULL;
+    return d->name && d->inputs && (d->tensor_key || !s->tensor_key) ? 0 : -1;
+}
+
+tp_status tp_graph_clone(const tp_graph *g, tp_graph **out, tp_err *err)
+{
+    tp_graph *c = calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c)
+        return tp_fail(err, TP_NOMEM, "graph '%s': out of memory copying it", g->name);
+    *c = *g;
+    c->path = dupstr(g->path);
+    c->name = dupstr(g->name);
+    c->weights = g->weights ? dupstr(g->weights) : NULL;
+    c->nodes = calloc((size_t)g->n_nodes + 1, sizeof *c->nodes);
+    c->input_ids = dup_ints(g->input_ids, g->n_inputs);
+    c->param_ids = dup_ints(g->param_ids, g->n_params);
+    c->output_ids = dup_ints(g->output_ids, g->n_outputs);
+    c->output_place = malloc(sizeof *c->output_place * (size_t)(g->n_outputs + 1));
+    int ok = c->path && c->name && (c->weights || !g->weights) && c->nodes && c->input_ids && c->param_ids &&
+             c->output_ids && c->output_place;
+    c->n_nodes = 0;
+    /* n_nodes counts a node that failed half-way too: its copies are freed */
+    for (int i = 0; ok && i < g->n_nodes; i++, c->n_nodes++)
+        ok = clone_node(&c->nodes[i], &g->nodes[i]) == 0;
+    if (ok && g->n_outputs > 0)
+        memcpy(c->output_place, g->output_place, sizeof *c->output_place * (size_t)g->n_outputs);
+    if (!ok) {
+        tp_graph_free(c);
+        return tp_fail(err, TP_NOMEM, "graph '%s': out of memory copying it", g->name);
+    }
+    *out = c;
+    return TP_OK;
 }
 
 int tp_graph_find(const tp_graph *g, const char *name)

@@ -1,28 +1,170 @@
+/* ops.c — one descriptor per op. Each TP_OP_LIST entry NAME needs a
+ * `desc_NAME` here: the table below is built from the list, so an op
+ * without a descriptor does not compile (tests/static/op_table.sh proves
+ * it). Field meanings: tp_op_desc in ops.h. */
 #include "ops.h"
 
 #include <string.h>
 
-static const struct {
-    const char *name;
-    tp_op_kind kind;
-    int min_in, max_in;
-} op_table[TP_OP_COUNT] = {
-#define TP_OP_ROW(e, name, kind, mn, mx) [TP_OP_##e] = {name, TP_KIND_##kind, mn, mx},
-    TP_OP_MAP(TP_OP_ROW)
+#define FIELD(f) offsetof(tp_attrs, f)
+#define NO TP_ATTR_NO_FIELD
+/* Attribute specs: key, type, tp_attrs field, required, default. */
+#define REQ(key, type, f) {key, type, FIELD(f), 1, 0, NO, NO, NULL}
+#define OPT(key, type, f, def) {key, type, FIELD(f), 0, def, NO, NO, NULL}
+#define LIST(key, type, f, n) {key, type, FIELD(f), 1, 0, FIELD(n), NO, NULL}
+#define CHOICE(key, f, words) {key, TP_ATTR_CHOICE, FIELD(f), 0, 0, NO, NO, words}
+#define END {NULL, 0, 0, 0, 0, NO, NO, NULL}
+
+static const tp_attr_spec no_attrs[] = {END};
+
+#define SOURCE_OP(nm) {.name = nm, .kind = TP_KIND_SOURCE, .comm_input = -1, .shape = TP_SHAPE_SOURCE, \
+                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs}
+static const tp_op_desc desc_INPUT = SOURCE_OP("input");
+static const tp_op_desc desc_PARAM = SOURCE_OP("param");
+
+/* ------------------------------------------------------------ compute */
+
+#define BINARY_OP(nm) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE,   \
+                       .min_inputs = 2, .max_inputs = 2, .comm_input = -1, .shape = TP_SHAPE_BINARY,      \
+                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs}
+static const tp_op_desc desc_ADD = BINARY_OP("add");
+static const tp_op_desc desc_SUB = BINARY_OP("sub");
+static const tp_op_desc desc_MUL = BINARY_OP("mul");
+
+static const tp_attr_spec gelu_attrs[] = {CHOICE("approximate", gelu_tanh, "none tanh"), END};
+#define UNARY_OP(nm, at) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE,  \
+                          .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_UNARY,      \
+                          .rows = TP_ROWS_INDEPENDENT, .attrs = at}
+static const tp_op_desc desc_GELU = UNARY_OP("gelu", gelu_attrs);
+static const tp_op_desc desc_SILU = UNARY_OP("silu", no_attrs);
+static const tp_op_desc desc_RELU = UNARY_OP("relu", no_attrs);
+
+static const tp_attr_spec softmax_attrs[] = {OPT("dim", TP_ATTR_DIM, dim, -1), END};
+static const tp_op_desc desc_SOFTMAX = {.name = "softmax", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                        .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                        .shape = TP_SHAPE_UNARY_DIM, .rows = TP_ROWS_ALONG_DIM,
+                                        .attrs = softmax_attrs};
+
+static const tp_attr_spec layer_norm_attrs[] = {OPT("eps", TP_ATTR_FLOAT, eps, 1e-5), END};
+static const tp_attr_spec rms_norm_attrs[] = {OPT("eps", TP_ATTR_FLOAT, eps, 1e-6), END};
+#define NORM_OP(nm, n_in, at) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,                  \
+                               .min_inputs = n_in, .max_inputs = n_in, .comm_input = -1,                   \
+                               .shape = TP_SHAPE_NORM, .rows = TP_ROWS_LAST_DIM, .attrs = at}
+static const tp_op_desc desc_LAYER_NORM = NORM_OP("layer_norm", 3, layer_norm_attrs);
+static const tp_op_desc desc_RMS_NORM = NORM_OP("rms_norm", 2, rms_norm_attrs);
+
+static const tp_attr_spec matmul_attrs[] = {OPT("transpose_b", TP_ATTR_BOOL, transpose_b, 0), END};
+static const tp_op_desc desc_MATMUL = {.name = "matmul", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                       .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
+                                       .shape = TP_SHAPE_MATMUL, .rows = TP_ROWS_MATMUL, .attrs = matmul_attrs};
+
+static const tp_attr_spec attention_attrs[] = {
+    OPT("causal", TP_ATTR_BOOL, causal, 0),
+    /* absent: 1/sqrt(D), chosen by the kernel (has_scale stays 0) */
+    {"scale", TP_ATTR_FLOAT, FIELD(scale), 0, 0, NO, FIELD(has_scale), NULL},
+    END};
+static const tp_op_desc desc_ATTENTION = {.name = "attention", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                          .min_inputs = 3, .max_inputs = 3, .comm_input = -1,
+                                          .shape = TP_SHAPE_ATTENTION, .rows = TP_ROWS_ATTENTION,
+                                          .attrs = attention_attrs};
+
+static const tp_attr_spec embedding_attrs[] = {OPT("vocab_parallel", TP_ATTR_BOOL, vocab_parallel, 0), END};
+static const tp_op_desc desc_EMBEDDING = {.name = "embedding", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                          .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
+                                          .shape = TP_SHAPE_EMBEDDING, .rows = TP_ROWS_INDEPENDENT,
+                                          .attrs = embedding_attrs};
+
+/* -------------------------------------------------------- views, copies */
+
+static const tp_attr_spec shape_attrs[] = {LIST("shape", TP_ATTR_SHAPE, shape, n_shape), END};
+static const tp_op_desc desc_VIEW = {.name = "view", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
+                                     .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_VIEW,
+                                     .rows = TP_ROWS_VIEW, .attrs = shape_attrs};
+static const tp_op_desc desc_RESHAPE = {.name = "reshape", .kind = TP_KIND_COPY, .flags = TP_OPF_GRAPH,
+                                        .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_VIEW,
+                                        .rows = TP_ROWS_VIEW, .attrs = shape_attrs};
+
+static const tp_attr_spec permute_attrs[] = {LIST("dims", TP_ATTR_DIMS, dims, n_dims), END};
+static const tp_op_desc desc_PERMUTE = {.name = "permute", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
+                                        .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                        .shape = TP_SHAPE_PERMUTE, .rows = TP_ROWS_INDEPENDENT,
+                                        .attrs = permute_attrs};
+
+static const tp_attr_spec transpose_attrs[] = {REQ("dim0", TP_ATTR_DIM, dim0), REQ("dim1", TP_ATTR_DIM, dim1), END};
+static const tp_op_desc desc_TRANSPOSE = {.name = "transpose", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
+                                          .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                          .shape = TP_SHAPE_PERMUTE, .rows = TP_ROWS_INDEPENDENT,
+                                          .attrs = transpose_attrs};
+
+static const tp_attr_spec slice_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), REQ("start", TP_ATTR_INT, start),
+                                           REQ("length", TP_ATTR_INT, length), END};
+static const tp_op_desc desc_SLICE = {.name = "slice", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
+                                      .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_SLICE,
+                                      .rows = TP_ROWS_DIM_ATTR, .attrs = slice_attrs};
+
+static const tp_attr_spec dim_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), END};
+static const tp_op_desc desc_CAT = {.name = "cat", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                    .min_inputs = 1, .max_inputs = TP_OP_MAX_INPUTS, .comm_input = -1,
+                                    .shape = TP_SHAPE_CAT, .rows = TP_ROWS_DIM_ATTR, .attrs = dim_attrs};
+
+static const tp_op_desc desc_CONTIGUOUS = {.name = "contiguous", .kind = TP_KIND_COPY, .flags = TP_OPF_GRAPH,
+                                           .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                           .shape = TP_SHAPE_CONTIGUOUS, .rows = TP_ROWS_INDEPENDENT,
+                                           .attrs = no_attrs};
+/* place_symmetric's copy into a symmetric buffer; never in a graph file */
+static const tp_op_desc desc_IDENTITY_COPY = {.name = "identity_copy", .kind = TP_KIND_COPY, .min_inputs = 1,
+                                              .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_COPY,
+                                              .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+
+/* --------------------------------------------------------- collectives */
+
+static const tp_attr_spec reduce_scatter_attrs[] = {REQ("dim", TP_ATTR_DIM, dim),
+                                                    CHOICE("op", reduce, "sum avg"), END};
+static const tp_attr_spec all_reduce_attrs[] = {CHOICE("op", reduce, "sum avg max"), END};
+static const tp_attr_spec all_to_all_attrs[] = {REQ("split_dim", TP_ATTR_DIM, split_dim),
+                                                REQ("concat_dim", TP_ATTR_DIM, concat_dim), END};
+static const tp_attr_spec broadcast_attrs[] = {OPT("src", TP_ATTR_RANK, src, 0), END};
+#define COLLECTIVE_OP(nm, sh, rw, at) {.name = nm, .kind = TP_KIND_COLLECTIVE, .flags = TP_OPF_GRAPH,        \
+                                       .min_inputs = 1, .max_inputs = 1, .comm_input = 0, .shape = sh,      \
+                                       .rows = rw, .attrs = at}
+static const tp_op_desc desc_ALL_GATHER = COLLECTIVE_OP("all_gather", TP_SHAPE_GATHER_DIM, TP_ROWS_DIM_ATTR, dim_attrs);
+static const tp_op_desc desc_REDUCE_SCATTER =
+    COLLECTIVE_OP("reduce_scatter", TP_SHAPE_SCATTER_DIM, TP_ROWS_DIM_ATTR, reduce_scatter_attrs);
+static const tp_op_desc desc_ALL_REDUCE = COLLECTIVE_OP("all_reduce", TP_SHAPE_SAME, TP_ROWS_INDEPENDENT, all_reduce_attrs);
+static const tp_op_desc desc_ALL_TO_ALL =
+    COLLECTIVE_OP("all_to_all", TP_SHAPE_ALL_TO_ALL, TP_ROWS_ALL_TO_ALL, all_to_all_attrs);
+static const tp_op_desc desc_BROADCAST = COLLECTIVE_OP("broadcast", TP_SHAPE_FROM_SRC, TP_ROWS_INDEPENDENT, broadcast_attrs);
+
+/* Fused by fuse_tp, never in a graph file. ag_mm: input 0 gathered, then
+ * up to 16 weights; mm_rs: the product's input and one weight (its
+ * symmetric workspace is appended by the executor). */
+static const tp_op_desc desc_FUSED_AG_MM = {.name = "fused_all_gather_matmul", .kind = TP_KIND_FUSED,
+                                            .min_inputs = 2, .max_inputs = 17, .comm_input = 0,
+                                            .shape = TP_SHAPE_FUSED_AG_MM, .rows = TP_ROWS_FUSED,
+                                            .attrs = no_attrs};
+static const tp_op_desc desc_FUSED_MM_RS = {.name = "fused_matmul_reduce_scatter", .kind = TP_KIND_FUSED,
+                                            .min_inputs = 2, .max_inputs = 2, .comm_input = 0,
+                                            .shape = TP_SHAPE_FUSED_MM_RS, .rows = TP_ROWS_FUSED,
+                                            .attrs = no_attrs};
+
+/* An op in TP_OP_LIST without its desc_NAME above fails right here. */
+static const tp_op_desc *const op_table[] = {
+#define TP_OP_ROW(e) [TP_OP_##e] = &desc_##e,
+    TP_OP_LIST(TP_OP_ROW)
 #undef TP_OP_ROW
 };
+_Static_assert(sizeof op_table / sizeof op_table[0] == TP_OP_COUNT, "one descriptor per op");
 
-const char *tp_op_name(tp_op op) { return op < TP_OP_COUNT ? op_table[op].name : "?"; }
-tp_op_kind tp_op_kind_of(tp_op op) { return op_table[op].kind; }
-int tp_op_min_inputs(tp_op op) { return op_table[op].min_in; }
-int tp_op_max_inputs(tp_op op) { return op_table[op].max_in; }
+const tp_op_desc *tp_op_desc_of(tp_op op) { return op_table[op]; }
+const char *tp_op_name(tp_op op) { return (unsigned)op < TP_OP_COUNT ? op_table[op]->name : "?"; }
+tp_op_kind tp_op_kind_of(tp_op op) { return op_table[op]->kind; }
+int tp_op_min_inputs(tp_op op) { return op_table[op]->min_inputs; }
+int tp_op_max_inputs(tp_op op) { return op_table[op]->max_inputs; }
 
 int tp_op_from_name(const char *s, tp_op *out)
 {
     for (int i = 0; i < TP_OP_COUNT; i++) {
-        /* sources and fused ops are the engine's own, never read from JSON */
-        if (op_table[i].kind != TP_KIND_SOURCE && op_table[i].kind != TP_KIND_FUSED &&
-            i != TP_OP_IDENTITY_COPY && strcmp(s, op_table[i].name) == 0) {
+        if ((op_table[i]->flags & TP_OPF_GRAPH) && strcmp(s, op_table[i]->name) == 0) {
             *out = (tp_op)i;
             return 0;
         }

@@ -1,54 +1,139 @@
-/* ops.h — the operator vocabulary of tpgraph v1, as one table.
+/* ops.h — the operator vocabulary of tpgraph v1: one descriptor per op
+ * (engine/ops.c), the single place an op's facts live.
  *
- * X(enum, "json name", kind, min_inputs, max_inputs)
- * kind: SOURCE (graph input / param), COMPUTE, VIEW (strided alias, no
- * kernel), COPY (may alias or copy), COLLECTIVE, FUSED (added by passes). */
+ * Adding an op (CONTRIBUTING.md): append it to TP_OP_LIST, write its
+ * descriptor `desc_NAME` in ops.c (the build fails without one), give it a
+ * kernel in each backend's kernel table (a backend without one refuses the
+ * graph at load, naming op and backend), and test it. Shape and batch-row
+ * rules are named by the descriptor; a new rule is one case in the
+ * exhaustive switches of shapes.c / plan_rows.c (-Wswitch-enum). */
 #ifndef TP_OPS_H
 #define TP_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tensor.h"
 
-#define TP_OP_MAP(X)                                          \
-    X(INPUT, "input", SOURCE, 0, 0)                           \
-    X(PARAM, "param", SOURCE, 0, 0)                           \
-    X(ADD, "add", COMPUTE, 2, 2)                              \
-    X(SUB, "sub", COMPUTE, 2, 2)                              \
-    X(MUL, "mul", COMPUTE, 2, 2)                              \
-    X(GELU, "gelu", COMPUTE, 1, 1)                            \
-    X(SILU, "silu", COMPUTE, 1, 1)                            \
-    X(RELU, "relu", COMPUTE, 1, 1)                            \
-    X(SOFTMAX, "softmax", COMPUTE, 1, 1)                      \
-    X(LAYER_NORM, "layer_norm", COMPUTE, 3, 3)                \
-    X(RMS_NORM, "rms_norm", COMPUTE, 2, 2)                    \
-    X(MATMUL, "matmul", COMPUTE, 2, 2)                        \
-    X(ATTENTION, "attention", COMPUTE, 3, 3)                  \
-    X(EMBEDDING, "embedding", COMPUTE, 2, 2)                  \
-    X(VIEW, "view", VIEW, 1, 1)                               \
-    X(RESHAPE, "reshape", COPY, 1, 1)                         \
-    X(PERMUTE, "permute", VIEW, 1, 1)                         \
-    X(TRANSPOSE, "transpose", VIEW, 1, 1)                     \
-    X(SLICE, "slice", VIEW, 1, 1)                             \
-    X(CAT, "cat", COMPUTE, 1, 64)                             \
-    X(CONTIGUOUS, "contiguous", COPY, 1, 1)                   \
-    X(IDENTITY_COPY, "identity_copy", COPY, 1, 1)             \
-    X(ALL_GATHER, "all_gather", COLLECTIVE, 1, 1)             \
-    X(REDUCE_SCATTER, "reduce_scatter", COLLECTIVE, 1, 1)     \
-    X(ALL_REDUCE, "all_reduce", COLLECTIVE, 1, 1)             \
-    X(ALL_TO_ALL, "all_to_all", COLLECTIVE, 1, 1)             \
-    X(BROADCAST, "broadcast", COLLECTIVE, 1, 1)                 \
-    X(FUSED_AG_MM, "fused_all_gather_matmul", FUSED, 2, 17)     \
-    X(FUSED_MM_RS, "fused_matmul_reduce_scatter", FUSED, 2, 2)
+/* One op per line: merges of added ops stay clean. */
+#define TP_OP_LIST(X) \
+    X(INPUT) \
+    X(PARAM) \
+    X(ADD) \
+    X(SUB) \
+    X(MUL) \
+    X(GELU) \
+    X(SILU) \
+    X(RELU) \
+    X(SOFTMAX) \
+    X(LAYER_NORM) \
+    X(RMS_NORM) \
+    X(MATMUL) \
+    X(ATTENTION) \
+    X(EMBEDDING) \
+    X(VIEW) \
+    X(RESHAPE) \
+    X(PERMUTE) \
+    X(TRANSPOSE) \
+    X(SLICE) \
+    X(CAT) \
+    X(CONTIGUOUS) \
+    X(IDENTITY_COPY) \
+    X(ALL_GATHER) \
+    X(REDUCE_SCATTER) \
+    X(ALL_REDUCE) \
+    X(ALL_TO_ALL) \
+    X(BROADCAST) \
+    X(FUSED_AG_MM) \
+    X(FUSED_MM_RS)
 
 typedef enum {
-#define TP_OP_ENUM(e, name, kind, mn, mx) TP_OP_##e,
-    TP_OP_MAP(TP_OP_ENUM)
+#define TP_OP_ENUM(e) TP_OP_##e,
+    TP_OP_LIST(TP_OP_ENUM)
 #undef TP_OP_ENUM
     TP_OP_COUNT
 } tp_op;
 
+/* The most inputs any op takes (cat). Every buffer holding a node's inputs
+ * is sized from it; ops.c checks no descriptor exceeds it. */
+#define TP_OP_MAX_INPUTS 64
+
+/* SOURCE (graph input / param), COMPUTE, VIEW (strided alias, no kernel),
+ * COPY (may alias or copy), COLLECTIVE, FUSED (added by passes). */
 typedef enum { TP_KIND_SOURCE, TP_KIND_COMPUTE, TP_KIND_VIEW, TP_KIND_COPY, TP_KIND_COLLECTIVE, TP_KIND_FUSED } tp_op_kind;
+
+/* How shapes.c infers an op's local shape, strides and storage. UNSET (a
+ * descriptor that forgot its rule) fails inference instead of guessing. */
+typedef enum {
+    TP_SHAPE_UNSET = 0,
+    TP_SHAPE_SOURCE,        /* declared shape, placement applied */
+    TP_SHAPE_BINARY,        /* NumPy broadcast of two same-dtype inputs */
+    TP_SHAPE_UNARY,         /* same shape as a floating-point input */
+    TP_SHAPE_UNARY_DIM,     /* same, along attr dim (softmax) */
+    TP_SHAPE_NORM,          /* input + 1-d weights over its last dim */
+    TP_SHAPE_MATMUL,
+    TP_SHAPE_ATTENTION,
+    TP_SHAPE_EMBEDDING,
+    TP_SHAPE_VIEW,          /* attr shape; aliases when strides allow, else view fails / reshape copies */
+    TP_SHAPE_PERMUTE,       /* permute / transpose: an alias with permuted strides */
+    TP_SHAPE_SLICE,
+    TP_SHAPE_CAT,
+    TP_SHAPE_CONTIGUOUS,    /* aliases a contiguous input, else copies */
+    TP_SHAPE_COPY,          /* always a fresh contiguous copy */
+    TP_SHAPE_GATHER_DIM,    /* all_gather: dim grows world_size times */
+    TP_SHAPE_SCATTER_DIM,   /* reduce_scatter: dim shrinks world_size times */
+    TP_SHAPE_ALL_TO_ALL,
+    TP_SHAPE_SAME,          /* all_reduce */
+    TP_SHAPE_FROM_SRC,      /* broadcast: same shape, src must be a rank */
+    TP_SHAPE_FUSED_AG_MM,
+    TP_SHAPE_FUSED_MM_RS,
+} tp_shape_rule;
+
+/* Whether an op mixes batch rows (plan_rows.c), given where the batch dim
+ * of its inputs and output is. UNSET counts as mixing (always correct). */
+typedef enum {
+    TP_ROWS_UNSET = 0,
+    TP_ROWS_INDEPENDENT,    /* row r of the output reads only row r */
+    TP_ROWS_ALONG_DIM,      /* mixes along attr dim of its input (softmax) */
+    TP_ROWS_LAST_DIM,       /* mixes along the input's last dim (norms) */
+    TP_ROWS_MATMUL,
+    TP_ROWS_ATTENTION,
+    TP_ROWS_VIEW,
+    TP_ROWS_DIM_ATTR,       /* splits/concatenates along attr dim of the output */
+    TP_ROWS_ALL_TO_ALL,
+    TP_ROWS_FUSED,
+} tp_rows_rule;
+
+/* Attribute value types; every attr is validated against its type. */
+typedef enum {
+    TP_ATTR_DIM,      /* int, -TP_MAX_DIMS <= d < TP_MAX_DIMS */
+    TP_ATTR_INT,      /* int64 */
+    TP_ATTR_RANK,     /* int, 0 <= r <= INT_MAX */
+    TP_ATTR_SHAPE,    /* int64 list of at most TP_MAX_DIMS (count at .count) */
+    TP_ATTR_DIMS,     /* int list of at most TP_MAX_DIMS (count at .count) */
+    TP_ATTR_FLOAT,
+    TP_ATTR_BOOL,     /* int 0/1 */
+    TP_ATTR_CHOICE,   /* one of .choices (space-separated), stored as its index */
+} tp_attr_type;
+
+#define TP_ATTR_NO_FIELD ((size_t)-1)
+
+typedef struct {
+    const char *key;
+    tp_attr_type type;
+    size_t field;         /* offsetof(tp_attrs, ...) */
+    int required;         /* no default: the graph must give it */
+    double fallback;      /* default of a scalar attr when absent */
+    size_t count;         /* list types: offsetof the element count; else TP_ATTR_NO_FIELD */
+    size_t present;       /* offsetof an int set to 1 when given, or TP_ATTR_NO_FIELD */
+    const char *choices;  /* TP_ATTR_CHOICE */
+} tp_attr_spec;
+
+/* Behaviour flags of an op. */
+enum {
+    TP_OPF_GRAPH = 1 << 0,       /* a graph file may use it (else the engine's own) */
+    TP_OPF_ELEMENTWISE = 1 << 1, /* reads element e, writes element e: may run in place */
+};
 
 typedef enum { TP_REDUCE_SUM = 0, TP_REDUCE_AVG, TP_REDUCE_MAX } tp_reduce;
 
@@ -95,11 +180,24 @@ typedef struct tp_attrs {
     int64_t piece_start[TP_MAX_DIMS], piece_len[TP_MAX_DIMS];
 } tp_attrs;
 
+typedef struct tp_op_desc {
+    const char *name; /* as written in graph JSON and reports */
+    tp_op_kind kind;
+    unsigned flags;   /* TP_OPF_* */
+    int min_inputs, max_inputs;
+    int comm_input;   /* the input a collective or fused op communicates, or -1 */
+    tp_shape_rule shape;
+    tp_rows_rule rows;
+    const tp_attr_spec *attrs; /* the attrs a graph may give; ends at key NULL */
+} tp_op_desc;
+
+/* The descriptor of op (op < TP_OP_COUNT). */
+const tp_op_desc *tp_op_desc_of(tp_op op);
 const char *tp_op_name(tp_op op);
 tp_op_kind tp_op_kind_of(tp_op op);
 int tp_op_min_inputs(tp_op op);
 int tp_op_max_inputs(tp_op op);
-/* Returns -1 if unknown (sources are not accepted from JSON). */
+/* A graph op by name (TP_OPF_GRAPH only); -1 if unknown. */
 int tp_op_from_name(const char *s, tp_op *out);
 
 #endif

@@ -1,11 +1,12 @@
 /* choose_collectives — pick each collective's lowering from its message
- * size and the world size (tp_collective_table). all_reduce is the one
- * with a real choice: one_shot below the threshold (latency-bound: one
- * barrier, each rank reads every peer's symmetric buffer), ring above it
- * (bandwidth-bound: 2(d-1) steps moving 1/d of the data each), or nccl on
- * the cuda backend. The other collectives read peers' buffers directly on
- * the cpu backend (one_shot) and go through NCCL on cuda. Lowerings are
- * blocking, so no separate wait/synchronize follows them. */
+ * size, the world size and what the backend offers (tp_lowering, from its
+ * caps). all_reduce is the one with a real choice: one_shot below the
+ * threshold (latency-bound: one barrier, each rank reads every peer's
+ * symmetric buffer), the backend's large lowering above it (cpu: ring,
+ * bandwidth-bound, 2(d-1) steps moving 1/d of the data each; cuda: nccl).
+ * The other collectives take the backend's other lowering (cpu: one_shot,
+ * reading peers' buffers directly; cuda: nccl). Lowerings are blocking, so
+ * no separate wait/synchronize follows them. */
 #include "passes.h"
 
 tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *changed, tp_err *err)
@@ -21,10 +22,12 @@ tp_status tp_pass_choose_collectives(tp_graph *g, const tp_pass_opts *o, int *ch
             algo = TP_ALGO_FUSED;
         else if (k != TP_KIND_COLLECTIVE)
             continue;
-        else if (n->op == TP_OP_ALL_REDUCE && tp_node_bytes(&g->nodes[n->inputs[0]]) > o->table.one_shot_max_bytes[d])
-            algo = o->cuda ? TP_ALGO_NCCL : TP_ALGO_RING;
+        else if (n->op != TP_OP_ALL_REDUCE)
+            algo = o->lowering.other_collectives;
+        else if (tp_node_bytes(&g->nodes[tp_comm_input(n)]) > o->lowering.one_shot_max_bytes[d])
+            algo = o->lowering.large_all_reduce;
         else
-            algo = o->cuda && n->op != TP_OP_ALL_REDUCE ? TP_ALGO_NCCL : TP_ALGO_ONE_SHOT;
+            algo = TP_ALGO_ONE_SHOT;
         *changed += n->attrs.algo != algo;
         n->attrs.algo = algo;
     }

@@ -17,16 +17,16 @@ tp_status tp_pass_insert_contiguous(tp_graph *g, const tp_pass_opts *o, int *cha
     *changed = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         tp_node *n = &g->nodes[i];
-        if (!is_collective(n) || !tp_pass_is_strided(g, n->inputs[0]))
+        if (!is_collective(n) || !tp_pass_is_strided(g, tp_comm_input(n)))
             continue;
-        int view = n->inputs[0], copy;
+        int view = tp_comm_input(n), copy;
         tp_status st = tp_graph_insert_copy(g, view, TP_OP_CONTIGUOUS, "contiguous", &copy, err);
         if (st != TP_OK)
             return st;
         /* every later collective reading the view shares this copy */
         for (int j = copy + 1; j < g->n_nodes; j++)
-            if (is_collective(&g->nodes[j]) && g->nodes[j].inputs[0] == view)
-                g->nodes[j].inputs[0] = copy;
+            if (is_collective(&g->nodes[j]) && tp_comm_input(&g->nodes[j]) == view)
+                *tp_comm_slot(&g->nodes[j]) = copy;
         (*changed)++;
         i++; /* the collective moved one slot down */
         if ((st = tp_graph_infer(g, g->batch, err)) != TP_OK)

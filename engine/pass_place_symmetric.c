@@ -28,7 +28,7 @@ tp_status tp_pass_place_symmetric(tp_graph *g, const tp_pass_opts *o, int *chang
     for (int i = 0; i < g->n_nodes; i++) {
         if (!reads_peers(&g->nodes[i]))
             continue;
-        int v = g->nodes[i].inputs[0];
+        int v = tp_comm_input(&g->nodes[i]);
         tp_node *owner = &g->nodes[g->nodes[v].storage];
         if (owner->op == TP_OP_PARAM || owner->fallback) {
             int copy;
@@ -37,8 +37,8 @@ tp_status tp_pass_place_symmetric(tp_graph *g, const tp_pass_opts *o, int *chang
                 return st;
             g->nodes[copy].symmetric = 1;
             for (int j = copy + 1; j < g->n_nodes; j++)
-                if (reads_peers(&g->nodes[j]) && g->nodes[j].inputs[0] == v)
-                    g->nodes[j].inputs[0] = copy;
+                if (reads_peers(&g->nodes[j]) && tp_comm_input(&g->nodes[j]) == v)
+                    *tp_comm_slot(&g->nodes[j]) = copy;
             i++;
             if ((st = tp_graph_infer(g, g->batch, err)) != TP_OK)
                 return st;

@@ -14,9 +14,7 @@ static const struct {
 void tp_pass_opts_default(tp_pass_opts *o)
 {
     memset(o, 0, sizeof *o);
-    static const int64_t kib[9] = {0, 1024, 1024, 512, 512, 256, 256, 256, 256};
-    for (int d = 0; d < 9; d++)
-        o->table.one_shot_max_bytes[d] = kib[d] * 1024;
+    o->lowering = tp_backend_default()->caps->lowering;
 }
 
 int tp_pass_disable(tp_pass_opts *o, const char *name)

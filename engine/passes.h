@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "graph.h"
 
 /* X(enum, "name", function) in pipeline order. */
@@ -25,19 +26,9 @@ typedef enum {
     TP_PASS_COUNT
 } tp_pass_id;
 
-/* Message sizes (bytes per rank) below which an all_reduce is lowered to a
- * one-shot kernel (each rank reads every peer's symmetric buffer), per
- * world size; above it, ring (cpu) / nccl (cuda). Defaults follow the
- * shape of vLLM's custom all-reduce and TensorRT-LLM's tables: one-shot
- * pays d-1 full reads per rank, so its break-even falls as d grows. */
-typedef struct {
-    int64_t one_shot_max_bytes[9]; /* index: world size 1..8 (8 also for more) */
-} tp_collective_table;
-
 typedef struct {
     int disabled[TP_PASS_COUNT];
-    tp_collective_table table;
-    int cuda; /* lower ring collectives as "nccl" */
+    tp_lowering lowering; /* the backend's (tp_backend_caps), read by choose_collectives */
 } tp_pass_opts;
 
 typedef struct {
@@ -46,7 +37,7 @@ typedef struct {
     int changed; /* number of nodes added, fused or annotated */
 } tp_pass_result;
 
-/* Fills defaults: every pass on, the default threshold table. */
+/* Fills defaults: every pass on, the default backend's lowering. */
 void tp_pass_opts_default(tp_pass_opts *o);
 /* Disables a pass by name; -1 if unknown. */
 int tp_pass_disable(tp_pass_opts *o, const char *name);

@@ -44,11 +44,7 @@ static void assign_buffers(const tp_graph *g, tp_plan *p)
         }
 }
 
-static int elementwise(tp_op op)
-{
-    return op == TP_OP_ADD || op == TP_OP_SUB || op == TP_OP_MUL || op == TP_OP_GELU || op == TP_OP_SILU ||
-           op == TP_OP_RELU;
-}
+static int elementwise(tp_op op) { return (tp_op_desc_of(op)->flags & TP_OPF_ELEMENTWISE) != 0; }
 
 /* An elementwise node may write over an input that dies with it (reads
  * element e, writes element e): same arena, same size, the input read

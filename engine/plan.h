@@ -17,8 +17,8 @@
 #include <stdint.h>
 
 #include "graph.h"
+#include "mem_kind.h"
 
-typedef enum { TP_MEM_NONE = 0, TP_MEM_REGULAR, TP_MEM_SYMMETRIC, TP_MEM_INPUT, TP_MEM_OUTPUT, TP_MEM_KINDS } tp_mem_kind;
 typedef enum { TP_PART_CAPTURED = 0, TP_PART_FALLBACK } tp_part_kind;
 
 typedef struct {
@@ -53,7 +53,6 @@ typedef struct tp_plan {
 /* g must be inferred at the bucket's batch. */
 tp_status tp_plan_build(const tp_graph *g, tp_plan **out, tp_err *err);
 void tp_plan_free(tp_plan *p);
-const char *tp_mem_kind_name(tp_mem_kind k);
 
 /* plan_partition.c: fills parts, part_of and buf[].hoisted. */
 tp_status tp_plan_partition(const tp_graph *g, tp_plan *p, tp_err *err);

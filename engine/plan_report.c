@@ -42,7 +42,7 @@ static json_t *collectives_json(const tp_graph *g)
             continue;
         json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:I}", "node", n->name, "op", tp_op_name(n->op),
                                            "algorithm", tp_algo_name(n->attrs.algo), "bytes",
-                                           (json_int_t)tp_node_bytes(&g->nodes[n->inputs[0]])));
+                                           (json_int_t)tp_node_bytes(&g->nodes[tp_comm_input(n)])));
     }
     return a;
 }
@@ -65,13 +65,13 @@ static json_t *partitions_json(const tp_graph *g, const tp_plan *p, json_t **hoi
     return a;
 }
 
-static json_t *input_copies_json(const tp_graph *g, int cuda)
+static json_t *input_copies_json(const tp_graph *g, int dma)
 {
     json_t *a = json_array();
     for (int i = 0; i < g->n_inputs; i++) {
         const tp_node *n = &g->nodes[g->input_ids[i]];
         json_array_append_new(a, json_pack("{s:s, s:s, s:s}", "input", n->name, "into",
-                                           n->symmetric ? "symmetric" : "regular", "method", cuda ? "dma" : "memcpy"));
+                                           n->symmetric ? "symmetric" : "regular", "method", dma ? "dma" : "memcpy"));
     }
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i].op == TP_OP_IDENTITY_COPY)
@@ -103,7 +103,7 @@ static json_t *report_json(const tp_graph *g, const tp_plan *p, const tp_report_
                      g->world_size, "batch", (json_int_t)g->batch, "batching",
                      o->padding ? o->padding : "padded into buckets", "nodes", nodes, "passes", passes, "collectives",
                      collectives_json(g), "partitions", parts, "hoisted", hoisted, "input_copies",
-                     input_copies_json(g, o->cuda), "memory", memory_json(p));
+                     input_copies_json(g, o->dma), "memory", memory_json(p));
 }
 
 static void print_nodes(const tp_graph *g, const tp_plan *p, FILE *out)
@@ -142,7 +142,7 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
         tp_op_kind k = tp_op_kind_of(n->op);
         if (k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED)
             fprintf(out, "  %-28s %-27s %-9s %lld bytes\n", n->name, tp_op_name(n->op), tp_algo_name(n->attrs.algo),
-                    (long long)tp_node_bytes(&g->nodes[n->inputs[0]]));
+                    (long long)tp_node_bytes(&g->nodes[tp_comm_input(n)]));
     }
     fprintf(out, "partitions:\n");
     for (int i = 0; i < p->n_parts; i++)
@@ -154,7 +154,7 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
             fprintf(out, "hoisted: %s (%lld bytes, partition %d)\n", g->nodes[i].name, (long long)p->buf[i].bytes, p->part_of[i]);
     for (int i = 0; i < g->n_inputs; i++)
         fprintf(out, "input copy: %s -> %s slot (%s)\n", g->nodes[g->input_ids[i]].name,
-                g->nodes[g->input_ids[i]].symmetric ? "symmetric" : "regular", o->cuda ? "dma" : "memcpy");
+                g->nodes[g->input_ids[i]].symmetric ? "symmetric" : "regular", o->dma ? "dma" : "memcpy");
     fprintf(out, "memory per rank: regular %lld B in %d buffers, symmetric %lld B in %d buffers, inputs %lld B, outputs %lld B\n"
                  "  intermediates: planned %lld B vs naive %lld B; symmetric offsets equal on every rank: %s\n",
             (long long)p->arena_bytes[TP_MEM_REGULAR], p->n_buffers[TP_MEM_REGULAR], (long long)p->arena_bytes[TP_MEM_SYMMETRIC],

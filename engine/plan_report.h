@@ -13,7 +13,7 @@
 typedef struct {
     int64_t batch;
     int json;
-    int cuda;                        /* input copies are DMA (cuda) or memcpy (cpu) */
+    int dma;                         /* input copies are DMA (the backend's caps) or memcpy */
     const tp_pass_result *passes;    /* TP_PASS_COUNT entries, or NULL */
     const char *padding;             /* NULL: padded into buckets; else why not */
 } tp_report_opts;

@@ -24,40 +24,37 @@ static int batch_dim(const int64_t *s1, const int64_t *s2, int nd)
     return bd;
 }
 
+/* The op's batch-rows rule (its descriptor names it). */
 static int op_mixes_rows(const tp_graph *g, int i, const int *bd)
 {
     const tp_node *n = &g->nodes[i];
     int b = bd[i], in0 = n->n_inputs ? bd[n->inputs[0]] : -1;
     const tp_attrs *a = &n->attrs;
-    switch (n->op) {
-    case TP_OP_SOFTMAX: return a->dim == in0;
-    case TP_OP_LAYER_NORM:
-    case TP_OP_RMS_NORM: return in0 == g->nodes[n->inputs[0]].ndim - 1;
-    case TP_OP_MATMUL: {
+    switch (tp_op_desc_of(n->op)->rows) {
+    case TP_ROWS_INDEPENDENT: return 0;
+    case TP_ROWS_ALONG_DIM: return a->dim == in0;
+    case TP_ROWS_LAST_DIM: return in0 == g->nodes[n->inputs[0]].ndim - 1;
+    case TP_ROWS_MATMUL: {
         const tp_node *an = &g->nodes[n->inputs[0]], *bn = &g->nodes[n->inputs[1]];
         int bb = bd[n->inputs[1]];
         return in0 == an->ndim - 1 || (bb != -1 && bb >= bn->ndim - 2);
     }
-    case TP_OP_ATTENTION:
+    case TP_ROWS_ATTENTION:
         for (int k = 0; k < 3; k++)
             if (bd[n->inputs[k]] > 1)
                 return 1;
         return 0;
-    case TP_OP_VIEW:
-    case TP_OP_RESHAPE: return !(in0 == -1 || (in0 == 0 && b == 0));
-    case TP_OP_FUSED_AG_MM:
-    case TP_OP_FUSED_MM_RS:
+    case TP_ROWS_VIEW: return !(in0 == -1 || (in0 == 0 && b == 0));
+    case TP_ROWS_FUSED:
         /* a folded reassembly permutes rows along piece_dim and cat_dim */
         if (a->n_pieces > 0 && in0 >= 0 && (a->piece_dim == in0 || a->cat_dim == in0))
             return 1;
         return b >= 0 && a->dim == b;
-    case TP_OP_SLICE:
-    case TP_OP_CAT:
-    case TP_OP_ALL_GATHER:
-    case TP_OP_REDUCE_SCATTER: return b >= 0 && a->dim == b;
-    case TP_OP_ALL_TO_ALL: return in0 >= 0 && (a->split_dim == in0 || a->concat_dim == b);
-    default: return 0;
+    case TP_ROWS_DIM_ATTR: return b >= 0 && a->dim == b;
+    case TP_ROWS_ALL_TO_ALL: return in0 >= 0 && (a->split_dim == in0 || a->concat_dim == b);
+    case TP_ROWS_UNSET: return 1; /* unknown: run exact batches, always correct */
     }
+    return 1;
 }
 
 static tp_status batch_dims(tp_graph *g, int64_t b1, int *bd, tp_err *err)

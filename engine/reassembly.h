@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "status.h"
 
 typedef struct {
     int64_t lo[TP_MAX_DIMS], hi[TP_MAX_DIMS];
@@ -113,6 +114,68 @@ static inline tp_tensor tp_box_view(const tp_tensor *t, const tp_box *b, int nd,
     for (int d = 0; d < nd; d++)
         v = tp_tensor_narrow(&v, d, b->lo[d] - (d == shift_dim ? origin : 0), b->hi[d] - b->lo[d]);
     return v;
+}
+
+/* One piece of a fused node through a reassembly: the rows of the local
+ * operand and where their product belongs. Each backend multiplies. */
+typedef tp_status (*tp_piece_fn)(void *ctx, const tp_tensor *rows, tp_tensor *dest, tp_err *err);
+
+/* ag_mm: rank src's rows of the gathered input (xs, its block along attr
+ * dim of world blocks), piece by piece, with their permuted places in out. */
+static inline tp_status tp_ag_mm_pieces(const tp_attrs *a, const tp_tensor *xs, int src, int world,
+                                        const tp_tensor *out, tp_piece_fn fn, void *ctx, tp_err *err)
+{
+    int nd = xs->ndim, g = a->dim;
+    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS];
+    memcpy(p, xs->shape, sizeof p);
+    p[g] *= world;
+    if (tp_reassembled_shape(a, nd, p, r) != 0)
+        return tp_fail(err, TP_INVALID, "fused_all_gather_matmul: pieces of unequal length do not cat");
+    r[nd - 1] = out->shape[out->ndim - 1];
+    tp_tensor out_r = tp_tensor_make(out->data, out->dtype, nd, r);
+    tp_box mine = tp_box_full(nd, p), part, rb;
+    mine.lo[g] = src * xs->shape[g];
+    mine.hi[g] = mine.lo[g] + xs->shape[g];
+    for (int j = 0; j < a->n_pieces; j++) {
+        tp_box pj = tp_piece_box_p(a, j, nd, p);
+        if (!tp_box_intersect(nd, &mine, &pj, &part))
+            continue;
+        rb = tp_piece_map(a, j, p, &part, nd, 1);
+        tp_tensor rows = tp_box_view(xs, &part, nd - 1, g, mine.lo[g]);
+        tp_tensor dest = tp_box_view(&out_r, &rb, nd - 1, -1, 0);
+        tp_status st = fn(ctx, &rows, &dest, err);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
+}
+
+/* mm_rs: the chunk of R for rank dst (slot, its block along attr dim),
+ * piece by piece, from the rows of the local operand a that land there. */
+static inline tp_status tp_mm_rs_pieces(const tp_attrs *at, const tp_tensor *a, int dst, const tp_tensor *slot,
+                                        tp_piece_fn fn, void *ctx, tp_err *err)
+{
+    int nd = a->ndim, s = at->dim;
+    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS], len = slot->shape[s];
+    memcpy(p, a->shape, sizeof p);
+    p[nd - 1] = slot->shape[nd - 1];
+    if (tp_reassembled_shape(at, nd, p, r) != 0)
+        return tp_fail(err, TP_INVALID, "fused_matmul_reduce_scatter: pieces of unequal length do not cat");
+    tp_box chunk = tp_box_full(nd, r), part;
+    chunk.lo[s] = dst * len;
+    chunk.hi[s] = chunk.lo[s] + len;
+    for (int j = 0; j < at->n_pieces; j++) {
+        tp_box rj = tp_piece_box_r(at, j, nd, p);
+        if (!tp_box_intersect(nd, &chunk, &rj, &part))
+            continue;
+        tp_box pb = tp_piece_map(at, j, p, &part, nd, 0);
+        tp_tensor rows = tp_box_view(a, &pb, nd - 1, -1, 0);
+        tp_tensor dest = tp_box_view(slot, &part, nd - 1, s, chunk.lo[s]);
+        tp_status st = fn(ctx, &rows, &dest, err);
+        if (st != TP_OK)
+            return st;
+    }
+    return TP_OK;
 }
 
 /* A fused all_gather_matmul's contiguous output seen in the gathered

@@ -154,7 +154,7 @@ static tp_status infer_unary(tp_graph *g, tp_node *n, tp_err *err)
     n->ndim = x->ndim;
     memcpy(n->shape, x->shape, sizeof n->shape);
     n->dtype = x->dtype;
-    if (n->op == TP_OP_SOFTMAX)
+    if (tp_op_desc_of(n->op)->shape == TP_SHAPE_UNARY_DIM)
         return norm_dim(err, n, &n->attrs.dim, n->ndim, "dim");
     return TP_OK;
 }
@@ -412,7 +412,8 @@ static tp_status divisible(tp_err *err, const tp_node *n, const tp_node *x, int 
     return node_fail(err, n, "%s is not divisible by %s", a, b);
 }
 
-static tp_status infer_collective(tp_graph *g, tp_node *n, tp_err *err)
+/* The collectives' shapes: the input's, with the rule's dims changed. */
+static tp_status infer_collective(tp_graph *g, tp_node *n, tp_shape_rule rule, tp_err *err)
 {
     tp_node *x = &g->nodes[n->inputs[0]];
     int d = g->world_size;
@@ -421,34 +422,25 @@ static tp_status infer_collective(tp_graph *g, tp_node *n, tp_err *err)
     n->ndim = x->ndim;
     memcpy(n->shape, x->shape, sizeof n->shape);
     n->dtype = x->dtype;
-    switch (n->op) {
-    case TP_OP_ALL_GATHER:
+    if (rule == TP_SHAPE_GATHER_DIM) {
         if ((st = norm_dim(err, n, &a->dim, x->ndim, "dim")) == TP_OK)
             n->shape[a->dim] *= d;
-        break;
-    case TP_OP_REDUCE_SCATTER:
+    } else if (rule == TP_SHAPE_SCATTER_DIM) {
         if ((st = norm_dim(err, n, &a->dim, x->ndim, "dim")) == TP_OK &&
             (st = divisible(err, n, x, a->dim, d)) == TP_OK)
             n->shape[a->dim] /= d;
-        break;
-    case TP_OP_ALL_TO_ALL:
+    } else if (rule == TP_SHAPE_ALL_TO_ALL) {
         if ((st = norm_dim(err, n, &a->split_dim, x->ndim, "split_dim")) == TP_OK &&
             (st = norm_dim(err, n, &a->concat_dim, x->ndim, "concat_dim")) == TP_OK &&
             (st = divisible(err, n, x, a->split_dim, d)) == TP_OK) {
             n->shape[a->split_dim] /= d;
             n->shape[a->concat_dim] *= d;
         }
-        break;
-    case TP_OP_BROADCAST:
-        if (a->src >= d) {
-            char s[32], w[32];
-            snprintf(s, sizeof s, "%d", a->src);
-            snprintf(w, sizeof w, "%d", d);
-            return node_fail(err, n, "src rank %s is not below world_size %s", s, w);
-        }
-        break;
-    default:
-        break;
+    } else if (rule == TP_SHAPE_FROM_SRC && a->src >= d) {
+        char s[32], w[32];
+        snprintf(s, sizeof s, "%d", a->src);
+        snprintf(w, sizeof w, "%d", d);
+        return node_fail(err, n, "src rank %s is not below world_size %s", s, w);
     }
     return st;
 }
@@ -525,73 +517,97 @@ static tp_status infer_fused_mm_rs(tp_graph *g, tp_node *n, tp_err *err)
     return TP_OK;
 }
 
+static tp_status infer_contiguous(tp_graph *g, tp_node *n, int *aliased)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    memcpy(n->stride, x->stride, sizeof n->stride);
+    if (tp_node_contiguous(x)) {
+        alias_of(n, x);
+        *aliased = 1;
+        return TP_OK;
+    }
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_copy(tp_graph *g, tp_node *n)
+{
+    const tp_node *x = &g->nodes[n->inputs[0]];
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+/* The op's shape rule (its descriptor names it). Rules that alias or lay
+ * out their own strides return directly; the rest own a contiguous buffer. */
 static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
 {
     tp_node *n = &g->nodes[i];
     tp_status st = TP_OK;
+    int aliased = 0;
+    tp_shape_rule rule = tp_op_desc_of(n->op)->shape;
     n->storage = i;
     n->offset = 0;
-    switch (n->op) {
-    case TP_OP_INPUT:
-    case TP_OP_PARAM:
+    switch (rule) {
+    case TP_SHAPE_SOURCE:
         n->ndim = n->g_ndim;
         st = tp_source_local_shape(g, n, batch, n->shape, err);
         break;
-    case TP_OP_ADD: case TP_OP_SUB: case TP_OP_MUL:
+    case TP_SHAPE_BINARY:
         st = infer_binary(g, n, err);
         break;
-    case TP_OP_GELU: case TP_OP_SILU: case TP_OP_RELU: case TP_OP_SOFTMAX:
+    case TP_SHAPE_UNARY:
+    case TP_SHAPE_UNARY_DIM:
         st = infer_unary(g, n, err);
         break;
-    case TP_OP_LAYER_NORM: case TP_OP_RMS_NORM:
+    case TP_SHAPE_NORM:
         st = infer_norm(g, n, err);
         break;
-    case TP_OP_MATMUL:
+    case TP_SHAPE_MATMUL:
         st = infer_matmul(g, n, err);
         break;
-    case TP_OP_ATTENTION:
+    case TP_SHAPE_ATTENTION:
         st = infer_attention(g, n, err);
         break;
-    case TP_OP_EMBEDDING:
+    case TP_SHAPE_EMBEDDING:
         st = infer_embedding(g, n, err);
         break;
-    case TP_OP_VIEW: case TP_OP_RESHAPE:
+    case TP_SHAPE_VIEW:
         return infer_view(g, n, i, err);
-    case TP_OP_PERMUTE: case TP_OP_TRANSPOSE:
+    case TP_SHAPE_PERMUTE:
         return infer_permute(g, n, err);
-    case TP_OP_SLICE:
+    case TP_SHAPE_SLICE:
         return infer_slice(g, n, err);
-    case TP_OP_CONTIGUOUS: {
-        tp_node *x = &g->nodes[n->inputs[0]];
-        n->ndim = x->ndim;
-        memcpy(n->shape, x->shape, sizeof n->shape);
-        memcpy(n->stride, x->stride, sizeof n->stride);
-        if (tp_node_contiguous(x)) {
-            alias_of(n, x);
-            return TP_OK;
-        }
-        n->dtype = x->dtype;
+    case TP_SHAPE_CONTIGUOUS:
+        st = infer_contiguous(g, n, &aliased);
+        if (aliased)
+            return st;
         break;
-    }
-    case TP_OP_IDENTITY_COPY: {
-        const tp_node *x = &g->nodes[n->inputs[0]];
-        n->ndim = x->ndim;
-        memcpy(n->shape, x->shape, sizeof n->shape);
-        n->dtype = x->dtype;
+    case TP_SHAPE_COPY:
+        st = infer_copy(g, n);
         break;
-    }
-    case TP_OP_CAT:
+    case TP_SHAPE_CAT:
         st = infer_cat(g, n, err);
         break;
-    case TP_OP_FUSED_AG_MM:
+    case TP_SHAPE_FUSED_AG_MM:
         st = infer_fused_ag_mm(g, n, err);
         break;
-    case TP_OP_FUSED_MM_RS:
+    case TP_SHAPE_FUSED_MM_RS:
         st = infer_fused_mm_rs(g, n, err);
         break;
-    default:
-        st = infer_collective(g, n, err);
+    case TP_SHAPE_GATHER_DIM:
+    case TP_SHAPE_SCATTER_DIM:
+    case TP_SHAPE_ALL_TO_ALL:
+    case TP_SHAPE_SAME:
+    case TP_SHAPE_FROM_SRC:
+        st = infer_collective(g, n, rule, err);
         break;
+    case TP_SHAPE_UNSET:
+        return tp_fail(err, TP_INTERNAL, "node '%s': op '%s' has no shape rule in its descriptor", n->name,
+                       tp_op_name(n->op));
     }
     if (st == TP_OK)
         own_contiguous(n, i);

@@ -4,10 +4,6 @@
 #include <string.h>
 
 #include "engine.h"
-#include "graph.h"
-#include "passes.h"
-#include "plan.h"
-#include "plan_report.h"
 #include "safetensors.h"
 #include "worker.h"
 
@@ -19,11 +15,12 @@ void tp_cli_usage(FILE *out)
             "              [--ranks threads|processes]\n"
             "      run the graph once on global (unsharded) inputs, write global outputs\n"
             "      (--ranks processes: one process per rank, as on GPUs)\n"
-            "  tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]\n"
-            "      load, validate, run the passes and print the plan of the batch-B bucket:\n"
-            "      nodes, collectives and their lowering, partitions, hoisted buffers,\n"
-            "      input copies and memory (passes: fuse_tp insert_contiguous\n"
-            "      choose_collectives place_symmetric)\n");
+            "  tpserve plan GRAPH.json [--json] [--batch B] [--backend cpu|cuda|auto] [--buckets LIST]\n"
+            "              [--no-passes] [--disable-pass NAME]\n"
+            "      compile as `run`/`serve` would (no device needed) and print the executable\n"
+            "      a batch of B runs in (its bucket): nodes, collectives and their lowering,\n"
+            "      partitions, hoisted buffers, input copies and memory (passes: fuse_tp\n"
+            "      insert_contiguous choose_collectives place_symmetric)\n");
 }
 
 static int fail(const char *cmd, const char *msg)
@@ -125,14 +122,16 @@ static tp_status run_in_processes(const char *graph, const char *in, const char 
 int tp_cli_run(int argc, char **argv)
 {
     const char *graph = NULL, *in = NULL, *out = NULL, *ranks = "threads";
-    tp_engine_opts opts = {.backend = "cpu"};
+    tp_backend_settings settings;
+    tp_backend_settings_default(&settings);
+    tp_engine_opts opts = {.backend = "cpu", .settings = &settings};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-passes") == 0)
             opts.no_passes = 1;
         else if (strcmp(argv[i], "--eager") == 0)
             opts.eager = 1;
         else if (strcmp(argv[i], "--verify-replay") == 0)
-            setenv("TP_VERIFY_REPLAY", "1", 1); /* read by the cpu backend at create */
+            settings.verify_replay = 1;
         else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc)
             opts.disable_passes = argv[++i];
         else if (strcmp(argv[i], "--inputs") == 0 && i + 1 < argc)
@@ -158,56 +157,45 @@ int tp_cli_run(int argc, char **argv)
     return 0;
 }
 
-static tp_status plan_graph(const char *path, tp_report_opts *ro, tp_pass_opts *po, tp_err *err)
-{
-    tp_graph *g;
-    tp_pass_result res[TP_PASS_COUNT];
-    char why[256];
-    int independent = 0;
-    tp_status st = tp_graph_load(path, &g, err);
-    if (st != TP_OK)
-        return st;
-    st = tp_graph_infer(g, ro->batch, err);
-    if (st == TP_OK)
-        st = tp_run_passes(g, po, res, err);
-    if (st == TP_OK)
-        st = tp_plan_rows_independent(g, ro->batch, &independent, why, sizeof why, err);
-    ro->passes = res;
-    ro->padding = independent ? NULL : why;
-    if (st == TP_OK)
-        st = tp_plan_report(g, ro, stdout, err);
-    tp_graph_free(g);
-    return st;
-}
+#define PLAN_USAGE "usage: tpserve plan GRAPH.json [--json] [--batch B] [--backend cpu|cuda|auto] [--buckets LIST] " \
+                   "[--no-passes] [--disable-pass NAME]..."
 
 int tp_cli_plan(int argc, char **argv)
 {
-    static const char usage[] = "usage: tpserve plan GRAPH.json [--json] [--batch B] [--no-passes] [--disable-pass NAME]...";
     const char *graph = NULL;
-    tp_report_opts ro = {.batch = 1};
-    tp_pass_opts po;
-    tp_pass_opts_default(&po);
+    int64_t batch = 1, buckets[TP_MAX_BUCKETS];
+    int json = 0;
+    char disabled[256] = "";
+    size_t used = 0;
+    tp_engine_opts opts = {.backend = "cpu"};
+    tp_err err = {{0}};
     for (int i = 1; i < argc; i++) {
         char *end;
         if (strcmp(argv[i], "--json") == 0)
-            ro.json = 1;
+            json = 1;
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
-            ro.batch = strtoll(argv[++i], &end, 10);
-            if (*end || ro.batch < 1)
+            batch = strtoll(argv[++i], &end, 10);
+            if (*end || batch < 1)
                 return fail("plan", "--batch needs a positive integer");
-        } else if (strcmp(argv[i], "--no-passes") == 0) {
-            for (int k = 0; k < TP_PASS_COUNT; k++)
-                po.disabled[k] = 1;
-        } else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc) {
-            if (tp_pass_disable(&po, argv[++i]) != 0)
-                return fail("plan", "unknown pass name for --disable-pass");
+        } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            opts.backend = argv[++i];
+        else if (strcmp(argv[i], "--buckets") == 0 && i + 1 < argc) {
+            opts.buckets = buckets;
+            if (tp_parse_buckets(argv[++i], buckets, &opts.n_buckets, &err) != TP_OK)
+                return fail("plan", err.msg);
+        } else if (strcmp(argv[i], "--no-passes") == 0)
+            opts.no_passes = 1;
+        else if (strcmp(argv[i], "--disable-pass") == 0 && i + 1 < argc) {
+            used += (size_t)snprintf(disabled + used, sizeof disabled - used, "%s%s", used ? "," : "", argv[++i]);
+            if (used >= sizeof disabled)
+                return fail("plan", "too many --disable-pass names");
+            opts.disable_passes = disabled;
         } else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
-            return fail("plan", usage);
+            return fail("plan", PLAN_USAGE);
     }
     if (!graph)
-        return fail("plan", usage);
-    tp_err err = {{0}};
-    return plan_graph(graph, &ro, &po, &err) == TP_OK ? 0 : fail("plan", err.msg);
+        return fail("plan", PLAN_USAGE);
+    return tp_engine_plan(graph, &opts, batch, json, stdout, &err) == TP_OK ? 0 : fail("plan", err.msg);
 }

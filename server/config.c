@@ -25,6 +25,8 @@ typedef struct {
 #define STR_KEY(f, ch, h) {#f, KEY_STR, offsetof(tp_config, f), sizeof(((tp_config *)0)->f), 0, 0, ch, h}
 #define INT_KEY(f, lo, hi, h) {#f, KEY_INT, offsetof(tp_config, f), 0, lo, hi, NULL, h}
 #define I64_KEY(f, lo, hi, h) {#f, KEY_I64, offsetof(tp_config, f), 0, lo, hi, NULL, h}
+#define BACKEND_KEY(f, lo, hi, h) \
+    {#f, KEY_INT, offsetof(tp_config, backend_settings) + offsetof(tp_backend_settings, f), 0, lo, hi, NULL, h}
 
 static const key_desc keys[] = {
     STR_KEY(graph, NULL, "graph JSON file to serve (relative to the working directory)"),
@@ -51,6 +53,14 @@ static const key_desc keys[] = {
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
+    BACKEND_KEY(verify_replay, 0, 1, "cpu backend: before every replay, check each recorded pointer still lies in a "
+                                     "live allocation (debugging; 1: on)"),
+    BACKEND_KEY(cuda_gemm_workspace_mb, 0, 4096, "cuda backend: cuBLASLt workspace per rank"),
+    BACKEND_KEY(cuda_scratch_mb, 0, 65536, "cuda backend: kernel scratch per rank"),
+    BACKEND_KEY(cuda_barrier_timeout_ms, 1, 86400000,
+                "cuda backend: a peer missing a device barrier this long fails the run"),
+    BACKEND_KEY(cuda_check_collectives, 0, 1, "cuda backend: compare every eager collective's signature across "
+                                              "ranks before running it (debugging; 1: on)"),
 };
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
 
@@ -72,6 +82,7 @@ void tp_config_defaults(tp_config *c)
     c->staging_mb = 64;
     c->rank_heap_mb = 4096;
     c->step_timeout_ms = 600000;
+    tp_backend_settings_default(&c->backend_settings);
 }
 
 /* Accepts "max-body-bytes" as well as "max_body_bytes". */

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend_settings.h"
 #include "status.h"
 
 typedef struct {
@@ -30,6 +31,7 @@ typedef struct {
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
+    tp_backend_settings backend_settings; /* verify_replay, cuda_* keys */
 } tp_config;
 
 void tp_config_defaults(tp_config *c);

@@ -1,6 +1,5 @@
 #include "metrics.h"
 
-#include "plan.h" /* tp_mem_kind: the index of tp_engine_stats.arena_bytes */
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -233,11 +232,6 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
 
 static void render_engine(sbuf *b, const tp_engine_stats *es)
 {
-    static const struct {
-        int kind;
-        const char *name;
-    } arenas[] = {{TP_MEM_REGULAR, "regular"}, {TP_MEM_SYMMETRIC, "symmetric"},
-                  {TP_MEM_INPUT, "input"}, {TP_MEM_OUTPUT, "output"}};
     family(b, "tpserve_bucket_replays_total", "counter",
            "Engine executions per batch bucket (exact: graphs run at the exact batch).");
     for (int i = 0; es && i < es->n_buckets; i++)
@@ -259,9 +253,9 @@ static void render_engine(sbuf *b, const tp_engine_stats *es)
           es ? es->rank_group_up : 0);
     family(b, "tpserve_arena_bytes", "gauge",
            "Planned device memory per rank, summed over the buckets' plans, by arena.");
-    for (int i = 0; i < LEN(arenas); i++)
-        sb_printf(b, "tpserve_arena_bytes{kind=\"%s\"} %lld\n", arenas[i].name,
-                  (long long)(es ? es->arena_bytes[arenas[i].kind] : 0));
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        sb_printf(b, "tpserve_arena_bytes{kind=\"%s\"} %lld\n", tp_mem_kind_name((tp_mem_kind)k),
+                  (long long)(es ? es->arena_bytes[k] : 0));
 }
 
 char *tp_metrics_render(tp_metrics *m, size_t *len)

@@ -25,9 +25,9 @@
 #define TP_CUDA_MAX_WORLD 8
 
 /* ------------------------------------------------------------------------
- * Strided iteration over up to three operands (a coalesced layout).
- * Same rules as the cpu backend's ops_layout: size-1 dims are dropped and
- * adjacent dims merge when every operand's strides allow. */
+ * Strided iteration over up to three operands (a coalesced layout): size-1
+ * dims are dropped and adjacent dims merge when every operand's strides
+ * allow. The cpu backend's ops_layout_init is this function. */
 
 #define TP_LAYOUT_OPS 3
 

@@ -58,7 +58,7 @@ typedef struct {
     cpu_comm *comm;
     tp_capture **capturing; /* per rank: the record in progress, or NULL */
     cpu_registry reg;
-    int verify_replay;      /* TP_VERIFY_REPLAY=1: check every replay */
+    int verify_replay;      /* setting verify_replay: check every replay */
     /* shared mode only (heap == NULL for threads) */
     int rank_lo, rank_hi;   /* the ranks this process runs */
     cpu_heap **heap;        /* [rank - rank_lo]: that rank's region of the mapping */
@@ -469,8 +469,64 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
     }
     /* One BLAS thread per rank: the ranks are the parallelism. */
     openblas_set_num_threads(1);
-    const char *v = getenv("TP_VERIFY_REPLAY");
-    x->verify_replay = v && *v == '1';
     *out = b;
     return TP_OK;
 }
+
+void tp_cpu_backend_verify_replay(tp_backend *b, int on) { ctx_of(b)->verify_replay = on; }
+
+/* ------------------------------------------------------- registry entry */
+
+static const tp_backend_caps cpu_caps = {
+    .lowering = {.one_shot_max_bytes = TP_ONE_SHOT_MAX_BYTES_DEFAULT,
+                 .large_all_reduce = TP_ALGO_RING,
+                 .other_collectives = TP_ALGO_ONE_SHOT},
+    .dma_input_copies = 0,
+};
+
+static int cpu_supports_op(tp_op op, tp_dtype dtype)
+{
+    (void)dtype; /* every cpu kernel takes each dtype shape inference lets through */
+    tp_op_kind k = tp_op_kind_of(op);
+    return k == TP_KIND_COLLECTIVE || k == TP_KIND_FUSED || cpu_op_has_kernel(op);
+}
+
+static tp_status cpu_create_threads(int world, const tp_backend_settings *s, tp_backend **out, tp_err *err)
+{
+    tp_status st = tp_cpu_backend_create(world, NULL, out, err);
+    if (st == TP_OK)
+        tp_cpu_backend_verify_replay(*out, s->verify_replay);
+    return st;
+}
+
+static tp_status cpu_group_message(char *msg, size_t cap, tp_err *err)
+{
+    (void)err;
+    if (cap)
+        msg[0] = 0; /* workers attach to the shared memory: nothing else to say */
+    return TP_OK;
+}
+
+static tp_status cpu_group_join(const tp_backend_group *g, const char *msg, const tp_backend_settings *s,
+                                tp_backend **out, tp_err *err)
+{
+    (void)msg;
+    tp_cpu_shared sh = {g->base, g->comm_offset, g->comm_bytes, g->heap_offset, g->heap_bytes,
+                        g->rank_lo, g->rank_hi, g->leads};
+    tp_status st = tp_cpu_backend_create(g->world, &sh, out, err);
+    if (st == TP_OK)
+        tp_cpu_backend_verify_replay(*out, s->verify_replay);
+    return st;
+}
+
+const tp_backend_kind tp_cpu_backend_kind = {
+    .name = "cpu",
+    .caps = &cpu_caps,
+    .supports_op = cpu_supports_op,
+    .probe = NULL, /* the registry's last entry: what "auto" falls back to, never probed */
+    .one_rank_per_process = 0,
+    .share_before_join = 0, /* the owner initializes the comm area before any worker attaches */
+    .create = cpu_create_threads,
+    .group_message = cpu_group_message,
+    .group_join = cpu_group_join,
+};

@@ -31,6 +31,12 @@ typedef struct {
  * them through their own mapping); others fail with an error on every rank. */
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err);
 
+/* The registry entry (engine/backend.c). */
+extern const tp_backend_kind tp_cpu_backend_kind;
+
+/* Re-run every replay eagerly and compare (setting verify_replay). */
+void tp_cpu_backend_verify_replay(tp_backend *b, int on);
+
 /* Bytes the comm area needs for world ranks (it must also be 64-byte aligned
  * in every process's mapping). */
 size_t tp_cpu_shared_comm_bytes(int world);

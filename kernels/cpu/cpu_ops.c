@@ -39,43 +39,98 @@ tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err)
     return TP_OK;
 }
 
+/* One signature for every kernel, so the table below maps op -> kernel. */
+typedef tp_status (*cpu_kernel)(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                                int rank, int world, tp_err *err);
+
+#define UNUSED_CALL (void)op, (void)n_ins, (void)rank, (void)world
+static tp_status k_binary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          int rank, int world, tp_err *err)
+{
+    UNUSED_CALL, (void)a;
+    return cpu_binary(op, &ins[0], &ins[1], out, err);
+}
+static tp_status k_unary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                         int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_unary(op, a, &ins[0], out, err);
+}
+static tp_status k_softmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                           int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_softmax(a, &ins[0], out, err);
+}
+static tp_status k_norm(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                        int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_norm(op, a, ins, n_ins, out, err);
+}
+static tp_status k_matmul(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_matmul(a, &ins[0], &ins[1], out, err);
+}
+static tp_status k_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                             int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_attention(a, &ins[0], &ins[1], &ins[2], out, err);
+}
+static tp_status k_embedding(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                             int rank, int world, tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return cpu_embedding(a, &ins[0], &ins[1], out, rank, world, err);
+}
+static tp_status k_cat(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                       int world, tp_err *err)
+{
+    (void)op, (void)rank, (void)world;
+    return cpu_cat(a, ins, n_ins, out, err);
+}
+static tp_status k_copy(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                        int world, tp_err *err)
+{
+    UNUSED_CALL, (void)a;
+    return cpu_copy(op, &ins[0], out, err);
+}
+
+/* The cpu backend's compute and copy kernels. An op missing here is
+ * refused at load ("backend 'cpu' has no kernel for op ..."). */
+static const cpu_kernel cpu_kernels[TP_OP_COUNT] = {
+    [TP_OP_ADD] = k_binary,
+    [TP_OP_SUB] = k_binary,
+    [TP_OP_MUL] = k_binary,
+    [TP_OP_GELU] = k_unary,
+    [TP_OP_SILU] = k_unary,
+    [TP_OP_RELU] = k_unary,
+    [TP_OP_SOFTMAX] = k_softmax,
+    [TP_OP_LAYER_NORM] = k_norm,
+    [TP_OP_RMS_NORM] = k_norm,
+    [TP_OP_MATMUL] = k_matmul,
+    [TP_OP_ATTENTION] = k_attention,
+    [TP_OP_EMBEDDING] = k_embedding,
+    [TP_OP_CAT] = k_cat,
+    [TP_OP_RESHAPE] = k_copy,
+    [TP_OP_CONTIGUOUS] = k_copy,
+    [TP_OP_IDENTITY_COPY] = k_copy,
+};
+
+int cpu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cpu_kernels[op] != NULL; }
+
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                      tp_tensor *out, int rank, int world, tp_err *err)
 {
-    if ((unsigned)op >= TP_OP_COUNT)
-        return tp_fail(err, TP_INTERNAL, "cpu backend: unknown op %d", (int)op);
+    if (!cpu_op_has_kernel(op))
+        return tp_fail(err, TP_INTERNAL, "cpu backend: op '%s' has no cpu kernel", tp_op_name(op));
     if (!out || (n_ins > 0 && !ins) || n_ins < tp_op_min_inputs(op) || n_ins > tp_op_max_inputs(op))
         return tp_fail(err, TP_INTERNAL, "cpu backend: %s called with %d inputs (wants %d..%d)",
                        tp_op_name(op), n_ins, tp_op_min_inputs(op), tp_op_max_inputs(op));
     if (!tp_tensor_is_contiguous(out))
         return tp_fail(err, TP_INTERNAL, "cpu backend: %s output must be contiguous", tp_op_name(op));
-    switch (op) {
-    case TP_OP_ADD:
-    case TP_OP_SUB:
-    case TP_OP_MUL:
-        return cpu_binary(op, &ins[0], &ins[1], out, err);
-    case TP_OP_GELU:
-    case TP_OP_SILU:
-    case TP_OP_RELU:
-        return cpu_unary(op, attrs, &ins[0], out, err);
-    case TP_OP_SOFTMAX:
-        return cpu_softmax(attrs, &ins[0], out, err);
-    case TP_OP_LAYER_NORM:
-    case TP_OP_RMS_NORM:
-        return cpu_norm(op, attrs, ins, n_ins, out, err);
-    case TP_OP_MATMUL:
-        return cpu_matmul(attrs, &ins[0], &ins[1], out, err);
-    case TP_OP_ATTENTION:
-        return cpu_attention(attrs, &ins[0], &ins[1], &ins[2], out, err);
-    case TP_OP_EMBEDDING:
-        return cpu_embedding(attrs, &ins[0], &ins[1], out, rank, world, err);
-    case TP_OP_CAT:
-        return cpu_cat(attrs, ins, n_ins, out, err);
-    case TP_OP_RESHAPE:
-    case TP_OP_CONTIGUOUS:
-    case TP_OP_IDENTITY_COPY:
-        return cpu_copy(op, &ins[0], out, err);
-    default:
-        return tp_fail(err, TP_INTERNAL, "cpu backend: op '%s' has no cpu kernel", tp_op_name(op));
-    }
+    return cpu_kernels[op](op, attrs, ins, n_ins, out, rank, world, err);
 }

@@ -17,5 +17,7 @@
  * crashing) on an id out of range or an op it does not implement. */
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                      tp_tensor *out, int rank, int world, tp_err *err);
+/* Whether cpu_op_run has a kernel for op. */
+int cpu_op_has_kernel(tp_op op);
 
 #endif

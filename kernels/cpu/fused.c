@@ -44,32 +44,23 @@ static tp_status matmul_blocks(const tp_attrs *attrs, const tp_tensor *x_rows, c
     return st;
 }
 
-/* ag_mm through a reassembly: rank src's rows of the gathered input, piece
- * by piece, straight into their permuted places in out. */
-static tp_status ag_mm_pieces(const tp_attrs *attrs, const tp_tensor *xs, int src, const tp_tensor *ins, int n_ins,
-                              tp_tensor *out, int rank, int world, tp_err *err)
+/* What a piece of a reassembled fused node multiplies (tp_piece_fn). */
+typedef struct {
+    const tp_attrs *attrs;
+    const tp_tensor *ins; /* ag_mm: the weights are ins[1..n_ins) */
+    int n_ins, rank, world;
+} piece_ctx;
+
+static tp_status ag_mm_piece(void *ctx, const tp_tensor *rows, tp_tensor *dest, tp_err *err)
 {
-    int nd = xs->ndim, g = attrs->dim;
-    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS];
-    memcpy(p, xs->shape, sizeof p);
-    p[g] *= world;
-    tp_reassembled_shape(attrs, nd, p, r);
-    r[nd - 1] = out->shape[out->ndim - 1];
-    tp_tensor out_r = tp_tensor_make(out->data, out->dtype, nd, r);
-    tp_box mine = tp_box_full(nd, p), part, rb;
-    mine.lo[g] = src * xs->shape[g];
-    mine.hi[g] = mine.lo[g] + xs->shape[g];
-    tp_status st = TP_OK;
-    for (int j = 0; st == TP_OK && j < attrs->n_pieces; j++) {
-        tp_box pj = tp_piece_box_p(attrs, j, nd, p);
-        if (!tp_box_intersect(nd, &mine, &pj, &part))
-            continue;
-        rb = tp_piece_map(attrs, j, p, &part, nd, 1);
-        tp_tensor rows = tp_box_view(xs, &part, nd - 1, g, mine.lo[g]);
-        tp_tensor dest = tp_box_view(&out_r, &rb, nd - 1, -1, 0);
-        st = matmul_blocks(attrs, &rows, ins, n_ins, &dest, rank, world, err);
-    }
-    return st;
+    const piece_ctx *c = ctx;
+    return matmul_blocks(c->attrs, rows, c->ins, c->n_ins, dest, c->rank, c->world, err);
+}
+
+static tp_status mm_rs_piece(void *ctx, const tp_tensor *rows, tp_tensor *dest, tp_err *err)
+{
+    const piece_ctx *c = ctx;
+    return matmul_into(c->attrs, rows, &c->ins[1], dest, c->rank, c->world, err);
 }
 
 /* dst += src elementwise (both contiguous, same shape). */
@@ -143,7 +134,8 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         int src = (rank + i) % d; /* own shard first: no waiting on a peer */
         tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
         if (attrs->n_pieces > 0) {
-            st = ag_mm_pieces(attrs, &xs, src, ins, n_ins, out, rank, d, err);
+            piece_ctx pc = {attrs, ins, n_ins, rank, d};
+            st = tp_ag_mm_pieces(attrs, &xs, src, d, out, ag_mm_piece, &pc, err);
             continue;
         }
         tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
@@ -187,32 +179,6 @@ static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *o
     return TP_OK;
 }
 
-/* mm_rs through a reassembly: the chunk of R for peer dst, piece by piece,
- * from the rows of a that land there. */
-static tp_status mm_rs_chunk_pieces(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *w, int dst,
-                                    tp_tensor *slot, int rank, int world, tp_err *err)
-{
-    int nd = a->ndim, s = attrs->dim;
-    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS], len = slot->shape[s];
-    memcpy(p, a->shape, sizeof p);
-    p[nd - 1] = slot->shape[nd - 1];
-    tp_reassembled_shape(attrs, nd, p, r);
-    tp_box chunk = tp_box_full(nd, r), part;
-    chunk.lo[s] = dst * len;
-    chunk.hi[s] = chunk.lo[s] + len;
-    tp_status st = TP_OK;
-    for (int j = 0; st == TP_OK && j < attrs->n_pieces; j++) {
-        tp_box rj = tp_piece_box_r(attrs, j, nd, p);
-        if (!tp_box_intersect(nd, &chunk, &rj, &part))
-            continue;
-        tp_box pb = tp_piece_map(attrs, j, p, &part, nd, 0);
-        tp_tensor rows = tp_box_view(a, &pb, nd - 1, -1, 0);
-        tp_tensor dest = tp_box_view(slot, &part, nd - 1, s, chunk.lo[s]);
-        st = matmul_into(attrs, &rows, w, &dest, rank, world, err);
-    }
-    return st;
-}
-
 static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
                        tp_err *err)
 {
@@ -233,7 +199,8 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         tp_tensor slot = tp_tensor_make((char *)ws->data + dst * chunk * (int64_t)tp_dtype_size(out->dtype),
                                         out->dtype, nd, out->shape);
         if (attrs->n_pieces > 0) {
-            st = mm_rs_chunk_pieces(attrs, &a, w, dst, &slot, rank, d, err);
+            piece_ctx pc = {attrs, ins, 2, rank, d};
+            st = tp_mm_rs_pieces(attrs, &a, dst, &slot, mm_rs_piece, &pc, err);
         } else if (s < nd - 1) {
             tp_tensor rows = tp_tensor_narrow(&a, s, dst * len, len);
             st = matmul_into(attrs, &rows, w, &slot, rank, d, err);

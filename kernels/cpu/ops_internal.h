@@ -9,7 +9,7 @@
 #include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
 
-#define OPS_MAX_OPERANDS 4
+#define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
 /* Element address of offset off (in elements) from base. */
 static inline char *ops_at(const void *base, tp_dtype dt, int64_t off)
@@ -18,8 +18,8 @@ static inline char *ops_at(const void *base, tp_dtype dt, int64_t off)
 }
 
 /* An iteration space shared by up to OPS_MAX_OPERANDS strided operands,
- * after coalescing: size-1 dims dropped and adjacent dims merged wherever
- * every operand allows it. Always at least one dim. */
+ * after coalescing (tp_layout_init's rules: size-1 dims dropped, adjacent
+ * dims merged wherever every operand allows it). Always at least one dim. */
 typedef struct {
     int nd, nops;
     int64_t shape[TP_MAX_DIMS];

@@ -4,45 +4,17 @@
 
 #include "ops_internal.h"
 
-static int can_merge(const ops_layout *l, const int64_t *const *strides, int outer, int inner_j)
-{
-    for (int k = 0; k < l->nops; k++)
-        if (strides[k][outer] != l->stride[k][inner_j] * l->shape[inner_j])
-            return 0;
-    return 1;
-}
-
+/* The coalescing is tp_layout_init's (kernels/common): the cuda kernels
+ * iterate exactly the same way. ops_layout only names its strides. */
 void ops_layout_init(ops_layout *l, int nd, const int64_t *shape, int nops,
                      const int64_t *const *strides)
 {
-    ops_layout r; /* built innermost first, reversed at the end */
-    r.nd = 0;
-    r.nops = nops;
-    for (int i = nd - 1; i >= 0; i--) {
-        if (shape[i] == 1)
-            continue;
-        if (r.nd > 0 && can_merge(&r, strides, i, r.nd - 1)) {
-            r.shape[r.nd - 1] *= shape[i];
-            continue;
-        }
-        r.shape[r.nd] = shape[i];
-        for (int k = 0; k < nops; k++)
-            r.stride[k][r.nd] = strides[k][i];
-        r.nd++;
-    }
-    if (r.nd == 0) {
-        r.shape[0] = 1;
-        for (int k = 0; k < nops; k++)
-            r.stride[k][0] = 0;
-        r.nd = 1;
-    }
-    l->nd = r.nd;
-    l->nops = nops;
-    for (int d = 0; d < r.nd; d++) {
-        l->shape[d] = r.shape[r.nd - 1 - d];
-        for (int k = 0; k < nops; k++)
-            l->stride[k][d] = r.stride[k][r.nd - 1 - d];
-    }
+    tp_layout t;
+    tp_layout_init(&t, nd, shape, nops, strides);
+    l->nd = t.nd;
+    l->nops = t.nops;
+    memcpy(l->shape, t.shape, sizeof l->shape);
+    memcpy(l->stride, t.st, sizeof l->stride);
 }
 
 int64_t ops_layout_count(const ops_layout *l, int iter)

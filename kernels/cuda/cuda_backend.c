@@ -240,7 +240,7 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
         x->capture_failed = 1;
         return tp_fail(err, TP_INTERNAL,
                        "cuda rank %d: an op needs %zu more bytes of scratch during capture but %zu are reserved: run "
-                       "the partition once eagerly before capturing it, or raise TP_CUDA_SCRATCH_MB",
+                       "the partition once eagerly before capturing it, or raise cuda_scratch_mb",
                        x->rank, off + bytes - x->scratch_bytes, x->scratch_bytes);
     }
     /* Retire, never free: earlier takes of this op and captured graphs may
@@ -1011,12 +1011,12 @@ static tp_status create_streams(cu_ctx *x, tp_err *err)
     return TP_OK;
 }
 
-static tp_status create_buffers(cu_ctx *x, tp_err *err)
+static tp_status create_buffers(cu_ctx *x, const tp_backend_settings *s, tp_err *err)
 {
-    x->lt_ws_bytes = (size_t)env_long("TP_CUDA_GEMM_WORKSPACE_MB", 32, 0, 4096) << 20;
-    x->scratch_bytes = (size_t)env_long("TP_CUDA_SCRATCH_MB", 64, 0, 65536) << 20;
-    x->sync.timeout_ns = (unsigned long long)env_long("TP_CUDA_BARRIER_TIMEOUT_MS", 30000, 1, 86400000) * 1000000ull;
-    x->check_collectives = env_long("TP_CUDA_CHECK_COLLECTIVES", 0, 0, 1) == 1;
+    x->lt_ws_bytes = (size_t)s->cuda_gemm_workspace_mb << 20;
+    x->scratch_bytes = (size_t)s->cuda_scratch_mb << 20;
+    x->sync.timeout_ns = (unsigned long long)s->cuda_barrier_timeout_ms * 1000000ull;
+    x->check_collectives = s->cuda_check_collectives;
     if (x->lt_ws_bytes)
         CU_TRY(x, err, cudaMalloc(&x->lt_ws, x->lt_ws_bytes));
     if (x->scratch_bytes)
@@ -1083,6 +1083,14 @@ static tp_status pick_device(cu_ctx *x, tp_err *err)
 
 tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out, tp_err *err)
 {
+    tp_backend_settings s;
+    tp_backend_settings_default(&s);
+    return tp_cuda_backend_create_with(world, rank, nccl_id_or_null, &s, out, err);
+}
+
+tp_status tp_cuda_backend_create_with(int world, int rank, const char *nccl_id_or_null, const tp_backend_settings *s,
+                                      tp_backend **out, tp_err *err)
+{
     if (world < 1 || rank < 0 || rank >= world)
         return tp_fail(err, TP_INVALID, "backend cuda: rank %d of world %d", rank, world);
     cu_ctx *x = calloc(1, sizeof *x);
@@ -1099,7 +1107,7 @@ tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_nul
     if (st == TP_OK)
         st = create_streams(x, err);
     if (st == TP_OK)
-        st = create_buffers(x, err);
+        st = create_buffers(x, s, err);
     if (st == TP_OK)
         st = create_comm(x, nccl_id_or_null, err);
     if (st == TP_OK)

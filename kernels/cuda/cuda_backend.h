@@ -9,14 +9,14 @@
  * Device choice: $LOCAL_RANK when set (torchrun-style launchers), else
  * rank % tp_cuda_device_count().
  *
- * Environment knobs (read once at create):
- *   TP_CUDA_GEMM_WORKSPACE_MB   cuBLASLt workspace (default 32)
- *   TP_CUDA_SCRATCH_MB          initial per-op scratch (default 64); it grows
- *                               outside capture, never during one
- *   TP_CUDA_BARRIER_TIMEOUT_MS  how long a cross-rank kernel waits for a
- *                               peer before failing (default 30000)
- *   TP_CUDA_CHECK_COLLECTIVES=1 every eager collective first checks that
- *                               all ranks issue the same one (debugging) */
+ * Settings (tp_backend_settings, the server's cuda_* config keys):
+ *   cuda_gemm_workspace_mb   cuBLASLt workspace (default 32)
+ *   cuda_scratch_mb          initial per-op scratch (default 64); it grows
+ *                            outside capture, never during one
+ *   cuda_barrier_timeout_ms  how long a cross-rank kernel waits for a peer
+ *                            before failing (default 30000)
+ *   cuda_check_collectives   every eager collective first checks that all
+ *                            ranks issue the same one (debugging) */
 #ifndef TP_CUDA_BACKEND_H
 #define TP_CUDA_BACKEND_H
 
@@ -26,6 +26,9 @@
 
 /* 128-byte ncclUniqueId as lowercase hex. */
 #define TP_CUDA_NCCL_ID_HEX 256
+
+/* The registry entry (kernels/cuda/cuda_kind.c, listed in engine/backend.c). */
+extern const tp_backend_kind tp_cuda_backend_kind;
 
 /* Number of usable CUDA devices; 0 when there is no driver or no device
  * (never fails, never aborts). */
@@ -45,6 +48,10 @@ tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err);
  * every rank has joined (ncclCommInitRank), then warms NCCL up. */
 tp_status tp_cuda_backend_create(int world, int rank, const char *nccl_id_or_null, tp_backend **out,
                                  tp_err *err);
+/* The same with the cuda settings (workspace, scratch, barrier timeout,
+ * collective checks); tp_cuda_backend_create uses the defaults. */
+tp_status tp_cuda_backend_create_with(int world, int rank, const char *nccl_id_or_null, const tp_backend_settings *s,
+                                      tp_backend **out, tp_err *err);
 
 /* Page-locks the rank group's shared request staging (cudaHostRegister,
  * portable) so copy_in/copy_out DMA straight from and to it; unregistered

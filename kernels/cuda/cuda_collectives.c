@@ -73,7 +73,7 @@ void cu_note_signature(cu_ctx *x, const char *what, uint64_t sig, int64_t count)
     x->warm[x->n_warm++] = sig;
 }
 
-/* TP_CUDA_CHECK_COLLECTIVES=1: every rank must be issuing the same call
+/* cuda_check_collectives: every rank must be issuing the same call
  * (a mismatch would otherwise hang in NCCL or mix unrelated buffers). */
 static tp_status check_same(cu_ctx *x, const char *what, uint64_t sig, tp_err *err)
 {

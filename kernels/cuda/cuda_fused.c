@@ -46,57 +46,25 @@ static tp_status matmul_blocks(cu_ctx *x, const tp_attrs *at, const tp_tensor *x
     return TP_OK;
 }
 
-/* ag_mm through a reassembly: rank src's rows, piece by piece, straight
- * into their permuted places in out. */
-static tp_status ag_mm_pieces(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs, int src, const tp_tensor *ins,
-                              int n_ins, tp_tensor *out, tp_err *err)
+/* What a piece of a reassembled fused node multiplies (tp_piece_fn). */
+typedef struct {
+    cu_ctx *x;
+    const tp_attrs *at;
+    const tp_tensor *ins; /* ag_mm: the weights are ins[1..n_ins); mm_rs: the weight is w */
+    const tp_tensor *w;
+    int n_ins;
+} piece_ctx;
+
+static tp_status ag_mm_piece(void *ctx, const tp_tensor *rows, tp_tensor *dest, tp_err *err)
 {
-    int nd = xs->ndim, g = at->dim;
-    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS];
-    memcpy(p, xs->shape, sizeof p);
-    p[g] *= x->world;
-    if (tp_reassembled_shape(at, nd, p, r) != 0)
-        return tp_fail(err, TP_INVALID, "fused_all_gather_matmul: pieces of unequal length do not cat");
-    r[nd - 1] = out->shape[out->ndim - 1];
-    tp_tensor out_r = tp_tensor_make(out->data, out->dtype, nd, r);
-    tp_box mine = tp_box_full(nd, p), part, rb;
-    mine.lo[g] = src * xs->shape[g];
-    mine.hi[g] = mine.lo[g] + xs->shape[g];
-    for (int j = 0; j < at->n_pieces; j++) {
-        tp_box pj = tp_piece_box_p(at, j, nd, p);
-        if (!tp_box_intersect(nd, &mine, &pj, &part))
-            continue;
-        rb = tp_piece_map(at, j, p, &part, nd, 1);
-        tp_tensor rows = tp_box_view(xs, &part, nd - 1, g, mine.lo[g]);
-        tp_tensor dest = tp_box_view(&out_r, &rb, nd - 1, -1, 0);
-        TP_TRY(matmul_blocks(x, at, &rows, ins, n_ins, &dest, err));
-    }
-    return TP_OK;
+    const piece_ctx *c = ctx;
+    return matmul_blocks(c->x, c->at, rows, c->ins, c->n_ins, dest, err);
 }
 
-/* mm_rs through a reassembly: the chunk of R for rank dst, piece by piece. */
-static tp_status mm_rs_chunk_pieces(cu_ctx *x, const tp_attrs *at, const tp_tensor *a, const tp_tensor *w, int dst,
-                                    tp_tensor *slot, tp_err *err)
+static tp_status mm_rs_piece(void *ctx, const tp_tensor *rows, tp_tensor *dest, tp_err *err)
 {
-    int nd = a->ndim, s = at->dim;
-    int64_t p[TP_MAX_DIMS], r[TP_MAX_DIMS], len = slot->shape[s];
-    memcpy(p, a->shape, sizeof p);
-    p[nd - 1] = slot->shape[nd - 1];
-    if (tp_reassembled_shape(at, nd, p, r) != 0)
-        return tp_fail(err, TP_INVALID, "fused_matmul_reduce_scatter: pieces of unequal length do not cat");
-    tp_box chunk = tp_box_full(nd, r), part;
-    chunk.lo[s] = dst * len;
-    chunk.hi[s] = chunk.lo[s] + len;
-    for (int j = 0; j < at->n_pieces; j++) {
-        tp_box rj = tp_piece_box_r(at, j, nd, p);
-        if (!tp_box_intersect(nd, &chunk, &rj, &part))
-            continue;
-        tp_box pb = tp_piece_map(at, j, p, &part, nd, 0);
-        tp_tensor rows = tp_box_view(a, &pb, nd - 1, -1, 0);
-        tp_tensor dest = tp_box_view(slot, &part, nd - 1, s, chunk.lo[s]);
-        TP_TRY(cu_matmul(x, &rows, w, at->transpose_b, &dest, 0.0f, x->compute, err));
-    }
-    return TP_OK;
+    const piece_ctx *c = ctx;
+    return cu_matmul(c->x, rows, c->w, c->at->transpose_b, dest, 0.0f, c->x->compute, err);
 }
 
 /* ---------------------------------------------------------- streams */
@@ -181,8 +149,10 @@ static tp_status ag_step(cu_ctx *x, const tp_attrs *at, const tp_tensor *xs, int
         tp_tensor w_rows = tp_tensor_narrow(&ins[1], at->transpose_b ? 1 : 0, src * kl, kl);
         return cu_matmul(x, xs, &w_rows, at->transpose_b, out, step == 0 ? 0.0f : 1.0f, x->compute, err);
     }
-    if (at->n_pieces > 0)
-        return ag_mm_pieces(x, at, xs, src, ins, n_ins, out, err);
+    if (at->n_pieces > 0) {
+        piece_ctx pc = {x, at, ins, NULL, n_ins};
+        return tp_ag_mm_pieces(at, xs, src, x->world, out, ag_mm_piece, &pc, err);
+    }
     tp_tensor og = tp_gathered_view(xs, g, x->world, out);
     int64_t len = xs->shape[g];
     tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
@@ -268,8 +238,10 @@ static tp_status rs_gemm(cu_ctx *x, const tp_attrs *at, const rs_plan *p, int ds
     int64_t len = out->shape[s];
     *slot = tp_tensor_make((char *)p->ws->data + dst * p->chunk * (int64_t)tp_dtype_size(out->dtype), out->dtype, nd,
                            out->shape);
-    if (at->n_pieces > 0)
-        return mm_rs_chunk_pieces(x, at, &p->a, p->w, dst, slot, err);
+    if (at->n_pieces > 0) {
+        piece_ctx pc = {x, at, NULL, p->w, 0};
+        return tp_mm_rs_pieces(at, &p->a, dst, slot, mm_rs_piece, &pc, err);
+    }
     if (s < nd - 1) {
         tp_tensor rows = tp_tensor_narrow(&p->a, s, dst * len, len);
         return cu_matmul(x, &rows, p->w, at->transpose_b, slot, 0.0f, x->compute, err);

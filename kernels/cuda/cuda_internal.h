@@ -88,7 +88,7 @@ typedef struct {
     /* collective signatures run eagerly (warm-up) */
     uint64_t *warm;
     int n_warm, cap_warm;
-    int check_collectives; /* TP_CUDA_CHECK_COLLECTIVES=1: cross-rank signature check */
+    int check_collectives; /* setting cuda_check_collectives: cross-rank signature check */
     int oneshot_fallback_logged, fused_fallback_logged;
 } cu_ctx;
 
@@ -153,6 +153,8 @@ tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *e
 
 /* ---- cuda_ops.c ---- */
 
+/* Whether cu_run_op has a kernel for op. */
+int cu_op_has_kernel(tp_op op);
 tp_status cu_run_op(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                     tp_err *err);
 /* dst = src elementwise, any strides on either side, same shape and dtype. */

@@ -279,40 +279,90 @@ static tp_status copy_op(cu_ctx *x, tp_op op, const tp_tensor *in, tp_tensor *ou
     return into_out(x, in, out, err);
 }
 
+/* One signature for every kernel, so the table below maps op -> kernel. */
+typedef tp_status (*cu_kernel)(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                               tp_tensor *out, tp_err *err);
+
+static tp_status k_binary(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)a, (void)n_ins;
+    return binary(x, op, &ins[0], &ins[1], out, err);
+}
+static tp_status k_unary(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                         tp_err *err)
+{
+    (void)n_ins;
+    return unary(x, op, a, &ins[0], out, err);
+}
+static tp_status k_softmax(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                           tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return softmax(x, a, &ins[0], out, err);
+}
+static tp_status k_matmul(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err);
+}
+static tp_status k_attention(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                             tp_tensor *out, tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return attention(x, a, &ins[0], &ins[1], &ins[2], out, err);
+}
+static tp_status k_embedding(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                             tp_tensor *out, tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return embedding(x, a, &ins[0], &ins[1], out, err);
+}
+static tp_status k_cat(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                       tp_err *err)
+{
+    (void)op;
+    return cat(x, a, ins, n_ins, out, err);
+}
+static tp_status k_copy(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                        tp_err *err)
+{
+    (void)a, (void)n_ins;
+    return copy_op(x, op, &ins[0], out, err);
+}
+
+/* The cuda backend's compute and copy kernels. An op missing here is
+ * refused at load ("backend 'cuda' has no kernel for op ..."). */
+static const cu_kernel cu_kernels[TP_OP_COUNT] = {
+    [TP_OP_ADD] = k_binary,
+    [TP_OP_SUB] = k_binary,
+    [TP_OP_MUL] = k_binary,
+    [TP_OP_GELU] = k_unary,
+    [TP_OP_SILU] = k_unary,
+    [TP_OP_RELU] = k_unary,
+    [TP_OP_SOFTMAX] = k_softmax,
+    [TP_OP_LAYER_NORM] = norm,
+    [TP_OP_RMS_NORM] = norm,
+    [TP_OP_MATMUL] = k_matmul,
+    [TP_OP_ATTENTION] = k_attention,
+    [TP_OP_EMBEDDING] = k_embedding,
+    [TP_OP_CAT] = k_cat,
+    [TP_OP_RESHAPE] = k_copy,
+    [TP_OP_CONTIGUOUS] = k_copy,
+    [TP_OP_IDENTITY_COPY] = k_copy,
+};
+
+int cu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cu_kernels[op] != NULL; }
+
 tp_status cu_run_op(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                     tp_err *err)
 {
-    if ((unsigned)op >= TP_OP_COUNT || n_ins < tp_op_min_inputs(op) || n_ins > tp_op_max_inputs(op))
+    if (!cu_op_has_kernel(op))
+        return tp_fail(err, TP_INTERNAL, "cuda backend: op '%s' has no cuda kernel", tp_op_name(op));
+    if (n_ins < tp_op_min_inputs(op) || n_ins > tp_op_max_inputs(op))
         return tp_fail(err, TP_INTERNAL, "cuda backend: op %d called with %d inputs", (int)op, n_ins);
     if (!tp_tensor_is_contiguous(out))
         return tp_fail(err, TP_INTERNAL, "cuda backend: %s output must be contiguous", tp_op_name(op));
-    switch (op) {
-    case TP_OP_ADD:
-    case TP_OP_SUB:
-    case TP_OP_MUL:
-        return binary(x, op, &ins[0], &ins[1], out, err);
-    case TP_OP_GELU:
-    case TP_OP_SILU:
-    case TP_OP_RELU:
-        return unary(x, op, a, &ins[0], out, err);
-    case TP_OP_SOFTMAX:
-        return softmax(x, a, &ins[0], out, err);
-    case TP_OP_LAYER_NORM:
-    case TP_OP_RMS_NORM:
-        return norm(x, op, a, ins, n_ins, out, err);
-    case TP_OP_MATMUL:
-        return cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err);
-    case TP_OP_ATTENTION:
-        return attention(x, a, &ins[0], &ins[1], &ins[2], out, err);
-    case TP_OP_EMBEDDING:
-        return embedding(x, a, &ins[0], &ins[1], out, err);
-    case TP_OP_CAT:
-        return cat(x, a, ins, n_ins, out, err);
-    case TP_OP_RESHAPE:
-    case TP_OP_CONTIGUOUS:
-    case TP_OP_IDENTITY_COPY:
-        return copy_op(x, op, &ins[0], out, err);
-    default:
-        return tp_fail(err, TP_INTERNAL, "cuda backend: op '%s' has no cuda kernel", tp_op_name(op));
-    }
+    return cu_kernels[op](x, op, a, ins, n_ins, out, err);
 }

@@ -34,6 +34,10 @@ def mutate(o, rng):
             o[i] = rng.choice(VALUES)
         elif r < 0.4:
             o.insert(i, copy.deepcopy(o[rng.randrange(len(o))]))
+        elif r < 0.43:
+            # a long list: node arity past a fixed-size buffer (a 24-input
+            # cat once overflowed the executor's stack) or past the op table
+            o.extend(copy.deepcopy(o[i]) for _ in range(rng.choice([23, 63, 64, 70])))
         else:
             mutate(o[i], rng)
 

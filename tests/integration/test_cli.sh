@@ -68,6 +68,22 @@ PY
 "$TPSERVE" plan "$G/mlp_sp_tp2.json" >"$TMP/plan.txt" && grep -q "all_gather" "$TMP/plan.txt" \
     && pass "plan text" || bad "plan text"
 
+# plan reports what the engine builds: the bucket a batch runs in, and the
+# chosen backend's lowering and input copies (cuda needs no device to plan).
+"$TPSERVE" plan "$G/mlp_sp_tp2.json" --json --batch 3 >"$TMP/pb.json" &&
+$PYTHON -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["batch"] == 4, p["batch"]' "$TMP/pb.json" \
+    && pass "plan --batch 3 reports its bucket (4)" || bad "plan --batch 3"
+if "$TPSERVE" plan "$G/mlp_sp_tp2.json" --backend cuda >/dev/null 2>"$TMP/err"; then
+    "$TPSERVE" plan "$G/mlp_sp_tp2.json" --json --backend cuda --disable-pass fuse_tp >"$TMP/pc.json" &&
+    $PYTHON - "$TMP/pc.json" <<'PY' && pass "plan --backend cuda: nccl lowering, dma input copies" || bad "plan --backend cuda"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert {c["algorithm"] for c in p["collectives"]} == {"nccl"}, p["collectives"]
+assert all(c["method"] == "dma" for c in p["input_copies"]), p["input_copies"]
+PY
+elif grep -q "unknown backend 'cuda'" "$TMP/err"; then pass "plan --backend cuda: skipped (built without nvcc)"
+else bad "plan --backend cuda: $(cat "$TMP/err")"; fi
+
 # Broken inputs: non-zero exit and a one-line reason naming the culprit.
 expect_fail() { # description, expected substring, command...
     desc=$1; want=$2; shift 2

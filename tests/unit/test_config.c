@@ -77,6 +77,25 @@ START_TEST(file_then_flags)
 }
 END_TEST
 
+/* The backends' settings are typed keys like any other (no environment). */
+START_TEST(backend_settings_keys)
+{
+    tp_config c;
+    tp_config_defaults(&c);
+    tp_err e;
+    ck_assert_int_eq(c.backend_settings.cuda_scratch_mb, 64);
+    ck_assert_int_eq(tp_config_set(&c, "verify-replay", "1", &e), TP_OK);
+    ck_assert_int_eq(tp_config_set(&c, "cuda_scratch_mb", "128", &e), TP_OK);
+    ck_assert_int_eq(tp_config_set(&c, "cuda-barrier-timeout-ms", "5000", &e), TP_OK);
+    ck_assert_int_eq(c.backend_settings.verify_replay, 1);
+    ck_assert_int_eq(c.backend_settings.cuda_scratch_mb, 128);
+    ck_assert_int_eq(c.backend_settings.cuda_barrier_timeout_ms, 5000);
+    ck_assert_int_eq(tp_config_set(&c, "cuda_check_collectives", "2", &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "cuda_check_collectives"));
+    ck_assert_int_eq(tp_config_set(&c, "cuda_barrier_timeout_ms", "0", &e), TP_INVALID);
+}
+END_TEST
+
 START_TEST(default_json_matches_defaults)
 {
     /* config/default.json is what `make run` serves; it must load cleanly
@@ -212,6 +231,7 @@ static Suite *config_suite(void)
     tcase_add_test(t, defaults);
     tcase_add_test(t, file_then_flags);
     tcase_add_test(t, default_json_matches_defaults);
+    tcase_add_test(t, backend_settings_keys);
     tcase_add_test(t, file_errors);
     tcase_add_test(t, flag_errors);
     tcase_add_test(t, validate_and_usage);

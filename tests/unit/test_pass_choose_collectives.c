@@ -31,19 +31,19 @@ START_TEST(threshold_per_world_size)
     char dir[64], path[128];
     tp_pass_opts po;
     tp_pass_opts_default(&po);
-    ck_assert_int_gt(po.table.one_shot_max_bytes[2], po.table.one_shot_max_bytes[8]);
-    ck_assert_int_eq(po.table.one_shot_max_bytes[8], 256 * 1024);
+    ck_assert_int_gt(po.lowering.one_shot_max_bytes[2], po.lowering.one_shot_max_bytes[8]);
+    ck_assert_int_eq(po.lowering.one_shot_max_bytes[8], 256 * 1024);
     write_graph(dir, path, 2, 256); /* 1 KiB per row */
     tp_graph *g = tu_load_passed(path, 1, &po);
     ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_ONE_SHOT);
     ck_assert_int_eq(algo_of(g, "g"), TP_ALGO_ONE_SHOT);
     tp_graph_free(g);
-    po.table.one_shot_max_bytes[2] = 512; /* now 1 KiB is large */
+    po.lowering.one_shot_max_bytes[2] = 512; /* now 1 KiB is large */
     g = tu_load_passed(path, 1, &po);
     ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_RING);
     ck_assert_int_eq(algo_of(g, "g"), TP_ALGO_ONE_SHOT); /* only all_reduce has a ring lowering */
     tp_graph_free(g);
-    po.cuda = 1;
+    po.lowering.large_all_reduce = po.lowering.other_collectives = TP_ALGO_NCCL; /* as cuda offers */
     g = tu_load_passed(path, 1, &po);
     ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_NCCL);
     ck_assert_int_eq(algo_of(g, "g"), TP_ALGO_NCCL);
@@ -102,9 +102,13 @@ START_TEST(lowering_per_bucket)
     tp_exec_opts xo = {.lowering = &po};
     tp_exec *small, *large;
     ck_assert_msg(tp_exec_create(g, 1, b, rg, w, &xo, &small, &err) == TP_OK, "%s", err.msg);
-    ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_ONE_SHOT);
+    ck_assert_int_eq(algo_of(tp_exec_graph(small), "s"), TP_ALGO_ONE_SHOT);
     ck_assert_msg(tp_exec_create(g, 16, b, rg, w, &xo, &large, &err) == TP_OK, "%s", err.msg);
-    ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_RING);
+    ck_assert_int_eq(algo_of(tp_exec_graph(large), "s"), TP_ALGO_RING);
+    /* each executable owns its lowered nodes: the large one changed nothing
+     * the small one (or the compiled graph) reads */
+    ck_assert_int_eq(algo_of(tp_exec_graph(small), "s"), TP_ALGO_ONE_SHOT);
+    ck_assert_int_eq(algo_of(g, "s"), TP_ALGO_ONE_SHOT);
     tp_exec_free(small);
     tp_exec_free(large);
     tp_weights_free(w);

@@ -1,0 +1,123 @@
+/* The backend registry and capabilities: lookups by name, what each
+ * backend offers (read without a device), and a backend lacking an op
+ * refusing a graph that uses it, naming node, op and backend. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check_main.h"
+#include "graph.h"
+#include "testutil.h"
+
+static const char *graphs_dir(void)
+{
+    const char *d = getenv("TP_GRAPHS");
+    return d ? d : "build/graphs";
+}
+
+/* A backend that has every kernel but gelu's. */
+static int no_gelu(tp_op op, tp_dtype dtype)
+{
+    (void)dtype;
+    return op != TP_OP_GELU;
+}
+
+START_TEST(backend_without_an_op_refuses_the_graph)
+{
+    tp_backend_kind fake = *tp_backend_default();
+    fake.name = "fake";
+    fake.supports_op = no_gelu;
+    char path[512];
+    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", graphs_dir());
+    tp_graph *g;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_graph_load(path, &g, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(tp_backend_check_graph(tp_backend_default(), g, &err), TP_OK);
+    ck_assert_int_eq(tp_backend_check_graph(&fake, g, &err), TP_UNAVAILABLE);
+    ck_assert_msg(strstr(err.msg, "node 'a': backend 'fake' has no kernel for op 'gelu'"), "message: %s", err.msg);
+    tp_graph_free(g);
+}
+END_TEST
+
+START_TEST(registry_by_name)
+{
+    const tp_backend_kind *cpu = tp_backend_find("cpu");
+    ck_assert_ptr_nonnull(cpu);
+    ck_assert_ptr_eq(cpu, tp_backend_default());
+    ck_assert_ptr_null(tp_backend_find("tpu"));
+    ck_assert_ptr_nonnull(strstr(tp_backend_names(), "cpu"));
+    tp_backend *b = NULL;
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_backend_create("tpu", 1, &b, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "unknown backend 'tpu'"), "%s", err.msg);
+    ck_assert_int_eq(tp_backend_create("cpu", 2, &b, &err), TP_OK);
+    ck_assert_ptr_eq(b->kind, cpu);
+    tp_backend_destroy(b);
+}
+END_TEST
+
+/* What planning reads: known with no device present. */
+START_TEST(capabilities_without_a_device)
+{
+    const tp_backend_caps *cpu = tp_backend_find("cpu")->caps;
+    ck_assert_int_eq(cpu->dma_input_copies, 0);
+    ck_assert_int_eq(cpu->lowering.large_all_reduce, TP_ALGO_RING);
+    ck_assert_int_eq(cpu->lowering.other_collectives, TP_ALGO_ONE_SHOT);
+    ck_assert_int_gt(cpu->lowering.one_shot_max_bytes[2], cpu->lowering.one_shot_max_bytes[8]);
+#ifdef TP_HAVE_CUDA
+    const tp_backend_kind *cuda = tp_backend_find("cuda");
+    ck_assert_ptr_nonnull(cuda);
+    ck_assert_int_eq(cuda->caps->dma_input_copies, 1);
+    ck_assert_int_eq(cuda->caps->lowering.large_all_reduce, TP_ALGO_NCCL);
+    ck_assert_int_eq(cuda->caps->lowering.other_collectives, TP_ALGO_NCCL);
+    ck_assert(cuda->supports_op(TP_OP_MATMUL, TP_F32));
+#endif
+}
+END_TEST
+
+/* The verify_replay setting reaches the cpu backend through the registry:
+ * a replay whose recorded buffer was freed is refused, not run. */
+START_TEST(verify_replay_setting_checks_replays)
+{
+    tp_backend_settings s;
+    tp_backend_settings_default(&s);
+    s.verify_replay = 1;
+    tp_backend *b;
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_backend_create_with("cpu", 1, &s, &b, &err), TP_OK);
+    const tp_backend_iface *bi = b->iface;
+    void *x, *y;
+    ck_assert_int_eq(bi->alloc(b, 0, 64, &x, &err), TP_OK);
+    ck_assert_int_eq(bi->alloc(b, 0, 64, &y, &err), TP_OK);
+    int64_t shape[1] = {4};
+    tp_tensor tx = tp_tensor_make(x, TP_F32, 1, shape), ty = tp_tensor_make(y, TP_F32, 1, shape);
+    tp_capture *c;
+    ck_assert_int_eq(bi->begin_capture(b, 0, &err), TP_OK);
+    tp_attrs none = {0};
+    ck_assert_int_eq(bi->run_op(b, 0, TP_OP_RELU, &none, &tx, 1, &ty, &err), TP_OK);
+    ck_assert_int_eq(bi->end_capture(b, 0, &c, &err), TP_OK);
+    ck_assert_int_eq(bi->replay(b, 0, c, &err), TP_OK);
+    bi->free(b, 0, y);
+    ck_assert_int_eq(bi->replay(b, 0, c, &err), TP_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "not a live backend allocation"), "%s", err.msg);
+    bi->capture_free(b, c);
+    bi->free(b, 0, x);
+    tp_backend_destroy(b);
+}
+END_TEST
+
+static Suite *backend_suite(void)
+{
+    Suite *s = suite_create("backend");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, backend_without_an_op_refuses_the_graph);
+    tcase_add_test(tc, registry_by_name);
+    tcase_add_test(tc, capabilities_without_a_device);
+    tcase_add_test(tc, verify_replay_setting_checks_replays);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(backend_suite)
