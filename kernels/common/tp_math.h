@@ -60,11 +60,13 @@ TP_HD float tp_sigmoid(float x)
 }
 
 /* x^p for a constant p: the common exponents exactly as their spelled-out
- * forms (x*x is correctly rounded, powf(x, 2) need not be). */
+ * forms (x*x and 1/x are correctly rounded, powf need not be). */
 TP_HD float tp_pow_const(float x, float p)
 {
     if (p == 2.0f)
         return x * x;
+    if (p == -1.0f)
+        return 1.0f / x;
     if (p == 1.0f)
         return x;
     if (p == 0.5f)
