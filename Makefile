@@ -49,7 +49,7 @@ NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --compiler-options -Wall,-Werror \
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu test-cpus
 
 all: $(BUILD)/tpserve cuda
 
@@ -58,6 +58,7 @@ help:
 	@echo "make test       build and run unit + integration tests"
 	@echo "make asan       the same suite under AddressSanitizer + UBSan"
 	@echo "make static-checks  prove the build refuses an op without its descriptor and an include across layers"
+	@echo "make test-cpus  the numeric tests under every OpenBLAS CPU kernel set this CPU can run"
 	@echo "make run        install deps, build, serve the example graph (cpu)"
 	@echo "make graphs     regenerate example graphs and reference outputs"
 	@echo "make bench      eager vs replay, planned vs naive memory (cpu)"
@@ -144,6 +145,15 @@ asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
 	  $(if $(NVCC),NVCC=) test
+
+# Numeric tests under each OpenBLAS core type (OPENBLAS_CORETYPE): proves the
+# suite does not depend on the CPU it runs on. One summary line per core type.
+$(BUILD)/tools/blas_core: tests/cpus/blas_core.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -o $@ $< $(LDLIBS)
+
+test-cpus: $(TEST_BINS) $(BUILD)/tpserve $(GRAPHS) $(BUILD)/tools/blas_core
+	@BUILD=$(BUILD) TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve PYTHON=$(PYTHON) sh tests/cpus/test_cpus.sh
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtpserve.a | $(DEPS_OK)
 	@mkdir -p $(dir $@)

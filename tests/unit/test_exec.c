@@ -43,7 +43,7 @@ START_TEST(fallback_captured_equals_eager)
         tp_host_tensor *a = tu_infer(cap, &in, 1, &n1), *e = tu_infer(eager, &in, 1, &n2), *o = tu_infer(off, &in, 1, &n3);
         for (int i = 0; i < n1; i++)
             ck_assert_mem_eq(a[i].data, e[i].data, a[i].nbytes); /* bit-identical */
-        ck_assert(tu_rel_diff(a, o, n1) < 1e-5);
+        ck_assert(tu_rel_diff(a, o, n1) <= TU_RTOL_REORDER); /* passes off: other kernels */
         tp_host_tensors_free(a, n1);
         tp_host_tensors_free(e, n2);
         tp_host_tensors_free(o, n3);

@@ -69,7 +69,7 @@ START_TEST(ring_matches_one_shot)
     tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
     int n1, n2;
     tp_host_tensor *a = tu_infer(on, &in, 1, &n1), *b = tu_infer(off, &in, 1, &n2);
-    ck_assert_msg(tu_rel_diff(a, b, n1) < 1e-6, "ring vs one-shot: %g", tu_rel_diff(a, b, n1));
+    ck_assert_msg(tu_rel_diff(a, b, n1) <= TU_RTOL_REORDER, "ring vs one-shot: %g", tu_rel_diff(a, b, n1));
     /* each rank holds the full x (replicate): the sum is 3x */
     for (int i = 0; i < 16 * 40000; i += 997) {
         float got = ((float *)a[2].data)[i], want = 3.0f * x[i];
@@ -123,7 +123,7 @@ START_TEST(lowering_per_bucket)
         tp_host_tensor in = tu_f32("x", x, 2, shape);
         int n1, n2;
         tp_host_tensor *a = tu_infer(on, &in, 1, &n1), *c = tu_infer(off, &in, 1, &n2);
-        ck_assert(tu_rel_diff(a, c, n1) < 1e-6);
+        ck_assert(tu_rel_diff(a, c, n1) <= TU_RTOL_REORDER);
         tp_host_tensors_free(a, n1);
         tp_host_tensors_free(c, n2);
     }

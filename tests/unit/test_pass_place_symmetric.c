@@ -54,7 +54,7 @@ START_TEST(three_cases)
     tp_engine *on = tu_engine(path, 1, 0), *off = tu_engine(path, 0, 0);
     int n1, n2;
     tp_host_tensor *a = tu_infer(on, in, 2, &n1), *b = tu_infer(off, in, 2, &n2);
-    ck_assert(tu_rel_diff(a, b, n1) < 1e-6);
+    ck_assert(tu_rel_diff(a, b, n1) <= TU_RTOL_REORDER);
     tp_engine_stats st;
     tp_engine_get_stats(on, &st);
     ck_assert_int_eq(st.symmetric_copy_bytes, sizeof x * 2); /* x, into both ranks' slots */

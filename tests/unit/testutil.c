@@ -132,6 +132,17 @@ tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *sh
     return t;
 }
 
+tp_host_tensor tu_batch_row(const tp_host_tensor *t, int64_t b)
+{
+    ck_assert_int_gt(t->ndim, 0);
+    ck_assert_int_lt(b, t->shape[0]);
+    tp_host_tensor row = *t;
+    row.shape[0] = 1;
+    row.nbytes = t->nbytes / (size_t)t->shape[0];
+    row.data = (char *)t->data + (size_t)b * row.nbytes;
+    return row;
+}
+
 void tu_foreach_example(tu_example_fn fn)
 {
     const char *dir = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";

@@ -21,6 +21,19 @@ tp_engine *tu_engine(const char *path, int passes, int eager);
 tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *n_out);
 /* The metric of graphs/README.md, max|out-ref| / max(max|ref|, 1e-6);
  * dtypes and shapes must match. */
+/* The one tolerance for two FP32 computations of the same values whose
+ * floating-point operations run in another order: another batch size or
+ * another CPU makes OpenBLAS pick other GEMM kernels (other blocking, FMA or
+ * not), a fused node sums its chunks in another order, a ring reduces in
+ * another order than a one-shot. Each output is a sum of at most a few
+ * hundred products of values of magnitude <= ~1 (the test data and example
+ * weights); reordering such a sum moves it by a few units in the last place
+ * (rounding errors add like a random walk, ~sqrt(K) * 2^-24 = 1e-6 for
+ * K = 256), so 1e-5 keeps a 10x margin yet still catches a wrong row, a
+ * missed chunk or a wrong scale (errors of 1e-2 and more). Where the code
+ * runs the same operations in the same order the tests compare bit for bit
+ * and say why. */
+#define TU_RTOL_REORDER 1e-5
 double tu_rel_error(const tp_host_tensor *out, const tp_host_tensor *ref);
 /* The worst tu_rel_error over n outputs, paired by position (same names). */
 double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n);
@@ -37,6 +50,8 @@ void tu_foreach_example(tu_example_fn fn);
 /* Every tensor of a safetensors file, copied (free with tp_host_tensors_free). */
 tp_host_tensor *tu_load_tensors(const char *path, int *n);
 
+/* Row b of t along dim 0, as a batch-1 tensor aliasing t's data. */
+tp_host_tensor tu_batch_row(const tp_host_tensor *t, int64_t b);
 /* Global FP32 input tensor over data. */
 tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape);
 
