@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "plan.h"
 #include "graph.h"
 #include "safetensors.h"
 
@@ -213,6 +214,40 @@ START_TEST(onnx_ops_shapes)
 }
 END_TEST
 
+/* The descriptors' batch-rows rules: reducing or gathering along the batch
+ * dim mixes rows (no padded batches), along another dim it does not. */
+START_TEST(onnx_ops_batch_rows)
+{
+#define ROWS_NODE(nm, op, ins, attrs) "{\"name\":\"" nm "\",\"op\":\"" op "\",\"inputs\":[" ins "],\"attrs\":{" attrs "}}"
+    const char *nodes[] = {
+        ROWS_NODE("h", "reduce_sum", "\"x\"", "\"dim\":0,\"keepdim\":true"),
+        ROWS_NODE("h", "reduce_mean", "\"x\"", "\"dim\":1,\"keepdim\":true"),
+        ROWS_NODE("h", "gather", "\"x\",\"ids\"", "\"dim\":0"),
+        ROWS_NODE("h", "gather", "\"x\",\"ids\"", "\"dim\":2"),
+        ROWS_NODE("h", "where", "\"ids\",\"x\",\"x\"", ""),
+        ROWS_NODE("r", "reduce_mean", "\"x\"", "\"dim\":1,\"keepdim\":true") ","
+        ROWS_NODE("h", "expand", "\"r\"", "\"shape\":[1,3,1]"),
+    };
+#undef ROWS_NODE
+    const int mixes[] = {1, 0, 1, 0, 0, 0};
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+        char body[1024], why[256] = "";
+        snprintf(body, sizeof body,
+                 PARAM_IDS "\"nodes\":[%s],\"outputs\":[{\"name\":\"h\",\"placement\":\"replicate\"}]",
+                 nodes[i]);
+        tp_graph *g = NULL;
+        tp_err err = {{0}};
+        ck_assert_msg(load_text(body, &g, &err) == TP_OK, "case %zu: %s", i, err.msg);
+        int independent = -1;
+        ck_assert_int_eq(tp_plan_rows_independent(g, 2, &independent, why, sizeof why, &err), TP_OK);
+        ck_assert_msg(independent == !mixes[i], "case %zu: independent %d (%s)", i, independent, why);
+        if (i == 2)
+            ck_assert_msg(strstr(why, "node 'h' (gather) mixes batch rows"), "%s", why);
+        tp_graph_free(g);
+    }
+}
+END_TEST
+
 START_TEST(non_divisible_shard_and_split)
 {
     expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"}],"
@@ -280,6 +315,7 @@ Suite *loader_suite(void)
     tcase_add_test(tc, non_divisible_shard_and_split);
     tcase_add_test(tc, onnx_ops_refused);
     tcase_add_test(tc, onnx_ops_shapes);
+    tcase_add_test(tc, onnx_ops_batch_rows);
     tcase_add_test(tc, param_vs_safetensors);
     tcase_add_test(tc, malformed_safetensors_header);
     suite_add_tcase(s, tc);
