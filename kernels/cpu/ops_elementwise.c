@@ -14,6 +14,15 @@
 
 #define CHUNK 256
 
+/* The operands' layout over out's shape, walked row by row along its
+ * innermost dim (l->nd - 1): the number of rows, *n their length. */
+static int64_t layout_rows(ops_layout *l, const tp_tensor *out, int nops, const int64_t *const *st, int64_t *n)
+{
+    ops_layout_init(l, out->ndim, out->shape, nops, st);
+    *n = l->shape[l->nd - 1];
+    return ops_layout_count(l, l->nd - 1);
+}
+
 /* o[i] = EXPR(x = a[i*sa], y = b[i*sb]), specialised for the common strides. */
 #define BIN_LOOP(T, EXPR)                                                           \
     do {                                                                            \
@@ -129,9 +138,8 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
         return TP_OK;
     const int64_t *st[3] = {sa, sb, out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 3, st);
+    int64_t n, rows = layout_rows(&l, out, 3, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
     tp_dtype dt = out->dtype;
     ops_pos p;
     memset(&p, 0, sizeof p);
@@ -187,9 +195,8 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
         return TP_OK;
     const int64_t *st[2] = {x->stride, out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 2, st);
+    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
     tp_unary_fn f;
     float param;
     if (tp_unary_fn_of(op, attrs, &f, &param) != 0)
@@ -213,9 +220,8 @@ tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err)
         return TP_OK;
     const int64_t *st[4] = {bs[0], bs[1], bs[2], out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 4, st);
+    int64_t n, rows = layout_rows(&l, out, 4, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
     tp_dtype ct = ins[0].dtype, dt = out->dtype;
     size_t es = tp_dtype_size(dt);
     ops_pos p;
@@ -242,9 +248,8 @@ tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err)
         return TP_OK;
     const int64_t *st[2] = {x->stride, out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 2, st);
+    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
     ops_pos p;
     memset(&p, 0, sizeof p);
     for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
