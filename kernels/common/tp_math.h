@@ -59,8 +59,10 @@ TP_HD float tp_sigmoid(float x)
     return 1.0f / (1.0f + expf(-x));
 }
 
-/* x^p for a constant p: the common exponents exactly as their spelled-out
- * forms (x*x and 1/x are correctly rounded, powf need not be). */
+/* x^p for a constant p: 2, 3, 1 and -1 as x*x, x*x*x, x and 1/x (what
+ * onnxruntime computes for 2 and 3; x*x and 1/x are correctly rounded,
+ * powf need not be), any other p by powf (so 0.5 keeps pow's signed zero
+ * and infinities, which sqrtf does not). */
 TP_HD float tp_pow_const(float x, float p)
 {
     if (p == 2.0f)
@@ -69,8 +71,6 @@ TP_HD float tp_pow_const(float x, float p)
         return 1.0f / x;
     if (p == 1.0f)
         return x;
-    if (p == 0.5f)
-        return sqrtf(x);
     if (p == 3.0f)
         return x * x * x;
     return powf(x, p);
