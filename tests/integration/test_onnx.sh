@@ -203,6 +203,30 @@ echo '{"nothing*": "replicate"}' >"$TMP/nomatch.json"
 expect_error "plan glob matching nothing" "pattern 'nothing*' matches no weight" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/nomatch.json"
 echo '{"*": "replicate"' >"$TMP/badjson.json"
 expect_error "plan with bad JSON" "bad JSON at line 2" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/badjson.json"
+# A request id outside index_ops' gather table (5 rows: ids in [-5, 5)):
+# the run fails with one line naming the id, on threads and on processes.
+$PYTHON - "$ROOT/graphs" "$TMP/index_ops.in3.safetensors" "$TMP/bad_ids.safetensors" <<'PY' || fail "bad ids: writing the request"
+import sys
+sys.path.insert(0, sys.argv[1])
+from gen_examples import load_safetensors, save_safetensors
+t = load_safetensors(sys.argv[2])
+st, ids = t["idx"]
+ids = ids.copy()
+ids[1, 2] = 9
+t["idx"] = (st, ids)
+save_safetensors(sys.argv[3], t)
+PY
+for r in threads processes; do
+    "$TPSERVE" run "$TMP/index_ops_tp2.json" --inputs "$TMP/bad_ids.safetensors" --output "$TMP/bad.out" \
+        --backend cpu --ranks $r >/dev/null 2>"$TMP/err"
+    rc=$?
+    if [ $rc = 1 ] && grep -qF "gather: id 9 (position 6) is outside [-5, 5)" "$TMP/err"; then
+        pass "request id out of the gather table ($r): $(grep -F 'gather' "$TMP/err" | head -1)"
+    else
+        fail "request id out of the gather table ($r): exit $rc: $(cat "$TMP/err")"
+    fi
+done
+
 # --dim makes the two-dynamic model importable; it then runs like any other.
 if $IMPORT "$TMP/two_dynamic.onnx" --world-size 2 --dim seq=8 --out "$TMP/two_dynamic_tp2.json" 2>"$TMP/err" &&
     $PYTHON "$FIX/reference.py" "$TMP/two_dynamic.onnx" --batch 3 --dim seq=8 \
