@@ -147,6 +147,62 @@ static const tp_op_desc desc_FUSED_MM_RS = {.name = "fused_matmul_reduce_scatter
                                             .shape = TP_SHAPE_FUSED_MM_RS, .rows = TP_ROWS_FUSED,
                                             .attrs = no_attrs};
 
+/* ------------------------------------------------- ops of ONNX exports */
+
+/* div only on floats: integer division by zero has no defined result. */
+static const tp_op_desc desc_DIV = {.name = "div", .kind = TP_KIND_COMPUTE,
+                                    .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE | TP_OPF_FLOAT_ONLY,
+                                    .min_inputs = 2, .max_inputs = 2, .comm_input = -1, .shape = TP_SHAPE_BINARY,
+                                    .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+static const tp_op_desc desc_SQRT = UNARY_OP("sqrt", no_attrs);
+static const tp_op_desc desc_RSQRT = UNARY_OP("rsqrt", no_attrs);
+static const tp_op_desc desc_EXP = UNARY_OP("exp", no_attrs);
+static const tp_op_desc desc_NEG = UNARY_OP("neg", no_attrs);
+static const tp_op_desc desc_TANH = UNARY_OP("tanh", no_attrs);
+static const tp_op_desc desc_ERF = UNARY_OP("erf", no_attrs);
+static const tp_op_desc desc_SIGMOID = UNARY_OP("sigmoid", no_attrs);
+static const tp_attr_spec pow_attrs[] = {REQ("exponent", TP_ATTR_FLOAT, exponent), END};
+static const tp_op_desc desc_POW = UNARY_OP("pow", pow_attrs);
+
+/* Reducing over the batch dim mixes rows: ALONG_DIM says so. */
+static const tp_attr_spec reduce_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), OPT("keepdim", TP_ATTR_BOOL, keepdim, 0),
+                                            END};
+#define REDUCE_OP(nm) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH, .min_inputs = 1,           \
+                       .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_REDUCE, .rows = TP_ROWS_ALONG_DIM, \
+                       .attrs = reduce_attrs}
+static const tp_op_desc desc_REDUCE_MEAN = REDUCE_OP("reduce_mean");
+static const tp_op_desc desc_REDUCE_SUM = REDUCE_OP("reduce_sum");
+
+/* where(cond, x, y): cond is a param (a constant mask, as exports fold
+ * them), so it has no batch dim and the rows stay independent. */
+static const tp_op_desc desc_WHERE = {.name = "where", .kind = TP_KIND_COMPUTE,
+                                      .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE, .min_inputs = 3,
+                                      .max_inputs = 3, .comm_input = -1, .shape = TP_SHAPE_WHERE,
+                                      .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+
+/* gather(x, ids) along dim: gathering along the batch dim mixes rows. */
+static const tp_attr_spec gather_attrs[] = {OPT("dim", TP_ATTR_DIM, dim, 0), END};
+static const tp_op_desc desc_GATHER = {.name = "gather", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                       .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
+                                       .shape = TP_SHAPE_GATHER_IDS, .rows = TP_ROWS_ALONG_DIM,
+                                       .attrs = gather_attrs};
+
+/* A copy, not a zero-stride view: an in-place consumer must never write
+ * one element through several aliases. */
+static const tp_op_desc desc_EXPAND = {.name = "expand", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                       .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                       .shape = TP_SHAPE_EXPAND, .rows = TP_ROWS_INDEPENDENT,
+                                       .attrs = shape_attrs};
+
+/* The choice words are tp_dtype's names in enum order (ops.h's cast_to). */
+_Static_assert(TP_F32 == 0 && TP_F16 == 1 && TP_BF16 == 2 && TP_I32 == 3 && TP_I64 == 4, "cast 'to' choices");
+static const tp_attr_spec cast_attrs[] = {
+    {"to", TP_ATTR_CHOICE, FIELD(cast_to), 1, 0, NO, NO, "FP32 FP16 BF16 INT32 INT64"}, END};
+static const tp_op_desc desc_CAST = {.name = "cast", .kind = TP_KIND_COMPUTE,
+                                     .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE, .min_inputs = 1,
+                                     .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_CAST,
+                                     .rows = TP_ROWS_INDEPENDENT, .attrs = cast_attrs};
+
 /* An op in TP_OP_LIST without its desc_NAME above fails right here. */
 static const tp_op_desc *const op_table[] = {
 #define TP_OP_ROW(e) [TP_OP_##e] = &desc_##e,

@@ -45,7 +45,22 @@
     X(ALL_TO_ALL) \
     X(BROADCAST) \
     X(FUSED_AG_MM) \
-    X(FUSED_MM_RS)
+    X(FUSED_MM_RS) \
+    X(DIV) \
+    X(SQRT) \
+    X(RSQRT) \
+    X(EXP) \
+    X(NEG) \
+    X(TANH) \
+    X(ERF) \
+    X(SIGMOID) \
+    X(POW) \
+    X(REDUCE_MEAN) \
+    X(REDUCE_SUM) \
+    X(WHERE) \
+    X(GATHER) \
+    X(EXPAND) \
+    X(CAST)
 
 typedef enum {
 #define TP_OP_ENUM(e) TP_OP_##e,
@@ -87,6 +102,11 @@ typedef enum {
     TP_SHAPE_FROM_SRC,      /* broadcast: same shape, src must be a rank */
     TP_SHAPE_FUSED_AG_MM,
     TP_SHAPE_FUSED_MM_RS,
+    TP_SHAPE_REDUCE,        /* attr dim reduced (kept as size 1 with keepdim) */
+    TP_SHAPE_WHERE,         /* broadcast of a param cond (INT32/INT64) and two same-dtype inputs */
+    TP_SHAPE_GATHER_IDS,    /* x[..., ids, ...]: dim of x replaced by the ids' dims */
+    TP_SHAPE_EXPAND,        /* NumPy broadcast of the input and attr shape */
+    TP_SHAPE_CAST,          /* same shape, dtype attr to */
 } tp_shape_rule;
 
 /* Whether an op mixes batch rows (plan_rows.c), given where the batch dim
@@ -133,6 +153,7 @@ typedef struct {
 enum {
     TP_OPF_GRAPH = 1 << 0,       /* a graph file may use it (else the engine's own) */
     TP_OPF_ELEMENTWISE = 1 << 1, /* reads element e, writes element e: may run in place */
+    TP_OPF_FLOAT_ONLY = 1 << 2,  /* inputs must be FP32/FP16/BF16 (a binary op's shape rule checks) */
 };
 
 typedef enum { TP_REDUCE_SUM = 0, TP_REDUCE_AVG, TP_REDUCE_MAX } tp_reduce;
@@ -150,10 +171,10 @@ const char *tp_algo_name(tp_algo a);
 /* Every attr of every op, already validated and with defaults applied.
  * Dims are normalised (non-negative) by shape inference. */
 typedef struct tp_attrs {
-    int dim;              /* softmax, slice, cat, all_gather, reduce_scatter */
+    int dim;              /* softmax, slice, cat, all_gather, reduce_scatter, reduce_*, gather */
     int dim0, dim1;       /* transpose */
     int64_t start, length; /* slice */
-    int n_shape;          /* view, reshape: target shape (one -1 allowed) */
+    int n_shape;          /* view, reshape: target shape (one -1 allowed); expand */
     int64_t shape[TP_MAX_DIMS];
     int n_dims;           /* permute */
     int dims[TP_MAX_DIMS];
@@ -167,6 +188,9 @@ typedef struct tp_attrs {
     tp_reduce reduce;     /* reduce_scatter, all_reduce */
     int split_dim, concat_dim; /* all_to_all */
     int src;              /* broadcast */
+    float exponent;       /* pow */
+    int keepdim;          /* reduce_mean, reduce_sum */
+    int cast_to;          /* cast: a tp_dtype (its choice index is the enum value) */
     tp_algo algo;         /* collectives: lowering chosen by choose_collectives */
     /* fused_all_gather_matmul: `dim` is the gather dim of input 0 and
      * inputs 1..n_fused are weights; the products x_gathered @ w_i are

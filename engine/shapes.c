@@ -109,6 +109,22 @@ tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t bat
     return TP_OK;
 }
 
+/* NumPy broadcasting of shapes a and b into out (nd_out dims); -1 if they
+ * do not broadcast. */
+static int broadcast_shapes(int nd_a, const int64_t *a, int nd_b, const int64_t *b, int *nd_out, int64_t *out)
+{
+    int nd = nd_a > nd_b ? nd_a : nd_b;
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - nd_a), ib = i - (nd - nd_b);
+        int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return -1;
+        out[i] = da == 1 ? db : da;
+    }
+    *nd_out = nd;
+    return 0;
+}
+
 /* NumPy broadcasting of two shapes. */
 static tp_status infer_binary(tp_graph *g, tp_node *n, tp_err *err)
 {
@@ -116,15 +132,107 @@ static tp_status infer_binary(tp_graph *g, tp_node *n, tp_err *err)
     char sa[128], sb[128];
     if (a->dtype != b->dtype)
         return node_fail(err, n, "input dtypes differ: %s vs %s", tp_dtype_name(a->dtype), tp_dtype_name(b->dtype));
-    n->ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
-    for (int i = 0; i < n->ndim; i++) {
-        int ia = i - (n->ndim - a->ndim), ib = i - (n->ndim - b->ndim);
-        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
-        if (da != db && da != 1 && db != 1)
-            return node_fail(err, n, "shapes %s and %s do not broadcast", SHAPE(sa, a), SHAPE(sb, b));
-        n->shape[i] = da == 1 ? db : da;
-    }
+    if ((tp_op_desc_of(n->op)->flags & TP_OPF_FLOAT_ONLY) && !tp_dtype_is_float(a->dtype))
+        return node_fail(err, n, "needs floating-point inputs, got %s%s", tp_dtype_name(a->dtype), "");
+    if (broadcast_shapes(a->ndim, a->shape, b->ndim, b->shape, &n->ndim, n->shape) != 0)
+        return node_fail(err, n, "shapes %s and %s do not broadcast", SHAPE(sa, a), SHAPE(sb, b));
     n->dtype = a->dtype;
+    return TP_OK;
+}
+
+/* where(cond, x, y): the broadcast of all three; cond is a constant mask. */
+static tp_status infer_where(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *c = &g->nodes[n->inputs[0]], *x = &g->nodes[n->inputs[1]], *y = &g->nodes[n->inputs[2]];
+    char sa[128], sb[128];
+    if (c->op != TP_OP_PARAM || (c->dtype != TP_I32 && c->dtype != TP_I64))
+        return node_fail(err, n, "cond '%s' must be an INT32 or INT64 param (a constant mask), got %s", c->name,
+                         c->op == TP_OP_PARAM ? tp_dtype_name(c->dtype) : tp_op_name(c->op));
+    if (x->dtype != y->dtype)
+        return node_fail(err, n, "input dtypes differ: %s vs %s", tp_dtype_name(x->dtype), tp_dtype_name(y->dtype));
+    int nd;
+    int64_t xy[TP_MAX_DIMS];
+    if (broadcast_shapes(x->ndim, x->shape, y->ndim, y->shape, &nd, xy) != 0)
+        return node_fail(err, n, "shapes %s and %s do not broadcast", SHAPE(sa, x), SHAPE(sb, y));
+    if (broadcast_shapes(c->ndim, c->shape, nd, xy, &n->ndim, n->shape) != 0)
+        return node_fail(err, n, "cond shape %s does not broadcast with %s", SHAPE(sa, c),
+                         tp_shape_str(sb, sizeof sb, nd, xy));
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+/* reduce_mean / reduce_sum over attr dim. */
+static tp_status infer_reduce(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    if (!tp_dtype_is_float(x->dtype) || x->ndim < 1)
+        return node_fail(err, n, "needs a floating-point input of rank >= 1, got %s%s", tp_dtype_name(x->dtype),
+                         x->ndim < 1 ? " scalar" : "");
+    tp_status st = norm_dim(err, n, &n->attrs.dim, x->ndim, "dim");
+    if (st != TP_OK)
+        return st;
+    int d = n->attrs.dim;
+    n->ndim = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i != d)
+            n->shape[n->ndim++] = x->shape[i];
+        else if (n->attrs.keepdim)
+            n->shape[n->ndim++] = 1;
+    }
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+/* gather(x, ids) along dim: x.shape[:dim] + ids.shape + x.shape[dim+1:]. */
+static tp_status infer_gather(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]], *ids = &g->nodes[n->inputs[1]];
+    if (ids->dtype != TP_I32 && ids->dtype != TP_I64)
+        return node_fail(err, n, "ids must be INT32 or INT64, got %s%s", tp_dtype_name(ids->dtype), "");
+    if (x->ndim < 1)
+        return node_fail(err, n, "needs an input of rank >= 1%s%s", "", "");
+    tp_status st = norm_dim(err, n, &n->attrs.dim, x->ndim, "dim");
+    if (st != TP_OK)
+        return st;
+    int d = n->attrs.dim;
+    if (x->ndim - 1 + ids->ndim > TP_MAX_DIMS)
+        return node_fail(err, n, "the result would have more than %s dims%s", "8", "");
+    n->ndim = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i != d) {
+            n->shape[n->ndim++] = x->shape[i];
+            continue;
+        }
+        for (int k = 0; k < ids->ndim; k++)
+            n->shape[n->ndim++] = ids->shape[k];
+    }
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+/* expand: ONNX Expand's bidirectional broadcast of the input and attr
+ * shape (a 1 in the shape keeps the input's size: the batch dim, a split). */
+static tp_status infer_expand(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    char sa[128], sb[128];
+    for (int i = 0; i < n->attrs.n_shape; i++)
+        if (n->attrs.shape[i] < 1)
+            return node_fail(err, n, "target shape %s has a size below 1%s",
+                             tp_shape_str(sb, sizeof sb, n->attrs.n_shape, n->attrs.shape), "");
+    if (broadcast_shapes(x->ndim, x->shape, n->attrs.n_shape, n->attrs.shape, &n->ndim, n->shape) != 0)
+        return node_fail(err, n, "input %s does not broadcast to %s", SHAPE(sa, x),
+                         tp_shape_str(sb, sizeof sb, n->attrs.n_shape, n->attrs.shape));
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
+static tp_status infer_cast(tp_graph *g, tp_node *n)
+{
+    const tp_node *x = &g->nodes[n->inputs[0]];
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = (tp_dtype)n->attrs.cast_to;
     return TP_OK;
 }
 
@@ -616,6 +724,21 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
     case TP_SHAPE_SAME:
     case TP_SHAPE_FROM_SRC:
         st = infer_collective(g, n, rule, err);
+        break;
+    case TP_SHAPE_REDUCE:
+        st = infer_reduce(g, n, err);
+        break;
+    case TP_SHAPE_WHERE:
+        st = infer_where(g, n, err);
+        break;
+    case TP_SHAPE_GATHER_IDS:
+        st = infer_gather(g, n, err);
+        break;
+    case TP_SHAPE_EXPAND:
+        st = infer_expand(g, n, err);
+        break;
+    case TP_SHAPE_CAST:
+        st = infer_cast(g, n);
         break;
     case TP_SHAPE_UNSET:
         return tp_fail(err, TP_INTERNAL, "node '%s': op '%s' has no shape rule in its descriptor", n->name,

@@ -167,17 +167,55 @@ class Lowering:
         self._binary(n, "mul")
 
     def op_Div(self, n):
+        """A constant power-of-two divisor is an exact mul (which the
+        patterns and plan see through); 1 / x is a reciprocal; else div."""
         c = self.g.scalar(n.input[1])
         r = None if c is None else _exact_reciprocal(c)
-        if r is None:
-            self.fail(n, "Div is only mapped for a constant power-of-two divisor (tpgraph has no div op)")
-        arr = np.array([r], dtype=self.nm.dtype[n.input[0]])
-        self.emit(n.output[0], "mul", [self.value(n.input[0], n), self._const_param(n.output[0] + ".recip", arr)], {}, n)
+        if r is not None:
+            arr = np.array([r], dtype=self.nm.dtype[n.input[0]])
+            self.emit(n.output[0], "mul", [self.value(n.input[0], n), self._const_param(n.output[0] + ".recip", arr)], {}, n)
+        elif self.g.scalar(n.input[0]) == 1.0 and n.input[1] not in self.nm.const:
+            self._reciprocal(n, n.input[1])
+        else:
+            self._binary(n, "div")
+
+    def _unary(self, n, op, attrs=None):
+        self.emit(n.output[0], op, [self.value(n.input[0], n)], attrs or {}, n)
+
+    def op_Sqrt(self, n):
+        self._unary(n, "sqrt")
+
+    def op_Exp(self, n):
+        self._unary(n, "exp")
 
     def op_Neg(self, n):
-        # x * -1 is exact, so Neg needs no op of its own.
-        arr = np.array([-1], dtype=self.nm.dtype[n.input[0]])
-        self.emit(n.output[0], "mul", [self.value(n.input[0], n), self._const_param(n.output[0] + ".minus1", arr)], {}, n)
+        self._unary(n, "neg")
+
+    def op_Tanh(self, n):
+        self._unary(n, "tanh")
+
+    def op_Erf(self, n):
+        self._unary(n, "erf")
+
+    def op_Sigmoid(self, n):
+        self._unary(n, "sigmoid")
+
+    def op_Pow(self, n):
+        e = self.g.scalar(n.input[1])
+        if e is None:
+            self.fail(n, "an exponent that is not one constant (tpgraph's pow takes a constant exponent)")
+        self._unary(n, "pow", {"exponent": e})
+
+    def _reciprocal(self, n, x):
+        """1/x; 1/sqrt(y) (the Sqrt used only here) is rsqrt(y)."""
+        sq = self.g.producer(x, "Sqrt")
+        if sq is not None and self.g.only_use(x) is n:
+            self.emit(n.output[0], "rsqrt", [self.value(sq.input[0], n)], {}, n)
+        else:
+            self.emit(n.output[0], "pow", [self.value(x, n)], {"exponent": -1.0}, n)
+
+    def op_Reciprocal(self, n):
+        self._reciprocal(n, n.input[0])
 
     def op_Gelu(self, n):
         approx = self.g.attr(n, "approximate", b"none")
@@ -242,9 +280,55 @@ class Lowering:
     op_Dropout = _alias
 
     def op_Cast(self, n):
-        if self.nm.dtype[n.input[0]] != self.nm.dtype[n.output[0]]:
-            self.fail(n, "a cast from %s to %s (tpgraph has no cast op)" % (self.nm.dtype[n.input[0]], self.nm.dtype[n.output[0]]))
-        self._alias(n)
+        src, dst = self.nm.dtype[n.input[0]], self.nm.dtype[n.output[0]]
+        if src == dst:
+            return self._alias(n)
+        _tp_dtype(src, "ONNX node '%s' (Cast) source" % n.name)
+        self._unary(n, "cast", {"to": _tp_dtype(dst, "ONNX node '%s' (Cast) target" % n.name)})
+
+    def _reduce_axes(self, n):
+        """The axes of a ReduceMean/ReduceSum, from its input (opset 18;
+        ReduceSum since 13) or its attribute; empty: all (or none)."""
+        rank = len(self.nm.shape[n.input[0]])
+        if len(n.input) > 1 and n.input[1]:
+            if n.input[1] not in self.nm.const:
+                self.fail(n, "axes that are not constant")
+            axes = [int(a) for a in self.nm.const[n.input[1]].reshape(-1)]
+        else:
+            axes = list(self.g.attr(n, "axes", []))
+        if not axes:
+            return [] if self.g.attr(n, "noop_with_empty_axes", 0) else list(range(rank))
+        return sorted({a % rank for a in axes})
+
+    def _reduce(self, n, op):
+        """One reduce per axis, the highest first (so the others keep their
+        index); a mean of means over equal counts is the mean."""
+        axes, keep = self._reduce_axes(n), bool(self.g.attr(n, "keepdims", 1))
+        if not axes:
+            return self._alias(n)
+        cur, shape = self.value(n.input[0], n), list(self.nm.shape[n.input[0]])
+        bd = self.nm.bdim.get(n.input[0])
+        for j, d in enumerate(reversed(axes)):
+            attrs = {"dim": d, "keepdim": keep}
+            if j == len(axes) - 1:
+                return self.emit(n.output[0], op, [cur], attrs, n)
+            shape = shape[:d] + ([1] if keep else []) + shape[d + 1:]
+            bd = None if bd == d else (bd - 1 if bd is not None and bd > d and not keep else bd)
+            cur = self.helper(n.output[0], "%s%d" % (op, d), op, [cur], attrs, n, tuple(shape), bd,
+                              _tp_dtype(self.nm.dtype[n.output[0]], n.output[0]))
+
+    def op_ReduceMean(self, n):
+        self._reduce(n, "reduce_mean")
+
+    def op_ReduceSum(self, n):
+        self._reduce(n, "reduce_sum")
+
+    def op_Where(self, n):
+        cond, x, y = n.input
+        if cond not in self.nm.const:
+            self.fail(n, "a condition that depends on the inputs (tpgraph's where takes a constant mask)")
+        mask = self.param(cond + ".int32", self.nm.const[cond].astype(np.int32))
+        self.emit(n.output[0], "where", [mask, self.value(x, n), self.value(y, n)], {}, n)
 
     def _reshape(self, n):
         x = self.value(n.input[0], n)
@@ -313,37 +397,40 @@ class Lowering:
         self.emit(n.output[0], "cat", ins, {"dim": self.g.attr(n, "axis")}, n)
 
     def op_Expand(self, n):
-        """Broadcast of size-1 dims = cat of copies (exact)."""
-        x, src, dst = self.value(n.input[0], n), self.nm.shape[n.input[0]], self.nm.shape[n.output[0]]
+        """ONNX's broadcast: the target keeps 1 wherever the input's size
+        stays (the batch dim, a dim the plan splits)."""
+        src, dst = self.nm.shape[n.input[0]], self.nm.shape[n.output[0]]
         src = (1,) * (len(dst) - len(src)) + tuple(src)
-        cur = x
-        if len(src) != len(self.prog.values[x].shape):
-            cur = self.helper(n.output[0], "rank", "reshape", [x], {}, n, src, self.nm.bdim.get(n.output[0]),
-                              self.prog.values[x].datatype)
-        shape = list(src)
         grow = [d for d in range(len(dst)) if src[d] != dst[d]]
         if any(d == self.nm.bdim.get(n.output[0]) for d in grow):
             self.fail(n, "expands along the batch dim")
-        if not grow:
-            self.alias[n.output[0]] = cur
+        x = self.value(n.input[0], n)
+        if not grow and len(src) == len(self.prog.values[x].shape):
+            self.alias[n.output[0]] = x
             return
-        for j, d in enumerate(grow):
-            if dst[d] > 64:
-                self.fail(n, "expands a dim to %d copies (cat takes at most 64 inputs)" % dst[d])
-            shape[d] = dst[d]
-            if j == len(grow) - 1:
-                self.emit(n.output[0], "cat", [cur] * dst[d], {"dim": d}, n)
-            else:
-                cur = self.helper(n.output[0], "expand%d" % d, "cat", [cur] * dst[d], {"dim": d}, n, tuple(shape),
-                                  self.nm.bdim.get(n.output[0]), self.prog.values[cur].datatype)
+        self.emit(n.output[0], "expand", [x], {"shape": [dst[d] if d in grow else 1 for d in range(len(dst))]}, n)
 
     def op_Gather(self, n):
+        """A constant 2-D table on axis 0 is an embedding; anything else a
+        gather (scalar ids drop the dim: a gather of one id, reshaped)."""
         table, ids = n.input
-        if table not in self.nm.const or self.g.attr(n, "axis", 0) != 0 or self.nm.const[table].ndim != 2:
-            self.fail(n, "only Gather on axis 0 of a constant 2-D table (an embedding) is mapped")
+        axis = self.g.attr(n, "axis", 0) % len(self.nm.shape[table])
         if self.nm.dtype[ids] not in (np.dtype(np.int64), np.dtype(np.int32)):
             self.fail(n, "ids of type %s" % self.nm.dtype[ids])
-        self.emit(n.output[0], "embedding", [self.value(ids, n), self.param(table)], {}, n)
+        if table in self.nm.const and axis == 0 and self.nm.const[table].ndim == 2:
+            self.emit(n.output[0], "embedding", [self.value(ids, n), self.param(table)], {}, n)
+            return
+        if axis == self.nm.bdim.get(table):
+            self.fail(n, "gathers along the batch dim")
+        x, out = self.value(table, n), n.output[0]
+        if self.nm.shape[ids] != ():
+            self.emit(out, "gather", [x, self.value(ids, n)], {"dim": axis}, n)
+            return
+        one = self.value(ids, n)  # a 0-d constant is stored as [1] (param)
+        shape = self.nm.shape[table][:axis] + (1,) + self.nm.shape[table][axis + 1:]
+        g = self.helper(out, "gather", "gather", [x, one], {"dim": axis}, n, shape, self.nm.bdim.get(table),
+                        _tp_dtype(self.nm.dtype[out], out))
+        self.emit(out, "reshape", [g], {}, n)
 
 
 def lower(nm):

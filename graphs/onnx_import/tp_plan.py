@@ -293,6 +293,42 @@ class Planner:
 
     op_rms_norm = op_layer_norm
 
+    def _keep_split(self, x, out_dim):
+        """x's emitted name and the output's split: x's split dim moves to
+        out_dim(dim), or x is gathered where out_dim gives None. A param is
+        used whole."""
+        if self.is_param(x):
+            return self.use_param(x), None
+        pl = self.place.get(x)
+        if pl is None:
+            return self.name[x], None
+        d = out_dim(pl.dim)
+        if d is None:
+            return self.replicated(x), None
+        return self.name[x], pl._replace(dim=d)
+
+    def _reduce(self, n):
+        rank = len(self.shape(n.inputs[0]))
+        dim, keep = n.attrs["dim"] % rank, n.attrs.get("keepdim", False)
+        xs, pl = self._keep_split(n.inputs[0], lambda k: None if k == dim else k - (k > dim and not keep))
+        self.emit_same(n, [xs], pl, dict(n.attrs, dim=dim))
+
+    op_reduce_mean = _reduce
+    op_reduce_sum = _reduce
+
+    def op_gather(self, n):
+        x, ids = n.inputs
+        dim, n_ids = n.attrs["dim"] % len(self.shape(x)), len(self.shape(ids))
+        xs, pl = self._keep_split(x, lambda k: None if k == dim else (k if k < dim else k + n_ids - 1))
+        idn = self.use_param(ids) if self.is_param(ids) else self.replicated(ids)
+        self.emit_same(n, [xs, idn], pl, {"dim": dim})
+
+    def op_expand(self, n):
+        """A dim the expand grows was size 1, so never the split one."""
+        lead = len(n.shape) - len(self.shape(n.inputs[0]))
+        xs, pl = self._keep_split(n.inputs[0], lambda k: k + lead)
+        self.emit_same(n, [xs], pl)
+
     def op_attention(self, n):
         pls = [self.place.get(i) for i in n.inputs]
         if all(p is not None and p.dim == 1 and len(p.segs) == 1 for p in pls):

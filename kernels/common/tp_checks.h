@@ -4,6 +4,9 @@
 #ifndef TP_CHECKS_H
 #define TP_CHECKS_H
 
+#include "common/tp_cuda_plan.h"
+#include "common/tp_math.h"
+#include "ops.h"
 #include "status.h"
 #include "tensor.h"
 
@@ -29,6 +32,120 @@ static inline tp_status tp_check_cat(int d, const tp_tensor *ins, int n_ins, con
     if (total != out->shape[d])
         return tp_fail(err, TP_INVALID, "cat: inputs add up to %lld along dim %d, output has %lld", (long long)total,
                        d, (long long)out->shape[d]);
+    return TP_OK;
+}
+
+/* The tp_math.h function of a unary op (and its parameter); -1 if op is
+ * not one of them. */
+static inline int tp_unary_fn_of(tp_op op, const tp_attrs *a, tp_unary_fn *fn, float *p)
+{
+    *p = 0.0f;
+    switch (op) {
+    case TP_OP_GELU: *fn = a && a->gelu_tanh ? TP_UN_GELU_TANH : TP_UN_GELU; return 0;
+    case TP_OP_SILU: *fn = TP_UN_SILU; return 0;
+    case TP_OP_RELU: *fn = TP_UN_RELU; return 0;
+    case TP_OP_SQRT: *fn = TP_UN_SQRT; return 0;
+    case TP_OP_RSQRT: *fn = TP_UN_RSQRT; return 0;
+    case TP_OP_EXP: *fn = TP_UN_EXP; return 0;
+    case TP_OP_NEG: *fn = TP_UN_NEG; return 0;
+    case TP_OP_TANH: *fn = TP_UN_TANH; return 0;
+    case TP_OP_ERF: *fn = TP_UN_ERF; return 0;
+    case TP_OP_SIGMOID: *fn = TP_UN_SIGMOID; return 0;
+    case TP_OP_POW:
+        *fn = TP_UN_POW;
+        *p = a ? a->exponent : 1.0f;
+        return 0;
+    default: return -1;
+    }
+}
+
+/* reduce_*: a float input, dim in range, out its shape without dim (or
+ * with dim as 1). */
+static inline tp_status tp_check_reduce(tp_op op, const tp_attrs *a, const tp_tensor *x, const tp_tensor *out,
+                                        tp_err *err)
+{
+    char s1[96], s2[96];
+    int d = a ? a->dim : -1, keep = a ? a->keepdim : 0;
+    int ok = x->dtype == out->dtype && tp_dtype_is_float(x->dtype) && d >= 0 && d < x->ndim &&
+             out->ndim == x->ndim - (keep ? 0 : 1);
+    for (int i = 0, j = 0; ok && i < x->ndim; i++) {
+        if (i == d && !keep)
+            continue;
+        ok = out->shape[j++] == (i == d ? 1 : x->shape[i]);
+    }
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "%s: %s %s over dim %d (keepdim %d) does not give %s %s", tp_op_name(op),
+                       tp_dtype_name(x->dtype), tp_shape_str(s1, sizeof s1, x->ndim, x->shape), d, keep,
+                       tp_dtype_name(out->dtype), tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* gather: INT32/INT64 ids, dim in range, out x.shape[:d] + ids.shape +
+ * x.shape[d+1:] of x's dtype. */
+static inline tp_status tp_check_gather(const tp_attrs *a, const tp_tensor *x, const tp_tensor *ids,
+                                        const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96];
+    int d = a ? a->dim : 0;
+    if (ids->dtype != TP_I32 && ids->dtype != TP_I64)
+        return tp_fail(err, TP_INVALID, "gather: ids must be INT32 or INT64, got %s", tp_dtype_name(ids->dtype));
+    int ok = x->dtype == out->dtype && d >= 0 && d < x->ndim && out->ndim == x->ndim - 1 + ids->ndim;
+    for (int i = 0, j = 0; ok && i < x->ndim; i++) {
+        if (i != d) {
+            ok = out->shape[j++] == x->shape[i];
+            continue;
+        }
+        for (int k = 0; ok && k < ids->ndim; k++)
+            ok = out->shape[j++] == ids->shape[k];
+    }
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "gather: x %s along dim %d with ids %s does not give %s %s",
+                       tp_shape_str(s1, sizeof s1, x->ndim, x->shape), d,
+                       tp_shape_str(s2, sizeof s2, ids->ndim, ids->shape), tp_dtype_name(out->dtype),
+                       tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* where: an INT32/INT64 cond, x and y of out's dtype, all three broadcast
+ * to out (their strides in st[0..2]). */
+static inline tp_status tp_check_where(const tp_tensor *ins, const tp_tensor *out, int64_t st[3][TP_MAX_DIMS],
+                                       tp_err *err)
+{
+    char s1[96], s2[96];
+    if (ins[0].dtype != TP_I32 && ins[0].dtype != TP_I64)
+        return tp_fail(err, TP_INVALID, "where: cond must be INT32 or INT64, got %s", tp_dtype_name(ins[0].dtype));
+    if (ins[1].dtype != out->dtype || ins[2].dtype != out->dtype)
+        return tp_fail(err, TP_INVALID, "where: x %s and y %s differ from the output's %s",
+                       tp_dtype_name(ins[1].dtype), tp_dtype_name(ins[2].dtype), tp_dtype_name(out->dtype));
+    for (int k = 0; k < 3; k++)
+        if (tp_broadcast_strides(&ins[k], out->ndim, out->shape, st[k]))
+            return tp_fail(err, TP_INVALID, "where: input %d %s does not broadcast to %s", k,
+                           tp_shape_str(s1, sizeof s1, ins[k].ndim, ins[k].shape),
+                           tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* expand: x broadcast to out's shape, as a view with zero strides. */
+static inline tp_status tp_expand_view(const tp_tensor *x, const tp_tensor *out, tp_tensor *view, tp_err *err)
+{
+    char s1[96], s2[96];
+    *view = *out;
+    view->data = x->data;
+    if (x->dtype != out->dtype || tp_broadcast_strides(x, out->ndim, out->shape, view->stride))
+        return tp_fail(err, TP_INVALID, "expand: %s %s does not broadcast to %s %s", tp_dtype_name(x->dtype),
+                       tp_shape_str(s1, sizeof s1, x->ndim, x->shape), tp_dtype_name(out->dtype),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* cast: same shape, any dtypes. */
+static inline tp_status tp_check_cast(const tp_tensor *x, const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96];
+    if (!tp_tensor_same_shape(x, out))
+        return tp_fail(err, TP_INVALID, "cast: input shape %s does not match output %s",
+                       tp_shape_str(s1, sizeof s1, x->ndim, x->shape),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
     return TP_OK;
 }
 

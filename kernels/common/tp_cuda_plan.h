@@ -25,11 +25,11 @@
 #define TP_CUDA_MAX_WORLD 8
 
 /* ------------------------------------------------------------------------
- * Strided iteration over up to three operands (a coalesced layout): size-1
+ * Strided iteration over up to four operands (a coalesced layout): size-1
  * dims are dropped and adjacent dims merge when every operand's strides
  * allow. The cpu backend's ops_layout_init is this function. */
 
-#define TP_LAYOUT_OPS 3
+#define TP_LAYOUT_OPS 4 /* where: cond, x, y, out */
 
 typedef struct {
     int nd, nops;
@@ -111,6 +111,78 @@ static inline int tp_broadcast_strides(const tp_tensor *t, int nd, const int64_t
             return -1;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * reduce_mean / reduce_sum over dim d of x: output element i (row-major over
+ * the output) sums x[base(i) + k * sd] for k < n. */
+typedef struct {
+    tp_layout l;    /* operand 0: x with dim d taken as size 1 */
+    int64_t n, sd;  /* size and stride of the reduced dim */
+} tp_reduce_plan;
+
+static inline void tp_reduce_plan_init(tp_reduce_plan *p, const tp_tensor *x, int d)
+{
+    int64_t shape[TP_MAX_DIMS];
+    const int64_t *st[1] = {x->stride};
+    memcpy(shape, x->shape, sizeof shape);
+    shape[d] = 1;
+    tp_layout_init(&p->l, x->ndim, shape, 1, st);
+    p->n = x->shape[d];
+    p->sd = x->stride[d];
+}
+
+TP_HD int64_t tp_reduce_base(const tp_reduce_plan *p, int64_t i) { return tp_layout_offset(&p->l, 0, i); }
+
+/* ------------------------------------------------------------------------
+ * gather(x, ids) along dim d: the output is x.shape[:d] + ids.shape +
+ * x.shape[d+1:], row-major; its element i is x[o, id, r] where (o, j, r)
+ * splits i by (n_ids, inner) and id is ids' element j (row-major). */
+typedef struct {
+    tp_layout rest;          /* operand 0: x without dim d, row-major */
+    tp_layout ids;           /* operand 0: the ids, row-major */
+    int64_t n_ids, inner;    /* ids' element count; product of x.shape[d+1:] */
+    int64_t n, sd;           /* x.shape[d] (ids range), x.stride[d] */
+} tp_gather_plan;
+
+static inline void tp_gather_plan_init(tp_gather_plan *p, const tp_tensor *x, int d, const tp_tensor *ids)
+{
+    int64_t shape[TP_MAX_DIMS], stride[TP_MAX_DIMS];
+    int nd = 0;
+    p->inner = 1;
+    for (int k = 0; k < x->ndim; k++) {
+        if (k == d)
+            continue;
+        shape[nd] = x->shape[k];
+        stride[nd++] = x->stride[k];
+        if (k > d)
+            p->inner *= x->shape[k];
+    }
+    const int64_t *xs[1] = {stride}, *is[1] = {ids->stride};
+    tp_layout_init(&p->rest, nd, shape, 1, xs);
+    tp_layout_init(&p->ids, ids->ndim, ids->shape, 1, is);
+    p->n_ids = tp_tensor_numel(ids);
+    p->n = x->shape[d];
+    p->sd = x->stride[d];
+}
+
+/* Which id (row-major position in ids) output element i reads. */
+TP_HD int64_t tp_gather_slot(const tp_gather_plan *p, int64_t i) { return (i / p->inner) % p->n_ids; }
+
+/* An id as an index into dim d: negative ids count from the end (ONNX);
+ * -1 when outside [-n, n). */
+TP_HD int64_t tp_gather_index(const tp_gather_plan *p, int64_t id)
+{
+    if (id < 0)
+        id += p->n;
+    return id < 0 || id >= p->n ? -1 : id;
+}
+
+/* Offset in x of output element i, given its index along dim d. */
+TP_HD int64_t tp_gather_src(const tp_gather_plan *p, int64_t i, int64_t index)
+{
+    int64_t r = i % p->inner, o = i / (p->inner * p->n_ids);
+    return tp_layout_offset(&p->rest, 0, o * p->inner + r) + index * p->sd;
 }
 
 /* Bytes from the lowest to one past the highest element t can touch, and

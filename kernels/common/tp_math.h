@@ -54,6 +54,114 @@ TP_HD float tp_relu(float x)
     return x < 0.0f ? 0.0f : x;
 }
 
+TP_HD float tp_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* x^p for a constant p: 2, 3, 1 and -1 as x*x, x*x*x, x and 1/x (what
+ * onnxruntime computes for 2 and 3; x*x and 1/x are correctly rounded,
+ * powf need not be), any other p by powf (so 0.5 keeps pow's signed zero
+ * and infinities, which sqrtf does not). */
+TP_HD float tp_pow_const(float x, float p)
+{
+    if (p == 2.0f)
+        return x * x;
+    if (p == -1.0f)
+        return 1.0f / x;
+    if (p == 1.0f)
+        return x;
+    if (p == 3.0f)
+        return x * x * x;
+    return powf(x, p);
+}
+
+/* The elementwise functions of one float, one name each, so both backends
+ * pick the same arithmetic. P is the op's parameter (pow's exponent). */
+#define TP_UNARY_FN_LIST(X)                     \
+    X(TP_UN_GELU, tp_gelu_erf(x))               \
+    X(TP_UN_GELU_TANH, tp_gelu_tanh(x))         \
+    X(TP_UN_SILU, tp_silu(x))                   \
+    X(TP_UN_RELU, tp_relu(x))                   \
+    X(TP_UN_SQRT, sqrtf(x))                     \
+    X(TP_UN_RSQRT, 1.0f / sqrtf(x))             \
+    X(TP_UN_EXP, expf(x))                       \
+    X(TP_UN_NEG, -x)                            \
+    X(TP_UN_TANH, tanhf(x))                     \
+    X(TP_UN_ERF, erff(x))                       \
+    X(TP_UN_SIGMOID, tp_sigmoid(x))             \
+    X(TP_UN_POW, tp_pow_const(x, p))
+
+typedef enum {
+#define TP_UN_ENUM(name, expr) name,
+    TP_UNARY_FN_LIST(TP_UN_ENUM)
+#undef TP_UN_ENUM
+} tp_unary_fn;
+
+/* f(x). Called with a constant f (a template argument, a switch case) the
+ * switch folds away. */
+TP_HD float tp_unary(tp_unary_fn f, float x, float p)
+{
+    (void)p;
+    switch (f) {
+#define TP_UN_CASE(name, expr) case name: return expr;
+        TP_UNARY_FN_LIST(TP_UN_CASE)
+#undef TP_UN_CASE
+    }
+    return x;
+}
+
+/* ---- cast ---- */
+
+TP_HD int tp_is_int_dtype(tp_dtype t) { return t == TP_I32 || t == TP_I64; }
+
+/* A float as an integer of [lo, hi]: truncated toward zero, saturated at
+ * the ends, NaN as 0 (C leaves all three undefined). lo and hi are powers
+ * of two (or their negation minus one), exact in float. */
+TP_HD int64_t tp_float_to_int(float f, float lo, float hi_excl, int64_t lo_i, int64_t hi_i)
+{
+    if (f != f)
+        return 0;
+    if (f < lo)
+        return lo_i;
+    if (f >= hi_excl)
+        return hi_i;
+    return (int64_t)f;
+}
+
+/* dst[di] = src[si] converted: integers between themselves exactly (INT64
+ * -> INT32 wraps, two's complement, as NumPy's astype); floats to integers
+ * by tp_float_to_int; everything else through FP32, rounded to nearest
+ * even once on store (an INT64 beyond 2^24 first rounds to FP32). */
+TP_HD void tp_cast_elem(void *dst, tp_dtype dt, int64_t di, const void *src, tp_dtype st, int64_t si)
+{
+    if (tp_is_int_dtype(st)) {
+        int64_t v = st == TP_I32 ? (int64_t)((const int32_t *)src)[si] : ((const int64_t *)src)[si];
+        if (dt == TP_I32)
+            ((int32_t *)dst)[di] = (int32_t)(uint32_t)(uint64_t)v;
+        else if (dt == TP_I64)
+            ((int64_t *)dst)[di] = v;
+        else
+            tp_store_f32(dst, dt, di, (float)v);
+        return;
+    }
+    float f = tp_load_f32(src, st, si);
+    if (dt == TP_I32)
+        ((int32_t *)dst)[di] = (int32_t)tp_float_to_int(f, -2147483648.0f, 2147483648.0f, INT32_MIN, INT32_MAX);
+    else if (dt == TP_I64)
+        ((int64_t *)dst)[di] = tp_float_to_int(f, -9223372036854775808.0f, 9223372036854775808.0f, INT64_MIN,
+                                               INT64_MAX);
+    else
+        tp_store_f32(dst, dt, di, f);
+}
+
+/* ---- reductions ---- */
+
+TP_HD float tp_reduce_finish(float sum, int64_t n, int mean)
+{
+    return mean ? sum / (float)n : sum;
+}
+
 /* ---- softmax pieces ---- */
 
 /* exp(x - m) where m is the row maximum; a fully masked row (m = -inf)

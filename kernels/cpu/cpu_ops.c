@@ -99,6 +99,37 @@ static tp_status k_copy(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n
     return cpu_copy(op, &ins[0], out, err);
 }
 
+static tp_status k_reduce(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_reduce(op, a, &ins[0], out, err);
+}
+static tp_status k_where(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                         int world, tp_err *err)
+{
+    UNUSED_CALL, (void)a;
+    return cpu_where(ins, out, err);
+}
+static tp_status k_gather(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                          int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_gather(a, &ins[0], &ins[1], out, err);
+}
+static tp_status k_expand(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                          int world, tp_err *err)
+{
+    UNUSED_CALL, (void)a;
+    return cpu_expand(&ins[0], out, err);
+}
+static tp_status k_cast(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                        int world, tp_err *err)
+{
+    UNUSED_CALL, (void)a;
+    return cpu_cast(&ins[0], out, err);
+}
+
 /* The cpu backend's compute and copy kernels. An op missing here is
  * refused at load ("backend 'cpu' has no kernel for op ..."). */
 static const cpu_kernel cpu_kernels[TP_OP_COUNT] = {
@@ -118,6 +149,21 @@ static const cpu_kernel cpu_kernels[TP_OP_COUNT] = {
     [TP_OP_RESHAPE] = k_copy,
     [TP_OP_CONTIGUOUS] = k_copy,
     [TP_OP_IDENTITY_COPY] = k_copy,
+    [TP_OP_DIV] = k_binary,
+    [TP_OP_SQRT] = k_unary,
+    [TP_OP_RSQRT] = k_unary,
+    [TP_OP_EXP] = k_unary,
+    [TP_OP_NEG] = k_unary,
+    [TP_OP_TANH] = k_unary,
+    [TP_OP_ERF] = k_unary,
+    [TP_OP_SIGMOID] = k_unary,
+    [TP_OP_POW] = k_unary,
+    [TP_OP_REDUCE_MEAN] = k_reduce,
+    [TP_OP_REDUCE_SUM] = k_reduce,
+    [TP_OP_WHERE] = k_where,
+    [TP_OP_GATHER] = k_gather,
+    [TP_OP_EXPAND] = k_expand,
+    [TP_OP_CAST] = k_cast,
 };
 
 int cpu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cpu_kernels[op] != NULL; }

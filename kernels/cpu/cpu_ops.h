@@ -11,8 +11,10 @@
 #include "status.h"
 #include "tensor.h"
 
-/* Runs op (kind COMPUTE or COPY: add sub mul gelu silu relu softmax
- * layer_norm rms_norm matmul attention embedding cat reshape contiguous).
+/* Runs op (kind COMPUTE or COPY: add sub mul div, the unary functions
+ * gelu silu relu sqrt rsqrt exp neg tanh erf sigmoid pow, softmax
+ * layer_norm rms_norm reduce_mean reduce_sum matmul attention embedding
+ * gather where expand cast cat reshape contiguous).
  * rank/world are needed by embedding with vocab_parallel. Fails (without
  * crashing) on an id out of range or an op it does not implement. */
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,

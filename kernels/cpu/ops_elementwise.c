@@ -1,4 +1,6 @@
-/* ops_elementwise.c — add/sub/mul with NumPy broadcasting, gelu/silu/relu.
+/* ops_elementwise.c — add/sub/mul/div with NumPy broadcasting, the unary
+ * functions of tp_math.h (gelu silu relu sqrt rsqrt exp neg tanh erf
+ * sigmoid pow), where, and cast.
  *
  * Operands are coalesced into as few dims as their strides allow, then run
  * row by row along the innermost dim. FP32 rows are computed in place from the
@@ -6,10 +8,20 @@
  * round on store); integers wrap like two's complement. */
 #include <string.h>
 
+#include "common/tp_checks.h"
 #include "common/tp_math.h"
 #include "ops_internal.h"
 
 #define CHUNK 256
+
+/* The operands' layout over out's shape, walked row by row along its
+ * innermost dim (l->nd - 1): the number of rows, *n their length. */
+static int64_t layout_rows(ops_layout *l, const tp_tensor *out, int nops, const int64_t *const *st, int64_t *n)
+{
+    ops_layout_init(l, out->ndim, out->shape, nops, st);
+    *n = l->shape[l->nd - 1];
+    return ops_layout_count(l, l->nd - 1);
+}
 
 /* o[i] = EXPR(x = a[i*sa], y = b[i*sb]), specialised for the common strides. */
 #define BIN_LOOP(T, EXPR)                                                           \
@@ -45,6 +57,7 @@ static void bin_f32(tp_op op, const float *a, int64_t sa, const float *b, int64_
     switch (op) {
     case TP_OP_ADD: BIN_LOOP(float, x + y); break;
     case TP_OP_SUB: BIN_LOOP(float, x - y); break;
+    case TP_OP_DIV: BIN_LOOP(float, x / y); break;
     default: BIN_LOOP(float, x * y); break;
     }
 }
@@ -112,6 +125,8 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
         return tp_fail(err, TP_INVALID, "%s: input dtypes %s and %s (output %s) differ",
                        tp_op_name(op), tp_dtype_name(a->dtype), tp_dtype_name(b->dtype),
                        tp_dtype_name(out->dtype));
+    if (op == TP_OP_DIV && !tp_dtype_is_float(out->dtype))
+        return tp_fail(err, TP_INVALID, "div: needs floating-point inputs, got %s", tp_dtype_name(out->dtype));
     int64_t sa[TP_MAX_DIMS], sb[TP_MAX_DIMS];
     if (tp_broadcast_strides(a, out->ndim, out->shape, sa) ||
         tp_broadcast_strides(b, out->ndim, out->shape, sb))
@@ -123,9 +138,8 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
         return TP_OK;
     const int64_t *st[3] = {sa, sb, out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 3, st);
+    int64_t n, rows = layout_rows(&l, out, 3, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
     tp_dtype dt = out->dtype;
     ops_pos p;
     memset(&p, 0, sizeof p);
@@ -136,35 +150,24 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
     return TP_OK;
 }
 
-/* y[i] = f(x[i*sx]) for one activation, chosen outside the loop. */
-static void unary_f32(tp_op op, int gelu_tanh, const float *x, int64_t sx, float *y, int64_t n)
+/* y[i] = f(x[i*sx]); one loop per function, so each folds its switch. */
+static void unary_f32(tp_unary_fn f, float p, const float *x, int64_t sx, float *y, int64_t n)
 {
-    switch (op) {
-    case TP_OP_GELU:
-        if (gelu_tanh) {
-            for (int64_t i = 0; i < n; i++)
-                y[i] = tp_gelu_tanh(x[i * sx]);
-        } else {
-            for (int64_t i = 0; i < n; i++)
-                y[i] = tp_gelu_erf(x[i * sx]);
-        }
+    switch (f) {
+#define UNARY_LOOP(name, expr)                                                      \
+    case name:                                                                      \
+        for (int64_t i = 0; i < n; i++)                                             \
+            y[i] = tp_unary(name, x[i * sx], p);                                    \
         break;
-    case TP_OP_SILU:
-        for (int64_t i = 0; i < n; i++)
-            y[i] = tp_silu(x[i * sx]);
-        break;
-    default:
-        for (int64_t i = 0; i < n; i++)
-            y[i] = tp_relu(x[i * sx]);
-        break;
+        TP_UNARY_FN_LIST(UNARY_LOOP)
+#undef UNARY_LOOP
     }
 }
 
-static void unary_row(tp_op op, int gelu_tanh, tp_dtype dt, const char *x, int64_t sx, char *y,
-                      int64_t n)
+static void unary_row(tp_unary_fn f, float p, tp_dtype dt, const char *x, int64_t sx, char *y, int64_t n)
 {
     if (dt == TP_F32) {
-        unary_f32(op, gelu_tanh, (const float *)x, sx, (float *)y, n);
+        unary_f32(f, p, (const float *)x, sx, (float *)y, n);
         return;
     }
     float buf[CHUNK];
@@ -172,7 +175,7 @@ static void unary_row(tp_op op, int gelu_tanh, tp_dtype dt, const char *x, int64
     for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
         int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
         ops_load_row(x + i0 * sx * (int64_t)es, dt, sx, m, buf);
-        unary_f32(op, gelu_tanh, buf, 1, buf, m);
+        unary_f32(f, p, buf, 1, buf, m);
         ops_store_row(y + i0 * (int64_t)es, dt, 1, m, buf);
     }
 }
@@ -192,14 +195,66 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
         return TP_OK;
     const int64_t *st[2] = {x->stride, out->stride};
     ops_layout l;
-    ops_layout_init(&l, out->ndim, out->shape, 2, st);
+    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
     int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
-    int gt = attrs ? attrs->gelu_tanh : 0;
+    tp_unary_fn f;
+    float param;
+    if (tp_unary_fn_of(op, attrs, &f, &param) != 0)
+        return tp_fail(err, TP_INTERNAL, "%s: not a unary op", tp_op_name(op));
     ops_pos p;
     memset(&p, 0, sizeof p);
     for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
-        unary_row(op, gt, x->dtype, ops_at(x->data, x->dtype, p.off[0]), l.stride[0][iter],
+        unary_row(f, param, x->dtype, ops_at(x->data, x->dtype, p.off[0]), l.stride[0][iter],
                   ops_at(out->data, out->dtype, p.off[1]), n);
+    return TP_OK;
+}
+
+/* out = cond != 0 ? x : y, element by element (any dtype: a byte copy). */
+tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    int64_t bs[3][TP_MAX_DIMS];
+    tp_status s = tp_check_where(ins, out, bs, err);
+    if (s != TP_OK)
+        return s;
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[4] = {bs[0], bs[1], bs[2], out->stride};
+    ops_layout l;
+    int64_t n, rows = layout_rows(&l, out, 4, st, &n);
+    int iter = l.nd - 1;
+    tp_dtype ct = ins[0].dtype, dt = out->dtype;
+    size_t es = tp_dtype_size(dt);
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter)) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t c = p.off[0] + i * l.stride[0][iter];
+            int take_x = ct == TP_I32 ? ((const int32_t *)ins[0].data)[c] != 0 : ((const int64_t *)ins[0].data)[c] != 0;
+            int k = take_x ? 1 : 2;
+            memcpy(ops_at(out->data, dt, p.off[3] + i * l.stride[3][iter]),
+                   ops_at(ins[k].data, dt, p.off[k] + i * l.stride[k][iter]), es);
+        }
+    }
+    return TP_OK;
+}
+
+/* out = x converted to out's dtype (tp_cast_elem). */
+tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err)
+{
+    tp_status s = tp_check_cast(x, out, err);
+    if (s != TP_OK)
+        return s;
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[2] = {x->stride, out->stride};
+    ops_layout l;
+    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
+    int iter = l.nd - 1;
+    ops_pos p;
+    memset(&p, 0, sizeof p);
+    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
+        for (int64_t i = 0; i < n; i++)
+            tp_cast_elem(out->data, out->dtype, p.off[1] + i * l.stride[1][iter], x->data, x->dtype,
+                         p.off[0] + i * l.stride[0][iter]);
     return TP_OK;
 }

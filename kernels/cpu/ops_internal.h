@@ -90,5 +90,11 @@ tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_te
 tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
                   tp_err *err);
 tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err);
+tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_gather(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *ids, tp_tensor *out,
+                     tp_err *err);
+tp_status cpu_expand(const tp_tensor *x, tp_tensor *out, tp_err *err);
 
 #endif

@@ -885,6 +885,11 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
         return tp_fail(err, TP_INVALID, "cuda rank %d: embedding: id %lld (position %lld) is out of range",
                        x->rank, e.b, e.c);
     }
+    if (e.code == TP_CUDA_ERR_GATHER_ID) {
+        x->last_fail_benign = 1;
+        return tp_fail(err, TP_INVALID, "cuda rank %d: gather: id %lld (position %lld) is out of range", x->rank,
+                       e.b, e.c);
+    }
     char msg[512];
     snprintf(msg, sizeof msg,
              "cuda rank %d: a cross-rank kernel gave up waiting for rank %d (slot %lld, epoch %lld) after %llu ms: "

@@ -85,7 +85,9 @@ static tp_status binary(cu_ctx *x, tp_op op, const tp_tensor *a, const tp_tensor
     const int64_t *st[3] = {sa, sb, out->stride};
     tp_layout l;
     tp_layout_init(&l, out->ndim, out->shape, 3, st);
-    int code = op == TP_OP_ADD ? 0 : op == TP_OP_SUB ? 1 : 2;
+    if (op == TP_OP_DIV && !tp_dtype_is_float(out->dtype))
+        return tp_fail(err, TP_INVALID, "div: needs floating-point inputs, got %s", tp_dtype_name(out->dtype));
+    int code = op == TP_OP_ADD ? 0 : op == TP_OP_SUB ? 1 : op == TP_OP_MUL ? 2 : 3;
     KERNEL_TRY(x, err, tp_cuda_binary(code, a->data, b->data, out->data, &l, out->dtype, x->compute));
     return TP_OK;
 }
@@ -101,10 +103,11 @@ static tp_status unary(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *
         TP_TRY(into_out(x, in, out, err));
         src = out->data;
     }
-    int gt = a ? a->gelu_tanh : 0;
-    KERNEL_TRY(x, err, op == TP_OP_GELU   ? tp_cuda_gelu(src, out->data, n, out->dtype, gt, x->compute)
-                       : op == TP_OP_SILU ? tp_cuda_silu(src, out->data, n, out->dtype, x->compute)
-                                          : tp_cuda_relu(src, out->data, n, out->dtype, x->compute));
+    tp_unary_fn fn;
+    float p;
+    if (tp_unary_fn_of(op, a, &fn, &p) != 0)
+        return tp_fail(err, TP_INTERNAL, "%s: not a unary op", tp_op_name(op));
+    KERNEL_TRY(x, err, tp_cuda_unary(fn, src, out->data, n, out->dtype, p, x->compute));
     return TP_OK;
 }
 
@@ -249,6 +252,65 @@ static tp_status embedding(cu_ctx *x, const tp_attrs *at, const tp_tensor *ids, 
     return TP_OK;
 }
 
+/* ------------------------------------------ reduce, gather, where, expand, cast */
+
+static tp_status reduce(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    TP_TRY(tp_check_reduce(op, a, in, out, err));
+    tp_reduce_plan p;
+    tp_reduce_plan_init(&p, in, a->dim);
+    KERNEL_TRY(x, err, tp_cuda_reduce(in->data, out->data, &p, tp_tensor_numel(out), op == TP_OP_REDUCE_MEAN,
+                                      out->dtype, x->compute));
+    return TP_OK;
+}
+
+static tp_status gather(cu_ctx *x, const tp_attrs *a, const tp_tensor *in, const tp_tensor *ids, tp_tensor *out,
+                        tp_err *err)
+{
+    TP_TRY(tp_check_gather(a, in, ids, out, err));
+    int64_t n_out = tp_tensor_numel(out);
+    if (n_out == 0)
+        return TP_OK;
+    tp_cuda_gather_args g = {.x = in->data, .ids = ids->data, .id_dtype = ids->dtype, .out = out->data,
+                             .es = (int)tp_dtype_size(out->dtype), .err = x->errw};
+    tp_gather_plan_init(&g.p, in, a ? a->dim : 0, ids);
+    KERNEL_TRY(x, err, tp_cuda_gather(&g, n_out, x->compute));
+    return TP_OK;
+}
+
+static tp_status where(cu_ctx *x, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    int64_t bs[3][TP_MAX_DIMS];
+    TP_TRY(tp_check_where(ins, out, bs, err));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[4] = {bs[0], bs[1], bs[2], out->stride};
+    tp_layout l;
+    tp_layout_init(&l, out->ndim, out->shape, 4, st);
+    KERNEL_TRY(x, err, tp_cuda_where(ins[0].data, ins[0].dtype, ins[1].data, ins[2].data, out->data, &l,
+                                     (int)tp_dtype_size(out->dtype), x->compute));
+    return TP_OK;
+}
+
+static tp_status expand(cu_ctx *x, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    tp_tensor src;
+    TP_TRY(tp_expand_view(in, out, &src, err));
+    return cu_copy_tensor(x, out, &src, x->compute, err);
+}
+
+static tp_status cast(cu_ctx *x, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    TP_TRY(tp_check_cast(in, out, err));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    const int64_t *st[2] = {in->stride, out->stride};
+    tp_layout l;
+    tp_layout_init(&l, out->ndim, out->shape, 2, st);
+    KERNEL_TRY(x, err, tp_cuda_cast(in->data, in->dtype, out->data, out->dtype, &l, x->compute));
+    return TP_OK;
+}
+
 /* ------------------------------------------------------------------ copies */
 
 static tp_status cat(cu_ctx *x, const tp_attrs *at, const tp_tensor *ins, int n_ins, tp_tensor *out, tp_err *err)
@@ -332,6 +394,37 @@ static tp_status k_copy(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor 
     return copy_op(x, op, &ins[0], out, err);
 }
 
+static tp_status k_reduce(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)n_ins;
+    return reduce(x, op, a, &ins[0], out, err);
+}
+static tp_status k_gather(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return gather(x, a, &ins[0], &ins[1], out, err);
+}
+static tp_status k_where(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                         tp_err *err)
+{
+    (void)op, (void)a, (void)n_ins;
+    return where(x, ins, out, err);
+}
+static tp_status k_expand(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)op, (void)a, (void)n_ins;
+    return expand(x, &ins[0], out, err);
+}
+static tp_status k_cast(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                        tp_err *err)
+{
+    (void)op, (void)a, (void)n_ins;
+    return cast(x, &ins[0], out, err);
+}
+
 /* The cuda backend's compute and copy kernels. An op missing here is
  * refused at load ("backend 'cuda' has no kernel for op ..."). */
 static const cu_kernel cu_kernels[TP_OP_COUNT] = {
@@ -351,6 +444,21 @@ static const cu_kernel cu_kernels[TP_OP_COUNT] = {
     [TP_OP_RESHAPE] = k_copy,
     [TP_OP_CONTIGUOUS] = k_copy,
     [TP_OP_IDENTITY_COPY] = k_copy,
+    [TP_OP_DIV] = k_binary,
+    [TP_OP_SQRT] = k_unary,
+    [TP_OP_RSQRT] = k_unary,
+    [TP_OP_EXP] = k_unary,
+    [TP_OP_NEG] = k_unary,
+    [TP_OP_TANH] = k_unary,
+    [TP_OP_ERF] = k_unary,
+    [TP_OP_SIGMOID] = k_unary,
+    [TP_OP_POW] = k_unary,
+    [TP_OP_REDUCE_MEAN] = k_reduce,
+    [TP_OP_REDUCE_SUM] = k_reduce,
+    [TP_OP_WHERE] = k_where,
+    [TP_OP_GATHER] = k_gather,
+    [TP_OP_EXPAND] = k_expand,
+    [TP_OP_CAST] = k_cast,
 };
 
 int cu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cu_kernels[op] != NULL; }

@@ -1,4 +1,5 @@
-// elementwise.cu — CUDA activations and row kernels (softmax, layer_norm,
+// elementwise.cu — CUDA unary functions (tp_math.h's TP_UNARY_FN_LIST:
+// activations, sqrt, exp, pow, ...) and row kernels (softmax, layer_norm,
 // rms_norm) for FP32/FP16/BF16 storage.
 //
 // The per-element math is kernels/common/tp_math.h and the storage
@@ -32,29 +33,15 @@ __device__ __forceinline__ void st(void *p, int64_t i, float v)
     tp_store_f32(p, (tp_dtype)DT, i, v);
 }
 
-// ---- activations ----
+// ---- unary functions ----
 
-enum Act { kGelu, kGeluTanh, kSilu, kRelu };
-
-template <int ACT>
-__device__ __forceinline__ float act(float x)
-{
-    if constexpr (ACT == kGelu)
-        return tp_gelu_erf(x);
-    else if constexpr (ACT == kGeluTanh)
-        return tp_gelu_tanh(x);
-    else if constexpr (ACT == kSilu)
-        return tp_silu(x);
-    else
-        return tp_relu(x);
-}
-
-template <int DT, int ACT>
-__global__ void act_kernel(const void *x, void *y, int64_t n)
+// FN is a compile-time tp_unary_fn, so tp_unary's switch folds away.
+template <int DT, int FN>
+__global__ void unary_kernel(const void *x, void *y, int64_t n, float p)
 {
     int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-        st<DT>(y, i, act<ACT>(ld<DT>(x, i)));
+        st<DT>(y, i, tp_unary((tp_unary_fn)FN, ld<DT>(x, i), p));
 }
 
 // ---- block reductions ----
@@ -187,8 +174,8 @@ int dispatch(tp_dtype dt, F &&f)
     return (int)cudaGetLastError();
 }
 
-template <int ACT>
-int launch_act(const void *x, void *y, int64_t n, tp_dtype dt, void *stream)
+template <int FN>
+int launch_unary(const void *x, void *y, int64_t n, tp_dtype dt, float p, void *stream)
 {
     if (n < 0 || (n > 0 && (!x || !y)))
         return (int)cudaErrorInvalidValue;
@@ -197,27 +184,21 @@ int launch_act(const void *x, void *y, int64_t n, tp_dtype dt, void *stream)
     int grid = blocks_for((n + kThreads - 1) / kThreads);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return dispatch(dt, [&](auto d) {
-        act_kernel<decltype(d)::value, ACT><<<grid, kThreads, 0, s>>>(x, y, n);
+        unary_kernel<decltype(d)::value, FN><<<grid, kThreads, 0, s>>>(x, y, n, p);
     });
 }
 
 } // namespace
 
-extern "C" int tp_cuda_gelu(const void *x, void *y, int64_t n, tp_dtype dtype, int approx_tanh,
-                            void *stream)
+extern "C" int tp_cuda_unary(tp_unary_fn fn, const void *x, void *y, int64_t n, tp_dtype dtype, float p,
+                             void *stream)
 {
-    return approx_tanh ? launch_act<kGeluTanh>(x, y, n, dtype, stream)
-                       : launch_act<kGelu>(x, y, n, dtype, stream);
-}
-
-extern "C" int tp_cuda_silu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
-{
-    return launch_act<kSilu>(x, y, n, dtype, stream);
-}
-
-extern "C" int tp_cuda_relu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
-{
-    return launch_act<kRelu>(x, y, n, dtype, stream);
+    switch (fn) {
+#define UNARY_LAUNCH(name, expr) case name: return launch_unary<name>(x, y, n, dtype, p, stream);
+        TP_UNARY_FN_LIST(UNARY_LAUNCH)
+#undef UNARY_LAUNCH
+    }
+    return (int)cudaErrorInvalidValue;
 }
 
 extern "C" int tp_cuda_softmax(const void *x, void *y, int64_t outer, int64_t n, int64_t inner,

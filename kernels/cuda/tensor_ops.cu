@@ -1,5 +1,6 @@
 // tensor_ops.cu — the cuda backend's copy, broadcast-binary, embedding,
-// attention, block-pack and chunk-reduce kernels.
+// attention, block-pack and chunk-reduce kernels, and the index ops of ONNX
+// exports (reduce over one dim, gather, where, cast).
 //
 // Every index computation is a tp_cuda_plan.h function (tp_layout_offset,
 // tp_block_packed_index, tp_rs_step_of, the tp_reduce_* steps) that
@@ -75,7 +76,7 @@ __device__ __forceinline__ void binary_at(int op, const void *a, int64_t ia, con
         ((T *)o)[io] = (T)(op == 0 ? x + y : op == 1 ? x - y : x * y); // wraps
     } else {
         float x = tp_load_f32(a, (tp_dtype)DT, ia), y = tp_load_f32(b, (tp_dtype)DT, ib);
-        tp_store_f32(o, (tp_dtype)DT, io, op == 0 ? x + y : op == 1 ? x - y : x * y);
+        tp_store_f32(o, (tp_dtype)DT, io, op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y);
     }
 }
 
@@ -238,6 +239,56 @@ __global__ void finish_avg_kernel(void *p, int64_t count, int d)
 
 cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
 
+// ---- reduce over one dim, gather, where, cast ----
+
+template <int DT>
+__global__ void reduce_kernel(const void *x, void *out, tp_reduce_plan p, int64_t n_out, int mean)
+{
+    for (int64_t i = first_index(); i < n_out; i += grid_step()) {
+        int64_t base = tp_reduce_base(&p, i);
+        float sum = 0.0f; // index order, as the cpu backend sums
+        for (int64_t k = 0; k < p.n; k++)
+            sum += tp_load_f32(x, (tp_dtype)DT, base + k * p.sd);
+        tp_store_f32(out, (tp_dtype)DT, i, tp_reduce_finish(sum, p.n, mean));
+    }
+}
+
+template <typename T>
+__global__ void gather_kernel(tp_cuda_gather_args a, int64_t n_out)
+{
+    const T *x = (const T *)a.x;
+    T *out = (T *)a.out;
+    for (int64_t i = first_index(); i < n_out; i += grid_step()) {
+        int64_t j = tp_gather_slot(&a.p, i), off = tp_layout_offset(&a.p.ids, 0, j);
+        int64_t id = a.id_dtype == TP_I32 ? (int64_t)((const int32_t *)a.ids)[off] : ((const int64_t *)a.ids)[off];
+        int64_t index = tp_gather_index(&a.p, id);
+        if (index < 0) {
+            report(a.err, TP_CUDA_ERR_GATHER_ID, 0, id, j);
+            out[i] = T(0);
+        } else {
+            out[i] = x[tp_gather_src(&a.p, i, index)];
+        }
+    }
+}
+
+// l: operand 0 cond, 1 x, 2 y, 3 out.
+template <typename T>
+__global__ void where_kernel(const void *cond, tp_dtype ct, const T *x, const T *y, T *out, tp_layout l, int64_t n)
+{
+    for (int64_t i = first_index(); i < n; i += grid_step()) {
+        int64_t c = tp_layout_offset(&l, 0, i);
+        bool take_x = ct == TP_I32 ? ((const int32_t *)cond)[c] != 0 : ((const int64_t *)cond)[c] != 0;
+        out[tp_layout_offset(&l, 3, i)] = take_x ? x[tp_layout_offset(&l, 1, i)] : y[tp_layout_offset(&l, 2, i)];
+    }
+}
+
+// l: operand 0 x, 1 out.
+__global__ void cast_kernel(const void *x, tp_dtype xt, void *out, tp_dtype ot, tp_layout l, int64_t n)
+{
+    for (int64_t i = first_index(); i < n; i += grid_step())
+        tp_cast_elem(out, ot, tp_layout_offset(&l, 1, i), x, xt, tp_layout_offset(&l, 0, i));
+}
+
 } // namespace
 
 extern "C" int tp_cuda_copy_strided(void *dst, const void *src, const tp_layout *l, int es, void *stream)
@@ -257,7 +308,7 @@ extern "C" int tp_cuda_copy_strided(void *dst, const void *src, const tp_layout 
 extern "C" int tp_cuda_binary(int op, const void *a, const void *b, void *out, const tp_layout *l, tp_dtype dtype,
                               void *stream)
 {
-    if (op < 0 || op > 2 || !a || !b || !out || !l || l->nops < 3)
+    if (op < 0 || op > 3 || !a || !b || !out || !l || l->nops < 3)
         return (int)cudaErrorInvalidValue;
     int64_t n = tp_layout_numel(l);
     if (n <= 0)
@@ -337,4 +388,64 @@ extern "C" int tp_cuda_finish_avg(void *p, int64_t count, int d, tp_dtype dtype,
     return by_dtype(dtype, [&](auto dt) {
         finish_avg_kernel<decltype(dt)::value><<<blocks_for(count), kThreads, 0, as_stream(stream)>>>(p, count, d);
     });
+}
+
+extern "C" int tp_cuda_reduce(const void *x, void *out, const tp_reduce_plan *p, int64_t n_out, int mean,
+                              tp_dtype dtype, void *stream)
+{
+    if (!p || n_out < 0 || (n_out > 0 && (!x || !out)) || !tp_dtype_is_float(dtype))
+        return (int)cudaErrorInvalidValue;
+    if (n_out == 0)
+        return (int)cudaSuccess;
+    tp_reduce_plan pc = *p;
+    return by_dtype(dtype, [&](auto d) {
+        reduce_kernel<decltype(d)::value><<<blocks_for(n_out), kThreads, 0, as_stream(stream)>>>(x, out, pc, n_out,
+                                                                                                  mean);
+    });
+}
+
+extern "C" int tp_cuda_gather(const tp_cuda_gather_args *a, int64_t n_out, void *stream)
+{
+    if (!a || n_out < 0 || (a->id_dtype != TP_I32 && a->id_dtype != TP_I64))
+        return (int)cudaErrorInvalidValue;
+    if (n_out == 0)
+        return (int)cudaSuccess;
+    if (!a->x || !a->ids || !a->out)
+        return (int)cudaErrorInvalidValue;
+    tp_cuda_gather_args ac = *a;
+    return by_size(a->es, [&](auto t) {
+        gather_kernel<decltype(t)><<<blocks_for(n_out), kThreads, 0, as_stream(stream)>>>(ac, n_out);
+    });
+}
+
+extern "C" int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const void *y, void *out,
+                             const tp_layout *l, int es, void *stream)
+{
+    if (!l || l->nops < 4 || (cond_dtype != TP_I32 && cond_dtype != TP_I64))
+        return (int)cudaErrorInvalidValue;
+    int64_t n = tp_layout_numel(l);
+    if (n <= 0)
+        return (int)cudaSuccess;
+    if (!cond || !x || !y || !out)
+        return (int)cudaErrorInvalidValue;
+    tp_layout lc = *l;
+    return by_size(es, [&](auto t) {
+        using T = decltype(t);
+        where_kernel<T><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(cond, cond_dtype, (const T *)x,
+                                                                           (const T *)y, (T *)out, lc, n);
+    });
+}
+
+extern "C" int tp_cuda_cast(const void *x, tp_dtype x_dtype, void *out, tp_dtype out_dtype, const tp_layout *l,
+                            void *stream)
+{
+    if (!l || l->nops < 2 || (unsigned)x_dtype >= TP_DTYPE_COUNT || (unsigned)out_dtype >= TP_DTYPE_COUNT)
+        return (int)cudaErrorInvalidValue;
+    int64_t n = tp_layout_numel(l);
+    if (n <= 0)
+        return (int)cudaSuccess;
+    if (!x || !out)
+        return (int)cudaErrorInvalidValue;
+    cast_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(x, x_dtype, out, out_dtype, *l, n);
+    return (int)cudaGetLastError();
 }

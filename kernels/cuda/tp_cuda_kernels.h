@@ -12,16 +12,15 @@
 
 #include <stdint.h>
 
+#include "common/tp_math.h"
 #include "dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* y[i] = act(x[i]) for i < n. */
-int tp_cuda_gelu(const void *x, void *y, int64_t n, tp_dtype dtype, int approx_tanh, void *stream);
-int tp_cuda_silu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream);
-int tp_cuda_relu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream);
+/* y[i] = tp_unary(fn, x[i], p) for i < n (p: pow's exponent). */
+int tp_cuda_unary(tp_unary_fn fn, const void *x, void *y, int64_t n, tp_dtype dtype, float p, void *stream);
 
 /* Softmax over the middle dim of a contiguous [outer, n, inner] tensor
  * (softmax on dim d: outer = prod(shape[:d]), n = shape[d], inner =

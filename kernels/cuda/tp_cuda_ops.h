@@ -29,7 +29,8 @@ extern "C" {
 enum {
     TP_CUDA_ERR_NONE = 0,
     TP_CUDA_ERR_EMBED_ID = 1,      /* a = 0, b = the id, c = its position */
-    TP_CUDA_ERR_BARRIER_TIMEOUT = 2 /* a = the peer waited for, b = slot, c = epoch */
+    TP_CUDA_ERR_BARRIER_TIMEOUT = 2, /* a = the peer waited for, b = slot, c = epoch */
+    TP_CUDA_ERR_GATHER_ID = 3        /* a = 0, b = the id, c = its position in ids */
 };
 
 typedef struct {
@@ -82,9 +83,9 @@ typedef struct {
  * src NULL writes zeros. */
 int tp_cuda_copy_strided(void *dst, const void *src, const tp_layout *l, int es, void *stream);
 
-/* out = a (op) b, op 0 add, 1 sub, 2 mul; l over out's shape with operand 0
- * a, 1 b (broadcast strides), 2 out. Floats compute in f32 and round once,
- * integers wrap. */
+/* out = a (op) b, op 0 add, 1 sub, 2 mul, 3 div (floats only); l over
+ * out's shape with operand 0 a, 1 b (broadcast strides), 2 out. Floats
+ * compute in f32 and round once, integers wrap. */
 int tp_cuda_binary(int op, const void *a, const void *b, void *out, const tp_layout *l, tp_dtype dtype,
                    void *stream);
 
@@ -117,6 +118,32 @@ typedef struct {
 /* One warp per query row, online softmax in f32 from tp_math.h's pieces; a
  * query that sees no key gets zeros. Dv <= TP_CUDA_ATTN_MAX_DV. */
 int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream);
+
+/* reduce_mean (mean = 1) / reduce_sum of x over p's dim into contiguous
+ * out of n_out elements; float dtypes, FP32 sums in index order. */
+int tp_cuda_reduce(const void *x, void *out, const tp_reduce_plan *p, int64_t n_out, int mean, tp_dtype dtype,
+                   void *stream);
+
+typedef struct {
+    const void *x, *ids;
+    tp_dtype id_dtype; /* TP_I32 or TP_I64 */
+    void *out;         /* contiguous, n_out elements */
+    int es;            /* element bytes of x and out */
+    tp_gather_plan p;
+    tp_cuda_error *err;
+} tp_cuda_gather_args;
+/* gather along p's dim; an id outside [-n, n) gives zeros and
+ * TP_CUDA_ERR_GATHER_ID. */
+int tp_cuda_gather(const tp_cuda_gather_args *a, int64_t n_out, void *stream);
+
+/* out = cond != 0 ? x : y over l (operand 0 cond, 1 x, 2 y, 3 out, broadcast
+ * strides), es bytes per element of x, y, out. */
+int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const void *y, void *out,
+                  const tp_layout *l, int es, void *stream);
+
+/* out = x converted (tp_cast_elem) over l (operand 0 x, 1 out). */
+int tp_cuda_cast(const void *x, tp_dtype x_dtype, void *out, tp_dtype out_dtype, const tp_layout *l,
+                 void *stream);
 
 /* Packs (to_packed = 1: natural src -> packed dst) or unpacks a contiguous
  * [outer, d*len, inner] tensor by blocks of the middle dim. */

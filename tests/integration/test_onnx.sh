@@ -4,7 +4,8 @@
 # sizes 1, 2 and 4 (4 only where the heads divide; Llama's 2 KV heads must
 # give the heads error), run with `tpserve run` at batch 1 and 3 with ranks
 # as threads and as processes, and compared with onnxruntime (FP32, rtol
-# 1e-4); --sequence-parallel and --plan overrides; the error cases (one
+# 1e-4) — including synthetic models of the ops ONNX exports need after
+# folding (unary_ops, index_ops); --sequence-parallel and --plan overrides; the error cases (one
 # line, non-zero exit, nothing written); one imported model served over HTTP
 # with INT64 input_ids as JSON and as binary tensor data.
 #
@@ -54,7 +55,7 @@ run_all() {
 }
 
 # ---- every model at world sizes 1, 2, 4 --------------------------------------
-for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed fused_gqa; do
+for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed fused_gqa unary_ops index_ops; do
     reference $m 1 && reference $m 3 || { fail "$m: onnxruntime reference"; continue; }
     for ws in 1 2 4; do
         g=${m}_tp$ws
@@ -93,6 +94,24 @@ want = {"fused_all_gather_matmul", "fused_matmul_reduce_scatter"}
 assert fused == want or (g["name"] == "decomposed_sp2" and fused == {"fused_matmul_reduce_scatter"}), fused
 PY
 done
+
+# ---- the ops of ONNX exports: each lowered to its own tpgraph op ----------------
+$PYTHON - "$TMP/unary_ops_tp2.json" "$TMP/index_ops_tp2.json" <<'PY' && pass "ONNX ops lowered directly: div sqrt rsqrt exp neg tanh erf sigmoid pow reduce_mean reduce_sum where gather expand cast" || fail "ONNX ops not lowered to their tpgraph ops"
+import json, sys
+u, i = (json.load(open(p)) for p in sys.argv[1:])
+ops = {n["op"] for g in (u, i) for n in g["nodes"]}
+want = {"div", "sqrt", "rsqrt", "exp", "neg", "tanh", "erf", "sigmoid", "pow", "reduce_mean", "reduce_sum",
+        "where", "gather", "expand", "cast"}
+assert want <= ops, want - ops
+pw = sorted(n["attrs"]["exponent"] for n in u["nodes"] if n["op"] == "pow")
+assert pw == [-1.0, 1.5, 3.0], pw
+casts = [n["attrs"]["to"] for n in i["nodes"] if n["op"] == "cast"]
+assert casts == ["FP16", "FP32", "INT32", "FP32"], casts
+ex = [n["attrs"]["shape"] for n in i["nodes"] if n["op"] == "expand"]
+assert ex == [[1, 4, 1]], ex  # 1 keeps the batch and the split dim (local 16 of 32)
+mask = [p for p in i["params"] if p["name"].startswith("mask")]
+assert mask and mask[0]["datatype"] == "INT32" and mask[0]["placement"] == "shard(1)", mask
+PY
 
 # ---- the default plan's structure, and --plan overrides --------------------------
 $PYTHON - "$TMP/gpt2_tp2.json" "$TMP/llama_tp2.json" "$TMP/fused_gqa_tp2.json" <<'PY' && pass "default plan: Megatron placements and collectives" || fail "default plan structure"
@@ -163,6 +182,7 @@ expect_error() {
     fi
 }
 expect_error "op without a mapping" "ONNX node 'the_sine' (op Sin): no tpgraph mapping" "$TMP/unmapped_op.onnx" --world-size 2
+expect_error "Pow by a non-constant" "ONNX node 'the_pow' (op Pow): no tpgraph mapping: an exponent that is not one constant" "$TMP/pow_dynamic.onnx" --world-size 1
 expect_error "unfixed dynamic dim" "input 'x' dim 1 ('seq') is dynamic: fix it with --dim seq=VALUE" "$TMP/two_dynamic.onnx" --world-size 1
 expect_error "heads not divisible" "[64, 32]: 'view_1' splits its dim of 32 into 2 x 16 and 2 (heads) is not divisible by world size 4" "$TMP/llama.onnx" --world-size 4
 expect_error "KV heads of a fused QKV not divisible" "weight 'w_qkv' [32, 64]: 'k4' splits its dim of 16 into 2 x 8 and 2 (heads) is not divisible by world size 4" "$TMP/fused_gqa.onnx" --world-size 4
@@ -183,6 +203,30 @@ echo '{"nothing*": "replicate"}' >"$TMP/nomatch.json"
 expect_error "plan glob matching nothing" "pattern 'nothing*' matches no weight" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/nomatch.json"
 echo '{"*": "replicate"' >"$TMP/badjson.json"
 expect_error "plan with bad JSON" "bad JSON at line 2" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/badjson.json"
+# A request id outside index_ops' gather table (5 rows: ids in [-5, 5)):
+# the run fails with one line naming the id, on threads and on processes.
+$PYTHON - "$ROOT/graphs" "$TMP/index_ops.in3.safetensors" "$TMP/bad_ids.safetensors" <<'PY' || fail "bad ids: writing the request"
+import sys
+sys.path.insert(0, sys.argv[1])
+from gen_examples import load_safetensors, save_safetensors
+t = load_safetensors(sys.argv[2])
+st, ids = t["idx"]
+ids = ids.copy()
+ids[1, 2] = 9
+t["idx"] = (st, ids)
+save_safetensors(sys.argv[3], t)
+PY
+for r in threads processes; do
+    "$TPSERVE" run "$TMP/index_ops_tp2.json" --inputs "$TMP/bad_ids.safetensors" --output "$TMP/bad.out" \
+        --backend cpu --ranks $r >/dev/null 2>"$TMP/err"
+    rc=$?
+    if [ $rc = 1 ] && grep -qF "gather: id 9 (position 6) is outside [-5, 5)" "$TMP/err"; then
+        pass "request id out of the gather table ($r): $(grep -F 'gather' "$TMP/err" | head -1)"
+    else
+        fail "request id out of the gather table ($r): exit $rc: $(cat "$TMP/err")"
+    fi
+done
+
 # --dim makes the two-dynamic model importable; it then runs like any other.
 if $IMPORT "$TMP/two_dynamic.onnx" --world-size 2 --dim seq=8 --out "$TMP/two_dynamic_tp2.json" 2>"$TMP/err" &&
     $PYTHON "$FIX/reference.py" "$TMP/two_dynamic.onnx" --batch 3 --dim seq=8 \

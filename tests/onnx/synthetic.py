@@ -13,7 +13,14 @@ what the exported fixtures do not cover:
   kᵀ by a Transpose, x [batch, 8, 32];
 - two_dynamic.onnx: x [batch, seq, 16] -> MatMul -> Softmax (seq must be fixed
   with --dim seq=N);
-- unmapped_op.onnx: x [batch, 16] -> Sin (no tpgraph mapping).
+- unmapped_op.onnx: x [batch, 16] -> Sin (no tpgraph mapping);
+- unary_ops.onnx: Exp, Sigmoid, Tanh, Erf, Neg, Pow by constants, Sqrt,
+  Reciprocal of a Sqrt (rsqrt), Reciprocal, Div by an activation, between
+  two MatMuls, x [batch, 8, 16];
+- index_ops.onnx: ReduceMean/ReduceSum (keepdims 1 and 0), Where with a
+  constant mask, Gather along axis 1 with constant INT64 ids and on a 3-D
+  table with INT32 request ids, Unsqueeze + Expand, Cast to FLOAT16, to INT32
+  and back, x [batch, 8, 16] and idx [batch, 4].
 Needs numpy and onnx."""
 import os
 import sys
@@ -126,6 +133,86 @@ def unmapped_op(path):
          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], path)
 
 
+def pow_dynamic(path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Pow", ["h", "h"], ["y"], name="the_pow")]
+    save(nodes, [init("w", [16, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], path)
+
+
+def unary_ops(path):
+    N = helper.make_node
+    nodes = [
+        N("MatMul", ["x", "w1"], ["h"]),
+        N("Exp", ["h"], ["e"]),
+        N("Sigmoid", ["h"], ["s"]),
+        N("Tanh", ["h"], ["t"]),
+        N("Erf", ["h"], ["r"]),
+        N("Neg", ["h"], ["ng"]),
+        N("Pow", ["h", "three"], ["p3"]),
+        N("Pow", ["e", "one_half"], ["p15"]),
+        N("Sqrt", ["e"], ["sq"]),
+        N("Add", ["e", "one"], ["e1"]),
+        N("Sqrt", ["e1"], ["sq1"]),
+        N("Reciprocal", ["sq1"], ["rs"]),
+        N("Reciprocal", ["e1"], ["inv"]),
+        N("Div", ["s", "e1"], ["q"]),
+        N("Add", ["s", "t"], ["st"]),
+        N("Add", ["r", "ng"], ["rn"]),
+        N("Add", ["sq", "rs"], ["sr"]),
+        N("Add", ["inv", "q"], ["iq"]),
+        N("Add", ["st", "rn"], ["strn"]),
+        N("Add", ["sr", "iq"], ["sriq"]),
+        N("Add", ["strn", "sriq"], ["a0"]),
+        N("Mul", ["p3", "tenth"], ["p3s"]),
+        N("Mul", ["p15", "tenth"], ["p15s"]),
+        N("Add", ["a0", "p3s"], ["a1"]),
+        N("Add", ["a1", "p15s"], ["a"]),
+        N("MatMul", ["a", "w2"], ["y"]),
+    ]
+    inits = [init("w1", [16, 32]), init("w2", [32, 16]), scalar("three", 3.0), scalar("one_half", 1.5),
+             scalar("one", 1.0), scalar("tenth", 0.1)]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16])], path)
+
+
+def index_ops(path):
+    N = helper.make_node
+    mask = RNG.random((8, 32)) < 0.5
+    nodes = [
+        N("MatMul", ["x", "w1"], ["h"]),
+        N("ReduceMean", ["h", "ax_last"], ["m"]),
+        N("Sub", ["h", "m"], ["d"]),
+        N("ReduceSum", ["d", "ax1"], ["sm"], keepdims=0),
+        N("Where", ["mask", "d", "minus1"], ["wh"]),
+        N("Gather", ["wh", "ids"], ["g"], axis=1),
+        N("ReduceSum", ["g", "ax1"], ["gs"], keepdims=0),
+        N("Add", ["sm", "gs"], ["sg"]),
+        N("Unsqueeze", ["sg", "ax1"], ["u"]),
+        N("Expand", ["u", "ex_shape"], ["ex"]),
+        N("Gather", ["table", "idx"], ["tb"], axis=0),
+        N("ReduceMean", ["tb", "ax2"], ["tm"], keepdims=0),
+        N("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+        N("Cast", ["x16"], ["x32"], to=TensorProto.FLOAT),
+        N("Mul", ["x", "ten"], ["x10"]),
+        N("Cast", ["x10"], ["xi"], to=TensorProto.INT32),
+        N("Cast", ["xi"], ["xf"], to=TensorProto.FLOAT),
+        N("Mul", ["xf", "hundredth"], ["xfs"]),
+        N("Add", ["x32", "xfs"], ["c"]),
+        N("MatMul", ["c", "w3"], ["c2"]),
+        N("ReduceMean", ["c2", "ax1"], ["c2m"]),
+        N("Add", ["ex", "tm"], ["y0"]),
+        N("Add", ["y0", "c2m"], ["y1"]),
+        N("MatMul", ["y1", "w2"], ["y"]),
+    ]
+    inits = [init("w1", [16, 32]), init("w2", [32, 16]), init("w3", [16, 32]), init("table", [5, 4, 32]),
+             numpy_helper.from_array(mask, "mask"), axes("ax_last", [-1]), axes("ax1", [1]), axes("ax2", [2]),
+             axes("ids", [7, 0, 2]), axes("ex_shape", [1, 4, 32]), scalar("minus1", -1.0), scalar("ten", 10.0),
+             scalar("hundredth", 0.01)]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16]),
+                        helper.make_tensor_value_info("idx", TensorProto.INT32, ["batch", 4])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 16])], path)
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -134,6 +221,9 @@ def main():
     fused_gqa(os.path.join(out, "fused_gqa.onnx"))
     two_dynamic(os.path.join(out, "two_dynamic.onnx"))
     unmapped_op(os.path.join(out, "unmapped_op.onnx"))
+    unary_ops(os.path.join(out, "unary_ops.onnx"))
+    index_ops(os.path.join(out, "index_ops.onnx"))
+    pow_dynamic(os.path.join(out, "pow_dynamic.onnx"))
 
 
 if __name__ == "__main__":

@@ -325,6 +325,91 @@ static void copy_cases(tp_backend *b, tp_dtype dt)
     free_operand(b, &t);
 }
 
+/* Overwrites an integer operand's first n elements (host and device). */
+static void set_ints(tp_backend *b, operand *o, const void *vals, int64_t n)
+{
+    memcpy(o->host_base, vals, (size_t)n * tp_dtype_size(o->host.dtype));
+    tp_tensor h = tp_tensor_make(o->host_base, o->host.dtype, 1, &n), d = tp_tensor_make(o->dev_base, o->host.dtype, 1, &n);
+    tp_err err;
+    ck_assert_msg(b->iface->copy_in(b, 0, &d, &h, &err) == TP_OK, "%s", err.msg);
+}
+
+/* The ops of ONNX exports (tests/unit/test_cpu_onnx_ops.c has their
+ * values): the same shared math on both backends. */
+static void onnx_op_cases(tp_backend *b, tp_dtype dt)
+{
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    int64_t s3[3] = {2, 3, 4}, s1[1] = {4}, s28[2] = {4, 8}, gs[2] = {4, 5};
+    operand dv[2] = {make_operand(b, dt, 3, s3, 0, -1, 0, 0), make_operand(b, dt, 1, s1, 0, -1, 0, 0)};
+    compare_op(b, TP_OP_DIV, &a, dv, 2, dt, 3, s3, tol_of(dt));
+    operand u = make_operand(b, dt, 2, s28, 0, 1, 2, 5); /* strided slice */
+    const tp_op unary[] = {TP_OP_EXP, TP_OP_NEG, TP_OP_TANH, TP_OP_ERF, TP_OP_SIGMOID, TP_OP_POW};
+    a.exponent = 3.0f;
+    for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++)
+        compare_op(b, unary[i], &a, &u, 1, dt, 2, gs, tol_of(dt));
+    operand e = make_operand(b, dt, 2, s28, 0, -1, 0, 0);
+    compare_op(b, TP_OP_EXP, &a, &e, 1, dt, 2, s28, tol_of(dt));
+    tp_tensor pos = e.dev; /* exp > 0: a domain for sqrt, rsqrt, pow 1.5 */
+    operand ep = e;
+    ep.dev = tp_tensor_make(dev_alloc(b, e.bytes), dt, 2, s28);
+    ep.host = tp_tensor_make(malloc(e.bytes), dt, 2, s28);
+    tp_err err;
+    ck_assert_msg(b->iface->run_op(b, 0, TP_OP_EXP, &a, &pos, 1, &ep.dev, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->copy_out(b, 0, &ep.host, &ep.dev, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
+    compare_op(b, TP_OP_SQRT, &a, &ep, 1, dt, 2, s28, tol_of(dt));
+    compare_op(b, TP_OP_RSQRT, &a, &ep, 1, dt, 2, s28, tol_of(dt));
+    a.exponent = 1.5f;
+    compare_op(b, TP_OP_POW, &a, &ep, 1, dt, 2, s28, tol_of(dt));
+    /* reduce over dim 1 of a transposed [2, 4, 3] view, and over the last dim */
+    operand r = make_operand(b, dt, 3, s3, 1, -1, 0, 0);
+    int64_t r0[2] = {2, 3}, r2[3] = {2, 4, 1};
+    a.dim = 1;
+    compare_op(b, TP_OP_REDUCE_SUM, &a, &r, 1, dt, 2, r0, tol_of(dt));
+    a.dim = 2;
+    a.keepdim = 1;
+    compare_op(b, TP_OP_REDUCE_MEAN, &a, &r, 1, dt, 3, r2, tol_of(dt));
+    /* where: an INT64 cond [3, 1], x [3, 4], y [4] */
+    int64_t c31[2] = {3, 1}, x34[2] = {3, 4};
+    operand w[3] = {make_operand(b, TP_I64, 2, c31, 0, -1, 0, 0), make_operand(b, dt, 2, x34, 0, -1, 0, 0),
+                    make_operand(b, dt, 1, s1, 0, -1, 0, 0)};
+    const int64_t cond[3] = {1, 0, 5};
+    set_ints(b, &w[0], cond, 3);
+    compare_op(b, TP_OP_WHERE, &a, w, 3, dt, 2, x34, 0);
+    /* gather along dim 1 of [2, 3, 4] with INT32 ids [2, 2] (one negative) */
+    int64_t ids_shape[2] = {2, 2}, go[4] = {2, 2, 2, 4};
+    operand g[2] = {make_operand(b, dt, 3, s3, 0, -1, 0, 0), make_operand(b, TP_I32, 2, ids_shape, 0, -1, 0, 0)};
+    const int32_t ids[4] = {2, 0, -1, 1};
+    set_ints(b, &g[1], ids, 4);
+    a.dim = 1;
+    compare_op(b, TP_OP_GATHER, &a, g, 2, dt, 4, go, 0);
+    /* expand [3, 1] -> [2, 3, 4] */
+    int64_t x31[2] = {3, 1};
+    operand ex = make_operand(b, dt, 2, x31, 0, -1, 0, 0);
+    compare_op(b, TP_OP_EXPAND, &a, &ex, 1, dt, 3, s3, 0);
+    /* cast FP32 -> dt and dt -> FP32 (exact: a rounding or a widening) */
+    operand cf = make_operand(b, TP_F32, 3, s3, 0, -1, 0, 0), cd = make_operand(b, dt, 3, s3, 0, -1, 0, 0);
+    a.cast_to = (int)dt;
+    compare_op(b, TP_OP_CAST, &a, &cf, 1, dt, 3, s3, 0);
+    a.cast_to = TP_F32;
+    compare_op(b, TP_OP_CAST, &a, &cd, 1, TP_F32, 3, s3, 0);
+    free_operand(b, &dv[0]);
+    free_operand(b, &dv[1]);
+    free_operand(b, &u);
+    free_operand(b, &e);
+    b->iface->free(b, 0, ep.dev.data);
+    free(ep.host.data);
+    free_operand(b, &r);
+    for (int i = 0; i < 3; i++)
+        free_operand(b, &w[i]);
+    free_operand(b, &g[0]);
+    free_operand(b, &g[1]);
+    free_operand(b, &ex);
+    free_operand(b, &cf);
+    free_operand(b, &cd);
+}
+
 START_TEST(ops_match_cpu)
 {
     tp_backend *b = one_rank();
@@ -334,7 +419,31 @@ START_TEST(ops_match_cpu)
         row_cases(b, dts[i]);
         matmul_cases(b, dts[i]);
         copy_cases(b, dts[i]);
+        onnx_op_cases(b, dts[i]);
     }
+    tp_backend_destroy(b);
+}
+END_TEST
+
+/* A gather id outside [-n, n): zeros and an error at synchronize naming
+ * it, then the backend runs on (as for embedding). */
+START_TEST(bad_gather_id_fails_cleanly)
+{
+    tp_backend *b = one_rank();
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    int64_t ids_shape[1] = {2}, xs[2] = {4, 3}, go[2] = {2, 3};
+    operand g[2] = {make_operand(b, TP_F32, 2, xs, 0, -1, 0, 0), make_operand(b, TP_I64, 1, ids_shape, 0, -1, 0, 0)};
+    const int64_t ids[2] = {1, -5};
+    set_ints(b, &g[1], ids, 2);
+    tp_tensor din[2] = {g[0].dev, g[1].dev}, dout = tp_tensor_make(dev_alloc(b, 64), TP_F32, 2, go);
+    tp_err err;
+    ck_assert_msg(b->iface->run_op(b, 0, TP_OP_GATHER, &a, din, 2, &dout, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(b->iface->synchronize(b, 0, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "gather: id -5 (position 1)") != NULL, "%s", err.msg);
+    b->iface->abort(b);
+    b->iface->reset(b);
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
     tp_backend_destroy(b);
 }
 END_TEST
@@ -700,6 +809,7 @@ static Suite *cuda_device_suite(void)
     tcase_add_test(tc, ops_match_cpu);
     tcase_add_test(tc, capture_replays_new_inputs);
     tcase_add_test(tc, bad_embedding_id_fails_cleanly);
+    tcase_add_test(tc, bad_gather_id_fails_cleanly);
     tcase_add_test(tc, collectives_across_processes);
     tcase_add_test(tc, examples_through_engine);
 #endif

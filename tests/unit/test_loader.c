@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "plan.h"
 #include "graph.h"
 #include "safetensors.h"
 
@@ -157,6 +158,96 @@ START_TEST(shape_mismatch_names_both_shapes)
 }
 END_TEST
 
+#define PARAM_IDS "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6]}," \
+                  "{\"name\":\"ids\",\"datatype\":\"INT32\",\"shape\":[4]}],"
+#define NODE1(op, ins, attrs) "\"nodes\":[{\"name\":\"h\",\"op\":\"" op "\",\"inputs\":[" ins "],\"attrs\":{" attrs "}}],"
+
+/* The ops of ONNX exports: attrs refused by name, inputs by what is wrong. */
+START_TEST(onnx_ops_refused)
+{
+    expect_error(PARAM_IDS NODE1("pow", "\"x\"", "") OUT("h"), "node 'h'", "needs attr 'exponent'");
+    expect_error(PARAM_IDS NODE1("cast", "\"x\"", "\"to\":\"FP8\"") OUT("h"), "node 'h'", "attr 'to'");
+    expect_error(PARAM_IDS NODE1("cast", "\"x\"", "") OUT("h"), "node 'h'", "needs attr 'to'");
+    expect_error(PARAM_IDS NODE1("reduce_sum", "\"x\"", "") OUT("h"), "node 'h'", "needs attr 'dim'");
+    expect_error(PARAM_IDS NODE1("reduce_mean", "\"x\"", "\"dim\":3") OUT("h"), "node 'h'", "dim 3 is out of range");
+    expect_error(PARAM_IDS NODE1("where", "\"x\",\"x\",\"x\"", "") OUT("h"), "node 'h'",
+                 "cond 'x' must be an INT32 or INT64 param (a constant mask), got input");
+    expect_error(PARAM_IDS NODE1("where", "\"w\",\"x\",\"x\"", "") OUT("h"), "node 'h'", "got FP32");
+    expect_error(PARAM_IDS NODE1("where", "\"ids\",\"x\",\"w\"", "") OUT("h"), "node 'h'", "do not broadcast");
+    expect_error(PARAM_IDS NODE1("gather", "\"x\",\"x\"", "\"dim\":1") OUT("h"), "node 'h'",
+                 "ids must be INT32 or INT64, got FP32");
+    expect_error(PARAM_IDS NODE1("expand", "\"x\"", "\"shape\":[2,5]") OUT("h"), "node 'h'",
+                 "input [1, 3, 4] does not broadcast to [2, 5]");
+    expect_error(PARAM_IDS NODE1("div", "\"ids\",\"ids\"", "") OUT("h"), "node 'h'",
+                 "needs floating-point inputs, got INT32");
+    expect_error(PARAM_IDS NODE1("sqrt", "\"ids\"", "") OUT("h"), "node 'h'", "needs a floating-point input");
+}
+END_TEST
+
+/* ... and their shapes when the graph is right. */
+START_TEST(onnx_ops_shapes)
+{
+    const char *cases[][3] = {
+        {"reduce_mean", "\"x\"", "\"dim\":-1,\"keepdim\":true"},
+        {"reduce_sum", "\"x\"", "\"dim\":1"},
+        {"gather", "\"x\",\"ids\"", "\"dim\":2"},
+        {"where", "\"ids\",\"x\",\"x\"", ""},
+        {"expand", "\"x\"", "\"shape\":[2,1,3,1]"},
+        {"cast", "\"x\"", "\"to\":\"BF16\""},
+    };
+    const char *want[] = {"[1, 3, 1]", "[1, 4]", "[1, 3, 4]", "[1, 3, 4]", "[2, 1, 3, 4]", "[1, 3, 4]"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024], got[64];
+        snprintf(body, sizeof body,
+                 PARAM_IDS "\"nodes\":[{\"name\":\"h\",\"op\":\"%s\",\"inputs\":[%s],\"attrs\":{%s}}],"
+                           "\"outputs\":[{\"name\":\"h\",\"placement\":\"replicate\"}]",
+                 cases[i][0], cases[i][1], cases[i][2]);
+        tp_graph *g = NULL;
+        tp_err err = {{0}};
+        ck_assert_msg(load_text(body, &g, &err) == TP_OK, "%s: %s", cases[i][0], err.msg);
+        const tp_node *h = &g->nodes[tp_graph_find(g, "h")];
+        tp_shape_str(got, sizeof got, h->ndim, h->shape);
+        ck_assert_msg(strcmp(got, want[i]) == 0, "%s: %s, want %s", cases[i][0], got, want[i]);
+        ck_assert_int_eq(h->dtype, i == 5 ? TP_BF16 : TP_F32);
+        tp_graph_free(g);
+    }
+}
+END_TEST
+
+/* The descriptors' batch-rows rules: reducing or gathering along the batch
+ * dim mixes rows (no padded batches), along another dim it does not. */
+START_TEST(onnx_ops_batch_rows)
+{
+#define ROWS_NODE(nm, op, ins, attrs) "{\"name\":\"" nm "\",\"op\":\"" op "\",\"inputs\":[" ins "],\"attrs\":{" attrs "}}"
+    const char *nodes[] = {
+        ROWS_NODE("h", "reduce_sum", "\"x\"", "\"dim\":0,\"keepdim\":true"),
+        ROWS_NODE("h", "reduce_mean", "\"x\"", "\"dim\":1,\"keepdim\":true"),
+        ROWS_NODE("h", "gather", "\"x\",\"ids\"", "\"dim\":0"),
+        ROWS_NODE("h", "gather", "\"x\",\"ids\"", "\"dim\":2"),
+        ROWS_NODE("h", "where", "\"ids\",\"x\",\"x\"", ""),
+        ROWS_NODE("r", "reduce_mean", "\"x\"", "\"dim\":1,\"keepdim\":true") ","
+        ROWS_NODE("h", "expand", "\"r\"", "\"shape\":[1,3,1]"),
+    };
+#undef ROWS_NODE
+    const int mixes[] = {1, 0, 1, 0, 0, 0};
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+        char body[1024], why[256] = "";
+        snprintf(body, sizeof body,
+                 PARAM_IDS "\"nodes\":[%s],\"outputs\":[{\"name\":\"h\",\"placement\":\"replicate\"}]",
+                 nodes[i]);
+        tp_graph *g = NULL;
+        tp_err err = {{0}};
+        ck_assert_msg(load_text(body, &g, &err) == TP_OK, "case %zu: %s", i, err.msg);
+        int independent = -1;
+        ck_assert_int_eq(tp_plan_rows_independent(g, 2, &independent, why, sizeof why, &err), TP_OK);
+        ck_assert_msg(independent == !mixes[i], "case %zu: independent %d (%s)", i, independent, why);
+        if (i == 2)
+            ck_assert_msg(strstr(why, "node 'h' (gather) mixes batch rows"), "%s", why);
+        tp_graph_free(g);
+    }
+}
+END_TEST
+
 START_TEST(non_divisible_shard_and_split)
 {
     expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"}],"
@@ -222,6 +313,9 @@ Suite *loader_suite(void)
     tcase_add_test(tc, names_twice_or_undefined);
     tcase_add_test(tc, shape_mismatch_names_both_shapes);
     tcase_add_test(tc, non_divisible_shard_and_split);
+    tcase_add_test(tc, onnx_ops_refused);
+    tcase_add_test(tc, onnx_ops_shapes);
+    tcase_add_test(tc, onnx_ops_batch_rows);
     tcase_add_test(tc, param_vs_safetensors);
     tcase_add_test(tc, malformed_safetensors_header);
     suite_add_tcase(s, tc);
