@@ -878,17 +878,12 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
         return TP_OK;
     CU_TRY(x, err, cudaMemsetAsync(x->errw, 0, sizeof *x->errw, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
-    if (e.code == TP_CUDA_ERR_EMBED_ID) {
+    if (e.code == TP_CUDA_ERR_EMBED_ID || e.code == TP_CUDA_ERR_GATHER_ID) {
         /* TP_INVALID after the step's work completed: the engine marks
          * it benign for the whole group (tp_rank_group_benign), so no
          * process revokes its communicator for it (A3). */
-        return tp_fail(err, TP_INVALID, "cuda rank %d: embedding: id %lld (position %lld) is out of range",
-                       x->rank, e.b, e.c);
-    }
-    if (e.code == TP_CUDA_ERR_GATHER_ID) {
-        x->last_fail_benign = 1;
-        return tp_fail(err, TP_INVALID, "cuda rank %d: gather: id %lld (position %lld) is out of range", x->rank,
-                       e.b, e.c);
+        return tp_fail(err, TP_INVALID, "cuda rank %d: %s: id %lld (position %lld) is out of range", x->rank,
+                       e.code == TP_CUDA_ERR_EMBED_ID ? "embedding" : "gather", e.b, e.c);
     }
     char msg[512];
     snprintf(msg, sizeof msg,
