@@ -13,22 +13,10 @@
 
 static int launch(const char *name, void *stream) { return dbl_launch(stream, name); }
 
-int tp_cuda_gelu(const void *x, void *y, int64_t n, tp_dtype dtype, int approx_tanh, void *stream)
+int tp_cuda_unary(tp_unary_fn fn, const void *x, void *y, int64_t n, tp_dtype dtype, float p, void *stream)
 {
-    (void)x, (void)y, (void)n, (void)dtype, (void)approx_tanh;
-    return launch("gelu", stream);
-}
-
-int tp_cuda_silu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
-{
-    (void)x, (void)y, (void)n, (void)dtype;
-    return launch("silu", stream);
-}
-
-int tp_cuda_relu(const void *x, void *y, int64_t n, tp_dtype dtype, void *stream)
-{
-    (void)x, (void)y, (void)n, (void)dtype;
-    return launch("relu", stream);
+    (void)fn, (void)x, (void)y, (void)n, (void)dtype, (void)p;
+    return launch("unary", stream);
 }
 
 int tp_cuda_softmax(const void *x, void *y, int64_t outer, int64_t n, int64_t inner, tp_dtype dtype, void *stream)
@@ -120,4 +108,30 @@ int tp_cuda_oneshot_all_reduce(const tp_cuda_sync *s, const tp_cuda_peers *in, v
 {
     (void)s, (void)in, (void)out, (void)count, (void)dtype, (void)red;
     return launch("oneshot_all_reduce", stream);
+}
+
+int tp_cuda_reduce(const void *x, void *out, const tp_reduce_plan *p, int64_t n_out, int mean, tp_dtype dtype,
+                   void *stream)
+{
+    (void)x, (void)out, (void)p, (void)n_out, (void)mean, (void)dtype;
+    return launch("reduce", stream);
+}
+
+int tp_cuda_gather(const tp_cuda_gather_args *a, int64_t n_out, void *stream)
+{
+    (void)a, (void)n_out;
+    return launch("gather", stream);
+}
+
+int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const void *y, void *out,
+                  const tp_layout *l, int es, void *stream)
+{
+    (void)cond, (void)cond_dtype, (void)x, (void)y, (void)out, (void)l, (void)es;
+    return launch("where", stream);
+}
+
+int tp_cuda_cast(const void *x, tp_dtype x_dtype, void *out, tp_dtype out_dtype, const tp_layout *l, void *stream)
+{
+    (void)x, (void)x_dtype, (void)out, (void)out_dtype, (void)l;
+    return launch("cast", stream);
 }
