@@ -33,7 +33,9 @@ check server "$INC_server" cuda/cuda_internal.h refused
 # what kernels/ may use (the kernel API). Everything else in engine/ is
 # internal; a source including it is named here.
 engine_api="engine.h dtype.h tensor.h mem_kind.h backend_settings.h rank_group.h safetensors.h"
-kernel_api="backend.h backend_settings.h ops.h tensor.h dtype.h reassembly.h"
+# rank_group.h: a backend whose creation is collective (cuda: the NCCL join)
+# runs it as timed steps of the group, so one rank failing fails them all.
+kernel_api="backend.h backend_settings.h ops.h tensor.h dtype.h reassembly.h rank_group.h"
 # only_public DIR API: DIR's quoted includes are its own, util's, or in API
 only_public() {
     bad=0
