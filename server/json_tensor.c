@@ -66,6 +66,7 @@ static int skip_string(cursor *c)
         else if (c->s[c->i] == '"')
             return c->i++, 0;
     }
+    c->i = c->len; /* a backslash as the last byte stepped past the end: spans end at len */
     return -1;
 }
 

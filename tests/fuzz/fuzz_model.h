@@ -19,7 +19,8 @@ static const tp_io_desc fuzz_inputs[] = {
 };
 #define FUZZ_N_INPUTS ((int)(sizeof fuzz_inputs / sizeof *fuzz_inputs))
 
-static const tp_kserve_model fuzz_model = {"m", "1", fuzz_inputs, FUZZ_N_INPUTS, fuzz_inputs, FUZZ_N_INPUTS};
+static const tp_kserve_model fuzz_model = {.name = "m", .version = "1", .inputs = fuzz_inputs, .n_inputs = FUZZ_N_INPUTS,
+                                           .outputs = fuzz_inputs, .n_outputs = FUZZ_N_INPUTS};
 
 /* Decodes body; when it is valid, encodes the decoded inputs back as the
  * outputs the request asked for (JSON or binary), as the server would. */

@@ -402,6 +402,17 @@ START_TEST(errors_document)
      * newline; the message stays one line (no forged log lines) */
     expect_error(&M, "{\"inputs\":[{\"dat-\\\n\x01\"", TP_PARSE, "invalid escape near '\"dat-\\?'");
     expect_error(&M, "{\"inputs\":{}}", TP_INVALID, "'inputs' must be an array, got an object");
+    /* fuzz_kserve_json found it: a backslash as the last byte of a string
+     * in "data" made the data scan end one byte past the body, and the
+     * blanked copy read it (ASan). The body is copied to its exact size so
+     * no terminating NUL hides the overread. */
+    static const char bs_at_end[] = "{\"inputs\":[{\"name\":\"x\",\"data\":[\"\\";
+    char *exact = malloc(sizeof bs_at_end - 1);
+    memcpy(exact, bs_at_end, sizeof bs_at_end - 1);
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, exact, sizeof bs_at_end - 1, -1, &r, &e), TP_PARSE);
+    free(exact);
     expect_error(&M, "{\"id\":5,\"inputs\":[]}", TP_INVALID, "'id' must be a string, got an integer");
     expect_error(&M, "{\"parameters\":[],\"inputs\":[]}", TP_INVALID, "'parameters' must be an object");
     expect_error(&M, "{\"parameters\":{\"binary_data_output\":1},\"inputs\":[]}", TP_INVALID,
