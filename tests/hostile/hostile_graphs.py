@@ -78,6 +78,13 @@ CASES = {
                                1, ["node 'y' (matmul)", "more than 2^48 elements"]),
     # zero-size dims: memcpy(NULL) and NULL + 0 in the engine's staging.
     "zero_size_dim": (graph("h", [inp("x", ["B", 0])], [node("y", "relu", ["x"])], ["y"]), 0, []),
+    # exec.c held a cat's inputs in tp_tensor ins[20] while the loader
+    # allowed 64: 21..64 inputs overflowed the stack. The op table's
+    # maximum sizes the buffer now: 24 and 64 run, 65 is refused by name.
+    "cat_24_inputs": (graph("h", X, [node("y", "cat", ["x"] * 24, dim=1)], ["y"]), 0, []),
+    "cat_64_inputs": (graph("h", X, [node("y", "cat", ["x"] * 64, dim=1)], ["y"]), 0, []),
+    "cat_65_inputs": (graph("h", X, [node("y", "cat", ["x"] * 65, dim=1)], ["y"]),
+                      1, ["node 'y'", "op 'cat' takes 1..64 inputs, got 65"]),
     # weights: a FIFO blocked open() forever; a truncated file read past
     # the end of its mapping (SIGBUS).
     "weights_fifo": (graph("h", X, [node("y", "add", ["x", "w"])], ["y"],
