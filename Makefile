@@ -171,7 +171,8 @@ DBL_SRCS  := $(wildcard tests/cuda_double/*.c)
 ifneq ($(NVCC),)
 DBL_LIB   := $(filter-out $(CU_OBJS),$(LIB_OBJS))
 else
-DBL_LIB   := $(patsubst %.c,$(BUILD)/dbl/%.o,$(LIB_SRCS) $(wildcard kernels/cuda/*.c))
+DBL_LIB   := $(patsubst %.c,$(BUILD)/dbl/%.o,$(LIB_SRCS) $(wildcard kernels/cuda/*.c)) \
+             $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard server/*.cc))
 $(BUILD)/dbl/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
@@ -180,7 +181,7 @@ endif
 $(DBL_BIN): $(DBL_SRCS) $(wildcard tests/cuda_double/*.h) tests/unit/testutil.c $(DBL_LIB) | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/unit -Itests/cuda_double -o $@ $(DBL_SRCS) \
-	  tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lrt -pthread $(SAN)
+	  tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lstdc++ -lm -lrt -pthread $(SAN)
 cuda-double: $(DBL_BIN) $(GRAPHS)
 	CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $(DBL_BIN)
 else
