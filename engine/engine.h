@@ -118,8 +118,10 @@ int64_t tp_engine_output_rows(const tp_engine *e, int i);
 
 void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
 
-/* NULL while every rank can run; else why not (a rank's process died). Once
- * lost, every request fails with TP_UNAVAILABLE naming the dead rank. Safe
+/* NULL while every rank can run; else why not: a rank's process died, or
+ * a step failed in a way that left the backend dead for good (a sticky CUDA
+ * error, an NCCL error), naming the rank and the failure. Once lost, every
+ * request fails at once with TP_UNAVAILABLE and this message. Safe
  * to call from any thread at any time; never waits for a running batch. */
 const char *tp_engine_lost(tp_engine *e);
 
