@@ -388,6 +388,7 @@ void tp_engine_free(tp_engine *e)
 const char *tp_engine_model_name(const tp_engine *e) { return e->g->name; }
 const char *tp_engine_backend_name(const tp_engine *e) { return e->b->iface->name; }
 const char *tp_engine_backend_note(const tp_engine *e) { return e->b->note; }
+struct tp_backend *tp_engine_backend(tp_engine *e) { return e->b; }
 int tp_engine_world_size(const tp_engine *e) { return e->g->world_size; }
 int tp_engine_n_inputs(const tp_engine *e) { return e->g->n_inputs; }
 int tp_engine_n_outputs(const tp_engine *e) { return e->g->n_outputs; }

@@ -89,6 +89,9 @@ const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);
 /* Why the backend was chosen (--backend auto), or "". */
 const char *tp_engine_backend_note(const tp_engine *e);
+/* This process's backend, owned by the engine (tests give it a failing
+ * interface through it). */
+struct tp_backend *tp_engine_backend(tp_engine *e);
 int tp_engine_world_size(const tp_engine *e);
 int tp_engine_n_inputs(const tp_engine *e);
 int tp_engine_n_outputs(const tp_engine *e);
