@@ -46,7 +46,7 @@ typedef struct {
     uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
     int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
-    int rank_group_up;                   /* 0 once a rank's process died */
+    int rank_group_up;                   /* 0 once lost (tp_engine_lost) */
 } tp_engine_stats;
 
 /* A global, contiguous, row-major host tensor. Request inputs are owned by
