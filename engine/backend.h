@@ -64,6 +64,11 @@ typedef struct tp_backend_iface {
     void (*peer_lost)(tp_backend *b);
     /* Clears the aborted state once no rank is running. */
     void (*reset)(tp_backend *b);
+    /* Optional (NULL: never). Why this process's backend can never run
+     * again (cuda: a sticky CUDA error, an NCCL error, a revoked
+     * communicator), else NULL; the string lives as long as the backend.
+     * Thread-safe: the engine asks it after a failed step. */
+    const char *(*dead)(tp_backend *b);
     void (*destroy)(tp_backend *b);
 } tp_backend_iface;
 
@@ -160,6 +165,12 @@ tp_status tp_backend_create_for_group(const char *name, const tp_backend_setting
  * its op and the backend. */
 struct tp_graph;
 tp_status tp_backend_check_graph(const tp_backend_kind *k, const struct tp_graph *g, tp_err *err);
+
+/* NULL while b can still run; else why it never will (iface dead). */
+static inline const char *tp_backend_dead(tp_backend *b)
+{
+    return b && b->iface->dead ? b->iface->dead(b) : NULL;
+}
 
 static inline void tp_backend_destroy(tp_backend *b)
 {

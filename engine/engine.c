@@ -60,7 +60,10 @@ struct tp_engine {
     char *stage;
     size_t stage_cap;
     int stage_shared;
-    const char *_Atomic lost; /* the group's "rank group lost: ..." once seen */
+    /* Why no request can run again, once seen: the group's "rank group
+     * lost: ..." or dead_reason (a backend that died in a failed step). */
+    const char *_Atomic lost;
+    char dead_reason[sizeof ((tp_err *)0)->msg + 64];
     pthread_mutex_t mu;
 };
 
@@ -253,7 +256,7 @@ static tp_status agree_options(tp_engine *e, const tp_engine_opts *o, tp_err *er
 }
 
 static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err);
-static void note_lost(tp_engine *e);
+static void note_lost(tp_engine *e, const tp_err *step_err);
 
 /* Staging for the largest bucket, now: no padded run needs more, so a shared
  * staging too small for it is a load error, not a failure of every big batch. */
@@ -385,6 +388,7 @@ void tp_engine_free(tp_engine *e)
 const char *tp_engine_model_name(const tp_engine *e) { return e->g->name; }
 const char *tp_engine_backend_name(const tp_engine *e) { return e->b->iface->name; }
 const char *tp_engine_backend_note(const tp_engine *e) { return e->b->note; }
+struct tp_backend *tp_engine_backend(tp_engine *e) { return e->b; }
 int tp_engine_world_size(const tp_engine *e) { return e->g->world_size; }
 int tp_engine_n_inputs(const tp_engine *e) { return e->g->n_inputs; }
 int tp_engine_n_outputs(const tp_engine *e) { return e->g->n_outputs; }
@@ -682,9 +686,10 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     if (!outs)
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
-    tp_status st = infer_locked(e, inputs, n_inputs, outs, err);
-    if (st == TP_UNAVAILABLE)
-        note_lost(e);
+    const char *lost = atomic_load(&e->lost);
+    tp_status st = lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : infer_locked(e, inputs, n_inputs, outs, err);
+    if (st != TP_OK)
+        note_lost(e, err);
     pthread_mutex_unlock(&e->mu);
     if (st != TP_OK) {
         tp_host_tensors_free(outs, e->g->n_outputs);
@@ -746,18 +751,30 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
 }
 
 /* Called with mu held (the group's check is not thread-safe): publishes a
- * lost group for tp_engine_lost, which must not wait for a running batch. */
-static void note_lost(tp_engine *e)
+ * lost group or a dead backend for tp_engine_lost, which must not wait for
+ * a running batch. After a non-benign failed step every process's backend
+ * is aborted (the group's fail hook), so each one's own backend reports
+ * dead; the step's error (step_err, NULL when none) names the rank that
+ * failed first and why, which the local backend's own reason (here maybe
+ * just "revoked") may not. */
+static void note_lost(tp_engine *e, const tp_err *step_err)
 {
-    if (!atomic_load(&e->lost))
-        atomic_store(&e->lost, tp_rank_group_lost(e->rg));
+    if (atomic_load(&e->lost))
+        return;
+    const char *lost = tp_rank_group_lost(e->rg), *dead = lost ? NULL : tp_backend_dead(e->b);
+    if (dead) {
+        snprintf(e->dead_reason, sizeof e->dead_reason, "backend '%s' failed for good: %s", e->b->iface->name,
+                 step_err && step_err->msg[0] ? step_err->msg : dead);
+        lost = e->dead_reason;
+    }
+    atomic_store(&e->lost, lost);
 }
 
 const char *tp_engine_lost(tp_engine *e)
 {
     /* a running batch holds mu and notes a loss itself: never wait for it */
     if (!atomic_load(&e->lost) && pthread_mutex_trylock(&e->mu) == 0) {
-        note_lost(e);
+        note_lost(e, NULL);
         pthread_mutex_unlock(&e->mu);
     }
     return atomic_load(&e->lost);

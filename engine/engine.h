@@ -46,7 +46,7 @@ typedef struct {
     uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
     int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
-    int rank_group_up;                   /* 0 once a rank's process died */
+    int rank_group_up;                   /* 0 once lost (tp_engine_lost) */
 } tp_engine_stats;
 
 /* A global, contiguous, row-major host tensor. Request inputs are owned by
@@ -89,6 +89,9 @@ const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);
 /* Why the backend was chosen (--backend auto), or "". */
 const char *tp_engine_backend_note(const tp_engine *e);
+/* This process's backend, owned by the engine (tests give it a failing
+ * interface through it). */
+struct tp_backend *tp_engine_backend(tp_engine *e);
 int tp_engine_world_size(const tp_engine *e);
 int tp_engine_n_inputs(const tp_engine *e);
 int tp_engine_n_outputs(const tp_engine *e);
@@ -118,8 +121,10 @@ int64_t tp_engine_output_rows(const tp_engine *e, int i);
 
 void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
 
-/* NULL while every rank can run; else why not (a rank's process died). Once
- * lost, every request fails with TP_UNAVAILABLE naming the dead rank. Safe
+/* NULL while every rank can run; else why not: a rank's process died, or
+ * a step failed in a way that left the backend dead for good (a sticky CUDA
+ * error, an NCCL error), naming the rank and the failure. Once lost, every
+ * request fails at once with TP_UNAVAILABLE and this message. Safe
  * to call from any thread at any time; never waits for a running batch. */
 const char *tp_engine_lost(tp_engine *e);
 

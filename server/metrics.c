@@ -249,7 +249,7 @@ static void render_engine(sbuf *b, const tp_engine_stats *es)
     gauge(b, "tpserve_world_size", "Ranks of the served graph.", es ? es->world_size : 0);
     gauge(b, "tpserve_rank_processes", "1 when every rank is its own process (ranks=processes), 0 for threads.",
           es ? es->rank_processes : 0);
-    gauge(b, "tpserve_rank_group_up", "1 while every rank can run; 0 once a rank's process died (restart).",
+    gauge(b, "tpserve_rank_group_up", "1 while every rank can run; 0 once a rank's process or backend died (restart).",
           es ? es->rank_group_up : 0);
     family(b, "tpserve_arena_bytes", "gauge",
            "Planned device memory per rank, summed over the buckets' plans, by arena.");

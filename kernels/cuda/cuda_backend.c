@@ -923,6 +923,14 @@ static void cuda_peer_lost(tp_backend *b)
  * revoked communicator is never usable again. */
 static void cuda_reset(tp_backend *b) { (void)b; }
 
+/* Only a finished message (state 2) is published: the engine keeps the
+ * pointer for the backend's lifetime, and state 1 is a few stores long. */
+static const char *cuda_dead(tp_backend *b)
+{
+    cu_ctx *x = ctx_of(b);
+    return atomic_load(&x->dead) == 2 ? x->dead_msg : NULL;
+}
+
 /* ------------------------------------------------------- iface: destroy */
 
 static void destroy_captures(cu_ctx *x)
@@ -1061,6 +1069,7 @@ static const tp_backend_iface cuda_iface = {
     .abort = cuda_abort,
     .peer_lost = cuda_peer_lost,
     .reset = cuda_reset,
+    .dead = cuda_dead,
     .destroy = cuda_destroy,
 };
 

@@ -232,7 +232,8 @@ typedef struct {
     const char *graph; /* example name */
     const char *where; /* the phase it hits, for the table */
     tp_status want;    /* the status of the first failing call */
-    int lost;          /* the group is lost (a process is gone): readiness 503 */
+    int lost;          /* the engine is lost (a process is gone, or a step left the
+                        * backend dead for good): readiness 503 */
     int recovers;      /* a later request succeeds (a benign failure) */
 } injection;
 
@@ -242,9 +243,9 @@ static const injection injections[] = {
     {"window:1:1", "mlp_sp_tp2", "control block window (create)", TP_BACKEND, 0, 0},
     {"comm_init:2:1", "mlp_sp_tp4", "ncclCommInitRank", TP_BACKEND, 0, 0},
     {"capture:1:1", "mlp_sp_tp2", "end of capture", TP_BACKEND, 0, 0},
-    {"replay:1:1", "megatron_block_tp2", "graph launch", TP_BACKEND, 0, 0},
+    {"replay:1:1", "megatron_block_tp2", "graph launch", TP_BACKEND, 1, 0},
     {"nccl_async:1:12", "mlp_sp_tp2", "NCCL async error (setup)", TP_BACKEND, 0, 0},
-    {"nccl_async:1:39", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 0, 0},
+    {"nccl_async:1:39", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 1, 0},
     {"die:1:1", "mlp_sp_tp2", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"die:3:1", "megatron_block_tp4", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"embed_id:1:1", "vocab_embed_i32_tp2", "bad id (benign)", TP_INVALID, 0, 1},
@@ -256,6 +257,26 @@ static void example_paths(const char *name, char *path, char *in, char *ref, siz
     snprintf(path, cap, "%s/%s.json", dir, name);
     snprintf(in, cap, "%s/%s.inputs.safetensors", dir, name);
     snprintf(ref, cap, "%s/%s.ref.safetensors", dir, name);
+}
+
+/* A lost engine names the failing rank, and every later request fails at
+ * once (no step runs) with TP_UNAVAILABLE and that same reason. */
+static void assert_lost_for_good(tp_engine *e, const char *fail, const char *want_rank, const tp_host_tensor *in,
+                                 int n_in)
+{
+    const char *lost = tp_engine_lost(e);
+    ck_assert_msg(strstr(lost, want_rank), "%s: the lost reason does not name %s: %s", fail, want_rank, lost);
+    unsetenv("TP_DOUBLE_FAIL"); /* only the engine's state can fail it now */
+    tp_host_tensor *out;
+    int n_out;
+    tp_err err;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    tp_status st = tp_engine_infer(e, in, n_in, &out, &n_out, &err);
+    double took = ms_since(&t0);
+    ck_assert_msg(st == TP_UNAVAILABLE, "%s: later request: %s: %s", fail, tp_status_name(st), err.msg);
+    ck_assert_msg(strcmp(err.msg, lost) == 0, "%s: later request says '%s', not '%s'", fail, err.msg, lost);
+    ck_assert_msg(took < 1000, "%s: %.0f ms to refuse a later request", fail, took);
 }
 
 START_TEST(injected_failure)
@@ -285,8 +306,10 @@ START_TEST(injected_failure)
     ck_assert_msg(strstr(err.msg, want_rank), "%s: the error does not name %s: %s", j->fail, want_rank, err.msg);
     ck_assert_msg(took < STEP_TIMEOUT_MS, "%s: %.0f ms to the error", j->fail, took);
     const char *lost = e ? tp_engine_lost(e) : NULL;
-    ck_assert_msg(!lost == !j->lost, "%s: group lost '%s', want %s", j->fail, lost ? lost : "(no)",
+    ck_assert_msg(!lost == !j->lost, "%s: engine lost '%s', want %s", j->fail, lost ? lost : "(no)",
                   j->lost ? "lost" : "not lost");
+    if (lost)
+        assert_lost_for_good(e, j->fail, want_rank, in, n_in);
     if (e && j->recovers) { /* no rank was revoked for it: the next request runs */
         unsetenv("TP_DOUBLE_FAIL");
         ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: after: %s", j->fail, err.msg);

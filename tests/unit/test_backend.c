@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "check_main.h"
+#include "engine.h"
 #include "graph.h"
 #include "testutil.h"
 
@@ -108,6 +109,70 @@ START_TEST(verify_replay_setting_checks_replays)
 }
 END_TEST
 
+/* A cpu backend that fails every replay and op once `broken` is set, and
+ * from then on reports itself dead, as the cuda backend does after a
+ * sticky error: the engine must turn lost (readiness 503) naming the rank
+ * and the failure, and refuse later requests at once. */
+static int broken;
+static const tp_backend_iface *cpu_iface;
+static tp_backend_iface dying_iface;
+
+static tp_status dying_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
+{
+    if (broken)
+        return tp_fail(err, TP_BACKEND, "dying rank %d: replay failed: injected", rank);
+    return cpu_iface->replay(b, rank, c, err);
+}
+
+static tp_status dying_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                              tp_tensor *out, tp_err *err)
+{
+    if (broken)
+        return tp_fail(err, TP_BACKEND, "dying rank %d: op failed: injected", rank);
+    return cpu_iface->run_op(b, rank, op, a, ins, n_ins, out, err);
+}
+
+static const char *dying_dead(tp_backend *b)
+{
+    (void)b;
+    return broken ? "dying: revoked" : NULL;
+}
+
+START_TEST(dead_backend_makes_the_engine_lost)
+{
+    char path[512], in_path[512];
+    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", graphs_dir());
+    snprintf(in_path, sizeof in_path, "%s/mlp_sp_tp2.inputs.safetensors", graphs_dir());
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    tp_backend *b = tp_engine_backend(e);
+    cpu_iface = b->iface;
+    dying_iface = *cpu_iface;
+    dying_iface.replay = dying_replay;
+    dying_iface.run_op = dying_run_op;
+    dying_iface.dead = dying_dead;
+    b->iface = &dying_iface;
+    int n_in, n_out;
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *out;
+    ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s", err.msg);
+    tp_host_tensors_free(out, n_out);
+    ck_assert_ptr_null(tp_engine_lost(e));
+
+    broken = 1;
+    ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_BACKEND);
+    const char *lost = tp_engine_lost(e);
+    ck_assert_msg(lost && strstr(lost, "backend 'cpu' failed for good: rank ") && strstr(lost, "failed: injected"),
+                  "lost: %s", lost ? lost : "(null)");
+    ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_UNAVAILABLE);
+    ck_assert_str_eq(err.msg, lost);
+
+    broken = 0; /* the cpu teardown runs unhindered */
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(e);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -116,6 +181,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, registry_by_name);
     tcase_add_test(tc, capabilities_without_a_device);
     tcase_add_test(tc, verify_replay_setting_checks_replays);
+    tcase_add_test(tc, dead_backend_makes_the_engine_lost);
     suite_add_tcase(s, tc);
     return s;
 }
