@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "exec.h"
 #include "graph.h"
+#include "io_check.h"
 #include "passes.h"
 #include "plan.h"
 #include "plan_report.h"
@@ -391,25 +392,6 @@ int tp_engine_n_outputs(const tp_engine *e) { return e->g->n_outputs; }
 const tp_io_desc *tp_engine_input(const tp_engine *e, int i) { return &e->in_desc[i]; }
 const tp_io_desc *tp_engine_output(const tp_engine *e, int i) { return &e->out_desc[i]; }
 
-static tp_status check_shape(const tp_io_desc *d, const tp_host_tensor *t, tp_err *err)
-{
-    char want[160], got[160];
-    int ok = t->ndim == d->ndim;
-    for (int k = 0; ok && k < d->ndim; k++)
-        ok = d->shape[k] < 0 ? t->shape[k] >= 1 : t->shape[k] == d->shape[k];
-    if (!ok)
-        return tp_fail(err, TP_INVALID, "input '%s': expected shape %s, got %s", d->name,
-                       tp_shape_str(want, sizeof want, d->ndim, d->shape),
-                       tp_shape_str(got, sizeof got, t->ndim, t->shape));
-    size_t need = tp_dtype_size(t->dtype);
-    for (int k = 0; k < t->ndim; k++)
-        need *= (size_t)t->shape[k];
-    if (t->nbytes != need)
-        return tp_fail(err, TP_INVALID, "input '%s': %zu bytes of data for shape %s %s (needs %zu)",
-                       d->name, t->nbytes, got, tp_dtype_name(t->dtype), need);
-    return TP_OK;
-}
-
 /* Orders the request's tensors as the graph's inputs and finds the batch. */
 static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, const tp_host_tensor **ordered,
                               int64_t *batch, tp_err *err)
@@ -418,14 +400,11 @@ static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, con
     for (int i = 0; i < ni; i++)
         ordered[i] = NULL;
     for (int j = 0; j < n; j++) {
-        int i = 0;
-        while (i < ni && strcmp(e->in_desc[i].name, in[j].name) != 0)
-            i++;
-        if (i == ni)
-            return tp_fail(err, TP_INVALID, "unknown input '%s' (model '%s' has %d input%s, the first is '%s')",
-                           in[j].name, e->g->name, ni, ni == 1 ? "" : "s", ni ? e->in_desc[0].name : "");
+        int i = tp_io_find(e->in_desc, ni, in[j].name);
+        if (i < 0)
+            return tp_io_fail_unknown(err, e->g->name, e->in_desc, ni, in[j].name);
         if (ordered[i])
-            return tp_fail(err, TP_INVALID, "input '%s' is given twice", in[j].name);
+            return tp_io_fail_repeated(err, in[j].name);
         ordered[i] = &in[j];
     }
     *batch = 0;
@@ -433,11 +412,8 @@ static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, con
     for (int i = 0; i < ni; i++) {
         const tp_io_desc *d = &e->in_desc[i];
         if (!ordered[i])
-            return tp_fail(err, TP_INVALID, "missing input '%s'", d->name);
-        if (ordered[i]->dtype != d->dtype)
-            return tp_fail(err, TP_INVALID, "input '%s': expected datatype %s, got %s", d->name,
-                           tp_dtype_name(d->dtype), tp_dtype_name(ordered[i]->dtype));
-        tp_status st = check_shape(d, ordered[i], err);
+            return tp_io_fail_missing(err, e->g->name, e->in_desc, ni, i);
+        tp_status st = tp_io_check_tensor(d, ordered[i], err);
         if (st != TP_OK)
             return st;
         if (d->ndim > 0 && d->shape[0] < 0) {

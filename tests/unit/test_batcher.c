@@ -222,9 +222,9 @@ START_TEST(bad_request_in_a_crowd)
     tp_batcher *b = new_batcher(e, 0, 20000, 0, NULL);
     run_clients(e, b, c, N);
     tp_batcher_free(b);
-    const char *want[N] = {[2] = "expected shape [-1, 8, 32], got [2, 8, 16]",
-                           [4] = "expected datatype FP32, got INT32",
-                           [6] = "input 'x': expected shape [-1, 8, 32], got [0, 8, 32]"};
+    const char *want[N] = {[2] = "input 'x': shape [2, 8, 16] does not match model shape [-1, 8, 32]",
+                           [4] = "input 'x': datatype INT32 does not match model datatype FP32",
+                           [6] = "input 'x': shape [0, 8, 32] has no elements"};
     for (int i = 0; i < N; i++) {
         if (want[i]) {
             ck_assert_int_eq(c[i].st[0], TP_INVALID);
