@@ -552,7 +552,7 @@ static tp_status prepare_step(tp_engine *e, const step_cmd *c, tp_exec **x, tp_t
     return st == TP_OK ? stage_layout(e, *x, in_t, out_t, err) : st;
 }
 
-static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
                            tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
@@ -576,7 +576,7 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batc
 
 /* Rows [row, row+n) of every batched input into the staging, the rest of
  * the bucket zeroed (never another request's leftovers). */
-static void stage_inputs(tp_engine *e, const tp_host_tensor **in, int64_t batch, int64_t row, int64_t n,
+static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, int64_t row, int64_t n,
                          tp_tensor *in_t)
 {
     for (int i = 0; i < e->g->n_inputs; i++) {
@@ -606,7 +606,7 @@ static void unstage_outputs(tp_engine *e, const tp_tensor *out_t, int64_t batch,
     }
 }
 
-static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
                             tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
@@ -631,17 +631,14 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
     return st;
 }
 
-static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
-                              tp_host_tensor *outs, tp_err *err)
+/* Runs inputs already matched to the graph (graph order, batch found). */
+static tp_status run_locked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                            tp_host_tensor *outs, tp_err *err)
 {
-    const tp_host_tensor *ordered[e->g->n_inputs + 1];
-    int64_t batch = 0;
-    tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
-    if (st == TP_OK && tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
+    if (tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
         return tp_fail(err, TP_INVALID, "batch %lld is not divisible by world_size %d (the batch is sharded across ranks)",
                        (long long)batch, e->g->world_size);
-    if (st == TP_OK)
-        st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
+    tp_status st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
     if (st == TP_OK) {
         e->stats.requests++;
         e->stats.rows += (uint64_t)batch;
@@ -649,16 +646,14 @@ static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_
     return st;
 }
 
-tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
-                          tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+static tp_status run_request(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                             tp_host_tensor **outputs, int *n_outputs, tp_err *err)
 {
-    *outputs = NULL;
-    *n_outputs = 0;
     tp_host_tensor *outs = calloc((size_t)e->g->n_outputs, sizeof *outs);
     if (!outs)
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
-    tp_status st = infer_locked(e, inputs, n_inputs, outs, err);
+    tp_status st = run_locked(e, ordered, batch, outs, err);
     if (st == TP_UNAVAILABLE)
         note_lost(e);
     pthread_mutex_unlock(&e->mu);
@@ -669,6 +664,25 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     *outputs = outs;
     *n_outputs = e->g->n_outputs;
     return TP_OK;
+}
+
+tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
+                          tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+{
+    *outputs = NULL;
+    *n_outputs = 0;
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
+    int64_t batch = 0;
+    tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
+    return st == TP_OK ? run_request(e, ordered, batch, outputs, n_outputs, err) : st;
+}
+
+tp_status tp_engine_infer_checked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                                  tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+{
+    *outputs = NULL;
+    *n_outputs = 0;
+    return run_request(e, ordered, batch, outputs, n_outputs, err);
 }
 
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
