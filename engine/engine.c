@@ -392,6 +392,27 @@ int tp_engine_n_outputs(const tp_engine *e) { return e->g->n_outputs; }
 const tp_io_desc *tp_engine_input(const tp_engine *e, int i) { return &e->in_desc[i]; }
 const tp_io_desc *tp_engine_output(const tp_engine *e, int i) { return &e->out_desc[i]; }
 
+/* The batch every batched input agrees on (inputs in graph order, each
+ * checked against its desc). */
+static tp_status find_batch(const tp_engine *e, const tp_host_tensor *const *ordered, int64_t *batch, tp_err *err)
+{
+    *batch = 0;
+    const char *batch_from = NULL;
+    for (int i = 0; i < e->g->n_inputs; i++) {
+        const tp_io_desc *d = &e->in_desc[i];
+        if (d->ndim > 0 && d->shape[0] < 0) {
+            if (*batch && ordered[i]->shape[0] != *batch)
+                return tp_fail(err, TP_INVALID, "input '%s': batch %lld differs from batch %lld of input '%s'",
+                               d->name, (long long)ordered[i]->shape[0], (long long)*batch, batch_from);
+            *batch = ordered[i]->shape[0];
+            batch_from = d->name;
+        }
+    }
+    if (*batch == 0)
+        *batch = 1; /* no batched input: the graph's shapes are all static */
+    return TP_OK;
+}
+
 /* Orders the request's tensors as the graph's inputs and finds the batch. */
 static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, const tp_host_tensor **ordered,
                               int64_t *batch, tp_err *err)
@@ -407,26 +428,14 @@ static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, con
             return tp_io_fail_repeated(err, in[j].name);
         ordered[i] = &in[j];
     }
-    *batch = 0;
-    const char *batch_from = NULL;
     for (int i = 0; i < ni; i++) {
-        const tp_io_desc *d = &e->in_desc[i];
         if (!ordered[i])
             return tp_io_fail_missing(err, e->g->name, e->in_desc, ni, i);
-        tp_status st = tp_io_check_tensor(d, ordered[i], err);
+        tp_status st = tp_io_check_tensor(&e->in_desc[i], ordered[i], err);
         if (st != TP_OK)
             return st;
-        if (d->ndim > 0 && d->shape[0] < 0) {
-            if (*batch && ordered[i]->shape[0] != *batch)
-                return tp_fail(err, TP_INVALID, "input '%s': batch %lld differs from batch %lld of input '%s'",
-                               d->name, (long long)ordered[i]->shape[0], (long long)*batch, batch_from);
-            *batch = ordered[i]->shape[0];
-            batch_from = d->name;
-        }
     }
-    if (*batch == 0)
-        *batch = 1; /* no batched input: the graph's shapes are all static */
-    return TP_OK;
+    return find_batch(e, ordered, batch, err);
 }
 
 static void add_run_stats(tp_engine *e, const tp_exec_stats *xs, int bucket_index)
@@ -691,6 +700,15 @@ tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     *batch = 0;
     tp_status st = match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
+}
+
+tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, int64_t *batch, tp_err *err)
+{
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
+    for (int i = 0; i < e->g->n_inputs; i++)
+        ordered[i] = &inputs[i];
+    tp_status st = find_batch(e, ordered, batch, err);
     return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
 }
 

@@ -110,6 +110,12 @@ void tp_host_tensors_free(tp_host_tensor *t, int n);
  * refuse one bad request without failing the batch it would have joined. */
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
                                  tp_err *err);
+/* tp_engine_check_inputs for inputs a decoder already checked against this
+ * engine's io descs with io_check.h (the KServe codec): one tensor per graph
+ * input, in graph order, names, datatypes, shapes and byte counts matching.
+ * Checks what a decoder cannot: batch agreement and the values a kernel
+ * would refuse (request_checks.h). */
+tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, int64_t *batch, tp_err *err);
 /* tp_engine_infer without its check, for a caller that ran
  * tp_engine_check_inputs already (the batcher: a request is checked once, at
  * submit). ordered: one tensor per graph input in graph order, each checked

@@ -424,7 +424,9 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
 {
     /* rows: the batch every batched input agrees on (dim 0; never 0) */
     int64_t rows = 0;
-    tp_status st = tp_engine_check_inputs(b->e, r->inputs, r->n_inputs, &rows, err);
+    tp_status st = r->decoded && r->n_inputs == tp_engine_n_inputs(b->e)
+                       ? tp_engine_check_decoded(b->e, r->inputs, &rows, err)
+                       : tp_engine_check_inputs(b->e, r->inputs, r->n_inputs, &rows, err);
     if (st != TP_OK)
         return st;
     job *j = new_job(r, rows);
@@ -542,7 +544,7 @@ tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_in
     waiter w = {.st = TP_OK};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w};
+    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w, 0};
     *outs = NULL;
     *n_outs = 0;
     tp_status st = tp_batcher_submit(b, &r, err);

@@ -278,7 +278,7 @@ static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 
 static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
                         int64_t timeout_us, tp_err *err)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0};
     return tp_batcher_submit(b, &r, err);
 }
 

@@ -212,7 +212,14 @@ START_TEST(failing_rank_is_an_error_not_a_hang)
     int n;
     ck_assert_int_ne(tp_engine_infer(e, &in, 1, &out, &n, &err), TP_OK);
     ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
+    /* the check of a decoded request (the server's one check) still refuses
+     * the id before any batch is built */
+    int64_t batch = 0;
+    ck_assert_int_eq(tp_engine_check_decoded(e, &in, &batch, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
     ids[1] = 3;
+    ck_assert_msg(tp_engine_check_decoded(e, &in, &batch, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(batch, 1);
     ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "%s", err.msg);
     float want[4] = {3, 4, 7, 8}; /* rows 1 and 3 of the table, gathered */
     ck_assert_int_eq(out[0].shape[1], 2);
