@@ -52,17 +52,19 @@ tp_status tp_io_check_shape(const tp_io_desc *d, int ndim, const int64_t *shape,
     char got[160], want[160];
     int ok = d->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
-        ok = d->shape[i] < 0 || d->shape[i] == shape[i];
+        ok = d->shape[i] < 0 ? shape[i] >= 0 : d->shape[i] == shape[i];
     if (!ok)
         return tp_fail(err, TP_INVALID, "input '%s': shape %s does not match model shape %s", d->name,
                        tp_shape_str(got, sizeof got, ndim, shape), tp_shape_str(want, sizeof want, d->ndim, d->shape));
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] <= 0)
+        /* a dim the model fixes at 0 is the graph's own business (it runs);
+         * an empty batch is not a request */
+        if (shape[i] == 0 && d->shape[i] < 0)
             return tp_fail(err, TP_INVALID, "input '%s': shape %s has no elements", d->name,
                            tp_shape_str(got, sizeof got, ndim, shape));
         /* 8: the widest dtype, so every byte count fits */
-        if (n > (INT64_MAX / 8) / shape[i])
+        if (shape[i] > 0 && n > (INT64_MAX / 8) / shape[i])
             return tp_fail(err, TP_INVALID, "input '%s': shape %s is too large", d->name,
                            tp_shape_str(got, sizeof got, ndim, shape));
         n *= shape[i];

@@ -23,9 +23,9 @@ tp_status tp_io_fail_missing(tp_err *err, const char *model, const tp_io_desc *i
 tp_status tp_io_fail_repeated(tp_err *err, const char *name);
 
 tp_status tp_io_check_dtype(const tp_io_desc *d, tp_dtype got, tp_err *err);
-/* The shape must equal d's except where d says -1 (the batch dim); a
- * zero-element or size-overflowing shape is refused (no graph computes on
- * empty buffers, and a byte count must fit a size_t). */
+/* The shape must equal d's except where d says -1 (the batch dim), which
+ * must not be 0 (an empty request); a shape whose byte count could overflow
+ * is refused. A dim the model itself fixes at 0 is allowed. */
 tp_status tp_io_check_shape(const tp_io_desc *d, int ndim, const int64_t *shape, tp_err *err);
 /* Datatype, shape, and t->nbytes equal to what the shape needs. */
 tp_status tp_io_check_tensor(const tp_io_desc *d, const tp_host_tensor *t, tp_err *err);
