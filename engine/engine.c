@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "exec.h"
 #include "graph.h"
+#include "io_check.h"
 #include "passes.h"
 #include "plan.h"
 #include "plan_report.h"
@@ -395,55 +396,14 @@ int tp_engine_n_outputs(const tp_engine *e) { return e->g->n_outputs; }
 const tp_io_desc *tp_engine_input(const tp_engine *e, int i) { return &e->in_desc[i]; }
 const tp_io_desc *tp_engine_output(const tp_engine *e, int i) { return &e->out_desc[i]; }
 
-static tp_status check_shape(const tp_io_desc *d, const tp_host_tensor *t, tp_err *err)
+/* The batch every batched input agrees on (inputs in graph order, each
+ * checked against its desc). */
+static tp_status find_batch(const tp_engine *e, const tp_host_tensor *const *ordered, int64_t *batch, tp_err *err)
 {
-    char want[160], got[160];
-    int ok = t->ndim == d->ndim;
-    for (int k = 0; ok && k < d->ndim; k++)
-        ok = d->shape[k] < 0 ? t->shape[k] >= 1 : t->shape[k] == d->shape[k];
-    if (!ok)
-        return tp_fail(err, TP_INVALID, "input '%s': expected shape %s, got %s", d->name,
-                       tp_shape_str(want, sizeof want, d->ndim, d->shape),
-                       tp_shape_str(got, sizeof got, t->ndim, t->shape));
-    size_t need = tp_dtype_size(t->dtype);
-    for (int k = 0; k < t->ndim; k++)
-        need *= (size_t)t->shape[k];
-    if (t->nbytes != need)
-        return tp_fail(err, TP_INVALID, "input '%s': %zu bytes of data for shape %s %s (needs %zu)",
-                       d->name, t->nbytes, got, tp_dtype_name(t->dtype), need);
-    return TP_OK;
-}
-
-/* Orders the request's tensors as the graph's inputs and finds the batch. */
-static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, const tp_host_tensor **ordered,
-                              int64_t *batch, tp_err *err)
-{
-    int ni = e->g->n_inputs;
-    for (int i = 0; i < ni; i++)
-        ordered[i] = NULL;
-    for (int j = 0; j < n; j++) {
-        int i = 0;
-        while (i < ni && strcmp(e->in_desc[i].name, in[j].name) != 0)
-            i++;
-        if (i == ni)
-            return tp_fail(err, TP_INVALID, "unknown input '%s' (model '%s' has %d input%s, the first is '%s')",
-                           in[j].name, e->g->name, ni, ni == 1 ? "" : "s", ni ? e->in_desc[0].name : "");
-        if (ordered[i])
-            return tp_fail(err, TP_INVALID, "input '%s' is given twice", in[j].name);
-        ordered[i] = &in[j];
-    }
     *batch = 0;
     const char *batch_from = NULL;
-    for (int i = 0; i < ni; i++) {
+    for (int i = 0; i < e->g->n_inputs; i++) {
         const tp_io_desc *d = &e->in_desc[i];
-        if (!ordered[i])
-            return tp_fail(err, TP_INVALID, "missing input '%s'", d->name);
-        if (ordered[i]->dtype != d->dtype)
-            return tp_fail(err, TP_INVALID, "input '%s': expected datatype %s, got %s", d->name,
-                           tp_dtype_name(d->dtype), tp_dtype_name(ordered[i]->dtype));
-        tp_status st = check_shape(d, ordered[i], err);
-        if (st != TP_OK)
-            return st;
         if (d->ndim > 0 && d->shape[0] < 0) {
             if (*batch && ordered[i]->shape[0] != *batch)
                 return tp_fail(err, TP_INVALID, "input '%s': batch %lld differs from batch %lld of input '%s'",
@@ -455,6 +415,31 @@ static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, con
     if (*batch == 0)
         *batch = 1; /* no batched input: the graph's shapes are all static */
     return TP_OK;
+}
+
+/* Orders the request's tensors as the graph's inputs and finds the batch. */
+static tp_status match_inputs(tp_engine *e, const tp_host_tensor *in, int n, const tp_host_tensor **ordered,
+                              int64_t *batch, tp_err *err)
+{
+    int ni = e->g->n_inputs;
+    for (int i = 0; i < ni; i++)
+        ordered[i] = NULL;
+    for (int j = 0; j < n; j++) {
+        int i = tp_io_find(e->in_desc, ni, in[j].name);
+        if (i < 0)
+            return tp_io_fail_unknown(err, e->g->name, e->in_desc, ni, in[j].name);
+        if (ordered[i])
+            return tp_io_fail_repeated(err, in[j].name);
+        ordered[i] = &in[j];
+    }
+    for (int i = 0; i < ni; i++) {
+        if (!ordered[i])
+            return tp_io_fail_missing(err, e->g->name, e->in_desc, ni, i);
+        tp_status st = tp_io_check_tensor(&e->in_desc[i], ordered[i], err);
+        if (st != TP_OK)
+            return st;
+    }
+    return find_batch(e, ordered, batch, err);
 }
 
 static void add_run_stats(tp_engine *e, const tp_exec_stats *xs, int bucket_index)
@@ -580,7 +565,7 @@ static tp_status prepare_step(tp_engine *e, const step_cmd *c, tp_exec **x, tp_t
     return st == TP_OK ? stage_layout(e, *x, in_t, out_t, err) : st;
 }
 
-static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
                            tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
@@ -604,7 +589,7 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor **in, int64_t batc
 
 /* Rows [row, row+n) of every batched input into the staging, the rest of
  * the bucket zeroed (never another request's leftovers). */
-static void stage_inputs(tp_engine *e, const tp_host_tensor **in, int64_t batch, int64_t row, int64_t n,
+static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, int64_t row, int64_t n,
                          tp_tensor *in_t)
 {
     for (int i = 0; i < e->g->n_inputs; i++) {
@@ -634,7 +619,7 @@ static void unstage_outputs(tp_engine *e, const tp_tensor *out_t, int64_t batch,
     }
 }
 
-static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t batch, tp_host_tensor *outs,
+static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
                             tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
@@ -659,17 +644,14 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor **in, int64_t bat
     return st;
 }
 
-static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
-                              tp_host_tensor *outs, tp_err *err)
+/* Runs inputs already matched to the graph (graph order, batch found). */
+static tp_status run_locked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                            tp_host_tensor *outs, tp_err *err)
 {
-    const tp_host_tensor *ordered[e->g->n_inputs + 1];
-    int64_t batch = 0;
-    tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
-    if (st == TP_OK && tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
+    if (tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
         return tp_fail(err, TP_INVALID, "batch %lld is not divisible by world_size %d (the batch is sharded across ranks)",
                        (long long)batch, e->g->world_size);
-    if (st == TP_OK)
-        st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
+    tp_status st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
     if (st == TP_OK) {
         e->stats.requests++;
         e->stats.rows += (uint64_t)batch;
@@ -677,17 +659,15 @@ static tp_status infer_locked(tp_engine *e, const tp_host_tensor *inputs, int n_
     return st;
 }
 
-tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
-                          tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+static tp_status run_request(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                             tp_host_tensor **outputs, int *n_outputs, tp_err *err)
 {
-    *outputs = NULL;
-    *n_outputs = 0;
     tp_host_tensor *outs = calloc((size_t)e->g->n_outputs, sizeof *outs);
     if (!outs)
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
     const char *lost = atomic_load(&e->lost);
-    tp_status st = lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : infer_locked(e, inputs, n_inputs, outs, err);
+    tp_status st = lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : run_locked(e, ordered, batch, outs, err);
     if (st != TP_OK)
         note_lost(e, err);
     pthread_mutex_unlock(&e->mu);
@@ -700,12 +680,40 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     return TP_OK;
 }
 
+tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
+                          tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+{
+    *outputs = NULL;
+    *n_outputs = 0;
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
+    int64_t batch = 0;
+    tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
+    return st == TP_OK ? run_request(e, ordered, batch, outputs, n_outputs, err) : st;
+}
+
+tp_status tp_engine_infer_checked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                                  tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+{
+    *outputs = NULL;
+    *n_outputs = 0;
+    return run_request(e, ordered, batch, outputs, n_outputs, err);
+}
+
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
                                  tp_err *err)
 {
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     *batch = 0;
     tp_status st = match_inputs(e, inputs, n_inputs, ordered, batch, err);
+    return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
+}
+
+tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, int64_t *batch, tp_err *err)
+{
+    const tp_host_tensor *ordered[e->g->n_inputs + 1];
+    for (int i = 0; i < e->g->n_inputs; i++)
+        ordered[i] = &inputs[i];
+    tp_status st = find_batch(e, ordered, batch, err);
     return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
 }
 

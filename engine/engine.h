@@ -113,6 +113,20 @@ void tp_host_tensors_free(tp_host_tensor *t, int n);
  * refuse one bad request without failing the batch it would have joined. */
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
                                  tp_err *err);
+/* tp_engine_check_inputs for inputs a decoder already checked against this
+ * engine's io descs with io_check.h (the KServe codec): one tensor per graph
+ * input, in graph order, names, datatypes, shapes and byte counts matching.
+ * Checks what a decoder cannot: batch agreement and the values a kernel
+ * would refuse (request_checks.h). */
+tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, int64_t *batch, tp_err *err);
+/* tp_engine_infer without its check, for a caller that ran
+ * tp_engine_check_inputs already (the batcher: a request is checked once, at
+ * submit). ordered: one tensor per graph input in graph order, each checked
+ * (alone, or rows concatenated from checked requests); batch: their dim 0 as
+ * the check found it. Anything else is undefined: other callers use
+ * tp_engine_infer, which refuses bad input. */
+tp_status tp_engine_infer_checked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+                                  tp_host_tensor **outputs, int *n_outputs, tp_err *err);
 /* Whether requests can be concatenated along dim 0 into one run: every
  * input and output has the batch as dim 0 and no op mixes rows. */
 int tp_engine_batchable(const tp_engine *e);

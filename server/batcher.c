@@ -273,17 +273,24 @@ static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t row
                              tp_host_tensor **outs, int *n_outs, double *concat_s, tp_err *err)
 {
     *concat_s = 0;
-    if (n == 1)
-        return tp_engine_infer(b->e, batch->r.inputs, batch->r.n_inputs, outs, n_outs, err);
     int ni = tp_engine_n_inputs(b->e);
+    const tp_host_tensor *ordered[ni + 1];
+    /* submit checked every request: the engine need not check again */
+    if (n == 1) {
+        for (int i = 0; i < ni; i++)
+            ordered[i] = find_input(batch, tp_engine_input(b->e, i)->name);
+        return tp_engine_infer_checked(b->e, ordered, rows, outs, n_outs, err);
+    }
     tp_host_tensor *cat = calloc((size_t)ni + 1, sizeof *cat);
     if (!cat)
         return tp_fail(err, TP_NOMEM, "batching %d requests: out of memory", n);
     double t0 = tp_batcher_now();
     tp_status st = concat_inputs(b, batch, rows, cat, err);
     *concat_s = tp_batcher_now() - t0;
+    for (int i = 0; i < ni; i++)
+        ordered[i] = &cat[i];
     if (st == TP_OK)
-        st = tp_engine_infer(b->e, cat, ni, outs, n_outs, err);
+        st = tp_engine_infer_checked(b->e, ordered, rows, outs, n_outs, err);
     if (st == TP_OK && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
         tp_host_tensors_free(*outs, *n_outs);
         *outs = NULL;
@@ -417,7 +424,9 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
 {
     /* rows: the batch every batched input agrees on (dim 0; never 0) */
     int64_t rows = 0;
-    tp_status st = tp_engine_check_inputs(b->e, r->inputs, r->n_inputs, &rows, err);
+    tp_status st = r->decoded && r->n_inputs == tp_engine_n_inputs(b->e)
+                       ? tp_engine_check_decoded(b->e, r->inputs, &rows, err)
+                       : tp_engine_check_inputs(b->e, r->inputs, r->n_inputs, &rows, err);
     if (st != TP_OK)
         return st;
     job *j = new_job(r, rows);
@@ -535,7 +544,7 @@ tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_in
     waiter w = {.st = TP_OK};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w};
+    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w, 0};
     *outs = NULL;
     *n_outs = 0;
     tp_status st = tp_batcher_submit(b, &r, err);

@@ -59,6 +59,11 @@ typedef struct {
     const char *timeout_what; /* names the limit in the 504 message, e.g. "request_timeout_ms 30" */
     tp_batch_done_fn done;
     void *ctx;
+    /* 1: inputs come from tp_kserve_parse_infer with this engine's io descs
+     * (graph order, already checked by io_check.h while decoding), so submit
+     * checks only the rest (tp_engine_check_decoded); 0: any caller's
+     * tensors, checked in full (tp_engine_check_inputs) */
+    int decoded;
 } tp_batch_req;
 
 /* Monotonic seconds (CLOCK_MONOTONIC), the clock of t_arrival. */
@@ -67,7 +72,8 @@ double tp_batcher_now(void);
 /* e is borrowed and must outlive the batcher. */
 tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err);
 
-/* Validates r's inputs (tp_engine_check_inputs) and queues it. On failure
+/* Validates r's inputs (tp_engine_check_inputs, or tp_engine_check_decoded
+ * when r->decoded) and queues it. On failure
  * done is never called: TP_INVALID / TP_NOT_FOUND for a bad request,
  * TP_UNAVAILABLE when the queue is full or the batcher is stopping. */
 tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err);

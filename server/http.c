@@ -537,7 +537,7 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
 static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
 {
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_queued / 1e3, r->timeout_us,
-                       r->timeout_what, on_batch_done, r};
+                       r->timeout_what, on_batch_done, r, .decoded = 1};
     pthread_mutex_lock(&h->mu);
     h->in_batcher++;
     pthread_mutex_unlock(&h->mu);

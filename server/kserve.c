@@ -1,6 +1,7 @@
 #include "kserve.h"
 #include "json_kind.h"
 #include "json_tensor.h"
+#include "io_check.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -23,24 +24,6 @@ static int64_t numel_of(int ndim, const int64_t *shape)
     for (int i = 0; i < ndim; i++)
         n *= shape[i];
     return n;
-}
-
-/* Names the model's inputs or outputs for "expected one of" messages. */
-static const char *io_names(char *buf, size_t len, const tp_io_desc *io, int n)
-{
-    size_t off = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, "%s'%s'", i ? ", " : "", io[i].name);
-    return buf;
-}
-
-static int find_io(const tp_io_desc *io, int n, const char *name)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(io[i].name, name) == 0)
-            return i;
-    return -1;
 }
 
 /* KServe v2 datatypes tpserve does not compute in: named so the client is
@@ -88,32 +71,6 @@ static tp_status parse_shape(const json_t *js, const char *input, tp_host_tensor
                            "input '%s': shape[%d] must be a non-negative integer, got %s", input,
                            i, json_is_integer(d) ? "a negative integer" : tp_json_kind(d));
         t->shape[i] = (int64_t)json_integer_value(d);
-    }
-    return TP_OK;
-}
-
-/* The request shape must equal the model's, except where the model says -1
- * (the batch dim). Zero-element tensors are refused: no graph computes on
- * them and they would reach kernels as empty buffers. */
-static tp_status check_shape(const tp_io_desc *d, const tp_host_tensor *t, tp_err *err)
-{
-    char got[128], want[128];
-    int ok = d->ndim == t->ndim;
-    for (int i = 0; ok && i < t->ndim; i++)
-        ok = d->shape[i] < 0 || d->shape[i] == t->shape[i];
-    if (!ok)
-        return tp_fail(err, TP_INVALID, "input '%s': shape %s does not match model shape %s",
-                       d->name, shape_str(got, t->ndim, t->shape),
-                       shape_str(want, d->ndim, d->shape));
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0)
-            return tp_fail(err, TP_INVALID, "input '%s': shape %s has no elements", d->name,
-                           shape_str(got, t->ndim, t->shape));
-        if (n > (INT64_MAX / 8) / t->shape[i])
-            return tp_fail(err, TP_INVALID, "input '%s': shape %s is too large", d->name,
-                           shape_str(got, t->ndim, t->shape));
-        n *= t->shape[i];
     }
     return TP_OK;
 }
@@ -289,11 +246,9 @@ static tp_status parse_input(const tp_kserve_model *m, const json_t *in, size_t 
     tp_status st = parse_datatype(json_object_get(in, "datatype"), d->name, &t->dtype, err);
     if (st != TP_OK)
         return st;
-    if (t->dtype != d->dtype)
-        return tp_fail(err, TP_INVALID, "input '%s': datatype %s does not match model datatype %s",
-                       d->name, tp_dtype_name(t->dtype), tp_dtype_name(d->dtype));
-    if ((st = parse_shape(json_object_get(in, "shape"), d->name, t, err)) != TP_OK ||
-        (st = check_shape(d, t, err)) != TP_OK)
+    if ((st = tp_io_check_dtype(d, t->dtype, err)) != TP_OK ||
+        (st = parse_shape(json_object_get(in, "shape"), d->name, t, err)) != TP_OK ||
+        (st = tp_io_check_shape(d, t->ndim, t->shape, err)) != TP_OK)
         return st;
     const json_t *params = json_object_get(in, "parameters");
     if (params && !json_is_object(params))
@@ -323,7 +278,7 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, const
     char names[512];
     if (!jin)
         return tp_fail(err, TP_INVALID, "request has no 'inputs' (model '%s' expects %s)",
-                       m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
+                       m->name, tp_io_names(names, sizeof names, m->inputs, m->n_inputs));
     if (!json_is_array(jin))
         return tp_fail(err, TP_INVALID, "'inputs' must be an array, got %s", tp_json_kind(jin));
     for (size_t i = 0; i < json_array_size(jin); i++) {
@@ -332,20 +287,17 @@ static tp_status parse_inputs(const tp_kserve_model *m, const json_t *jin, const
         tp_status st = parse_input_name(in, i, &name, err);
         if (st != TP_OK)
             return st;
-        int k = find_io(m->inputs, m->n_inputs, name);
+        int k = tp_io_find(m->inputs, m->n_inputs, name);
         if (k < 0)
-            return tp_fail(err, TP_INVALID, "unknown input '%s' (model '%s' inputs: %s)", name,
-                           m->name, io_names(names, sizeof names, m->inputs, m->n_inputs));
+            return tp_io_fail_unknown(err, m->name, m->inputs, m->n_inputs, name);
         if (ts[k].name[0])
-            return tp_fail(err, TP_INVALID, "input '%s' appears more than once", name);
+            return tp_io_fail_repeated(err, name);
         if ((st = parse_input(m, in, i, &m->inputs[k], &ts[k], text, tail, err)) != TP_OK)
             return st;
     }
     for (int k = 0; k < m->n_inputs; k++)
         if (!ts[k].name[0])
-            return tp_fail(err, TP_INVALID, "missing input '%s' (model '%s' inputs: %s)",
-                           m->inputs[k].name, m->name,
-                           io_names(names, sizeof names, m->inputs, m->n_inputs));
+            return tp_io_fail_missing(err, m->name, m->inputs, m->n_inputs, k);
     if (tail->off != tail->len)
         return tp_fail(err, TP_INVALID, "binary section has %zu bytes after the last input's "
                        "data (Inference-Header-Content-Length %lld, body %zu bytes): "
@@ -380,10 +332,10 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
         return tp_fail(err, TP_INVALID, "outputs[%zu]: 'name' must be a string, got %s", pos,
                        jn ? tp_json_kind(jn) : "nothing");
     const char *name = json_string_value(jn);
-    int k = find_io(m->outputs, m->n_outputs, name);
+    int k = tp_io_find(m->outputs, m->n_outputs, name);
     if (k < 0)
         return tp_fail(err, TP_INVALID, "unknown output '%s' (model '%s' outputs: %s)", name,
-                       m->name, io_names(names, sizeof names, m->outputs, m->n_outputs));
+                       m->name, tp_io_names(names, sizeof names, m->outputs, m->n_outputs));
     snprintf(sel->name, sizeof sel->name, "%s", m->outputs[k].name);
     snprintf(where, sizeof where, "output '%s'", sel->name);
     const json_t *params = json_object_get(o, "parameters");

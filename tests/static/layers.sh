@@ -32,7 +32,9 @@ check server "$INC_server" cuda/cuda_internal.h refused
 # Public headers: what server/ may use of the engine (the engine API), and
 # what kernels/ may use (the kernel API). Everything else in engine/ is
 # internal; a source including it is named here.
-engine_api="engine.h dtype.h tensor.h mem_kind.h backend_settings.h rank_group.h safetensors.h"
+engine_api="engine.h dtype.h tensor.h mem_kind.h backend_settings.h rank_group.h safetensors.h io_check.h"
+# io_check.h: a decoder (the KServe codec) checks a request against the
+# model with the engine's own check and messages while it decodes.
 # rank_group.h: a backend whose creation is collective (cuda: the NCCL join)
 # runs it as timed steps of the group, so one rank failing fails them all.
 kernel_api="backend.h backend_settings.h ops.h tensor.h dtype.h reassembly.h rank_group.h"

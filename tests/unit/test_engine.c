@@ -147,21 +147,32 @@ START_TEST(request_validation)
     float buf[2 * 8 * 32] = {0};
     tp_host_tensor x = {.name = "x", .dtype = TP_F32, .ndim = 3, .shape = {2, 8, 32}, .data = buf, .nbytes = sizeof buf};
     tp_host_tensor bad = x;
-    expect_infer_error(e, &x, 0, "missing input 'x'", NULL);
+    expect_infer_error(e, &x, 0, "missing input 'x' (model 'mlp_sp_tp2' inputs: 'x')", NULL);
     strcpy(bad.name, "z");
-    expect_infer_error(e, &bad, 1, "unknown input 'z'", NULL);
+    expect_infer_error(e, &bad, 1, "unknown input 'z' (model 'mlp_sp_tp2' inputs: 'x')", NULL);
     bad = x;
     bad.dtype = TP_F16;
-    expect_infer_error(e, &bad, 1, "expected datatype FP32, got FP16", NULL);
+    expect_infer_error(e, &bad, 1, "input 'x': datatype FP16 does not match model datatype FP32", NULL);
     bad = x;
     bad.shape[2] = 16;
     bad.nbytes /= 2;
-    expect_infer_error(e, &bad, 1, "expected shape [-1, 8, 32]", "got [2, 8, 16]");
+    expect_infer_error(e, &bad, 1, "input 'x': shape [2, 8, 16] does not match model shape [-1, 8, 32]", NULL);
+    /* 2^62 rows of 8*32 FP32 need 2^72 bytes: the byte count wrapped to 0
+     * and matched an empty buffer before the shape's size was checked */
+    bad = x;
+    bad.shape[0] = (int64_t)1 << 62;
+    bad.data = NULL;
+    bad.nbytes = 0;
+    expect_infer_error(e, &bad, 1, "input 'x': shape [4611686018427387904, 8, 32] is too large", NULL);
+    bad = x;
+    bad.shape[0] = 0;
+    bad.nbytes = 0;
+    expect_infer_error(e, &bad, 1, "input 'x': shape [0, 8, 32] has no elements", NULL);
     bad = x;
     bad.nbytes -= 4;
     expect_infer_error(e, &bad, 1, "bytes of data", NULL);
     tp_host_tensor two[2] = {x, x};
-    expect_infer_error(e, two, 2, "given twice", NULL);
+    expect_infer_error(e, two, 2, "input 'x' appears more than once", NULL);
     tp_host_tensor *out;
     int n_out;
     tp_err err;
@@ -201,7 +212,14 @@ START_TEST(failing_rank_is_an_error_not_a_hang)
     int n;
     ck_assert_int_ne(tp_engine_infer(e, &in, 1, &out, &n, &err), TP_OK);
     ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
+    /* the check of a decoded request (the server's one check) still refuses
+     * the id before any batch is built */
+    int64_t batch = 0;
+    ck_assert_int_eq(tp_engine_check_decoded(e, &in, &batch, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
     ids[1] = 3;
+    ck_assert_msg(tp_engine_check_decoded(e, &in, &batch, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(batch, 1);
     ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "%s", err.msg);
     float want[4] = {3, 4, 7, 8}; /* rows 1 and 3 of the table, gathered */
     ck_assert_int_eq(out[0].shape[1], 2);
