@@ -27,6 +27,7 @@ struct tp_batcher {
     job *head, *tail;
     int queued, stopping;
     int running; /* a batch is in the engine, on the batcher thread or a submitter's */
+    double recent_step_s; /* moving average of engine time per batch (under mu) */
     pthread_t th;
 };
 
@@ -268,6 +269,16 @@ static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, i
     }
 }
 
+/* A moving average over the last few steps: one slow outlier (a page
+ * fault, a preempted rank) does not send requests off the inline path for
+ * long, and a slow model leaves it after its first step. */
+static void note_step_time(tp_batcher *b, double s)
+{
+    pthread_mutex_lock(&b->mu);
+    b->recent_step_s = b->recent_step_s == 0 ? s : 0.5 * b->recent_step_s + 0.5 * s;
+    pthread_mutex_unlock(&b->mu);
+}
+
 /* *concat_s: the time spent concatenating inputs (0 for one request). */
 static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t rows,
                              tp_host_tensor **outs, int *n_outs, double *concat_s, tp_err *err)
@@ -310,6 +321,7 @@ static void run_batch(tp_batcher *b, job *batch)
     double t0 = tp_batcher_now(), concat_s, split_s = 0;
     tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &concat_s, &err);
     tp_batch_info info = {0, tp_batcher_now() - t0, rows, n};
+    note_step_time(b, info.compute_s);
     if (b->o.metrics) {
         tp_engine_stats s;
         tp_engine_get_stats(b->e, &s); /* uncontended: this thread is the engine's only caller */
@@ -404,6 +416,13 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
     return TP_OK;
 }
 
+/* b->mu held. */
+static int short_steps(const tp_batcher *b)
+{
+    return b->o.inline_max_us == 0 ||
+           (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
+}
+
 static job *new_job(const tp_batch_req *r, int64_t rows)
 {
     job *j = calloc(1, sizeof *j);
@@ -438,7 +457,7 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
      * only take this request and run it alone: the submitter runs it
      * itself, sparing two thread hand-offs (done is called before submit
      * returns). */
-    int run_here = !stopping && !b->running && !b->head && b->delay_s == 0;
+    int run_here = !stopping && !b->running && !b->head && b->delay_s == 0 && short_steps(b);
     if (run_here) {
         b->running = 1;
     } else if (!stopping && !full) {

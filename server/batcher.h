@@ -29,6 +29,10 @@ typedef struct {
     int max_queue;              /* queued requests before submit refuses; 0: 1024 */
     tp_metrics *metrics;        /* optional: batch sizes, queue and compute times */
     tp_model_stats *stats;      /* optional: Triton statistics per engine execution */
+    /* An idle batcher runs a request on the submitting thread only while
+     * its recent engine steps averaged at most this long (a slow model
+     * must not hold up the submitter's other work); 0: no limit, < 0: never. */
+    int64_t inline_max_us;
 } tp_batcher_opts;
 
 /* How a finished request ran. */
@@ -41,8 +45,9 @@ typedef struct {
 
 /* Called exactly once per accepted request, from the batcher thread, the
  * thread calling tp_batcher_cancel, or — when the batcher was idle, nothing
- * was queued and there is no queue delay — the submitting thread itself,
- * before tp_batcher_submit returns (it runs that request's batch). On TP_OK
+ * was queued, there is no queue delay and recent steps were short
+ * (inline_max_us) — the submitting thread itself, before tp_batcher_submit
+ * returns (it runs that request's batch). On TP_OK
  * outs holds the request's own outputs in graph order, owned by the callee
  * (tp_host_tensors_free);
  * otherwise outs is NULL and err says why: TP_TIMEOUT (waited past its

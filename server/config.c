@@ -33,17 +33,20 @@ static const key_desc keys[] = {
     STR_KEY(host, NULL, "address to bind (127.0.0.1: only the pod; 0.0.0.0: all interfaces)"),
     INT_KEY(port, 0, 65535, "TCP port (0: any free port, logged at startup)"),
     STR_KEY(backend, "cpu|cuda|auto", "engine backend"),
-    INT_KEY(threads, 1, 256, "HTTP threads, and as many inference workers"),
+    INT_KEY(threads, 1, 256, "HTTP threads (they decode, encode, and run short idle steps themselves)"),
     I64_KEY(max_body_bytes, 1, INT64_C(1) << 40, "largest request body; bigger gets 413"),
     INT_KEY(request_timeout_ms, 0, 86400000,
             "idle-connection timeout, and longest queue wait before 504 (0: none)"),
     INT_KEY(drain_timeout_ms, 0, 86400000, "SIGTERM/SIGINT: longest wait for in-flight requests"),
     INT_KEY(max_queue, 1, 1000000,
-            "queued inference requests (waiting for a worker; for the engine) before 503"),
+            "inference requests queued for the engine before 503"),
     INT_KEY(max_batch_size, 0, 1 << 20,
             "dynamic batching: rows per engine run (0: the engine's largest bucket)"),
     INT_KEY(max_queue_delay_us, 0, 10000000,
             "dynamic batching: longest the oldest request waits for a fuller batch"),
+    INT_KEY(inline_run_max_us, 0, 10000000,
+            "an idle engine runs a request on the HTTP thread that read it while its recent "
+            "steps took at most this long (0: always hand off to the batcher thread)"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
@@ -91,6 +94,9 @@ void tp_config_defaults(tp_config *c)
     c->max_queue = 1024;
     c->max_batch_size = 0;
     c->max_queue_delay_us = 0; /* Triton's default: batch what is queued, never wait */
+    /* a step this short holds up the thread's other connections less than
+     * the two thread hand-offs it saves cost them */
+    c->inline_run_max_us = 2000;
     snprintf(c->log_level, sizeof c->log_level, "info");
     snprintf(c->ranks, sizeof c->ranks, "threads");
     c->staging_mb = 64;

@@ -17,13 +17,14 @@ typedef struct {
     int port;                /* 0 lets the kernel pick a free port */
     char graph[4096];        /* graph JSON path, relative to the working dir */
     char backend[16];        /* cpu | cuda | auto */
-    int threads;             /* HTTP thread pool size, also inference workers */
+    int threads;             /* HTTP thread pool size */
     int64_t max_body_bytes;  /* larger request bodies get 413 */
     int request_timeout_ms;  /* idle connection / queue wait limit; 0 = none */
     int drain_timeout_ms;    /* SIGTERM: longest wait for in-flight requests */
     int max_queue;           /* queued inference requests before 503 */
     int max_batch_size;      /* rows per engine run; 0: the engine's largest bucket */
     int max_queue_delay_us;  /* longest the oldest queued request waits for a fuller batch */
+    int inline_run_max_us;   /* idle steps up to this long run on the HTTP thread (0: never) */
     char buckets[128];       /* batch buckets "1,2,4,8,16"; empty: the engine's default */
     char log_level[8];       /* error | warn | info | debug */
     char ranks[16];          /* threads | processes (one process per rank, as on GPUs) */

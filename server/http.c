@@ -40,15 +40,22 @@ typedef struct route_def {
 } route_def;
 
 /* Per-request life: RECEIVING (the body: kept for infer, counted and
- * dropped otherwise) -> routed and answered (REPLIED), or for infer QUEUED
- * (a worker decodes it and submits it to the batcher; its batch runs; a
- * worker encodes the answer) -> DONE -> REPLIED. Answering only once the
- * body is in lets libmicrohttpd keep the connection alive; only a 413 is
- * sent early. */
-enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_QUEUED, REQ_DONE, REQ_REPLIED };
+ * dropped otherwise) -> routed and answered (REPLIED). An infer is decoded
+ * and submitted on the HTTP thread that read it; when the batcher was idle
+ * its batch runs right there and the answer goes out in the same call (no
+ * suspend, no other thread). Otherwise the connection is SUSPENDED until the
+ * batcher thread hands the batch result back (DONE), and the HTTP thread
+ * that resumes it encodes the answer. Answering only once the body is in
+ * lets libmicrohttpd keep the connection alive; only a 413 is sent early. */
+enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_SUSPENDED, REQ_REPLIED };
+
+/* Who resumes a request handed to the batcher thread: its HTTP thread
+ * suspends the connection after the submit returns, the batcher thread
+ * delivers the result whenever it is ready; whichever comes second resumes
+ * (exactly once, and never before the suspend). */
+enum { HANDOFF_NONE, HANDOFF_SUSPENDED, HANDOFF_DELIVERED };
 
 struct req_ctx {
-    struct req_ctx *next; /* worker queue link */
     tp_http *h;
     struct MHD_Connection *conn;
     int state;
@@ -61,10 +68,9 @@ struct req_ctx {
     size_t len, cap;
     long long expect_len; /* Content-Length, or -1 when chunked */
     long long header_len; /* Inference-Header-Content-Length, or -1 */
-    double t_start, t_queued;
+    double t_start, t_body;
     int before_drain; /* headers arrived before SIGTERM: the request is served */
-    /* decoded request and its batch result, between the two worker jobs */
-    int encode; /* the next worker job: 0 decode and submit, 1 encode the answer */
+    /* the decoded request and its batch result */
     tp_kserve_request req;
     tp_status st;
     tp_host_tensor *outs;
@@ -72,9 +78,8 @@ struct req_ctx {
     tp_err err;
     int64_t timeout_us;
     char timeout_what[64];
-    /* set by the worker before it resumes the connection */
-    unsigned code;
-    struct MHD_Response *resp;
+    _Atomic int handoff;
+    int ran_here; /* on_batch_done ran on the submitting thread */
     tp_request_times times; /* for the statistics extension */
 };
 
@@ -90,7 +95,7 @@ struct tp_http {
     _Atomic int broken; /* the engine cannot run any more (a rank's process died) */
     char broken_msg[600];
     _Atomic long in_flight;
-    _Atomic long suspended; /* queued or in the engine: must resume before stop */
+    _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
     tp_engine *engine;
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
@@ -98,14 +103,11 @@ struct tp_http {
     tp_model_stats *stats;
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_batcher *batcher; /* created with the engine */
+    /* HTTP threads inside tp_batcher_submit (which may run a batch there):
+     * stopping waits for them before the batcher is freed. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    req_ctx *head, *tail;         /* bodies to decode (bounded by max_queue) */
-    req_ctx *enc_head, *enc_tail; /* batch results to encode (never refused) */
-    int queued, stopping;
-    int in_batcher; /* submitted, result not yet back: workers outlive these */
-    pthread_t *workers;
-    int n_workers;
+    int submitting, stopping;
 };
 
 static double now_ms(void)
@@ -243,7 +245,7 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
 /* Prometheus text format; served while loading and draining too. */
 static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
 {
-    tp_metrics_set_gauges(h->metrics, atomic_load(&h->suspended),
+    tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
     size_t len = 0;
     char *text = tp_metrics_render(h->metrics, &len);
@@ -447,20 +449,7 @@ static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, si
     return MHD_YES;
 }
 
-/* ---- inference: the worker side ----------------------------------------- */
-
-static void finish(req_ctx *r, unsigned code, struct MHD_Response *resp, const char *msg)
-{
-    log_request(r, code, msg);
-    r->code = code;
-    r->resp = resp;
-    r->state = REQ_DONE;
-}
-
-static void finish_error(req_ctx *r, unsigned code, const char *msg)
-{
-    finish(r, code, error_response(msg), msg);
-}
+/* ---- inference: decode, run, answer -------------------------------------- */
 
 /* Bad requests found by the engine rather than the codec stay 400: the
  * engine names a missing input TP_NOT_FOUND, which alone would read 404.
@@ -489,21 +478,17 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
-/* The request this worker thread is submitting, and whether the batcher ran
- * it on this very thread (it was idle): then the worker encodes the answer
- * itself. Kept here, not in the request: once a submit hands the request to
- * the batcher thread, another worker may answer and free it at any time. */
+/* The request this HTTP thread is submitting: the batcher calls back on
+ * this very thread, before tp_batcher_submit returns, when it ran the batch
+ * here (it was idle). */
 static _Thread_local req_ctx *submitting;
-static _Thread_local int submitted_ran_here;
 
-/* Runs on the batcher thread: hands the result to a worker for encoding, so
- * the batcher goes straight back to forming the next batch. Or on the
- * submitting worker, inside tp_batcher_submit: then no hand-off at all. */
+/* On the submitting HTTP thread (the batch ran here: it answers once submit
+ * returns) or on the batcher thread (hand the result back, see HANDOFF_*). */
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
     req_ctx *r = ctx;
-    tp_http *h = r->h;
     if (info) {
         r->times.queue = info->queue_s;
         r->times.infer = info->compute_s;
@@ -513,98 +498,40 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->n_outs = n_outs;
     if (st != TP_OK)
         r->err = *err;
-    r->encode = 1;
-    r->next = NULL;
-    pthread_mutex_lock(&h->mu);
-    if (r == submitting) {
-        submitted_ran_here = 1;
-        h->in_batcher--;
-        if (h->stopping)
-            pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-        return;
-    }
-    if (h->enc_tail)
-        h->enc_tail->next = r;
-    else
-        h->enc_head = r;
-    h->enc_tail = r;
-    h->in_batcher--;
-    pthread_cond_signal(&h->cv);
-    pthread_mutex_unlock(&h->mu);
+    if (r == submitting)
+        r->ran_here = 1;
+    else if (atomic_exchange(&r->handoff, HANDOFF_DELIVERED) == HANDOFF_SUSPENDED)
+        MHD_resume_connection(r->conn);
 }
 
-static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
+/* Submits r; *ran_here: its batch already ran on this thread. Counted in
+ * h->submitting so stopping never frees the batcher under this call. */
+static tp_status submit(tp_http *h, req_ctx *r, int *ran_here, tp_err *err)
 {
-    tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_queued / 1e3, r->timeout_us,
-                       r->timeout_what, on_batch_done, r, .decoded = 1};
     pthread_mutex_lock(&h->mu);
-    h->in_batcher++;
+    int stopping = h->stopping;
+    if (!stopping)
+        h->submitting++;
     pthread_mutex_unlock(&h->mu);
+    if (stopping)
+        return tp_fail(err, TP_UNAVAILABLE, "server is shutting down");
+    tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
+                       r->timeout_what, on_batch_done, r, .decoded = 1};
+    atomic_store(&r->handoff, HANDOFF_NONE);
+    r->ran_here = 0;
+    atomic_fetch_add(&h->in_engine, 1);
     submitting = r;
-    submitted_ran_here = 0;
     tp_status st = tp_batcher_submit(h->batcher, &br, err);
     submitting = NULL;
-    if (st != TP_OK) {
-        pthread_mutex_lock(&h->mu);
-        h->in_batcher--;
+    /* unless it ran here, r is the batcher thread's until it delivers */
+    *ran_here = st == TP_OK && r->ran_here;
+    if (st != TP_OK)
+        atomic_fetch_sub(&h->in_engine, 1);
+    pthread_mutex_lock(&h->mu);
+    if (--h->submitting == 0 && h->stopping)
         pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-    }
+    pthread_mutex_unlock(&h->mu);
     return st;
-}
-
-/* A request that waited for a worker past request_timeout_ms is answered
- * 504 without being decoded. */
-static int waited_too_long(tp_http *h, req_ctx *r)
-{
-    double waited = now_ms() - r->t_queued;
-    if (h->cfg.request_timeout_ms <= 0 || waited <= h->cfg.request_timeout_ms)
-        return 0;
-    char msg[160];
-    snprintf(msg, sizeof msg, "request waited %.1f ms in the queue, over request_timeout_ms %d",
-             waited, h->cfg.request_timeout_ms);
-    finish_error(r, 504, msg);
-    return 1;
-}
-
-/* Body -> r->req; the body is freed either way (the tensors own copies). */
-static tp_status decode(tp_http *h, req_ctx *r, tp_err *err)
-{
-    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len,
-                                         r->header_len, &r->req, err);
-    free(r->body);
-    r->body = NULL;
-    return st;
-}
-
-static void encode_answer(tp_http *h, req_ctx *r);
-
-/* The first worker job: decode the body and submit it. Returns 1 when r was
- * answered here (an error, or the batch ran on this thread), 0 when the
- * batcher has it. */
-static int decode_and_submit(tp_http *h, req_ctx *r)
-{
-    if (waited_too_long(h, r)) {
-        free(r->body);
-        r->body = NULL;
-        return 1;
-    }
-    tp_err err;
-    double t0 = now_ms();
-    tp_status st = decode(h, r, &err);
-    r->times.input = (now_ms() - t0) / 1e3;
-    if (st == TP_OK) {
-        set_timeout(h, r, r->req.timeout_us);
-        /* unless it ran here, r may already be answered and freed */
-        if ((st = submit(h, r, &err)) == TP_OK && submitted_ran_here)
-            encode_answer(h, r);
-        if (st == TP_OK)
-            return submitted_ran_here;
-        tp_kserve_request_free(&r->req);
-    }
-    finish_error(r, infer_http_code(st), err.msg);
-    return 1;
 }
 
 /* What a binary answer sends straight from the engine's outputs: freed by
@@ -650,9 +577,19 @@ static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
     return with_headers(resp, "application/octet-stream", buf->header_len);
 }
 
-/* The second worker job: the batch result as a KServe answer. Binary
- * outputs go out from the engine's buffers (no copy into a body). */
-static void encode_answer(tp_http *h, req_ctx *r)
+/* The decoded request and the body it was decoded from (binary tensors may
+ * point into it). */
+static void release_request(req_ctx *r)
+{
+    tp_kserve_request_free(&r->req);
+    free(r->body);
+    r->body = NULL;
+}
+
+/* The batch result as a KServe answer, sent: on the thread that ran the
+ * batch, or on the one that resumed the connection. Binary outputs go out
+ * from the engine's buffers (no copy into a body). */
+static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
 {
     tp_err err = r->err;
     tp_status st = r->st;
@@ -668,7 +605,7 @@ static void encode_answer(tp_http *h, req_ctx *r)
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
     r->times.output = (now_ms() - t0) / 1e3;
-    tp_kserve_request_free(&r->req);
+    release_request(r);
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
         resp = binary_response(r, &buf, tail, n_tail);
@@ -679,57 +616,17 @@ static void encode_answer(tp_http *h, req_ctx *r)
     free(tail);
     tp_host_tensors_free(r->outs, r->n_outs);
     r->outs = NULL;
+    atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK)
-        finish_error(r, infer_http_code(st), err.msg);
-    else
-        finish(r, 200, resp, NULL);
+        return reply_error(h, r, infer_http_code(st), "%s", err.msg);
+    log_request(r, 200, NULL);
+    return send_response(h, r, 200, resp);
 }
 
-static req_ctx *unlink_head(req_ctx **head, req_ctx **tail)
-{
-    req_ctx *r = *head;
-    *head = r->next;
-    if (!*head)
-        *tail = NULL;
-    return r;
-}
-
-/* Answers first (they hold finished work), then new bodies. Once stopping,
- * workers leave only when nothing is queued or still in the batcher. */
-static req_ctx *pop_job(tp_http *h)
-{
-    req_ctx *r = NULL;
-    pthread_mutex_lock(&h->mu);
-    while (!h->enc_head && !h->head && !(h->stopping && h->in_batcher == 0))
-        pthread_cond_wait(&h->cv, &h->mu);
-    if (h->enc_head) {
-        r = unlink_head(&h->enc_head, &h->enc_tail);
-    } else if (h->head) {
-        r = unlink_head(&h->head, &h->tail);
-        h->queued--;
-    }
-    pthread_mutex_unlock(&h->mu);
-    return r;
-}
-
-static void *worker_main(void *arg)
-{
-    tp_http *h = arg;
-    req_ctx *r;
-    while ((r = pop_job(h))) {
-        int answered = 1;
-        if (r->encode)
-            encode_answer(h, r);
-        else
-            answered = decode_and_submit(h, r);
-        if (answered)
-            MHD_resume_connection(r->conn);
-    }
-    return NULL;
-}
-
-/* Body complete: check what the headers say, then suspend the connection
- * and queue the job, or answer 503 at once when the queue is full. */
+/* Body complete, on the HTTP thread that read it: decode, submit, and
+ * answer here when the batch ran here; otherwise suspend until the batcher
+ * thread delivers. A bad request is answered without ever leaving this
+ * thread. */
 static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 {
     if (!r->before_drain)
@@ -740,30 +637,26 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     if (ihcl && parse_ll(ihcl, &r->header_len) != 0)
         return reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
                            "non-negative integer", ihcl);
-    pthread_mutex_lock(&h->mu);
-    int full = h->queued >= h->cfg.max_queue, stopping = h->stopping;
-    if (!full && !stopping) {
-        /* Suspended before a worker can see the job, so its resume can never
-         * overtake this suspend. */
-        MHD_suspend_connection(r->conn);
-        atomic_fetch_add(&h->suspended, 1);
-        r->state = REQ_QUEUED;
-        r->t_queued = now_ms();
-        r->next = NULL;
-        if (h->tail)
-            h->tail->next = r;
-        else
-            h->head = r;
-        h->tail = r;
-        h->queued++;
-        pthread_cond_signal(&h->cv);
+    tp_err err;
+    r->t_body = now_ms();
+    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
+                                         &r->req, &err);
+    r->times.input = (now_ms() - r->t_body) / 1e3;
+    int ran_here = 0;
+    if (st == TP_OK) {
+        set_timeout(h, r, r->req.timeout_us);
+        st = submit(h, r, &ran_here, &err);
     }
-    pthread_mutex_unlock(&h->mu);
-    if (stopping)
-        return reply_error(h, r, 503, "server is shutting down");
-    if (full)
-        return reply_error(h, r, 503, "server overloaded: %d inference requests already queued "
-                           "for decoding (max_queue)", h->cfg.max_queue);
+    if (st != TP_OK) {
+        release_request(r);
+        return reply_error(h, r, infer_http_code(st), "%s", err.msg);
+    }
+    if (ran_here)
+        return answer_infer(h, r);
+    r->state = REQ_SUSPENDED;
+    MHD_suspend_connection(r->conn);
+    if (atomic_exchange(&r->handoff, HANDOFF_SUSPENDED) == HANDOFF_DELIVERED)
+        MHD_resume_connection(r->conn); /* delivered before the suspend */
     return MHD_YES;
 }
 
@@ -897,11 +790,9 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
         return route_request(h, r);
-    case REQ_DONE:
-        /* Called back after the resume was processed: from here on the
-         * daemon may be stopped under this connection. */
-        atomic_fetch_sub(&h->suspended, 1);
-        return send_response(h, r, r->code, r->resp);
+    case REQ_SUSPENDED:
+        /* resumed: the batcher thread delivered the result */
+        return answer_infer(h, r);
     default:
         /* Already answered (e.g. 413 mid-upload): discard what still comes. */
         *upload_size = 0;
@@ -937,7 +828,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         tp_log(TP_LOG_DEBUG, "%s %s: connection ended before the answer was sent (code %d)",
                r->method, r->url, (int)toe);
-    free(r->body);
+    if (r->state == REQ_SUSPENDED) {
+        /* the connection broke between the resume and the answer */
+        tp_host_tensors_free(r->outs, r->n_outs);
+        atomic_fetch_sub(&h->in_engine, 1);
+    }
+    release_request(r);
     free(r);
     *con_cls = NULL;
     atomic_fetch_sub(&h->in_flight, 1);
@@ -985,20 +881,6 @@ static tp_status open_listener(const char *host, int port, int *fd_out, int *por
     *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                : ((struct sockaddr_in *)&ss)->sin_port);
     *fd_out = fd;
-    return TP_OK;
-}
-
-static tp_status start_workers(tp_http *h, tp_err *err)
-{
-    h->n_workers = h->cfg.threads;
-    if (!(h->workers = calloc((size_t)h->n_workers, sizeof *h->workers)))
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    for (int i = 0; i < h->n_workers; i++) {
-        if (pthread_create(&h->workers[i], NULL, worker_main, h) != 0) {
-            h->n_workers = i;
-            return tp_fail(err, TP_INTERNAL, "cannot start inference worker %d", i);
-        }
-    }
     return TP_OK;
 }
 
@@ -1053,7 +935,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     atomic_init(&h->state, SRV_LOADING);
     atomic_init(&h->loaded, 0);
     atomic_init(&h->in_flight, 0);
-    atomic_init(&h->suspended, 0);
+    atomic_init(&h->in_engine, 0);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     h->metrics = tp_metrics_create();
@@ -1065,8 +947,6 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
         st = tp_http_guard_create(cfg, &h->guard, err);
     if (st == TP_OK)
         st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
-    if (st == TP_OK)
-        st = start_workers(h, err);
     if (st == TP_OK && !(h->d = start_daemon(h, 0, h->listen_fd, h->port, err)))
         st = TP_INTERNAL;
     if (st == TP_OK && cfg->health_port >= 0)
@@ -1084,7 +964,8 @@ int tp_http_port(const tp_http *h) { return h->port; }
 static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
 {
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
-                         h->metrics, h->stats};
+                         h->metrics, h->stats,
+                         h->cfg.inline_run_max_us > 0 ? h->cfg.inline_run_max_us : -1};
     tp_status st = tp_batcher_create(e, &o, &h->batcher, err);
     if (st != TP_OK)
         return st;
@@ -1174,7 +1055,7 @@ void tp_http_begin_drain(tp_http *h)
 }
 
 long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }
-long tp_http_suspended(tp_http *h) { return atomic_load(&h->suspended); }
+long tp_http_in_engine(tp_http *h) { return atomic_load(&h->in_engine); }
 
 unsigned tp_http_connections(tp_http *h)
 {
@@ -1185,23 +1066,10 @@ unsigned tp_http_connections(tp_http *h)
 
 #define DRAIN_CUT "server is shutting down: drain timeout reached before this request ran"
 
-/* Bodies waiting for a worker first, then the batcher's queue (whose
- * answers come back through the workers, which resume their connections). */
+/* The batcher's queue; its answers come back through the batcher callback,
+ * which resumes their connections. */
 void tp_http_cancel_queued(tp_http *h)
 {
-    pthread_mutex_lock(&h->mu);
-    req_ctx *r = h->head;
-    h->head = h->tail = NULL;
-    h->queued = 0;
-    pthread_mutex_unlock(&h->mu);
-    while (r) {
-        req_ctx *next = r->next;
-        free(r->body);
-        r->body = NULL;
-        finish_error(r, 503, DRAIN_CUT);
-        MHD_resume_connection(r->conn);
-        r = next;
-    }
     if (atomic_load(&h->loaded))
         tp_batcher_cancel(h->batcher, TP_UNAVAILABLE, DRAIN_CUT);
 }
@@ -1212,11 +1080,10 @@ void tp_http_stop(tp_http *h)
         return;
     pthread_mutex_lock(&h->mu);
     h->stopping = 1;
-    pthread_cond_broadcast(&h->cv);
+    /* no HTTP thread may be inside the batcher when it is freed */
+    while (h->submitting > 0)
+        pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
-    /* workers leave once every request handed to the batcher came back */
-    for (int i = 0; i < h->n_workers; i++)
-        pthread_join(h->workers[i], NULL);
     tp_batcher_free(h->batcher);
     if (h->d)
         MHD_stop_daemon(h->d);
@@ -1229,7 +1096,6 @@ void tp_http_stop(tp_http *h)
         close(h->probe_fd);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
-    free(h->workers);
     free(h->ins);
     free(h->outs);
     tp_metrics_free(h->metrics);

@@ -1,12 +1,14 @@
 /* http.h — the KServe v2 REST front end on libmicrohttpd, and /metrics.
  *
- * HTTP threads (an epoll thread pool) only parse, route and move bytes.
- * Inference requests are suspended (MHD_suspend_connection) and handed to a
- * bounded queue served by worker threads that decode them and submit them
- * to the dynamic batcher (batcher.h); the batcher's results come back to
- * the workers, which encode them and resume the connection to send the
- * answer. So a slow model never stalls health checks or other clients'
- * uploads. */
+ * HTTP threads (an epoll thread pool) parse, route and answer. An inference
+ * request is decoded on the thread that read it and submitted to the
+ * dynamic batcher (batcher.h). When the batcher is idle and the engine's
+ * recent steps were short (inline_run_max_us), the batch runs on that very
+ * thread and the answer goes out in the same call: no thread hand-off at
+ * all. Otherwise the connection is suspended (MHD_suspend_connection), the
+ * batcher thread runs the batch and resumes it, and the resumed HTTP thread
+ * encodes the answer. So a slow model never stalls health checks or other
+ * clients' uploads for longer than one short step. */
 #ifndef TP_HTTP_H
 #define TP_HTTP_H
 
@@ -41,19 +43,20 @@ void tp_http_begin_drain(tp_http *h);
  * the first time. Called by one thread (serve's main loop). */
 int tp_http_set_broken(tp_http *h, const char *why);
 
-/* Requests received but not yet answered; of those, the ones handed to the
- * workers (queued or inside the engine); and open connections. */
+/* Requests received but not yet answered; of those, the ones submitted to
+ * the batcher (queued, inside the engine, or being answered); and open
+ * connections. */
 long tp_http_in_flight(tp_http *h);
-long tp_http_suspended(tp_http *h);
+long tp_http_in_engine(tp_http *h);
 unsigned tp_http_connections(tp_http *h);
 
-/* Drain timeout: answers every request still waiting for a worker or in
- * the batcher queue with 503 at once. Requests already inside the engine
+/* Drain timeout: answers every request still in the batcher queue with 503
+ * at once. Requests already inside the engine
  * cannot be interrupted. */
 void tp_http_cancel_queued(tp_http *h);
 
-/* Stops the daemon, joins the workers and frees h; requests still uploading
- * their body are dropped. Only valid once tp_http_suspended is 0
+/* Stops the daemon and frees h; requests still uploading their body are
+ * dropped. Only valid once tp_http_in_engine is 0
  * (libmicrohttpd forbids stopping with suspended connections). NULL is a
  * no-op. */
 void tp_http_stop(tp_http *h);

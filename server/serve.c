@@ -193,16 +193,16 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
 /* After a cut-short drain: queued requests get 503; those inside the engine
  * get up to a second more. Requests still uploading their body (a stalled
  * client) are not waited for: the daemon can stop under them. Returns 1 when
- * nothing is left with the workers, so stopping is safe. */
+ * nothing is left in the engine, so stopping is safe. */
 static int cancel_rest(tp_http *h)
 {
     tp_http_cancel_queued(h);
     double until = now_ms() + 1000;
-    while (tp_http_suspended(h) > 0 && now_ms() < until) {
+    while (tp_http_in_engine(h) > 0 && now_ms() < until) {
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    if (tp_http_suspended(h) > 0)
+    if (tp_http_in_engine(h) > 0)
         return 0;
     if (tp_http_in_flight(h) > 0)
         TP_LOG_W("dropping %ld requests whose body never finished arriving",
@@ -349,7 +349,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
         /* Requests are still running inside the engine; stopping the daemon
          * or freeing the engine under them is undefined, and the process is
          * about to exit, which releases everything. */
-        TP_LOG_E("exiting with %ld requests still inside the engine", tp_http_suspended(h));
+        TP_LOG_E("exiting with %ld requests still inside the engine", tp_http_in_engine(h));
         return 1;
     }
     tp_http_stop(h);

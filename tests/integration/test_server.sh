@@ -290,13 +290,19 @@ EOF
 expect "still live after 413s and garbage" 200 '{"live":true}' GET /v2/health/live
 kill "$PID"
 wait "$PID" 2>/dev/null
-# overload: one worker, a queue of one, heavy concurrent requests
-start overload --graph "$TP_GRAPHS/$G.json" --threads 1 --max-queue 1 || exit 1
-$CLIENT make --graphs "$TP_GRAPHS" --graph $G --repeat 100 --out "$TMP/heavy" >/dev/null
+# overload: one HTTP thread, a queue of one, heavy concurrent requests, every
+# step on the batcher thread (an inline step would hold the only HTTP thread
+# and pace the clients instead of queueing them)
+start overload --graph "$TP_GRAPHS/$G.json" --threads 1 --max-queue 1 --inline-run-max-us 0 || exit 1
+# binary in and out: the HTTP thread only moves bytes, so the engine is the
+# bottleneck and requests pile up in its queue (JSON decoding on the one
+# HTTP thread would pace them instead)
+HEAVY_HL=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --repeat 100 --binary --binary-out --out "$TMP/heavy")
 i=0
 jobs_=""
 while [ $i -lt 8 ]; do
-    curl -s -o "$TMP/ov.$i" -w '%{http_code}\n' --data-binary @"$TMP/heavy" "$URL/v2/models/$G/infer" >"$TMP/ovc.$i" &
+    curl -s -o "$TMP/ov.$i" -w '%{http_code}\n' -H "Inference-Header-Content-Length: $HEAVY_HL" \
+        --data-binary @"$TMP/heavy" "$URL/v2/models/$G/infer" >"$TMP/ovc.$i" &
     jobs_="$jobs_ $!"
     i=$((i + 1))
 done
@@ -314,18 +320,20 @@ kill "$PID"
 wait "$PID" 2>/dev/null
 
 # queue wait over request_timeout_ms: 504, the request never runs
-start timeout --graph "$TP_GRAPHS/$G.json" --threads 1 --request-timeout-ms 30 || exit 1
+start timeout --graph "$TP_GRAPHS/$G.json" --threads 1 --request-timeout-ms 30 --inline-run-max-us 0 || exit 1
+HEAVIER_HL=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --repeat 1000 --binary --binary-out --out "$TMP/heavier")
 i=0
 jobs_=""
-while [ $i -lt 4 ]; do
-    curl -s -o "$TMP/to.$i" -w '%{http_code}\n' --data-binary @"$TMP/heavy" "$URL/v2/models/$G/infer" >"$TMP/toc.$i" &
+while [ $i -lt 6 ]; do
+    curl -s -o "$TMP/to.$i" -w '%{http_code}\n' -H "Inference-Header-Content-Length: $HEAVIER_HL" \
+        --data-binary @"$TMP/heavier" "$URL/v2/models/$G/infer" >"$TMP/toc.$i" &
     jobs_="$jobs_ $!"
     i=$((i + 1))
 done
 for j in $jobs_; do wait "$j"; done
 n504=$(cat "$TMP"/toc.* | grep -c '^504$')
 if [ "$n504" -ge 1 ] && grep -q "in the queue, over request_timeout_ms 30" "$TMP"/to.*; then
-    pass "queue wait over request_timeout_ms: $n504 of 4 got 504"
+    pass "queue wait over request_timeout_ms: $n504 of 6 got 504"
 else
     fail "request timeout: codes $(cat "$TMP"/toc.* | tr '\n' ' ')"
 fi

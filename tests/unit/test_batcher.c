@@ -30,7 +30,7 @@ static tp_engine *open_mlp(void)
 static tp_batcher *new_batcher(tp_engine *e, int64_t max_batch, int64_t delay_us, int max_queue,
                                tp_metrics *m)
 {
-    tp_batcher_opts o = {max_batch, delay_us, max_queue, m, NULL};
+    tp_batcher_opts o = {max_batch, delay_us, max_queue, m, NULL, 0};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
@@ -252,6 +252,9 @@ typedef struct {
     double t_done;
 } slot;
 
+/* The thread the last done ran on (see inline_run_only_while_steps_are_short). */
+static pthread_t g_done_thread;
+
 static void slot_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
                       const tp_batch_info *info)
 {
@@ -262,6 +265,7 @@ static void slot_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
     s->rows = outs ? outs[0].shape[0] : -1;
     snprintf(s->msg, sizeof s->msg, "%s", st == TP_OK ? "" : err->msg);
     s->t_done = tp_batcher_now();
+    g_done_thread = pthread_self();
     s->done = 1;
     (*s->n_done)++;
     pthread_cond_broadcast(s->cv);
@@ -289,6 +293,51 @@ static void wait_done(slot *s)
         pthread_cond_wait(&g_cv, &g_mu);
     pthread_mutex_unlock(&g_mu);
 }
+
+/* An idle batcher runs a request on the submitting thread (done is called
+ * before submit returns) while recent steps were within inline_max_us; once
+ * a step took longer, requests go to the batcher thread, so a slow model
+ * never holds up a submitter (an HTTP thread) again. inline_max_us < 0:
+ * never inline. */
+static int ran_on_submitter(tp_batcher *b, tp_host_tensor *x)
+{
+    slot s = new_slot();
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(b, x, &s, 0, 0, &err), TP_OK);
+    int inline_ = s.done && pthread_equal(g_done_thread, pthread_self());
+    wait_done(&s);
+    ck_assert_int_eq(s.st, TP_OK);
+    return inline_ && pthread_equal(g_done_thread, pthread_self());
+}
+
+START_TEST(inline_run_only_while_steps_are_short)
+{
+    tp_engine *e = open_mlp();
+    tp_host_tensor x = make_x(1, 9);
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    /* no limit: every idle request runs on the submitter */
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        ck_assert(ran_on_submitter(b, &x));
+    tp_batcher_free(b);
+    /* 1 us: the first step (no history yet) runs inline and is longer than
+     * that, so the next ones go to the batcher thread */
+    o.inline_max_us = 1;
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    ck_assert(ran_on_submitter(b, &x));
+    ck_assert(!ran_on_submitter(b, &x));
+    ck_assert(!ran_on_submitter(b, &x));
+    tp_batcher_free(b);
+    o.inline_max_us = -1;
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    ck_assert(!ran_on_submitter(b, &x));
+    tp_batcher_free(b);
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
 
 /* A full queue refuses with TP_UNAVAILABLE naming max_queue; freeing the
  * batcher still runs what was queued (the drain). */
@@ -526,6 +575,7 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, concurrent_clients_get_their_own_rows);
     tcase_add_test(tc, full_batch_runs_once);
     tcase_add_test(tc, bad_request_in_a_crowd);
+    tcase_add_test(tc, inline_run_only_while_steps_are_short);
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
