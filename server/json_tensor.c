@@ -20,6 +20,18 @@ static int is_blank(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+/* Whether ch ends a number or literal: blank or structural. A table, since
+ * this runs once per character of every data array (strchr per character
+ * was a tenth of a JSON request's decoding). */
+static int ends_token(char ch)
+{
+    static const unsigned char ends[256] = {
+        [' '] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [','] = 1, [':'] = 1,
+        ['['] = 1, [']'] = 1, ['{'] = 1, ['}'] = 1, ['"'] = 1,
+    };
+    return ends[(unsigned char)ch];
+}
+
 static void skip_blanks(cursor *c)
 {
     while (c->i < c->len && is_blank(c->s[c->i]))
@@ -111,7 +123,7 @@ static int skip_value(cursor *c)
             c->i++;
         } else {
             size_t from = c->i;
-            while (c->i < c->len && !is_blank(c->s[c->i]) && !strchr(",:[]{}\"", c->s[c->i]))
+            while (c->i < c->len && !ends_token(c->s[c->i]))
                 c->i++;
             if (c->i == from)
                 return -1;

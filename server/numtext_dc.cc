@@ -4,6 +4,8 @@
 // allocates nor throws, so nothing else does either.
 #include <double-conversion/double-conversion.h>
 
+#include <cfloat>
+#include <stdint.h>
 #include <string.h>
 
 extern "C" {
@@ -65,8 +67,59 @@ extern "C" size_t tp_numtext_precision(double v, int digits, char *buf)
     return n;
 }
 
+namespace {
+
+// Clinger's fast path for binary32: a decimal m * 10^e with m < 2^24 and
+// |e| <= 10 has m and 10^|e| exact in a float (5^10 < 2^24), so one IEEE
+// multiply or divide rounds the exact value once: the correctly rounded
+// float, what the library would return. It covers what clients mostly send
+// ("%.6g", "%.7g", short literals); anything else (more digits, bigger
+// exponents) takes the library's path. Requires float arithmetic in float
+// precision (SSE, not x87).
+static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in float precision");
+
+const float kPow10[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
+
+bool parse_f32_fast(const char *s, size_t len, float *out)
+{
+    size_t i = 0;
+    bool neg = len > 0 && s[0] == '-';
+    uint32_t m = 0;
+    int digits = 0, exp10 = 0, frac = 0;
+    for (i = neg; i < len && (s[i] == '.' || (s[i] >= '0' && s[i] <= '9')); i++) {
+        if (s[i] == '.') {
+            frac = 1;
+            continue;
+        }
+        if ((m || s[i] != '0') && ++digits > 7) // 9,999,999 < 2^24
+            return false;
+        m = m * 10 + static_cast<uint32_t>(s[i] - '0');
+        exp10 -= frac;
+    }
+    if (i < len) { // the exponent: [eE][+-]?digits (the token is valid JSON)
+        bool eneg = s[++i] == '-';
+        i += s[i] == '-' || s[i] == '+';
+        int e = 0;
+        for (; i < len; i++)
+            if ((e = e * 10 + (s[i] - '0')) > 99)
+                return false;
+        exp10 += eneg ? -e : e;
+    }
+    if (exp10 < -10 || exp10 > 10)
+        return m == 0 ? (*out = neg ? -0.0f : 0.0f, true) : false;
+    float f = static_cast<float>(m);
+    f = exp10 < 0 ? f / kPow10[-exp10] : f * kPow10[exp10];
+    *out = neg ? -f : f;
+    return true;
+}
+
+}  // namespace
+
 extern "C" float tp_numtext_parse_f32(const char *s, size_t len)
 {
+    float f;
+    if (parse_f32_fast(s, len, &f))
+        return f;
     int used = 0;
     return kReader.StringToFloat(s, static_cast<int>(len), &used);
 }

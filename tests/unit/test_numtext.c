@@ -113,6 +113,44 @@ START_TEST(halves_exhaustive)
 }
 END_TEST
 
+/* The reader's fast path (short decimals, numtext_dc.cc) against glibc's
+ * strtof, which is correctly rounded: bit for bit, over random tokens of
+ * every shape the fast path takes and some it must hand to the library
+ * (8+ digits, exponents past 10), signs and zeros included. */
+START_TEST(f32_reader_matches_strtof)
+{
+    static const char *edge[] = {"0", "-0", "0.0", "-0.0", "0e5", "0.000000e-40", "16777215",
+                                 "16777216", "16777217", "9999999", "9999999e10", "1e-10",
+                                 "1e10", "1e11", "1e-11", "3.4028235e38", "1.4e-45",
+                                 "0.1", "0.3", "-2.5e-3", "1E+2", "0.00000001"};
+    for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++) {
+        float want = strtof(edge[k], NULL), got = tp_numtext_parse_f32(edge[k], strlen(edge[k]));
+        ck_assert_msg(f32_bits(got) == f32_bits(want), "%s: %a, strtof %a", edge[k], got, want);
+    }
+    uint64_t s = 12345;
+    char tok[64];
+    for (int k = 0; k < 400000; k++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        int nd = 1 + (int)((s >> 33) % 9), point = (int)((s >> 40) % (unsigned)(nd + 1));
+        int e = (int)((s >> 45) % 27) - 13, n = 0;
+        if ((s >> 52) & 1)
+            tok[n++] = '-';
+        uint64_t r = s ^ (s >> 17);
+        for (int d = 0; d < nd; d++) {
+            if (d == point && d > 0)
+                tok[n++] = '.';
+            r = r * 2862933555777941757ULL + 3037000493ULL;
+            tok[n++] = (char)('0' + (d == 0 && nd > 1 && point != 1 ? 1 + (r >> 40) % 9 : (r >> 40) % 10));
+        }
+        if ((s >> 56) & 1)
+            n += snprintf(tok + n, sizeof tok - (size_t)n, "e%d", e);
+        tok[n] = 0;
+        float want = strtof(tok, NULL), got = tp_numtext_parse_f32(tok, (size_t)n);
+        ck_assert_msg(f32_bits(got) == f32_bits(want), "%s: %a, strtof %a", tok, got, want);
+    }
+}
+END_TEST
+
 START_TEST(integers)
 {
     const int64_t v[] = {0, 1, -1, 9, 10, 123456789, INT64_MAX, INT64_MIN, INT32_MIN};
@@ -258,6 +296,7 @@ static Suite *numtext_suite(void)
     tcase_add_test(n, f32_round_trip);
     tcase_add_test(n, f32_spelling);
     tcase_add_test(n, halves_exhaustive);
+    tcase_add_test(n, f32_reader_matches_strtof);
     tcase_add_test(n, integers);
     tcase_add_test(n, number_tokens);
     suite_add_tcase(s, n);
