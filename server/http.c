@@ -568,14 +568,12 @@ static int waited_too_long(tp_http *h, req_ctx *r)
     return 1;
 }
 
-/* Body -> r->req; the body is freed either way (the tensors own copies). */
+/* Body -> r->req. The body stays until r is freed (on_completed): the
+ * request's binary inputs are views into it (kserve.h). */
 static tp_status decode(tp_http *h, req_ctx *r, tp_err *err)
 {
-    tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len,
-                                         r->header_len, &r->req, err);
-    free(r->body);
-    r->body = NULL;
-    return st;
+    return tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
+                                 &r->req, err);
 }
 
 static void encode_answer(tp_http *h, req_ctx *r);

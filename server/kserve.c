@@ -137,11 +137,12 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
                        "Inference-Header-Content-Length %lld)", t->name, want, tail->off,
                        tail->len - tail->off, (size_t)tail->header_len + tail->len,
                        tail->header_len);
-    /* Copied rather than borrowed: the tail is unaligned for the engine's
-     * element types, and the request then owns everything it points to. */
-    if (!(t->data = malloc(want)))
-        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
-    memcpy(t->data, tail->p + tail->off, want);
+    /* A view, not a copy: the engine copies the bytes once, from here into
+     * its staging. The caller keeps the body alive until the request is
+     * freed (kserve.h). The view may be unaligned for its element type:
+     * everything that reads request elements does so with memcpy. */
+    t->data = (void *)(tail->p + tail->off);
+    t->owner = TP_HOST_BORROWED;
     t->nbytes = want;
     tail->off += want;
     return TP_OK;
@@ -499,9 +500,7 @@ void tp_kserve_request_free(tp_kserve_request *req)
 {
     if (!req)
         return;
-    for (int i = 0; i < req->n_inputs && req->inputs; i++)
-        free(req->inputs[i].data);
-    free(req->inputs);
+    tp_host_tensors_free(req->inputs, req->n_inputs); /* borrowed views stay */
     for (int i = 0; i < req->n_outputs && req->outputs; i++)
         tp_shm_release(req->outputs[i].shm);
     free(req->outputs);
