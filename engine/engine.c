@@ -626,10 +626,11 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int n_
     if (st != TP_OK)
         return st;
     for (int i = 0; i < ni; i++) {
+        const tp_host_tensor *const *pieces = pieces_of(in, i, n_parts);
         if (input_batched(e, i))
-            stage_rows(in_t[i].data, pieces_of(in, i, n_parts), n_parts, 0, batch);
+            stage_rows(in_t[i].data, pieces, n_parts, 0, batch);
         else
-            copy_request_bytes(in_t[i].data, in[i * n_parts]->data, in[i * n_parts]->nbytes);
+            copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
     }
     tp_exec_stats xs = {0};
     st = tp_exec_run(x, in_t, out_t, &xs, err);
@@ -645,13 +646,13 @@ static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int n_pa
                          tp_tensor *in_t)
 {
     for (int i = 0; i < e->g->n_inputs; i++) {
-        const tp_host_tensor *first = in[i * n_parts];
+        const tp_host_tensor *const *pieces = pieces_of(in, i, n_parts);
         if (input_batched(e, i)) {
-            size_t rb = row_bytes(first);
-            stage_rows(in_t[i].data, pieces_of(in, i, n_parts), n_parts, row, n);
+            size_t rb = row_bytes(pieces[0]);
+            stage_rows(in_t[i].data, pieces, n_parts, row, n);
             memset((char *)in_t[i].data + (size_t)n * rb, 0, (size_t)(in_t[i].shape[0] - n) * rb);
         } else {
-            copy_request_bytes(in_t[i].data, first->data, first->nbytes);
+            copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
         }
     }
 }
