@@ -231,8 +231,8 @@ static tp_status fail_shrunk(const tp_shm_region *r, uint64_t offset, uint64_t s
     if (st != TP_OK)
         return st;
     return tp_fail(err, TP_INVALID, "shared memory region '%s': cannot %s %llu bytes at offset "
-                   "%llu: key '%s' now holds %llu bytes, less than the registered offset %llu + "
-                   "byte_size %llu (the object shrank after registration)", r->name,
+                   "%llu: key '%s' ends before them (it holds %llu bytes now; the region needs "
+                   "offset %llu + byte_size %llu): the object shrank after registration", r->name,
                    write ? "write" : "read", (unsigned long long)size,
                    (unsigned long long)offset, r->key, (unsigned long long)now,
                    (unsigned long long)r->offset, (unsigned long long)r->byte_size);

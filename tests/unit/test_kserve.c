@@ -589,7 +589,7 @@ START_TEST(shm_shrunk_under_requests)
     set_object_size(key, 20);
     ck_assert_int_eq(parse(&m, j, &r, &e), TP_INVALID);
     ck_assert_msg(strstr(e.msg, "input 't': shared memory region 'io': cannot read 16 bytes at "
-                                "offset 8: key") && strstr(e.msg, "now holds 20 bytes"), "%s", e.msg);
+                                "offset 8: key") && strstr(e.msg, "holds 20 bytes now"), "%s", e.msg);
     set_object_size(key, 64);
     ck_assert_int_eq(parse(&m, j, &r, &e), TP_OK);
     float u[4] = {1, 2, 3, 4};
@@ -599,7 +599,7 @@ START_TEST(shm_shrunk_under_requests)
     set_object_size(key, 40); /* the output's span [32, 48) now ends past the object */
     ck_assert_int_eq(tp_kserve_build_infer(&m, &r, &out, 1, &b, &e), TP_INVALID);
     ck_assert_msg(strstr(e.msg, "output 'u': shared memory region 'io': cannot write 16 bytes at "
-                                "offset 32") && strstr(e.msg, "now holds 40 bytes"), "%s", e.msg);
+                                "offset 32") && strstr(e.msg, "holds 40 bytes now"), "%s", e.msg);
     set_object_size(key, 64);
     ck_assert_int_eq(tp_kserve_build_infer(&m, &r, &out, 1, &b, &e), TP_OK);
     free(b.body);

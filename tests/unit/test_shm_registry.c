@@ -137,11 +137,11 @@ START_TEST(shrunk_object)
     resize_object(100); /* below the region's start */
     expect(tp_shm_read(r, 0, buf, 16, &e), TP_INVALID, &e,
            "region 'r': cannot read 16 bytes at offset 0: key");
-    ck_assert_msg(strstr(e.msg, "now holds 100 bytes"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "holds 100 bytes now"), "%s", e.msg);
     expect(tp_shm_write(r, 0, buf, 16, &e), TP_INVALID, &e, "cannot write 16 bytes at offset 0");
     ck_assert_int_eq(object_size(), 100);
     resize_object(4096 + 40); /* into the region: a span across the end is short */
-    expect(tp_shm_read(r, 8, buf, 64, &e), TP_INVALID, &e, "now holds 4136 bytes");
+    expect(tp_shm_read(r, 8, buf, 64, &e), TP_INVALID, &e, "holds 4136 bytes now");
     ck_assert_int_eq(tp_shm_read(r, 8, buf, 32, &e), TP_OK); /* what is still there reads */
     expect(tp_shm_write(r, 8, buf, 64, &e), TP_INVALID, &e, "cannot write 64 bytes at offset 8");
     ck_assert_int_eq(object_size(), 4136);
