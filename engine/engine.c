@@ -479,10 +479,15 @@ static tp_status get_exact(tp_engine *e, int64_t batch, tp_exec **out, tp_err *e
 }
 
 /* Caller-owned results: the exact executable's output shapes, or (padded)
- * the global shapes with dim 0 grown to batch times its rows per batch row. */
+ * the global shapes with dim 0 grown to batch times its rows per batch row.
+ * Every output lives in one block (64-byte aligned offsets), each tensor
+ * holding one reference: a batcher hands each request views of its rows,
+ * and the block goes when the last of them is released. */
 static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp_host_tensor *outs, tp_err *err)
 {
-    for (int i = 0; i < e->g->n_outputs; i++) {
+    int no = e->g->n_outputs;
+    size_t off[no + 1], total = 0;
+    for (int i = 0; i < no; i++) {
         const tp_io_desc *d = &e->out_desc[i];
         tp_host_tensor *o = &outs[i];
         snprintf(o->name, sizeof o->name, "%s", d->name);
@@ -495,8 +500,15 @@ static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp
             n *= (size_t)o->shape[k];
         }
         o->nbytes = n;
-        if (!(o->data = malloc(n ? n : 1)))
-            return tp_fail(err, TP_NOMEM, "output '%s': cannot allocate %zu bytes", o->name, n);
+        off[i] = total;
+        total += (n + 63) & ~(size_t)63;
+    }
+    tp_host_block *b = no ? tp_host_block_create(total, no) : NULL;
+    if (no && !b)
+        return tp_fail(err, TP_NOMEM, "outputs: cannot allocate %zu bytes", total);
+    for (int i = 0; i < no; i++) {
+        outs[i].owner = b;
+        outs[i].data = (char *)tp_host_block_data(b) + off[i];
     }
     return TP_OK;
 }
@@ -565,8 +577,44 @@ static tp_status prepare_step(tp_engine *e, const step_cmd *c, tp_exec **x, tp_t
     return st == TP_OK ? stage_layout(e, *x, in_t, out_t, err) : st;
 }
 
-static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
-                           tp_err *err)
+/* Bytes per dim-0 row of a request tensor (0 when it has no rows). */
+static size_t row_bytes(const tp_host_tensor *t)
+{
+    return t->ndim > 0 && t->shape[0] > 0 ? t->nbytes / (size_t)t->shape[0] : 0;
+}
+
+/* Rows [row, row + n) of the pieces' concatenation along dim 0 into dst:
+ * each request's bytes go straight from where they are into the staging. */
+static void stage_rows(char *dst, const tp_host_tensor *const *pieces, int n_parts, int64_t row, int64_t n)
+{
+    for (int p = 0; p < n_parts && n > 0; p++) {
+        const tp_host_tensor *t = pieces[p];
+        if (row >= t->shape[0]) {
+            row -= t->shape[0];
+            continue;
+        }
+        size_t rb = row_bytes(t);
+        int64_t take = t->shape[0] - row < n ? t->shape[0] - row : n;
+        copy_request_bytes(dst, (const char *)t->data + (size_t)row * rb, (size_t)take * rb);
+        dst += (size_t)take * rb;
+        n -= take;
+        row = 0;
+    }
+}
+
+/* The pieces of graph input i: one per request of the batch. */
+static const tp_host_tensor *const *pieces_of(const tp_host_tensor *const *in, int i, int n_parts)
+{
+    return in + (size_t)i * (size_t)n_parts;
+}
+
+static int input_batched(const tp_engine *e, int i)
+{
+    return e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
+}
+
+static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t batch,
+                           tp_host_tensor *outs, tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
     tp_tensor in_t[ni + 1], out_t[no + 1];
@@ -577,8 +625,13 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int64_
         st = alloc_results(e, x, batch, outs, err);
     if (st != TP_OK)
         return st;
-    for (int i = 0; i < ni; i++)
-        copy_request_bytes(in_t[i].data, in[i]->data, in[i]->nbytes);
+    for (int i = 0; i < ni; i++) {
+        const tp_host_tensor *const *pieces = pieces_of(in, i, n_parts);
+        if (input_batched(e, i))
+            stage_rows(in_t[i].data, pieces, n_parts, 0, batch);
+        else
+            copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
+    }
     tp_exec_stats xs = {0};
     st = tp_exec_run(x, in_t, out_t, &xs, err);
     add_run_stats(e, &xs, -1);
@@ -589,18 +642,17 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int64_
 
 /* Rows [row, row+n) of every batched input into the staging, the rest of
  * the bucket zeroed (never another request's leftovers). */
-static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, int64_t row, int64_t n,
+static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t row, int64_t n,
                          tp_tensor *in_t)
 {
     for (int i = 0; i < e->g->n_inputs; i++) {
-        const tp_host_tensor *t = in[i];
-        int batched = e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
-        if (batched) {
-            size_t rb = t->nbytes / (size_t)batch;
-            copy_request_bytes(in_t[i].data, (char *)t->data + (size_t)row * rb, (size_t)n * rb);
+        const tp_host_tensor *const *pieces = pieces_of(in, i, n_parts);
+        if (input_batched(e, i)) {
+            size_t rb = row_bytes(pieces[0]);
+            stage_rows(in_t[i].data, pieces, n_parts, row, n);
             memset((char *)in_t[i].data + (size_t)n * rb, 0, (size_t)(in_t[i].shape[0] - n) * rb);
         } else {
-            copy_request_bytes(in_t[i].data, t->data, t->nbytes);
+            copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
         }
     }
 }
@@ -619,8 +671,8 @@ static void unstage_outputs(tp_engine *e, const tp_tensor *out_t, int64_t batch,
     }
 }
 
-static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int64_t batch, tp_host_tensor *outs,
-                            tp_err *err)
+static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t batch,
+                            tp_host_tensor *outs, tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
     tp_tensor in_t[ni + 1], out_t[no + 1];
@@ -634,7 +686,7 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int64
         st = prepare_step(e, &c, &x, in_t, out_t, err);
         if (st != TP_OK)
             break;
-        stage_inputs(e, in, batch, row, n, in_t);
+        stage_inputs(e, in, n_parts, row, n, in_t);
         tp_exec_stats xs = {0};
         st = tp_exec_run(x, in_t, out_t, &xs, err);
         add_run_stats(e, &xs, k);
@@ -645,13 +697,14 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int64
 }
 
 /* Runs inputs already matched to the graph (graph order, batch found). */
-static tp_status run_locked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+static tp_status run_locked(tp_engine *e, const tp_host_tensor *const *pieces, int n_parts, int64_t batch,
                             tp_host_tensor *outs, tp_err *err)
 {
     if (tp_graph_batch_sharded(e->g) && batch % e->g->world_size != 0 && !e->padded)
         return tp_fail(err, TP_INVALID, "batch %lld is not divisible by world_size %d (the batch is sharded across ranks)",
                        (long long)batch, e->g->world_size);
-    tp_status st = e->padded ? run_padded(e, ordered, batch, outs, err) : run_exact(e, ordered, batch, outs, err);
+    tp_status st = e->padded ? run_padded(e, pieces, n_parts, batch, outs, err)
+                             : run_exact(e, pieces, n_parts, batch, outs, err);
     if (st == TP_OK) {
         e->stats.requests++;
         e->stats.rows += (uint64_t)batch;
@@ -659,15 +712,17 @@ static tp_status run_locked(tp_engine *e, const tp_host_tensor *const *ordered, 
     return st;
 }
 
-static tp_status run_request(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
+static tp_status run_request(tp_engine *e, const tp_host_tensor *const *pieces, int n_parts, int64_t batch,
                              tp_host_tensor **outputs, int *n_outputs, tp_err *err)
 {
-    tp_host_tensor *outs = calloc((size_t)e->g->n_outputs, sizeof *outs);
+    *outputs = NULL;
+    *n_outputs = 0;
+    tp_host_tensor *outs = calloc((size_t)e->g->n_outputs + 1, sizeof *outs);
     if (!outs)
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);
     const char *lost = atomic_load(&e->lost);
-    tp_status st = lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : run_locked(e, ordered, batch, outs, err);
+    tp_status st = lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : run_locked(e, pieces, n_parts, batch, outs, err);
     if (st != TP_OK)
         note_lost(e, err);
     pthread_mutex_unlock(&e->mu);
@@ -688,15 +743,21 @@ tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inpu
     const tp_host_tensor *ordered[e->g->n_inputs + 1];
     int64_t batch = 0;
     tp_status st = match_inputs(e, inputs, n_inputs, ordered, &batch, err);
-    return st == TP_OK ? run_request(e, ordered, batch, outputs, n_outputs, err) : st;
+    return st == TP_OK ? run_request(e, ordered, 1, batch, outputs, n_outputs, err) : st;
 }
 
-tp_status tp_engine_infer_checked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
-                                  tp_host_tensor **outputs, int *n_outputs, tp_err *err)
+tp_status tp_engine_infer_parts(tp_engine *e, const tp_host_tensor *const *pieces, int n_parts, int64_t batch,
+                                tp_host_tensor **outputs, int *n_outputs, tp_err *err)
 {
     *outputs = NULL;
     *n_outputs = 0;
-    return run_request(e, ordered, batch, outputs, n_outputs, err);
+    if (n_parts < 1)
+        return tp_fail(err, TP_INVALID, "a batch of %d requests: nothing to run", n_parts);
+    for (int i = 0; n_parts > 1 && i < e->g->n_inputs; i++)
+        if (!input_batched(e, i))
+            return tp_fail(err, TP_INVALID, "input '%s' has no batch dim: %d requests cannot share one run",
+                           e->in_desc[i].name, n_parts);
+    return run_request(e, pieces, n_parts, batch, outputs, n_outputs, err);
 }
 
 tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int n_inputs, int64_t *batch,
@@ -753,8 +814,12 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
 {
     if (!t)
         return;
-    for (int i = 0; i < n; i++)
-        free(t[i].data);
+    for (int i = 0; i < n; i++) {
+        if (t[i].owner)
+            tp_host_block_release(t[i].owner);
+        else
+            free(t[i].data);
+    }
     free(t);
 }
 

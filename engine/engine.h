@@ -12,6 +12,7 @@
 
 #include "backend_settings.h"
 #include "dtype.h"
+#include "host_block.h"
 #include "mem_kind.h"
 #include "rank_group.h"
 #include "status.h"
@@ -59,6 +60,11 @@ typedef struct {
     int64_t shape[TP_MAX_DIMS];
     void *data;
     size_t nbytes;
+    /* How data is held (host_block.h): NULL, the tensor's own malloc'ed
+     * buffer; a block the tensor holds one reference on (data points into
+     * it: the engine's outputs); TP_HOST_BORROWED, bytes someone else keeps
+     * alive. */
+    tp_host_block *owner;
 } tp_host_tensor;
 
 /* Graph input/output metadata with global shapes; -1 marks the batch dim. */
@@ -104,6 +110,8 @@ const tp_io_desc *tp_engine_output(const tp_engine *e, int i);
  * input and expected vs got; engine failures give TP_BACKEND / TP_INTERNAL. */
 tp_status tp_engine_infer(tp_engine *e, const tp_host_tensor *inputs, int n_inputs,
                           tp_host_tensor **outputs, int *n_outputs, tp_err *err);
+/* Releases each tensor's bytes as its owner says (free, drop a block
+ * reference, or nothing for borrowed bytes), then the array. */
 void tp_host_tensors_free(tp_host_tensor *t, int n);
 
 /* Validates a request exactly as tp_engine_infer would (names, datatypes,
@@ -120,13 +128,21 @@ tp_status tp_engine_check_inputs(tp_engine *e, const tp_host_tensor *inputs, int
  * would refuse (request_checks.h). */
 tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, int64_t *batch, tp_err *err);
 /* tp_engine_infer without its check, for a caller that ran
- * tp_engine_check_inputs already (the batcher: a request is checked once, at
- * submit). ordered: one tensor per graph input in graph order, each checked
- * (alone, or rows concatenated from checked requests); batch: their dim 0 as
- * the check found it. Anything else is undefined: other callers use
- * tp_engine_infer, which refuses bad input. */
-tp_status tp_engine_infer_checked(tp_engine *e, const tp_host_tensor *const *ordered, int64_t batch,
-                                  tp_host_tensor **outputs, int *n_outputs, tp_err *err);
+ * tp_engine_check_inputs (or check_decoded) on each request already (the
+ * batcher: a request is checked once, at submit), for a batch of n_parts
+ * such requests, without concatenating them first: pieces[i * n_parts + p]
+ * is request p's tensor for graph input i, in graph order (borrowed, read
+ * during the call only); batch: the rows of all pieces together, as the
+ * checks found them. Anything else is undefined: other callers use
+ * tp_engine_infer, which refuses bad input. The run sees, for each input,
+ * the pieces' rows one after the other along dim 0. Each request's bytes
+ * are copied once, straight into the request staging. n_parts > 1 needs
+ * every input batched (tp_engine_batchable). The
+ * outputs, as from every infer entry point, share one block (host_block.h),
+ * one reference per output tensor: a caller may hand out views of rows
+ * that retain it. */
+tp_status tp_engine_infer_parts(tp_engine *e, const tp_host_tensor *const *pieces, int n_parts, int64_t batch,
+                                tp_host_tensor **outputs, int *n_outputs, tp_err *err);
 /* Whether requests can be concatenated along dim 0 into one run: every
  * input and output has the batch as dim 0 and no op mixes rows. */
 int tp_engine_batchable(const tp_engine *e);

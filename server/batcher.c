@@ -179,31 +179,9 @@ static const tp_host_tensor *find_input(const job *j, const char *name)
     return NULL; /* unreachable: submit checked every input is there */
 }
 
-/* One tensor per graph input: every request's rows, in queue order. */
-static tp_status concat_inputs(tp_batcher *b, const job *batch, int64_t rows, tp_host_tensor *cat,
-                               tp_err *err)
-{
-    for (int i = 0; i < tp_engine_n_inputs(b->e); i++) {
-        const char *name = tp_engine_input(b->e, i)->name;
-        size_t total = 0, off = 0;
-        for (const job *j = batch; j; j = j->next)
-            total += find_input(j, name)->nbytes;
-        cat[i] = *find_input(batch, name);
-        cat[i].shape[0] = rows;
-        cat[i].nbytes = total;
-        if (!(cat[i].data = malloc(total ? total : 1)))
-            return tp_fail(err, TP_NOMEM, "batching input '%s': cannot allocate %zu bytes for "
-                           "%lld rows", name, total, (long long)rows);
-        for (const job *j = batch; j; j = j->next) {
-            const tp_host_tensor *t = find_input(j, name);
-            memcpy((char *)cat[i].data + off, t->data, t->nbytes);
-            off += t->nbytes;
-        }
-    }
-    return TP_OK;
-}
-
-/* Rows [row, row + n) of every output, as a request's own result. */
+/* Rows [row, row + n) of every output, as a request's own result: views
+ * into the batch's output block, each holding a reference on it, so the
+ * block lives until the last request of the batch lets go. */
 static tp_status slice_outputs(tp_batcher *b, const tp_host_tensor *all, int n_outs, int64_t rows,
                                int64_t row, int64_t n, tp_host_tensor **out, tp_err *err)
 {
@@ -216,12 +194,8 @@ static tp_status slice_outputs(tp_batcher *b, const tp_host_tensor *all, int n_o
         o[i] = all[i];
         o[i].shape[0] = n * per;
         o[i].nbytes = (size_t)(n * per) * row_bytes;
-        if (!(o[i].data = malloc(o[i].nbytes ? o[i].nbytes : 1))) {
-            tp_host_tensors_free(o, i);
-            return tp_fail(err, TP_NOMEM, "splitting a batch: output '%s': cannot allocate %zu "
-                           "bytes", all[i].name, o[i].nbytes);
-        }
-        memcpy(o[i].data, (const char *)all[i].data + (size_t)(row * per) * row_bytes, o[i].nbytes);
+        o[i].data = (char *)all[i].data + (size_t)(row * per) * row_bytes;
+        tp_host_block_retain(o[i].owner);
     }
     *out = o;
     return TP_OK;
@@ -279,34 +253,28 @@ static void note_step_time(tp_batcher *b, double s)
     pthread_mutex_unlock(&b->mu);
 }
 
-/* *concat_s: the time spent concatenating inputs (0 for one request). */
+/* Every request's rows go to the engine as pieces, copied once, straight
+ * into its staging (never concatenated here first). */
 static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t rows,
-                             tp_host_tensor **outs, int *n_outs, double *concat_s, tp_err *err)
+                             tp_host_tensor **outs, int *n_outs, tp_err *err)
 {
-    *concat_s = 0;
     int ni = tp_engine_n_inputs(b->e);
-    const tp_host_tensor *ordered[ni + 1];
-    /* submit checked every request: the engine need not check again */
-    if (n == 1) {
-        for (int i = 0; i < ni; i++)
-            ordered[i] = find_input(batch, tp_engine_input(b->e, i)->name);
-        return tp_engine_infer_checked(b->e, ordered, rows, outs, n_outs, err);
-    }
-    tp_host_tensor *cat = calloc((size_t)ni + 1, sizeof *cat);
-    if (!cat)
+    const tp_host_tensor **pieces = malloc(((size_t)ni * (size_t)n + 1) * sizeof *pieces);
+    if (!pieces)
         return tp_fail(err, TP_NOMEM, "batching %d requests: out of memory", n);
-    double t0 = tp_batcher_now();
-    tp_status st = concat_inputs(b, batch, rows, cat, err);
-    *concat_s = tp_batcher_now() - t0;
-    for (int i = 0; i < ni; i++)
-        ordered[i] = &cat[i];
-    if (st == TP_OK)
-        st = tp_engine_infer_checked(b->e, ordered, rows, outs, n_outs, err);
-    if (st == TP_OK && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
+    for (int i = 0; i < ni; i++) {
+        const char *name = tp_engine_input(b->e, i)->name;
+        int p = 0;
+        for (const job *j = batch; j; j = j->next)
+            pieces[(size_t)i * (size_t)n + (size_t)p++] = find_input(j, name);
+    }
+    /* submit checked every request: the engine need not check again */
+    tp_status st = tp_engine_infer_parts(b->e, pieces, n, rows, outs, n_outs, err);
+    free(pieces);
+    if (st == TP_OK && n > 1 && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
         tp_host_tensors_free(*outs, *n_outs);
         *outs = NULL;
     }
-    tp_host_tensors_free(cat, ni);
     return st;
 }
 
@@ -318,8 +286,8 @@ static void run_batch(tp_batcher *b, job *batch)
         rows += j->rows;
     tp_host_tensor *outs = NULL;
     tp_err err = {{0}};
-    double t0 = tp_batcher_now(), concat_s, split_s = 0;
-    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &concat_s, &err);
+    double t0 = tp_batcher_now(), split_s = 0;
+    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &err);
     tp_batch_info info = {0, tp_batcher_now() - t0, rows, n};
     note_step_time(b, info.compute_s);
     if (b->o.metrics) {
@@ -348,7 +316,7 @@ static void run_batch(tp_batcher *b, job *batch)
         tp_host_tensors_free(outs, n_outs);
     }
     if (st == TP_OK && b->o.stats)
-        tp_model_stats_execution(b->o.stats, rows, concat_s, info.compute_s - concat_s, split_s);
+        tp_model_stats_execution(b->o.stats, rows, 0, info.compute_s, split_s);
 }
 
 static void *batcher_main(void *arg)

@@ -3,8 +3,10 @@
  *
  * Requests queue; one batcher thread takes the oldest ones whose rows fit in
  * max_batch and, once the batch is full or the oldest request has waited
- * max_queue_delay_us, concatenates every input along dim 0, runs the engine
- * once and splits each output back by rows. Requests are validated on
+ * max_queue_delay_us, runs the engine once on all their rows (each
+ * request's bytes copied once, by the engine, straight into its staging:
+ * tp_engine_infer_parts) and gives each request views of its own rows of
+ * the outputs (one block, freed when the last request releases its views). Requests are validated on
  * submit, so a bad one is refused alone and never fails a batch. Graphs
  * that cannot be batched (tp_engine_batchable) run one request at a time.
  *
@@ -49,7 +51,8 @@ typedef struct {
  * (inline_max_us) — the submitting thread itself, before tp_batcher_submit
  * returns (it runs that request's batch). On TP_OK
  * outs holds the request's own outputs in graph order, owned by the callee
- * (tp_host_tensors_free);
+ * (tp_host_tensors_free; they may be views sharing a block with the other
+ * requests of the batch, released in any order, on any thread);
  * otherwise outs is NULL and err says why: TP_TIMEOUT (waited past its
  * deadline; never ran), the status of a failed engine run, or the one given
  * to tp_batcher_cancel. info is NULL unless the request ran. */
@@ -57,7 +60,7 @@ typedef void (*tp_batch_done_fn)(void *ctx, tp_status st, tp_host_tensor *outs, 
                                  const tp_err *err, const tp_batch_info *info);
 
 typedef struct {
-    const tp_host_tensor *inputs; /* borrowed until done is called */
+    const tp_host_tensor *inputs; /* borrowed (and their bytes) until done is called */
     int n_inputs;
     double t_arrival;         /* tp_batcher_now() when the deadline clock starts; 0: at submit */
     int64_t timeout_us;       /* deadline = t_arrival + timeout_us; 0: none */

@@ -605,24 +605,32 @@ void tp_jbuf_i64(tp_jbuf *b, int64_t v)
         b->len -= TP_NUMTEXT_MAX - tp_numtext_i64(v, p);
 }
 
+/* Element i, whatever its type; copied with memcpy because t may be a
+ * view into a request body, unaligned for its type (kserve.h). */
+typedef union {
+    float f32;
+    uint16_t half;
+    int32_t i32;
+    int64_t i64;
+} element;
+
+static element load_element(const tp_host_tensor *t, int64_t i)
+{
+    element v;
+    size_t es = tp_dtype_size(t->dtype);
+    memcpy(&v, (const char *)t->data + (size_t)i * es, es);
+    return v;
+}
+
 /* One element's text at p (room for TP_NUMTEXT_MAX); 0 when it has none. */
-static size_t element_text(const tp_host_tensor *t, int64_t i, char *p)
+static size_t element_text(const tp_host_tensor *t, element v, char *p)
 {
     switch (t->dtype) {
-    case TP_F32: {
-        float f = ((const float *)t->data)[i];
-        return isfinite(f) ? tp_numtext_f32(f, p) : 0;
-    }
-    case TP_F16: {
-        uint16_t h = ((const uint16_t *)t->data)[i];
-        return (h & 0x7c00u) != 0x7c00u ? tp_numtext_f16(h, p) : 0;
-    }
-    case TP_BF16: {
-        uint16_t h = ((const uint16_t *)t->data)[i];
-        return (h & 0x7f80u) != 0x7f80u ? tp_numtext_bf16(h, p) : 0;
-    }
-    case TP_I32: return tp_numtext_i64(((const int32_t *)t->data)[i], p);
-    case TP_I64: return tp_numtext_i64(((const int64_t *)t->data)[i], p);
+    case TP_F32: return isfinite(v.f32) ? tp_numtext_f32(v.f32, p) : 0;
+    case TP_F16: return (v.half & 0x7c00u) != 0x7c00u ? tp_numtext_f16(v.half, p) : 0;
+    case TP_BF16: return (v.half & 0x7f80u) != 0x7f80u ? tp_numtext_bf16(v.half, p) : 0;
+    case TP_I32: return tp_numtext_i64(v.i32, p);
+    case TP_I64: return tp_numtext_i64(v.i64, p);
     case TP_DTYPE_COUNT: break;
     }
     return 0;
@@ -640,9 +648,10 @@ tp_status tp_json_tensor_write(tp_jbuf *b, const tp_host_tensor *t, tp_err *err)
             break;
         size_t comma = i > 0;
         p[0] = ',';
-        size_t len = element_text(t, i, p + comma);
+        element v = load_element(t, i);
+        size_t len = element_text(t, v, p + comma);
         if (!len) {
-            float f = tp_load_f32(t->data, t->dtype, i);
+            float f = tp_load_f32(&v, t->dtype, 0);
             return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
                            "JSON cannot carry; request this output with "
                            "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");

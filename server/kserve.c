@@ -137,11 +137,12 @@ static tp_status decode_binary(const json_t *jsize, tp_host_tensor *t, bin_tail 
                        "Inference-Header-Content-Length %lld)", t->name, want, tail->off,
                        tail->len - tail->off, (size_t)tail->header_len + tail->len,
                        tail->header_len);
-    /* Copied rather than borrowed: the tail is unaligned for the engine's
-     * element types, and the request then owns everything it points to. */
-    if (!(t->data = malloc(want)))
-        return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
-    memcpy(t->data, tail->p + tail->off, want);
+    /* A view, not a copy: the engine copies the bytes once, from here into
+     * its staging. The caller keeps the body alive until the request is
+     * freed (kserve.h). The view may be unaligned for its element type:
+     * everything that reads request elements does so with memcpy. */
+    t->data = (void *)(tail->p + tail->off);
+    t->owner = TP_HOST_BORROWED;
     t->nbytes = want;
     tail->off += want;
     return TP_OK;
@@ -192,9 +193,11 @@ static tp_status shm_params(const tp_kserve_model *m, const json_t *params, cons
     return *region ? TP_OK : TP_INVALID;
 }
 
-/* The input's bytes copied out of its region: the engine gets its own
- * buffer, so the client may reuse the region once the answer is back and a
- * concurrent unregister never pulls memory from under a batch. */
+/* The input's bytes read out of its region into a buffer of the request's
+ * own: the client may reuse the region once the answer is back, a
+ * concurrent unregister never pulls memory from under a batch, and a client
+ * shrinking its object is a 400 here, not a fault in the engine
+ * (shm_registry.h). */
 static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_host_tensor *t,
                             tp_err *err)
 {
@@ -206,19 +209,16 @@ static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_h
     if (st != TP_OK)
         return st;
     size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
-    void *src = NULL;
     if (size != want)
         st = tp_fail(err, TP_INVALID, "input '%s': shared_memory_byte_size %llu does not match "
                      "shape %s of %s (%zu bytes)", t->name, (unsigned long long)size,
                      shape_str(sh, t->ndim, t->shape), tp_dtype_name(t->dtype), want);
-    if (st == TP_OK)
-        st = tp_shm_span(r, off, size, 0, &src, err);
     if (st == TP_OK && !(t->data = malloc(want ? want : 1)))
         st = tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
-    if (st == TP_OK) {
-        memcpy(t->data, src, want);
+    if (st == TP_OK && (st = tp_shm_read(r, off, t->data, size, err)) != TP_OK)
+        tp_err_prefix(err, "input '%s': ", t->name);
+    if (st == TP_OK)
         t->nbytes = want;
-    }
     tp_shm_release(r);
     return st;
 }
@@ -500,9 +500,7 @@ void tp_kserve_request_free(tp_kserve_request *req)
 {
     if (!req)
         return;
-    for (int i = 0; i < req->n_inputs && req->inputs; i++)
-        free(req->inputs[i].data);
-    free(req->inputs);
+    tp_host_tensors_free(req->inputs, req->n_inputs); /* borrowed views stay */
     for (int i = 0; i < req->n_outputs && req->outputs; i++)
         tp_shm_release(req->outputs[i].shm);
     free(req->outputs);
@@ -540,15 +538,15 @@ static void write_shape(tp_jbuf *b, int ndim, const int64_t *shape)
 static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
                                   const tp_kserve_output_sel *sel, tp_err *err)
 {
-    void *dst = NULL;
     if (t->nbytes > sel->shm_size)
         return tp_fail(err, TP_INVALID, "output '%s' has %zu bytes, more than its "
                        "shared_memory_byte_size %llu", t->name, t->nbytes,
                        (unsigned long long)sel->shm_size);
-    tp_status st = tp_shm_span(sel->shm, sel->shm_offset, t->nbytes, 1, &dst, err);
-    if (st != TP_OK)
+    tp_status st = tp_shm_write(sel->shm, sel->shm_offset, t->data, t->nbytes, err);
+    if (st != TP_OK) {
+        tp_err_prefix(err, "output '%s': ", t->name);
         return st;
-    memcpy(dst, t->data, t->nbytes);
+    }
     tp_jbuf_raw(b, "}", 1);
     return TP_OK;
 }

@@ -45,8 +45,13 @@ typedef struct {
     uint64_t shm_offset, shm_size;
 } tp_kserve_output_sel;
 
-/* A parsed infer request. Everything is owned by the struct and released by
- * tp_kserve_request_free. */
+/* A parsed infer request, released by tp_kserve_request_free. Inputs sent
+ * as binary tensors are views into the body given to tp_kserve_parse_infer
+ * (owner TP_HOST_BORROWED, data possibly unaligned for its type), so their
+ * bytes are copied once, by the engine into its staging: the caller keeps
+ * that body alive and unchanged until it has freed the request (and every
+ * batch the request joined has run). JSON and shared memory inputs are
+ * decoded into buffers the request owns. */
 typedef struct {
     char *id;                      /* NULL when the request had none */
     tp_host_tensor *inputs;        /* one per model input, in model order */
@@ -64,8 +69,9 @@ typedef struct {
 } tp_kserve_buf;
 
 /* header_len: the Inference-Header-Content-Length value, or -1 when the
- * request had none (then the whole body is JSON). On success *req is filled;
- * on failure it is left empty and err says why (TP_PARSE or TP_INVALID). */
+ * request had none (then the whole body is JSON). On success *req is filled,
+ * its binary inputs borrowing from body (see tp_kserve_request); on failure
+ * it is left empty and err says why (TP_PARSE or TP_INVALID). */
 tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size_t len,
                                 long long header_len, tp_kserve_request *req, tp_err *err);
 void tp_kserve_request_free(tp_kserve_request *req);

@@ -5,9 +5,9 @@
  * from the request's arrival to its answer), queue (waiting for its batch),
  * compute_input (decoding the request into tensors), compute_infer (the
  * engine run of its batch) and compute_output (encoding its answer). Per
- * engine execution, by batch size (rows): compute_input (concatenating the
- * requests' inputs), compute_infer and compute_output (splitting the
- * outputs back). inference_count counts rows, execution_count engine runs.
+ * engine execution, by batch size (rows): compute_input (0: the engine run
+ * stages the requests' rows itself, counted in compute_infer),
+ * compute_infer and compute_output (splitting the outputs back). inference_count counts rows, execution_count engine runs.
  *
  * Updates take a mutex (a few additions per request); readers copy. */
 #ifndef TP_MODEL_STATS_H

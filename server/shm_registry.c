@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/mman.h> /* shm_open */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,10 +21,7 @@ struct tp_shm_region {
     char name[NAME_MAX_LEN + 1];
     char key[KEY_MAX_LEN + 1];
     uint64_t offset, byte_size;
-    int fd, writable;
-    void *map;       /* page-aligned mapping that covers the region */
-    size_t map_len;
-    char *base;      /* the region's first byte inside map */
+    int fd, writable; /* the object, open for the region's whole life */
 };
 
 struct tp_shm_registry {
@@ -42,8 +39,6 @@ tp_shm_registry *tp_shm_registry_create(void)
 
 static void region_destroy(tp_shm_region *r)
 {
-    if (r->map)
-        munmap(r->map, r->map_len);
     if (r->fd >= 0)
         close(r->fd);
     free(r);
@@ -97,7 +92,18 @@ static tp_status open_object(tp_shm_region *r, tp_err *err)
                    strerror(e));
 }
 
-static tp_status map_region(tp_shm_region *r, tp_err *err)
+/* The object's size now (it is the client's: it may change at any time). */
+static tp_status object_size(const tp_shm_region *r, uint64_t *size, tp_err *err)
+{
+    struct stat st;
+    if (fstat(r->fd, &st) != 0)
+        return tp_fail(err, TP_IO, "shared memory region '%s': fstat of key '%s': %s", r->name,
+                       r->key, strerror(errno));
+    *size = (uint64_t)st.st_size;
+    return TP_OK;
+}
+
+static tp_status check_object(tp_shm_region *r, tp_err *err)
 {
     struct stat st;
     if (fstat(r->fd, &st) != 0)
@@ -111,16 +117,6 @@ static tp_status map_region(tp_shm_region *r, tp_err *err)
                        "does not fit in key '%s' of %llu bytes", r->name,
                        (unsigned long long)r->offset, (unsigned long long)r->byte_size, r->key,
                        (unsigned long long)size);
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = r->offset - r->offset % page;
-    r->map_len = (size_t)(r->offset - start + r->byte_size);
-    r->map = mmap(NULL, r->map_len, PROT_READ | (r->writable ? PROT_WRITE : 0), MAP_SHARED, r->fd,
-                  (off_t)start);
-    if (r->map == MAP_FAILED) {
-        r->map = NULL;
-        return tp_fail(err, TP_IO, "shared memory region '%s': mmap of %zu bytes: %s", r->name,
-                       r->map_len, strerror(errno));
-    }
-    r->base = (char *)r->map + (r->offset - start);
     return TP_OK;
 }
 
@@ -153,7 +149,7 @@ tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key,
     r->byte_size = byte_size;
     tp_status st = open_object(r, err);
     if (st == TP_OK)
-        st = map_region(r, err);
+        st = check_object(r, err);
     if (st == TP_OK) {
         pthread_mutex_lock(&g->mu);
         if (find_locked(g, name)) {
@@ -207,21 +203,95 @@ tp_shm_region *tp_shm_acquire(tp_shm_registry *g, const char *name, tp_err *err)
     return r;
 }
 
-tp_status tp_shm_span(tp_shm_region *r, uint64_t offset, uint64_t size, int write, void **ptr,
-                      tp_err *err)
+/* Bytes move with pread/pwrite on the object's fd, never through a mapping.
+ * The object belongs to the client, who may ftruncate it at any moment: an
+ * access to a mapped page past the new end raises SIGBUS, and no check
+ * before the access can close that window. A SIGBUS handler that longjmps
+ * out of the copy would have to know, per thread, which copy faulted, and
+ * would leave whatever the faulting thread held (the engine lock, malloc's)
+ * in an unknown state. pread instead stops at the object's end and tells:
+ * a short read is the client's error, answered 400 like any other. It costs
+ * one syscall per tensor and the same one copy a mapping would have cost
+ * (the engine copies inputs into its staging either way). */
+static tp_status check_span(const tp_shm_region *r, uint64_t offset, uint64_t size, tp_err *err)
 {
     if (offset > r->byte_size || size > r->byte_size - offset)
         return tp_fail(err, TP_INVALID, "shared memory region '%s': %llu bytes at offset %llu "
                        "exceed its byte_size %llu", r->name, (unsigned long long)size,
                        (unsigned long long)offset, (unsigned long long)r->byte_size);
-    if (write && !r->writable)
+    return TP_OK;
+}
+
+/* The object no longer holds [offset, offset + size) of the region. */
+static tp_status fail_shrunk(const tp_shm_region *r, uint64_t offset, uint64_t size, int write,
+                             tp_err *err)
+{
+    uint64_t now = 0;
+    tp_status st = object_size(r, &now, err);
+    if (st != TP_OK)
+        return st;
+    return tp_fail(err, TP_INVALID, "shared memory region '%s': cannot %s %llu bytes at offset "
+                   "%llu: key '%s' ends before them (it holds %llu bytes now; the region needs "
+                   "offset %llu + byte_size %llu): the object shrank after registration", r->name,
+                   write ? "write" : "read", (unsigned long long)size,
+                   (unsigned long long)offset, r->key, (unsigned long long)now,
+                   (unsigned long long)r->offset, (unsigned long long)r->byte_size);
+}
+
+static tp_status fail_io(const tp_shm_region *r, uint64_t offset, uint64_t size, int write, int e,
+                         tp_err *err)
+{
+    return tp_fail(err, TP_IO, "shared memory region '%s': %s %llu bytes at offset %llu of key "
+                   "'%s': %s", r->name, write ? "pwrite of" : "pread of", (unsigned long long)size,
+                   (unsigned long long)offset, r->key, strerror(e));
+}
+
+tp_status tp_shm_read(tp_shm_region *r, uint64_t offset, void *dst, uint64_t size, tp_err *err)
+{
+    tp_status st = check_span(r, offset, size, err);
+    for (uint64_t done = 0; st == TP_OK && done < size;) {
+        ssize_t n = pread(r->fd, (char *)dst + done, (size_t)(size - done),
+                          (off_t)(r->offset + offset + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return fail_io(r, offset, size, 0, errno, err);
+        if (n == 0) /* the end of the object, before the end of the span */
+            return fail_shrunk(r, offset, size, 0, err);
+        done += (uint64_t)n;
+    }
+    return st;
+}
+
+/* pwrite past the end would grow the object; the client asked for its
+ * bytes, not for its object resized, so a shrunk object is refused first.
+ * A truncation racing with the write between that check and the pwrite can
+ * only have the object grown back up to the end of this span, which lies
+ * inside what the client registered (and so once had): never a fault, never
+ * beyond the registered region. */
+tp_status tp_shm_write(tp_shm_region *r, uint64_t offset, const void *src, uint64_t size,
+                       tp_err *err)
+{
+    tp_status st = check_span(r, offset, size, err);
+    if (st != TP_OK)
+        return st;
+    if (!r->writable)
         return tp_fail(err, TP_INVALID, "shared memory region '%s' is read-only for the server "
                        "(key '%s'): it cannot receive outputs", r->name, r->key);
-    struct stat st;
-    if (fstat(r->fd, &st) != 0 || (uint64_t)st.st_size < r->offset + r->byte_size)
-        return tp_fail(err, TP_INVALID, "shared memory region '%s': key '%s' shrank below the "
-                       "registered offset + byte_size", r->name, r->key);
-    *ptr = r->base + offset;
+    uint64_t now = 0;
+    if ((st = object_size(r, &now, err)) != TP_OK)
+        return st;
+    if (now < r->offset + offset + size)
+        return fail_shrunk(r, offset, size, 1, err);
+    for (uint64_t done = 0; done < size;) {
+        ssize_t n = pwrite(r->fd, (const char *)src + done, (size_t)(size - done),
+                           (off_t)(r->offset + offset + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return fail_io(r, offset, size, 1, n < 0 ? errno : EIO, err);
+        done += (uint64_t)n;
+    }
     return TP_OK;
 }
 

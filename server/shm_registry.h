@@ -7,8 +7,10 @@
  * no other "/"), that the object is a regular shared memory object this
  * process may open read-write (or read-only: then outputs may not go there),
  * and that offset + byte_size lies inside it. Every use checks its span
- * against the region and that the object has not shrunk since (a shrunk
- * object would fault on access).
+ * against the region. Bytes are copied with pread/pwrite, never through a
+ * mapping, so nothing a client does to its object (shrinking it while a
+ * request reads or writes it) can fault the server: a short object is a
+ * TP_INVALID naming the region, the span and the object's current size.
  *
  * Requests hold references (tp_shm_acquire/release): unregistering a region
  * a request is using removes its name at once, and the mapping goes away
@@ -46,9 +48,13 @@ tp_shm_region *tp_shm_acquire(tp_shm_registry *g, const char *name, tp_err *err)
 void tp_shm_release(tp_shm_region *r);
 const char *tp_shm_name(const tp_shm_region *r);
 
-/* The bytes [offset, offset + size) of the region, checked: inside it,
- * writable when write is set, and the object still that large. */
-tp_status tp_shm_span(tp_shm_region *r, uint64_t offset, uint64_t size, int write, void **ptr,
-                      tp_err *err);
+/* Copies the region's bytes [offset, offset + size) into dst. TP_INVALID
+ * when the span is outside the region or the object has shrunk below it. */
+tp_status tp_shm_read(tp_shm_region *r, uint64_t offset, void *dst, uint64_t size, tp_err *err);
+/* Copies size bytes from src into the region at offset. TP_INVALID when the
+ * span is outside the region, the region is read-only, or the object has
+ * shrunk below the span (refused: the object is never grown by a write). */
+tp_status tp_shm_write(tp_shm_region *r, uint64_t offset, const void *src, uint64_t size,
+                       tp_err *err);
 
 #endif

@@ -126,6 +126,144 @@ START_TEST(row_alone_matches_batch_every_example)
 }
 END_TEST
 
+/* ---- a batch given as per-request pieces --------------------------------- */
+
+/* Requests' row counts: several of them, with different rows; B passes the
+ * largest bucket (16), so a padded engine runs it in two steps, the second
+ * starting inside the second request. */
+static const int64_t parts_a[] = {1, 3, 2, 6}, parts_b[] = {5, 13, 2};
+static int parts_padded_runs, parts_exact_runs;
+
+/* Row r of the example's batched input t (its rows repeat). */
+static const char *example_row(const tp_host_tensor *t, int64_t r)
+{
+    size_t rb = t->nbytes / (size_t)t->shape[0];
+    return (const char *)t->data + (size_t)(r % t->shape[0]) * rb;
+}
+
+/* Runs the requests of rows[] once as pieces (each its own malloc'ed
+ * tensor) and once concatenated into one tensor per input (what the batcher
+ * used to build): the outputs must be bit-identical, because the same
+ * executable then runs on the same staged bytes and cannot tell the two
+ * apart. Returns 0 when the engine cannot run this total (an exact graph
+ * whose batch is sharded across ranks needs it divisible by world_size). */
+static int parts_match_concatenation(tp_engine *e, const tp_host_tensor *ex, const int64_t *rows, int n)
+{
+    int ni = tp_engine_n_inputs(e);
+    int64_t total = 0;
+    for (int p = 0; p < n; p++)
+        total += rows[p];
+    tp_host_tensor cat[ni + 1], part[ni * n + 1];
+    const tp_host_tensor *pieces[ni * n + 1];
+    for (int i = 0; i < ni; i++) {
+        const tp_host_tensor *t = &ex[i];
+        size_t rb = t->nbytes / (size_t)t->shape[0];
+        cat[i] = *t;
+        cat[i].shape[0] = total;
+        cat[i].nbytes = (size_t)total * rb;
+        cat[i].data = malloc(cat[i].nbytes);
+        for (int64_t r = 0, p = 0, first = 0; p < n; first += rows[p], p++) {
+            tp_host_tensor *q = &part[i * n + p];
+            *q = *t;
+            q->shape[0] = rows[p];
+            q->nbytes = (size_t)rows[p] * rb;
+            q->data = malloc(q->nbytes);
+            for (int64_t k = 0; k < rows[p]; k++, r++) {
+                memcpy((char *)q->data + (size_t)k * rb, example_row(t, first + k), rb);
+                memcpy((char *)cat[i].data + (size_t)r * rb, example_row(t, first + k), rb);
+            }
+            pieces[i * n + p] = q;
+        }
+    }
+    tp_host_tensor *want, *got;
+    int n_want, n_got;
+    tp_err err = {{0}};
+    tp_status st = tp_engine_infer(e, cat, ni, &want, &n_want, &err);
+    if (st == TP_OK) {
+        ck_assert_msg(tp_engine_infer_parts(e, pieces, n, total, &got, &n_got, &err) == TP_OK, "%s", err.msg);
+        ck_assert_int_eq(n_got, n_want);
+        for (int o = 0; o < n_got; o++) {
+            ck_assert_uint_eq(got[o].nbytes, want[o].nbytes);
+            ck_assert_mem_eq(got[o].data, want[o].data, want[o].nbytes);
+            ck_assert_ptr_eq(got[o].owner, got[0].owner); /* one block for the batch */
+        }
+        tp_host_tensors_free(got, n_got);
+        tp_host_tensors_free(want, n_want);
+    } else {
+        ck_assert_msg(st == TP_INVALID && strstr(err.msg, "not divisible by world_size"), "%s", err.msg);
+    }
+    for (int i = 0; i < ni; i++)
+        free(cat[i].data);
+    for (int k = 0; k < ni * n; k++)
+        free(part[k].data);
+    return st == TP_OK;
+}
+
+static void parts_every_example(const char *path, const char *in_path, const char *ref_path, double rtol)
+{
+    (void)ref_path;
+    (void)rtol;
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    int n_in, ni = tp_engine_n_inputs(e), all_batched = 1;
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), ordered[ni + 1];
+    for (int i = 0; i < ni; i++) {
+        all_batched &= is_batched(e, tp_engine_input(e, i)->name);
+        for (int k = 0; k < n_in; k++)
+            if (strcmp(in[k].name, tp_engine_input(e, i)->name) == 0)
+                ordered[i] = in[k];
+    }
+    if (!all_batched) { /* requests without a batch dim cannot share a run */
+        const tp_host_tensor *pieces[2 * ni + 1];
+        for (int i = 0; i < ni; i++)
+            pieces[2 * i] = pieces[2 * i + 1] = &ordered[i];
+        tp_host_tensor *out;
+        int n_out;
+        ck_assert_int_eq(tp_engine_infer_parts(e, pieces, 2, 2, &out, &n_out, &err), TP_INVALID);
+        ck_assert_msg(strstr(err.msg, "has no batch dim"), "%s", err.msg);
+    } else {
+        int padded = tp_engine_padded(e, NULL);
+        int ran = parts_match_concatenation(e, ordered, parts_a, 4);
+        if (padded)
+            ran += parts_match_concatenation(e, ordered, parts_b, 3);
+        *(padded ? &parts_padded_runs : &parts_exact_runs) += ran;
+    }
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(e);
+}
+
+/* Every example graph, and a graph whose softmax over the batch dim mixes
+ * rows (it runs exact batches): a batch given as pieces (one per request,
+ * with different row counts) gives bit for bit the outputs of the same rows
+ * concatenated, in padded buckets, across two steps past the largest
+ * bucket, and in exact runs. */
+START_TEST(parts_equal_concatenation_every_example)
+{
+    parts_padded_runs = parts_exact_runs = 0;
+    tu_foreach_example(parts_every_example);
+    char dir[64], path[128], in_path[256];
+    tu_write_graph(dir, path,
+                   "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"mix\",\"world_size\":2,"
+                   "\"weights\":\"w.safetensors\",\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\","
+                   "\"shape\":[\"B\",4],\"placement\":\"replicate\"}],\"params\":[],"
+                   "\"nodes\":[{\"name\":\"s\",\"op\":\"softmax\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":0}}],"
+                   "\"outputs\":[{\"name\":\"s\",\"placement\":\"replicate\"}]}",
+                   NULL, 0);
+    float x[3 * 4];
+    tu_fill(x, 12, 5);
+    int64_t xs[2] = {3, 4};
+    st_write_item item = {"x", TP_F32, 2, xs, x};
+    tp_err err;
+    snprintf(in_path, sizeof in_path, "%s/in.safetensors", dir);
+    ck_assert_int_eq(st_write(in_path, &item, 1, &err), TP_OK);
+    parts_every_example(path, in_path, NULL, 0);
+    tu_rmdir(dir);
+    ck_assert_int_gt(parts_padded_runs, 0);
+    ck_assert_int_gt(parts_exact_runs, 0);
+}
+END_TEST
+
 static void expect_infer_error(tp_engine *e, tp_host_tensor *in, int n, const char *a, const char *b)
 {
     tp_host_tensor *out;
@@ -240,6 +378,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, examples_match_reference);
     tcase_add_test(tc, row_alone_matches_batch_every_example);
+    tcase_add_test(tc, parts_equal_concatenation_every_example);
     tcase_add_test(tc, request_validation);
     tcase_add_test(tc, failing_rank_is_an_error_not_a_hang);
     suite_add_tcase(s, tc);

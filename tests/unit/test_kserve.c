@@ -1,10 +1,13 @@
 /* test_kserve.c — the KServe v2 codec without HTTP: every datatype, flat and
  * nested data, the binary tensor extension both ways, and every error
  * message (what and where). */
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "check_main.h"
 #include "kserve.h"
@@ -553,6 +556,68 @@ START_TEST(errors_binary)
 }
 END_TEST
 
+/* ---- system shared memory ---------------------------------------------- */
+
+static void set_object_size(const char *key, off_t size)
+{
+    int fd = shm_open(key, O_RDWR | O_CREAT, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, size), 0);
+    close(fd);
+}
+
+/* A client shrinks its object under a registered region while requests use
+ * it: the input is refused and so is the output, each message naming the
+ * region, the span and the object's size now; the region stays registered,
+ * and once the object is whole again the same request round-trips. */
+START_TEST(shm_shrunk_under_requests)
+{
+    char key[64];
+    snprintf(key, sizeof key, "/tp_test_kserve_%d", (int)getpid());
+    set_object_size(key, 64);
+    tp_shm_registry *g = tp_shm_registry_create();
+    tp_err e = {{0}};
+    ck_assert_int_eq(tp_shm_register(g, "io", key, 0, 64, &e), TP_OK);
+    tp_kserve_model m = one_model(TP_F32);
+    m.shm = g;
+    const char *j = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                    "\"parameters\":{\"shared_memory_region\":\"io\",\"shared_memory_offset\":8,"
+                    "\"shared_memory_byte_size\":16}}],\"outputs\":[{\"name\":\"u\","
+                    "\"parameters\":{\"shared_memory_region\":\"io\",\"shared_memory_offset\":32,"
+                    "\"shared_memory_byte_size\":16}}]}";
+    tp_kserve_request r;
+    set_object_size(key, 20);
+    ck_assert_int_eq(parse(&m, j, &r, &e), TP_INVALID);
+    ck_assert_msg(strstr(e.msg, "input 't': shared memory region 'io': cannot read 16 bytes at "
+                                "offset 8: key") && strstr(e.msg, "holds 20 bytes now"), "%s", e.msg);
+    set_object_size(key, 64);
+    ck_assert_int_eq(parse(&m, j, &r, &e), TP_OK);
+    float u[4] = {1, 2, 3, 4};
+    tp_host_tensor out = {.name = "u", .dtype = TP_F32, .ndim = 2, .shape = {2, 2}, .data = u,
+                          .nbytes = sizeof u};
+    tp_kserve_buf b;
+    set_object_size(key, 40); /* the output's span [32, 48) now ends past the object */
+    ck_assert_int_eq(tp_kserve_build_infer(&m, &r, &out, 1, &b, &e), TP_INVALID);
+    ck_assert_msg(strstr(e.msg, "output 'u': shared memory region 'io': cannot write 16 bytes at "
+                                "offset 32") && strstr(e.msg, "holds 40 bytes now"), "%s", e.msg);
+    set_object_size(key, 64);
+    ck_assert_int_eq(tp_kserve_build_infer(&m, &r, &out, 1, &b, &e), TP_OK);
+    free(b.body);
+    tp_kserve_request_free(&r);
+    tp_status st;
+    char *doc = tp_shm_status_json(g, "io", &st, &e); /* still registered */
+    ck_assert_ptr_nonnull(doc);
+    free(doc);
+    tp_shm_region *reg = tp_shm_acquire(g, "io", &e);
+    float back[4];
+    ck_assert_int_eq(tp_shm_read(reg, 32, back, sizeof back, &e), TP_OK);
+    ck_assert_mem_eq(back, u, sizeof u); /* memcpy'd bytes: bit-equal by construction */
+    tp_shm_release(reg);
+    tp_shm_registry_free(g);
+    shm_unlink(key);
+}
+END_TEST
+
 START_TEST(errors_outputs)
 {
     const char *in = "{\"inputs\":[" N_OK "," X_IN("[1,3]", "FP32", "[1,2,3]") "],";
@@ -648,6 +713,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(e, errors_data);
     tcase_add_test(e, errors_binary);
     tcase_add_test(e, errors_outputs);
+    tcase_add_test(e, shm_shrunk_under_requests);
     suite_add_tcase(s, e);
     return s;
 }

@@ -1,11 +1,13 @@
 /* test_shm_registry.c — system shared memory regions: what registration
- * checks, spans within bounds, read-only objects, a shrunk object, and
- * unregistering a region a request still holds. */
+ * checks, spans within bounds, read-only objects, an object shrunk (and
+ * grown back) under a registered region, and unregistering a region a
+ * request still holds. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check_main.h"
@@ -47,16 +49,18 @@ START_TEST(register_checks)
     expect(tp_shm_register(g, "r", key, 8000, 200, &e), TP_INVALID, &e, "does not fit");
     expect(tp_shm_register(g, "r", key, UINT64_MAX, 2, &e), TP_INVALID, &e, "does not fit");
     expect(tp_shm_register(g, "r", key, 0, 0, &e), TP_INVALID, &e, "does not fit");
-    /* an offset that is not page aligned maps from the page below */
+    /* an offset that is not page aligned: offsets count from the region */
     ck_assert_int_eq(tp_shm_register(g, "r", key, 4100, 100, &e), TP_OK);
     expect(tp_shm_register(g, "r", key, 0, 8, &e), TP_INVALID, &e, "already registered");
     tp_shm_region *r = tp_shm_acquire(g, "r", &e);
     ck_assert_ptr_nonnull(r);
-    void *p;
-    ck_assert_int_eq(tp_shm_span(r, 10, 90, 0, &p, &e), TP_OK);
-    ck_assert_int_eq(*(unsigned char *)p, (unsigned char)(4110 & 255));
-    expect(tp_shm_span(r, 10, 91, 1, &p, &e), TP_INVALID, &e, "exceed its byte_size 100");
-    expect(tp_shm_span(r, UINT64_MAX, 1, 1, &p, &e), TP_INVALID, &e, "exceed");
+    unsigned char got[100];
+    ck_assert_int_eq(tp_shm_read(r, 10, got, 90, &e), TP_OK);
+    for (int i = 0; i < 90; i++)
+        ck_assert_int_eq(got[i], (unsigned char)((4110 + i) & 255));
+    expect(tp_shm_write(r, 10, got, 91, &e), TP_INVALID, &e, "exceed its byte_size 100");
+    expect(tp_shm_read(r, 10, got, 91, &e), TP_INVALID, &e, "exceed its byte_size 100");
+    expect(tp_shm_write(r, UINT64_MAX, got, 1, &e), TP_INVALID, &e, "exceed");
     tp_shm_release(r);
     tp_shm_registry_free(g);
     shm_unlink(key);
@@ -79,15 +83,17 @@ START_TEST(status_and_unregister_in_use)
     free(doc);
     ck_assert_ptr_null(tp_shm_status_json(g, "three", &st, &e));
     ck_assert_int_eq(st, TP_NOT_FOUND);
-    /* a request holds "one" while it is unregistered: its bytes stay mapped
+    /* a request holds "one" while it is unregistered: its object stays open
      * until the request lets go, and the name is gone at once */
     tp_shm_region *held = tp_shm_acquire(g, "one", &e);
     ck_assert_int_eq(tp_shm_unregister(g, "one", &e), TP_OK);
     ck_assert_ptr_null(tp_shm_acquire(g, "one", &e));
-    void *p;
-    ck_assert_int_eq(tp_shm_span(held, 4000, 96, 1, &p, &e), TP_OK);
-    memset(p, 7, 96);
-    tp_shm_release(held); /* unmapped here */
+    unsigned char sevens[96], back[96];
+    memset(sevens, 7, sizeof sevens);
+    ck_assert_int_eq(tp_shm_write(held, 4000, sevens, 96, &e), TP_OK);
+    ck_assert_int_eq(tp_shm_read(held, 4000, back, 96, &e), TP_OK);
+    ck_assert_mem_eq(back, sevens, 96);
+    tp_shm_release(held); /* the object is closed here */
     expect(tp_shm_unregister(g, "one", &e), TP_NOT_FOUND, &e, "no shared memory region 'one'");
     ck_assert_int_eq(tp_shm_unregister(g, NULL, &e), TP_OK);
     doc = tp_shm_status_json(g, NULL, &st, &e);
@@ -98,19 +104,53 @@ START_TEST(status_and_unregister_in_use)
 }
 END_TEST
 
-/* An object shrunk after registration is refused rather than faulted on. */
+static off_t object_size(void)
+{
+    struct stat st;
+    int fd = shm_open(key, O_RDONLY, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    close(fd);
+    return st.st_size;
+}
+
+static void resize_object(off_t size)
+{
+    int fd = shm_open(key, O_RDWR, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, size), 0);
+    close(fd);
+}
+
+/* An object the client shrinks after registration: reads and writes are
+ * refused with the region, the span and the object's current size (never a
+ * fault: the server copies with pread/pwrite), a write never grows the
+ * object back, and once the client grows it again the region works. */
 START_TEST(shrunk_object)
 {
     make_object(8192, 0600);
     tp_shm_registry *g = tp_shm_registry_create();
     tp_err e = {{0}};
-    ck_assert_int_eq(tp_shm_register(g, "r", key, 0, 8192, &e), TP_OK);
-    int fd = shm_open(key, O_RDWR, 0);
-    ck_assert_int_eq(ftruncate(fd, 100), 0);
-    close(fd);
+    ck_assert_int_eq(tp_shm_register(g, "r", key, 4096, 4096, &e), TP_OK);
     tp_shm_region *r = tp_shm_acquire(g, "r", &e);
-    void *p;
-    expect(tp_shm_span(r, 0, 16, 0, &p, &e), TP_INVALID, &e, "shrank");
+    unsigned char buf[64] = {0};
+    resize_object(100); /* below the region's start */
+    expect(tp_shm_read(r, 0, buf, 16, &e), TP_INVALID, &e,
+           "region 'r': cannot read 16 bytes at offset 0: key");
+    ck_assert_msg(strstr(e.msg, "holds 100 bytes now"), "%s", e.msg);
+    expect(tp_shm_write(r, 0, buf, 16, &e), TP_INVALID, &e, "cannot write 16 bytes at offset 0");
+    ck_assert_int_eq(object_size(), 100);
+    resize_object(4096 + 40); /* into the region: a span across the end is short */
+    expect(tp_shm_read(r, 8, buf, 64, &e), TP_INVALID, &e, "holds 4136 bytes now");
+    ck_assert_int_eq(tp_shm_read(r, 8, buf, 32, &e), TP_OK); /* what is still there reads */
+    expect(tp_shm_write(r, 8, buf, 64, &e), TP_INVALID, &e, "cannot write 64 bytes at offset 8");
+    ck_assert_int_eq(object_size(), 4136);
+    resize_object(8192); /* grown back: zeros where it was cut */
+    memset(buf, 9, sizeof buf);
+    ck_assert_int_eq(tp_shm_write(r, 4000, buf, 64, &e), TP_OK);
+    ck_assert_int_eq(tp_shm_read(r, 40, buf, 64, &e), TP_OK);
+    for (int i = 0; i < 64; i++)
+        ck_assert_int_eq(buf[i], 0);
     tp_shm_release(r);
     tp_shm_registry_free(g);
     shm_unlink(key);
@@ -130,9 +170,9 @@ START_TEST(read_only_object)
     tp_err e = {{0}};
     ck_assert_int_eq(tp_shm_register(g, "ro", key, 0, 4096, &e), TP_OK);
     tp_shm_region *r = tp_shm_acquire(g, "ro", &e);
-    void *p;
-    ck_assert_int_eq(tp_shm_span(r, 0, 16, 0, &p, &e), TP_OK);
-    expect(tp_shm_span(r, 0, 16, 1, &p, &e), TP_INVALID, &e, "read-only");
+    unsigned char buf[16];
+    ck_assert_int_eq(tp_shm_read(r, 0, buf, 16, &e), TP_OK);
+    expect(tp_shm_write(r, 0, buf, 16, &e), TP_INVALID, &e, "read-only");
     tp_shm_release(r);
     tp_shm_registry_free(g);
     shm_unlink(key);

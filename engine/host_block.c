@@ -1,0 +1,48 @@
+#include "host_block.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* The header sits in the first HEADER bytes of the block's one allocation,
+ * the data after it: 64-byte aligned (the staging's alignment), so every
+ * element type reads in place. */
+#define HEADER 64
+
+struct tp_host_block {
+    _Atomic int refs;
+    int borrowed; /* the TP_HOST_BORROWED sentinel: never counted, never freed */
+};
+_Static_assert(sizeof(struct tp_host_block) <= HEADER, "block header outgrew its room");
+
+tp_host_block tp_host_borrowed = {.borrowed = 1};
+
+tp_host_block *tp_host_block_create(size_t size, int refs)
+{
+    size_t rounded = (size + 63) & ~(size_t)63;
+    if (rounded < size || rounded > SIZE_MAX - HEADER)
+        return NULL;
+    tp_host_block *b = aligned_alloc(HEADER, HEADER + rounded);
+    if (!b)
+        return NULL;
+    atomic_init(&b->refs, refs);
+    b->borrowed = 0;
+    return b;
+}
+
+void *tp_host_block_data(tp_host_block *b) { return (char *)b + HEADER; }
+
+void tp_host_block_retain(tp_host_block *b)
+{
+    if (b && !b->borrowed)
+        atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+}
+
+void tp_host_block_release(tp_host_block *b)
+{
+    if (!b || b->borrowed)
+        return;
+    /* acq_rel: the last releaser sees every other holder's use of the bytes */
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+        free(b);
+}
