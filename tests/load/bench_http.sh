@@ -161,28 +161,8 @@ PID=$!
 wait_up "$BASE/v2/health/ready" tpserve || die "$WHY"
 
 # The answers bare_http will send: tpserve's own, for 1-row requests.
-$PYTHON - "$TMP" <<'EOF' || die "cannot write the sample requests (numpy missing?)"
-import json, sys
-import numpy as np
-d = sys.argv[1]
-x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 32)).astype(np.float32)
-doc = {"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
-                   "data": [float(v) for v in x.reshape(-1)]}]}
-open(d + "/req.json", "w").write(json.dumps(doc))
-raw = x.tobytes()
-hdr = json.dumps({"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
-                              "parameters": {"binary_data_size": len(raw)}}],
-                  "parameters": {"binary_data_output": True}}).encode()
-open(d + "/req.bin", "wb").write(hdr + raw)
-open(d + "/req.bin.hl", "w").write(str(len(hdr)))
-EOF
-curl -s -o "$TMP/ans.json" -H 'Content-Type: application/json' --data-binary @"$TMP/req.json" \
-    "$BASE/v2/models/$G/infer"
-curl -s -D "$TMP/ans.bin.hdr" -o "$TMP/ans.bin" -H "Inference-Header-Content-Length: $(cat "$TMP/req.bin.hl")" \
-    --data-binary @"$TMP/req.bin" "$BASE/v2/models/$G/infer"
-BIN_HL=$(tr -d '\r' <"$TMP/ans.bin.hdr" | sed -n 's/^[Ii]nference-[Hh]eader-[Cc]ontent-[Ll]ength: *//p')
-[ -n "$BIN_HL" ] || die "tpserve gave no binary answer: $(head -c 300 "$TMP/ans.bin")"
-echo "$BIN_HL" >"$TMP/ans.bin.hl"
+$PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP" || die "cannot save tpserve's answers"
+BIN_HL=$(cat "$TMP/ans.bin.hl")
 # Triton's model configuration is copied from this one.
 curl -s -o "$TMP/config.json" "$BASE/v2/models/$G/config"
 
@@ -251,8 +231,8 @@ triton_start() {
         stop_server
         return 1
     fi
-    if ! $PYTHON "$HERE/triton/same_answer.py" "$TP_GRAPHS/manifest.json" "$G" "$TMP" "$BASE" \
-        >"$TMP/same_answer.out" 2>"$TMP/triton.err"; then
+    if ! $PYTHON "$HERE/sample_answers.py" check "$TP_GRAPHS/manifest.json" "$G" "$TMP" "$BASE" \
+        >"$TMP/triton_check.out" 2>"$TMP/triton.err"; then
         WHY=$(tail -n 1 "$TMP/triton.err")
         stop_server
         return 1
@@ -262,7 +242,7 @@ triton_start() {
 TRITON_SKIP=""
 if triton_start; then
     echo "bench_http: Triton $TRITON_VERSION (Python backend, --http-thread-count $THREADS), ${DURATION} s per run" >&2
-    cat "$TMP/same_answer.out" >&2
+    cat "$TMP/triton_check.out" >&2
     run_peer Triton "$TMP/triton.res" json binary mixed
     stop_server
 else
@@ -350,6 +330,6 @@ else
     echo "Triton: tritonserver $TRITON_VERSION (PyPI's nvidia-pytriton), --http-thread-count $THREADS, the Python"
     echo "backend running tests/load/triton/model.py (the graph's function in NumPy, the graph's weights), config"
     echo "copied from tpserve's (max_batch_size, dynamic batching, one instance); gRPC and metrics off."
-    echo "Its answers to a sample request were checked against tpserve's first:"
-    sed 's/^same_answer: /  /' "$TMP/same_answer.out"
+    echo "Its answers to the sample request were checked against tpserve's before the runs:"
+    sed 's/^/  /' "$TMP/triton_check.out"
 fi

@@ -49,8 +49,7 @@ def mlp_params(g):
     """-> (w_in, w_out weight keys, gelu approximation) of an SP MLP graph."""
     nodes = g.get("nodes", [])
     if [n["op"] for n in nodes] != MLP_OPS:
-        raise NotModelled("ops %s are not the sequence-parallel MLP %s"
-                          % ([n["op"] for n in nodes], MLP_OPS))
+        raise NotModelled("it is not the sequence-parallel MLP (ops %s)" % ", ".join(MLP_OPS))
     if len(g["inputs"]) != 1 or len(g["outputs"]) != 1:
         raise NotModelled("it has %d inputs and %d outputs, the MLP has one of each"
                           % (len(g["inputs"]), len(g["outputs"])))
@@ -120,6 +119,8 @@ def main(argv):
             g = json.load(f)
         with open(cfg_path) as f:
             cfg = json.load(f)
+        if cfg.get("name") != name:
+            raise NotModelled("%s is the configuration of %r" % (cfg_path, cfg.get("name")))
         w_in, w_out, approx = mlp_params(g)
         weights = compare.load(os.path.join(graphs, g["weights"]))
     except (OSError, ValueError, KeyError, TypeError, NotModelled, compare.FormatError) as e:
