@@ -320,12 +320,13 @@ if [ -f "$TMP/pa.res" ]; then
     echo
 fi
 echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
-echo "threads) per request during the row's run, the server and its rank processes together."
+echo "threads) per request during the row's run, the server and its child processes together (tpserve's"
+echo "rank processes with --ranks processes, Triton's Python-backend stub)."
 echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
 if [ -n "$TRITON_SKIP" ]; then
-    echo "Triton: no columns ($TRITON_SKIP)."
+    echo "Triton: no columns: $TRITON_SKIP."
 else
     echo "Triton: tritonserver $TRITON_VERSION (PyPI's nvidia-pytriton), --http-thread-count $THREADS, the Python"
     echo "backend running tests/load/triton/model.py (the graph's function in NumPy, the graph's weights), config"
