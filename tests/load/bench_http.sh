@@ -134,19 +134,39 @@ script_for() {
     esac
 }
 
-# run_peer NAME RESULTS LOAD...: a warm-up with the first load, then every
-# load at every connection count against $BASE, one line per run appended to
-# RESULTS ("load conns req/s p50 p99 errors cpu_us ctx").
-run_peer() {
+# counts_tpserve, counts_triton, counts_none: "ROWS EXECUTIONS" so far (rows
+# inferred, model executions) from tpserve's /metrics, Triton's statistics
+# extension, or nowhere (bare_http runs no model).
+counts_tpserve() {
+    echo "$(metric tpserve_inference_count_total) $(metric tpserve_execution_count_total)"
+}
+counts_triton() {
+    curl -s "$BASE/v2/models/$G/stats" |
+        sed -n 's/.*"inference_count":\([0-9]*\),"execution_count":\([0-9]*\).*/\1 \2/p'
+}
+counts_none() {
+    echo "0 0"
+}
+
+# run_serve NAME COUNTS RESULTS LOAD...: a warm-up with the first load, then
+# every load at every connection count against $BASE, one line per run
+# appended to RESULTS: "load conns req/s p50 p99 errors cpu_us ctx batch",
+# batch being rows per model execution (from the COUNTS function; - when it
+# counts none).
+run_serve() {
     name=$1
-    res=$2
-    shift 2
+    counts=$2
+    res=$3
+    shift 3
     run_wrk "$(script_for "$1")" 8 # warm-up (not reported)
     for load in "$@"; do
         for c in $CONNS; do
+            n0=$($counts)
             run_wrk "$(script_for "$load")" "$c"
-            echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX" >>"$res"
-            echo "  $name $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
+            n1=$($counts)
+            batch=$(echo "$n0 $n1" | awk '{ e = $4 - $2; if (e > 0) printf "%.2f", ($3 - $1) / e; else print "-" }')
+            echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX $batch" >>"$res"
+            echo "  $name $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
         done
     done
 }
@@ -167,19 +187,7 @@ BIN_HL=$(cat "$TMP/ans.bin.hl")
 curl -s -o "$TMP/config.json" "$BASE/v2/models/$G/config"
 
 echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), ${DURATION} s per run" >&2
-run_wrk infer_json.lua 8 # warm-up (not reported)
-for load in json binary mixed; do
-    for c in $CONNS; do
-        e0=$(metric tpserve_execution_count_total)
-        r0=$(metric tpserve_inference_count_total)
-        run_wrk "$(script_for "$load")" "$c"
-        e1=$(metric tpserve_execution_count_total)
-        r1=$(metric tpserve_inference_count_total)
-        batch=$(awk -v r=$((r1 - r0)) -v e=$((e1 - e0)) 'BEGIN { printf "%.2f", e ? r / e : 0 }')
-        echo "$load $c $RPS $P50 $P99 $batch $ERR $CPU_US $CTX" >>"$TMP/tp.res"
-        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
-    done
-done
+run_serve tpserve counts_tpserve "$TMP/tp.res" json binary mixed
 # ---- perf_analyzer (when installed) ---------------------------------------------
 if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
     "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
@@ -243,7 +251,7 @@ TRITON_SKIP=""
 if triton_start; then
     echo "bench_http: Triton $TRITON_VERSION (Python backend, --http-thread-count $THREADS), ${DURATION} s per run" >&2
     cat "$TMP/triton_check.out" >&2
-    run_peer Triton "$TMP/triton.res" json binary mixed
+    run_serve Triton counts_triton "$TMP/triton.res" json binary mixed
     stop_server
 else
     TRITON_SKIP=$WHY
@@ -262,23 +270,24 @@ for load in json binary; do
     fi
     PID=$!
     wait_up "$BASE/" bare || die "$WHY"
-    run_peer bare_http "$TMP/bare.res" $load
+    run_serve bare_http counts_none "$TMP/bare.res" $load
     stop_server
 done
 
 # ---- the table ----------------------------------------------------------------
-# peer_cols RESULTS NAME LOAD CONNS RPS SCALE FORMAT: another server's cells for
-# the row (req/s, p50, p99, CPU, ctx sw, and tpserve's RPS over its req/s
-# times SCALE printed with FORMAT), or dashes when it has no such run.
+# peer_cols RESULTS NAME LOAD CONNS RPS SCALE FORMAT [batch]: another server's
+# cells for the row (req/s, p50, p99, with "batch" its avg batch, CPU, ctx
+# sw, and tpserve's RPS over its req/s times SCALE printed with FORMAT), or
+# dashes when it has no such run.
 peer_cols() {
-    awk -v n="$2" -v l="$3" -v c="$4" -v a="$5" -v k="$6" -v f="$7" '
+    awk -v n="$2" -v l="$3" -v c="$4" -v a="$5" -v k="$6" -v f="$7" -v b="${8:-}" '
         $1 == l && $2 == c {
             r = sprintf(f, $3 > 0 ? k * a / $3 : 0)
             if ($6 != 0) r = r " (" n ": " $6 " errors)"
-            printf "%s | %s | %s | %s | %s | %s", $3, $4, $5, $7, $8, r
+            printf "%s | %s | %s | %s%s | %s | %s", $3, $4, $5, b ? $9 " | " : "", $7, $8, r
             found = 1
         }
-        END { if (!found) printf "— | — | — | — | — | —" }' "$1"
+        END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$1"
 }
 touch "$TMP/bare.res" "$TMP/triton.res"
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
@@ -287,9 +296,9 @@ echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr),
 echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
 echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
 echo
-echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | Triton req/s | Triton p50 ms | Triton p99 ms | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-while read -r load c rps p50 p99 batch err cpu ctx; do
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+while read -r load c rps p50 p99 err cpu ctx batch; do
     label=$load
     case $load in
     json) label="JSON" ;;
@@ -298,7 +307,7 @@ while read -r load c rps p50 p99 batch err cpu ctx; do
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
     bare=$(peer_cols "$TMP/bare.res" bare "$load" "$c" "$rps" 100 "%.1f%%")
-    triton=$(peer_cols "$TMP/triton.res" Triton "$load" "$c" "$rps" 1 "%.2fx")
+    triton=$(peer_cols "$TMP/triton.res" Triton "$load" "$c" "$rps" 1 "%.2fx" batch)
     echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $triton |"
 done <"$TMP/tp.res"
 echo
@@ -322,7 +331,8 @@ fi
 echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
 echo "threads) per request during the row's run, the server and its child processes together (tpserve's"
 echo "rank processes with --ranks processes, Triton's Python-backend stub)."
-echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
+echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total;"
+echo "Triton's: Δ inference_count / Δ execution_count of /v2/models/$G/stats)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
 if [ -n "$TRITON_SKIP" ]; then
