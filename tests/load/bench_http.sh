@@ -17,7 +17,7 @@
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
 #      TRITON: 1 installs Triton (scripts/install_triton.sh, build/venv-triton)
 #      for the Triton columns, 0 leaves them out; unset, they are there when
-#      Triton is already installed.
+#      Triton is already installed (in TRITON_VENV, build/venv-triton).
 # The Triton columns: the same scripts against Triton's tritonserver serving
 # the same function with its Python backend (tests/load/triton/: a NumPy
 # model with the graph's weights, config copied from tpserve's), checked to
