@@ -15,6 +15,15 @@
 #      DURATION (seconds per run, 5), CONNS (connection counts, "1 8 32"),
 #      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
+#      TRITON: 1 installs Triton (scripts/install_triton.sh, build/venv-triton)
+#      for the Triton columns, 0 leaves them out; unset, they are there when
+#      Triton is already installed (in TRITON_VENV, build/venv-triton).
+# The Triton columns: the same scripts against Triton's tritonserver serving
+# the same function with its Python backend (tests/load/triton/: a NumPy
+# model with the graph's weights, config copied from tpserve's), checked to
+# answer what tpserve answers before it is timed. Triton that cannot be
+# installed, started or checked leaves its columns empty with the reason,
+# never fails the run.
 # With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
 # build/venv-perf), a second table: Triton's own load generator against
 # tpserve with binary tensors, JSON tensors and system shared memory.
@@ -30,6 +39,7 @@ CONNS=${CONNS:-"1 8 32"}
 THREADS=${THREADS:-4}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_bench.XXXXXX")
 PID=""
 
@@ -54,13 +64,17 @@ free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# wait_up URL NAME: until URL answers (any status), or die.
+# wait_up URL NAME: until URL answers 200; 1 with the reason in WHY when the
+# server ($PID, its output in $TMP/NAME.log) exits or is not up after 60 s.
 wait_up() {
     i=0
-    until curl -s -o /dev/null "$1"; do
-        kill -0 "$PID" 2>/dev/null || die "$2 exited during startup: $(cat "$TMP/$2.log")"
+    until [ "$(curl -s -o /dev/null -w '%{http_code}' "$1")" = 200 ]; do
+        if ! kill -0 "$PID" 2>/dev/null; then
+            WHY="$2 exited during startup: $(cat "$TMP/$2.log")"
+            return 1
+        fi
         i=$((i + 1))
-        [ $i -gt 300 ] && die "$2 not up after 30 s"
+        [ $i -gt 600 ] && WHY="$2 not up after 60 s" && return 1
         sleep 0.1
     done
 }
@@ -111,6 +125,52 @@ run_wrk() {
     ERR=$(echo "$line" | awk '{ e = 0; for (i = 1; i <= NF; i++) if ($i ~ /^(errors|non2xx)=/) { split($i, a, "="); e += a[2] } print e }')
 }
 
+# script_for LOAD: the wrk script of a kind of load.
+script_for() {
+    case $1 in
+    json) echo infer_json.lua ;;
+    binary) echo infer_binary.lua ;;
+    mixed) echo mixed_batch.lua ;;
+    esac
+}
+
+# counts_tpserve, counts_triton, counts_none: "ROWS EXECUTIONS" so far (rows
+# inferred, model executions) from tpserve's /metrics, Triton's statistics
+# extension, or nowhere (bare_http runs no model).
+counts_tpserve() {
+    echo "$(metric tpserve_inference_count_total) $(metric tpserve_execution_count_total)"
+}
+counts_triton() {
+    curl -s "$BASE/v2/models/$G/stats" |
+        sed -n 's/.*"inference_count":\([0-9]*\),"execution_count":\([0-9]*\).*/\1 \2/p'
+}
+counts_none() {
+    echo "0 0"
+}
+
+# run_serve NAME COUNTS RESULTS LOAD...: a warm-up with the first load, then
+# every load at every connection count against $BASE, one line per run
+# appended to RESULTS: "load conns req/s p50 p99 errors cpu_us ctx batch",
+# batch being rows per model execution (from the COUNTS function; - when it
+# counts none).
+run_serve() {
+    name=$1
+    counts=$2
+    res=$3
+    shift 3
+    run_wrk "$(script_for "$1")" 8 # warm-up (not reported)
+    for load in "$@"; do
+        for c in $CONNS; do
+            n0=$($counts)
+            run_wrk "$(script_for "$load")" "$c"
+            n1=$($counts)
+            batch=$(echo "$n0 $n1" | awk '{ e = $4 - $2; if (e > 0) printf "%.2f", ($3 - $1) / e; else print "-" }')
+            echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX $batch" >>"$res"
+            echo "  $name $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
+        done
+    done
+}
+
 # ---- tpserve ------------------------------------------------------------------
 PORT=$(free_port)
 BASE="http://127.0.0.1:$PORT"
@@ -118,51 +178,16 @@ BASE="http://127.0.0.1:$PORT"
 "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
     --log-level warn --allow-client-shm 1 $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
 PID=$!
-wait_up "$BASE/v2/health/ready" tpserve
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do sleep 0.1; done
+wait_up "$BASE/v2/health/ready" tpserve || die "$WHY"
 
 # The answers bare_http will send: tpserve's own, for 1-row requests.
-$PYTHON - "$TMP" <<'EOF' || die "cannot write the sample requests (numpy missing?)"
-import json, sys
-import numpy as np
-d = sys.argv[1]
-x = np.random.default_rng(1).uniform(-1, 1, (1, 8, 32)).astype(np.float32)
-doc = {"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
-                   "data": [float(v) for v in x.reshape(-1)]}]}
-open(d + "/req.json", "w").write(json.dumps(doc))
-raw = x.tobytes()
-hdr = json.dumps({"inputs": [{"name": "x", "shape": [1, 8, 32], "datatype": "FP32",
-                              "parameters": {"binary_data_size": len(raw)}}],
-                  "parameters": {"binary_data_output": True}}).encode()
-open(d + "/req.bin", "wb").write(hdr + raw)
-open(d + "/req.bin.hl", "w").write(str(len(hdr)))
-EOF
-curl -s -o "$TMP/ans.json" -H 'Content-Type: application/json' --data-binary @"$TMP/req.json" \
-    "$BASE/v2/models/$G/infer"
-curl -s -D "$TMP/ans.bin.hdr" -o "$TMP/ans.bin" -H "Inference-Header-Content-Length: $(cat "$TMP/req.bin.hl")" \
-    --data-binary @"$TMP/req.bin" "$BASE/v2/models/$G/infer"
-BIN_HL=$(tr -d '\r' <"$TMP/ans.bin.hdr" | sed -n 's/^[Ii]nference-[Hh]eader-[Cc]ontent-[Ll]ength: *//p')
-[ -n "$BIN_HL" ] || die "tpserve gave no binary answer: $(head -c 300 "$TMP/ans.bin")"
+$PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP" || die "cannot save tpserve's answers"
+BIN_HL=$(cat "$TMP/ans.bin.hl")
+# Triton's model configuration is copied from this one.
+curl -s -o "$TMP/config.json" "$BASE/v2/models/$G/config"
 
 echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), ${DURATION} s per run" >&2
-run_wrk infer_json.lua 8 # warm-up (not reported)
-for load in json binary mixed; do
-    case $load in
-    json) script=infer_json.lua ;;
-    binary) script=infer_binary.lua ;;
-    mixed) script=mixed_batch.lua ;;
-    esac
-    for c in $CONNS; do
-        e0=$(metric tpserve_execution_count_total)
-        r0=$(metric tpserve_inference_count_total)
-        run_wrk "$script" "$c"
-        e1=$(metric tpserve_execution_count_total)
-        r1=$(metric tpserve_inference_count_total)
-        batch=$(awk -v r=$((r1 - r0)) -v e=$((e1 - e0)) 'BEGIN { printf "%.2f", e ? r / e : 0 }')
-        echo "$load $c $RPS $P50 $P99 $batch $ERR $CPU_US $CTX" >>"$TMP/tp.res"
-        echo "  tpserve $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
-    done
-done
+run_serve tpserve counts_tpserve "$TMP/tp.res" json binary mixed
 # ---- perf_analyzer (when installed) ---------------------------------------------
 if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
     "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
@@ -183,40 +208,97 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
 fi
 stop_server
 
+# ---- Triton (TRITON=1, or when installed) ---------------------------------------
+# triton_start: Triton installed (or checked), a model repository computing
+# the graph written, tritonserver serving it on $BASE with the HTTP thread
+# count tpserve had, and its answers checked against tpserve's; 1 with the
+# reason in WHY when a step fails.
+triton_start() {
+    case ${TRITON:-} in
+    0) WHY="TRITON=0" && return 1 ;;
+    1) ;;
+    *) [ -x "${TRITON_VENV:-$ROOT/build/venv-triton}/bin/python" ] ||
+        { WHY="Triton not installed (TRITON=1 installs it: scripts/install_triton.sh)" && return 1; } ;;
+    esac
+    PYTHON=$PYTHON sh "$ROOT/scripts/install_triton.sh" >"$TMP/triton.env" 2>"$TMP/triton.err" ||
+        { WHY=$(tail -n 1 "$TMP/triton.err") && return 1; }
+    eval "$(cat "$TMP/triton.env")"
+    $PYTHON "$HERE/triton/make_repo.py" "$TP_GRAPHS" "$G" "$TMP/config.json" "$TMP/triton_repo" 2>"$TMP/triton.err" ||
+        { WHY=$(tail -n 1 "$TMP/triton.err") && return 1; }
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    PATH="$TRITON_BIN:$PATH" LD_LIBRARY_PATH="$TRITON_LIBS" "$TRITON_SERVER" \
+        --model-repository "$TMP/triton_repo" --backend-directory "$TRITON_BACKENDS" \
+        --http-address 127.0.0.1 --http-port "$PORT" --http-thread-count "$THREADS" \
+        --allow-grpc false --allow-metrics false --log-info false --exit-timeout-secs 5 >"$TMP/triton.log" 2>&1 &
+    PID=$!
+    if ! wait_up "$BASE/v2/health/ready" triton; then
+        # Triton always logs an error for the missing CUDA driver; the cause is another line.
+        WHY="tritonserver did not start: $(grep -v CudaDriverHelper "$TMP/triton.log" | grep -m 1 '^E\|^error' ||
+            tail -n 1 "$TMP/triton.log")"
+        stop_server
+        return 1
+    fi
+    if ! $PYTHON "$HERE/sample_answers.py" check "$TP_GRAPHS/manifest.json" "$G" "$TMP" "$BASE" \
+        >"$TMP/triton_check.out" 2>"$TMP/triton.err"; then
+        WHY=$(tail -n 1 "$TMP/triton.err")
+        stop_server
+        return 1
+    fi
+    TRITON_VERSION=$(curl -s "$BASE/v2" | sed -n 's/.*"version":"\([^"]*\)".*/\1/p')
+}
+TRITON_SKIP=""
+if triton_start; then
+    echo "bench_http: Triton $TRITON_VERSION (Python backend, --http-thread-count $THREADS), ${DURATION} s per run" >&2
+    cat "$TMP/triton_check.out" >&2
+    run_serve Triton counts_triton "$TMP/triton.res" json binary mixed
+    stop_server
+else
+    TRITON_SKIP=$WHY
+    echo "bench_http: no Triton columns: $TRITON_SKIP" >&2
+fi
+
 # ---- bare libmicrohttpd -------------------------------------------------------
 for load in json binary; do
     PORT=$(free_port)
     BASE="http://127.0.0.1:$PORT"
     if [ $load = json ]; then
         "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" >"$TMP/bare.log" 2>&1 &
-        script=infer_json.lua
     else
         "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
             >"$TMP/bare.log" 2>&1 &
-        script=infer_binary.lua
     fi
     PID=$!
-    wait_up "$BASE/" bare
-    run_wrk "$script" 8 # warm-up
-    for c in $CONNS; do
-        run_wrk "$script" "$c"
-        echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX" >>"$TMP/bare.res"
-        echo "  bare_http $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
-    done
+    wait_up "$BASE/" bare || die "$WHY"
+    run_serve bare_http counts_none "$TMP/bare.res" $load
     stop_server
 done
 
 # ---- the table ----------------------------------------------------------------
+# peer_cols RESULTS NAME LOAD CONNS RPS SCALE FORMAT [batch]: another server's
+# cells for the row (req/s, p50, p99, with "batch" its avg batch, CPU, ctx
+# sw, and tpserve's RPS over its req/s times SCALE printed with FORMAT), or
+# dashes when it has no such run.
+peer_cols() {
+    awk -v n="$2" -v l="$3" -v c="$4" -v a="$5" -v k="$6" -v f="$7" -v b="${8:-}" '
+        $1 == l && $2 == c {
+            r = sprintf(f, $3 > 0 ? k * a / $3 : 0)
+            if ($6 != 0) r = r " (" n ": " $6 " errors)"
+            printf "%s | %s | %s | %s%s | %s | %s", $3, $4, $5, b ? $9 " | " : "", $7, $8, r
+            found = 1
+        }
+        END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$1"
+}
+touch "$TMP/bare.res" "$TMP/triton.res"
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
 echo
 echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr), $(date -u +%Y-%m-%d):"
 echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
 echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
 echo
-echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-while read -r load c rps p50 p99 batch err cpu ctx; do
-    bare=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { print $3, $4, $5, $6, $7, $8 }' "$TMP/bare.res")
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+while read -r load c rps p50 p99 err cpu ctx batch; do
     label=$load
     case $load in
     json) label="JSON" ;;
@@ -224,15 +306,9 @@ while read -r load c rps p50 p99 batch err cpu ctx; do
     mixed) label="JSON, batch 1..8 rows" ;;
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
-    if [ -n "$bare" ]; then
-        # shellcheck disable=SC2086 # six fields, split on purpose
-        set -- $bare
-        frac=$(awk -v a="$rps" -v b="$1" 'BEGIN { printf "%.1f%%", (b > 0 ? 100 * a / b : 0) }')
-        [ "$4" != 0 ] && frac="$frac (bare: $4 errors)"
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $1 | $2 | $3 | $5 | $6 | $frac |"
-    else
-        echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | — | — | — | — | — | — |"
-    fi
+    bare=$(peer_cols "$TMP/bare.res" bare "$load" "$c" "$rps" 100 "%.1f%%")
+    triton=$(peer_cols "$TMP/triton.res" Triton "$load" "$c" "$rps" 1 "%.2fx" batch)
+    echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $triton |"
 done <"$TMP/tp.res"
 echo
 if [ -f "$TMP/pa.res" ]; then
@@ -253,7 +329,18 @@ if [ -f "$TMP/pa.res" ]; then
     echo
 fi
 echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
-echo "threads) per request during the row's run, the server and its rank processes together."
-echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total)."
+echo "threads) per request during the row's run, the server and its child processes together (tpserve's"
+echo "rank processes with --ranks processes, Triton's Python-backend stub)."
+echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total;"
+echo "Triton's: Δ inference_count / Δ execution_count of /v2/models/$G/stats)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
+if [ -n "$TRITON_SKIP" ]; then
+    echo "Triton: no columns: $TRITON_SKIP."
+else
+    echo "Triton: tritonserver $TRITON_VERSION (PyPI's nvidia-pytriton), --http-thread-count $THREADS, the Python"
+    echo "backend running tests/load/triton/model.py (the graph's function in NumPy, the graph's weights), config"
+    echo "copied from tpserve's (max_batch_size, dynamic batching, one instance); gRPC and metrics off."
+    echo "Its answers to the sample request were checked against tpserve's before the runs:"
+    sed 's/^/  /' "$TMP/triton_check.out"
+fi
