@@ -12,15 +12,14 @@
  * waiter spins for a bounded time before it sleeps on the word with a
  * futex (util/spin_wait.h: never when the ranks outnumber the cores), and
  * counts itself in a sleepers word first so that the other side makes the
- * wake-up syscall only when someone sleeps. No wake-up is lost: a waiter
+ * wake-up syscall only when someone sleeps. Each wait site keeps its own
+ * history (tp_spin_site): a rank thread waiting for the next step at one
+ * request at a time finds the step a whole HTTP round trip away, its spins
+ * run out, and it soon sleeps at once; with steps back to back they pay. No wake-up is lost: a waiter
  * counts itself, then sleeps only while the word still holds what it saw
  * (the kernel re-reads it); a waker changes the word, then reads the
  * count (all seq_cst). So either the waker sees the sleeper, or the sleeper
  * sees the change.
- *
- * A rank thread waiting for the next step spins only when its last wait was
- * within the budget (steps back to back): at one request at a time the next
- * step is a whole HTTP round trip away, and spinning would only burn it.
  *
  * Process groups: while a step is in flight, a watchdog thread looks every
  * POLL_MS for a failure in another process (our rank may be blocked in a
@@ -55,6 +54,7 @@ struct tp_rank_group {
     rank_arg *args;
     int n_threads; /* rank threads: every local rank but the caller's */
     int64_t spin_ns;
+    tp_spin_site caller_site; /* the caller's wait for the rank threads */
 
     /* The step in flight: written by the caller before it bumps gen. */
     tp_rank_fn fn;
@@ -122,20 +122,18 @@ static void wake_sleepers(_Atomic uint32_t *w, _Atomic uint32_t *sleepers)
 /* The caller: until every rank thread is done with the step. */
 static void wait_ranks(tp_rank_group *g)
 {
-    if (tp_spin_until(ranks_done, g, g->spin_ns))
+    if (tp_spin_site_until(&g->caller_site, ranks_done, g, g->spin_ns))
         return;
     for (uint32_t v; (v = atomic_load(&g->running)) != 0;)
         sleep_while(&g->running, v, &g->running_sleepers);
 }
 
-/* A rank thread: until gen moves past seen. Returns how long it waited. */
-static int64_t wait_step(tp_rank_group *g, uint32_t seen, int64_t spin_ns)
+/* A rank thread: until gen moves past seen. */
+static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
 {
-    int64_t t0 = tp_spin_now_ns();
-    if (!tp_spin_until(word_moved, &(word_is){&g->gen, seen}, spin_ns))
+    if (!tp_spin_site_until(site, word_moved, &(word_is){&g->gen, seen}, g->spin_ns))
         while (atomic_load(&g->gen) == seen)
             sleep_while(&g->gen, seen, &g->gen_sleepers);
-    return tp_spin_now_ns() - t0;
 }
 
 /* ------------------------------------------------------------ ranks */
@@ -175,9 +173,9 @@ static void *rank_main(void *p)
     snprintf(name, sizeof name, "rank %d", a->rank);
     pthread_setname_np(pthread_self(), name);
     uint32_t seen = 0;
-    int64_t last_wait = INT64_MAX;
+    tp_spin_site site = {0};
     for (;;) {
-        last_wait = wait_step(g, seen, last_wait <= g->spin_ns ? g->spin_ns : 0);
+        wait_step(g, seen, &site);
         if (atomic_load(&g->quit))
             return NULL;
         seen = atomic_load(&g->gen); /* moves once per step: run waits for us */

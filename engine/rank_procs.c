@@ -11,10 +11,10 @@
  * process-shared mutexes: a process that dies mid-step cannot leave a lock
  * held, and every wait has a timeout so the waiter can look for the dead.
  * A wait spins for the group's budget first (util/spin_wait.h): inside a
- * step the peer is usually microseconds away. Waiting for a message spins
- * only when the last wait for that kind of message was within the budget
- * (a run right after its command), not for the next command, which at one
- * request at a time is a whole HTTP round trip away.
+ * step the peer is usually microseconds away. Each wait site learns on its
+ * own whether spinning pays (tp_spin_site): a run follows its command at
+ * once, while the next command, at one request at a time, is a whole HTTP
+ * round trip away.
  *
  * The liveness check (check_peers) runs on the step's caller and on the
  * group's watchdog thread (rank_group.c), so it holds live_mu; the lost
@@ -96,7 +96,8 @@ struct tp_rank_procs {
     uint32_t seen; /* leader: messages sent; worker: consumed */
     int step_timeout_ms, join_timeout_ms;
     int64_t spin_ns;
-    int64_t last_wait_ns[TP_MSG_QUIT + 1]; /* worker: its last wait for each kind of message */
+    tp_spin_site recv_site[TP_MSG_QUIT + 1]; /* worker: per kind of message */
+    tp_spin_site ring_site, finish_site;
     _Atomic int64_t step_deadline; /* leader: when the run in flight becomes a hang (0: none) */
     _Atomic uint32_t step;         /* the run step in flight */
     pthread_mutex_t live_mu;       /* check_peers */
@@ -212,9 +213,9 @@ static int reached(const void *a)
 
 /* Waits until *w >= target, or the group is lost: spins for spin_ns, then
  * sleeps in slices, looking for the dead between them. */
-static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, int64_t spin_ns, tp_err *err)
+static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, tp_spin_site *site, tp_err *err)
 {
-    tp_spin_until(reached, &(reach){p, w, target}, spin_ns);
+    tp_spin_site_until(site, reached, &(reach){p, w, target}, p->spin_ns);
     for (;;) {
         uint32_t v = atomic_load(w);
         if ((int32_t)(v - target) >= 0)
@@ -647,7 +648,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         return tp_fail(err, TP_INTERNAL, "rank group: message of %zu bytes (at most %d)", len, TP_GROUP_MESSAGE);
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
-        tp_status st = wait_for(p, &p->ctl->rank[r].seen, p->seen - RING + 1, p->spin_ns, err);
+        tp_status st = wait_for(p, &p->ctl->rank[r].seen, p->seen - RING + 1, &p->ring_site, err);
         if (st != TP_OK)
             return st;
     }
@@ -668,9 +669,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
 {
     *quit = 0;
-    int64_t t0 = tp_spin_now_ns(), *last = &p->last_wait_ns[kind];
-    tp_status st = wait_for(p, &p->ctl->seq, p->seen + 1, *last <= p->spin_ns ? p->spin_ns : 0, err);
-    *last = tp_spin_now_ns() - t0;
+    tp_status st = wait_for(p, &p->ctl->seq, p->seen + 1, &p->recv_site[kind], err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -722,7 +721,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     if (p->rank != 0) {
         atomic_store(&c->rank[p->rank].done, step);
         tp_futex_wake(&c->rank[p->rank].done, 1);
-        tp_status w = wait_for(p, &c->result, step, p->spin_ns, err);
+        tp_status w = wait_for(p, &c->result, step, &p->finish_site, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -731,7 +730,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, &c->rank[r].done, step, p->spin_ns, err);
+        tp_status w = wait_for(p, &c->rank[r].done, step, &p->finish_site, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);

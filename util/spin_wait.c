@@ -12,6 +12,13 @@
 /* Time is read every CLOCK_EVERY polls: a vDSO clock read costs about two
  * pause instructions, so this bounds the spin by time at a few percent. */
 #define CLOCK_EVERY 16
+/* A spin that runs out costs the whole budget; skipping up to 64 waits
+ * between probes caps that at under 1 us per wait at a site that never
+ * pays. The moving average weighs the last spin 1/8: some six misses in a
+ * row start the skipping. */
+#define SPIN_SKIP_MAX 64
+#define MISS_ONE 1024
+#define MISS_WEIGHT 8
 
 static void cpu_relax(void)
 {
@@ -72,6 +79,30 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
         }
         cpu_relax();
     }
+}
+
+int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const void *arg, int64_t budget_ns)
+{
+    if (done(arg))
+        return 1;
+    if (budget_ns <= 0)
+        return 0;
+    if (site->skip > 0) {
+        site->skip--;
+        return 0;
+    }
+    int ok = tp_spin_until(done, arg, budget_ns);
+    int m = site->misses;
+    site->misses = (uint16_t)(m + ((ok ? 0 : MISS_ONE) - m) / MISS_WEIGHT);
+    if (site->misses > MISS_ONE / 2) {
+        site->backoff = site->backoff ? site->backoff * 2 : 1;
+        if (site->backoff > SPIN_SKIP_MAX)
+            site->backoff = SPIN_SKIP_MAX;
+    } else {
+        site->backoff = 0;
+    }
+    site->skip = site->backoff;
+    return ok;
 }
 
 void tp_futex_wait(_Atomic uint32_t *w, uint32_t expected, int timeout_ms, int shared)

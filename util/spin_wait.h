@@ -32,6 +32,25 @@ int64_t tp_spin_budget(int parties, int cores);
  * once when budget_ns <= 0); returns its last answer. */
 int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_ns);
 
+/* What one wait site (one thread's wait for one kind of event) learned:
+ * spin only while spinning pays. Having a core for every rank is not
+ * enough: another process's load (or the peer being preempted) can keep
+ * the peer off a core for milliseconds, and a spin that ends in a sleep
+ * anyway is pure waste; and some sites never pay (a rank waiting for the
+ * next request). A site tracks the share of its spins that ran out; while
+ * that is over half, it sleeps at once for 1, 2, 4 ... 64 waits between
+ * probing spins. A site that runs out now and then (a peer's slow wake-up
+ * once in a while) keeps spinning. Zero-initialized: spin. Used by one
+ * thread at a time. */
+typedef struct {
+    uint16_t misses;  /* recent share of spins that ran out, of 1024 (moving average) */
+    uint16_t backoff; /* waits skipped after the last probe */
+    uint16_t skip;    /* waits left that sleep at once */
+} tp_spin_site;
+
+/* tp_spin_until under the site's history (budget_ns <= 0: no spin). */
+int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const void *arg, int64_t budget_ns);
+
 /* CLOCK_MONOTONIC in ns. */
 int64_t tp_spin_now_ns(void);
 

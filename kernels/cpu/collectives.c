@@ -123,6 +123,9 @@ struct cpu_comm {
     int shared; /* waiters and wakers may be in other processes */
     int can_reset;
     int64_t spin_ns; /* spin before a futex sleep (0: sleep at once) */
+    /* Per rank of this handle, entry and exit barrier: what its spins
+     * learned (each used only by the thread running that rank). */
+    tp_spin_site *sites;
     void *own; /* thread mode: the malloc'd state */
 };
 
@@ -149,6 +152,12 @@ static cpu_comm *new_handle(int world, void *area, tp_err *err)
 {
     cpu_comm *c = calloc(1, sizeof *c);
     if (!c) {
+        tp_fail(err, TP_NOMEM, "cpu_comm: out of memory");
+        return NULL;
+    }
+    c->sites = calloc((size_t)world * 2, sizeof *c->sites);
+    if (!c->sites) {
+        free(c);
         tp_fail(err, TP_NOMEM, "cpu_comm: out of memory");
         return NULL;
     }
@@ -247,6 +256,7 @@ void cpu_comm_free(cpu_comm *c)
     if (!c)
         return;
     free(c->own);
+    free(c->sites);
     free(c);
 }
 
@@ -331,7 +341,7 @@ static int state_moved(const void *p)
     return GEN_OF(s) != a->gen || (s & (ST_ABORTED | ST_LOST));
 }
 
-static tp_status barrier_wait(cpu_comm *c, int abortable, tp_err *err)
+static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
 {
     comm_hdr *h = c->h;
     uint64_t s = atomic_load(&h->state), next;
@@ -349,7 +359,8 @@ static tp_status barrier_wait(cpu_comm *c, int abortable, tp_err *err)
         wake_all(c);
         return TP_OK;
     }
-    tp_spin_until(state_moved, &(arrival){h, g}, c->spin_ns);
+    tp_spin_site none = {0}, *site = rank >= 0 && rank < c->world ? &c->sites[2 * rank + !abortable] : &none;
+    tp_spin_site_until(site, state_moved, &(arrival){h, g}, c->spin_ns);
     for (;;) {
         uint32_t q = atomic_load(&h->seq);
         s = atomic_load(&h->state);
@@ -371,7 +382,7 @@ tp_status cpu_comm_barrier(cpu_comm *c, int rank, tp_err *err)
     if (rank < 0 || rank >= c->world)
         return tp_fail(err, TP_INVALID, "cpu_comm_barrier: rank %d out of range for world size %d",
                        rank, c->world);
-    return barrier_wait(c, 1, err);
+    return barrier_wait(c, rank, 1, err);
 }
 
 /* ---------------------------------------------------------------- views */
@@ -797,14 +808,14 @@ tp_status cpu_collective_run(cpu_comm *c, int rank, tp_op op, const tp_attrs *at
         if (op != TP_OP_BROADCAST)
             s->src = 0;
     }
-    tp_status st = barrier_wait(c, 1, err);
+    tp_status st = barrier_wait(c, rank, 1, err);
     if (st != TP_OK)
         return st;
     st = validate(c, err);
     if (st == TP_OK)
         st = compute(c, rank, out, err);
     tp_err lost;
-    tp_status st2 = barrier_wait(c, 0, &lost); /* not abortable: see top */
+    tp_status st2 = barrier_wait(c, rank, 0, &lost); /* not abortable: see top */
     if (st == TP_OK && st2 != TP_OK) /* lost: peers may not have finished reading */
         return tp_fail(err, st2, "%s", lost.msg);
     return st;
@@ -820,7 +831,7 @@ tp_status cpu_comm_exchange(cpu_comm *c, int rank, const tp_tensor *mine, tp_err
     cpu_slot *s = &c->slot[rank];
     memset(s, 0, sizeof *s);
     publish_in(c, s, mine);
-    tp_status st = barrier_wait(c, 1, err);
+    tp_status st = barrier_wait(c, rank, 1, err);
     if (st != TP_OK || !c->span)
         return st;
     /* Shared mode: every rank checks every slot, so all agree; on failure
@@ -832,7 +843,7 @@ tp_status cpu_comm_exchange(cpu_comm *c, int rank, const tp_tensor *mine, tp_err
                          "memory (allocate it with the backend)",
                          k);
     if (st != TP_OK)
-        barrier_wait(c, 0, NULL);
+        barrier_wait(c, rank, 0, NULL);
     return st;
 }
 
@@ -840,8 +851,7 @@ tp_tensor cpu_comm_peer(const cpu_comm *c, int r) { return peer_in(c, r); }
 
 tp_status cpu_comm_release(cpu_comm *c, int rank, tp_err *err)
 {
-    (void)rank;
-    return barrier_wait(c, 0, err); /* not abortable: see top */
+    return barrier_wait(c, rank, 0, err); /* not abortable: see top */
 }
 
 /* dst[i] = dst[i] (op) src[i] over one chunk, in the tensor's dtype. */
@@ -890,18 +900,18 @@ tp_status cpu_ring_all_reduce(cpu_comm *c, int rank, const tp_attrs *attrs, cons
     for (int s = 0; s < d - 1 && st == TP_OK; s++) {
         int k = ((rank - 1 - s) % d + d) % d;
         combine_chunk(out->data, lp, out->dtype, k * n / d, (k + 1) * n / d, attrs->reduce);
-        st = barrier_wait(c, 0, err);
+        st = barrier_wait(c, rank, 0, err);
     }
     int own = (rank + 1) % d;
     if (st == TP_OK && attrs->reduce == TP_REDUCE_AVG)
         finish_avg(out->data, out->dtype, own * n / d, (own + 1) * n / d, d);
     if (st == TP_OK)
-        st = barrier_wait(c, 0, err);
+        st = barrier_wait(c, rank, 0, err);
     for (int s = 0; s < d - 1 && st == TP_OK; s++) {
         int k = ((rank - s) % d + d) % d;
         int64_t b = k * n / d, e = (k + 1) * n / d;
         memcpy((char *)out->data + b * (int64_t)es, (const char *)lp + b * (int64_t)es, (size_t)(e - b) * es);
-        st = barrier_wait(c, 0, err);
+        st = barrier_wait(c, rank, 0, err);
     }
     return st;
 }
