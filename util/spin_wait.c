@@ -94,13 +94,12 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
     int ok = tp_spin_until(done, arg, budget_ns);
     int m = site->misses;
     site->misses = (uint16_t)(m + ((ok ? 0 : MISS_ONE) - m) / MISS_WEIGHT);
-    if (site->misses > MISS_ONE / 2) {
-        site->backoff = site->backoff ? site->backoff * 2 : 1;
-        if (site->backoff > SPIN_SKIP_MAX)
-            site->backoff = SPIN_SKIP_MAX;
-    } else {
+    if (site->misses <= MISS_ONE / 2)
         site->backoff = 0;
-    }
+    else if (ok) /* a probe paid: probe again soon */
+        site->backoff = 1;
+    else if ((site->backoff = site->backoff ? site->backoff * 2 : 1) > SPIN_SKIP_MAX)
+        site->backoff = SPIN_SKIP_MAX;
     site->skip = site->backoff;
     return ok;
 }

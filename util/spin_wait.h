@@ -39,8 +39,9 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
  * anyway is pure waste; and some sites never pay (a rank waiting for the
  * next request). A site tracks the share of its spins that ran out; while
  * that is over half, it sleeps at once for 1, 2, 4 ... 64 waits between
- * probing spins. A site that runs out now and then (a peer's slow wake-up
- * once in a while) keeps spinning. Zero-initialized: spin. Used by one
+ * probing spins (1 again after a probe that paid, so it comes back within
+ * some 70 waits once the peer is quick again). A site that runs out now and
+ * then (a peer's slow wake-up once in a while) keeps spinning. Zero-initialized: spin. Used by one
  * thread at a time. */
 typedef struct {
     uint16_t misses;  /* recent share of spins that ran out, of 1024 (moving average) */
