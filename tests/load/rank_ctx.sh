@@ -9,8 +9,9 @@
 # nonvoluntary_ctxt_switches) and /proc/PID/task/TID/schedstat (time on
 # CPU in ns, finer than utime+stime's clock ticks), sampled around one wrk
 # run (-t1 -c1, binary tensors: the JSON codec's cost is not the point).
-# Each mode runs ROUNDS times; every round prints its table, then one line
-# per mode gives the median of the rounds' totals. Timings never fail.
+# Each mode runs ROUNDS times; every round prints its table, then a
+# markdown table gives, per mode, the totals of the round with the median
+# CPU (the machine is noisy: read every round). Timings never fail.
 #
 # env: TPSERVE (build/tpserve), TP_GRAPHS (build/graphs), GRAPH
 #      (mlp_sp_tp2), DURATION (seconds per round, 3), ROUNDS (3), MODES
@@ -120,7 +121,7 @@ echo
 echo "| ranks | voluntary | involuntary | switches | CPU us |"
 echo "|---|---|---|---|---|"
 for mode in $MODES; do
-    # the median round by total switches, then by CPU
+    # the round with the median CPU
     sort -n -k3 "$TMP/$mode.tot" | awk -v m="$mode" '{ l[NR] = $0 } END {
         split(l[int((NR + 1) / 2)], a, " ")
         printf "| %s | %.2f | %.2f | %.2f | %.1f |\n", m, a[1], a[2], a[1] + a[2], a[3] }'
