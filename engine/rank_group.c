@@ -10,16 +10,12 @@
  * step and bumps `gen`, which rank threads wait to see change; each rank
  * thread counts `running` down, which the caller waits to see reach 0. A
  * waiter spins for a bounded time before it sleeps on the word with a
- * futex (util/spin_wait.h: never when the ranks outnumber the cores), and
- * counts itself in a sleepers word first so that the other side makes the
- * wake-up syscall only when someone sleeps. Each wait site keeps its own
+ * futex (util/spin_wait.h: never when the ranks outnumber the cores),
+ * counted in a sleepers word so that the other side makes the wake-up
+ * syscall only when someone sleeps. Each wait site keeps its own
  * history (tp_spin_site): a rank thread waiting for the next step at one
  * request at a time finds the step a whole HTTP round trip away, its spins
- * run out, and it soon sleeps at once; with steps back to back they pay. No wake-up is lost: a waiter
- * counts itself, then sleeps only while the word still holds what it saw
- * (the kernel re-reads it); a waker changes the word, then reads the
- * count (all seq_cst). So either the waker sees the sleeper, or the sleeper
- * sees the change.
+ * run out, and it soon sleeps at once; with steps back to back they pay.
  *
  * Process groups: while a step is in flight, a watchdog thread looks every
  * POLL_MS for a failure in another process (our rank may be blocked in a
@@ -105,27 +101,13 @@ static int word_moved(const void *p)
 
 static int ranks_done(const void *p) { return atomic_load(&((tp_rank_group *)p)->running) == 0; }
 
-/* One futex sleep while *w == v, counted in *sleepers (see the top). */
-static void sleep_while(_Atomic uint32_t *w, uint32_t v, _Atomic uint32_t *sleepers)
-{
-    atomic_fetch_add(sleepers, 1);
-    tp_futex_wait(w, v, -1, 0);
-    atomic_fetch_sub(sleepers, 1);
-}
-
-static void wake_sleepers(_Atomic uint32_t *w, _Atomic uint32_t *sleepers)
-{
-    if (atomic_load(sleepers) > 0)
-        tp_futex_wake(w, 0);
-}
-
 /* The caller: until every rank thread is done with the step. */
 static void wait_ranks(tp_rank_group *g)
 {
     if (tp_spin_site_until(&g->caller_site, ranks_done, g, g->spin_ns))
         return;
     for (uint32_t v; (v = atomic_load(&g->running)) != 0;)
-        sleep_while(&g->running, v, &g->running_sleepers);
+        tp_futex_sleep(&g->running, v, &g->running_sleepers, -1, 0);
 }
 
 /* A rank thread: until gen moves past seen. */
@@ -133,7 +115,7 @@ static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
 {
     if (!tp_spin_site_until(site, word_moved, &(word_is){&g->gen, seen}, g->spin_ns))
         while (atomic_load(&g->gen) == seen)
-            sleep_while(&g->gen, seen, &g->gen_sleepers);
+            tp_futex_sleep(&g->gen, seen, &g->gen_sleepers, -1, 0);
 }
 
 /* ------------------------------------------------------------ ranks */
@@ -181,7 +163,7 @@ static void *rank_main(void *p)
         seen = atomic_load(&g->gen); /* moves once per step: run waits for us */
         run_local(g, a->rank);
         if (atomic_fetch_sub(&g->running, 1) == 1)
-            wake_sleepers(&g->running, &g->running_sleepers);
+            tp_futex_wake_sleepers(&g->running, &g->running_sleepers, 0);
     }
 }
 
@@ -365,10 +347,11 @@ int tp_rank_group_leads(const tp_rank_group *g) { return g->lo == 0; }
 const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g) { return g->procs ? tp_rank_procs_shared(g->procs) : NULL; }
 const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_rank_procs_lost(g->procs) : NULL; }
 
-/* A lost group fails every later step at once, with the same message. */
+/* A lost group fails every later step at once, with the same message
+ * (a death not found yet fails the step in its first wait). */
 static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)
 {
-    const char *lost = tp_rank_procs_lost(g->procs);
+    const char *lost = tp_rank_procs_lost_known(g->procs);
     return lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : TP_OK;
 }
 
@@ -388,7 +371,7 @@ static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank
         watch_begin(g);
     if (g->n_threads) {
         atomic_fetch_add(&g->gen, 1);
-        wake_sleepers(&g->gen, &g->gen_sleepers);
+        tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
     }
 }
 

@@ -46,7 +46,7 @@
 #include "spin_wait.h"
 
 #define CTL_MAGIC 0x74707267u /* "tprg" */
-#define CTL_VERSION 1
+#define CTL_VERSION 2
 #define RING 8
 #define WAIT_SLICE_MS 20
 #define GROUP_FD 3
@@ -57,6 +57,7 @@ extern char **environ;
 typedef struct {
     _Atomic uint32_t seen;  /* messages consumed */
     _Atomic uint32_t done;  /* last run step finished */
+    _Atomic uint32_t done_sleepers;
     _Atomic int32_t pid;
     int32_t status;
     uint32_t ticket;
@@ -74,8 +75,10 @@ typedef struct {
     uint64_t total, comm_offset, comm_bytes, staging_offset, staging_bytes, heap_offset, heap_bytes;
     _Atomic int32_t leader_pid;
     _Atomic uint32_t seq; /* futex: messages sent */
+    _Atomic uint32_t seq_sleepers;
     ctl_msg ring[RING];
     _Atomic uint32_t result; /* futex: last run step with a merged result */
+    _Atomic uint32_t result_sleepers;
     int32_t result_status;
     char result_msg[sizeof(tp_err)];
     _Atomic uint32_t abort_step; /* a rank failed in this run step */
@@ -187,6 +190,13 @@ static void check_peers(tp_rank_procs *p)
     }
 }
 
+const char *tp_rank_procs_lost_known(tp_rank_procs *p)
+{
+    if (!atomic_load(&p->lost_set) && atomic_load(&p->ctl->lost))
+        return tp_rank_procs_lost(p); /* another process found it: copy its message */
+    return atomic_load(&p->lost_set) ? p->lost : NULL;
+}
+
 const char *tp_rank_procs_lost(tp_rank_procs *p)
 {
     if (!atomic_load(&p->lost_set)) {
@@ -201,7 +211,7 @@ static tp_status lost_error(tp_rank_procs *p, tp_err *err) { return tp_fail(err,
 
 typedef struct {
     const tp_rank_procs *p;
-    _Atomic uint32_t *w;
+    _Atomic uint32_t *w, *sleepers; /* sleepers: NULL when nobody wakes w */
     uint32_t target;
 } reach;
 
@@ -211,18 +221,21 @@ static int reached(const void *a)
     return (int32_t)(atomic_load(r->w) - r->target) >= 0 || atomic_load(&r->p->ctl->lost);
 }
 
-/* Waits until *w >= target, or the group is lost: spins for spin_ns, then
- * sleeps in slices, looking for the dead between them. */
-static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, tp_spin_site *site, tp_err *err)
+/* Waits until *r->w >= r->target, or the group is lost: spins (per the
+ * site), then sleeps in slices, looking for the dead between them. */
+static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, tp_err *err)
 {
-    tp_spin_site_until(site, reached, &(reach){p, w, target}, p->spin_ns);
+    tp_spin_site_until(site, reached, &r, p->spin_ns);
     for (;;) {
-        uint32_t v = atomic_load(w);
-        if ((int32_t)(v - target) >= 0)
+        uint32_t v = atomic_load(r.w);
+        if ((int32_t)(v - r.target) >= 0)
             return TP_OK;
         if (tp_rank_procs_lost(p))
             return lost_error(p, err);
-        tp_futex_wait(w, v, WAIT_SLICE_MS, 1);
+        if (r.sleepers)
+            tp_futex_sleep(r.w, v, r.sleepers, WAIT_SLICE_MS, 1);
+        else
+            tp_futex_wait(r.w, v, WAIT_SLICE_MS, 1);
     }
 }
 
@@ -648,7 +661,8 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         return tp_fail(err, TP_INTERNAL, "rank group: message of %zu bytes (at most %d)", len, TP_GROUP_MESSAGE);
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
-        tp_status st = wait_for(p, &p->ctl->rank[r].seen, p->seen - RING + 1, &p->ring_site, err);
+        /* nobody wakes it: a worker this far behind is rare */
+        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1}, &p->ring_site, err);
         if (st != TP_OK)
             return st;
     }
@@ -662,14 +676,14 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         atomic_store(&p->step_deadline, p->step_timeout_ms > 0 ? now_ms() + p->step_timeout_ms : 0);
     }
     atomic_store(&p->ctl->seq, ++p->seen);
-    tp_futex_wake(&p->ctl->seq, 1);
+    tp_futex_wake_sleepers(&p->ctl->seq, &p->ctl->seq_sleepers, 1);
     return TP_OK;
 }
 
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
 {
     *quit = 0;
-    tp_status st = wait_for(p, &p->ctl->seq, p->seen + 1, &p->recv_site[kind], err);
+    tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1}, &p->recv_site[kind], err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -720,8 +734,8 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     record(&c->rank[p->rank], st, e, ticket);
     if (p->rank != 0) {
         atomic_store(&c->rank[p->rank].done, step);
-        tp_futex_wake(&c->rank[p->rank].done, 1);
-        tp_status w = wait_for(p, &c->result, step, &p->finish_site, err);
+        tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
+        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step}, &p->finish_site, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -730,7 +744,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, &c->rank[r].done, step, &p->finish_site, err);
+        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step}, &p->finish_site, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);
@@ -743,7 +757,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     c->result_status = first < 0 ? TP_OK : c->rank[first].status;
     snprintf(c->result_msg, sizeof c->result_msg, "%s", first < 0 ? "" : c->rank[first].msg);
     atomic_store(&c->result, step);
-    tp_futex_wake(&c->result, 1);
+    tp_futex_wake_sleepers(&c->result, &c->result_sleepers, 1);
     if (first >= 0)
         snprintf(err->msg, sizeof err->msg, "%s", c->result_msg);
     return (tp_status)c->result_status;

@@ -25,6 +25,10 @@ const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p);
 /* NULL while every process is alive, else "rank group lost: why" (set once,
  * never changed after). Checks, so it can turn non-NULL. */
 const char *tp_rank_procs_lost(tp_rank_procs *p);
+/* The same without looking: only what a check (here or in another process)
+ * already found. For the start of a step, which must not pay for waitpid
+ * and kill: a step with a dead peer fails in its first wait anyway. */
+const char *tp_rank_procs_lost_known(tp_rank_procs *p);
 
 /* Leader only: one message to every worker (waits while a worker is more
  * than a few messages behind). */

@@ -115,3 +115,16 @@ void tp_futex_wake(_Atomic uint32_t *w, int shared)
 {
     syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE | (shared ? 0 : FUTEX_PRIVATE_FLAG), INT_MAX, NULL, NULL, 0);
 }
+
+void tp_futex_sleep(_Atomic uint32_t *w, uint32_t expected, _Atomic uint32_t *sleepers, int timeout_ms, int shared)
+{
+    atomic_fetch_add(sleepers, 1);
+    tp_futex_wait(w, expected, timeout_ms, shared);
+    atomic_fetch_sub(sleepers, 1);
+}
+
+void tp_futex_wake_sleepers(_Atomic uint32_t *w, _Atomic uint32_t *sleepers, int shared)
+{
+    if (atomic_load(sleepers) > 0)
+        tp_futex_wake(w, shared);
+}

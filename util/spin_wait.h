@@ -61,4 +61,13 @@ int64_t tp_spin_now_ns(void);
 void tp_futex_wait(_Atomic uint32_t *w, uint32_t expected, int timeout_ms, int shared);
 void tp_futex_wake(_Atomic uint32_t *w, int shared);
 
+/* The same with a count of the sleepers, so that a waker makes the wake-up
+ * syscall only when someone sleeps (most waits end in their spin). No
+ * wake-up is lost: a sleeper counts itself, then sleeps only while the word
+ * still holds `expected` (the kernel re-reads it); a waker changes the word
+ * first, then reads the count (all seq_cst). So either the waker sees the
+ * sleeper, or the sleeper sees the change. */
+void tp_futex_sleep(_Atomic uint32_t *w, uint32_t expected, _Atomic uint32_t *sleepers, int timeout_ms, int shared);
+void tp_futex_wake_sleepers(_Atomic uint32_t *w, _Atomic uint32_t *sleepers, int shared);
+
 #endif

@@ -270,8 +270,7 @@ void cpu_comm_set_spin(cpu_comm *c, int64_t ns) { c->spin_ns = ns; }
 static void wake_all(cpu_comm *c)
 {
     atomic_fetch_add(&c->h->seq, 1);
-    if (atomic_load(&c->h->sleepers) > 0)
-        tp_futex_wake(&c->h->seq, c->shared);
+    tp_futex_wake_sleepers(&c->h->seq, &c->h->sleepers, c->shared);
 }
 
 void cpu_comm_abort(cpu_comm *c)
@@ -308,6 +307,20 @@ static tp_status check_flags(uint64_t s, int abortable, tp_err *err)
     return TP_OK;
 }
 
+/* A spinning waiter's view: the state it arrived in has moved on
+ * (completed, aborted or lost). */
+typedef struct {
+    const comm_hdr *h;
+    uint32_t gen;
+} arrival;
+
+static int state_moved(const void *p)
+{
+    const arrival *a = p;
+    uint64_t s = atomic_load_explicit(&a->h->state, memory_order_acquire);
+    return GEN_OF(s) != a->gen || (s & (ST_ABORTED | ST_LOST));
+}
+
 /* abortable=1: fails (without counting this rank) once aborted, and wakes
  * with an error if aborted before the generation completes.
  * abortable=0: waits for the generation regardless of the aborted flag.
@@ -324,23 +337,9 @@ static tp_status check_flags(uint64_t s, int abortable, tp_err *err)
  *
  * No lost wake-up: a waiter reads seq, then the state, then sleeps only
  * while seq still holds what it read; every event bumps seq after changing
- * the state. The waker skips FUTEX_WAKE when sleepers is 0, which is safe
- * because a waiter counts itself in sleepers before the kernel re-reads seq,
- * and the waker bumps seq before reading sleepers (all seq_cst). */
-/* A spinning waiter's view: the state it arrived in has moved on
- * (completed, aborted or lost). */
-typedef struct {
-    const comm_hdr *h;
-    uint32_t gen;
-} arrival;
-
-static int state_moved(const void *p)
-{
-    const arrival *a = p;
-    uint64_t s = atomic_load_explicit(&a->h->state, memory_order_acquire);
-    return GEN_OF(s) != a->gen || (s & (ST_ABORTED | ST_LOST));
-}
-
+ * the state. The waker skips FUTEX_WAKE when nobody sleeps, which is safe
+ * (tp_futex_sleep: a waiter counts itself in sleepers before the kernel
+ * re-reads seq, and the waker bumps seq before reading sleepers). */
 static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
 {
     comm_hdr *h = c->h;
@@ -369,9 +368,7 @@ static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
         tp_status st = check_flags(s, abortable, err);
         if (st != TP_OK)
             return st;
-        atomic_fetch_add(&h->sleepers, 1);
-        tp_futex_wait(&h->seq, q, -1, c->shared);
-        atomic_fetch_sub(&h->sleepers, 1);
+        tp_futex_sleep(&h->seq, q, &h->sleepers, -1, c->shared);
     }
 }
 
