@@ -234,7 +234,7 @@ bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 # Per thread and per request at one connection: context switches and CPU,
 # ranks as threads and as processes (issue 17: <= 4 and <= 60 us).
 bench-ranks-ctx: $(BUILD)/tpserve $(GRAPHS)
-	TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) sh tests/load/rank_ctx.sh
+	TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs sh tests/load/rank_ctx.sh
 
 DOCKER_IMAGE ?= tpserve:latest
 .PHONY: docker

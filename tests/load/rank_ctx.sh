@@ -16,11 +16,10 @@
 # env: TPSERVE (build/tpserve), TP_GRAPHS (build/graphs), GRAPH
 #      (mlp_sp_tp2), DURATION (seconds per round, 3), ROUNDS (3), MODES
 #      ("threads processes"), THREADS (--threads, 4), TPSERVE_ARGS (extra
-#      serve flags), PYTHON (python3).
+#      serve flags).
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
 TP_GRAPHS=${TP_GRAPHS:-build/graphs}
-PYTHON=${PYTHON:-python3}
 G=${GRAPH:-mlp_sp_tp2}
 DURATION=${DURATION:-3}
 ROUNDS=${ROUNDS:-3}
@@ -46,10 +45,6 @@ die() {
 command -v wrk >/dev/null 2>&1 || die "wrk not found (scripts/deps.sh installs it)"
 [ -x "$TPSERVE" ] || die "no tpserve binary at $TPSERVE (make build/tpserve)"
 [ -f "$TP_GRAPHS/$G.json" ] || die "no graph $TP_GRAPHS/$G.json (make graphs)"
-
-free_port() {
-    $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 
 # snapshot: one line per thread of the server and its direct children:
 # "PID/TID NAME VOLUNTARY INVOLUNTARY CPU_NS".
@@ -91,14 +86,14 @@ round() {
 }
 
 for mode in $MODES; do
-    PORT=$(free_port)
-    BASE="http://127.0.0.1:$PORT"
+    # port 0: the server picks a free one and logs it in its "ready" line
     # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
-    "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" --ranks "$mode" \
-        --log-level warn $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
+    "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port 0 --threads "$THREADS" --ranks "$mode" \
+        --log-level info $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
     PID=$!
     i=0
-    until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do
+    until BASE=$(grep -o 'listen=http://[0-9.:]*' "$TMP/tpserve.log" | sed 's/^listen=//') && [ -n "$BASE" ] &&
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v2/health/ready")" = 200 ]; do
         kill -0 "$PID" 2>/dev/null || die "tpserve --ranks $mode exited during startup: $(cat "$TMP/tpserve.log")"
         i=$((i + 1))
         [ $i -gt 300 ] && die "tpserve --ranks $mode not ready after 30 s"

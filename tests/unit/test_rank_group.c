@@ -152,16 +152,24 @@ static tp_status wait_for_peer(void *p, int rank, tp_err *err)
     return rank == 0 ? tp_fail(err, TP_BACKEND, "collective aborted") : write_rank(c, rank, err);
 }
 
+/* Posts c's step and runs fn on it; a hang fails the test instead of the
+ * whole suite. */
+static tp_status guarded_step(tp_rank_group *g, step_ctx *c, tp_rank_fn fn, const tp_rank_hooks *hooks, tp_err *err)
+{
+    ck_assert(tp_rank_group_post(g, &c->step, sizeof c->step, err) == TP_OK);
+    alarm(20);
+    tp_status st = tp_rank_group_run(g, fn, c, hooks, err);
+    alarm(0);
+    return st;
+}
+
 START_TEST(a_dead_worker_fails_the_step_and_the_group)
 {
     tp_rank_group *g = leader(2, "die");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "die", .step = 1};
     tp_rank_hooks hooks = {NULL, release, NULL};
     tp_err err;
-    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
-    alarm(20); /* a hang fails the test instead of the whole suite */
-    tp_status st = tp_rank_group_run(g, wait_for_peer, &c, &hooks, &err);
-    alarm(0);
+    tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "killed by signal 9"), "%s", err.msg);
     ck_assert(atomic_load(&released));
@@ -224,10 +232,7 @@ START_TEST(a_failure_elsewhere_wakes_a_blocked_rank)
     tp_rank_hooks hooks = {release_fail, NULL, NULL};
     tp_err err;
     atomic_store(&released, 0);
-    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
-    alarm(20);
-    tp_status st = tp_rank_group_run(g, wait_for_abort, &c, &hooks, &err);
-    alarm(0);
+    tp_status st = guarded_step(g, &c, wait_for_abort, &hooks, &err);
     ck_assert_int_eq(st, TP_BACKEND);
     ck_assert_msg(strcmp(err.msg, "rank 1: rank 1 gave up") == 0, "%s", err.msg);
     c.step = 2; /* the group goes on */
@@ -244,10 +249,7 @@ START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
     tp_rank_hooks hooks = {NULL, release, NULL};
     tp_err err;
     atomic_store(&released, 0);
-    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
-    alarm(20);
-    tp_status st = tp_rank_group_run(g, wait_for_peer, &c, &hooks, &err);
-    alarm(0);
+    tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "did not finish a step within 500 ms"), "%s",
                   err.msg);
