@@ -46,13 +46,14 @@ command -v wrk >/dev/null 2>&1 || die "wrk not found (scripts/deps.sh installs i
 [ -x "$TPSERVE" ] || die "no tpserve binary at $TPSERVE (make build/tpserve)"
 [ -f "$TP_GRAPHS/$G.json" ] || die "no graph $TP_GRAPHS/$G.json (make graphs)"
 
-# snapshot: one line per thread of the server and its direct children:
-# "PID/TID NAME VOLUNTARY INVOLUNTARY CPU_NS".
+# snapshot: one line per thread of the server and its direct children (the
+# rank workers, named worker:...): "PID/TID NAME VOLUNTARY INVOLUNTARY CPU_NS".
 snapshot() {
     for p in $PID $(cat /proc/"$PID"/task/*/children 2>/dev/null); do
         for t in /proc/"$p"/task/*; do
             [ -r "$t/schedstat" ] || continue
             name=$(tr ' ' '_' <"$t/comm")
+            [ "$p" = "$PID" ] || name="worker:$name"
             sw=$(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 }
                       END { print v + 0, n + 0 }' "$t/status")
             echo "$p/${t##*/} $name $sw $(cut -d' ' -f1 "$t/schedstat")"
