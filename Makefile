@@ -54,7 +54,7 @@ NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --compiler-options -Wall,-Werror \
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu
+.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
 .PHONY: test-cpus cuda-double test-numtext-exhaustive
 
 all: $(BUILD)/tpserve cuda
@@ -77,6 +77,7 @@ help:
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
+	@echo "make bench-ranks-ctx  context switches and CPU per request and per thread, c=1, threads and processes"
 	@echo "make bench-import  imported ONNX models: tpserve vs onnxruntime per request"
 	@echo "make run MODEL=gpt2 WS=2   import tests/onnx/gpt2.onnx (or MODEL=path.onnx) for 2 ranks and serve it"
 
@@ -229,6 +230,11 @@ test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
 	  PYTHON=$(PYTHON) sh tests/load/bench_http.sh
+
+# Per thread and per request at one connection: context switches and CPU,
+# ranks as threads and as processes (issue 17: <= 4 and <= 60 us).
+bench-ranks-ctx: $(BUILD)/tpserve $(GRAPHS)
+	TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs sh tests/load/rank_ctx.sh
 
 DOCKER_IMAGE ?= tpserve:latest
 .PHONY: docker

@@ -1,21 +1,42 @@
-/* rank_group.c — the local ranks of a group are persistent threads; in a
- * process group every step is also announced to (leader) or taken from
- * (worker) the other processes, and its result merged across them.
+/* rank_group.c — how a step reaches the local ranks of a group.
  *
- * The calling thread never runs a rank itself: it waits for the local ranks
- * and, in a process group, looks every few milliseconds for a failure
- * elsewhere (wake our ranks blocked in a collective) or a dead process. */
+ * The thread calling run runs the first local rank itself. In a thread
+ * group the other ranks are persistent threads; a process runs one rank, so
+ * its caller runs it and no hand-off is left (the step is still announced
+ * to, or taken from, the other processes, and its result merged across
+ * them: rank_procs.c).
+ *
+ * Starting and finishing a step takes no lock: the caller publishes the
+ * step and bumps `gen`, which rank threads wait to see change; each rank
+ * thread counts `running` down, which the caller waits to see reach 0. A
+ * waiter spins for a bounded time before it sleeps on the word with a
+ * futex (util/spin_wait.h: never when the ranks outnumber the cores),
+ * counted in a sleepers word so that the other side makes the wake-up
+ * syscall only when someone sleeps. Each wait site keeps its own
+ * history (tp_spin_site): a rank thread waiting for the next step at one
+ * request at a time finds the step a whole HTTP round trip away, its spins
+ * run out, and it soon sleeps at once; with steps back to back they pay.
+ *
+ * Process groups: while a step is in flight, a watchdog thread looks every
+ * POLL_MS for a failure in another process (our rank may be blocked in a
+ * collective waiting for the failed one: hooks->fail) or a dead or hung
+ * process (hooks->lost) — what the caller did itself when it only waited
+ * for a rank thread, now off the step's path. It sleeps for good once no
+ * step has run for IDLE_MS, so steps back to back never wake it and an idle
+ * server is not woken 50 times a second. */
 #include "rank_group.h"
 
-#include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "rank_procs.h"
+#include "spin_wait.h"
 
 #define POLL_MS 20
+#define IDLE_MS 1000
 
 typedef struct {
     tp_rank_group *g;
@@ -27,22 +48,35 @@ struct tp_rank_group {
     tp_rank_procs *procs; /* NULL: a thread group */
     pthread_t *threads;
     rank_arg *args;
-    unsigned char *benign; /* per local rank: its failure this step is benign */
-    int woke;              /* this step already called hooks->fail */
-    pthread_mutex_t mu;
-    pthread_cond_t start, done;
-    unsigned long generation; /* bumped per run; threads wait for a change */
-    int quit, n_done, n_threads;
-    /* Thread groups: the thread calling run runs rank lo itself, sparing a
-     * wake-up and a wait per step. Process groups keep a thread per local
-     * rank: the caller must stay free to watch for dead processes. */
-    int caller_runs;
+    int n_threads; /* rank threads: every local rank but the caller's */
+    int64_t spin_ns;
+    tp_spin_site caller_site; /* the caller's wait for the rank threads */
+
+    /* The step in flight: written by the caller before it bumps gen. */
     tp_rank_fn fn;
     void *ctx;
     const tp_rank_hooks *hooks;
+    unsigned char *benign; /* per local rank, written by its own thread */
+    /* The first failure: the rank that wins `failed` writes the rest before
+     * it counts itself out of `running`. */
+    _Atomic int failed;
     tp_status status;
-    uint32_t ticket;
     tp_err first_err;
+    uint32_t ticket;
+    int woke; /* the first failure called hooks->fail */
+
+    _Atomic uint32_t gen;     /* futex: steps started (quit bumps it too) */
+    _Atomic uint32_t running; /* futex: rank threads not done with this step */
+    _Atomic uint32_t gen_sleepers, running_sleepers;
+    _Atomic uint32_t quit;    /* futex: the watchdog's tick sleeps on it */
+
+    /* Process groups: the watchdog. */
+    int has_watchdog;
+    pthread_t watchdog;
+    pthread_mutex_t watch_mu;  /* held by a tick; the caller takes it to end a step's watch */
+    _Atomic uint32_t steps;    /* futex: watched steps begun (quit bumps it too) */
+    _Atomic int in_step, watch_idle;
+    int told;                  /* TP_POLL_* the hooks were told this step (watch_mu) */
 };
 
 static void call_hook(const tp_rank_hooks *h, int lost)
@@ -52,73 +86,198 @@ static void call_hook(const tp_rank_hooks *h, int lost)
         f(h->ctx);
 }
 
-/* The fail hook runs outside the mutex: a backend's abort may block (NCCL
- * revoke waits for its own streams) and must never hold up the other
- * ranks' finish or the poller. A benign failure (tp_rank_group_benign)
- * wakes nobody, here or in the other processes. */
+/* ------------------------------------------------------------ waiting */
+
+typedef struct {
+    _Atomic uint32_t *w;
+    uint32_t v;
+} word_is;
+
+static int word_moved(const void *p)
+{
+    const word_is *x = p;
+    return atomic_load(x->w) != x->v;
+}
+
+static int ranks_done(const void *p) { return atomic_load(&((tp_rank_group *)p)->running) == 0; }
+
+/* The caller: until every rank thread is done with the step. */
+static void wait_ranks(tp_rank_group *g)
+{
+    if (tp_spin_site_until(&g->caller_site, ranks_done, g, g->spin_ns))
+        return;
+    for (uint32_t v; (v = atomic_load(&g->running)) != 0;)
+        tp_futex_sleep(&g->running, v, &g->running_sleepers, -1, 0);
+}
+
+/* A rank thread: until gen moves past seen. */
+static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
+{
+    if (!tp_spin_site_until(site, word_moved, &(word_is){&g->gen, seen}, g->spin_ns))
+        while (atomic_load(&g->gen) == seen)
+            tp_futex_sleep(&g->gen, seen, &g->gen_sleepers, -1, 0);
+}
+
+/* ------------------------------------------------------------ ranks */
+
+/* The first failing rank records the step's status and, unless its failure
+ * is benign (tp_rank_group_benign), wakes the peers through hooks->fail —
+ * before it counts itself done, so the step never ends with the hook still
+ * running. A backend's abort may block (NCCL revoke waits for its own
+ * streams): it holds up nobody but this rank. */
 static void finish_rank(tp_rank_group *g, int rank, tp_status st, tp_err *e)
 {
-    int wake = 0;
-    pthread_mutex_lock(&g->mu);
-    const tp_rank_hooks *hooks = g->hooks;
-    if (st != TP_OK && g->status == TP_OK) {
-        g->status = st;
-        tp_err_prefix(e, "rank %d: ", rank);
-        g->first_err = *e;
-        wake = !g->benign[rank - g->lo];
-        g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs, wake) : 0;
-        g->woke |= wake;
-    }
-    pthread_mutex_unlock(&g->mu);
+    int none = 0;
+    if (st == TP_OK || !atomic_compare_exchange_strong(&g->failed, &none, 1))
+        return;
+    int wake = !g->benign[rank - g->lo];
+    g->status = st;
+    tp_err_prefix(e, "rank %d: ", rank);
+    g->first_err = *e;
+    g->ticket = g->procs ? tp_rank_procs_fail_ticket(g->procs, wake) : 0;
+    g->woke = wake;
     if (wake)
-        call_hook(hooks, 0);
-    pthread_mutex_lock(&g->mu);
-    if (++g->n_done == g->n_threads + g->caller_runs)
-        pthread_cond_signal(&g->done);
-    pthread_mutex_unlock(&g->mu);
+        call_hook(g->hooks, 0);
+}
+
+static void run_local(tp_rank_group *g, int rank)
+{
+    tp_err e = {{0}};
+    tp_status st = g->fn(g->ctx, rank, &e);
+    finish_rank(g, rank, st, &e);
 }
 
 static void *rank_main(void *p)
 {
     rank_arg *a = p;
     tp_rank_group *g = a->g;
-    unsigned long seen = 0;
+    char name[16];
+    snprintf(name, sizeof name, "rank %d", a->rank);
+    pthread_setname_np(pthread_self(), name);
+    uint32_t seen = 0;
+    tp_spin_site site = {0};
     for (;;) {
-        pthread_mutex_lock(&g->mu);
-        while (!g->quit && g->generation == seen)
-            pthread_cond_wait(&g->start, &g->mu);
-        if (g->quit) {
-            pthread_mutex_unlock(&g->mu);
+        wait_step(g, seen, &site);
+        if (atomic_load(&g->quit))
             return NULL;
-        }
-        seen = g->generation;
-        tp_rank_fn fn = g->fn;
-        void *ctx = g->ctx;
-        pthread_mutex_unlock(&g->mu);
-        tp_err e = {{0}};
-        tp_status st = fn(ctx, a->rank, &e);
-        finish_rank(g, a->rank, st, &e);
+        seen = atomic_load(&g->gen); /* moves once per step: run waits for us */
+        run_local(g, a->rank);
+        if (atomic_fetch_sub(&g->running, 1) == 1)
+            tp_futex_wake_sleepers(&g->running, &g->running_sleepers, 0);
     }
 }
 
 static tp_status start_threads(tp_rank_group *g, tp_err *err)
 {
-    g->caller_runs = !g->procs;
-    g->n_threads = g->hi - g->lo - g->caller_runs;
-    g->threads = calloc((size_t)g->n_threads, sizeof *g->threads);
-    g->args = calloc((size_t)g->n_threads, sizeof *g->args);
+    g->n_threads = g->hi - g->lo - 1;
+    g->threads = calloc((size_t)g->n_threads + 1, sizeof *g->threads);
+    g->args = calloc((size_t)g->n_threads + 1, sizeof *g->args);
     g->benign = calloc((size_t)(g->hi - g->lo), 1); /* every local rank, the caller's too */
     if (!g->threads || !g->args || !g->benign)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
     for (int i = 0; i < g->n_threads; i++) {
-        g->args[i] = (rank_arg){g, g->lo + g->caller_runs + i};
+        g->args[i] = (rank_arg){g, g->lo + 1 + i};
         if (pthread_create(&g->threads[i], NULL, rank_main, &g->args[i]) != 0) {
             g->n_threads = i; /* join only the threads that exist */
-            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d",
-                           g->args[i].rank);
+            return tp_fail(err, TP_INTERNAL, "rank group: cannot start thread for rank %d", g->args[i].rank);
         }
     }
     return TP_OK;
+}
+
+/* ------------------------------------------------------------ watchdog */
+
+/* Tells the hooks what poll reports and they were not told yet. */
+static int tell_hooks(tp_rank_group *g, const tp_rank_hooks *hooks, int told)
+{
+    int f = tp_rank_procs_poll(g->procs) & ~told;
+    if (f & TP_POLL_ABORT)
+        call_hook(hooks, 0);
+    if (f & TP_POLL_LOST)
+        call_hook(hooks, 1);
+    return told | f;
+}
+
+/* Sleeps until a step begins or quit, if none began since `seen`. */
+static void watch_idle(tp_rank_group *g, uint32_t seen)
+{
+    atomic_store(&g->watch_idle, 1);
+    if (atomic_load(&g->steps) == seen && !atomic_load(&g->quit))
+        tp_futex_wait(&g->steps, seen, -1, 0);
+    atomic_store(&g->watch_idle, 0);
+}
+
+static void *watch_main(void *p)
+{
+    tp_rank_group *g = p;
+    pthread_setname_np(pthread_self(), "rank watchdog");
+    uint32_t seen = atomic_load(&g->steps);
+    int64_t quiet_since = tp_spin_now_ns();
+    while (!atomic_load(&g->quit)) {
+        uint32_t s = atomic_load(&g->steps);
+        int64_t now = tp_spin_now_ns();
+        if (s != seen || atomic_load(&g->in_step)) {
+            seen = s;
+            quiet_since = now;
+        } else if (now - quiet_since > (int64_t)IDLE_MS * 1000000) {
+            watch_idle(g, s);
+            continue;
+        }
+        tp_futex_wait(&g->quit, 0, POLL_MS, 0);
+        pthread_mutex_lock(&g->watch_mu);
+        if (atomic_load(&g->in_step))
+            g->told = tell_hooks(g, g->hooks, g->told);
+        pthread_mutex_unlock(&g->watch_mu);
+    }
+    return NULL;
+}
+
+static tp_status start_watchdog(tp_rank_group *g, tp_err *err)
+{
+    if (pthread_create(&g->watchdog, NULL, watch_main, g) != 0)
+        return tp_fail(err, TP_INTERNAL, "rank group: cannot start the watchdog thread");
+    g->has_watchdog = 1;
+    return TP_OK;
+}
+
+static void stop_watchdog(tp_rank_group *g)
+{
+    if (!g->has_watchdog)
+        return;
+    atomic_store(&g->quit, 1);
+    atomic_fetch_add(&g->steps, 1);
+    tp_futex_wake(&g->steps, 0);
+    tp_futex_wake(&g->quit, 0);
+    pthread_join(g->watchdog, NULL);
+    g->has_watchdog = 0;
+}
+
+static void watch_begin(tp_rank_group *g)
+{
+    g->told = 0;
+    atomic_store(&g->in_step, 1);
+    atomic_fetch_add(&g->steps, 1);
+    if (atomic_load(&g->watch_idle))
+        tp_futex_wake(&g->steps, 0);
+}
+
+/* After it, the watchdog is not inside (and never again calls) this step's
+ * hooks, which may live on the caller's stack. Returns what they were told. */
+static int watch_end(tp_rank_group *g)
+{
+    pthread_mutex_lock(&g->watch_mu);
+    atomic_store(&g->in_step, 0);
+    int told = g->told;
+    pthread_mutex_unlock(&g->watch_mu);
+    return told;
+}
+
+/* ------------------------------------------------------------ group */
+
+static int64_t spin_budget(const tp_rank_group_opts *o)
+{
+    int64_t ns = tp_spin_budget(o->world, o->cores > 0 ? o->cores : tp_spin_cores());
+    return ns > 0 && o->spin_ns > 0 ? o->spin_ns : ns;
 }
 
 tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out, tp_err *err)
@@ -126,21 +285,17 @@ tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out,
     tp_rank_group *g = calloc(1, sizeof *g);
     if (!g)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->start, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->done, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&g->watch_mu, NULL);
     g->world = o->world;
     g->hi = o->world;
+    g->spin_ns = spin_budget(o);
     tp_status st = TP_OK;
     if (o->mode != TP_GROUP_THREADS) {
-        st = tp_rank_procs_create(o, &g->procs, err);
+        st = tp_rank_procs_create(o, g->spin_ns, &g->procs, err);
         if (st == TP_OK) {
             g->lo = tp_rank_procs_rank(g->procs);
             g->hi = g->lo + 1;
+            st = start_watchdog(g, err);
         }
     } else if (o->world < 1) {
         st = tp_fail(err, TP_INVALID, "rank group: world size %d", o->world);
@@ -157,6 +312,7 @@ tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out,
 
 void tp_rank_group_stop(tp_rank_group *g)
 {
+    stop_watchdog(g); /* it must not look at workers being reaped */
     if (g->procs)
         tp_rank_procs_stop(g->procs);
 }
@@ -165,16 +321,14 @@ void tp_rank_group_free(tp_rank_group *g)
 {
     if (!g)
         return;
-    pthread_mutex_lock(&g->mu);
-    g->quit = 1;
-    pthread_cond_broadcast(&g->start);
-    pthread_mutex_unlock(&g->mu);
+    stop_watchdog(g);
+    atomic_store(&g->quit, 1);
+    atomic_fetch_add(&g->gen, 1);
+    tp_futex_wake(&g->gen, 0);
     for (int i = 0; g->threads && i < g->n_threads; i++)
         pthread_join(g->threads[i], NULL);
     tp_rank_procs_free(g->procs);
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->start);
-    pthread_cond_destroy(&g->done);
+    pthread_mutex_destroy(&g->watch_mu);
     free(g->threads);
     free(g->args);
     free(g->benign);
@@ -193,51 +347,32 @@ int tp_rank_group_leads(const tp_rank_group *g) { return g->lo == 0; }
 const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g) { return g->procs ? tp_rank_procs_shared(g->procs) : NULL; }
 const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_rank_procs_lost(g->procs) : NULL; }
 
-/* Tells the hooks what poll reports and they were not told yet (outside
- * the mutex: the hooks may wait for our ranks' threads). */
-static int tell_hooks(tp_rank_group *g, const tp_rank_hooks *hooks, int told)
-{
-    int f = tp_rank_procs_poll(g->procs) & ~told;
-    if (f & TP_POLL_ABORT)
-        call_hook(hooks, 0);
-    if (f & TP_POLL_LOST)
-        call_hook(hooks, 1);
-    return told | f;
-}
-
-/* Waits for the local ranks; in a process group, passes a failure elsewhere
- * to hooks->fail and a lost process to hooks->lost, once each. Returns what
- * it told. */
-static int wait_local(tp_rank_group *g)
-{
-    int told = 0;
-    while (g->n_done < g->n_threads + g->caller_runs) {
-        if (!g->procs) {
-            pthread_cond_wait(&g->done, &g->mu);
-            continue;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += POLL_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        if (pthread_cond_timedwait(&g->done, &g->mu, &ts) != ETIMEDOUT)
-            continue;
-        const tp_rank_hooks *hooks = g->hooks;
-        pthread_mutex_unlock(&g->mu);
-        told = tell_hooks(g, hooks, told);
-        pthread_mutex_lock(&g->mu);
-    }
-    return told;
-}
-
-/* A lost group fails every later step at once, with the same message. */
+/* A lost group fails every later step at once, with the same message
+ * (a death not found yet fails the step in its first wait). */
 static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)
 {
-    const char *lost = tp_rank_procs_lost(g->procs);
+    const char *lost = tp_rank_procs_lost_known(g->procs);
     return lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : TP_OK;
+}
+
+/* Publishes the step: the watchdog sees it once in_step is set, the rank
+ * threads once gen moves. */
+static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks)
+{
+    g->fn = fn;
+    g->ctx = ctx;
+    g->hooks = hooks;
+    g->status = TP_OK;
+    g->woke = 0;
+    memset(g->benign, 0, (size_t)(g->hi - g->lo));
+    atomic_store(&g->failed, 0);
+    atomic_store(&g->running, (uint32_t)g->n_threads);
+    if (g->procs)
+        watch_begin(g);
+    if (g->n_threads) {
+        atomic_fetch_add(&g->gen, 1);
+        tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
+    }
 }
 
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err)
@@ -250,53 +385,33 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         if (st != TP_OK)
             return st;
         st = g->lo == 0 ? tp_rank_procs_send(g->procs, TP_MSG_RUN, NULL, 0, err)
-                                  : tp_rank_procs_recv(g->procs, TP_MSG_RUN, NULL, 0, NULL, &quit, err);
+                        : tp_rank_procs_recv(g->procs, TP_MSG_RUN, NULL, 0, NULL, &quit, err);
         if (st != TP_OK)
             return st;
     }
-    pthread_mutex_lock(&g->mu);
-    g->fn = fn;
-    g->ctx = ctx;
-    g->hooks = hooks;
-    g->status = TP_OK;
-    g->n_done = 0;
-    memset(g->benign, 0, (size_t)(g->hi - g->lo));
-    g->woke = 0;
-    g->generation++;
-    pthread_cond_broadcast(&g->start);
-    if (g->caller_runs) {
-        pthread_mutex_unlock(&g->mu);
-        tp_err e = {{0}};
-        tp_status rst = fn(ctx, g->lo, &e);
-        finish_rank(g, g->lo, rst, &e);
-        pthread_mutex_lock(&g->mu);
+    begin_step(g, fn, ctx, hooks);
+    run_local(g, g->lo);
+    wait_ranks(g);
+    if (!g->procs) {
+        if (g->status != TP_OK)
+            *err = g->first_err;
+        return g->status;
     }
-    int told = wait_local(g) | (g->woke ? TP_POLL_ABORT : 0);
-    tp_status st = g->status;
-    tp_err first = g->first_err;
-    uint32_t ticket = g->ticket;
-    pthread_mutex_unlock(&g->mu);
-    if (g->procs) {
-        st = tp_rank_procs_finish(g->procs, st, &first, ticket, err);
-        /* A rank elsewhere failed (not benignly) after ours were done: our
-         * backend must learn it too, or it would stay healthy while the
-         * failing rank's is torn down, and the next collective (or a
-         * collective teardown) would wait for a peer that left. */
-        if (st != TP_OK)
-            tell_hooks(g, hooks, told);
-        return st;
-    }
+    int told = watch_end(g) | (g->woke ? TP_POLL_ABORT : 0);
+    tp_status st = tp_rank_procs_finish(g->procs, g->status, &g->first_err, g->ticket, err);
+    /* A rank elsewhere failed (not benignly) after ours was done: our
+     * backend must learn it too, or it would stay healthy while the failing
+     * rank's is torn down, and the next collective (or a collective
+     * teardown) would wait for a peer that left. */
     if (st != TP_OK)
-        *err = first;
+        tell_hooks(g, hooks, told);
     return st;
 }
 
 void tp_rank_group_benign(tp_rank_group *g, int rank)
 {
-    pthread_mutex_lock(&g->mu);
     if (rank >= g->lo && rank < g->hi)
         g->benign[rank - g->lo] = 1;
-    pthread_mutex_unlock(&g->mu);
 }
 
 tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t cap, tp_err *err)

@@ -21,6 +21,7 @@
 #define TP_RANK_GROUP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "status.h"
 
@@ -53,6 +54,11 @@ typedef struct {
      * (a hung rank), like a dead one would; 0: no limit. Loading a rank's
      * weights is a step too, so make it generous. */
     int step_timeout_ms;
+    /* A rank waiting for a peer spins this long before it sleeps, in ns
+     * (0: TP_SPIN_NS, util/spin_wait.h), and never when the ranks (world)
+     * outnumber `cores` (0: the cores this process may use). */
+    int64_t spin_ns;
+    int cores;
 } tp_rank_group_opts;
 
 /* Where the group's shared memory is, in this process's address space.
@@ -89,10 +95,12 @@ const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
  * that lives as long as the group and never changes once set). */
 const char *tp_rank_group_lost(const tp_rank_group *g);
 
-/* Runs fn(ctx, r) on every local rank and, in a process group, waits for
+/* Runs fn(ctx, r) on every local rank (the first on the calling thread,
+ * the others on the group's threads) and, in a process group, waits for
  * every other process's ranks to finish the same step. Returns the first
  * failing rank's status and message (prefixed "rank r: "). Not reentrant:
- * callers serialize. hooks may be NULL. */
+ * callers serialize. hooks may be NULL; they may be called on another
+ * thread (a failing rank's, the watchdog's), never after run returns. */
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
 
 /* Called by fn on rank's own thread before it returns a failure that left

@@ -10,6 +10,15 @@
  * Synchronization is C11 atomics plus futexes on shared words rather than
  * process-shared mutexes: a process that dies mid-step cannot leave a lock
  * held, and every wait has a timeout so the waiter can look for the dead.
+ * A wait spins for the group's budget first (util/spin_wait.h): inside a
+ * step the peer is usually microseconds away. Each wait site learns on its
+ * own whether spinning pays (tp_spin_site): a run follows its command at
+ * once, while the next command, at one request at a time, is a whole HTTP
+ * round trip away.
+ *
+ * The liveness check (check_peers) runs on the step's caller and on the
+ * group's watchdog thread (rank_group.c), so it holds live_mu; the lost
+ * message is published through lost_set and never changes after.
  *
  * Messages go through a ring of RING slots: the leader never overwrites a
  * slot some worker has not read yet (each worker publishes how many it has
@@ -17,10 +26,9 @@
 #include "rank_procs.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -30,14 +38,15 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "spin_wait.h"
+
 #define CTL_MAGIC 0x74707267u /* "tprg" */
-#define CTL_VERSION 1
+#define CTL_VERSION 2
 #define RING 8
 #define WAIT_SLICE_MS 20
 #define GROUP_FD 3
@@ -48,6 +57,7 @@ extern char **environ;
 typedef struct {
     _Atomic uint32_t seen;  /* messages consumed */
     _Atomic uint32_t done;  /* last run step finished */
+    _Atomic uint32_t done_sleepers;
     _Atomic int32_t pid;
     int32_t status;
     uint32_t ticket;
@@ -65,8 +75,10 @@ typedef struct {
     uint64_t total, comm_offset, comm_bytes, staging_offset, staging_bytes, heap_offset, heap_bytes;
     _Atomic int32_t leader_pid;
     _Atomic uint32_t seq; /* futex: messages sent */
+    _Atomic uint32_t seq_sleepers;
     ctl_msg ring[RING];
     _Atomic uint32_t result; /* futex: last run step with a merged result */
+    _Atomic uint32_t result_sleepers;
     int32_t result_status;
     char result_msg[sizeof(tp_err)];
     _Atomic uint32_t abort_step; /* a rank failed in this run step */
@@ -86,20 +98,17 @@ struct tp_rank_procs {
     int32_t pid[TP_GROUP_MAX_PROCESSES];  /* leader: every worker's pid */
     uint32_t seen; /* leader: messages sent; worker: consumed */
     int step_timeout_ms, join_timeout_ms;
-    int64_t step_deadline; /* leader: when the run in flight becomes a hang (0: none) */
-    uint32_t step; /* the run step in flight */
+    int64_t spin_ns;
+    tp_spin_site recv_site[TP_MSG_QUIT + 1]; /* worker: per kind of message */
+    tp_spin_site ring_site, finish_site;
+    _Atomic int64_t step_deadline; /* leader: when the run in flight becomes a hang (0: none) */
+    _Atomic uint32_t step;         /* the run step in flight */
+    pthread_mutex_t live_mu;       /* check_peers */
+    _Atomic int lost_set;          /* lost[] is written and final */
     char lost[512];
 };
 
 /* ------------------------------------------------------------ waiting */
-
-static void futex_wait_ms(_Atomic uint32_t *w, uint32_t val, int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake_all(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
 static int64_t now_ms(void)
 {
@@ -113,7 +122,7 @@ static int64_t now_ms(void)
 static void set_lost(tp_rank_procs *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_lost(tp_rank_procs *p, const char *fmt, ...)
 {
-    if (p->lost[0])
+    if (atomic_load(&p->lost_set))
         return;
     static const char prefix[] = "rank group lost: ";
     memcpy(p->lost, prefix, sizeof prefix);
@@ -121,13 +130,14 @@ static void set_lost(tp_rank_procs *p, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(p->lost + sizeof prefix - 1, sizeof p->lost - (sizeof prefix - 1), fmt, ap);
     va_end(ap);
+    atomic_store(&p->lost_set, 1);
     if (!atomic_load(&p->ctl->lost)) {
         snprintf(p->ctl->lost_msg, sizeof p->ctl->lost_msg, "%s", p->lost);
         atomic_store(&p->ctl->lost, 1);
     }
     /* wake everyone so they notice now, not at their next time slice */
-    futex_wake_all(&p->ctl->seq);
-    futex_wake_all(&p->ctl->result);
+    tp_futex_wake(&p->ctl->seq, 1);
+    tp_futex_wake(&p->ctl->result, 1);
 }
 
 static void describe_exit(tp_rank_procs *p, int r, int ws)
@@ -141,13 +151,14 @@ static void describe_exit(tp_rank_procs *p, int r, int ws)
 
 static int process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
-/* The leader looks at its workers; a worker at the leader. */
+/* The leader looks at its workers; a worker at the leader. live_mu held. */
 static void check_peers(tp_rank_procs *p)
 {
-    if (p->lost[0])
+    if (atomic_load(&p->lost_set))
         return;
     if (atomic_load(&p->ctl->lost)) {
         snprintf(p->lost, sizeof p->lost, "%s", p->ctl->lost_msg);
+        atomic_store(&p->lost_set, 1);
         return;
     }
     if (p->rank != 0) {
@@ -156,18 +167,19 @@ static void check_peers(tp_rank_procs *p)
             set_lost(p, "the leader (rank 0, pid %d) is gone", (int)leader);
         return;
     }
-    if (p->step_deadline && now_ms() > p->step_deadline) {
-        for (int r = 1; r < p->world && !p->lost[0]; r++)
-            if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - p->step) < 0) {
+    int64_t deadline = atomic_load(&p->step_deadline);
+    if (deadline && now_ms() > deadline) {
+        for (int r = 1; r < p->world && !atomic_load(&p->lost_set); r++)
+            if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - atomic_load(&p->step)) < 0) {
                 set_lost(p, "rank %d (pid %d) did not finish a step within %d ms (step_timeout_ms)", r,
                          (int)p->pid[r], p->step_timeout_ms);
                 kill(p->pid[r], SIGKILL); /* stuck holding a GPU: free it for the restart */
             }
-        if (!p->lost[0]) /* the workers are done: rank 0 itself is stuck */
+        if (!atomic_load(&p->lost_set)) /* the workers are done: rank 0 itself is stuck */
             set_lost(p, "rank 0 did not finish a step within %d ms (step_timeout_ms)", p->step_timeout_ms);
         return;
     }
-    for (int r = 1; r < p->world && !p->lost[0]; r++) {
+    for (int r = 1; r < p->world && !atomic_load(&p->lost_set); r++) {
         int ws;
         if (p->child[r] > 0 && waitpid(p->child[r], &ws, WNOHANG) == p->child[r]) {
             p->child[r] = 0;
@@ -178,24 +190,52 @@ static void check_peers(tp_rank_procs *p)
     }
 }
 
+const char *tp_rank_procs_lost_known(tp_rank_procs *p)
+{
+    if (!atomic_load(&p->lost_set) && atomic_load(&p->ctl->lost))
+        return tp_rank_procs_lost(p); /* another process found it: copy its message */
+    return atomic_load(&p->lost_set) ? p->lost : NULL;
+}
+
 const char *tp_rank_procs_lost(tp_rank_procs *p)
 {
-    check_peers(p);
-    return p->lost[0] ? p->lost : NULL;
+    if (!atomic_load(&p->lost_set)) {
+        pthread_mutex_lock(&p->live_mu);
+        check_peers(p);
+        pthread_mutex_unlock(&p->live_mu);
+    }
+    return atomic_load(&p->lost_set) ? p->lost : NULL;
 }
 
 static tp_status lost_error(tp_rank_procs *p, tp_err *err) { return tp_fail(err, TP_UNAVAILABLE, "%s", p->lost); }
 
-/* Waits until *w >= target, or the group is lost. */
-static tp_status wait_for(tp_rank_procs *p, _Atomic uint32_t *w, uint32_t target, tp_err *err)
+typedef struct {
+    const tp_rank_procs *p;
+    _Atomic uint32_t *w, *sleepers; /* sleepers: NULL when nobody wakes w */
+    uint32_t target;
+} reach;
+
+static int reached(const void *a)
 {
+    const reach *r = a;
+    return (int32_t)(atomic_load(r->w) - r->target) >= 0 || atomic_load(&r->p->ctl->lost);
+}
+
+/* Waits until *r->w >= r->target, or the group is lost: spins (per the
+ * site), then sleeps in slices, looking for the dead between them. */
+static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, tp_err *err)
+{
+    tp_spin_site_until(site, reached, &r, p->spin_ns);
     for (;;) {
-        uint32_t v = atomic_load(w);
-        if ((int32_t)(v - target) >= 0)
+        uint32_t v = atomic_load(r.w);
+        if ((int32_t)(v - r.target) >= 0)
             return TP_OK;
         if (tp_rank_procs_lost(p))
             return lost_error(p, err);
-        futex_wait_ms(w, v, WAIT_SLICE_MS);
+        if (r.sleepers)
+            tp_futex_sleep(r.w, v, r.sleepers, WAIT_SLICE_MS, 1);
+        else
+            tp_futex_wait(r.w, v, WAIT_SLICE_MS, 1);
     }
 }
 
@@ -536,7 +576,7 @@ static tp_status create_worker(tp_rank_procs *p, const tp_rank_group_opts *o, tp
     return TP_OK;
 }
 
-tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out, tp_err *err)
+tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_rank_procs **out, tp_err *err)
 {
     int leader = o->mode == TP_GROUP_PROCESSES;
     if (o->world < 1 || o->world > TP_GROUP_MAX_PROCESSES)
@@ -548,6 +588,8 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out,
     tp_rank_procs *p = calloc(1, sizeof *p);
     if (!p)
         return tp_fail(err, TP_NOMEM, "rank group: out of memory");
+    pthread_mutex_init(&p->live_mu, NULL);
+    p->spin_ns = spin_ns;
     p->rank = leader ? 0 : o->rank;
     p->world = o->world;
     p->step_timeout_ms = o->step_timeout_ms;
@@ -566,7 +608,7 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out,
  * to finish, and a hung worker would never exit on its own. */
 static void reap_workers(tp_rank_procs *p)
 {
-    int64_t deadline = p->lost[0] ? 0 : now_ms() + QUIT_GRACE_MS;
+    int64_t deadline = atomic_load(&p->lost_set) ? 0 : now_ms() + QUIT_GRACE_MS;
     for (int r = 1; r < p->world; r++) {
         while (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0 && now_ms() < deadline)
             usleep(5000);
@@ -598,6 +640,7 @@ void tp_rank_procs_free(tp_rank_procs *p)
         munmap(p->base, p->total);
     if (p->fd >= 0)
         close(p->fd);
+    pthread_mutex_destroy(&p->live_mu);
     free(p);
 }
 
@@ -618,7 +661,8 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         return tp_fail(err, TP_INTERNAL, "rank group: message of %zu bytes (at most %d)", len, TP_GROUP_MESSAGE);
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
-        tp_status st = wait_for(p, &p->ctl->rank[r].seen, p->seen - RING + 1, err);
+        /* nobody wakes it: a worker this far behind is rare */
+        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1}, &p->ring_site, err);
         if (st != TP_OK)
             return st;
     }
@@ -627,19 +671,19 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     m->len = (uint32_t)len;
     if (len)
         memcpy(m->data, buf, len);
-    atomic_store(&p->ctl->seq, ++p->seen);
-    futex_wake_all(&p->ctl->seq);
     if (kind == TP_MSG_RUN) {
-        p->step = p->seen;
-        p->step_deadline = p->step_timeout_ms > 0 ? now_ms() + p->step_timeout_ms : 0;
+        atomic_store(&p->step, p->seen + 1);
+        atomic_store(&p->step_deadline, p->step_timeout_ms > 0 ? now_ms() + p->step_timeout_ms : 0);
     }
+    atomic_store(&p->ctl->seq, ++p->seen);
+    tp_futex_wake_sleepers(&p->ctl->seq, &p->ctl->seq_sleepers, 1);
     return TP_OK;
 }
 
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
 {
     *quit = 0;
-    tp_status st = wait_for(p, &p->ctl->seq, p->seen + 1, err);
+    tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1}, &p->recv_site[kind], err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -648,7 +692,7 @@ tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, 
         memcpy(buf, m->data, n);
     atomic_store(&p->ctl->rank[p->rank].seen, ++p->seen);
     if (k == TP_MSG_RUN)
-        p->step = p->seen;
+        atomic_store(&p->step, p->seen);
     if (len)
         *len = n;
     if (k == TP_MSG_QUIT) {
@@ -665,14 +709,14 @@ tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, 
 
 int tp_rank_procs_poll(tp_rank_procs *p)
 {
-    int f = atomic_load(&p->ctl->abort_step) == p->step ? TP_POLL_ABORT : 0;
+    int f = atomic_load(&p->ctl->abort_step) == atomic_load(&p->step) ? TP_POLL_ABORT : 0;
     return tp_rank_procs_lost(p) ? f | TP_POLL_LOST : f;
 }
 
 uint32_t tp_rank_procs_fail_ticket(tp_rank_procs *p, int wake_peers)
 {
     if (wake_peers)
-        atomic_store(&p->ctl->abort_step, p->step);
+        atomic_store(&p->ctl->abort_step, atomic_load(&p->step));
     return atomic_fetch_add(&p->ctl->tickets, 1) + 1;
 }
 
@@ -686,11 +730,12 @@ static void record(ctl_rank *slot, tp_status st, const tp_err *e, uint32_t ticke
 tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, uint32_t ticket, tp_err *err)
 {
     ctl_block *c = p->ctl;
+    uint32_t step = atomic_load(&p->step);
     record(&c->rank[p->rank], st, e, ticket);
     if (p->rank != 0) {
-        atomic_store(&c->rank[p->rank].done, p->step);
-        futex_wake_all(&c->rank[p->rank].done);
-        tp_status w = wait_for(p, &c->result, p->step, err);
+        atomic_store(&c->rank[p->rank].done, step);
+        tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
+        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step}, &p->finish_site, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -699,20 +744,20 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, &c->rank[r].done, p->step, err);
+        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step}, &p->finish_site, err);
         if (w != TP_OK) {
-            atomic_store(&c->result, p->step); /* release whoever still waits */
-            futex_wake_all(&c->result);
+            atomic_store(&c->result, step); /* release whoever still waits */
+            tp_futex_wake(&c->result, 1);
             return w;
         }
         if (c->rank[r].status != TP_OK && (first < 0 || c->rank[r].ticket < c->rank[first].ticket))
             first = r;
     }
-    p->step_deadline = 0;
+    atomic_store(&p->step_deadline, 0);
     c->result_status = first < 0 ? TP_OK : c->rank[first].status;
     snprintf(c->result_msg, sizeof c->result_msg, "%s", first < 0 ? "" : c->rank[first].msg);
-    atomic_store(&c->result, p->step);
-    futex_wake_all(&c->result);
+    atomic_store(&c->result, step);
+    tp_futex_wake_sleepers(&c->result, &c->result_sleepers, 1);
     if (first >= 0)
         snprintf(err->msg, sizeof err->msg, "%s", c->result_msg);
     return (tp_status)c->result_status;

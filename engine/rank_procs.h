@@ -14,8 +14,9 @@ enum { TP_MSG_RUN = 1, TP_MSG_SHARE, TP_MSG_CMD, TP_MSG_QUIT };
 enum { TP_POLL_ABORT = 1, TP_POLL_LOST = 2 };
 
 /* Leader: creates the memory and starts (or accepts) ranks 1..d-1, returning
- * once all have joined. Worker: joins from TP_GROUP_FD or the rendezvous. */
-tp_status tp_rank_procs_create(const tp_rank_group_opts *o, tp_rank_procs **out, tp_err *err);
+ * once all have joined. Worker: joins from TP_GROUP_FD or the rendezvous.
+ * Its waits inside a step spin for spin_ns before they sleep. */
+tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_rank_procs **out, tp_err *err);
 /* Leader: tells the workers to quit and reaps them (killing stragglers). */
 void tp_rank_procs_stop(tp_rank_procs *p);
 void tp_rank_procs_free(tp_rank_procs *p);
@@ -24,6 +25,10 @@ const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p);
 /* NULL while every process is alive, else "rank group lost: why" (set once,
  * never changed after). Checks, so it can turn non-NULL. */
 const char *tp_rank_procs_lost(tp_rank_procs *p);
+/* The same without looking: only what a check (here or in another process)
+ * already found. For the start of a step, which must not pay for waitpid
+ * and kill: a step with a dead peer fails in its first wait anyway. */
+const char *tp_rank_procs_lost_known(tp_rank_procs *p);
 
 /* Leader only: one message to every worker (waits while a worker is more
  * than a few messages behind). */

@@ -16,6 +16,7 @@
 #define TP_CPU_COLLECTIVES_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ops.h"
 #include "status.h"
@@ -45,6 +46,10 @@ cpu_comm *cpu_comm_attach(int world, const cpu_comm_shared *sh, tp_err *err);
 /* Frees this handle; shared state is left as it is for the other processes. */
 void cpu_comm_free(cpu_comm *c);
 int cpu_comm_world(const cpu_comm *c);
+/* How long a rank waiting at a barrier spins before it sleeps, in ns (0:
+ * sleep at once). Default: tp_spin_budget(world, tp_spin_cores()), see
+ * util/spin_wait.h; tests set it to make spinning observable. */
+void cpu_comm_set_spin(cpu_comm *c, int64_t ns);
 /* A rank failed: wakes every waiter (in every process); every later
  * barrier/collective fails until reset. Waits that must complete (the exit
  * of a collective, see collectives.c) still complete. */

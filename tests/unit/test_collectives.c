@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check_main.h"
 #include "cpu/collectives.h"
+#include "spin_wait.h"
+#include "testutil.h"
 
 #define MAXD 4
 
@@ -1058,6 +1061,73 @@ START_TEST(test_reuse_many)
 }
 END_TEST
 
+/* A rank waiting in a barrier spins for the comm's budget (the thread
+ * stays runnable), or sleeps at once with none; either way the peer's
+ * arrival, an abort or a lost process ends the wait, a spin at once rather
+ * than when its budget runs out. */
+typedef struct {
+    cpu_comm *c;
+    int abortable; /* the entry barrier of an exchange, else a release */
+    _Atomic int tid;
+    tp_status st;
+    tp_err err;
+} waiter;
+
+static void *wait_main(void *p)
+{
+    waiter *w = p;
+    atomic_store(&w->tid, gettid());
+    w->st = w->abortable ? cpu_comm_barrier(w->c, 0, &w->err) : cpu_comm_release(w->c, 0, &w->err);
+    return NULL;
+}
+
+/* end: 0 rank 1 arrives, 1 abort, 2 lost. */
+static void wait_then(int64_t spin_ns, char state, int abortable, int end)
+{
+    cpu_comm *c = comm(2);
+    cpu_comm_set_spin(c, spin_ns);
+    waiter w = {.c = c, .abortable = abortable};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, wait_main, &w), 0);
+    while (!atomic_load(&w.tid))
+        sleep_ms(1);
+    if (state == 'S')
+        ck_assert_msg(tu_thread_reaches(atomic_load(&w.tid), 'S', 5000), "the waiter spins");
+    else
+        ck_assert_msg(tu_thread_stays(atomic_load(&w.tid), 'R', 100), "the waiter does not spin");
+    int64_t t0 = tp_spin_now_ns();
+    tp_err err;
+    if (end == 0)
+        ck_assert_int_eq(abortable ? cpu_comm_barrier(c, 1, &err) : cpu_comm_release(c, 1, &err), TP_OK);
+    else if (end == 1)
+        cpu_comm_abort(c);
+    else
+        cpu_comm_lost(c);
+    if (end == 1 && !abortable) { /* a release outlives an abort: the peer still ends it */
+        sleep_ms(20);
+        ck_assert_int_eq(cpu_comm_release(c, 1, &err), TP_OK);
+    }
+    pthread_join(th, NULL);
+    ck_assert_int_lt(tp_spin_now_ns() - t0, 5000000000LL); /* the spin budget is 60 s */
+    if (end == 0 || (end == 1 && !abortable))
+        ck_assert_msg(w.st == TP_OK, "%s", w.err.msg);
+    else
+        ck_assert_str_eq(w.err.msg, end == 1 ? "collective aborted: a peer rank failed"
+                                             : "collective failed: a peer rank's process is gone");
+    cpu_comm_free(c);
+}
+
+START_TEST(test_spin_then_sleep)
+{
+    int64_t long_spin = 60 * 1000000000LL;
+    for (int abortable = 0; abortable < 2; abortable++)
+        for (int end = 0; end < 3; end++) {
+            wait_then(long_spin, 'R', abortable, end);
+            wait_then(0, 'S', abortable, end);
+        }
+}
+END_TEST
+
 static Suite *collectives_suite(void)
 {
     Suite *s = suite_create("collectives");
@@ -1081,6 +1151,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(tc, test_lost);
     tcase_add_test(tc, test_abort_race);
     tcase_add_test(tc, test_reuse_many);
+    tcase_add_test(tc, test_spin_then_sleep);
     suite_add_tcase(s, tc);
     return s;
 }

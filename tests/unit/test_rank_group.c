@@ -4,8 +4,13 @@
  * a failure anywhere is the same error everywhere; a dead worker makes the
  * step fail naming its rank and signal, without hanging a rank that waits
  * for it; external ranks join over the rendezvous socket and bad ones are
- * refused. */
+ * refused; each process's caller runs its rank itself.
+ *
+ * The thread rank group: steps back to back from several callers, a rank
+ * failing mid-step, an abort reaching ranks that sleep or spin in a
+ * collective, and no spinning when the ranks outnumber the cores. */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,7 +20,10 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "cpu/collectives.h"
 #include "rank_group.h"
+#include "spin_wait.h"
+#include "testutil.h"
 
 typedef struct {
     int step;
@@ -36,6 +44,11 @@ static tp_status write_rank(void *p, int rank, tp_err *err)
         kill(getpid(), SIGKILL);
     if (strcmp(c->scenario, "hang") == 0 && c->step == 1 && rank == 1)
         raise(SIGSTOP); /* alive, but never finishes the step */
+    if (strcmp(c->scenario, "fail_at_once") == 0 && c->step == 1 && rank == 1)
+        return tp_fail(err, TP_BACKEND, "rank 1 gave up");
+    /* [128 + r]: whether rank r ran on its process's main thread (the
+     * caller of run in a worker) */
+    words(c->sh)[128 + rank] = gettid() == getpid();
     words(c->sh)[rank] = 1000 * c->step + rank;
     return TP_OK;
 }
@@ -139,16 +152,24 @@ static tp_status wait_for_peer(void *p, int rank, tp_err *err)
     return rank == 0 ? tp_fail(err, TP_BACKEND, "collective aborted") : write_rank(c, rank, err);
 }
 
+/* Posts c's step and runs fn on it; a hang fails the test instead of the
+ * whole suite. */
+static tp_status guarded_step(tp_rank_group *g, step_ctx *c, tp_rank_fn fn, const tp_rank_hooks *hooks, tp_err *err)
+{
+    ck_assert(tp_rank_group_post(g, &c->step, sizeof c->step, err) == TP_OK);
+    alarm(20);
+    tp_status st = tp_rank_group_run(g, fn, c, hooks, err);
+    alarm(0);
+    return st;
+}
+
 START_TEST(a_dead_worker_fails_the_step_and_the_group)
 {
     tp_rank_group *g = leader(2, "die");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "die", .step = 1};
     tp_rank_hooks hooks = {NULL, release, NULL};
     tp_err err;
-    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
-    alarm(20); /* a hang fails the test instead of the whole suite */
-    tp_status st = tp_rank_group_run(g, wait_for_peer, &c, &hooks, &err);
-    alarm(0);
+    tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "killed by signal 9"), "%s", err.msg);
     ck_assert(atomic_load(&released));
@@ -160,6 +181,67 @@ START_TEST(a_dead_worker_fails_the_step_and_the_group)
 }
 END_TEST
 
+/* Rank 0 runs on the thread calling run, a worker's rank on its main
+ * thread (the one that called run there): no hand-off to a rank thread. */
+static _Atomic int caller_tid, rank0_tid;
+
+static tp_status note_tid(void *p, int rank, tp_err *err)
+{
+    if (rank == 0)
+        atomic_store(&rank0_tid, gettid());
+    return write_rank(p, rank, err);
+}
+
+START_TEST(every_process_runs_its_rank_on_the_caller)
+{
+    tp_rank_group *g = leader(3, "plain");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "plain", .step = 1};
+    tp_err err;
+    atomic_store(&caller_tid, gettid());
+    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
+    ck_assert_msg(tp_rank_group_run(g, note_tid, &c, NULL, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(atomic_load(&rank0_tid), atomic_load(&caller_tid));
+    ck_assert_int_eq(words(c.sh)[128 + 1], 1);
+    ck_assert_int_eq(words(c.sh)[128 + 2], 1);
+    tp_rank_group_free(g);
+}
+END_TEST
+
+/* A rank failing in another process must reach our rank blocked "in a
+ * collective" (here: until hooks->fail): the watchdog tells the hook, and
+ * the step fails with the other rank's error. */
+static void release_fail(void *p)
+{
+    (void)p;
+    atomic_store(&released, 2);
+}
+
+static tp_status wait_for_abort(void *p, int rank, tp_err *err)
+{
+    if (rank != 0)
+        return write_rank(p, rank, err);
+    while (atomic_load(&released) != 2)
+        usleep(1000);
+    return tp_fail(err, TP_BACKEND, "collective aborted");
+}
+
+START_TEST(a_failure_elsewhere_wakes_a_blocked_rank)
+{
+    tp_rank_group *g = leader(2, "fail_at_once");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "fail_at_once", .step = 1};
+    tp_rank_hooks hooks = {release_fail, NULL, NULL};
+    tp_err err;
+    atomic_store(&released, 0);
+    tp_status st = guarded_step(g, &c, wait_for_abort, &hooks, &err);
+    ck_assert_int_eq(st, TP_BACKEND);
+    ck_assert_msg(strcmp(err.msg, "rank 1: rank 1 gave up") == 0, "%s", err.msg);
+    c.step = 2; /* the group goes on */
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(words(c.sh)[1], 2001);
+    tp_rank_group_free(g);
+}
+END_TEST
+
 START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
 {
     tp_rank_group *g = leader(2, "hang");
@@ -167,10 +249,7 @@ START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
     tp_rank_hooks hooks = {NULL, release, NULL};
     tp_err err;
     atomic_store(&released, 0);
-    ck_assert(tp_rank_group_post(g, &c.step, sizeof c.step, &err) == TP_OK);
-    alarm(20);
-    tp_status st = tp_rank_group_run(g, wait_for_peer, &c, &hooks, &err);
-    alarm(0);
+    tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "did not finish a step within 500 ms"), "%s",
                   err.msg);
@@ -257,6 +336,302 @@ START_TEST(threads_are_the_same_interface)
 }
 END_TEST
 
+/* ------------------------------------------------------------ threads */
+
+static tp_rank_group *thread_group(int world, int cores, int64_t spin_ns)
+{
+    tp_rank_group *g;
+    tp_err err;
+    tp_rank_group_opts o = {.mode = TP_GROUP_THREADS, .world = world, .cores = cores, .spin_ns = spin_ns};
+    ck_assert_msg(tp_rank_group_create(&o, &g, &err) == TP_OK, "%s", err.msg);
+    return g;
+}
+
+#define CALLERS 4
+#define STEPS_EACH 300
+
+typedef struct {
+    tp_rank_group *g;
+    pthread_mutex_t *mu; /* run is not reentrant: callers take turns */
+    _Atomic int *ran;    /* [rank]: steps rank ran */
+    int world, bad;      /* bad: a step returned before a rank ran it */
+    int step;            /* the step in flight (under mu) */
+    int seen[8];         /* [rank]: the step rank last ran */
+} many_ctx;
+
+static tp_status count_rank(void *p, int rank, tp_err *err)
+{
+    (void)err;
+    many_ctx *m = p;
+    m->seen[rank] = m->step;
+    atomic_fetch_add(&m->ran[rank], 1);
+    return TP_OK;
+}
+
+static void *caller_main(void *p)
+{
+    many_ctx *m = p;
+    for (int i = 0; i < STEPS_EACH; i++) {
+        pthread_mutex_lock(m->mu);
+        m->step++;
+        tp_err err;
+        if (tp_rank_group_run(m->g, count_rank, m, NULL, &err) != TP_OK)
+            m->bad++;
+        for (int r = 0; r < m->world; r++)
+            m->bad += m->seen[r] != m->step;
+        pthread_mutex_unlock(m->mu);
+    }
+    return NULL;
+}
+
+/* Every step reaches every rank exactly once and run returns only once all
+ * are done, whoever calls it: with this machine's spin policy, sleeping at
+ * once (ranks > cores), and spinning long (1 ms) whatever the cores. */
+START_TEST(steps_back_to_back_from_several_callers)
+{
+    struct {
+        int cores;
+        int64_t spin_ns;
+    } cfg[] = {{0, 0}, {1, 0}, {64, 1000 * 1000}};
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+        int world = 3;
+        tp_rank_group *g = thread_group(world, cfg[k].cores, cfg[k].spin_ns);
+        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        _Atomic int ran[8] = {0};
+        many_ctx m = {.g = g, .mu = &mu, .ran = ran, .world = world};
+        pthread_t th[CALLERS];
+        for (int i = 0; i < CALLERS; i++)
+            ck_assert_int_eq(pthread_create(&th[i], NULL, caller_main, &m), 0);
+        for (int i = 0; i < CALLERS; i++)
+            pthread_join(th[i], NULL);
+        ck_assert_int_eq(m.bad, 0);
+        for (int r = 0; r < world; r++)
+            ck_assert_int_eq(atomic_load(&ran[r]), CALLERS * STEPS_EACH);
+        tp_rank_group_free(g);
+    }
+}
+END_TEST
+
+typedef struct {
+    int step;
+    int fail_mask;   /* ranks that fail this step */
+    int benign_mask; /* ranks whose failure is benign */
+    _Atomic int hook_calls;
+} fail_ctx;
+
+static tp_rank_group *fail_group;
+
+static tp_status maybe_fail(void *p, int rank, tp_err *err)
+{
+    fail_ctx *f = p;
+    if (!(f->fail_mask >> rank & 1))
+        return TP_OK;
+    if (f->benign_mask >> rank & 1) {
+        tp_rank_group_benign(fail_group, rank);
+        return tp_fail(err, TP_INVALID, "bad data at step %d", f->step);
+    }
+    return tp_fail(err, TP_BACKEND, "boom at step %d", f->step);
+}
+
+static void count_hook(void *p) { atomic_fetch_add(&((fail_ctx *)p)->hook_calls, 1); }
+
+/* A rank failing mid-step: the step fails on its error, prefixed with its
+ * rank; the fail hook runs once (first failure only, never for a benign
+ * one); the next step works. The caller's own rank counts the same. */
+START_TEST(a_failing_rank_fails_the_step_once)
+{
+    tp_rank_group *g = thread_group(3, 0, 0);
+    fail_group = g;
+    fail_ctx f = {0};
+    tp_rank_hooks hooks = {count_hook, NULL, &f};
+    struct {
+        int fail, benign;
+        tp_status want;
+        const char *msg; /* NULL: either failing rank's */
+    } cases[] = {
+        {1 << 2, 0, TP_BACKEND, "rank 2: boom at step 1"},
+        {1 << 0, 0, TP_BACKEND, "rank 0: boom at step 2"},
+        {(1 << 1) | (1 << 2), 0, TP_BACKEND, NULL},
+        {1 << 1, 1 << 1, TP_INVALID, "rank 1: bad data at step 4"},
+        {0, 0, TP_OK, ""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        f.step = (int)k + 1;
+        f.fail_mask = cases[k].fail;
+        f.benign_mask = cases[k].benign;
+        atomic_store(&f.hook_calls, 0);
+        tp_err err = {{0}};
+        ck_assert_int_eq(tp_rank_group_run(g, maybe_fail, &f, &hooks, &err), cases[k].want);
+        if (cases[k].msg && cases[k].want != TP_OK)
+            ck_assert_str_eq(err.msg, cases[k].msg);
+        if (!cases[k].msg)
+            ck_assert_msg(strcmp(err.msg, "rank 1: boom at step 3") == 0 || strcmp(err.msg, "rank 2: boom at step 3") == 0,
+                          "%s", err.msg);
+        ck_assert_int_eq(atomic_load(&f.hook_calls), cases[k].fail && !cases[k].benign ? 1 : 0);
+    }
+    tp_rank_group_free(g);
+}
+END_TEST
+
+/* Rank 1 fails once the test says go; ranks 0 and 2 wait in a barrier of a
+ * cpu comm whose abort is the group's fail hook. */
+typedef struct {
+    tp_rank_group *g;
+    cpu_comm *c;
+    _Atomic int tid[3];
+    _Atomic int go;
+    tp_status st[3];
+    tp_err err[3];
+    tp_status run_st;
+    tp_err run_err;
+} abort_ctx;
+
+static tp_status barrier_or_fail(void *p, int rank, tp_err *err)
+{
+    abort_ctx *a = p;
+    atomic_store(&a->tid[rank], gettid());
+    if (rank != 1) {
+        a->st[rank] = cpu_comm_barrier(a->c, rank, &a->err[rank]);
+        *err = a->err[rank];
+        return a->st[rank];
+    }
+    while (!atomic_load(&a->go))
+        usleep(1000);
+    return tp_fail(err, TP_BACKEND, "rank 1 broke");
+}
+
+static tp_status every_barrier(void *p, int rank, tp_err *err) { return cpu_comm_barrier(p, rank, err); }
+
+static void abort_comm(void *p) { cpu_comm_abort(((abort_ctx *)p)->c); }
+
+static void *run_abort_step(void *p)
+{
+    abort_ctx *a = p;
+    tp_rank_hooks hooks = {abort_comm, NULL, a};
+    a->run_st = tp_rank_group_run(a->g, barrier_or_fail, a, &hooks, &a->run_err);
+    return NULL;
+}
+
+/* state: what ranks 0 and 2 are while they wait ('S' asleep, 'R' spinning). */
+static void abort_in_collective(int cores, int64_t spin_ns, int64_t comm_spin_ns, char state)
+{
+    abort_ctx a = {0};
+    a.g = thread_group(3, cores, spin_ns);
+    tp_err err;
+    a.c = cpu_comm_create(3, &err);
+    ck_assert_msg(a.c, "%s", err.msg);
+    cpu_comm_set_spin(a.c, comm_spin_ns);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, run_abort_step, &a), 0);
+    for (int r = 0; r < 3; r++)
+        while (!atomic_load(&a.tid[r]))
+            usleep(1000);
+    for (int r = 0; r < 3; r += 2)
+        if (state == 'S')
+            ck_assert_msg(tu_thread_reaches(atomic_load(&a.tid[r]), 'S', 5000), "rank %d does not sleep", r);
+        else
+            ck_assert_msg(tu_thread_stays(atomic_load(&a.tid[r]), 'R', 100), "rank %d does not spin", r);
+    int64_t t0 = tp_spin_now_ns();
+    atomic_store(&a.go, 1);
+    pthread_join(th, NULL);
+    /* the abort ends a spin at once, not when its budget runs out */
+    ck_assert_int_lt(tp_spin_now_ns() - t0, comm_spin_ns / 2 + 5000000000LL);
+    ck_assert_int_eq(a.run_st, TP_BACKEND);
+    ck_assert_str_eq(a.run_err.msg, "rank 1: rank 1 broke");
+    for (int r = 0; r < 3; r += 2) {
+        ck_assert_int_eq(a.st[r], TP_BACKEND);
+        ck_assert_str_eq(a.err[r].msg, "collective aborted: a peer rank failed");
+    }
+    /* after a reset the group and the comm work again */
+    cpu_comm_reset(a.c);
+    ck_assert_msg(tp_rank_group_run(a.g, every_barrier, a.c, NULL, &err) == TP_OK, "%s", err.msg);
+    cpu_comm_free(a.c);
+    tp_rank_group_free(a.g);
+}
+
+START_TEST(an_abort_reaches_ranks_sleeping_in_a_collective)
+{
+    abort_in_collective(1, 0, 0, 'S');
+}
+END_TEST
+
+START_TEST(an_abort_reaches_ranks_spinning_in_a_collective)
+{
+    /* budgets far longer than the test: only the abort can end the spins */
+    abort_in_collective(64, 60 * 1000000000LL, 60 * 1000000000LL, 'R');
+}
+END_TEST
+
+/* Rank 1 holds the step until go; rank 0 (the caller) is done at once and
+ * waits for it. Then rank 1 waits for the next step. */
+typedef struct {
+    tp_rank_group *g;
+    _Atomic int go, caller_tid, rank1_tid;
+    tp_status st;
+} hold_ctx;
+
+static tp_status hold_rank1(void *p, int rank, tp_err *err)
+{
+    (void)err;
+    hold_ctx *h = p;
+    if (rank == 1) {
+        atomic_store(&h->rank1_tid, gettid());
+        while (!atomic_load(&h->go))
+            usleep(1000);
+    }
+    return TP_OK;
+}
+
+static void *run_hold_step(void *p)
+{
+    hold_ctx *h = p;
+    atomic_store(&h->caller_tid, gettid());
+    tp_err err;
+    h->st = tp_rank_group_run(h->g, hold_rank1, h, NULL, &err);
+    return NULL;
+}
+
+/* state: what the caller waiting for rank 1, then rank 1 waiting for the
+ * next step, are ('S' asleep, 'R' spinning). */
+static void waits_are(int cores, char state)
+{
+    hold_ctx h = {.g = thread_group(2, cores, 60 * 1000000000LL)};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, run_hold_step, &h), 0);
+    while (!atomic_load(&h.rank1_tid) || !atomic_load(&h.caller_tid))
+        usleep(1000);
+    int caller = atomic_load(&h.caller_tid), rank1 = atomic_load(&h.rank1_tid);
+    if (state == 'S')
+        ck_assert_msg(tu_thread_reaches(caller, 'S', 5000), "the caller spins");
+    else
+        ck_assert_msg(tu_thread_stays(caller, 'R', 100), "the caller does not spin");
+    atomic_store(&h.go, 1);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(h.st, TP_OK);
+    if (state == 'S')
+        ck_assert_msg(tu_thread_reaches(rank1, 'S', 5000), "rank 1 spins for the next step");
+    else
+        ck_assert_msg(tu_thread_stays(rank1, 'R', 100), "rank 1 does not spin for the next step");
+    /* the next step and the teardown end the spin (or the sleep) */
+    tp_err err;
+    ck_assert_int_eq(tp_rank_group_run(h.g, hold_rank1, &h, NULL, &err), TP_OK);
+    int64_t t0 = tp_spin_now_ns();
+    tp_rank_group_free(h.g);
+    ck_assert_int_lt(tp_spin_now_ns() - t0, 5000000000LL);
+}
+
+START_TEST(no_spin_when_the_ranks_outnumber_the_cores)
+{
+    waits_are(1, 'S'); /* a 60 s budget, but 2 ranks on 1 core: never used */
+}
+END_TEST
+
+START_TEST(waits_spin_when_every_rank_has_a_core)
+{
+    waits_are(2, 'R');
+}
+END_TEST
+
 static Suite *rank_group_suite(void)
 {
     Suite *s = suite_create("rank_group");
@@ -269,7 +644,18 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, a_worker_that_exits_before_joining_is_an_error);
     tcase_add_test(t, external_ranks_join_at_the_rendezvous);
     tcase_add_test(t, threads_are_the_same_interface);
+    tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
+    tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
     suite_add_tcase(s, t);
+    TCase *th = tcase_create("threads");
+    tcase_set_timeout(th, 60);
+    tcase_add_test(th, steps_back_to_back_from_several_callers);
+    tcase_add_test(th, a_failing_rank_fails_the_step_once);
+    tcase_add_test(th, an_abort_reaches_ranks_sleeping_in_a_collective);
+    tcase_add_test(th, an_abort_reaches_ranks_spinning_in_a_collective);
+    tcase_add_test(th, no_spin_when_the_ranks_outnumber_the_cores);
+    tcase_add_test(th, waits_spin_when_every_rank_has_a_core);
+    suite_add_tcase(s, th);
     return s;
 }
 

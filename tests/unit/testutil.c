@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void tu_write_graph(char *dir, char *path, const char *json, const st_write_item *items, int n)
 {
@@ -184,4 +185,38 @@ tp_host_tensor *tu_load_tensors(const char *path, int *n)
     }
     st_close(f);
     return t;
+}
+
+char tu_thread_state(int tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')'); /* the name may hold spaces and parens */
+    return close && close[1] == ' ' ? close[2] : '?';
+}
+
+int tu_thread_reaches(int tid, char state, int timeout_ms)
+{
+    for (int t = 0; t < timeout_ms; t++) {
+        if (tu_thread_state(tid) == state)
+            return 1;
+        usleep(1000);
+    }
+    return tu_thread_state(tid) == state;
+}
+
+int tu_thread_stays(int tid, char state, int ms)
+{
+    for (int t = 0; t < ms; t++) {
+        if (tu_thread_state(tid) != state)
+            return 0;
+        usleep(1000);
+    }
+    return 1;
 }

@@ -1,0 +1,73 @@
+/* spin_wait.h — how a thread waits for a peer (a thread of this process, or
+ * a process mapping the same memory) that usually answers within
+ * microseconds: poll for a bounded time, then sleep on a futex.
+ *
+ * Sleeping costs a context switch on each side and tens of microseconds of
+ * wake-up latency on a virtual machine; spinning costs the core. A spin is
+ * worth it only when every party has a core of its own: a spinning waiter
+ * on a shared core holds exactly the core the peer it waits for needs. */
+#ifndef TP_SPIN_WAIT_H
+#define TP_SPIN_WAIT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* How long a waiter spins before it sleeps, when it may spin at all. The
+ * cpu ranks of the example graph (2 ranks, 2 cores) wait for each other
+ * < 1 us inside a step, and 15-35 us when the peer is waking up from a
+ * futex (its first collective of a step, its first step after a pause):
+ * 50 us covers both, and caps what a wait that sleeps anyway wastes. */
+#define TP_SPIN_NS 50000
+
+/* The cores this process may use: its CPU affinity mask, capped by a
+ * cgroup v2 CPU quota (a container limited to 2 CPUs on a 64-core node). */
+int tp_spin_cores(void);
+
+/* The spin budget (ns) for a wait among `parties` busy threads or
+ * processes on `cores` cores: TP_SPIN_NS, or 0 (sleep at once) when they
+ * outnumber the cores. */
+int64_t tp_spin_budget(int parties, int cores);
+
+/* Polls done(arg) until it answers non-zero or budget_ns have passed (at
+ * once when budget_ns <= 0); returns its last answer. */
+int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_ns);
+
+/* What one wait site (one thread's wait for one kind of event) learned:
+ * spin only while spinning pays. Having a core for every rank is not
+ * enough: another process's load (or the peer being preempted) can keep
+ * the peer off a core for milliseconds, and a spin that ends in a sleep
+ * anyway is pure waste; and some sites never pay (a rank waiting for the
+ * next request). A site tracks the share of its spins that ran out; while
+ * that is over half, it sleeps at once for 1, 2, 4 ... 64 waits between
+ * probing spins (1 again after a probe that paid, so it comes back within
+ * some 70 waits once the peer is quick again). A site that runs out now and
+ * then (a peer's slow wake-up once in a while) keeps spinning. Zero-initialized: spin. Used by one
+ * thread at a time. */
+typedef struct {
+    uint16_t misses;  /* recent share of spins that ran out, of 1024 (moving average) */
+    uint16_t backoff; /* waits skipped after the last probe */
+    uint16_t skip;    /* waits left that sleep at once */
+} tp_spin_site;
+
+/* tp_spin_until under the site's history (budget_ns <= 0: no spin). */
+int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const void *arg, int64_t budget_ns);
+
+/* CLOCK_MONOTONIC in ns. */
+int64_t tp_spin_now_ns(void);
+
+/* futex(2) on a 32-bit word: sleeps while *w == expected (timeout_ms < 0:
+ * no timeout); wakes every sleeper. shared: the word lies in memory other
+ * processes map (the kernel keys the futex by page, not address). */
+void tp_futex_wait(_Atomic uint32_t *w, uint32_t expected, int timeout_ms, int shared);
+void tp_futex_wake(_Atomic uint32_t *w, int shared);
+
+/* The same with a count of the sleepers, so that a waker makes the wake-up
+ * syscall only when someone sleeps (most waits end in their spin). No
+ * wake-up is lost: a sleeper counts itself, then sleeps only while the word
+ * still holds `expected` (the kernel re-reads it); a waker changes the word
+ * first, then reads the count (all seq_cst). So either the waker sees the
+ * sleeper, or the sleeper sees the change. */
+void tp_futex_sleep(_Atomic uint32_t *w, uint32_t expected, _Atomic uint32_t *sleepers, int timeout_ms, int shared);
+void tp_futex_wake_sleepers(_Atomic uint32_t *w, _Atomic uint32_t *sleepers, int shared);
+
+#endif
