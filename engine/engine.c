@@ -823,7 +823,7 @@ void tp_host_tensors_free(tp_host_tensor *t, int n)
     free(t);
 }
 
-/* Called with mu held (the group's check is not thread-safe): publishes a
+/* Called with mu held (one step's outcome at a time): publishes a
  * lost group or a dead backend for tp_engine_lost, which must not wait for
  * a running batch. After a non-benign failed step every process's backend
  * is aborted (the group's fail hook), so each one's own backend reports

@@ -200,7 +200,11 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
                 -i http --concurrency-range "$c" -p $((DURATION * 1000)) -s 1000 --percentile=50 \
                 $args >"$TMP/pa.out" 2>&1
             line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
-            [ -n "$line" ] || line="failed -"
+            if [ -z "$line" ]; then
+                line="failed -"
+                # why, under the table: its last message (e.g. no stable window in time)
+                echo "perf_analyzer $mode c=$c: $(grep -v '^ *$' "$TMP/pa.out" | tail -n 1)" >>"$TMP/pa.why"
+            fi
             echo "$mode $c $line" >>"$TMP/pa.res"
             echo "  perf_analyzer $mode c=$c: $line" >&2
         done
@@ -326,6 +330,7 @@ if [ -f "$TMP/pa.res" ]; then
         ms=$(awk -v u="$p50" 'BEGIN { if (u == "-") print "—"; else printf "%.2f", u / 1000 }')
         echo "| $label | $c | $rps | $ms |"
     done <"$TMP/pa.res"
+    [ -f "$TMP/pa.why" ] && sed 's/^/failed: /' "$TMP/pa.why"
     echo
 fi
 echo "CPU us/req, ctx sw/req: server CPU time (user+system) and context switches (voluntary and not, all"
