@@ -1,5 +1,6 @@
 /* tpserve — serve tensor-parallel graphs over KServe v2 REST. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -31,6 +32,12 @@ int main(int argc, char **argv)
         return tp_worker_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "serve") == 0) {
         tp_err err;
+        /* The ranks are the parallelism (one BLAS thread each, see
+         * cpu_backend.c); OpenBLAS reads this in its constructor, before
+         * main, so only the re-exec below (and the rank processes, which
+         * inherit it) can spare the idle pool thread it would start, which
+         * spins on sched_yield at times. A user's own setting wins. */
+        setenv("OPENBLAS_NUM_THREADS", "1", 0);
         if (tp_signals_block_everywhere(argv, &err) != TP_OK)
             fprintf(stderr, "tpserve serve: warning: %s\n", err.msg);
         return tp_serve_main(argc - 1, argv + 1);

@@ -66,6 +66,13 @@ expect "versioned model ready" 200 '{"ready":true}' GET /v2/models/$G/versions/1
 req HEAD /v2/health/live -I
 [ "$CODE" = 200 ] && pass "HEAD live (200)" || fail "HEAD live: $CODE"
 expect "trailing slash routes the same" 200 '{"live":true}' GET /v2/health/live/
+# the ranks are the parallelism: the served process runs OpenBLAS without a
+# pool thread of its own (main.c sets it before the re-exec)
+if tr '\0' '\n' <"/proc/$PID/environ" 2>/dev/null | grep -qx 'OPENBLAS_NUM_THREADS=1'; then
+    pass "serve runs with OPENBLAS_NUM_THREADS=1"
+else
+    fail "serve's environment lacks OPENBLAS_NUM_THREADS=1"
+fi
 
 # ---- infer: JSON, nested, binary, versions, outputs, id --------------------
 infer_curl() { # DESC PATH MAKE-OPTS...
