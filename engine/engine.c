@@ -778,6 +778,8 @@ tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, in
     return st == TP_OK ? tp_check_request_values(e->g, ordered, err) : st;
 }
 
+void tp_engine_prewake(tp_engine *e) { tp_rank_group_prewake(e->rg); }
+
 int tp_engine_batchable(const tp_engine *e)
 {
     if (!e->padded)

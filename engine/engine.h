@@ -143,6 +143,10 @@ tp_status tp_engine_check_decoded(tp_engine *e, const tp_host_tensor *inputs, in
  * that retain it. */
 tp_status tp_engine_infer_parts(tp_engine *e, const tp_host_tensor *const *pieces, int n_parts, int64_t batch,
                                 tp_host_tensor **outputs, int *n_outputs, tp_err *err);
+/* A request is on its way to an idle engine: wake the ranks now, so their
+ * wake-up overlaps the caller's decoding (tp_rank_group_prewake). A hint,
+ * thread-safe, harmless when no run follows. */
+void tp_engine_prewake(tp_engine *e);
 /* Whether requests can be concatenated along dim 0 into one run: every
  * input and output has the batch as dim 0 and no op mixes rows. */
 int tp_engine_batchable(const tp_engine *e);

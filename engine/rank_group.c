@@ -110,12 +110,26 @@ static void wait_ranks(tp_rank_group *g)
         tp_futex_sleep(&g->running, v, &g->running_sleepers, -1, 0);
 }
 
-/* A rank thread: until gen moves past seen. */
+/* A rank thread: until gen moves past seen. Woken without a step (a
+ * pre-wake: tp_rank_group_prewake), it spins for the step that is on its
+ * way before it sleeps again. */
 static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
 {
-    if (!tp_spin_site_until(site, word_moved, &(word_is){&g->gen, seen}, g->spin_ns))
-        while (atomic_load(&g->gen) == seen)
-            tp_futex_sleep(&g->gen, seen, &g->gen_sleepers, -1, 0);
+    word_is moved = {&g->gen, seen};
+    if (tp_spin_site_until(site, word_moved, &moved, g->spin_ns))
+        return;
+    while (atomic_load(&g->gen) == seen) {
+        tp_futex_sleep(&g->gen, seen, &g->gen_sleepers, -1, 0);
+        tp_spin_until(word_moved, &moved, g->spin_ns);
+    }
+}
+
+void tp_rank_group_prewake(tp_rank_group *g)
+{
+    /* Only where ranks may spin: a pre-woken rank on a shared core would
+     * take the core from the thread about to start the step. */
+    if (!g->procs && g->spin_ns > 0)
+        tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
 }
 
 /* ------------------------------------------------------------ ranks */

@@ -124,4 +124,12 @@ tp_status tp_rank_group_share(tp_rank_group *g, void *buf, size_t *len, size_t c
 tp_status tp_rank_group_post(tp_rank_group *g, const void *cmd, size_t len, tp_err *err);
 tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *len, int *quit, tp_err *err);
 
+/* A step is about to be run (a request arrived at an idle server): wakes
+ * the sleeping rank threads now, so their wake-up (tens of microseconds on
+ * a virtual machine) overlaps the caller's work before tp_rank_group_run
+ * instead of the step's first collective. A hint: harmless when no step
+ * follows (the ranks spin their budget and sleep again); a no-op where
+ * ranks may not spin and in process groups. */
+void tp_rank_group_prewake(tp_rank_group *g);
+
 #endif

@@ -457,6 +457,15 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
                    "for the engine (max_queue)", b->o.max_queue);
 }
 
+void tp_batcher_prewake(tp_batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    int idle = !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps(b);
+    pthread_mutex_unlock(&b->mu);
+    if (idle)
+        tp_engine_prewake(b->e);
+}
+
 int tp_batcher_queued(tp_batcher *b)
 {
     pthread_mutex_lock(&b->mu);

@@ -92,6 +92,11 @@ tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_in
                            int64_t timeout_us, tp_host_tensor **outs, int *n_outs,
                            tp_batch_info *info, tp_err *err);
 
+/* A request is arriving (its headers are in): if it would run on its
+ * submitter, wake the engine's ranks now so their wake-up overlaps the
+ * body and the decoding (tp_engine_prewake). A hint; thread-safe. */
+void tp_batcher_prewake(tp_batcher *b);
+
 int tp_batcher_queued(tp_batcher *b);
 int64_t tp_batcher_max_batch(const tp_batcher *b);
 /* 1 when requests are concatenated; 0 when they run one at a time. */

@@ -632,6 +632,34 @@ START_TEST(waits_spin_when_every_rank_has_a_core)
 }
 END_TEST
 
+/* A pre-wake (a request arriving at an idle server) makes a sleeping rank
+ * thread spin for the coming step — then sleep again when none comes — and
+ * the next step runs as usual; where ranks may not spin it wakes nobody. */
+static void prewake_makes_rank1(int cores, char state)
+{
+    hold_ctx h = {.g = thread_group(2, cores, 300 * 1000000LL), .go = 1};
+    tp_err err;
+    ck_assert_int_eq(tp_rank_group_run(h.g, hold_rank1, &h, NULL, &err), TP_OK);
+    int rank1 = atomic_load(&h.rank1_tid);
+    ck_assert_msg(tu_thread_reaches(rank1, 'S', 5000), "rank 1 never sleeps between steps");
+    tp_rank_group_prewake(h.g);
+    if (state == 'R') {
+        ck_assert_msg(tu_thread_reaches(rank1, 'R', 200), "a pre-woken rank 1 does not spin");
+        ck_assert_msg(tu_thread_reaches(rank1, 'S', 5000), "rank 1 spins past its budget");
+    } else {
+        ck_assert_msg(tu_thread_stays(rank1, 'S', 100), "rank 1 woke on a shared core");
+    }
+    ck_assert_int_eq(tp_rank_group_run(h.g, hold_rank1, &h, NULL, &err), TP_OK);
+    tp_rank_group_free(h.g);
+}
+
+START_TEST(a_prewake_spins_the_ranks_for_the_coming_step)
+{
+    prewake_makes_rank1(2, 'R');
+    prewake_makes_rank1(1, 'S');
+}
+END_TEST
+
 static Suite *rank_group_suite(void)
 {
     Suite *s = suite_create("rank_group");
@@ -655,6 +683,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(th, an_abort_reaches_ranks_spinning_in_a_collective);
     tcase_add_test(th, no_spin_when_the_ranks_outnumber_the_cores);
     tcase_add_test(th, waits_spin_when_every_rank_has_a_core);
+    tcase_add_test(th, a_prewake_spins_the_ranks_for_the_coming_step);
     suite_add_tcase(s, th);
     return s;
 }
