@@ -128,7 +128,9 @@ void tp_rank_group_prewake(tp_rank_group *g)
 {
     /* Only where ranks may spin: a pre-woken rank on a shared core would
      * take the core from the thread about to start the step. */
-    if (!g->procs && g->spin_ns > 0)
+    if (g->procs)
+        tp_rank_procs_prewake(g->procs);
+    else if (g->spin_ns > 0)
         tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
 }
 

@@ -129,7 +129,8 @@ tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *le
  * a virtual machine) overlaps the caller's work before tp_rank_group_run
  * instead of the step's first collective. A hint: harmless when no step
  * follows (the ranks spin their budget and sleep again); a no-op where
- * ranks may not spin and in process groups. */
+ * ranks may not spin. In a process group the leader wakes the workers'
+ * processes waiting for its next message. */
 void tp_rank_group_prewake(tp_rank_group *g);
 
 #endif

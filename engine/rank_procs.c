@@ -46,7 +46,7 @@
 #include "spin_wait.h"
 
 #define CTL_MAGIC 0x74707267u /* "tprg" */
-#define CTL_VERSION 2
+#define CTL_VERSION 3
 #define RING 8
 #define WAIT_SLICE_MS 20
 #define GROUP_FD 3
@@ -76,6 +76,7 @@ typedef struct {
     _Atomic int32_t leader_pid;
     _Atomic uint32_t seq; /* futex: messages sent */
     _Atomic uint32_t seq_sleepers;
+    _Atomic uint32_t pokes; /* pre-wakes: a worker woken by one spins for the message */
     ctl_msg ring[RING];
     _Atomic uint32_t result; /* futex: last run step with a merged result */
     _Atomic uint32_t result_sleepers;
@@ -213,6 +214,7 @@ typedef struct {
     const tp_rank_procs *p;
     _Atomic uint32_t *w, *sleepers; /* sleepers: NULL when nobody wakes w */
     uint32_t target;
+    _Atomic uint32_t *pokes; /* non-NULL: a sleep ended by a pre-wake spins again */
 } reach;
 
 static int reached(const void *a)
@@ -232,10 +234,13 @@ static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, tp_err 
             return TP_OK;
         if (tp_rank_procs_lost(p))
             return lost_error(p, err);
+        uint32_t poked = r.pokes ? atomic_load(r.pokes) : 0;
         if (r.sleepers)
             tp_futex_sleep(r.w, v, r.sleepers, WAIT_SLICE_MS, 1);
         else
             tp_futex_wait(r.w, v, WAIT_SLICE_MS, 1);
+        if (r.pokes && atomic_load(r.pokes) != poked)
+            tp_spin_until(reached, &r, p->spin_ns);
     }
 }
 
@@ -662,7 +667,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
         /* nobody wakes it: a worker this far behind is rare */
-        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1}, &p->ring_site, err);
+        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site, err);
         if (st != TP_OK)
             return st;
     }
@@ -680,10 +685,19 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     return TP_OK;
 }
 
+void tp_rank_procs_prewake(tp_rank_procs *p)
+{
+    if (p->rank != 0 || p->spin_ns <= 0)
+        return;
+    atomic_fetch_add(&p->ctl->pokes, 1);
+    tp_futex_wake_sleepers(&p->ctl->seq, &p->ctl->seq_sleepers, 1);
+}
+
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
 {
     *quit = 0;
-    tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1}, &p->recv_site[kind], err);
+    tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1, &p->ctl->pokes},
+                            &p->recv_site[kind], err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -735,7 +749,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     if (p->rank != 0) {
         atomic_store(&c->rank[p->rank].done, step);
         tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
-        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step}, &p->finish_site, err);
+        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -744,7 +758,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step}, &p->finish_site, err);
+        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL}, &p->finish_site, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);

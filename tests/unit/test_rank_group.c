@@ -49,6 +49,7 @@ static tp_status write_rank(void *p, int rank, tp_err *err)
     /* [128 + r]: whether rank r ran on its process's main thread (the
      * caller of run in a worker) */
     words(c->sh)[128 + rank] = gettid() == getpid();
+    words(c->sh)[192 + rank] = getpid(); /* [192 + r]: rank r's process */
     words(c->sh)[rank] = 1000 * c->step + rank;
     return TP_OK;
 }
@@ -58,6 +59,8 @@ static int worker_main(const char *scenario)
 {
     tp_rank_group_opts o = {.mode = TP_GROUP_WORKER, .rank = atoi(getenv("TP_RANK")),
                             .world = atoi(getenv("TP_WORLD_SIZE")), .rendezvous = getenv("TEST_RENDEZVOUS")};
+    if (strcmp(scenario, "prewake") == 0)
+        o.spin_ns = 300 * 1000000LL; /* long enough to see it spin */
     tp_rank_group *g;
     tp_err err;
     if (tp_rank_group_create(&o, &g, &err) != TP_OK) {
@@ -203,6 +206,29 @@ START_TEST(every_process_runs_its_rank_on_the_caller)
     ck_assert_int_eq(atomic_load(&rank0_tid), atomic_load(&caller_tid));
     ck_assert_int_eq(words(c.sh)[128 + 1], 1);
     ck_assert_int_eq(words(c.sh)[128 + 2], 1);
+    tp_rank_group_free(g);
+}
+END_TEST
+
+/* A pre-wake reaches a worker process asleep waiting for the leader's next
+ * message: it spins (for its budget), then sleeps again; the next step
+ * runs as usual. */
+START_TEST(a_prewake_spins_the_workers_for_the_next_message)
+{
+    if (tp_spin_cores() < 2)
+        return; /* ranks may not spin here: a pre-wake is a no-op (see the threads case) */
+    tp_rank_group *g = leader(2, "prewake");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "prewake", .step = 1};
+    tp_err err;
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    int worker = words(c.sh)[192 + 1];
+    ck_assert_msg(tu_thread_reaches(worker, 'S', 5000), "the worker never sleeps between steps");
+    tp_rank_group_prewake(g);
+    ck_assert_msg(tu_thread_reaches(worker, 'R', 200), "a pre-woken worker does not spin");
+    ck_assert_msg(tu_thread_reaches(worker, 'S', 5000), "the worker spins past its budget");
+    c.step = 2;
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(words(c.sh)[1], 2001);
     tp_rank_group_free(g);
 }
 END_TEST
@@ -674,6 +700,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, threads_are_the_same_interface);
     tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
     tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
+    tcase_add_test(t, a_prewake_spins_the_workers_for_the_next_message);
     suite_add_tcase(s, t);
     TCase *th = tcase_create("threads");
     tcase_set_timeout(th, 60);

@@ -190,7 +190,7 @@ tp_host_tensor *tu_load_tensors(const char *path, int *n)
 char tu_thread_state(int tid)
 {
     char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    snprintf(path, sizeof path, "/proc/%d/stat", tid); /* a thread of any process */
     FILE *f = fopen(path, "r");
     if (!f)
         return '?';

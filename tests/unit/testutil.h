@@ -55,7 +55,7 @@ tp_host_tensor tu_batch_row(const tp_host_tensor *t, int64_t b);
 /* Global FP32 input tensor over data. */
 tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape);
 
-/* The scheduler state of thread tid of this process ('R' running or
+/* The scheduler state of thread tid (of any process) ('R' running or
  * runnable, 'S' sleeping, ...; '?' when gone). tu_thread_reaches waits up to
  * timeout_ms for it to be `state`; tu_thread_stays checks it is `state`
  * at every look for ms (a spinning waiter stays 'R', a sleeping one 'S'). */
