@@ -49,11 +49,14 @@ typedef struct route_def {
  * lets libmicrohttpd keep the connection alive; only a 413 is sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_SUSPENDED, REQ_REPLIED };
 
-/* Who resumes a request handed to the batcher thread: its HTTP thread
- * suspends the connection after the submit returns, the batcher thread
- * delivers the result whenever it is ready; whichever comes second resumes
- * (exactly once, and never before the suspend). */
-enum { HANDOFF_NONE, HANDOFF_SUSPENDED, HANDOFF_DELIVERED };
+/* A request handed to the batcher thread: a result delivered before its
+ * HTTP thread suspends the connection is answered by that thread at once,
+ * without suspending; otherwise the HTTP thread suspends and the batcher
+ * thread resumes, always after the suspend call. SUSPENDING marks the few
+ * instructions in between, which the batcher thread waits out. So a
+ * resume never precedes its suspend, and the handler that suspends never
+ * resumes the connection itself (an early result costs no suspend at all). */
+enum { HANDOFF_NONE, HANDOFF_SUSPENDING, HANDOFF_SUSPENDED, HANDOFF_DELIVERED };
 
 struct req_ctx {
     tp_http *h;
@@ -500,10 +503,20 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->n_outs = n_outs;
     if (st != TP_OK)
         r->err = *err;
-    if (r == submitting)
+    if (r == submitting) {
         r->ran_here = 1;
-    else if (atomic_exchange(&r->handoff, HANDOFF_DELIVERED) == HANDOFF_SUSPENDED)
-        MHD_resume_connection(r->conn);
+        return;
+    }
+    int s = HANDOFF_NONE;
+    while (!atomic_compare_exchange_weak(&r->handoff, &s, HANDOFF_DELIVERED)) {
+        if (s == HANDOFF_SUSPENDED) {
+            atomic_store(&r->handoff, HANDOFF_DELIVERED);
+            MHD_resume_connection(r->conn);
+            return;
+        }
+        __builtin_ia32_pause(); /* SUSPENDING: its HTTP thread is in MHD_suspend_connection */
+        s = HANDOFF_NONE;
+    }
 }
 
 /* Submits r; *ran_here: its batch already ran on this thread. Counted in
@@ -655,10 +668,12 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     }
     if (ran_here)
         return answer_infer(h, r);
+    int none = HANDOFF_NONE;
+    if (!atomic_compare_exchange_strong(&r->handoff, &none, HANDOFF_SUSPENDING))
+        return answer_infer(h, r); /* delivered already: no suspend at all */
     r->state = REQ_SUSPENDED;
     MHD_suspend_connection(r->conn);
-    if (atomic_exchange(&r->handoff, HANDOFF_SUSPENDED) == HANDOFF_DELIVERED)
-        MHD_resume_connection(r->conn); /* delivered before the suspend */
+    atomic_store(&r->handoff, HANDOFF_SUSPENDED);
     return MHD_YES;
 }
 
