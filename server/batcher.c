@@ -384,11 +384,15 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
     return TP_OK;
 }
 
-/* b->mu held. */
-static int short_steps(const tp_batcher *b)
+/* An idle batcher with nothing queued and no delay to wait out would only
+ * take the next request and run it alone: its submitter runs it itself,
+ * sparing two thread hand-offs — while recent steps were short enough
+ * (inline_max_us) not to hold up the submitter's other work. b->mu held. */
+static int would_run_on_submitter(const tp_batcher *b)
 {
-    return b->o.inline_max_us == 0 ||
-           (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
+    int short_steps = b->o.inline_max_us == 0 ||
+                      (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
+    return !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps;
 }
 
 static job *new_job(const tp_batch_req *r, int64_t rows)
@@ -421,11 +425,8 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
         return tp_fail(err, TP_NOMEM, "batcher: out of memory queueing a request");
     pthread_mutex_lock(&b->mu);
     int stopping = b->stopping, full = b->queued >= b->o.max_queue;
-    /* An idle batcher with nothing queued and no delay to wait out would
-     * only take this request and run it alone: the submitter runs it
-     * itself, sparing two thread hand-offs (done is called before submit
-     * returns). */
-    int run_here = !stopping && !b->running && !b->head && b->delay_s == 0 && short_steps(b);
+    /* done is called before submit returns */
+    int run_here = would_run_on_submitter(b);
     if (run_here) {
         b->running = 1;
     } else if (!stopping && !full) {
@@ -460,7 +461,7 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
 void tp_batcher_prewake(tp_batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps(b);
+    int idle = would_run_on_submitter(b);
     pthread_mutex_unlock(&b->mu);
     if (idle)
         tp_engine_prewake(b->e);

@@ -99,7 +99,7 @@ void tp_batcher_prewake(tp_batcher *b);
 
 int tp_batcher_queued(tp_batcher *b);
 int64_t tp_batcher_max_batch(const tp_batcher *b);
-/* 1 when requests are concatenated; 0 when they run one at a time. */
+/* 1 when requests share engine runs; 0 when they run one at a time. */
 int tp_batcher_batching(const tp_batcher *b);
 
 /* Answers every queued request with st and msg now (a drain that ran out of
