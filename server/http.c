@@ -44,14 +44,15 @@ typedef struct route_def {
  * and submitted on the HTTP thread that read it; when the batcher was idle
  * its batch runs right there and the answer goes out in the same call (no
  * suspend, no other thread). Otherwise the connection is SUSPENDED until the
- * batcher thread hands the batch result back (DONE), and the HTTP thread
- * that resumes it encodes the answer. Answering only once the body is in
+ * batcher thread hands the batch result back, and the HTTP thread that
+ * resumes it encodes the answer. Answering only once the body is in
  * lets libmicrohttpd keep the connection alive; only a 413 is sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_SUSPENDED, REQ_REPLIED };
 
-/* A request handed to the batcher thread: a result delivered before its
- * HTTP thread suspends the connection is answered by that thread at once,
- * without suspending; otherwise the HTTP thread suspends and the batcher
+/* A submitted request: a result delivered before its HTTP thread suspends
+ * the connection (always so when the batch ran on that thread, inside
+ * tp_batcher_submit) is answered by that thread at once, without
+ * suspending; otherwise the HTTP thread suspends and the batcher
  * thread resumes, always after the suspend call. SUSPENDING marks the few
  * instructions in between, which the batcher thread waits out. So a
  * resume never precedes its suspend, and the handler that suspends never
@@ -82,7 +83,6 @@ struct req_ctx {
     int64_t timeout_us;
     char timeout_what[64];
     _Atomic int handoff;
-    int ran_here; /* on_batch_done ran on the submitting thread */
     tp_request_times times; /* for the statistics extension */
 };
 
@@ -483,13 +483,9 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
-/* The request this HTTP thread is submitting: the batcher calls back on
- * this very thread, before tp_batcher_submit returns, when it ran the batch
- * here (it was idle). */
-static _Thread_local req_ctx *submitting;
-
-/* On the submitting HTTP thread (the batch ran here: it answers once submit
- * returns) or on the batcher thread (hand the result back, see HANDOFF_*). */
+/* On the submitting HTTP thread (the batch ran there, inside
+ * tp_batcher_submit) or on the batcher thread: hands the result back (see
+ * HANDOFF_*). */
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
@@ -503,25 +499,19 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->n_outs = n_outs;
     if (st != TP_OK)
         r->err = *err;
-    if (r == submitting) {
-        r->ran_here = 1;
-        return;
-    }
     int s = HANDOFF_NONE;
-    while (!atomic_compare_exchange_weak(&r->handoff, &s, HANDOFF_DELIVERED)) {
-        if (s == HANDOFF_SUSPENDED) {
-            atomic_store(&r->handoff, HANDOFF_DELIVERED);
-            MHD_resume_connection(r->conn);
-            return;
+    while (!atomic_compare_exchange_weak(&r->handoff, &s, HANDOFF_DELIVERED))
+        if (s == HANDOFF_SUSPENDING) { /* its HTTP thread is in MHD_suspend_connection */
+            __builtin_ia32_pause();
+            s = HANDOFF_NONE;
         }
-        __builtin_ia32_pause(); /* SUSPENDING: its HTTP thread is in MHD_suspend_connection */
-        s = HANDOFF_NONE;
-    }
+    if (s == HANDOFF_SUSPENDED)
+        MHD_resume_connection(r->conn);
 }
 
-/* Submits r; *ran_here: its batch already ran on this thread. Counted in
- * h->submitting so stopping never frees the batcher under this call. */
-static tp_status submit(tp_http *h, req_ctx *r, int *ran_here, tp_err *err)
+/* Submits r (its batch may run right here). Counted in h->submitting so
+ * stopping never frees the batcher under this call. */
+static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
 {
     pthread_mutex_lock(&h->mu);
     int stopping = h->stopping;
@@ -533,13 +523,8 @@ static tp_status submit(tp_http *h, req_ctx *r, int *ran_here, tp_err *err)
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
                        r->timeout_what, on_batch_done, r, .decoded = 1};
     atomic_store(&r->handoff, HANDOFF_NONE);
-    r->ran_here = 0;
     atomic_fetch_add(&h->in_engine, 1);
-    submitting = r;
     tp_status st = tp_batcher_submit(h->batcher, &br, err);
-    submitting = NULL;
-    /* unless it ran here, r is the batcher thread's until it delivers */
-    *ran_here = st == TP_OK && r->ran_here;
     if (st != TP_OK)
         atomic_fetch_sub(&h->in_engine, 1);
     pthread_mutex_lock(&h->mu);
@@ -657,20 +642,17 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
                                          &r->req, &err);
     r->times.input = (now_ms() - r->t_body) / 1e3;
-    int ran_here = 0;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
-        st = submit(h, r, &ran_here, &err);
+        st = submit(h, r, &err);
     }
     if (st != TP_OK) {
         release_request(r);
         return reply_error(h, r, infer_http_code(st), "%s", err.msg);
     }
-    if (ran_here)
-        return answer_infer(h, r);
     int none = HANDOFF_NONE;
     if (!atomic_compare_exchange_strong(&r->handoff, &none, HANDOFF_SUSPENDING))
-        return answer_infer(h, r); /* delivered already: no suspend at all */
+        return answer_infer(h, r); /* delivered already (ran here, or quick): no suspend */
     r->state = REQ_SUSPENDED;
     MHD_suspend_connection(r->conn);
     atomic_store(&r->handoff, HANDOFF_SUSPENDED);
