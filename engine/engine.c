@@ -613,33 +613,6 @@ static int input_batched(const tp_engine *e, int i)
     return e->in_desc[i].ndim > 0 && e->in_desc[i].shape[0] < 0;
 }
 
-static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t batch,
-                           tp_host_tensor *outs, tp_err *err)
-{
-    int ni = e->g->n_inputs, no = e->g->n_outputs;
-    tp_tensor in_t[ni + 1], out_t[no + 1];
-    tp_exec *x;
-    step_cmd c = {.bucket = -1, .batch = batch};
-    tp_status st = prepare_step(e, &c, &x, in_t, out_t, err);
-    if (st == TP_OK)
-        st = alloc_results(e, x, batch, outs, err);
-    if (st != TP_OK)
-        return st;
-    for (int i = 0; i < ni; i++) {
-        const tp_host_tensor *const *pieces = pieces_of(in, i, n_parts);
-        if (input_batched(e, i))
-            stage_rows(in_t[i].data, pieces, n_parts, 0, batch);
-        else
-            copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
-    }
-    tp_exec_stats xs = {0};
-    st = tp_exec_run(x, in_t, out_t, &xs, err);
-    add_run_stats(e, &xs, -1);
-    for (int i = 0; st == TP_OK && i < no; i++)
-        memcpy(outs[i].data, out_t[i].data, outs[i].nbytes);
-    return st;
-}
-
 /* Rows [row, row+n) of every batched input into the staging, the rest of
  * the bucket zeroed (never another request's leftovers). */
 static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t row, int64_t n,
@@ -655,6 +628,27 @@ static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int n_pa
             copy_request_bytes(in_t[i].data, pieces[0]->data, pieces[0]->nbytes);
         }
     }
+}
+
+static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int n_parts, int64_t batch,
+                           tp_host_tensor *outs, tp_err *err)
+{
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor in_t[ni + 1], out_t[no + 1];
+    tp_exec *x;
+    step_cmd c = {.bucket = -1, .batch = batch};
+    tp_status st = prepare_step(e, &c, &x, in_t, out_t, err);
+    if (st == TP_OK)
+        st = alloc_results(e, x, batch, outs, err);
+    if (st != TP_OK)
+        return st;
+    stage_inputs(e, in, n_parts, 0, batch, in_t); /* the exact batch: nothing to pad */
+    tp_exec_stats xs = {0};
+    st = tp_exec_run(x, in_t, out_t, &xs, err);
+    add_run_stats(e, &xs, -1);
+    for (int i = 0; st == TP_OK && i < no; i++)
+        memcpy(outs[i].data, out_t[i].data, outs[i].nbytes);
+    return st;
 }
 
 static void unstage_outputs(tp_engine *e, const tp_tensor *out_t, int64_t batch, int64_t row, int64_t n,
