@@ -9,7 +9,7 @@ CC      ?= gcc
 PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
-PKGS    := jansson libmicrohttpd openblas double-conversion
+PKGS    := jansson libmicrohttpd openblas
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread $(SAN)
 # Layers, enforced by what each directory may include: util/ (status, log,
 # JSON helpers) depends on nothing; engine/ on util/; kernels/ on util/ and
@@ -23,7 +23,7 @@ INC_all     := -Iutil -Iengine -Ikernels -Iserver
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lstdc++ -lm -pthread $(SAN)
-# C++ only where a C++ library is wrapped (server/numtext_dc.cc): same
+# C++ only where a C++ library is wrapped (server/numtext_charconv.cc: <charconv>): same
 # warnings, no exceptions or RTTI crossing into C.
 CXX     ?= g++
 CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-exceptions -fno-rtti -pthread \

@@ -214,7 +214,7 @@ int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *
     return rc < 0 ? -1 : 0;
 }
 
-/* ---- jansson on the blanked body --------------------------------------- */
+/* ---- jansson outside the spans ------------------------------------------ */
 
 typedef struct {
     const char *s;
@@ -223,18 +223,19 @@ typedef struct {
     int n, k;
 } feed;
 
-/* What of span k is blanked: inside the brackets, or up to where an open
- * array was given up. */
-static void blank_range(const feed *f, size_t *from, size_t *to)
+/* What of span k jansson never sees: inside the brackets, or up to where
+ * an open array was given up. */
+static void skipped_range(const char *s, const tp_json_span *sp, size_t *from, size_t *to)
 {
-    const tp_json_span *sp = &f->spans[f->k];
     *from = sp->start + 1;
-    *to = sp->end > *from && f->s[sp->end - 1] == ']' ? sp->end - 1 : sp->end;
+    *to = sp->end > *from && s[sp->end - 1] == ']' ? sp->end - 1 : sp->end;
     if (*to < *from)
         *to = *from;
 }
 
-static size_t feed_blanked(void *buf, size_t size, void *data)
+/* The body without the spans' insides, piecewise: jansson's lexer costs
+ * about 5 ns a byte, and a data array is most of a JSON request's bytes. */
+static size_t feed_outside(void *buf, size_t size, void *data)
 {
     feed *f = data;
     char *out = buf;
@@ -242,36 +243,66 @@ static size_t feed_blanked(void *buf, size_t size, void *data)
     while (w < size && f->off < f->len) {
         size_t from = f->len, to = f->len;
         while (f->k < f->n) {
-            blank_range(f, &from, &to);
+            skipped_range(f->s, &f->spans[f->k], &from, &to);
             if (to > f->off)
                 break;
             f->k++;
             from = to = f->len;
         }
-        int blank = f->off >= from;
-        size_t end = blank ? to : from;
-        size_t n = end - f->off < size - w ? end - f->off : size - w;
-        if (blank) {
-            /* newlines stay so jansson's line numbers stay right */
-            memset(out + w, ' ', n);
-            for (const char *p = f->s + f->off; (p = memchr(p, '\n', (size_t)(f->s + f->off + n - p)));)
-                out[w + (size_t)(p++ - (f->s + f->off))] = '\n';
-        } else {
-            memcpy(out + w, f->s + f->off, n);
+        if (f->off >= from) {
+            f->off = to;
+            continue;
         }
+        size_t n = from - f->off < size - w ? from - f->off : size - w;
+        memcpy(out + w, f->s + f->off, n);
         w += n;
         f->off += n;
     }
     return w;
 }
 
-json_t *tp_json_load_blanked(const char *body, size_t len, const tp_json_span *spans,
-                             int n_spans, size_t flags, json_error_t *jerr)
+/* jansson counted the bytes it was fed; the caller wants the body's. A
+ * position just past a span's '[' has not read into the span, one further
+ * has read past all of it. */
+static size_t position_in_body(const char *body, const tp_json_span *spans, int n_spans, size_t pos)
+{
+    size_t skipped = 0;
+    for (int k = 0; k < n_spans; k++) {
+        size_t from, to;
+        skipped_range(body, &spans[k], &from, &to);
+        if (pos + skipped <= from)
+            break;
+        skipped += to - from;
+    }
+    return pos + skipped;
+}
+
+/* The line and column of an error at jerr->position (the body's), counted
+ * as jansson counts them: lines from 1, UTF-8 characters from 1. */
+static void locate_error(const char *body, json_error_t *jerr)
+{
+    int line = 1, column = 0;
+    for (int i = 0; i < jerr->position; i++) {
+        if (body[i] == '\n')
+            line++, column = 0;
+        else if (((unsigned char)body[i] & 0xc0) != 0x80)
+            column++;
+    }
+    jerr->line = line;
+    jerr->column = column;
+}
+
+json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_span *spans,
+                                   int n_spans, size_t flags, json_error_t *jerr)
 {
     if (n_spans == 0)
         return json_loadb(body, len, flags, jerr);
     feed f = {body, len, 0, spans, n_spans, 0};
-    return json_load_callback(feed_blanked, &f, flags, jerr);
+    json_t *root = json_load_callback(feed_outside, &f, flags, jerr);
+    jerr->position = (int)position_in_body(body, spans, n_spans, (size_t)jerr->position);
+    if (!root && jerr->line >= 0) /* -1: no place (out of memory, bad arguments) */
+        locate_error(body, jerr);
+    return root;
 }
 
 /* ---- reading tensor data ------------------------------------------------ */

@@ -3,8 +3,8 @@
  *
  * Reading: tp_json_data_spans finds where each request input's "data"
  * array lies in the body, so the document can be handed to jansson with
- * those arrays blanked (tp_json_load_blanked: same length, same line and
- * column of every error) and each array decoded straight into its tensor
+ * those arrays left empty (tp_json_load_outside_spans: errors still say
+ * where they are in the body) and each array decoded straight into its tensor
  * once the input's datatype and shape are known (tp_json_tensor_read).
  * Memory is then the body plus the tensors, whatever the element count.
  *
@@ -35,10 +35,12 @@ typedef struct {
  * when there are none. Returns 0, or -1 without memory. */
 int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans);
 
-/* json_loadb on body with the inside of every span replaced by blanks
- * (newlines kept), fed to jansson piecewise so the body is never copied. */
-json_t *tp_json_load_blanked(const char *body, size_t len, const tp_json_span *spans,
-                             int n_spans, size_t flags, json_error_t *jerr);
+/* json_loadb on body without the inside of every span (each array reads as
+ * empty), fed to jansson piecewise so the body is never copied. jerr's
+ * position is the body's (with JSON_DISABLE_EOF_CHECK, where the document
+ * ended), and so are its line and column when the load fails. */
+json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_span *spans,
+                                   int n_spans, size_t flags, json_error_t *jerr);
 
 /* Decodes the array text s[0..len) (a span, or a dumped jansson array) into
  * t->data (malloc'ed, t->nbytes set) for t's dtype and shape: flat, or

@@ -446,8 +446,8 @@ static tp_status load_json(const char *body, size_t len, long long header_len, c
                            json_t **out, tp_err *err)
 {
     json_error_t jerr;
-    json_t *root = tp_json_load_blanked(body, len, text->spans, text->n_spans,
-                                        JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    json_t *root = tp_json_load_outside_spans(body, len, text->spans, text->n_spans,
+                                              JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
     if (!root && json_error_code(&jerr) == json_error_out_of_memory)
         return tp_fail(err, TP_NOMEM, "out of memory parsing a %zu-byte request", len);
     if (!root)

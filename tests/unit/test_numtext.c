@@ -113,16 +113,22 @@ START_TEST(halves_exhaustive)
 }
 END_TEST
 
-/* The reader's fast path (short decimals, numtext_dc.cc) against glibc's
- * strtof, which is correctly rounded: bit for bit, over random tokens of
- * every shape the fast path takes and some it must hand to the library
- * (8+ digits, exponents past 10), signs and zeros included. */
+/* The reader (its fast path for short decimals, and <charconv> behind it,
+ * numtext_charconv.cc) against glibc's strtof, which is correctly rounded:
+ * bit for bit, over random tokens of every shape the fast path takes and
+ * some it must hand to the library (8+ digits, exponents past 10), signs
+ * and zeros included, and tokens beyond FP32's range, which std::from_chars
+ * refuses and strtof rounds to zero or infinity. */
 START_TEST(f32_reader_matches_strtof)
 {
     static const char *edge[] = {"0", "-0", "0.0", "-0.0", "0e5", "0.000000e-40", "16777215",
                                  "16777216", "16777217", "9999999", "9999999e10", "1e-10",
                                  "1e10", "1e11", "1e-11", "3.4028235e38", "1.4e-45",
-                                 "0.1", "0.3", "-2.5e-3", "1E+2", "0.00000001"};
+                                 "0.1", "0.3", "-2.5e-3", "1E+2", "0.00000001", "1e-50",
+                                 "-1e-50", "7e-46", "1e50", "-1e50", "3.4028236e38",
+                                 "0.0000001e-39", "123456789012e30", "1e-400", "-1e400",
+                                 "0.00000000000000000000000000000000000000000000001",
+                                 "1e99999999999999999999", "-1e-99999999999999999999"};
     for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++) {
         float want = strtof(edge[k], NULL), got = tp_numtext_parse_f32(edge[k], strlen(edge[k]));
         ck_assert_msg(f32_bits(got) == f32_bits(want), "%s: %a, strtof %a", edge[k], got, want);
@@ -132,7 +138,7 @@ START_TEST(f32_reader_matches_strtof)
     for (int k = 0; k < 400000; k++) {
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         int nd = 1 + (int)((s >> 33) % 9), point = (int)((s >> 40) % (unsigned)(nd + 1));
-        int e = (int)((s >> 45) % 27) - 13, n = 0;
+        int e = (s >> 57) & 1 ? (int)((s >> 45) % 101) - 55 : (int)((s >> 45) % 27) - 13, n = 0;
         if ((s >> 52) & 1)
             tok[n++] = '-';
         uint64_t r = s ^ (s >> 17);
@@ -147,6 +153,20 @@ START_TEST(f32_reader_matches_strtof)
         tok[n] = 0;
         float want = strtof(tok, NULL), got = tp_numtext_parse_f32(tok, (size_t)n);
         ck_assert_msg(f32_bits(got) == f32_bits(want), "%s: %a, strtof %a", tok, got, want);
+    }
+}
+END_TEST
+
+/* Doubles: the library alone, out-of-range tokens included, against strtod. */
+START_TEST(f64_reader_matches_strtod)
+{
+    static const char *edge[] = {"0", "-0", "0.1", "1e-400", "-1e-400", "1e400", "-1e400",
+                                 "2.2250738585072014e-308", "4.9e-324", "2e-324",
+                                 "1.7976931348623157e308", "1.7976931348623159e308",
+                                 "123456789012345678901234567890", "-3.14159265358979323846"};
+    for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++) {
+        double want = strtod(edge[k], NULL), got = tp_numtext_parse_f64(edge[k], strlen(edge[k]));
+        ck_assert_msg(memcmp(&got, &want, sizeof got) == 0, "%s: %a, strtod %a", edge[k], got, want);
     }
 }
 END_TEST
@@ -190,7 +210,7 @@ END_TEST
 
 /* ---- json_tensor -------------------------------------------------------- */
 
-START_TEST(spans_and_blanked_parse)
+START_TEST(spans_and_parse_outside)
 {
     const char *body = "{\"id\":\"a\",\"inputs\":[{\"name\":\"x\",\"data\":[[1,2],\n[3,4]]},"
                        "{\"data\":{\"a\":[1]}},{\"name\":\"y\",\"data\": [ ]}],\"data\":[9]}";
@@ -202,21 +222,66 @@ START_TEST(spans_and_blanked_parse)
     ck_assert(strncmp(body + sp[0].start, "[[1,2],\n[3,4]]", sp[0].end - sp[0].start) == 0);
     ck_assert_int_eq(sp[1].input, 2);
     json_error_t je;
-    json_t *root = tp_json_load_blanked(body, strlen(body), sp, n, 0, &je);
+    json_t *root = tp_json_load_outside_spans(body, strlen(body), sp, n, 0, &je);
     ck_assert_ptr_nonnull(root);
     json_t *d0 = json_object_get(json_array_get(json_object_get(root, "inputs"), 0), "data");
     ck_assert(json_is_array(d0) && json_array_size(d0) == 0);
     ck_assert_int_eq(json_array_size(json_object_get(root, "data")), 1); /* not an input's */
     json_decref(root);
     free(sp);
-    /* an array the scan cannot close is blanked up to there: jansson
+    /* an array the scan cannot close is left out up to there: jansson
      * reports the error where it is, without parsing the numbers */
     const char *bad = "{\"inputs\":[{\"data\":[1,2,3}]}";
     ck_assert_int_eq(tp_json_data_spans(bad, strlen(bad), &sp, &n), 0);
     ck_assert_int_eq(n, 1);
-    ck_assert_ptr_null(tp_json_load_blanked(bad, strlen(bad), sp, n, 0, &je));
+    ck_assert_ptr_null(tp_json_load_outside_spans(bad, strlen(bad), sp, n, 0, &je));
     ck_assert_int_eq(je.column, 26);
     free(sp);
+}
+END_TEST
+
+/* jansson never sees the data arrays, yet what it reports must be where
+ * it is in the body: line, column and position of an error after (or
+ * between) data arrays, and with JSON_DISABLE_EOF_CHECK where a document
+ * ends ahead of trailing bytes, all as jansson reports them on the whole
+ * body. Arrays span lines and hold UTF-8 (in a string) so line and
+ * character counts would drift if they were miscounted. */
+START_TEST(outside_parse_reports_body_positions)
+{
+    static const char *bodies[] = {
+        "{\"inputs\":[{\"data\":[1,2,\n3,4],\"name\":\"x\"}],\n  \"id\": x}",
+        "{\"inputs\":[{\"data\":[1,\n2]},{\"data\":[\"\u00e9\u00e9\",\n5] }] ,, }",
+        "{\"inputs\":[{\"data\":[[1],[2]]}, {\"name\":\"y\",\"data\":[7]} ] } trailing",
+        "{\"inputs\":[{\"data\":[1,2,3]}],\"inputs\":[]}",
+        "{\"inputs\":[{\"data\":[1,2,3]\n\n,\"data\":[4]}]}",
+        "{\"inputs\":[{\"data\":[]}], \"x\": [1 2]}",
+        "{\"inputs\":[{\"data\":[1.5,\n-2e3]}]}   ",
+    };
+    const size_t flags[] = {JSON_REJECT_DUPLICATES, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK};
+    for (size_t b = 0; b < sizeof bodies / sizeof bodies[0]; b++) {
+        for (size_t f = 0; f < 2; f++) {
+            const char *body = bodies[b];
+            tp_json_span *sp;
+            int n;
+            ck_assert_int_eq(tp_json_data_spans(body, strlen(body), &sp, &n), 0);
+            ck_assert_msg(n > 0, "body %zu: no span", b);
+            json_error_t whole, outside;
+            json_t *a = json_loadb(body, strlen(body), flags[f], &whole);
+            json_t *o = tp_json_load_outside_spans(body, strlen(body), sp, n, flags[f], &outside);
+            ck_assert_msg(!a == !o, "body %zu flags %zu: loaded %d vs %d", b, f, !!a, !!o);
+            ck_assert_msg(outside.position == whole.position, "body %zu flags %zu: position %d, whole body %d",
+                          b, f, outside.position, whole.position);
+            if (!a) {
+                ck_assert_msg(outside.line == whole.line && outside.column == whole.column,
+                              "body %zu flags %zu: line %d column %d, whole body %d %d (%s)", b, f,
+                              outside.line, outside.column, whole.line, whole.column, whole.text);
+                ck_assert_str_eq(outside.text, whole.text);
+            }
+            json_decref(a);
+            json_decref(o);
+            free(sp);
+        }
+    }
 }
 END_TEST
 
@@ -295,13 +360,15 @@ static Suite *numtext_suite(void)
     tcase_set_timeout(n, 60);
     tcase_add_test(n, f32_round_trip);
     tcase_add_test(n, f32_spelling);
+    tcase_add_test(n, f64_reader_matches_strtod);
     tcase_add_test(n, halves_exhaustive);
     tcase_add_test(n, f32_reader_matches_strtof);
     tcase_add_test(n, integers);
     tcase_add_test(n, number_tokens);
     suite_add_tcase(s, n);
     TCase *j = tcase_create("json_tensor");
-    tcase_add_test(j, spans_and_blanked_parse);
+    tcase_add_test(j, spans_and_parse_outside);
+    tcase_add_test(j, outside_parse_reports_body_positions);
     tcase_add_test(j, read_values);
     tcase_add_test(j, read_bounded_by_text);
     tcase_add_test(j, write_values);
