@@ -28,6 +28,7 @@ struct tp_batcher {
     int queued, stopping;
     int running; /* a batch is in the engine, on the batcher thread or a submitter's */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
+    double recent_backlog; /* moving average of "requests were waiting when a batch ended" (mu) */
     pthread_t th;
 };
 
@@ -319,6 +320,18 @@ static void run_batch(tp_batcher *b, job *batch)
         tp_model_stats_execution(b->o.stats, rows, 0, info.compute_s, split_s);
 }
 
+/* Requests that arrived while a batch ran mean clients are keeping the
+ * engine busy: they are better served in batches by the batcher thread than
+ * one at a time by whichever HTTP thread finds the engine idle for a moment
+ * (that batch of one then delays the requests queued behind it, and stalls
+ * the HTTP thread's other connections). A few quiet batches (two after
+ * one busy one) bring the inline path back. b->mu held. */
+static void batch_ended(tp_batcher *b)
+{
+    b->running = 0;
+    b->recent_backlog = 0.5 * b->recent_backlog + (b->head ? 0.5 : 0.0);
+}
+
 static void *batcher_main(void *arg)
 {
     tp_batcher *b = arg;
@@ -334,7 +347,8 @@ static void *batcher_main(void *arg)
         if (batch)
             run_batch(b, batch);
         pthread_mutex_lock(&b->mu);
-        b->running = 0;
+        if (batch)
+            batch_ended(b);
         pthread_mutex_unlock(&b->mu);
     }
     return NULL;
@@ -387,12 +401,14 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
 /* An idle batcher with nothing queued and no delay to wait out would only
  * take the next request and run it alone: its submitter runs it itself,
  * sparing two thread hand-offs — while recent steps were short enough
- * (inline_max_us) not to hold up the submitter's other work. b->mu held. */
+ * (inline_max_us) not to hold up the submitter's other work, and while
+ * requests did not pile up behind recent batches (batch_ended). b->mu held. */
 static int would_run_on_submitter(const tp_batcher *b)
 {
     int short_steps = b->o.inline_max_us == 0 ||
                       (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
-    return !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps;
+    return !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps &&
+           b->recent_backlog < 0.25;
 }
 
 static job *new_job(const tp_batch_req *r, int64_t rows)
@@ -442,7 +458,7 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
     if (run_here) {
         run_batch(b, j);
         pthread_mutex_lock(&b->mu);
-        b->running = 0;
+        batch_ended(b);
         if (b->head || b->stopping)
             pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher's */
         pthread_mutex_unlock(&b->mu);

@@ -33,7 +33,9 @@ typedef struct {
     tp_model_stats *stats;      /* optional: Triton statistics per engine execution */
     /* An idle batcher runs a request on the submitting thread only while
      * its recent engine steps averaged at most this long (a slow model
-     * must not hold up the submitter's other work); 0: no limit, < 0: never. */
+     * must not hold up the submitter's other work) and requests have not
+     * been piling up behind its recent batches (under load, batches on the
+     * batcher thread serve more); 0: no limit, < 0: never. */
     int64_t inline_max_us;
 } tp_batcher_opts;
 
@@ -47,8 +49,8 @@ typedef struct {
 
 /* Called exactly once per accepted request, from the batcher thread, the
  * thread calling tp_batcher_cancel, or — when the batcher was idle, nothing
- * was queued, there is no queue delay and recent steps were short
- * (inline_max_us) — the submitting thread itself, before tp_batcher_submit
+ * was queued, there is no queue delay and recent steps were short and
+ * quiet (inline_max_us) — the submitting thread itself, before tp_batcher_submit
  * returns (it runs that request's batch). On TP_OK
  * outs holds the request's own outputs in graph order, owned by the callee
  * (tp_host_tensors_free; they may be views sharing a block with the other

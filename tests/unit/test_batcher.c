@@ -340,6 +340,57 @@ START_TEST(inline_run_only_while_steps_are_short)
 }
 END_TEST
 
+/* A done callback that submits one more request (its ctx: the batcher and
+ * the slot), as a client answered inline would send its next request while
+ * the engine is still busy: it queues behind the running batch. */
+typedef struct {
+    slot s;
+    tp_batcher *b;
+    tp_host_tensor *x;
+    slot *next;
+} chain;
+
+static void chain_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+                       const tp_batch_info *info)
+{
+    chain *c = ctx;
+    tp_err e2 = {{0}};
+    ck_assert_int_eq(submit(c->b, c->x, c->next, 0, 0, &e2), TP_OK);
+    slot_done(&c->s, st, outs, n_outs, err, info);
+}
+
+/* A request left waiting when a batch ended means the engine is busy: the
+ * next idle moment's request goes to the batcher thread (where it can batch
+ * with others) instead of running alone on its submitter; after quiet
+ * batches the inline path comes back. Without the rule the request after
+ * the busy batch would run inline (the batcher is idle by then). */
+START_TEST(inline_run_stops_while_requests_pile_up)
+{
+    tp_engine *e = open_mlp();
+    tp_host_tensor x = make_x(1, 9);
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    ck_assert(ran_on_submitter(b, &x));
+    slot queued = new_slot();
+    chain c = {new_slot(), b, &x, &queued};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0};
+    ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
+    ck_assert(c.s.done && pthread_equal(g_done_thread, pthread_self())); /* ran inline */
+    wait_done(&queued);
+    ck_assert_int_eq(queued.st, TP_OK);
+    ck_assert(!ran_on_submitter(b, &x));
+    int back = 0;
+    for (int i = 0; i < 5 && !back; i++)
+        back = ran_on_submitter(b, &x);
+    ck_assert_msg(back, "quiet batches did not bring the inline path back");
+    tp_batcher_free(b);
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
 /* A full queue refuses with TP_UNAVAILABLE naming max_queue; freeing the
  * batcher still runs what was queued (the drain). */
 START_TEST(queue_overflow_then_drain)
@@ -718,6 +769,7 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, full_batch_runs_once);
     tcase_add_test(tc, bad_request_in_a_crowd);
     tcase_add_test(tc, inline_run_only_while_steps_are_short);
+    tcase_add_test(tc, inline_run_stops_while_requests_pile_up);
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
