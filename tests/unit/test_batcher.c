@@ -311,28 +311,33 @@ static int ran_on_submitter(tp_batcher *b, tp_host_tensor *x)
     return inline_ && pthread_equal(g_done_thread, pthread_self());
 }
 
+/* A batcher of 16 rows, no queue delay, the given inline_max_us. */
+static tp_batcher *inline_batcher(tp_engine *e, int64_t inline_max_us)
+{
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, inline_max_us};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    return b;
+}
+
 START_TEST(inline_run_only_while_steps_are_short)
 {
     tp_engine *e = open_mlp();
     tp_host_tensor x = make_x(1, 9);
-    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
-    tp_batcher *b;
-    tp_err err = {{0}};
     /* no limit: every idle request runs on the submitter */
-    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    tp_batcher *b = inline_batcher(e, 0);
     for (int i = 0; i < 3; i++)
         ck_assert(ran_on_submitter(b, &x));
     tp_batcher_free(b);
     /* 1 us: the first step (no history yet) runs inline and is longer than
      * that, so the next ones go to the batcher thread */
-    o.inline_max_us = 1;
-    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    b = inline_batcher(e, 1);
     ck_assert(ran_on_submitter(b, &x));
     ck_assert(!ran_on_submitter(b, &x));
     ck_assert(!ran_on_submitter(b, &x));
     tp_batcher_free(b);
-    o.inline_max_us = -1;
-    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    b = inline_batcher(e, -1);
     ck_assert(!ran_on_submitter(b, &x));
     tp_batcher_free(b);
     free(x.data);
@@ -368,10 +373,8 @@ START_TEST(inline_run_stops_while_requests_pile_up)
 {
     tp_engine *e = open_mlp();
     tp_host_tensor x = make_x(1, 9);
-    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
-    tp_batcher *b;
+    tp_batcher *b = inline_batcher(e, 0);
     tp_err err = {{0}};
-    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
     ck_assert(ran_on_submitter(b, &x));
     slot queued = new_slot();
     chain c = {new_slot(), b, &x, &queued};
