@@ -26,7 +26,9 @@
 # never fails the run.
 # With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
 # build/venv-perf), a second table: Triton's own load generator against
-# tpserve with binary tensors, JSON tensors and system shared memory.
+# tpserve with binary tensors, JSON tensors and system shared memory, in its
+# 1 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
+# away in perf_analyzer's own bookkeeping, server/README.md).
 # Timings never fail the run (noisy machines); wrk errors are reported.
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
@@ -197,7 +199,7 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
         for c in $CONNS; do
             # shellcheck disable=SC2086 # args splits into flags on purpose
             LD_LIBRARY_PATH="$PERF_LIBS" timeout 120 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$PORT" \
-                -i http --concurrency-range "$c" -p $((DURATION * 1000)) -s 1000 --percentile=50 \
+                -i http --concurrency-range "$c" $PERF_WINDOW_ARGS -s 1000 --percentile=50 \
                 $args >"$TMP/pa.out" 2>&1
             line=$(sed -n "s/^Concurrency: $c, throughput: \([0-9.]*\) infer\/sec, latency \([0-9]*\) usec.*/\1 \2/p" "$TMP/pa.out")
             if [ -z "$line" ]; then
@@ -317,7 +319,7 @@ done <"$TMP/tp.res"
 echo
 if [ -f "$TMP/pa.res" ]; then
     echo
-    echo "perf_analyzer (tritonclient 2.49) against tpserve, ${DURATION} s windows:"
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 1 s (its 5 s windows run away: server/README.md):"
     echo
     echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
     echo "| --- | ---: | ---: | ---: |"
