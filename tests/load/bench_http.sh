@@ -42,25 +42,10 @@ THREADS=${THREADS:-4}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_bench.XXXXXX")
-PID=""
-
-cleanup() {
-    [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
-    if [ -n "${KEEP_TMP:-}" ]; then echo "files kept in $TMP" >&2; else rm -rf "$TMP"; fi
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-die() {
-    echo "bench_http: $*" >&2
-    exit 1
-}
-
-command -v wrk >/dev/null 2>&1 || die "wrk not found (scripts/deps.sh installs it)"
-[ -x "$TPSERVE" ] || die "no tpserve binary at $TPSERVE (make build/tpserve)"
+BENCH_NAME=bench_http
+# shellcheck source=tests/load/bench_lib.sh
+. "$HERE/bench_lib.sh"
 [ -x "$BARE_HTTP" ] || die "no bare_http binary at $BARE_HTTP (make build/bench/bare_http)"
-[ -f "$TP_GRAPHS/$G.json" ] || die "no graph $TP_GRAPHS/$G.json (make graphs)"
 
 free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

@@ -27,24 +27,9 @@ MODES=${MODES:-"threads processes"}
 THREADS=${THREADS:-4}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_rankctx.XXXXXX")
-PID=""
-
-cleanup() {
-    [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-die() {
-    echo "rank_ctx: $*" >&2
-    exit 1
-}
-
-command -v wrk >/dev/null 2>&1 || die "wrk not found (scripts/deps.sh installs it)"
-[ -x "$TPSERVE" ] || die "no tpserve binary at $TPSERVE (make build/tpserve)"
-[ -f "$TP_GRAPHS/$G.json" ] || die "no graph $TP_GRAPHS/$G.json (make graphs)"
+BENCH_NAME=rank_ctx
+# shellcheck source=tests/load/bench_lib.sh
+. "$HERE/bench_lib.sh"
 
 # snapshot: one line per thread of the server and its direct children (the
 # rank workers, named worker:...): "PID/TID NAME VOLUNTARY INVOLUNTARY CPU_NS".
