@@ -106,6 +106,7 @@ extern "C" size_t tp_numtext_precision(double v, int digits, char *buf)
 {
     if (v == 0.0)
         return spell_zero(std::signbit(v), buf);
+    digits = digits < 1 ? 1 : digits > 17 ? 17 : digits; // what decimal.d and sci hold
     char sci[TP_NUMTEXT_MAX];
     decimal d;
     auto r = std::to_chars(sci, sci + sizeof sci, std::fabs(v), std::chars_format::scientific,
