@@ -47,6 +47,18 @@ done
 npass=0
 nfail=0
 # count windows of 300 requests: a busy machine cannot make it "unstable"
+# report WHAT RC LINE OUT: PASS with perf_analyzer's throughput line, or FAIL
+# with its exit status (124: timed out) and the end of its output.
+report() {
+    if [ "$2" -eq 0 ] && [ -n "$3" ] && ! grep -qi 'error\|unable' "$4"; then
+        echo "PASS: perf_analyzer $1: $3"
+        npass=$((npass + 1))
+    else
+        echo "FAIL: perf_analyzer $1 (exit $2):"
+        sed 's/^/    /' "$4" | tail -n 15
+        nfail=$((nfail + 1))
+    fi
+}
 for mode in binary json shm; do
     eval "args=\$PERF_ARGS_$mode"
     # shellcheck disable=SC2086 # args splits into flags on purpose
@@ -54,15 +66,7 @@ for mode in binary json shm; do
         --concurrency-range 2 --measurement-mode count_windows --measurement-request-count 300 \
         -s 1000 $args >"$TMP/$mode.out" 2>&1
     rc=$?
-    line=$(grep -m 1 '^Concurrency: 2, throughput' "$TMP/$mode.out")
-    if [ $rc -eq 0 ] && [ -n "$line" ] && ! grep -qi 'error\|unable' "$TMP/$mode.out"; then
-        echo "PASS: perf_analyzer $mode: $line"
-        npass=$((npass + 1))
-    else
-        echo "FAIL: perf_analyzer $mode (exit $rc):"
-        sed 's/^/    /' "$TMP/$mode.out" | tail -n 15
-        nfail=$((nfail + 1))
-    fi
+    report "$mode" $rc "$(grep -m 1 '^Concurrency: 2, throughput' "$TMP/$mode.out")" "$TMP/$mode.out"
 done
 # The bench's heaviest row, as the bench runs it: binary tensors, 32
 # connections, time windows ($PERF_WINDOW_ARGS: 3 windows of 1.2 s). With its
@@ -75,15 +79,8 @@ t0=$(date +%s)
 LD_LIBRARY_PATH="$PERF_LIBS" timeout 30 "$PERF_ANALYZER" -m "$G" -u "127.0.0.1:$port" -i http \
     --concurrency-range 32 $PERF_WINDOW_ARGS -s 1000 >"$TMP/binary32.out" 2>&1
 rc=$?
-line=$(grep -m 1 '^Concurrency: 32, throughput' "$TMP/binary32.out")
-if [ $rc -eq 0 ] && [ -n "$line" ]; then
-    echo "PASS: perf_analyzer binary at 32 connections in $(($(date +%s) - t0)) s: $line"
-    npass=$((npass + 1))
-else
-    echo "FAIL: perf_analyzer binary at 32 connections (exit $rc, 124 = no result within 30 s):"
-    sed 's/^/    /' "$TMP/binary32.out" | tail -n 15
-    nfail=$((nfail + 1))
-fi
+report "binary at 32 connections, $(($(date +%s) - t0)) s of 30" $rc \
+    "$(grep -m 1 '^Concurrency: 32, throughput' "$TMP/binary32.out")" "$TMP/binary32.out"
 if kill -0 "$PID" 2>/dev/null; then
     echo "PASS: server alive after perf_analyzer"
     npass=$((npass + 1))
