@@ -1010,10 +1010,12 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
 }
 
 /* Connections the kernel completed before the quiesce are handed to the
- * daemon so they get an answer (a 503) instead of a reset. */
-static void adopt_backlog(tp_http *h, int fd)
+ * daemon so they get an answer (a 503) instead of a reset. Returns how
+ * many. */
+static unsigned adopt_backlog(tp_http *h, int fd)
 {
-    for (;;) {
+    unsigned n = 0;
+    for (;; n++) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         int c = accept4(fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1022,6 +1024,7 @@ static void adopt_backlog(tp_http *h, int fd)
         if (MHD_add_connection(h->d, c, (struct sockaddr *)&ss, sl) != MHD_YES)
             tp_log(TP_LOG_WARN, "drain: could not hand a pending connection to the server");
     }
+    return n;
 }
 
 int tp_http_set_broken(tp_http *h, const char *why)
@@ -1036,21 +1039,22 @@ int tp_http_set_broken(tp_http *h, const char *why)
     return 1;
 }
 
-void tp_http_begin_drain(tp_http *h)
+unsigned tp_http_begin_drain(tp_http *h)
 {
     int was = atomic_exchange(&h->state, SRV_DRAINING);
     if (was == SRV_DRAINING || !h->d)
-        return;
+        return 0;
     int fd = MHD_quiesce_daemon(h->d);
     if (fd < 0)
-        return;
+        return 0;
     int fl = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-    adopt_backlog(h, fd);
+    unsigned adopted = adopt_backlog(h, fd);
     /* shutdown() moves a Linux listening socket out of LISTEN, so new
      * connections are refused; the fd itself stays open until the daemon
      * stops, as libmicrohttpd requires. */
     shutdown(fd, SHUT_RD);
+    return adopted;
 }
 
 long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }

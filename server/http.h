@@ -35,8 +35,10 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
 
 /* Starts the drain: readiness and new inference requests get 503, every
  * response closes its connection, and the listening socket stops accepting
- * (connections already queued in the kernel backlog are still answered). */
-void tp_http_begin_drain(tp_http *h);
+ * (connections already queued in the kernel backlog are still answered).
+ * Returns how many such queued connections it handed to the daemon: those
+ * are not in tp_http_connections until an HTTP thread has taken them up. */
+unsigned tp_http_begin_drain(tp_http *h);
 
 /* The engine can no longer run (a rank's process died): from now on
  * liveness, readiness and every model route answer 503 with why. Returns 1

@@ -163,8 +163,12 @@ static int wait_signal(const sigset_t *set, int timeout_ms)
  * signalling a process group repeatedly), not a request to cut the drain. */
 #define SIGNAL_BURST_MS 1000
 
-/* Returns 1 when every accepted request was answered. */
-static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
+/* Returns 1 when every accepted request was answered. adopted: connections
+ * begin_drain took from the kernel's queue; the daemon may not count them
+ * yet, and their requests may not have arrived, so "no connection left"
+ * only ends the drain early when there were none (otherwise the quiet
+ * period does). */
+static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned adopted)
 {
     double start = now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
     for (;;) {
@@ -174,7 +178,7 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set)
         } else {
             if (quiet_since < 0)
                 quiet_since = t;
-            if (t - quiet_since >= QUIET_MS || tp_http_connections(h) == 0)
+            if (t - quiet_since >= QUIET_MS || (adopted == 0 && tp_http_connections(h) == 0))
                 return 1;
         }
         if (t >= deadline) {
@@ -241,8 +245,7 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
     TP_LOG_I("received %s: draining (readiness 503, no new connections, up to %d ms for %ld "
              "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,
              tp_http_in_flight(h));
-    tp_http_begin_drain(h);
-    if (drain(h, cfg, set)) {
+    if (drain(h, cfg, set, tp_http_begin_drain(h))) {
         TP_LOG_I("drained: every accepted request was answered; exiting");
         return 0;
     }
@@ -330,8 +333,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
     }
     if (!wait_load(j, th, set)) {
         /* nothing was served: the drain only answers stragglers (503) */
-        tp_http_begin_drain(h);
-        drain(h, cfg, set);
+        drain(h, cfg, set, tp_http_begin_drain(h));
         tp_http_stop(h);
         return 0; /* j stays with the detached loader, which may still write it */
     }
