@@ -81,38 +81,33 @@ size_t spell(bool neg, const decimal &v, char *buf)
     return static_cast<size_t>(p - buf);
 }
 
-size_t spell_zero(bool neg, char *buf)
+// std::to_chars' scientific text of |v| spelled as above, signed. Zero
+// needs no case of its own: "0e+00" is the digit 0, spelled "0.0".
+size_t spell_scientific(bool neg, const char *sci, const char *end, char *buf)
 {
-    memcpy(buf, neg ? "-0.0" : "0.0", neg ? 4 : 3);
-    return neg ? 4 : 3;
+    decimal d;
+    from_scientific(sci, end, &d);
+    return spell(neg, d, buf);
 }
 
 }  // namespace
 
 extern "C" size_t tp_numtext_f32(float v, char *buf)
 {
-    if (v == 0.0f)
-        return spell_zero(std::signbit(v), buf);
     char sci[TP_NUMTEXT_MAX];
-    decimal d;
     auto r = std::to_chars(sci, sci + sizeof sci, std::fabs(v), std::chars_format::scientific);
-    from_scientific(sci, r.ptr, &d);
-    return spell(std::signbit(v), d, buf);
+    return spell_scientific(std::signbit(v), sci, r.ptr, buf);
 }
 
 // v rounded to `digits` significant ones, the FP16/BF16 writers' building
 // block (numtext.c tries 1, 2, ... until one reads back).
 extern "C" size_t tp_numtext_precision(double v, int digits, char *buf)
 {
-    if (v == 0.0)
-        return spell_zero(std::signbit(v), buf);
     digits = digits < 1 ? 1 : digits > 17 ? 17 : digits; // what decimal.d and sci hold
     char sci[TP_NUMTEXT_MAX];
-    decimal d;
     auto r = std::to_chars(sci, sci + sizeof sci, std::fabs(v), std::chars_format::scientific,
                            digits - 1);
-    from_scientific(sci, r.ptr, &d);
-    return spell(std::signbit(v), d, buf);
+    return spell_scientific(std::signbit(v), sci, r.ptr, buf);
 }
 
 namespace {
