@@ -21,6 +21,7 @@
 #include "metrics.h"
 #include "model_stats.h"
 #include "route.h"
+#include "spin_wait.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
@@ -502,7 +503,7 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     int s = HANDOFF_NONE;
     while (!atomic_compare_exchange_weak(&r->handoff, &s, HANDOFF_DELIVERED))
         if (s == HANDOFF_SUSPENDING) { /* its HTTP thread is in MHD_suspend_connection */
-            __builtin_ia32_pause();
+            tp_cpu_relax();
             s = HANDOFF_NONE;
         }
     if (s == HANDOFF_SUSPENDED)

@@ -20,7 +20,7 @@
 #define MISS_ONE 1024
 #define MISS_WEIGHT 8
 
-static void cpu_relax(void)
+void tp_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -77,7 +77,7 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
             else if (now >= end)
                 return 0;
         }
-        cpu_relax();
+        tp_cpu_relax();
     }
 }
 
