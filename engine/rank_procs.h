@@ -30,11 +30,11 @@ const char *tp_rank_procs_lost(tp_rank_procs *p);
  * and kill: a step with a dead peer fails in its first wait anyway. */
 const char *tp_rank_procs_lost_known(tp_rank_procs *p);
 
-/* Leader only: one message to every worker (waits while a worker is more
- * than a few messages behind). */
 /* Leader: wakes the workers waiting for a message so they spin for the one
  * about to come (tp_rank_group_prewake); nothing where ranks may not spin. */
 void tp_rank_procs_prewake(tp_rank_procs *p);
+/* Leader only: one message to every worker (waits while a worker is more
+ * than a few messages behind). */
 tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t len, tp_err *err);
 /* Worker only: the next message, which must be of `kind` (or QUIT: *quit). */
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit,
