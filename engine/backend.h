@@ -33,6 +33,10 @@ typedef struct tp_backend_iface {
     /* Run each partition once eagerly before capturing it (NCCL makes its
      * connections on first use, which must not happen inside a capture). */
     int warm_up_before_capture;
+    /* A rank waiting for its peers (collectives) yields to them when the
+     * ranks run as fibers of one thread (util/fiber.h), so a thread group
+     * may run a short step's ranks in turn (tp_rank_group_set_serial). */
+    int ranks_may_share_thread;
     /* Regular device memory for one rank, 64-byte aligned. */
     tp_status (*alloc)(tp_backend *b, int rank, size_t bytes, void **out, tp_err *err);
     /* Peer-addressable memory at identical offsets on every rank. */

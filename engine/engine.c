@@ -291,6 +291,8 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
         st = tp_graph_infer(e->g, e->bucket_size[0], err);
     if (st == TP_OK)
         st = build_io_descs(e, err);
+    if (st == TP_OK && o && e->b->iface->ranks_may_share_thread)
+        st = tp_rank_group_set_serial(e->rg, o->serial_step_max_us, err);
     e->stats.n_buckets = e->n_buckets;
     memcpy(e->stats.bucket, e->bucket_size, sizeof e->stats.bucket);
     return st;
@@ -797,6 +799,7 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
     out->world_size = e->g->world_size;
     out->rank_processes = tp_rank_group_shared(e->rg) != NULL;
     out->rank_group_up = !atomic_load(&e->lost);
+    out->serial_steps = tp_rank_group_serial_steps(e->rg);
 }
 
 int tp_engine_padded(const tp_engine *e, const char **why)

@@ -35,6 +35,10 @@ typedef struct {
      * world is taken from the graph); WORKER joins one as rank `rank`, and
      * is then driven by tp_engine_follow. */
     const tp_rank_group_opts *group;
+    /* A thread group runs a step's ranks in turn on one thread while such
+     * steps take at most this (tp_rank_group_set_serial), where the
+     * backend allows it; 0: never. */
+    int serial_step_max_us;
 } tp_engine_opts;
 
 /* Counters since load, for /metrics and tests. */
@@ -48,6 +52,7 @@ typedef struct {
     int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
     int rank_group_up;                   /* 0 once lost (tp_engine_lost) */
+    uint64_t serial_steps;               /* rank-group steps run on one thread (serial_step_max_us) */
 } tp_engine_stats;
 
 /* A global, contiguous, row-major host tensor. Request inputs are owned by

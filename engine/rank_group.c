@@ -17,6 +17,13 @@
  * request at a time finds the step a whole HTTP round trip away, its spins
  * run out, and it soon sleeps at once; with steps back to back they pay.
  *
+ * Serial steps (tp_rank_group_set_serial): every local rank runs as a
+ * fiber of the caller's thread, in turn, and the rank threads are not told
+ * of the step at all. With two ranks of a few microseconds each, the wake-up
+ * of the other rank's thread cost more than the step (at one request at a
+ * time it was half the server's CPU: the futex wake-up's interrupt to a
+ * halted vCPU on the waker, and the waker spinning until the peer ran).
+ *
  * Process groups: while a step is in flight, a watchdog thread looks every
  * POLL_MS for a failure in another process (our rank may be blocked in a
  * collective waiting for the failed one: hooks->fail) or a dead or hung
@@ -32,11 +39,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fiber.h"
 #include "rank_procs.h"
 #include "spin_wait.h"
 
 #define POLL_MS 20
 #define IDLE_MS 1000
+/* Serial steps (tp_rank_group_set_serial): while steps run on the rank
+ * threads, one in PROBE_FIRST runs serially to see whether serial steps
+ * have become short enough; each probe that finds them too long doubles
+ * the wait for the next, up to PROBE_LAST, so a model whose steps are long
+ * for good pays a serial step once in thousands. */
+#define PROBE_FIRST 64
+#define PROBE_LAST 4096
 
 typedef struct {
     tp_rank_group *g;
@@ -51,6 +66,14 @@ struct tp_rank_group {
     int n_threads; /* rank threads: every local rank but the caller's */
     int64_t spin_ns;
     tp_spin_site caller_site; /* the caller's wait for the rank threads */
+
+    /* Serial steps: every local rank a fiber of the caller's thread. */
+    tp_fibers *fibers;        /* NULL: never */
+    int64_t serial_max_ns;
+    int64_t serial_ns;        /* recent serial steps' duration (moving average) */
+    int serial;               /* the next step runs serially */
+    uint32_t probe_in, probe_every;
+    _Atomic uint64_t serial_steps;
 
     /* The step in flight: written by the caller before it bumps gen. */
     tp_rank_fn fn;
@@ -127,10 +150,11 @@ static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
 void tp_rank_group_prewake(tp_rank_group *g)
 {
     /* Only where ranks may spin: a pre-woken rank on a shared core would
-     * take the core from the thread about to start the step. */
+     * take the core from the thread about to start the step. Not for a
+     * serial step either: the caller runs every rank. */
     if (g->procs)
         tp_rank_procs_prewake(g->procs);
-    else if (g->spin_ns > 0)
+    else if (g->spin_ns > 0 && !g->serial)
         tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
 }
 
@@ -161,6 +185,12 @@ static void run_local(tp_rank_group *g, int rank)
     tp_err e = {{0}};
     tp_status st = g->fn(g->ctx, rank, &e);
     finish_rank(g, rank, st, &e);
+}
+
+static void run_fiber(void *p, int i)
+{
+    tp_rank_group *g = p;
+    run_local(g, g->lo + i);
 }
 
 static void *rank_main(void *p)
@@ -344,6 +374,7 @@ void tp_rank_group_free(tp_rank_group *g)
     for (int i = 0; g->threads && i < g->n_threads; i++)
         pthread_join(g->threads[i], NULL);
     tp_rank_procs_free(g->procs);
+    tp_fibers_free(g->fibers);
     pthread_mutex_destroy(&g->watch_mu);
     free(g->threads);
     free(g->args);
@@ -371,9 +402,49 @@ static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)
     return lost ? tp_fail(err, TP_UNAVAILABLE, "%s", lost) : TP_OK;
 }
 
+tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
+{
+    if (g->procs || max_us <= 0 || g->fibers)
+        return TP_OK;
+    tp_status st = tp_fibers_create(g->hi - g->lo, 0, &g->fibers, err);
+    if (st != TP_OK)
+        return st;
+    g->serial_max_ns = (int64_t)max_us * 1000;
+    g->serial = 1; /* the first step measures */
+    g->probe_every = PROBE_FIRST;
+    return TP_OK;
+}
+
+uint64_t tp_rank_group_serial_steps(const tp_rank_group *g) { return atomic_load(&g->serial_steps); }
+
+/* Whether this step runs serially: while serial steps are short, and as a
+ * probe now and then while they are not. */
+static int serial_now(tp_rank_group *g)
+{
+    if (!g->fibers)
+        return 0;
+    if (!g->serial && ++g->probe_in < g->probe_every)
+        return 0;
+    g->probe_in = 0;
+    return 1;
+}
+
+/* After a serial step of t ns: the first one and a probe decide alone (an
+ * average would be of another time), a run of serial steps by its average. */
+static void serial_took(tp_rank_group *g, int64_t t)
+{
+    g->serial_ns = g->serial && g->serial_ns ? (3 * g->serial_ns + t) / 4 : t;
+    int was = g->serial;
+    g->serial = g->serial_ns <= g->serial_max_ns;
+    if (g->serial)
+        g->probe_every = PROBE_FIRST;
+    else if (!was && g->probe_every < PROBE_LAST)
+        g->probe_every *= 2;
+}
+
 /* Publishes the step: the watchdog sees it once in_step is set, the rank
- * threads once gen moves. */
-static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks)
+ * threads once gen moves (not for a serial step: they sit it out). */
+static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, int serial)
 {
     g->fn = fn;
     g->ctx = ctx;
@@ -382,13 +453,23 @@ static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank
     g->woke = 0;
     memset(g->benign, 0, (size_t)(g->hi - g->lo));
     atomic_store(&g->failed, 0);
-    atomic_store(&g->running, (uint32_t)g->n_threads);
+    atomic_store(&g->running, serial ? 0 : (uint32_t)g->n_threads);
     if (g->procs)
         watch_begin(g);
-    if (g->n_threads) {
+    if (g->n_threads && !serial) {
         atomic_fetch_add(&g->gen, 1);
         tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
     }
+}
+
+/* Every local rank on the calling thread, in turn (util/fiber.h); a rank
+ * waiting for its peers in a collective yields to them. */
+static void run_serial(tp_rank_group *g)
+{
+    int64_t t0 = tp_spin_now_ns();
+    tp_fibers_run(g->fibers, run_fiber, g);
+    serial_took(g, tp_spin_now_ns() - t0);
+    atomic_fetch_add(&g->serial_steps, 1);
 }
 
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err)
@@ -405,9 +486,14 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         if (st != TP_OK)
             return st;
     }
-    begin_step(g, fn, ctx, hooks);
-    run_local(g, g->lo);
-    wait_ranks(g);
+    int serial = serial_now(g);
+    begin_step(g, fn, ctx, hooks, serial);
+    if (serial) {
+        run_serial(g);
+    } else {
+        run_local(g, g->lo);
+        wait_ranks(g);
+    }
     if (!g->procs) {
         if (g->status != TP_OK)
             *err = g->first_err;

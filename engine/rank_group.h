@@ -96,12 +96,25 @@ const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
 const char *tp_rank_group_lost(const tp_rank_group *g);
 
 /* Runs fn(ctx, r) on every local rank (the first on the calling thread,
- * the others on the group's threads) and, in a process group, waits for
+ * the others on the group's threads; all on the calling thread in a serial
+ * step, tp_rank_group_set_serial) and, in a process group, waits for
  * every other process's ranks to finish the same step. Returns the first
  * failing rank's status and message (prefixed "rank r: "). Not reentrant:
  * callers serialize. hooks may be NULL; they may be called on another
  * thread (a failing rank's, the watchdog's), never after run returns. */
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
+
+/* Lets a thread group run a step's ranks in turn on the calling thread,
+ * as fibers (util/fiber.h), instead of on its threads, while such serial
+ * steps take at most max_us: a step of a few microseconds per rank costs
+ * less in one thread than the wake-ups of several. Steps measure
+ * themselves: longer ones go to the threads, and a serial probe now and
+ * then brings short ones back. Only for a backend whose ranks' waits for
+ * each other yield to fibers (the cpu backend's collectives); max_us 0
+ * leaves it off (the default). A no-op in a process group. */
+tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err);
+/* Steps run serially so far. */
+uint64_t tp_rank_group_serial_steps(const tp_rank_group *g);
 
 /* Called by fn on rank's own thread before it returns a failure that left
  * every rank's work of this step complete (bad data found after the fact,

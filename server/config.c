@@ -47,6 +47,9 @@ static const key_desc keys[] = {
     INT_KEY(inline_run_max_us, 0, 10000000,
             "an idle engine runs a request on the HTTP thread that read it while its recent "
             "steps took at most this long (0: always hand off to the batcher thread)"),
+    INT_KEY(serial_step_max_us, 0, 10000000,
+            "ranks=threads, cpu backend: a step's ranks run in turn on one thread (no thread wake-ups) "
+            "while such steps take at most this long (0: every rank always on its own thread)"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
@@ -97,6 +100,10 @@ void tp_config_defaults(tp_config *c)
     /* a step this short holds up the thread's other connections less than
      * the two thread hand-offs it saves cost them */
     c->inline_run_max_us = 2000;
+    /* ranks that compute less than this between them lose more to waking
+     * each other's threads (tens of us on a VM, at every idle step) than
+     * they gain from running at once; measured in server/README.md */
+    c->serial_step_max_us = 100;
     snprintf(c->log_level, sizeof c->log_level, "info");
     snprintf(c->ranks, sizeof c->ranks, "threads");
     c->staging_mb = 64;

@@ -285,7 +285,8 @@ static void *load_main(void *arg)
     load_job *j = arg;
     const tp_config *c = &j->cfg;
     int64_t buckets[TP_MAX_BUCKETS];
-    tp_engine_opts opts = {.backend = c->backend, .settings = &c->backend_settings, .buckets = buckets};
+    tp_engine_opts opts = {.backend = c->backend, .settings = &c->backend_settings, .buckets = buckets,
+                           .serial_step_max_us = c->serial_step_max_us};
     tp_worker_spec ws = {.graph = c->graph, .backend = c->backend, .buckets = c->buckets};
     char **argv = strcmp(c->ranks, "processes") == 0 ? tp_worker_argv(&ws) : NULL;
     tp_rank_group_opts go = group_opts(c, argv);

@@ -43,6 +43,12 @@
  * wake-up. The spin ends on any change of the state word, so an abort or a
  * lost peer is seen as fast as a completion.
  *
+ * Ranks may also be fibers of one thread (rank_group.c's serial steps,
+ * util/fiber.h): a waiter then yields to its peers instead of spinning or
+ * sleeping (they run only while it yields), and sees a peer that returned
+ * from the step without arriving, which would be a hang in threads, as the
+ * error it is. The arithmetic is the same either way, and so are the bits.
+ *
  * Arithmetic of the reductions (identical on every rank, so all_reduce
  * results are bit-identical across ranks):
  *   - float dtypes (F32, FP16, BF16): each element is widened to f32 and
@@ -66,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fiber.h"
 #include "spin_wait.h"
 
 #define CPU_COMM_MAX_WORLD 4096
@@ -321,6 +328,27 @@ static int state_moved(const void *p)
     return GEN_OF(s) != a->gen || (s & (ST_ABORTED | ST_LOST));
 }
 
+/* The ranks are fibers of one thread (a serial step, rank_group.c): the
+ * peers this wait needs run only while it yields to them. A peer that has
+ * returned from the step will never arrive (it would be a hang in threads):
+ * the ranks disagree on the step's collectives. */
+static tp_status wait_in_turn(const comm_hdr *h, uint32_t g, int abortable, tp_err *err)
+{
+    for (;;) {
+        uint64_t s = atomic_load(&h->state);
+        if (GEN_OF(s) != g)
+            return TP_OK;
+        tp_status st = check_flags(s, abortable, err);
+        if (st != TP_OK)
+            return st;
+        if (tp_fiber_ended() > 0)
+            return tp_fail(err, TP_INTERNAL,
+                           "a rank ended its step while a peer waits for it in a collective (the ranks "
+                           "disagree on the step's collectives)");
+        tp_fiber_yield();
+    }
+}
+
 /* abortable=1: fails (without counting this rank) once aborted, and wakes
  * with an error if aborted before the generation completes.
  * abortable=0: waits for the generation regardless of the aborted flag.
@@ -358,6 +386,8 @@ static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
         wake_all(c);
         return TP_OK;
     }
+    if (tp_fiber_running())
+        return wait_in_turn(h, g, abortable, err);
     tp_spin_site none = {0}, *site = rank >= 0 && rank < c->world ? &c->sites[2 * rank + !abortable] : &none;
     tp_spin_site_until(site, state_moved, &(arrival){h, g}, c->spin_ns);
     for (;;) {

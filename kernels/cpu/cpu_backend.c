@@ -369,6 +369,7 @@ static void cpu_destroy(tp_backend *b)
 static const tp_backend_iface cpu_iface = {
     .name = "cpu",
     .host_addressable = 1,
+    .ranks_may_share_thread = 1,
     .alloc = cpu_alloc,
     .alloc_symmetric = cpu_alloc, /* every buffer is peer-addressable: one address space, or the shared heap */
     .free = cpu_free,

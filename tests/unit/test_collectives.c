@@ -1,5 +1,6 @@
-/* test_collectives.c — cpu collectives with d = 2, 3, 4 ranks as threads
- * (ranks in separate processes: test_cpu_shared.c). */
+/* test_collectives.c — cpu collectives with d = 2, 3, 4 ranks as threads,
+ * and as fibers of one thread (ranks in separate processes:
+ * test_cpu_shared.c). */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 
 #include "check_main.h"
 #include "cpu/collectives.h"
+#include "fiber.h"
 #include "spin_wait.h"
 #include "testutil.h"
 
@@ -37,8 +39,40 @@ static void *job_main(void *p)
     return NULL;
 }
 
+/* The "fibers" test case runs every rank as a fiber of the test's thread
+ * (rank_group.c's serial steps) instead of a thread of its own: the
+ * collectives must then yield at their barriers, and give the same bits. */
+static int as_fibers;
+static void fibers_on(void) { as_fibers = 1; }
+
+typedef struct {
+    void *(*fn)(void *);
+    char *jobs;
+    size_t job_size;
+} fiber_jobs;
+
+static void fiber_job(void *p, int r)
+{
+    fiber_jobs *f = p;
+    f->fn(f->jobs + (size_t)r * f->job_size);
+}
+
+static void spawn_fibers(int d, void *(*fn)(void *), void *jobs, size_t job_size)
+{
+    tp_fibers *f;
+    tp_err err;
+    ck_assert_msg(tp_fibers_create(d, 0, &f, &err) == TP_OK, "%s", err.msg);
+    fiber_jobs fj = {fn, jobs, job_size};
+    tp_fibers_run(f, fiber_job, &fj);
+    tp_fibers_free(f);
+}
+
 static void spawn(int d, void *(*fn)(void *), void *jobs, size_t job_size)
 {
+    if (as_fibers) {
+        spawn_fibers(d, fn, jobs, job_size);
+        return;
+    }
     pthread_t th[MAXD];
     for (int r = 0; r < d; r++)
         ck_assert_int_eq(pthread_create(&th[r], NULL, fn, (char *)jobs + (size_t)r * job_size), 0);
@@ -1128,6 +1162,27 @@ START_TEST(test_spin_then_sleep)
 }
 END_TEST
 
+/* A rank that returns while its peer waits at a barrier: in threads a
+ * hang; as fibers the waiter sees that the peer will never arrive. */
+static void *barrier_main(void *p)
+{
+    job_t *j = p;
+    if (j->rank == 0)
+        j->st = cpu_comm_barrier(j->c, 0, &j->err);
+    return NULL;
+}
+
+START_TEST(test_fiber_ranks_disagree)
+{
+    cpu_comm *c = comm(2);
+    job_t jobs[2] = {{.c = c, .rank = 0}, {.c = c, .rank = 1}};
+    spawn(2, barrier_main, jobs, sizeof *jobs);
+    ck_assert_int_eq(jobs[0].st, TP_INTERNAL);
+    ck_assert_msg(strstr(jobs[0].err.msg, "disagree on the step's collectives"), "%s", jobs[0].err.msg);
+    cpu_comm_free(c);
+}
+END_TEST
+
 static Suite *collectives_suite(void)
 {
     Suite *s = suite_create("collectives");
@@ -1153,6 +1208,22 @@ static Suite *collectives_suite(void)
     tcase_add_test(tc, test_reuse_many);
     tcase_add_test(tc, test_spin_then_sleep);
     suite_add_tcase(s, tc);
+    /* the same results with the ranks as fibers of one thread */
+    TCase *fc = tcase_create("fibers");
+    tcase_set_timeout(fc, 60);
+    tcase_add_checked_fixture(fc, fibers_on, NULL);
+    tcase_add_test(fc, test_all_gather_literal);
+    tcase_add_test(fc, test_all_gather);
+    tcase_add_test(fc, test_all_to_all);
+    tcase_add_test(fc, test_broadcast);
+    tcase_add_test(fc, test_reduce_scatter);
+    tcase_add_test(fc, test_all_reduce_float);
+    tcase_add_test(fc, test_all_reduce_int);
+    tcase_add_test(fc, test_all_reduce_noncontiguous);
+    tcase_add_test(fc, test_bit_identical);
+    tcase_add_test(fc, test_invalid);
+    tcase_add_test(fc, test_fiber_ranks_disagree);
+    suite_add_tcase(s, fc);
     return s;
 }
 

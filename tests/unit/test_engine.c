@@ -126,6 +126,48 @@ START_TEST(row_alone_matches_batch_every_example)
 }
 END_TEST
 
+/* Serial steps (every rank a fiber of the calling thread) against rank
+ * threads: bit for bit. Both engines compile the same plans (the same
+ * offsets in 64-byte-aligned arenas), each rank runs the same kernels on
+ * the same data whichever thread runs it, and the collectives reduce in
+ * rank order either way. */
+static void serial_matches_threads(const char *path, const char *in_path, const char *ref_path, double rtol)
+{
+    tp_engine *e, *es;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    tp_engine_opts o = {.serial_step_max_us = 10 * 1000 * 1000}; /* every step serial */
+    ck_assert_msg(tp_engine_create(path, &o, &es, &err) == TP_OK, "%s", err.msg);
+    int n_in, n_ref, n_out, n_out_s;
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref);
+    tp_host_tensor *out, *out_s;
+    tp_engine_stats before, after;
+    tp_engine_get_stats(es, &before);
+    ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
+    ck_assert_msg(tp_engine_infer(es, in, n_in, &out_s, &n_out_s, &err) == TP_OK, "%s: %s", path, err.msg);
+    tp_engine_get_stats(es, &after);
+    ck_assert_uint_gt(after.serial_steps, before.serial_steps);
+    tu_check_outputs(path, out_s, n_out_s, ref, n_ref, rtol);
+    ck_assert_int_eq(n_out, n_out_s);
+    for (int i = 0; i < n_out; i++)
+        ck_assert_msg(out[i].nbytes == out_s[i].nbytes && !memcmp(out[i].data, out_s[i].data, out[i].nbytes),
+                      "%s output '%s': serial steps differ from rank threads", path, out[i].name);
+    tp_engine_get_stats(e, &after);
+    ck_assert_uint_eq(after.serial_steps, 0);
+    tp_host_tensors_free(out, n_out);
+    tp_host_tensors_free(out_s, n_out_s);
+    tp_host_tensors_free(in, n_in);
+    tp_host_tensors_free(ref, n_ref);
+    tp_engine_free(e);
+    tp_engine_free(es);
+}
+
+START_TEST(serial_steps_match_rank_threads_every_example)
+{
+    tu_foreach_example(serial_matches_threads);
+}
+END_TEST
+
 /* ---- a batch given as per-request pieces --------------------------------- */
 
 /* Requests' row counts: several of them, with different rows; B passes the
@@ -378,6 +420,7 @@ Suite *engine_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, examples_match_reference);
     tcase_add_test(tc, row_alone_matches_batch_every_example);
+    tcase_add_test(tc, serial_steps_match_rank_threads_every_example);
     tcase_add_test(tc, parts_equal_concatenation_every_example);
     tcase_add_test(tc, request_validation);
     tcase_add_test(tc, failing_rank_is_an_error_not_a_hang);

@@ -588,6 +588,142 @@ START_TEST(an_abort_reaches_ranks_spinning_in_a_collective)
 }
 END_TEST
 
+/* ------------------------------------------------------------ serial steps */
+
+typedef struct {
+    cpu_comm *c;
+    _Atomic int tid[3];
+    int arrived[3], bad;
+    int64_t slow_us; /* rank 1 takes this long */
+} serial_ctx;
+
+/* Three barriers; after each, every rank must have arrived at it. */
+static tp_status barriers_and_tids(void *p, int rank, tp_err *err)
+{
+    serial_ctx *s = p;
+    atomic_store(&s->tid[rank], gettid());
+    if (rank == 1 && s->slow_us)
+        usleep((useconds_t)s->slow_us);
+    for (int k = 0; k < 3; k++) {
+        s->arrived[rank]++;
+        tp_status st = cpu_comm_barrier(s->c, rank, err);
+        if (st != TP_OK)
+            return st;
+        for (int r = 0; r < 3; r++)
+            s->bad += s->arrived[r] < s->arrived[rank];
+    }
+    return TP_OK;
+}
+
+static tp_rank_group *serial_group(int max_us, serial_ctx *s)
+{
+    tp_rank_group *g = thread_group(3, 0, 0);
+    tp_err err;
+    ck_assert_msg(tp_rank_group_set_serial(g, max_us, &err) == TP_OK, "%s", err.msg);
+    s->c = cpu_comm_create(3, &err);
+    ck_assert_msg(s->c, "%s", err.msg);
+    return g;
+}
+
+static int ran_on_caller(serial_ctx *s)
+{
+    int me = gettid(), all = 1;
+    for (int r = 0; r < 3; r++)
+        all &= atomic_load(&s->tid[r]) == me;
+    return all;
+}
+
+/* Short steps: every rank runs on the caller's thread, in turn, and the
+ * barriers between them still hold. */
+START_TEST(short_steps_run_every_rank_on_the_caller)
+{
+    serial_ctx s = {0};
+    tp_rank_group *g = serial_group(100 * 1000, &s); /* 100 ms: every step here is short */
+    for (int i = 0; i < 20; i++) {
+        tp_err err;
+        ck_assert_msg(tp_rank_group_run(g, barriers_and_tids, &s, NULL, &err) == TP_OK, "%s", err.msg);
+        ck_assert(ran_on_caller(&s));
+    }
+    ck_assert_int_eq(s.bad, 0);
+    ck_assert_int_eq(s.arrived[0], 60);
+    ck_assert_uint_eq(tp_rank_group_serial_steps(g), 20);
+    tp_rank_group_free(g);
+    cpu_comm_free(s.c);
+}
+END_TEST
+
+/* A serial step longer than the limit sends the next steps to the rank
+ * threads; once steps are short again a probe brings them back within
+ * PROBE_FIRST (64) steps, and they stay serial. */
+START_TEST(long_steps_go_to_the_threads_and_short_ones_come_back)
+{
+    serial_ctx s = {.slow_us = 20 * 1000};
+    tp_rank_group *g = serial_group(5 * 1000, &s);
+    tp_err err;
+    ck_assert(tp_rank_group_run(g, barriers_and_tids, &s, NULL, &err) == TP_OK);
+    ck_assert(ran_on_caller(&s)); /* the first step measures */
+    s.slow_us = 0;
+    ck_assert(tp_rank_group_run(g, barriers_and_tids, &s, NULL, &err) == TP_OK);
+    ck_assert(!ran_on_caller(&s));
+    ck_assert_uint_eq(tp_rank_group_serial_steps(g), 1);
+    int steps = 0;
+    while (tp_rank_group_serial_steps(g) == 1 && steps < 100) {
+        ck_assert(tp_rank_group_run(g, barriers_and_tids, &s, NULL, &err) == TP_OK);
+        steps++;
+    }
+    ck_assert_int_le(steps, 64);
+    for (int i = 0; i < 10; i++) {
+        ck_assert(tp_rank_group_run(g, barriers_and_tids, &s, NULL, &err) == TP_OK);
+        ck_assert(ran_on_caller(&s));
+    }
+    ck_assert_int_eq(s.bad, 0);
+    tp_rank_group_free(g);
+    cpu_comm_free(s.c);
+}
+END_TEST
+
+/* Rank 1 fails while ranks 0 and 2 wait for it in a barrier: the abort
+ * (the group's fail hook) ends their waits, as with threads. */
+START_TEST(a_failing_rank_fails_a_serial_step)
+{
+    abort_ctx a = {0};
+    a.g = thread_group(3, 0, 0);
+    tp_err err;
+    ck_assert(tp_rank_group_set_serial(a.g, 100 * 1000, &err) == TP_OK);
+    a.c = cpu_comm_create(3, &err);
+    atomic_store(&a.go, 1);
+    run_abort_step(&a);
+    ck_assert_int_eq(a.run_st, TP_BACKEND);
+    ck_assert_str_eq(a.run_err.msg, "rank 1: rank 1 broke");
+    for (int r = 0; r < 3; r += 2)
+        ck_assert_str_eq(a.err[r].msg, "collective aborted: a peer rank failed");
+    cpu_comm_reset(a.c);
+    ck_assert_msg(tp_rank_group_run(a.g, every_barrier, a.c, NULL, &err) == TP_OK, "%s", err.msg);
+    ck_assert_uint_eq(tp_rank_group_serial_steps(a.g), 2);
+    cpu_comm_free(a.c);
+    tp_rank_group_free(a.g);
+}
+END_TEST
+
+static tp_status rank1_skips_the_barrier(void *p, int rank, tp_err *err)
+{
+    return rank == 1 ? TP_OK : cpu_comm_barrier(p, rank, err);
+}
+
+/* Ranks that disagree on the step's collectives (rank 1 skips a barrier):
+ * a hang with threads; serial, the step fails with why. */
+START_TEST(ranks_that_disagree_fail_a_serial_step_instead_of_hanging)
+{
+    serial_ctx s = {0};
+    tp_rank_group *g = serial_group(100 * 1000, &s);
+    tp_err err;
+    ck_assert_int_eq(tp_rank_group_run(g, rank1_skips_the_barrier, s.c, NULL, &err), TP_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "disagree on the step's collectives"), "%s", err.msg);
+    tp_rank_group_free(g);
+    cpu_comm_free(s.c);
+}
+END_TEST
+
 /* Rank 1 holds the step until go; rank 0 (the caller) is done at once and
  * waits for it. Then rank 1 waits for the next step. */
 typedef struct {
@@ -712,6 +848,13 @@ static Suite *rank_group_suite(void)
     tcase_add_test(th, waits_spin_when_every_rank_has_a_core);
     tcase_add_test(th, a_prewake_spins_the_ranks_for_the_coming_step);
     suite_add_tcase(s, th);
+    TCase *se = tcase_create("serial");
+    tcase_set_timeout(se, 60);
+    tcase_add_test(se, short_steps_run_every_rank_on_the_caller);
+    tcase_add_test(se, long_steps_go_to_the_threads_and_short_ones_come_back);
+    tcase_add_test(se, a_failing_rank_fails_a_serial_step);
+    tcase_add_test(se, ranks_that_disagree_fail_a_serial_step_instead_of_hanging);
+    suite_add_tcase(s, se);
     return s;
 }
 
