@@ -70,8 +70,8 @@ struct tp_rank_group {
     /* Serial steps: every local rank a fiber of the caller's thread. */
     tp_fibers *fibers;        /* NULL: never */
     int64_t serial_max_ns;
-    int64_t serial_ns;        /* recent serial steps' duration (moving average) */
     int serial;               /* the next step runs serially */
+    int slow_in_row;          /* serial steps over serial_max_ns in a row */
     uint32_t probe_in, probe_every;
     _Atomic uint64_t serial_steps;
 
@@ -410,7 +410,7 @@ tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
     if (st != TP_OK)
         return st;
     g->serial_max_ns = (int64_t)max_us * 1000;
-    g->serial = 1; /* the first step measures */
+    g->serial = 1; /* until steps prove long */
     g->probe_every = PROBE_FIRST;
     return TP_OK;
 }
@@ -429,13 +429,14 @@ static int serial_now(tp_rank_group *g)
     return 1;
 }
 
-/* After a serial step of t ns: the first one and a probe decide alone (an
- * average would be of another time), a run of serial steps by its average. */
+/* After a serial step of t ns. A probe decides alone; a run of serial steps
+ * ends at its second step in a row over the limit, so that one slow step
+ * (the first after load, cold; a preempted one) does not end it. */
 static void serial_took(tp_rank_group *g, int64_t t)
 {
-    g->serial_ns = g->serial && g->serial_ns ? (3 * g->serial_ns + t) / 4 : t;
-    int was = g->serial;
-    g->serial = g->serial_ns <= g->serial_max_ns;
+    int slow = t > g->serial_max_ns, was = g->serial;
+    g->slow_in_row = slow ? g->slow_in_row + 1 : 0;
+    g->serial = was ? g->slow_in_row < 2 : !slow;
     if (g->serial)
         g->probe_every = PROBE_FIRST;
     else if (!was && g->probe_every < PROBE_LAST)

@@ -188,6 +188,20 @@ code=$(post "$TMP/bad" "$TMP/o")
 [ "$code" = 400 ] && [ "$(metric 'tpserve_request_failure_total{code="400"}')" -eq $((f400 + 1)) ] &&
     pass "a 400 moves request_failure_total{code=\"400\"} by one" ||
     fail "400: HTTP $code, counter $f400 -> $(metric 'tpserve_request_failure_total{code="400"}')"
+serial=$(awk '$1 == "tpserve_serial_step_count_total" { print $2 }' "$TMP/metrics")
+[ "${serial:-0}" -gt 0 ] && [ "$serial" -le "$execs" ] &&
+    pass "short steps ran serially, the ranks on one thread ($serial of $execs executions)" ||
+    fail "serial_step_count ${serial:-missing}, executions $execs"
+stop
+
+# ---- every rank on its own thread: the same answers ---------------------------
+echo "== serial steps off (--serial-step-max-us 0)"
+start_graph threads --serial-step-max-us 0 || exit 1
+code=$(post "$TMP/req.1" "$TMP/thr.1")
+[ "$code" = 200 ] && same_answer "$TMP/thr.1" "$TMP/ref.1" >"$TMP/cmp" 2>&1 &&
+    [ "$(metric tpserve_serial_step_count_total)" = 0 ] &&
+    pass "rank threads answer what serial steps answered, and no step ran serially" ||
+    fail "rank threads: HTTP $code, $(tail -n 1 "$TMP/cmp"), serial steps $(metric tpserve_serial_step_count_total)"
 stop
 
 # ---- overflow: a queue of one, a long queue delay ----------------------------
