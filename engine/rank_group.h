@@ -106,7 +106,7 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
 
 /* Lets a thread group run a step's ranks in turn on the calling thread,
  * as fibers (util/fiber.h), instead of on its threads, while such serial
- * steps take at most max_us: a step of a few microseconds per rank costs
+ * steps take at most max_us of the calling thread's CPU time: a step of a few microseconds per rank costs
  * less in one thread than the wake-ups of several. Steps measure
  * themselves: longer ones go to the threads, and a serial probe now and
  * then brings short ones back. Only for a backend whose ranks' waits for

@@ -20,7 +20,8 @@
 #define MISS_ONE 1024
 #define MISS_WEIGHT 8
 
-void tp_cpu_relax(void)
+/* One polling pause: the CPU's spin-loop hint (x86 pause, Arm yield). */
+static void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -77,7 +78,7 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
             else if (now >= end)
                 return 0;
         }
-        tp_cpu_relax();
+        cpu_relax();
     }
 }
 

@@ -28,9 +28,6 @@ int tp_spin_cores(void);
  * outnumber the cores. */
 int64_t tp_spin_budget(int parties, int cores);
 
-/* One polling pause: the CPU's spin-loop hint (x86 pause, Arm yield). */
-void tp_cpu_relax(void);
-
 /* Polls done(arg) until it answers non-zero or budget_ns have passed (at
  * once when budget_ns <= 0); returns its last answer. */
 int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_ns);

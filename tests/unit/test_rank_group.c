@@ -602,8 +602,10 @@ static tp_status barriers_and_tids(void *p, int rank, tp_err *err)
 {
     serial_ctx *s = p;
     atomic_store(&s->tid[rank], gettid());
-    if (rank == 1 && s->slow_us)
-        usleep((useconds_t)s->slow_us);
+    /* slow in CPU time, which is what a serial step is timed by (a sleep
+     * would not count) */
+    for (int64_t t0 = tp_spin_now_ns(); rank == 1 && tp_spin_now_ns() - t0 < s->slow_us * 1000;)
+        ;
     for (int k = 0; k < 3; k++) {
         s->arrived[rank]++;
         tp_status st = cpu_comm_barrier(s->c, rank, err);
