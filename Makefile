@@ -55,7 +55,7 @@ GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
 .PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
-.PHONY: test-cpus cuda-double test-numtext-exhaustive
+.PHONY: test-cpus cuda-double test-numtext-exhaustive bench-codec
 
 all: $(BUILD)/tpserve cuda
 
@@ -222,6 +222,10 @@ bench-ranks: $(BUILD)/bench/bench_engine $(BUILD)/tpserve
 # One process per GPU; prints one line and exits 0 on a machine without one.
 bench-gpu: $(BUILD)/bench/bench_gpu
 	$(BUILD)/bench/bench_gpu
+
+# The JSON tensor codec per request of the example graph, by spelling.
+bench-codec: $(BUILD)/bench/bench_codec
+	$(BUILD)/bench/bench_codec
 
 # Every finite FP32 through the JSON number writer and reader (minutes).
 test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive

@@ -237,6 +237,25 @@ START_TEST(spans_and_parse_outside)
     ck_assert_ptr_null(tp_json_load_outside_spans(bad, strlen(bad), sp, n, 0, &je));
     ck_assert_int_eq(je.column, 26);
     free(sp);
+    /* flat arrays are found by their first ']' (memchr); a ']' in a string
+     * or a nested array is not an end, and neither is one past a '}' */
+    static const struct {
+        const char *body, *span;
+    } flat[] = {
+        {"{\"inputs\":[{\"data\":[1, 2 ,3e-7],\"name\":\"x\"}]}", "[1, 2 ,3e-7]"},
+        {"{\"inputs\":[{\"data\":[\"a]\",1],\"name\":\"x\"}]}", "[\"a]\",1]"},
+        {"{\"inputs\":[{\"data\":[1,[2]],\"name\":\"x\"}]}", "[1,[2]]"},
+        {"{\"inputs\":[{\"data\":[1,2},{\"data\":[3]}]}", "[1,2"},
+    };
+    for (size_t k = 0; k < sizeof flat / sizeof flat[0]; k++) {
+        ck_assert_int_eq(tp_json_data_spans(flat[k].body, strlen(flat[k].body), &sp, &n), 0);
+        ck_assert_int_ge(n, 1);
+        ck_assert_msg(sp[0].end - sp[0].start == strlen(flat[k].span) &&
+                          !strncmp(flat[k].body + sp[0].start, flat[k].span, strlen(flat[k].span)),
+                      "body %zu: span '%.*s', want '%s'", k, (int)(sp[0].end - sp[0].start),
+                      flat[k].body + sp[0].start, flat[k].span);
+        free(sp);
+    }
 }
 END_TEST
 
