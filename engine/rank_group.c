@@ -405,8 +405,8 @@ static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)
 
 tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
 {
-    if (g->procs || max_us <= 0 || g->fibers)
-        return TP_OK;
+    if (g->procs || max_us <= 0 || g->fibers || g->n_threads == 0)
+        return TP_OK; /* no rank thread to spare a wake-up of */
     tp_status st = tp_fibers_create(g->hi - g->lo, 0, &g->fibers, err);
     if (st != TP_OK)
         return st;

@@ -111,7 +111,8 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
  * themselves: longer ones go to the threads, and a serial probe now and
  * then brings short ones back. Only for a backend whose ranks' waits for
  * each other yield to fibers (the cpu backend's collectives); max_us 0
- * leaves it off (the default). A no-op in a process group. */
+ * leaves it off (the default). A no-op in a process group and for a
+ * single rank. */
 tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err);
 /* Steps run serially so far. */
 uint64_t tp_rank_group_serial_steps(const tp_rank_group *g);

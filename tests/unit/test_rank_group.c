@@ -712,6 +712,27 @@ START_TEST(a_failing_rank_fails_a_serial_step)
 }
 END_TEST
 
+static tp_status note_tid(void *p, int rank, tp_err *err)
+{
+    (void)err;
+    ((_Atomic int *)p)[rank] = gettid();
+    return TP_OK;
+}
+
+/* One rank already runs on the caller: serial steps have nothing to save. */
+START_TEST(a_single_rank_never_runs_serially)
+{
+    tp_rank_group *g = thread_group(1, 0, 0);
+    tp_err err;
+    ck_assert(tp_rank_group_set_serial(g, 100 * 1000, &err) == TP_OK);
+    _Atomic int tid[1] = {0};
+    ck_assert(tp_rank_group_run(g, note_tid, tid, NULL, &err) == TP_OK);
+    ck_assert_int_eq(tid[0], gettid());
+    ck_assert_uint_eq(tp_rank_group_serial_steps(g), 0);
+    tp_rank_group_free(g);
+}
+END_TEST
+
 static tp_status rank1_skips_the_barrier(void *p, int rank, tp_err *err)
 {
     return rank == 1 ? TP_OK : cpu_comm_barrier(p, rank, err);
@@ -861,6 +882,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(se, long_steps_go_to_the_threads_and_short_ones_come_back);
     tcase_add_test(se, a_failing_rank_fails_a_serial_step);
     tcase_add_test(se, ranks_that_disagree_fail_a_serial_step_instead_of_hanging);
+    tcase_add_test(se, a_single_rank_never_runs_serially);
     suite_add_tcase(s, se);
     return s;
 }
