@@ -712,7 +712,7 @@ START_TEST(a_failing_rank_fails_a_serial_step)
 }
 END_TEST
 
-static tp_status note_tid(void *p, int rank, tp_err *err)
+static tp_status note_rank_tid(void *p, int rank, tp_err *err)
 {
     (void)err;
     ((_Atomic int *)p)[rank] = gettid();
@@ -726,7 +726,7 @@ START_TEST(a_single_rank_never_runs_serially)
     tp_err err;
     ck_assert(tp_rank_group_set_serial(g, 100 * 1000, &err) == TP_OK);
     _Atomic int tid[1] = {0};
-    ck_assert(tp_rank_group_run(g, note_tid, tid, NULL, &err) == TP_OK);
+    ck_assert(tp_rank_group_run(g, note_rank_tid, tid, NULL, &err) == TP_OK);
     ck_assert_int_eq(tid[0], gettid());
     ck_assert_uint_eq(tp_rank_group_serial_steps(g), 0);
     tp_rank_group_free(g);
