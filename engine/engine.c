@@ -800,6 +800,7 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out)
     out->rank_processes = tp_rank_group_shared(e->rg) != NULL;
     out->rank_group_up = !atomic_load(&e->lost);
     out->serial_steps = tp_rank_group_serial_steps(e->rg);
+    out->serial_step_max_us = tp_rank_group_serial_max_us(e->rg);
 }
 
 int tp_engine_padded(const tp_engine *e, const char **why)

@@ -53,6 +53,7 @@ typedef struct {
     int world_size, rank_processes;      /* rank_processes: one process per rank */
     int rank_group_up;                   /* 0 once lost (tp_engine_lost) */
     uint64_t serial_steps;               /* rank-group steps run on one thread (serial_step_max_us) */
+    int serial_step_max_us;              /* the limit in effect; 0: no serial steps here */
 } tp_engine_stats;
 
 /* A global, contiguous, row-major host tensor. Request inputs are owned by

@@ -417,6 +417,7 @@ tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
 }
 
 uint64_t tp_rank_group_serial_steps(const tp_rank_group *g) { return atomic_load(&g->serial_steps); }
+int tp_rank_group_serial_max_us(const tp_rank_group *g) { return g->fibers ? (int)(g->serial_max_ns / 1000) : 0; }
 
 /* Whether this step runs serially: while serial steps are short, and as a
  * probe now and then while they are not. */

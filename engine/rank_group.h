@@ -114,8 +114,9 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
  * leaves it off (the default). A no-op in a process group and for a
  * single rank. */
 tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err);
-/* Steps run serially so far. */
+/* Steps run serially so far; the limit in effect (0: no serial steps). */
 uint64_t tp_rank_group_serial_steps(const tp_rank_group *g);
+int tp_rank_group_serial_max_us(const tp_rank_group *g);
 
 /* Called by fn on rank's own thread before it returns a failure that left
  * every rank's work of this step complete (bad data found after the fact,

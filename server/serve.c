@@ -231,9 +231,14 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
     }
     if (*tp_engine_backend_note(e))
         TP_LOG_I("%s", tp_engine_backend_note(e));
-    TP_LOG_I("ready: graph=%s model=%s ranks=%d (%s) backend=%s listen=http://%s:%d threads=%d "
+    tp_engine_stats es;
+    tp_engine_get_stats(e, &es);
+    char serial[64] = "";
+    if (es.serial_step_max_us)
+        snprintf(serial, sizeof serial, ", serial steps up to %d us", es.serial_step_max_us);
+    TP_LOG_I("ready: graph=%s model=%s ranks=%d (%s%s) backend=%s listen=http://%s:%d threads=%d "
              "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
-             cfg->ranks, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
+             cfg->ranks, serial, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
              cfg->threads, (long long)cfg->max_body_bytes);
     int sig;
     /* 20 ms: readiness turns 503 well within 100 ms of a rank's death */

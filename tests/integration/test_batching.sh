@@ -192,6 +192,8 @@ serial=$(awk '$1 == "tpserve_serial_step_count_total" { print $2 }' "$TMP/metric
 [ "${serial:-0}" -gt 0 ] && [ "$serial" -le "$execs" ] &&
     pass "short steps ran serially, the ranks on one thread ($serial of $execs executions)" ||
     fail "serial_step_count ${serial:-missing}, executions $execs"
+grep -q "ranks=2 (threads, serial steps up to 100 us)" "$TMP/batch.log" &&
+    pass "startup log states the serial-step limit" || fail "no serial-step limit in the ready line"
 stop
 
 # ---- every rank on its own thread: the same answers ---------------------------
@@ -202,6 +204,8 @@ code=$(post "$TMP/req.1" "$TMP/thr.1")
     [ "$(metric tpserve_serial_step_count_total)" = 0 ] &&
     pass "rank threads answer what serial steps answered, and no step ran serially" ||
     fail "rank threads: HTTP $code, $(tail -n 1 "$TMP/cmp"), serial steps $(metric tpserve_serial_step_count_total)"
+grep -q "ranks=2 (threads) " "$TMP/threads.log" && pass "and its ready line says plain threads" ||
+    fail "ready line with serial steps off: $(grep 'ready:' "$TMP/threads.log")"
 stop
 
 # ---- overflow: a queue of one, a long queue delay ----------------------------
