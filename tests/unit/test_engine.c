@@ -385,29 +385,36 @@ START_TEST(failing_rank_is_an_error_not_a_hang)
                "{\"name\":\"g\",\"op\":\"all_gather\",\"inputs\":[\"e\"],\"attrs\":{\"dim\":1}}],"
                "\"outputs\":[{\"name\":\"g\"}]}");
     fclose(f);
-    tp_engine *e;
-    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
-    int32_t ids[2] = {1, 9}; /* rank 1 gets id 9: out of range */
-    tp_host_tensor in = {.name = "ids", .dtype = TP_I32, .ndim = 2, .shape = {1, 2}, .data = ids, .nbytes = sizeof ids};
-    tp_host_tensor *out;
-    int n;
-    ck_assert_int_ne(tp_engine_infer(e, &in, 1, &out, &n, &err), TP_OK);
-    ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
-    /* the check of a decoded request (the server's one check) still refuses
-     * the id before any batch is built */
-    int64_t batch = 0;
-    ck_assert_int_eq(tp_engine_check_decoded(e, &in, &batch, &err), TP_INVALID);
-    ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
-    ids[1] = 3;
-    ck_assert_msg(tp_engine_check_decoded(e, &in, &batch, &err) == TP_OK, "%s", err.msg);
-    ck_assert_int_eq(batch, 1);
-    ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "%s", err.msg);
-    float want[4] = {3, 4, 7, 8}; /* rows 1 and 3 of the table, gathered */
-    ck_assert_int_eq(out[0].shape[1], 2);
-    ck_assert_int_eq(out[0].shape[2], 2);
-    ck_assert_mem_eq(out[0].data, want, sizeof want);
-    tp_host_tensors_free(out, n);
-    tp_engine_free(e);
+    /* ranks on their threads, then as fibers of one thread (serial steps) */
+    tp_engine_opts serial = {.serial_step_max_us = 10 * 1000 * 1000};
+    for (int k = 0; k < 2; k++) {
+        tp_engine *e;
+        ck_assert_msg(tp_engine_create(path, k ? &serial : NULL, &e, &err) == TP_OK, "%s", err.msg);
+        int32_t ids[2] = {1, 9}; /* rank 1 gets id 9: out of range */
+        tp_host_tensor in = {.name = "ids", .dtype = TP_I32, .ndim = 2, .shape = {1, 2}, .data = ids, .nbytes = sizeof ids};
+        tp_host_tensor *out;
+        int n;
+        ck_assert_int_ne(tp_engine_infer(e, &in, 1, &out, &n, &err), TP_OK);
+        ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
+        /* the check of a decoded request (the server's one check) still refuses
+         * the id before any batch is built */
+        int64_t batch = 0;
+        ck_assert_int_eq(tp_engine_check_decoded(e, &in, &batch, &err), TP_INVALID);
+        ck_assert_msg(strstr(err.msg, "9"), "%s", err.msg);
+        ids[1] = 3;
+        ck_assert_msg(tp_engine_check_decoded(e, &in, &batch, &err) == TP_OK, "%s", err.msg);
+        ck_assert_int_eq(batch, 1);
+        ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "%s", err.msg);
+        float want[4] = {3, 4, 7, 8}; /* rows 1 and 3 of the table, gathered */
+        ck_assert_int_eq(out[0].shape[1], 2);
+        ck_assert_int_eq(out[0].shape[2], 2);
+        ck_assert_mem_eq(out[0].data, want, sizeof want);
+        tp_host_tensors_free(out, n);
+        tp_engine_stats es;
+        tp_engine_get_stats(e, &es);
+        ck_assert(k ? es.serial_steps >= 2 : es.serial_steps == 0);
+        tp_engine_free(e);
+    }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
