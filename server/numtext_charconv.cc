@@ -104,8 +104,9 @@ size_t spell_fixed(float v, char *buf)
     char *p = buf;
     if (std::signbit(v))
         *p++ = '-';
-    p = std::to_chars(p, buf + TP_NUMTEXT_MAX, std::fabs(v), std::chars_format::fixed).ptr;
-    if (!memchr(buf, '.', static_cast<size_t>(p - buf))) {
+    float a = std::fabs(v);
+    p = std::to_chars(p, buf + TP_NUMTEXT_MAX, a, std::chars_format::fixed).ptr;
+    if (a == std::floor(a)) { // integral: fixed notation printed no point
         *p++ = '.';
         *p++ = '0';
     }
