@@ -74,6 +74,7 @@ help:
 	@echo "                FUZZ_SECONDS each (600), a table of executions, coverage, findings"
 	@echo "make soak       SOAK_SECONDS of mixed valid/invalid traffic on a real server, answers checked, RSS"
 	@echo "make test-numtext-exhaustive  all 2^32 FP32 patterns through the JSON number writer and reader"
+	@echo "make bench-codec  the JSON tensor codec per request of the example graph, by number spelling"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
