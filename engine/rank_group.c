@@ -71,7 +71,7 @@ struct tp_rank_group {
     /* Serial steps: every local rank a fiber of the caller's thread. */
     tp_fibers *fibers;        /* NULL: never */
     int64_t serial_max_ns;
-    int serial;               /* the next step runs serially */
+    _Atomic int serial;       /* the next step runs serially (prewake reads it on other threads) */
     int slow_in_row;          /* serial steps over serial_max_ns in a row */
     uint32_t probe_in, probe_every;
     _Atomic uint64_t serial_steps;
@@ -155,7 +155,7 @@ void tp_rank_group_prewake(tp_rank_group *g)
      * serial step either: the caller runs every rank. */
     if (g->procs)
         tp_rank_procs_prewake(g->procs);
-    else if (g->spin_ns > 0 && !g->serial)
+    else if (g->spin_ns > 0 && !atomic_load_explicit(&g->serial, memory_order_relaxed))
         tp_futex_wake_sleepers(&g->gen, &g->gen_sleepers, 0);
 }
 
@@ -411,7 +411,7 @@ tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
     if (st != TP_OK)
         return st;
     g->serial_max_ns = (int64_t)max_us * 1000;
-    g->serial = 1; /* until steps prove long */
+    atomic_store(&g->serial, 1); /* until steps prove long */
     g->probe_every = PROBE_FIRST;
     return TP_OK;
 }
@@ -425,7 +425,7 @@ static int serial_now(tp_rank_group *g)
 {
     if (!g->fibers)
         return 0;
-    if (!g->serial && ++g->probe_in < g->probe_every)
+    if (!atomic_load(&g->serial) && ++g->probe_in < g->probe_every)
         return 0;
     g->probe_in = 0;
     return 1;
@@ -436,10 +436,11 @@ static int serial_now(tp_rank_group *g)
  * (the first after load, cold; a preempted one) does not end it. */
 static void serial_took(tp_rank_group *g, int64_t t)
 {
-    int slow = t > g->serial_max_ns, was = g->serial;
+    int slow = t > g->serial_max_ns, was = atomic_load(&g->serial);
     g->slow_in_row = slow ? g->slow_in_row + 1 : 0;
-    g->serial = was ? g->slow_in_row < 2 : !slow;
-    if (g->serial)
+    int now = was ? g->slow_in_row < 2 : !slow;
+    atomic_store(&g->serial, now);
+    if (now)
         g->probe_every = PROBE_FIRST;
     else if (!was && g->probe_every < PROBE_LAST)
         g->probe_every *= 2;
