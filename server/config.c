@@ -49,7 +49,7 @@ static const key_desc keys[] = {
             "steps took at most this long (0: always hand off to the batcher thread)"),
     INT_KEY(serial_step_max_us, 0, 10000000,
             "ranks=threads, cpu backend: a step's ranks run in turn on one thread (no thread wake-ups) "
-            "while such steps take at most this long (0: every rank always on its own thread)"),
+            "while such steps take at most this much of its CPU time (0: every rank always on its own thread)"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
