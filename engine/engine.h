@@ -35,9 +35,9 @@ typedef struct {
      * world is taken from the graph); WORKER joins one as rank `rank`, and
      * is then driven by tp_engine_follow. */
     const tp_rank_group_opts *group;
-    /* A thread group runs a step's ranks in turn on one thread while such
-     * steps take at most this (tp_rank_group_set_serial), where the
-     * backend allows it; 0: never. */
+    /* A thread group runs a step's ranks in turn on one thread when that
+     * has been faster, for steps up to this long (tp_rank_group_set_serial),
+     * where the backend allows it; 0: never. */
     int serial_step_max_us;
 } tp_engine_opts;
 

@@ -19,10 +19,11 @@
  *
  * Serial steps (tp_rank_group_set_serial): every local rank runs as a
  * fiber of the caller's thread, in turn, and the rank threads are not told
- * of the step at all. With two ranks of a few microseconds each, the wake-up
- * of the other rank's thread cost more than the step (at one request at a
- * time it was half the server's CPU: the futex wake-up's interrupt to a
- * halted vCPU on the waker, and the waker spinning until the peer ran).
+ * of the step at all, when that has been faster (serial_policy.h). With two
+ * ranks of a few microseconds each, the wake-up of the other rank's thread
+ * cost more than the step (at one request at a time it was half the
+ * server's CPU: the futex wake-up's interrupt to a halted vCPU on the
+ * waker, and the waker spinning until the peer ran).
  *
  * Process groups: while a step is in flight, a watchdog thread looks every
  * POLL_MS for a failure in another process (our rank may be blocked in a
@@ -38,22 +39,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "fiber.h"
 #include "rank_procs.h"
+#include "serial_policy.h"
 #include "spin_wait.h"
 
 #define POLL_MS 20
 #define IDLE_MS 1000
-/* Serial steps (tp_rank_group_set_serial): while steps run on the rank
- * threads, one in PROBE_FIRST runs serially to see whether serial steps
- * have become short enough; each probe that finds them too long doubles
- * the wait for the next, up to PROBE_LAST, so a model whose steps are long
- * for good pays a serial step once in thousands. */
-#define PROBE_FIRST 64
-#define PROBE_LAST 4096
-
 typedef struct {
     tp_rank_group *g;
     int rank;
@@ -70,10 +63,8 @@ struct tp_rank_group {
 
     /* Serial steps: every local rank a fiber of the caller's thread. */
     tp_fibers *fibers;        /* NULL: never */
-    int64_t serial_max_ns;
-    _Atomic int serial;       /* the next step runs serially (prewake reads it on other threads) */
-    int slow_in_row;          /* serial steps over serial_max_ns in a row */
-    uint32_t probe_in, probe_every;
+    tp_serial_policy policy;  /* the stepping thread's */
+    _Atomic int serial;       /* the next step's mode, for prewake on other threads */
     _Atomic uint64_t serial_steps;
 
     /* The step in flight: written by the caller before it bumps gen. */
@@ -410,41 +401,13 @@ tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
     tp_status st = tp_fibers_create(g->hi - g->lo, 0, &g->fibers, err);
     if (st != TP_OK)
         return st;
-    g->serial_max_ns = (int64_t)max_us * 1000;
-    atomic_store(&g->serial, 1); /* until steps prove long */
-    g->probe_every = PROBE_FIRST;
+    tp_serial_policy_init(&g->policy, (int64_t)max_us * 1000, g->hi - g->lo);
+    atomic_store(&g->serial, tp_serial_policy_peek(&g->policy));
     return TP_OK;
 }
 
 uint64_t tp_rank_group_serial_steps(const tp_rank_group *g) { return atomic_load(&g->serial_steps); }
-int tp_rank_group_serial_max_us(const tp_rank_group *g) { return g->fibers ? (int)(g->serial_max_ns / 1000) : 0; }
-
-/* Whether this step runs serially: while serial steps are short, and as a
- * probe now and then while they are not. */
-static int serial_now(tp_rank_group *g)
-{
-    if (!g->fibers)
-        return 0;
-    if (!atomic_load(&g->serial) && ++g->probe_in < g->probe_every)
-        return 0;
-    g->probe_in = 0;
-    return 1;
-}
-
-/* After a serial step of t ns. A probe decides alone; a run of serial steps
- * ends at its second step in a row over the limit, so that one slow step
- * (the first after load, cold; a preempted one) does not end it. */
-static void serial_took(tp_rank_group *g, int64_t t)
-{
-    int slow = t > g->serial_max_ns, was = atomic_load(&g->serial);
-    g->slow_in_row = slow ? g->slow_in_row + 1 : 0;
-    int now = was ? g->slow_in_row < 2 : !slow;
-    atomic_store(&g->serial, now);
-    if (now)
-        g->probe_every = PROBE_FIRST;
-    else if (!was && g->probe_every < PROBE_LAST)
-        g->probe_every *= 2;
-}
+int tp_rank_group_serial_max_us(const tp_rank_group *g) { return g->fibers ? (int)(g->policy.max_ns / 1000) : 0; }
 
 /* Publishes the step: the watchdog sees it once in_step is set, the rank
  * threads once gen moves (not for a serial step: they sit it out). */
@@ -466,24 +429,11 @@ static void begin_step(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank
     }
 }
 
-/* CPU time of the calling thread, in ns. A serial step is timed by what
- * its ranks computed, not by the wall clock: on busy cores the thread is
- * preempted mid-step, which would make short steps look long and send them
- * to the rank threads exactly when cores are scarce. */
-static int64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Every local rank on the calling thread, in turn (util/fiber.h); a rank
  * waiting for its peers in a collective yields to them. */
 static void run_serial(tp_rank_group *g)
 {
-    int64_t t0 = thread_cpu_ns();
     tp_fibers_run(g->fibers, run_fiber, g);
-    serial_took(g, thread_cpu_ns() - t0);
     atomic_fetch_add(&g->serial_steps, 1);
 }
 
@@ -501,13 +451,18 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         if (st != TP_OK)
             return st;
     }
-    int serial = serial_now(g);
+    int serial = g->fibers && tp_serial_policy_next(&g->policy);
+    int64_t t0 = g->fibers ? tp_spin_now_ns() : 0;
     begin_step(g, fn, ctx, hooks, serial);
     if (serial) {
         run_serial(g);
     } else {
         run_local(g, g->lo);
         wait_ranks(g);
+    }
+    if (g->fibers) {
+        tp_serial_policy_took(&g->policy, serial, tp_spin_now_ns() - t0);
+        atomic_store(&g->serial, tp_serial_policy_peek(&g->policy));
     }
     if (!g->procs) {
         if (g->status != TP_OK)

@@ -105,11 +105,10 @@ const char *tp_rank_group_lost(const tp_rank_group *g);
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
 
 /* Lets a thread group run a step's ranks in turn on the calling thread,
- * as fibers (util/fiber.h), instead of on its threads, while such serial
- * steps take at most max_us of the calling thread's CPU time: a step of a few microseconds per rank costs
- * less in one thread than the wake-ups of several. Steps measure
- * themselves: longer ones go to the threads, and a serial probe now and
- * then brings short ones back. Only for a backend whose ranks' waits for
+ * as fibers (util/fiber.h), instead of on its threads, whenever that has
+ * been the faster of the two (engine/serial_policy.h: steps are timed, and
+ * the other mode is probed now and then); a step that would take over
+ * max_us serially never runs so. Only for a backend whose ranks' waits for
  * each other yield to fibers (the cpu backend's collectives); max_us 0
  * leaves it off (the default). A no-op in a process group and for a
  * single rank. */

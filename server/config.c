@@ -49,7 +49,8 @@ static const key_desc keys[] = {
             "steps took at most this long (0: always hand off to the batcher thread)"),
     INT_KEY(serial_step_max_us, 0, 10000000,
             "ranks=threads, cpu backend: a step's ranks run in turn on one thread (no thread wake-ups) "
-            "while such steps take at most this much of its CPU time (0: every rank always on its own thread)"),
+            "when that has been faster than their own threads (measured); a step that would take "
+            "longer than this serially never does (0: every rank always on its own thread)"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
@@ -100,10 +101,9 @@ void tp_config_defaults(tp_config *c)
     /* a step this short holds up the thread's other connections less than
      * the two thread hand-offs it saves cost them */
     c->inline_run_max_us = 2000;
-    /* ranks that compute less than this between them lose more to waking
-     * each other's threads (tens of us on a VM, at every idle step) than
-     * they gain from running at once; measured in server/README.md */
-    c->serial_step_max_us = 100;
+    /* serial steps run when measured faster (engine/serial_policy.h); the
+     * limit keeps long models from ever paying a serial probe */
+    c->serial_step_max_us = 2000;
     snprintf(c->log_level, sizeof c->log_level, "info");
     snprintf(c->ranks, sizeof c->ranks, "threads");
     c->staging_mb = 64;

@@ -192,7 +192,7 @@ serial=$(awk '$1 == "tpserve_serial_step_count_total" { print $2 }' "$TMP/metric
 [ "${serial:-0}" -gt 0 ] && [ "$serial" -le "$execs" ] &&
     pass "short steps ran serially, the ranks on one thread ($serial of $execs executions)" ||
     fail "serial_step_count ${serial:-missing}, executions $execs"
-grep -q "ranks=2 (threads, serial steps up to 100 us)" "$TMP/batch.log" &&
+grep -q "ranks=2 (threads, serial steps up to 2000 us)" "$TMP/batch.log" &&
     pass "startup log states the serial-step limit" || fail "no serial-step limit in the ready line"
 stop
 
