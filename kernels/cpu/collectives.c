@@ -328,25 +328,18 @@ static int state_moved(const void *p)
     return GEN_OF(s) != a->gen || (s & (ST_ABORTED | ST_LOST));
 }
 
-/* The ranks are fibers of one thread (a serial step, rank_group.c): the
+/* Ranks that are fibers of one thread (a serial step, rank_group.c): the
  * peers this wait needs run only while it yields to them. A peer that has
  * returned from the step will never arrive (it would be a hang in threads):
  * the ranks disagree on the step's collectives. */
-static tp_status wait_in_turn(const comm_hdr *h, uint32_t g, int abortable, tp_err *err)
+static tp_status yield_to_peers(tp_err *err)
 {
-    for (;;) {
-        uint64_t s = atomic_load(&h->state);
-        if (GEN_OF(s) != g)
-            return TP_OK;
-        tp_status st = check_flags(s, abortable, err);
-        if (st != TP_OK)
-            return st;
-        if (tp_fiber_ended() > 0)
-            return tp_fail(err, TP_INTERNAL,
-                           "a rank ended its step while a peer waits for it in a collective (the ranks "
-                           "disagree on the step's collectives)");
-        tp_fiber_yield();
-    }
+    if (tp_fiber_ended() > 0)
+        return tp_fail(err, TP_INTERNAL,
+                       "a rank ended its step while a peer waits for it in a collective (the ranks "
+                       "disagree on the step's collectives)");
+    tp_fiber_yield();
+    return TP_OK;
 }
 
 /* abortable=1: fails (without counting this rank) once aborted, and wakes
@@ -386,10 +379,10 @@ static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
         wake_all(c);
         return TP_OK;
     }
-    if (tp_fiber_running())
-        return wait_in_turn(h, g, abortable, err);
+    int fiber = tp_fiber_running();
     tp_spin_site none = {0}, *site = rank >= 0 && rank < c->world ? &c->sites[2 * rank + !abortable] : &none;
-    tp_spin_site_until(site, state_moved, &(arrival){h, g}, c->spin_ns);
+    if (!fiber)
+        tp_spin_site_until(site, state_moved, &(arrival){h, g}, c->spin_ns);
     for (;;) {
         uint32_t q = atomic_load(&h->seq);
         s = atomic_load(&h->state);
@@ -398,7 +391,10 @@ static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
         tp_status st = check_flags(s, abortable, err);
         if (st != TP_OK)
             return st;
-        tp_futex_sleep(&h->seq, q, &h->sleepers, -1, c->shared);
+        if (!fiber)
+            tp_futex_sleep(&h->seq, q, &h->sleepers, -1, c->shared);
+        else if ((st = yield_to_peers(err)) != TP_OK)
+            return st;
     }
 }
 
