@@ -47,6 +47,7 @@
 
 #define POLL_MS 20
 #define IDLE_MS 1000
+
 typedef struct {
     tp_rank_group *g;
     int rank;

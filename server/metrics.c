@@ -222,8 +222,8 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
             "Engine executions (bucket replays); inference_count / execution_count is the "
             "average batch.", es ? es->executions : 0);
     counter(b, "tpserve_serial_step_count_total",
-            "Rank-group steps (executions and loads) whose ranks ran in turn on one thread "
-            "(serial_step_max_us).", es ? es->serial_steps : 0);
+            "Engine steps whose ranks ran in turn on one thread (serial_step_max_us; "
+            "loading runs before serial steps are enabled).", es ? es->serial_steps : 0);
     counter(b, "tpserve_batch_count_total", "Batches the batcher sent to the engine.",
             atomic_load(&m->batches));
     histogram(b, "tpserve_batch_size", "Rows per batch sent to the engine.", &m->batch_rows);

@@ -121,7 +121,7 @@ extern "C" size_t tp_numtext_f32(float v, char *buf)
     if (a == 0 || (a >= 1e-6f && a < 16777216.0f))
         return spell_fixed(v, buf);
     char sci[TP_NUMTEXT_MAX];
-    auto r = std::to_chars(sci, sci + sizeof sci, std::fabs(v), std::chars_format::scientific);
+    auto r = std::to_chars(sci, sci + sizeof sci, a, std::chars_format::scientific);
     return spell_scientific(std::signbit(v), sci, r.ptr, buf);
 }
 

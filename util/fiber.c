@@ -37,6 +37,7 @@ typedef struct {
 
 struct tp_fibers {
     int n;
+    size_t guard;       /* bytes below each stack that fault (one page) */
     fiber *fib;
     ucontext_t home;    /* the thread's own context while the fibers run */
     const void *home_bottom; /* the thread's stack, for ASan (learned on the first switch) */
@@ -59,7 +60,7 @@ tp_status tp_fibers_create(int n, size_t stack_bytes, tp_fibers **out, tp_err *e
         return tp_fail(err, TP_NOMEM, "fibers: out of memory");
     }
     f->n = n;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t page = f->guard = (size_t)sysconf(_SC_PAGESIZE);
     size_t bytes = ((stack_bytes ? stack_bytes : DEFAULT_STACK) + page - 1) / page * page + page;
     for (int i = 0; i < n; i++) {
         char *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
@@ -160,10 +161,9 @@ static void fiber_main(void)
  * own function: getcontext returns twice, which no loop variable survives. */
 static void start_fiber(tp_fibers *f, fiber *x)
 {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
     getcontext(&x->uc);
-    x->uc.uc_stack.ss_sp = x->map + page;
-    x->uc.uc_stack.ss_size = x->map_bytes - page;
+    x->uc.uc_stack.ss_sp = x->map + f->guard;
+    x->uc.uc_stack.ss_size = x->map_bytes - f->guard;
     x->uc.uc_link = &f->home; /* unused: fiber_main switches away itself */
     x->ended = 0;
     makecontext(&x->uc, fiber_main, 0);

@@ -11,18 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "json_tensor.h"
+#include "spin_wait.h"
 
 #define N 256
 
-static double now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
+static double now_ns(void) { return (double)tp_spin_now_ns(); }
 
 /* Values like the example's: uniform in (-1, 1), FP32. */
 static void values(float *v)
