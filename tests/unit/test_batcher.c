@@ -252,10 +252,8 @@ typedef struct {
     char msg[1024];
     int64_t rows;
     double t_done;
+    pthread_t thread; /* the one done ran on (inline: the submitter) */
 } slot;
-
-/* The thread the last done ran on (see inline_run_only_while_steps_are_short). */
-static pthread_t g_done_thread;
 
 static void slot_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
                       const tp_batch_info *info)
@@ -267,7 +265,7 @@ static void slot_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
     s->rows = outs ? outs[0].shape[0] : -1;
     snprintf(s->msg, sizeof s->msg, "%s", st == TP_OK ? "" : err->msg);
     s->t_done = tp_batcher_now();
-    g_done_thread = pthread_self();
+    s->thread = pthread_self();
     s->done = 1;
     (*s->n_done)++;
     pthread_cond_broadcast(s->cv);
@@ -279,7 +277,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static int g_done;
 
-static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 0, 0}; }
+static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 0, 0, 0}; }
 
 static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
                         int64_t timeout_us, tp_err *err)
@@ -306,10 +304,10 @@ static int ran_on_submitter(tp_batcher *b, tp_host_tensor *x)
     slot s = new_slot();
     tp_err err = {{0}};
     ck_assert_int_eq(submit(b, x, &s, 0, 0, &err), TP_OK);
-    int inline_ = s.done && pthread_equal(g_done_thread, pthread_self());
+    int inline_ = s.done && pthread_equal(s.thread, pthread_self());
     wait_done(&s);
     ck_assert_int_eq(s.st, TP_OK);
-    return inline_ && pthread_equal(g_done_thread, pthread_self());
+    return inline_;
 }
 
 /* A batcher of 16 rows, no queue delay, the given inline_max_us. */
@@ -381,7 +379,7 @@ START_TEST(inline_run_stops_while_requests_pile_up)
     chain c = {new_slot(), b, &x, &queued};
     tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
-    ck_assert(c.s.done && pthread_equal(g_done_thread, pthread_self())); /* ran inline */
+    ck_assert(c.s.done && pthread_equal(c.s.thread, pthread_self())); /* ran inline */
     wait_done(&queued);
     ck_assert_int_eq(queued.st, TP_OK);
     ck_assert(!ran_on_submitter(b, &x));
