@@ -27,7 +27,7 @@
 # With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
 # build/venv-perf), a second table: Triton's own load generator against
 # tpserve with binary tensors, JSON tensors and system shared memory, in its
-# 1 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
+# 0.5 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
 # away in perf_analyzer's own bookkeeping, server/README.md).
 # Timings never fail the run (noisy machines); wrk errors are reported.
 set -u
