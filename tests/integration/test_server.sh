@@ -102,6 +102,9 @@ infer_curl "infer JSON nested" /v2/models/$G/infer --nested
 infer_curl "infer binary in, JSON out" /v2/models/$G/infer --binary
 infer_curl "infer binary in, binary out" /v2/models/$G/infer --binary --binary-out
 infer_curl "infer JSON in, binary out (binary_data_output)" /v2/models/$G/infer --binary-out
+# Small binary answers are copied into one body (one send); over 64 KiB
+# they go out from the engine's outputs: both must carry the same bytes.
+infer_curl "infer binary out of 80 rows (over 64 KiB, sent from the outputs)" /v2/models/$G/infer --binary --binary-out --repeat 80
 infer_curl "infer versioned path, requested output, id echoed" /v2/models/$G/versions/1/infer --outputs y --id req-42
 if [ "$(header Content-Type)" = application/json ]; then pass "JSON answer has Content-Type application/json"; else fail "Content-Type $(header Content-Type)"; fi
 hl=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/req" --binary --binary-out)
