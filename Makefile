@@ -55,7 +55,7 @@ GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
 .PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
-.PHONY: test-cpus cuda-double test-numtext-exhaustive bench-codec
+.PHONY: test-cpus cuda-double test-numtext-exhaustive test-math-exhaustive bench-codec
 
 all: $(BUILD)/tpserve cuda
 
@@ -74,6 +74,7 @@ help:
 	@echo "                FUZZ_SECONDS each (600), a table of executions, coverage, findings"
 	@echo "make soak       SOAK_SECONDS of mixed valid/invalid traffic on a real server, answers checked, RSS"
 	@echo "make test-numtext-exhaustive  all 2^32 FP32 patterns through the JSON number writer and reader"
+	@echo "make test-math-exhaustive  all 2^32 FP32 patterns through tp_math.h's exp, tanh and erf"
 	@echo "make bench-codec  the JSON tensor codec per request of the example graph, by number spelling"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
@@ -93,6 +94,13 @@ deps: $(DEPS_OK)
 # The engine switches over ops (and their rules) list every case, never
 # `default:`, so an op or rule added without its case fails the build.
 $(BUILD)/obj/engine/%.o: CFLAGS += -Wswitch-enum
+# The cpu kernels' row loops vectorize (tp_math.h's exp, tanh and erf
+# among them): under the dynamic cost model (-O2's very-cheap one refuses
+# any loop whose trip count is not known to be a multiple of the vector
+# width, i.e. every loop over a row), without FP-exception traps (which
+# forbid turning a select into a blend) and without errno from sqrtf. Neither
+# flag changes a result: nothing here reads FP flags or errno.
+$(BUILD)/obj/kernels/cpu/%.o: CFLAGS += -fvect-cost-model=dynamic -fno-trapping-math -fno-math-errno
 
 $(BUILD)/obj/util/%.o: INC := $(INC_util)
 $(BUILD)/obj/engine/%.o: INC := $(INC_engine)
@@ -231,6 +239,11 @@ bench-codec: $(BUILD)/bench/bench_codec
 # Every finite FP32 through the JSON number writer and reader (minutes).
 test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
 	$(BUILD)/bench/numtext_exhaustive
+
+# tp_math.h's exp, tanh and erf on every FP32 pattern (each function its own
+# forked test, ~10 min apiece on this machine's cores).
+test-math-exhaustive: $(BUILD)/tests/test_math
+	CK_TIMEOUT_MULTIPLIER=100 TP_MATH_STEP=1 $(BUILD)/tests/test_math
 
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
