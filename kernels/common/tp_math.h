@@ -276,43 +276,65 @@ TP_HD float tp_rms_norm_apply(float x, float rstd, float w)
 
 /* ---- one contiguous row of floats (y may equal x) ---- */
 
+/* A NaN never becomes the maximum (as with fmaxf): it reaches the row
+ * through its own exponential instead. A compare, not fmaxf, so the loop
+ * vectorizes. */
 TP_HD float tp_row_max(const float *x, int64_t n)
 {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++)
-        m = fmaxf(m, x[i]);
+        m = x[i] > m ? x[i] : m;
     return m;
+}
+
+/* Sums in 8 interleaved lanes, added pairwise at the end: the lanes are
+ * independent, so the loop vectorizes (one running sum cannot be reordered
+ * without -ffast-math), and the error grows with n/8, not n. */
+#define TP_ROW_LANES 8
+
+TP_HD float tp_lanes_total(const float *lane, float tail)
+{
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
 }
 
 TP_HD float tp_row_sum(const float *x, int64_t n)
 {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        s += x[i];
-    return s;
+    float lane[TP_ROW_LANES] = {0}, tail = 0.0f;
+    int64_t i = 0;
+    for (; i + TP_ROW_LANES <= n; i += TP_ROW_LANES)
+        for (int j = 0; j < TP_ROW_LANES; j++)
+            lane[j] += x[i + j];
+    for (; i < n; i++)
+        tail += x[i];
+    return tp_lanes_total(lane, tail);
 }
 
 /* Sum of (x[i] - c)^2: c = mean gives the variance numerator, c = 0 the
- * sum of squares. */
+ * sum of squares. Lanes as tp_row_sum. */
 TP_HD float tp_row_sum_sqdev(const float *x, int64_t n, float c)
 {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
+    float lane[TP_ROW_LANES] = {0}, tail = 0.0f;
+    int64_t i = 0;
+    for (; i + TP_ROW_LANES <= n; i += TP_ROW_LANES)
+        for (int j = 0; j < TP_ROW_LANES; j++) {
+            float d = x[i + j] - c;
+            lane[j] += d * d;
+        }
+    for (; i < n; i++) {
         float d = x[i] - c;
-        s += d * d;
+        tail += d * d;
     }
-    return s;
+    return tp_lanes_total(lane, tail);
 }
 
+/* Three passes (exponentials, their sum, the scaling) rather than one, so
+ * the first and last vectorize; y may be x. */
 TP_HD void tp_softmax_row(const float *x, float *y, int64_t n)
 {
-    float m = tp_row_max(x, n), s = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float e = tp_softmax_exp(x[i], m);
-        y[i] = e;
-        s += e;
-    }
-    float inv = tp_softmax_inv(s);
+    float m = tp_row_max(x, n);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = tp_softmax_exp(x[i], m);
+    float inv = tp_softmax_inv(tp_row_sum(y, n));
     for (int64_t i = 0; i < n; i++)
         y[i] *= inv;
 }
