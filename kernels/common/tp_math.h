@@ -35,8 +35,17 @@
  * tp_erff <= 3 ulp (libm's are within 1-2). NaN in, NaN out; infinities
  * and underflow as libm. */
 
+/* Always inlined on the host: a loop that calls one out of line (GCC
+ * judged tp_erff, then tp_gelu_erf around it, too big) does not
+ * vectorize. For these and everything built on them. */
+#ifdef __CUDACC__
+#define TP_HD_FLAT TP_HD
+#else
+#define TP_HD_FLAT static inline __attribute__((always_inline))
+#endif
+
 /* A union, not memcpy: GCC vectorizes a loop through this only so. */
-TP_HD float tp_f32_bits(uint32_t u)
+TP_HD_FLAT float tp_f32_bits(uint32_t u)
 {
 #ifdef __CUDA_ARCH__
     return __uint_as_float(u);
@@ -54,7 +63,7 @@ TP_HD float tp_f32_bits(uint32_t u)
  * by its Taylor polynomial to r^7 (truncation 5e-9 relative). 2^k is
  * applied as two factors so k down to -150 (subnormal results) and up to
  * 128 (overflow to inf) never leaves the exponent range. */
-TP_HD float tp_expf(float x)
+TP_HD_FLAT float tp_expf(float x)
 {
     const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float xc = x < -104.0f ? -104.0f : x > 89.0f ? 89.0f : x == x ? x : 0.0f; /* no NaN to int */
@@ -71,7 +80,7 @@ TP_HD float tp_expf(float x)
 /* Below 0.55 the odd Taylor series to x^21 (cancellation-free there; the
  * terms shrink by ~0.12 each), above it 1 - 2 / (e^2|x| + 1), which
  * reaches exactly 1 once e^2|x| dwarfs 2 (and at infinity). */
-TP_HD float tp_tanhf(float x)
+TP_HD_FLAT float tp_tanhf(float x)
 {
     float a = fabsf(x), z = x * x;
     float small = a + a * z * (-3.33333333e-1f + z * (1.33333333e-1f + z * (-5.39682540e-2f +
@@ -86,7 +95,7 @@ TP_HD float tp_tanhf(float x)
  * to n = 11 (the next term is under 1e-9); from 0.85 on, 1 - erfc with
  * erfc as in Numerical Recipes' erfcc (a Chebyshev fit, fractional error
  * < 1.2e-7: under half an ulp of erf where erfc < 0.25). */
-TP_HD float tp_erff(float x)
+TP_HD_FLAT float tp_erff(float x)
 {
     float a = fabsf(x), z = x * x;
     float small = x * (1.12837917f + z * (-3.76126389e-1f + z * (1.12837917e-1f +
@@ -104,25 +113,25 @@ TP_HD float tp_erff(float x)
 /* ---- activations ---- */
 
 /* x * Phi(x), Phi the standard normal CDF. */
-TP_HD float tp_gelu_erf(float x)
+TP_HD_FLAT float tp_gelu_erf(float x)
 {
     return 0.5f * x * (1.0f + tp_erff(x * TP_SQRT1_2));
 }
 
 /* The tanh approximation (approximate="tanh"). */
-TP_HD float tp_gelu_tanh(float x)
+TP_HD_FLAT float tp_gelu_tanh(float x)
 {
     float u = TP_SQRT_2_OVER_PI * (x + TP_GELU_TANH_K * x * x * x);
     return 0.5f * x * (1.0f + tp_tanhf(u));
 }
 
-TP_HD float tp_gelu(float x, int approx_tanh)
+TP_HD_FLAT float tp_gelu(float x, int approx_tanh)
 {
     return approx_tanh ? tp_gelu_tanh(x) : tp_gelu_erf(x);
 }
 
 /* x * sigmoid(x); expf overflow for very negative x gives -0, not NaN. */
-TP_HD float tp_silu(float x)
+TP_HD_FLAT float tp_silu(float x)
 {
     return x / (1.0f + tp_expf(-x));
 }
@@ -133,7 +142,7 @@ TP_HD float tp_relu(float x)
     return x < 0.0f ? 0.0f : x;
 }
 
-TP_HD float tp_sigmoid(float x)
+TP_HD_FLAT float tp_sigmoid(float x)
 {
     return 1.0f / (1.0f + tp_expf(-x));
 }
@@ -179,7 +188,7 @@ typedef enum {
 
 /* f(x). Called with a constant f (a template argument, a switch case) the
  * switch folds away. */
-TP_HD float tp_unary(tp_unary_fn f, float x, float p)
+TP_HD_FLAT float tp_unary(tp_unary_fn f, float x, float p)
 {
     (void)p;
     switch (f) {
@@ -245,7 +254,7 @@ TP_HD float tp_reduce_finish(float sum, int64_t n, int mean)
 
 /* exp(x - m) where m is the row maximum; a fully masked row (m = -inf)
  * contributes zeros instead of exp(-inf - -inf) = NaN. */
-TP_HD float tp_softmax_exp(float x, float m)
+TP_HD_FLAT float tp_softmax_exp(float x, float m)
 {
     return m == -INFINITY ? 0.0f : tp_expf(x - m);
 }
