@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/tp_math.h"
 #include "ops_internal.h"
 
 static tp_status attn_check(const tp_tensor *q, const tp_tensor *k, const tp_tensor *v,
@@ -44,7 +43,7 @@ static void attn_softmax(float *scores, int64_t S, int64_t T, int causal)
             allowed = i + (T - S) + 1;
             allowed = allowed < 0 ? 0 : allowed > T ? T : allowed;
         }
-        tp_softmax_row(row, row, allowed);
+        ops_softmax_row(row, row, allowed);
         memset(row + allowed, 0, (size_t)(T - allowed) * sizeof(float));
     }
 }

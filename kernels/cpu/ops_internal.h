@@ -11,6 +11,18 @@
 
 #define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
+/* An AVX2 clone beside the baseline one, picked at load time by the CPU
+ * (GCC's target_clones; any x86-64 runs one of them). Both give the same
+ * bits: neither contracts to FMA, and vectorizing keeps each lane's order
+ * of operations (tp_math.h's sums run in fixed lanes). For the loops where
+ * the kernels spend their time outside the BLAS. */
+#define OPS_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+
+/* tp_math.h's row functions, compiled in both clones. */
+void ops_softmax_row(const float *x, float *y, int64_t n);
+void ops_layer_norm_row(const float *x, const float *w, const float *b, float *y, int64_t n, float eps);
+void ops_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps);
+
 /* Element address of offset off (in elements) from base. */
 static inline char *ops_at(const void *base, tp_dtype dt, int64_t off)
 {

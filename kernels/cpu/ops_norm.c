@@ -1,12 +1,12 @@
 /* ops_norm.c — softmax (any dim), layer_norm and rms_norm (last dim).
  *
- * Each op runs the tp_math.h row function once per row. An FP32 row with unit
- * stride is read straight from the input; any other row is first widened into
- * an FP32 scratch row, and rows are rounded once on store. */
+ * Each op runs the tp_math.h row function (through ops_util.c, which
+ * builds it in both clones) once per row. An FP32 row with unit stride is
+ * read straight from the input; any other row is first widened into an FP32
+ * scratch row, and rows are rounded once on store. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/tp_math.h"
 #include "ops_internal.h"
 
 /* The layout of every dim but d, over x (operand 0) and out (operand 1). */
@@ -67,11 +67,11 @@ tp_status cpu_softmax(const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out,
     for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, l.nd)) {
         char *xp = ops_at(x->data, x->dtype, p.off[0]), *op = ops_at(out->data, out->dtype, p.off[1]);
         if (fast) {
-            tp_softmax_row((const float *)xp, (float *)op, n);
+            ops_softmax_row((const float *)xp, (float *)op, n);
             continue;
         }
         ops_load_row(xp, x->dtype, sx, n, row);
-        tp_softmax_row(row, row, n);
+        ops_softmax_row(row, row, n);
         ops_store_row(op, out->dtype, so, n, row);
     }
     free(row);
@@ -109,9 +109,9 @@ static void norm_rows(int is_ln, const tp_tensor *x, tp_tensor *out, const float
         }
         float *yr = out->dtype == TP_F32 ? (float *)op : row;
         if (is_ln)
-            tp_layer_norm_row(xr, w, b, yr, n, eps);
+            ops_layer_norm_row(xr, w, b, yr, n, eps);
         else
-            tp_rms_norm_row(xr, w, yr, n, eps);
+            ops_rms_norm_row(xr, w, yr, n, eps);
         if (out->dtype != TP_F32)
             ops_store_row(op, out->dtype, 1, n, yr);
     }

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tp_math.h"
 #include "ops_internal.h"
 
 /* The coalescing is tp_layout_init's (kernels/common): the cuda kernels
@@ -159,4 +160,20 @@ tp_status ops_as_f32(const tp_tensor *t, tp_tensor *f, float **owned, const char
     ops_gather_f32(t, *owned);
     *f = tp_tensor_make(*owned, TP_F32, t->ndim, t->shape);
     return TP_OK;
+}
+
+OPS_AVX2_CLONE void ops_softmax_row(const float *x, float *y, int64_t n)
+{
+    tp_softmax_row(x, y, n);
+}
+
+OPS_AVX2_CLONE void ops_layer_norm_row(const float *x, const float *w, const float *b, float *y, int64_t n,
+                                       float eps)
+{
+    tp_layer_norm_row(x, w, b, y, n, eps);
+}
+
+OPS_AVX2_CLONE void ops_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
+{
+    tp_rms_norm_row(x, w, y, n, eps);
 }

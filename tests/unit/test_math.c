@@ -3,7 +3,7 @@
  * reference) on a dense sample of FP32 patterns and at every edge; the
  * special values as libm gives them; and the cpu kernels' vectorized loops
  * (an AVX2 clone where the CPU has it) give the very bits of the scalar
- * functions the CUDA kernels run. `make test-math-exhaustive` checks every
+ * functions (the CUDA kernels run the element ones). `make test-math-exhaustive` checks every
  * FP32 pattern. */
 #include <check.h>
 #include <float.h>
@@ -176,6 +176,50 @@ START_TEST(kernel_loops_give_the_scalar_bits)
 }
 END_TEST
 
+/* Softmax and the norms over rows of odd length (vector body and tail),
+ * through the kernels (both clones) and through tp_math.h's row functions
+ * compiled here: the same bits, as the lanes fix every sum's order. */
+START_TEST(row_kernels_give_the_scalar_bits)
+{
+    enum { R = 3, N = 1031 };
+    static float x[R * N], w[N], b[N], y[R * N], want[N];
+    uint32_t s = 777;
+    for (int i = 0; i < R * N; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 30.0f;
+    }
+    for (int i = 0; i < N; i++) {
+        w[i] = 0.5f + (float)i / N;
+        b[i] = (float)(i % 7) - 3.0f;
+    }
+    int64_t shape[2] = {R, N}, wshape[1] = {N};
+    tp_tensor ins[3] = {tp_tensor_make(x, TP_F32, 2, shape), tp_tensor_make(w, TP_F32, 1, wshape),
+                        tp_tensor_make(b, TP_F32, 1, wshape)};
+    tp_tensor out = tp_tensor_make(y, TP_F32, 2, shape);
+    static const tp_op ops[] = {TP_OP_SOFTMAX, TP_OP_LAYER_NORM, TP_OP_RMS_NORM};
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++) {
+        tp_attrs a;
+        memset(&a, 0, sizeof a);
+        a.dim = 1;
+        a.eps = 1e-5f;
+        tp_err err;
+        int n_ins = ops[o] == TP_OP_SOFTMAX ? 1 : ops[o] == TP_OP_RMS_NORM ? 2 : 3;
+        ck_assert_int_eq(cpu_op_run(ops[o], &a, ins, n_ins, &out, 0, 1, &err), TP_OK);
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + r * N;
+            if (ops[o] == TP_OP_SOFTMAX)
+                tp_softmax_row(xr, want, N);
+            else if (ops[o] == TP_OP_LAYER_NORM)
+                tp_layer_norm_row(xr, w, b, want, N, a.eps);
+            else
+                tp_rms_norm_row(xr, w, want, N, a.eps);
+            ck_assert_msg(memcmp(want, y + r * N, sizeof want) == 0, "%s row %d: kernel differs from scalar",
+                          tp_op_name(ops[o]), r);
+        }
+    }
+}
+END_TEST
+
 static Suite *math_suite(void)
 {
     Suite *s = suite_create("math");
@@ -185,6 +229,7 @@ static Suite *math_suite(void)
     tcase_add_loop_test(tc, within_bound_at_the_edges, 0, 3);
     tcase_add_test(tc, special_values_as_libm);
     tcase_add_test(tc, kernel_loops_give_the_scalar_bits);
+    tcase_add_test(tc, row_kernels_give_the_scalar_bits);
     suite_add_tcase(s, tc);
     return s;
 }
