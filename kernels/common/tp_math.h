@@ -256,11 +256,12 @@ TP_HD float tp_reduce_finish(float sum, int64_t n, int mean)
  * contributes zeros instead of exp(-inf - -inf) = NaN. */
 TP_HD_FLAT float tp_softmax_exp(float x, float m)
 {
-    return m == -INFINITY ? 0.0f : tp_expf(x - m);
+    float e = tp_expf(x - m); /* computed either way: a select, not a branch */
+    return m == -INFINITY ? 0.0f : e;
 }
 
 /* 1/sum of the exponentials; 0 for an empty or fully masked row. */
-TP_HD float tp_softmax_inv(float sum)
+TP_HD_FLAT float tp_softmax_inv(float sum)
 {
     return sum == 0.0f ? 0.0f : 1.0f / sum;
 }
@@ -268,45 +269,56 @@ TP_HD float tp_softmax_inv(float sum)
 /* ---- normalisation pieces ---- */
 
 /* 1/sqrt(mean_sq + eps); rsqrtf is CUDA-only, so spelled out. */
-TP_HD float tp_rstd(float mean_sq, float eps)
+TP_HD_FLAT float tp_rstd(float mean_sq, float eps)
 {
     return 1.0f / sqrtf(mean_sq + eps);
 }
 
-TP_HD float tp_layer_norm_apply(float x, float mean, float rstd, float w, float b)
+TP_HD_FLAT float tp_layer_norm_apply(float x, float mean, float rstd, float w, float b)
 {
     return (x - mean) * rstd * w + b;
 }
 
-TP_HD float tp_rms_norm_apply(float x, float rstd, float w)
+TP_HD_FLAT float tp_rms_norm_apply(float x, float rstd, float w)
 {
     return x * rstd * w;
 }
 
 /* ---- one contiguous row of floats (y may equal x) ---- */
 
+/* The row functions work in TP_ROW_LANES interleaved lanes wherever they
+ * reduce, so their loops vectorize. */
+#define TP_ROW_LANES 8
+
 /* A NaN never becomes the maximum (as with fmaxf): it reaches the row
- * through its own exponential instead. A compare, not fmaxf, so the loop
- * vectorizes. */
-TP_HD float tp_row_max(const float *x, int64_t n)
+ * through its own exponential instead. Compares, not fmaxf (a call), in
+ * lanes. */
+TP_HD_FLAT float tp_row_max(const float *x, int64_t n)
 {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
+    float lane[TP_ROW_LANES], m = -INFINITY;
+    for (int j = 0; j < TP_ROW_LANES; j++)
+        lane[j] = -INFINITY;
+    int64_t i = 0;
+    for (; i + TP_ROW_LANES <= n; i += TP_ROW_LANES)
+        for (int j = 0; j < TP_ROW_LANES; j++)
+            lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    for (; i < n; i++)
         m = x[i] > m ? x[i] : m;
+    for (int j = 0; j < TP_ROW_LANES; j++)
+        m = lane[j] > m ? lane[j] : m;
     return m;
 }
 
 /* Sums in 8 interleaved lanes, added pairwise at the end: the lanes are
  * independent, so the loop vectorizes (one running sum cannot be reordered
  * without -ffast-math), and the error grows with n/8, not n. */
-#define TP_ROW_LANES 8
 
-TP_HD float tp_lanes_total(const float *lane, float tail)
+TP_HD_FLAT float tp_lanes_total(const float *lane, float tail)
 {
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
 }
 
-TP_HD float tp_row_sum(const float *x, int64_t n)
+TP_HD_FLAT float tp_row_sum(const float *x, int64_t n)
 {
     float lane[TP_ROW_LANES] = {0}, tail = 0.0f;
     int64_t i = 0;
@@ -320,7 +332,7 @@ TP_HD float tp_row_sum(const float *x, int64_t n)
 
 /* Sum of (x[i] - c)^2: c = mean gives the variance numerator, c = 0 the
  * sum of squares. Lanes as tp_row_sum. */
-TP_HD float tp_row_sum_sqdev(const float *x, int64_t n, float c)
+TP_HD_FLAT float tp_row_sum_sqdev(const float *x, int64_t n, float c)
 {
     float lane[TP_ROW_LANES] = {0}, tail = 0.0f;
     int64_t i = 0;
@@ -338,7 +350,7 @@ TP_HD float tp_row_sum_sqdev(const float *x, int64_t n, float c)
 
 /* Three passes (exponentials, their sum, the scaling) rather than one, so
  * the first and last vectorize; y may be x. */
-TP_HD void tp_softmax_row(const float *x, float *y, int64_t n)
+TP_HD_FLAT void tp_softmax_row(const float *x, float *y, int64_t n)
 {
     float m = tp_row_max(x, n);
     for (int64_t i = 0; i < n; i++)
@@ -349,7 +361,7 @@ TP_HD void tp_softmax_row(const float *x, float *y, int64_t n)
 }
 
 /* w and b may be NULL (1 and 0). */
-TP_HD void tp_layer_norm_row(const float *x, const float *w, const float *b, float *y,
+TP_HD_FLAT void tp_layer_norm_row(const float *x, const float *w, const float *b, float *y,
                              int64_t n, float eps)
 {
     if (n <= 0)
@@ -361,7 +373,7 @@ TP_HD void tp_layer_norm_row(const float *x, const float *w, const float *b, flo
 }
 
 /* w may be NULL (1). */
-TP_HD void tp_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
+TP_HD_FLAT void tp_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
 {
     if (n <= 0)
         return;
