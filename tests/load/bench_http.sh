@@ -304,7 +304,7 @@ done <"$TMP/tp.res"
 echo
 if [ -f "$TMP/pa.res" ]; then
     echo
-    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 1 s (its 5 s windows run away: server/README.md):"
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.5 s (longer ones run away: server/README.md):"
     echo
     echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
     echo "| --- | ---: | ---: | ---: |"
