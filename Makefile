@@ -100,7 +100,10 @@ $(BUILD)/obj/engine/%.o: CFLAGS += -Wswitch-enum
 # width, i.e. every loop over a row), without FP-exception traps (which
 # forbid turning a select into a blend) and without errno from sqrtf. Neither
 # flag changes a result: nothing here reads FP flags or errno.
-$(BUILD)/obj/kernels/cpu/%.o: CFLAGS += -fvect-cost-model=dynamic -fno-trapping-math -fno-math-errno
+# (-fvect-cost-model is GCC's; clang, for the fuzzers, has its own cost model.)
+VECT_COST := $(shell $(CC) -fvect-cost-model=dynamic -x c -c /dev/null -o /dev/null 2>/dev/null && \
+               echo -fvect-cost-model=dynamic)
+$(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(VECT_COST) -fno-trapping-math -fno-math-errno
 
 $(BUILD)/obj/util/%.o: INC := $(INC_util)
 $(BUILD)/obj/engine/%.o: INC := $(INC_engine)

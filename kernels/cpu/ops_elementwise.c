@@ -154,11 +154,10 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
 OPS_AVX2_CLONE static void unary_f32(tp_unary_fn f, float p, const float *x, int64_t sx, float *y, int64_t n)
 {
     switch (f) {
-/* ivdep: y may be x (in place), but element i reads only x[i]; without it
- * the vectorizer would version the loop on aliasing (or, at -O2, give up). */
+/* y may be x (in place): OPS_IVDEP. */
 #define UNARY_LOOP(name, expr)                                                      \
     case name:                                                                      \
-        _Pragma("GCC ivdep") for (int64_t i = 0; i < n; i++)                        \
+        OPS_IVDEP for (int64_t i = 0; i < n; i++)                                   \
             y[i] = tp_unary(name, x[i * sx], p);                                    \
         break;
         TP_UNARY_FN_LIST(UNARY_LOOP)

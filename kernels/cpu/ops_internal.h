@@ -16,7 +16,20 @@
  * bits: neither contracts to FMA, and vectorizing keeps each lane's order
  * of operations (tp_math.h's sums run in fixed lanes). For the loops where
  * the kernels spend their time outside the BLAS. */
+#if defined(__GNUC__) && !defined(__clang__)
 #define OPS_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#else
+#define OPS_AVX2_CLONE /* clang (the fuzz build) would not export the clones' dispatcher */
+#endif
+
+/* Before a loop whose iteration i writes only element i: no dependence
+ * between iterations, even in place (y == x), so GCC need not version the
+ * loop on aliasing. GCC's pragma; clang has no such one (and warns). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define OPS_IVDEP _Pragma("GCC ivdep")
+#else
+#define OPS_IVDEP
+#endif
 
 /* tp_math.h's row functions, compiled in both clones. */
 void ops_softmax_row(const float *x, float *y, int64_t n);
