@@ -151,7 +151,7 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
 }
 
 /* y[i] = f(x[i*sx]); one loop per function, so each folds its switch. */
-OPS_AVX2_CLONE static void unary_f32(tp_unary_fn f, float p, const float *x, int64_t sx, float *y, int64_t n)
+OPS_SIMD_CLONES static void unary_f32(tp_unary_fn f, float p, const float *x, int64_t sx, float *y, int64_t n)
 {
     switch (f) {
 /* y may be x (in place): OPS_IVDEP. */

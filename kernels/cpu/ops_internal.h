@@ -11,15 +11,16 @@
 
 #define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
-/* An AVX2 clone beside the baseline one, picked at load time by the CPU
- * (GCC's target_clones; any x86-64 runs one of them). Both give the same
- * bits: neither contracts to FMA, and vectorizing keeps each lane's order
+/* AVX-512 and AVX2 clones beside the baseline one, picked at load time by
+ * the CPU (GCC's target_clones; any x86-64 runs one of them). All give the
+ * same bits: none contracts to FMA (avx512f and avx2 do not enable it, and
+ * -std=c11 keeps contraction off), and vectorizing keeps each lane's order
  * of operations (tp_math.h's sums run in fixed lanes). For the loops where
  * the kernels spend their time outside the BLAS. */
 #if defined(__GNUC__) && !defined(__clang__)
-#define OPS_AVX2_CLONE __attribute__((target_clones("avx2", "default")))
+#define OPS_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
-#define OPS_AVX2_CLONE /* clang (the fuzz build) would not export the clones' dispatcher */
+#define OPS_SIMD_CLONES /* clang (the fuzz build) would not export the clones' dispatcher */
 #endif
 
 /* Before a loop whose iteration i writes only element i: no dependence

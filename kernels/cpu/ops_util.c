@@ -162,18 +162,18 @@ tp_status ops_as_f32(const tp_tensor *t, tp_tensor *f, float **owned, const char
     return TP_OK;
 }
 
-OPS_AVX2_CLONE void ops_softmax_row(const float *x, float *y, int64_t n)
+OPS_SIMD_CLONES void ops_softmax_row(const float *x, float *y, int64_t n)
 {
     tp_softmax_row(x, y, n);
 }
 
-OPS_AVX2_CLONE void ops_layer_norm_row(const float *x, const float *w, const float *b, float *y, int64_t n,
+OPS_SIMD_CLONES void ops_layer_norm_row(const float *x, const float *w, const float *b, float *y, int64_t n,
                                        float eps)
 {
     tp_layer_norm_row(x, w, b, y, n, eps);
 }
 
-OPS_AVX2_CLONE void ops_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
+OPS_SIMD_CLONES void ops_rms_norm_row(const float *x, const float *w, float *y, int64_t n, float eps)
 {
     tp_rms_norm_row(x, w, y, n, eps);
 }

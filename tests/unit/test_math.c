@@ -2,9 +2,9 @@
  * of the correctly rounded value (libm in double, rounded once, is the
  * reference) on a dense sample of FP32 patterns and at every edge; the
  * special values as libm gives them; and the cpu kernels' vectorized loops
- * (an AVX2 clone where the CPU has it) give the very bits of the scalar
- * functions (the CUDA kernels run the element ones). `make test-math-exhaustive` checks every
- * FP32 pattern. */
+ * (an AVX-512 or AVX2 clone where the CPU has one) give the very bits of
+ * the scalar functions (the CUDA kernels run the element ones). `make
+ * test-math-exhaustive` checks every FP32 pattern. */
 #include <check.h>
 #include <float.h>
 #include <math.h>
@@ -155,10 +155,10 @@ START_TEST(special_values_as_libm)
 }
 END_TEST
 
-/* The cpu kernel over a row (a vector loop with a scalar tail; the AVX2
- * clone on a CPU that has it) against tp_unary one element at a time:
- * bit-equal, since neither clone contracts to FMA and both do the same IEEE
- * operations per lane. Rows of odd length exercise the tails. */
+/* The cpu kernel over a row (a vector loop with a scalar tail; whichever
+ * clone this CPU picks) against tp_unary one element at a time: bit-equal,
+ * since no clone contracts to FMA and all do the same IEEE operations per
+ * lane. Rows of odd length exercise the tails. */
 START_TEST(kernel_loops_give_the_scalar_bits)
 {
     static const tp_op ops[] = {TP_OP_EXP, TP_OP_TANH, TP_OP_ERF, TP_OP_GELU, TP_OP_SILU, TP_OP_SIGMOID};
