@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_import.py --tpserve BIN [--models mlp,gpt2,bert,llama] [--iters N]
+"""bench_import.py --tpserve BIN [--models mlp,gpt2,bert,llama] [--iters N (100)]
 
 tpserve serving the imported ONNX fixtures (world size 1 and 2, ranks as
 threads, binary KServe requests on one keep-alive connection) against
@@ -116,7 +116,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tpserve", required=True)
     ap.add_argument("--models", default="mlp,gpt2,bert,llama")
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=100)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench_import.")
     rows = []
