@@ -59,7 +59,7 @@ TP_HD_FLAT float tp_f32_bits(uint32_t u)
 }
 
 /* e^x = 2^k e^r, k = round(x / ln 2), r = x - k ln 2 (ln 2 in two parts,
- * the first exact in 9 bits so k * LN2_HI is exact), |r| <= ln 2 / 2; e^r
+ * the first of 9 significant bits, so k times it is exact), |r| <= ln 2 / 2; e^r
  * by its Taylor polynomial to r^7 (truncation 5e-9 relative). 2^k is
  * applied as two factors so k down to -150 (subnormal results) and up to
  * 128 (overflow to inf) never leaves the exponent range. */
