@@ -23,8 +23,9 @@
 #   A CI machine about twice as fast as ours timed out once in 1 s windows
 #   at 32 connections (not reproduced here at ~18k requests/s); 0.5 s
 #   windows halve rate^2 x window again.
-#   tests/integration/test_perf_analyzer.sh does not rely on this: its
-#   32-connection row is one window of a fixed request count.
+#   tests/integration/test_perf_analyzer.sh does not rely on this: when
+#   its 32-connection row stalls, it checks that tpserve answered every
+#   request instead.
 # and exits 0; otherwise says why on stderr and exits 1.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
