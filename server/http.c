@@ -546,49 +546,19 @@ static void free_sent_answer(void *cls)
     free(a);
 }
 
-/* Binary answers up to this size are copied into one body. libmicrohttpd
- * 0.9.75 sends an iovec response's HTTP header in a send of its own, so a
- * zero-copy answer costs a second syscall and a second TCP segment, which
- * wakes the client twice; copying 64 KiB costs less than either (binary
- * c=32: see server/README.md, "one send per answer"). */
+/* Binary answers up to this size are built as one body (the codec copies
+ * the outputs in). libmicrohttpd 0.9.75 sends an iovec response's HTTP
+ * header in a send of its own, so a zero-copy answer costs a second syscall
+ * and a second TCP segment, which wakes the client twice; copying 64 KiB
+ * costs less than either (binary c=32: see server/README.md, "one send per
+ * answer"). */
 #define SINGLE_SEND_MAX (64 * 1024)
 
-/* The JSON header and the outputs' bytes in one malloc'ed body, or NULL
- * (then nothing is taken) when they are larger than SINGLE_SEND_MAX or
- * memory is short. */
-static char *joined_body(const tp_kserve_buf *buf, const tp_kserve_piece *tail, int n_tail,
-                         size_t *len)
-{
-    size_t n = buf->len;
-    for (int i = 0; i < n_tail; i++)
-        n += tail[i].len;
-    char *body = n <= SINGLE_SEND_MAX ? malloc(n ? n : 1) : NULL;
-    if (!body)
-        return NULL;
-    memcpy(body, buf->body, buf->len);
-    size_t off = buf->len;
-    for (int i = 0; i < n_tail; i++) {
-        memcpy(body + off, tail[i].data, tail[i].len);
-        off += tail[i].len;
-    }
-    *len = n;
-    return body;
-}
-
-/* The header and the outputs' bytes as one response: joined into one body
- * when small, otherwise sent from the engine's outputs without a copy.
- * Takes ownership of buf->body and r->outs. */
+/* The header and the outputs' own bytes as one response, without copying
+ * them into a body: takes ownership of buf->body and r->outs. */
 static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
                                             const tp_kserve_piece *tail, int n_tail)
 {
-    size_t len;
-    char *joined = joined_body(buf, tail, n_tail, &len);
-    if (joined) {
-        free(buf->body);
-        tp_host_tensors_free(r->outs, r->n_outs);
-        r->outs = NULL;
-        return make_response(joined, len, "application/octet-stream", buf->header_len);
-    }
     sent_answer *a = malloc(sizeof *a);
     struct MHD_IoVec *iov = calloc((size_t)n_tail + 1, sizeof *iov); /* MHD copies it */
     struct MHD_Response *resp = NULL;
@@ -634,8 +604,8 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     if (st == TP_OK && !tail)
         st = tp_fail(&err, TP_NOMEM, "out of memory encoding the answer");
     else if (st == TP_OK)
-        st = tp_kserve_build_infer_parts(&h->model, &r->req, r->outs, r->n_outs, &buf, tail,
-                                         &n_tail, &err);
+        st = tp_kserve_build_infer_parts(&h->model, &r->req, r->outs, r->n_outs, SINGLE_SEND_MAX,
+                                         &buf, tail, &n_tail, &err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(&err, "inference failed: ");
     r->times.output = (now_ms() - t0) / 1e3;

@@ -579,11 +579,12 @@ static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t,
 }
 
 /* The JSON header, then for binary outputs their bytes in order: appended
- * to b, or (tail non-NULL) listed in tail as pieces of outs. */
+ * to b, or (tail non-NULL and the answer over whole_max bytes) listed in
+ * tail as pieces of outs. */
 static tp_status write_response(const tp_kserve_model *m, const tp_kserve_request *req,
                                 const tp_host_tensor *outs, int n_outs, tp_jbuf *b,
                                 size_t *header_len, tp_kserve_piece *tail, int *n_tail,
-                                tp_err *err)
+                                size_t whole_max, tp_err *err)
 {
     tp_jbuf_lit(b, "{\"model_name\":");
     tp_jbuf_str(b, m->name);
@@ -609,11 +610,12 @@ static tp_status write_response(const tp_kserve_model *m, const tp_kserve_reques
     }
     tp_jbuf_lit(b, "]}");
     *header_len = tail_len ? b->len : 0;
+    int listed = tail && b->len + tail_len > whole_max;
     for (int i = 0; i < req->n_outputs && tail_len; i++) {
         const tp_host_tensor *t = find_tensor(outs, n_outs, req->outputs[i].name);
         if (!req->outputs[i].binary || !t->nbytes)
             continue;
-        if (tail)
+        if (listed)
             tail[(*n_tail)++] = (tp_kserve_piece){t->data, t->nbytes};
         else
             tp_jbuf_raw(b, t->data, t->nbytes);
@@ -627,12 +629,12 @@ static tp_status write_response(const tp_kserve_model *m, const tp_kserve_reques
 
 static tp_status build(const tp_kserve_model *m, const tp_kserve_request *req,
                        const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
-                       tp_kserve_piece *tail, int *n_tail, tp_err *err)
+                       tp_kserve_piece *tail, int *n_tail, size_t whole_max, tp_err *err)
 {
     memset(out, 0, sizeof *out);
     tp_jbuf b = {0};
     size_t header_len = 0;
-    tp_status st = write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail, err);
+    tp_status st = write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail, whole_max, err);
     if (st != TP_OK) {
         free(b.p);
         return st;
@@ -647,15 +649,16 @@ tp_status tp_kserve_build_infer(const tp_kserve_model *m, const tp_kserve_reques
                                 const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
                                 tp_err *err)
 {
-    return build(m, req, outs, n_outs, out, NULL, NULL, err);
+    return build(m, req, outs, n_outs, out, NULL, NULL, 0, err);
 }
 
 tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_request *req,
-                                      const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
-                                      tp_kserve_piece *tail, int *n_tail, tp_err *err)
+                                      const tp_host_tensor *outs, int n_outs, size_t whole_max,
+                                      tp_kserve_buf *out, tp_kserve_piece *tail, int *n_tail,
+                                      tp_err *err)
 {
     *n_tail = 0;
-    return build(m, req, outs, n_outs, out, tail, n_tail, err);
+    return build(m, req, outs, n_outs, out, tail, n_tail, whole_max, err);
 }
 
 /* ---- system shared memory registration ------------------------------------ */

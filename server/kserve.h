@@ -90,10 +90,13 @@ typedef struct {
 /* tp_kserve_build_infer without copying the binary outputs: out->body holds
  * the JSON header only (out->len bytes; header_len is set as before), and
  * tail[0..*n_tail) point into outs, which must outlive the send. tail has
- * room for req->n_outputs pieces. */
+ * room for req->n_outputs pieces. An answer of at most whole_max bytes in
+ * all comes back whole instead, as tp_kserve_build_infer builds it, with
+ * *n_tail 0: for a small answer one body is cheaper than pieces. */
 tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_request *req,
-                                      const tp_host_tensor *outs, int n_outs, tp_kserve_buf *out,
-                                      tp_kserve_piece *tail, int *n_tail, tp_err *err);
+                                      const tp_host_tensor *outs, int n_outs, size_t whole_max,
+                                      tp_kserve_buf *out, tp_kserve_piece *tail, int *n_tail,
+                                      tp_err *err);
 
 /* The body of POST /v2/systemsharedmemory/region/R/register:
  * {"key": string, "offset": number (optional, 0), "byte_size": number}. */

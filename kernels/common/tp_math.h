@@ -311,10 +311,10 @@ TP_HD_FLAT float tp_row_max(const float *x, int64_t n)
     return m;
 }
 
-/* Sums in 8 interleaved lanes, added pairwise at the end: the lanes are
+/* Sums run in the lanes, added pairwise at the end: the lanes are
  * independent, so the loop vectorizes (one running sum cannot be reordered
- * without -ffast-math), and the error grows with n/8, not n. */
-
+ * without -ffast-math), and the error grows with n/8, not n. Written out
+ * for TP_ROW_LANES = 8. */
 TP_HD_FLAT float tp_lanes_total(const float *lane, float tail)
 {
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;

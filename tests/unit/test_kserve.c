@@ -335,13 +335,23 @@ START_TEST(response_binary_round_trip)
     tp_kserve_buf p;
     tp_kserve_piece tail[2];
     int n_tail = -1;
-    ck_assert_int_eq(tp_kserve_build_infer_parts(&M, &req, outs, 2, &p, tail, &n_tail, &e), TP_OK);
+    ck_assert_int_eq(tp_kserve_build_infer_parts(&M, &req, outs, 2, b.len - 1, &p, tail, &n_tail, &e),
+                     TP_OK);
     ck_assert_int_eq(n_tail, 1);
     ck_assert_ptr_eq(tail[0].data, (const void *)y);
     ck_assert_uint_eq(tail[0].len, 24);
     ck_assert_uint_eq(p.len, b.header_len);
     ck_assert_uint_eq(p.header_len, b.header_len);
     ck_assert_mem_eq(p.body, b.body, b.header_len);
+    free(p.body);
+
+    /* an answer of at most whole_max bytes comes back whole, as build_infer's */
+    n_tail = -1;
+    ck_assert_int_eq(tp_kserve_build_infer_parts(&M, &req, outs, 2, b.len, &p, tail, &n_tail, &e), TP_OK);
+    ck_assert_int_eq(n_tail, 0);
+    ck_assert_uint_eq(p.len, b.len);
+    ck_assert_uint_eq(p.header_len, b.header_len);
+    ck_assert_mem_eq(p.body, b.body, b.len);
     free(p.body);
     free(b.body);
 }

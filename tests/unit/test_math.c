@@ -36,13 +36,6 @@ static uint64_t sample_step(void)
     return v > 0 ? (uint64_t)v : SAMPLE_STEP;
 }
 
-static float from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* |y - r| in units of the last place of r rounded to FP32 (subnormals:
  * 2^-149). A result libm would round to infinity must be that infinity. */
 static double ulp_error(float y, double r)
@@ -107,7 +100,7 @@ START_TEST(within_bound_on_a_dense_sample)
     uint64_t step = sample_step();
     worst w = {0, 0, 0};
     for (uint64_t u = 0; u <= 0xffffffffu; u += step)
-        track(m, from_bits((uint32_t)u), &w);
+        track(m, tp_f32_bits((uint32_t)u), &w);
     assert_within(m, &w);
 }
 END_TEST
@@ -129,7 +122,7 @@ START_TEST(within_bound_at_the_edges)
         }
     }
     for (uint32_t u = 1; u < 4096; u++) /* subnormal and tiny inputs */
-        track(m, from_bits(u), &w);
+        track(m, tp_f32_bits(u), &w);
     track(m, FLT_MIN, &w);
     track(m, FLT_MAX, &w);
     track(m, -FLT_MAX, &w);
