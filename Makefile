@@ -239,7 +239,13 @@ bench-gpu: $(BUILD)/bench/bench_gpu
 bench-codec: $(BUILD)/bench/bench_codec
 	$(BUILD)/bench/bench_codec
 
-# Every finite FP32 through the JSON number writer and reader (minutes).
+# Every finite FP32 through the JSON number writer and reader, the writer's
+# digits checked against std::to_chars' (a C++ oracle linked in; minutes).
+$(BUILD)/bench/numtext_exhaustive: tests/bench/numtext_exhaustive.c tests/bench/numtext_oracle.cc $(BUILD)/libtpserve.a | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c tests/bench/numtext_oracle.cc -o $(BUILD)/bench/numtext_oracle.o
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -o $@ $< $(BUILD)/bench/numtext_oracle.o $(BUILD)/libtpserve.a $(LDLIBS)
+
 test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
 	$(BUILD)/bench/numtext_exhaustive
 

@@ -1,8 +1,279 @@
 #include "numtext.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "dtype.h"
+
+/* ---- FP32 shortest digits: Schubfach ------------------------------------
+ *
+ * Raffaello Giulietti's Schubfach ("The Schubfach way to render doubles",
+ * 2020; the algorithm behind Java 19's Float.toString), for binary32: the
+ * value's rounding interval is scaled by a power of ten, from a table, so
+ * that the shortest decimal in it has a few digits left of the point, and
+ * at most two candidates (s, s+1, or one digit fewer: sp10, tp10) are tried.
+ * It replaced std::to_chars (Ryu), which, with the spelling around it,
+ * cost 36 ns per FP32 written, two thirds of writing a JSON answer.
+ * Two departures from Java's version, both checked over all 2^32 patterns
+ * against std::to_chars' shortest digits (`make test-numtext-exhaustive`):
+ * no C_TINY rescaling of the smallest subnormals (Java wants at least two
+ * digits; we want the fewest), and the one-digit-fewer candidates are tried
+ * from s >= 10, nearer one first when both lie in the interval, which only
+ * subnormals below 1e-43 reach. */
+
+/* G1[e - G1_MIN], e in [-32, 46] (what binary32 needs): the top 63 bits of
+ * floor(10^e * 2^(125 - floor(e log2 10))) + 1. Generated with exact
+ * integers by scripts/gen_schubfach_table.py. */
+static const uint64_t G1[] = {
+    0x67d88f56a29cca5du, /* -32 */
+    0x40e7599625a1fe7au, /* -31 */
+    0x51212ffbaf0a7e18u, /* -30 */
+    0x65697bfa9acd1d9fu, /* -29 */
+    0x7ec3daf941806506u, /* -28 */
+    0x4f3a68dbc8f03f24u, /* -27 */
+    0x63090312bb2c4eedu, /* -26 */
+    0x7bcb43d769f762a8u, /* -25 */
+    0x4d5f0a66a23a9da9u, /* -24 */
+    0x60b6cd004ac94513u, /* -23 */
+    0x78e480405d7b9658u, /* -22 */
+    0x4b8ed0283a6d3df7u, /* -21 */
+    0x5e72843249088d75u, /* -20 */
+    0x760f253edb4ab0d2u, /* -19 */
+    0x49c97747490eae83u, /* -18 */
+    0x5c3bd5191b525a24u, /* -17 */
+    0x734aca5f6226f0adu, /* -16 */
+    0x480ebe7b9d58566cu, /* -15 */
+    0x5a126e1a84ae6c07u, /* -14 */
+    0x709709a125da0709u, /* -13 */
+    0x465e6604b7a84465u, /* -12 */
+    0x57f5ff85e592557fu, /* -11 */
+    0x6df37f675ef6eadfu, /* -10 */
+    0x44b82fa09b5a52cbu, /* -9 */
+    0x55e63b88c230e77eu, /* -8 */
+    0x6b5fca6af2bd215eu, /* -7 */
+    0x431bde82d7b634dau, /* -6 */
+    0x53e2d6238da3c211u, /* -5 */
+    0x68db8bac710cb295u, /* -4 */
+    0x4189374bc6a7ef9du, /* -3 */
+    0x51eb851eb851eb85u, /* -2 */
+    0x6666666666666666u, /* -1 */
+    0x4000000000000000u, /* 0 */
+    0x5000000000000000u, /* 1 */
+    0x6400000000000000u, /* 2 */
+    0x7d00000000000000u, /* 3 */
+    0x4e20000000000000u, /* 4 */
+    0x61a8000000000000u, /* 5 */
+    0x7a12000000000000u, /* 6 */
+    0x4c4b400000000000u, /* 7 */
+    0x5f5e100000000000u, /* 8 */
+    0x7735940000000000u, /* 9 */
+    0x4a817c8000000000u, /* 10 */
+    0x5d21dba000000000u, /* 11 */
+    0x746a528800000000u, /* 12 */
+    0x48c2739500000000u, /* 13 */
+    0x5af3107a40000000u, /* 14 */
+    0x71afd498d0000000u, /* 15 */
+    0x470de4df82000000u, /* 16 */
+    0x58d15e1762800000u, /* 17 */
+    0x6f05b59d3b200000u, /* 18 */
+    0x4563918244f40000u, /* 19 */
+    0x56bc75e2d6310000u, /* 20 */
+    0x6c6b935b8bbd4000u, /* 21 */
+    0x43c33c1937564800u, /* 22 */
+    0x54b40b1f852bda00u, /* 23 */
+    0x69e10de76676d080u, /* 24 */
+    0x422ca8b0a00a4250u, /* 25 */
+    0x52b7d2dcc80cd2e4u, /* 26 */
+    0x6765c793fa10079du, /* 27 */
+    0x409f9cbc7c4a04c2u, /* 28 */
+    0x50c783eb9b5c85f2u, /* 29 */
+    0x64f964e68233a76fu, /* 30 */
+    0x7e37be2022c0914bu, /* 31 */
+    0x4ee2d6d415b85aceu, /* 32 */
+    0x629b8c891b267182u, /* 33 */
+    0x7b426fab61f00de3u, /* 34 */
+    0x4d0985cb1d3608aeu, /* 35 */
+    0x604be73de4838ad9u, /* 36 */
+    0x785ee10d5da46d90u, /* 37 */
+    0x4b3b4ca85a86c47au, /* 38 */
+    0x5e0a1fd271287598u, /* 39 */
+    0x758ca7c70d7292feu, /* 40 */
+    0x4977e8dc68679bdfu, /* 41 */
+    0x5bd5e313828182d6u, /* 42 */
+    0x72cb5bd86321e38cu, /* 43 */
+    0x47bf19673df52e37u, /* 44 */
+    0x59aedfc10d7279c5u, /* 45 */
+    0x701a97b150cf1837u, /* 46 */
+};
+#define G1_MIN (-32)
+
+/* floor(q log10 2), floor(log10(3/4 2^q)), floor(e log2 10): exact for
+ * |q|, |e| < 1000 (the paper's constants; checked by the generator). */
+static int flog10_pow2(int q) { return (int)(((int64_t)q * 661971961083LL) >> 41); }
+static int flog10_three_quarters_pow2(int q) { return (int)(((int64_t)q * 661971961083LL - 274743187321LL) >> 41); }
+static int flog2_pow10(int e) { return (int)(((int64_t)e * 913124641741LL) >> 38); }
+
+/* The scaled value g * cp / 2^95, rounded to odd (sticky bit): enough to
+ * compare it with a candidate's bound exactly. */
+static uint32_t round_to_odd(uint64_t g, uint64_t cp)
+{
+    uint64_t hi = (uint64_t)(((unsigned __int128)g * cp) >> 64);
+    return (uint32_t)((hi >> 31) | (((hi & 0xffffffffu) + 0xffffffffu) >> 32));
+}
+
+/* c * 2^q (c > 0) as *f * 10^*e with the fewest digits in f (trailing
+ * zeros allowed), nearest to the value among those. */
+static void schubfach(int q, uint32_t c, uint32_t *f, int *e)
+{
+    uint32_t odd = c & 1; /* an odd c's interval excludes its bounds */
+    uint64_t cb = (uint64_t)c << 2, cbr = cb + 2, cbl;
+    int k;
+    if (c != 1u << 23 || q == -149) {
+        cbl = cb - 2;
+        k = flog10_pow2(q);
+    } else { /* a power of two: the gap below is half the gap above */
+        cbl = cb - 1;
+        k = flog10_three_quarters_pow2(q);
+    }
+    int h = q + flog2_pow10(-k) + 33;
+    uint64_t g = G1[-k - G1_MIN] + 1;
+    uint32_t vb = round_to_odd(g, cb << h), vbl = round_to_odd(g, cbl << h), vbr = round_to_odd(g, cbr << h);
+    uint32_t s = vb >> 2;
+    *e = k;
+    if (s >= 10) {
+        uint32_t sp10 = 10 * (s / 10), tp10 = sp10 + 10;
+        int u_in = vbl + odd <= sp10 << 2, w_in = (tp10 << 2) + odd <= vbr;
+        if (u_in || w_in) {
+            int64_t cmp = (int64_t)vb - (int64_t)((uint64_t)(sp10 + tp10) << 1);
+            *f = u_in && (!w_in || cmp < 0 || (cmp == 0 && (sp10 / 10 & 1) == 0)) ? sp10 : tp10;
+            return;
+        }
+    }
+    uint32_t t = s + 1;
+    int u_in = vbl + odd <= s << 2, w_in = (t << 2) + odd <= vbr;
+    if (u_in != w_in) {
+        *f = u_in ? s : t;
+        return;
+    }
+    int64_t cmp = (int64_t)vb - (int64_t)((uint64_t)(s + t) << 1);
+    *f = cmp < 0 || (cmp == 0 && (s & 1) == 0) ? s : t;
+}
+
+/* A finite nonzero |v| as *f * 10^*e, f the shortest digits. */
+static void f32_shortest(uint32_t bits, uint32_t *f, int *e)
+{
+    uint32_t be = bits >> 23 & 0xff, frac = bits & 0x7fffff;
+    if (!be) {
+        schubfach(-149, frac, f, e);
+        return;
+    }
+    uint32_t c = frac | 1u << 23;
+    int mq = 150 - (int)be; /* v = c * 2^-mq */
+    if (mq > 0 && mq < 24 && (c >> mq) << mq == c) { /* an integer below 2^24: all its digits count */
+        *f = c >> mq;
+        *e = 0;
+        return;
+    }
+    schubfach(-mq, c, f, e);
+}
+
+/* ---- spelling ----------------------------------------------------------- */
+
+static const char PAIRS[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                            "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                            "8081828384858687888990919293949596979899";
+static const uint32_t POW10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
+
+/* x < 10^8 as 8 ASCII digits, the first in the lowest byte: 4+4, 2+2, 1+1
+ * digit splits done on all lanes of one register at once (no chain of
+ * divisions, and no digits stored byte by byte and read back wide, which
+ * stalls store-to-load forwarding). */
+static uint64_t ascii8(uint32_t x)
+{
+    uint64_t halves = x / 10000 | (uint64_t)(x % 10000) << 32;
+    uint64_t hundreds = (halves * 10486) >> 20 & 0x0000007f0000007fULL; /* /100 in each half */
+    uint64_t pairs = (halves - hundreds * 100) << 16 | hundreds;
+    uint64_t tens = (pairs * 103) >> 10 & 0x000f000f000f000fULL; /* /10 in each quarter */
+    return ((pairs - tens * 10) << 8 | tens) + 0x3030303030303030ULL;
+}
+
+/* f > 0 (< 2^32) as its n digits, the first in the lowest byte, '0' up to
+ * byte 15. */
+static unsigned __int128 ascii_digits(uint32_t f, int n)
+{
+    static const unsigned __int128 zeros = ((unsigned __int128)0x3030303030303030ULL << 64) | 0x3030303030303030ULL;
+    uint32_t top = f / 100000000;
+    unsigned __int128 all = (unsigned __int128)(PAIRS[2 * top] | PAIRS[2 * top + 1] << 8) |
+                            (unsigned __int128)ascii8(f % 100000000) << 16 |
+                            (unsigned __int128)0x303030303030ULL << 80; /* 10 digits, '0' fill */
+    int lead = 10 - n;
+    return lead ? all >> (8 * lead) | zeros << (8 * (16 - lead)) : all;
+}
+
+static void store16(char *p, unsigned __int128 v) { memcpy(p, &v, 16); }
+
+/* f * 10^e spelled by numtext.h's rules: decimal notation for exponents
+ * -6..8 of the first digit ("0.000123", "123.5", "2.0"), "1e-7" and
+ * "3.4028235e38" beyond. buf has TP_NUMTEXT_MAX bytes: the 16-byte stores
+ * may write past the text, never past that. */
+static size_t spell(int neg, uint32_t f, int e, char *buf)
+{
+    char *p = buf + neg;
+    buf[0] = '-';
+    int lg = ((32 - __builtin_clz(f)) * 1233) >> 12; /* floor(log10 f) or one less */
+    int n = lg + (f >= POW10[lg]);
+    int sig = n; /* digits without trailing zeros */
+    for (uint32_t r = f; r % 10 == 0; r /= 10)
+        sig--;
+    int exp10 = e + n - 1;
+    unsigned __int128 d = ascii_digits(f, n);
+    if (exp10 < -6 || exp10 > 8) {
+        p[0] = (char)d;
+        p[1] = '.';
+        store16(p + 2, d >> 8);
+        p += sig > 1 ? sig + 1 : 1;
+        *p++ = 'e';
+        return (size_t)(p - buf) + tp_numtext_i64(exp10, p);
+    }
+    if (exp10 < 0) {
+        memcpy(p, "0.000000", 8);
+        store16(p + 1 - exp10, d);
+        return (size_t)(p - buf) + (size_t)(1 - exp10 + sig);
+    }
+    int whole = exp10 + 1;
+    store16(p, d);
+    p[whole] = '.';
+    if (sig <= whole) {
+        p[whole + 1] = '0';
+        return (size_t)(p - buf) + (size_t)whole + 2;
+    }
+    store16(p + whole + 1, d >> (8 * whole));
+    return (size_t)(p - buf) + (size_t)sig + 1;
+}
+
+size_t tp_numtext_f32(float v, char *buf)
+{
+    uint32_t bits, f;
+    int e;
+    memcpy(&bits, &v, 4);
+    int neg = (int)(bits >> 31);
+    if (!(bits & 0x7fffffffu)) {
+        memcpy(buf, "-0.0" + !neg, 4);
+        return 3 + (size_t)neg;
+    }
+    f32_shortest(bits & 0x7fffffffu, &f, &e);
+    return spell(neg, f, e, buf);
+}
+
+size_t tp_numtext_precision(double v, int digits, char *buf)
+{
+    uint32_t f;
+    int e;
+    if (v == 0)
+        return tp_numtext_f32((float)v, buf);
+    tp_numtext_round(fabs(v), digits < 1 ? 1 : digits > 9 ? 9 : digits, &f, &e);
+    return spell(signbit(v) != 0, f, e, buf);
+}
 
 /* FP16 and BF16 have no shortest-digits routine of their own: the fewest
  * significant digits (at most max_digits, enough for any value of the type)

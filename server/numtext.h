@@ -2,15 +2,14 @@
  *
  * Floats are written in the shortest form that reads back to the same value
  * of their own type (at most 9 significant digits for FP32, 5 for FP16, 4
- * for BF16) and read with correct rounding: the C++ standard library's
- * <charconv> (std::to_chars and std::from_chars, wrapped in
- * numtext_charconv.cc) does the decimal work, because printf's %.17g and
- * strtod dominated the JSON path's profile (Google's double-conversion,
- * used before, took 2.4x as long per FP32 written as libstdc++'s Ryu).
- * Integers are written and read here, without printf or strtoll.
+ * for BF16) and read with correct rounding. FP32 is written here with
+ * Schubfach (numtext.c), printf's %.17g having dominated the JSON path's
+ * profile; reading, and rounding to a precision, is the C++ standard
+ * library's <charconv> (numtext_charconv.cc). Integers are written and read
+ * here, without printf or strtoll.
  *
  * Writers take a buffer of at least TP_NUMTEXT_MAX bytes and return the
- * text's length (a NUL may follow it). Floats must be finite (JSON has no NaN or Inf).
+ * text's length; they may overwrite any byte of the buffer after the text. Floats must be finite (JSON has no NaN or Inf).
  * Integral floats keep a ".0" so that JSON readers which type numbers by
  * their spelling (Python's json) still see floats. */
 #ifndef TP_NUMTEXT_H
@@ -25,8 +24,11 @@ size_t tp_numtext_f32(float v, char *buf);
 size_t tp_numtext_f16(uint16_t h, char *buf);
 size_t tp_numtext_bf16(uint16_t h, char *buf);
 size_t tp_numtext_i64(int64_t v, char *buf);
-/* v rounded to digits (1..17) significant digits, same spelling rules. */
+/* v rounded to digits (1..9) significant digits, same spelling rules. */
 size_t tp_numtext_precision(double v, int digits, char *buf);
+/* The digits behind tp_numtext_precision (numtext_charconv.cc): v > 0 as
+ * *f * 10^*e, f of `digits` digits. */
+void tp_numtext_round(double v, int digits, uint32_t *f, int *e);
 
 /* s[0..len) must be a JSON number (tp_numtext_scan says so). f32 rounds the
  * decimal once, straight to the nearest float (not via a double). */

@@ -1,12 +1,10 @@
-// numtext_charconv.cc — the C++ side of numtext.h: float <-> decimal text
-// through the C++17 standard library's <charconv>. libstdc++ implements
-// std::to_chars with Ryu (shortest round-trip digits) and, since GCC 12,
-// std::from_chars with fast_float (correctly rounded); both are maintained
-// with the compiler, and on this machine they take 30 ns per FP32 written and
-// 19 ns per 9-digit FP32 read, against 72 ns and 56 ns for Google's
-// double-conversion, which this file wrapped before (float printing was a
-// fifth of a JSON request's server CPU). The library gives digits; the
-// spelling (where the decimal point goes, ".0" on integral values) is ours.
+// numtext_charconv.cc — the C++ side of numtext.h: decimal text to floats
+// through the C++17 standard library's <charconv>. Since GCC 12 libstdc++
+// implements std::from_chars with fast_float (correctly rounded, maintained
+// with the compiler): 19 ns per 9-digit FP32 read here, against 56 ns for
+// Google's double-conversion, which this file wrapped before. Writing FP32
+// moved to numtext.c (Schubfach), which is faster than std::to_chars' Ryu;
+// std::to_chars still rounds to a given precision for the FP16/BF16 writers.
 // Only plain value-returning calls cross the extern "C" boundary; nothing
 // here allocates or throws.
 #include <cfloat>
@@ -20,120 +18,25 @@ extern "C" {
 #include "numtext.h"
 }
 
-namespace {
-
-// A finite nonzero magnitude as d[0].d[1]...d[n-1] x 10^exp10 (no trailing
-// zero digits).
-struct decimal {
-    char d[24];
-    int n, exp10;
-};
-
-// std::to_chars' scientific text ("1.2345e-07", "5e+00") as a decimal.
-void from_scientific(const char *s, const char *end, decimal *out)
+// v > 0 rounded to `digits` (1..9) significant digits, as f * 10^e: the
+// FP16/BF16 writers' building block (numtext.c tries 1, 2, ... digits until
+// one reads back, then spells it as FP32's are).
+extern "C" void tp_numtext_round(double v, int digits, uint32_t *f, int *e)
 {
-    out->n = 0;
-    for (; s < end && *s != 'e'; s++)
+    char sci[TP_NUMTEXT_MAX];
+    auto r = std::to_chars(sci, sci + sizeof sci, v, std::chars_format::scientific, digits - 1);
+    uint32_t m = 0;
+    int n = 0;
+    const char *s = sci;
+    for (; s < r.ptr && *s != 'e'; s++)
         if (*s != '.')
-            out->d[out->n++] = *s;
-    while (out->n > 1 && out->d[out->n - 1] == '0')
-        out->n--;
-    bool neg = s + 1 < end && s[1] == '-';
-    int e = 0;
-    for (s += 2; s < end; s++)
-        e = e * 10 + (*s - '0');
-    out->exp10 = neg ? -e : e;
-}
-
-// Decimal notation for 1e-6 <= |v| < 1e9, exponent notation beyond (the
-// shorter spelling on each side): "0.000123", "123.5", "2.0" (integral
-// values keep ".0" so that readers which type numbers by their spelling,
-// like Python's json, still see floats), "1e-7", "3.4028235e38".
-size_t spell(bool neg, const decimal &v, char *buf)
-{
-    char *p = buf;
-    if (neg)
-        *p++ = '-';
-    if (v.exp10 < -6 || v.exp10 >= 9) {
-        *p++ = v.d[0];
-        if (v.n > 1) {
-            *p++ = '.';
-            memcpy(p, v.d + 1, static_cast<size_t>(v.n - 1));
-            p += v.n - 1;
-        }
-        *p++ = 'e';
-        return static_cast<size_t>(std::to_chars(p, buf + TP_NUMTEXT_MAX, v.exp10).ptr - buf);
-    }
-    if (v.exp10 < 0) {
-        memcpy(p, "0.000000", static_cast<size_t>(1 - v.exp10));
-        p += 1 - v.exp10;
-        memcpy(p, v.d, static_cast<size_t>(v.n));
-        return static_cast<size_t>(p + v.n - buf);
-    }
-    int whole = v.exp10 + 1; // digits before the point
-    for (int i = 0; i < whole; i++)
-        *p++ = i < v.n ? v.d[i] : '0';
-    *p++ = '.';
-    if (v.n <= whole)
-        *p++ = '0';
-    for (int i = whole; i < v.n; i++)
-        *p++ = v.d[i];
-    return static_cast<size_t>(p - buf);
-}
-
-// std::to_chars' scientific text of |v| spelled as above, signed. Zero
-// needs no case of its own: "0e+00" is the digit 0, spelled "0.0".
-size_t spell_scientific(bool neg, const char *sci, const char *end, char *buf)
-{
-    decimal d;
-    from_scientific(sci, end, &d);
-    return spell(neg, d, buf);
-}
-
-// Where the spelling is plain decimal and the float's units are at most 1
-// (|v| < 2^24), std::to_chars' shortest fixed notation is that spelling but
-// for ".0" on integral values, without the detour through scientific text
-// (a fifth of the cost of a number). The spelling's bounds are on the
-// shortest digits' exponent; for floats that is the same as on the value:
-// 1e9f is itself a float, and 1e-6f (the float nearest 1e-6) is the one
-// whose shortest digits are "1e-6". Above 2^24 fixed notation prints the
-// exact integer ("123456792") where the shortest digits give
-// "123456790.0". Checked against the scientific path for every FP32.
-size_t spell_fixed(float v, char *buf)
-{
-    char *p = buf;
-    if (std::signbit(v))
-        *p++ = '-';
-    float a = std::fabs(v);
-    p = std::to_chars(p, buf + TP_NUMTEXT_MAX, a, std::chars_format::fixed).ptr;
-    if (a == std::floor(a)) { // integral: fixed notation printed no point
-        *p++ = '.';
-        *p++ = '0';
-    }
-    return static_cast<size_t>(p - buf);
-}
-
-}  // namespace
-
-extern "C" size_t tp_numtext_f32(float v, char *buf)
-{
-    float a = std::fabs(v);
-    if (a == 0 || (a >= 1e-6f && a < 16777216.0f))
-        return spell_fixed(v, buf);
-    char sci[TP_NUMTEXT_MAX];
-    auto r = std::to_chars(sci, sci + sizeof sci, a, std::chars_format::scientific);
-    return spell_scientific(std::signbit(v), sci, r.ptr, buf);
-}
-
-// v rounded to `digits` significant ones, the FP16/BF16 writers' building
-// block (numtext.c tries 1, 2, ... until one reads back).
-extern "C" size_t tp_numtext_precision(double v, int digits, char *buf)
-{
-    digits = digits < 1 ? 1 : digits > 17 ? 17 : digits; // what decimal.d and sci hold
-    char sci[TP_NUMTEXT_MAX];
-    auto r = std::to_chars(sci, sci + sizeof sci, std::fabs(v), std::chars_format::scientific,
-                           digits - 1);
-    return spell_scientific(std::signbit(v), sci, r.ptr, buf);
+            m = m * 10 + static_cast<uint32_t>(*s - '0'), n++;
+    bool neg = s + 1 < r.ptr && s[1] == '-';
+    int x = 0;
+    for (s += 2; s < r.ptr; s++)
+        x = x * 10 + (*s - '0');
+    *f = m;
+    *e = (neg ? -x : x) - (n - 1);
 }
 
 namespace {

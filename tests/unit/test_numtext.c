@@ -74,10 +74,22 @@ START_TEST(f32_spelling)
         float f;
         const char *want;
     } cases[] = {{1.5f, "1.5"}, {-2.0f, "-2.0"}, {0.1f, "0.1"}, {1e-7f, "1e-7"},
-                 {123456.7f, "123456.7"}, {3.40282347e38f, "3.4028235e38"}, {0.0f, "0.0"}};
+                 {123456.7f, "123456.7"}, {3.40282347e38f, "3.4028235e38"}, {0.0f, "0.0"},
+                 {-0.0f, "-0.0"}, {100.0f, "100.0"}, {16777216.0f, "16777216.0"},
+                 /* above 2^24 the shortest digits, not the exact integer 123456792 */
+                 {123456792.0f, "123456790.0"}, {1e9f, "1e9"}, {1e-6f, "0.000001"},
+                 {9.999999e-7f, "9.999999e-7"}, {-0.00123f, "-0.00123"}, {1e-45f, "1e-45"},
+                 /* a subnormal whose one-digit neighbours both lie in its interval
+                  * (21 x 2^-149: 3e-44, not 2.9e-44) */
+                 {2.9427e-44f, "3e-44"},
+                 /* a power of two: the gap below is half the gap above */
+                 {1.17549435e-38f, "1.1754944e-38"}, {8388608.0f, "8388608.0"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* the writer may overwrite the buffer past its text, never past TP_NUMTEXT_MAX */
+        memset(buf, 'x', sizeof buf);
         buf[tp_numtext_f32(cases[i].f, buf)] = '\0';
         ck_assert_str_eq(buf, cases[i].want);
+        ck_assert_int_eq(buf[TP_NUMTEXT_MAX], 'x');
     }
 }
 END_TEST
