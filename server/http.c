@@ -20,6 +20,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model_stats.h"
+#include "numtext.h"
 #include "route.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
@@ -99,6 +100,7 @@ struct tp_http {
     _Atomic int loaded; /* engine and model published; stays set while draining */
     _Atomic int broken; /* the engine cannot run any more (a rank's process died) */
     char broken_msg[600];
+    char default_timeout_what[64]; /* req_ctx.timeout_what without parameters.timeout */
     _Atomic long in_flight;
     _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
     tp_engine *engine;
@@ -131,8 +133,8 @@ static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *
         return NULL;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (header_len) {
-        char v[32];
-        snprintf(v, sizeof v, "%zu", header_len);
+        char v[TP_NUMTEXT_MAX + 1];
+        v[tp_numtext_i64((int64_t)header_len, v)] = '\0';
         MHD_add_response_header(resp, "Inference-Header-Content-Length", v);
     }
     return resp;
@@ -478,10 +480,9 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
         r->timeout_us = param_us;
         snprintf(r->timeout_what, sizeof r->timeout_what, "parameters.timeout %lld us",
                  (long long)param_us);
-    } else {
+    } else { /* the same for every request: spelled once, at create */
         r->timeout_us = (int64_t)h->cfg.request_timeout_ms * 1000;
-        snprintf(r->timeout_what, sizeof r->timeout_what, "request_timeout_ms %d",
-                 h->cfg.request_timeout_ms);
+        memcpy(r->timeout_what, h->default_timeout_what, sizeof r->timeout_what);
     }
 }
 
@@ -725,6 +726,15 @@ static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
 
 /* ---- the access handler ------------------------------------------------- */
 
+/* src into dst[size], cut to fit, NUL-terminated (snprintf's "%s" without
+ * its format parsing, which showed in every request's profile). */
+static void copy_truncated(char *dst, size_t size, const char *src)
+{
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
                             const char *method)
 {
@@ -734,8 +744,8 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     r->h = h;
     r->conn = c;
     r->t_start = now_ms();
-    snprintf(r->method, sizeof r->method, "%s", method);
-    snprintf(r->url, sizeof r->url, "%s", url);
+    copy_truncated(r->method, sizeof r->method, method);
+    copy_truncated(r->url, sizeof r->url, url);
     r->route = find_route(url, &r->args);
     r->before_drain = atomic_load(&h->state) != SRV_DRAINING;
     atomic_fetch_add(&h->in_flight, 1);
@@ -936,6 +946,8 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     if (!h)
         return tp_fail(err, TP_NOMEM, "out of memory");
     h->cfg = *cfg;
+    snprintf(h->default_timeout_what, sizeof h->default_timeout_what, "request_timeout_ms %d",
+             cfg->request_timeout_ms);
     h->listen_fd = h->probe_fd = -1;
     atomic_init(&h->state, SRV_LOADING);
     atomic_init(&h->loaded, 0);
