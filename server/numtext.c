@@ -258,7 +258,7 @@ size_t tp_numtext_f32(float v, char *buf)
     memcpy(&bits, &v, 4);
     int neg = (int)(bits >> 31);
     if (!(bits & 0x7fffffffu)) {
-        memcpy(buf, "-0.0" + !neg, 4);
+        memcpy(buf, neg ? "-0.0" : "0.0", 3 + (size_t)neg);
         return 3 + (size_t)neg;
     }
     f32_shortest(bits & 0x7fffffffu, &f, &e);
