@@ -277,6 +277,14 @@ static size_t feed_outside(void *buf, size_t size, void *data)
     return w;
 }
 
+size_t tp_json_outside_spans(const char *body, size_t len, const tp_json_span *spans, int n_spans,
+                             char *out, size_t cap)
+{
+    feed f = {body, len, 0, spans, n_spans, 0};
+    size_t n = feed_outside(out, cap, &f);
+    return f.off < len ? n + 1 : n; /* more to come: it did not fit */
+}
+
 /* jansson counted the bytes it was fed; the caller wants the body's. A
  * position just past a span's '[' has not read into the span, one further
  * has read past all of it. */

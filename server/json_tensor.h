@@ -42,6 +42,12 @@ int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *
 json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_span *spans,
                                    int n_spans, size_t flags, json_error_t *jerr);
 
+/* The text tp_json_load_outside_spans hands jansson (body without the
+ * inside of every span) into out[0..cap): its length, which is more than
+ * cap when it did not fit (out then holds its first cap bytes). */
+size_t tp_json_outside_spans(const char *body, size_t len, const tp_json_span *spans, int n_spans,
+                             char *out, size_t cap);
+
 /* Decodes the array text s[0..len) (a span, or a dumped jansson array) into
  * t->data (malloc'ed, t->nbytes set) for t's dtype and shape: flat, or
  * nested exactly like the shape. Errors name t->name and the element:

@@ -198,6 +198,63 @@ START_TEST(binary_fp16_and_mixed)
 }
 END_TEST
 
+/* A thread reuses the document it parsed last when the next request's
+ * text around the data is the same byte for byte (kserve.c): the data must
+ * still be each request's own, and a different or broken text must still
+ * be parsed, and judged, afresh. */
+static void check_x(const char *j, float x0, float x5)
+{
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(parse(&M, j, &r, &e), TP_OK);
+    const float *x = r.inputs[0].data;
+    ck_assert_msg(x[0] == x0 && x[5] == x5, "%s: x[0] %g x[5] %g", j, x[0], x[5]);
+    tp_kserve_request_free(&r);
+}
+
+static tp_status parse_binary(const tp_kserve_model *m, const char *hdr, const float *t, size_t t_len,
+                              tp_kserve_request *r, tp_err *e)
+{
+    char body[512];
+    size_t n = strlen(hdr);
+    memcpy(body, hdr, n);
+    memcpy(body + n, t, t_len);
+    return tp_kserve_parse_infer(m, body, n + t_len, (long long)n, r, e);
+}
+
+START_TEST(repeated_documents)
+{
+#define X_WITH(data) "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"FP32\",\"data\":" data "}]}"
+    check_x(X_WITH("[1,2,3,4,5,6]"), 1, 6);
+    check_x(X_WITH("[-0.25,2,3,4,5,1e3]"), -0.25f, 1000); /* same text around, other data */
+    check_x(X_WITH("[[7,2,3],[4,5,8]]"), 7, 8);
+    expect_error(&M, X_WITH("[1,2,3,4,5]"), TP_INVALID, "x"); /* the kept document, short data */
+    expect_error(&M, "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3]}]}", TP_INVALID, "datatype");
+    expect_error(&M, "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3]}]}", TP_INVALID, "datatype");
+    expect_error(&M, "{\"inputs\":[}", TP_PARSE, "malformed JSON");
+    expect_error(&M, "{\"inputs\":[}", TP_PARSE, "malformed JSON");
+    check_x(X_WITH("[1,2,3,4,5,6]"), 1, 6);
+#undef X_WITH
+
+    tp_kserve_model m = one_model(TP_F32);
+    const char *hdr = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                      "\"parameters\":{\"binary_data_size\":16}}],\"parameters\":{\"binary_data_output\":true}}";
+    const float a[4] = {1, 2, 3, 4}, b[4] = {-1, 0.5f, 9, 10};
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(parse_binary(&m, hdr, a, 16, &r, &e), TP_OK);
+    ck_assert_mem_eq(r.inputs[0].data, a, 16);
+    tp_kserve_request_free(&r);
+    ck_assert_int_eq(parse_binary(&m, hdr, b, 16, &r, &e), TP_OK);
+    ck_assert_mem_eq(r.inputs[0].data, b, 16);
+    ck_assert_int_eq(r.outputs[0].binary, 1);
+    tp_kserve_request_free(&r);
+    /* the same header with a short tail: still refused */
+    ck_assert_int_eq(parse_binary(&m, hdr, b, 12, &r, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "binary"));
+}
+END_TEST
+
 START_TEST(binary_all_dtypes)
 {
     for (int d = 0; d < TP_DTYPE_COUNT; d++) {
@@ -706,6 +763,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(p, json_numbers_each_dtype);
     tcase_add_test(p, int64_full_range);
     tcase_add_test(p, binary_fp16_and_mixed);
+    tcase_add_test(p, repeated_documents);
     tcase_add_test(p, binary_all_dtypes);
     tcase_add_test(p, outputs_selection);
     suite_add_tcase(s, p);
