@@ -23,6 +23,7 @@
 #include "plan_report.h"
 #include "request_checks.h"
 #include "rank_group.h"
+#include "text.h"
 #include "weights.h"
 
 #define EXEC_CACHE 8
@@ -492,7 +493,7 @@ static tp_status alloc_results(tp_engine *e, const tp_exec *x, int64_t batch, tp
     for (int i = 0; i < no; i++) {
         const tp_io_desc *d = &e->out_desc[i];
         tp_host_tensor *o = &outs[i];
-        snprintf(o->name, sizeof o->name, "%s", d->name);
+        tp_text_copy(o->name, sizeof o->name, d->name);
         o->dtype = d->dtype;
         o->ndim = d->ndim;
         size_t n = tp_dtype_size(d->dtype);

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "text.h"
+
 #define DEFAULT_MAX_QUEUE 1024
 #define DEFAULT_MAX_BATCH 16
 
@@ -417,8 +419,7 @@ static job *new_job(const tp_batch_req *r, int64_t rows)
     if (!j)
         return NULL;
     j->r = *r;
-    snprintf(j->timeout_what, sizeof j->timeout_what, "%s",
-             r->timeout_what ? r->timeout_what : "its timeout");
+    tp_text_copy(j->timeout_what, sizeof j->timeout_what, r->timeout_what ? r->timeout_what : "its timeout");
     j->r.timeout_what = j->timeout_what;
     j->rows = rows;
     j->t_submit = tp_batcher_now();

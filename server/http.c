@@ -22,6 +22,7 @@
 #include "model_stats.h"
 #include "numtext.h"
 #include "route.h"
+#include "text.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
 
@@ -726,15 +727,6 @@ static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
 
 /* ---- the access handler ------------------------------------------------- */
 
-/* src into dst[size], cut to fit, NUL-terminated (snprintf's "%s" without
- * its format parsing, which showed in every request's profile). */
-static void copy_truncated(char *dst, size_t size, const char *src)
-{
-    size_t n = strnlen(src, size - 1);
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
 static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
                             const char *method)
 {
@@ -744,8 +736,8 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
     r->h = h;
     r->conn = c;
     r->t_start = now_ms();
-    copy_truncated(r->method, sizeof r->method, method);
-    copy_truncated(r->url, sizeof r->url, url);
+    tp_text_copy(r->method, sizeof r->method, method);
+    tp_text_copy(r->url, sizeof r->url, url);
     r->route = find_route(url, &r->args);
     r->before_drain = atomic_load(&h->state) != SRV_DRAINING;
     atomic_fetch_add(&h->in_flight, 1);

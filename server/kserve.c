@@ -1,6 +1,7 @@
 #include "kserve.h"
 #include "json_kind.h"
 #include "json_tensor.h"
+#include "text.h"
 #include "io_check.h"
 
 #include <float.h>
@@ -243,7 +244,7 @@ static tp_status parse_input(const tp_kserve_model *m, const json_t *in, size_t 
                              const tp_io_desc *d, tp_host_tensor *t, const data_text *text,
                              bin_tail *tail, tp_err *err)
 {
-    snprintf(t->name, sizeof t->name, "%s", d->name);
+    tp_text_copy(t->name, sizeof t->name, d->name);
     tp_status st = parse_datatype(json_object_get(in, "datatype"), d->name, &t->dtype, err);
     if (st != TP_OK)
         return st;
@@ -337,7 +338,7 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
     if (k < 0)
         return tp_fail(err, TP_INVALID, "unknown output '%s' (model '%s' outputs: %s)", name,
                        m->name, tp_io_names(names, sizeof names, m->outputs, m->n_outputs));
-    snprintf(sel->name, sizeof sel->name, "%s", m->outputs[k].name);
+    tp_text_copy(sel->name, sizeof sel->name, m->outputs[k].name);
     snprintf(where, sizeof where, "output '%s'", sel->name);
     const json_t *params = json_object_get(o, "parameters");
     if (params && !json_is_object(params))
@@ -366,7 +367,7 @@ static tp_status parse_outputs(const tp_kserve_model *m, const json_t *jout, int
     for (size_t i = 0; i < n; i++) {
         tp_kserve_output_sel *sel = &req->outputs[i];
         if (!jout || !json_array_size(jout)) {
-            snprintf(sel->name, sizeof sel->name, "%s", m->outputs[i].name);
+            tp_text_copy(sel->name, sizeof sel->name, m->outputs[i].name);
             sel->binary = binary_default;
             continue;
         }
