@@ -669,8 +669,11 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 
 /* ---- the route table ---------------------------------------------------- */
 
-/* First match wins: /v2/models/stats before /v2/models/{model}. */
+/* First match wins: /v2/models/stats before /v2/models/{model} (no other
+ * two patterns match the same path); inference first, as nearly every
+ * request is one. */
 static const route_def ROUTES[] = {
+    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
     {"GET, HEAD", "/v2/health/live", ROUTE_PROBE, get_live},
     {"GET, HEAD", "/v2/health/ready", ROUTE_PROBE, get_ready},
     {"GET, HEAD", "/v2", 0, get_server},
@@ -680,7 +683,6 @@ static const route_def ROUTES[] = {
     {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, get_ready},
     {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, get_model_config},
     {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, get_stats},
-    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
     {"GET, HEAD", "/v2/systemsharedmemory/status", 0, get_shm_status},
     {"GET, HEAD", "/v2/systemsharedmemory/region/{region}/status", 0, get_shm_status},
     {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
