@@ -212,10 +212,10 @@ static void check_x(const char *j, float x0, float x5)
     tp_kserve_request_free(&r);
 }
 
-static tp_status parse_binary(const tp_kserve_model *m, const char *hdr, const float *t, size_t t_len,
-                              tp_kserve_request *r, tp_err *e)
+/* body: the caller's, as binary inputs are views into it */
+static tp_status parse_binary(const tp_kserve_model *m, char *body, const char *hdr, const float *t,
+                              size_t t_len, tp_kserve_request *r, tp_err *e)
 {
-    char body[512];
     size_t n = strlen(hdr);
     memcpy(body, hdr, n);
     memcpy(body + n, t, t_len);
@@ -242,15 +242,16 @@ START_TEST(repeated_documents)
     const float a[4] = {1, 2, 3, 4}, b[4] = {-1, 0.5f, 9, 10};
     tp_kserve_request r;
     tp_err e;
-    ck_assert_int_eq(parse_binary(&m, hdr, a, 16, &r, &e), TP_OK);
+    char body[512];
+    ck_assert_int_eq(parse_binary(&m, body, hdr, a, 16, &r, &e), TP_OK);
     ck_assert_mem_eq(r.inputs[0].data, a, 16);
     tp_kserve_request_free(&r);
-    ck_assert_int_eq(parse_binary(&m, hdr, b, 16, &r, &e), TP_OK);
+    ck_assert_int_eq(parse_binary(&m, body, hdr, b, 16, &r, &e), TP_OK);
     ck_assert_mem_eq(r.inputs[0].data, b, 16);
     ck_assert_int_eq(r.outputs[0].binary, 1);
     tp_kserve_request_free(&r);
     /* the same header with a short tail: still refused */
-    ck_assert_int_eq(parse_binary(&m, hdr, b, 12, &r, &e), TP_INVALID);
+    ck_assert_int_eq(parse_binary(&m, body, hdr, b, 12, &r, &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "binary"));
 }
 END_TEST
