@@ -12,8 +12,9 @@
  * value's rounding interval is scaled by a power of ten, from a table, so
  * that the shortest decimal in it has a few digits left of the point, and
  * at most two candidates (s, s+1, or one digit fewer: sp10, tp10) are tried.
- * It replaced std::to_chars (Ryu), which, with the spelling around it,
- * cost 36 ns per FP32 written, two thirds of writing a JSON answer.
+ * It replaced std::to_chars (Ryu) and our re-spelling of its text: a JSON
+ * answer's array now costs 22.1 ns per FP32 against 27.8 with the library
+ * (`make bench-codec`, the same array loop around both).
  * Two departures from Java's version, both checked over all 2^32 patterns
  * against std::to_chars' shortest digits (`make test-numtext-exhaustive`):
  * no C_TINY rescaling of the smallest subnormals (Java wants at least two
