@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "spin_wait.h"
+#include "text.h"
 
 #define CTL_MAGIC 0x74707267u /* "tprg" */
 #define CTL_VERSION 3
@@ -738,10 +739,7 @@ static void record(ctl_rank *slot, tp_status st, const tp_err *e, uint32_t ticke
 {
     slot->status = st;
     slot->ticket = st == TP_OK ? 0 : ticket;
-    if (st == TP_OK) /* every step: no printf for an empty message */
-        slot->msg[0] = '\0';
-    else
-        snprintf(slot->msg, sizeof slot->msg, "%s", e->msg);
+    tp_text_copy(slot->msg, sizeof slot->msg, st == TP_OK ? "" : e->msg);
 }
 
 tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, uint32_t ticket, tp_err *err)
@@ -772,10 +770,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     atomic_store(&p->step_deadline, 0);
     c->result_status = first < 0 ? TP_OK : c->rank[first].status;
-    if (first < 0)
-        c->result_msg[0] = '\0';
-    else
-        snprintf(c->result_msg, sizeof c->result_msg, "%s", c->rank[first].msg);
+    tp_text_copy(c->result_msg, sizeof c->result_msg, first < 0 ? "" : c->rank[first].msg);
     atomic_store(&c->result, step);
     tp_futex_wake_sleepers(&c->result, &c->result_sleepers, 1);
     if (first >= 0)

@@ -109,7 +109,8 @@ static const uint64_t G1[] = {
 #define G1_MIN (-32)
 
 /* floor(q log10 2), floor(log10(3/4 2^q)), floor(e log2 10): exact for
- * |q|, |e| < 1000 (the paper's constants; checked by the generator). */
+ * |q|, |e| <= 200 (the paper's constants; scripts/gen_schubfach_table.py
+ * checks that range), and binary32 needs |q| <= 151, |e| <= 46. */
 static int flog10_pow2(int q) { return (int)(((int64_t)q * 661971961083LL) >> 41); }
 static int flog10_three_quarters_pow2(int q) { return (int)(((int64_t)q * 661971961083LL - 274743187321LL) >> 41); }
 static int flog2_pow10(int e) { return (int)(((int64_t)e * 913124641741LL) >> 38); }

@@ -9,7 +9,8 @@
  * here, without printf or strtoll.
  *
  * Writers take a buffer of at least TP_NUMTEXT_MAX bytes and return the
- * text's length; they may overwrite any byte of the buffer after the text. Floats must be finite (JSON has no NaN or Inf).
+ * text's length; they may overwrite any byte of the buffer after the text.
+ * Floats must be finite (JSON has no NaN or Inf).
  * Integral floats keep a ".0" so that JSON readers which type numbers by
  * their spelling (Python's json) still see floats. */
 #ifndef TP_NUMTEXT_H

@@ -11,7 +11,6 @@
 #include <charconv>
 #include <cmath>
 #include <stdint.h>
-#include <string.h>
 #include <system_error>
 
 extern "C" {

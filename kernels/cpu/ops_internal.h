@@ -11,24 +11,24 @@
 
 #define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
-/* AVX-512 and AVX2 clones beside the baseline one, picked at load time by
- * the CPU (GCC's target_clones; any x86-64 runs one of them). All give the
- * same bits: none contracts to FMA (avx512f and avx2 do not enable it, and
- * -std=c11 keeps contraction off), and vectorizing keeps each lane's order
- * of operations (tp_math.h's sums run in fixed lanes). For the loops where
- * the kernels spend their time outside the BLAS. */
+/* OPS_SIMD_CLONES: AVX-512 and AVX2 clones beside the baseline one, picked
+ * at load time by the CPU (GCC's target_clones; any x86-64 runs one of
+ * them). All give the same bits: none contracts to FMA (avx512f and avx2 do
+ * not enable it, and -std=c11 keeps contraction off), and vectorizing keeps
+ * each lane's order of operations (tp_math.h's sums run in fixed lanes).
+ * For the loops where the kernels spend their time outside the BLAS.
+ *
+ * OPS_IVDEP: before a loop whose iteration i writes only element i: no
+ * dependence between iterations, even in place (y == x), so GCC need not
+ * version the loop on aliasing.
+ *
+ * Both are GCC's: clang (the fuzz build) would not export the clones'
+ * dispatcher, and has no such pragma (and warns). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define OPS_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OPS_SIMD_CLONES /* clang (the fuzz build) would not export the clones' dispatcher */
-#endif
-
-/* Before a loop whose iteration i writes only element i: no dependence
- * between iterations, even in place (y == x), so GCC need not version the
- * loop on aliasing. GCC's pragma; clang has no such one (and warns). */
-#if defined(__GNUC__) && !defined(__clang__)
 #define OPS_IVDEP _Pragma("GCC ivdep")
 #else
+#define OPS_SIMD_CLONES
 #define OPS_IVDEP
 #endif
 
