@@ -19,6 +19,12 @@ typedef struct job {
     double t_arrival, t_submit, deadline; /* deadline 0: none */
 } job;
 
+/* Requests one thread holds to run together (tp_batcher_run_held). */
+struct tp_batch_held {
+    job *head, *tail;
+    int n;
+};
+
 struct tp_batcher {
     tp_engine *e;
     tp_batcher_opts o;
@@ -26,8 +32,11 @@ struct tp_batcher {
     double delay_s;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* on CLOCK_MONOTONIC, like every time here */
+    pthread_cond_t engine_cv; /* for threads waiting to run their held requests */
     job *head, *tail;
     int queued, stopping;
+    int held;           /* requests held by submitters, not yet running */
+    int engine_waiters; /* threads waiting on engine_cv */
     int running; /* a batch is in the engine, on the batcher thread or a submitter's */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
     double recent_backlog; /* moving average of "requests were waiting when a batch ended" (mu) */
@@ -43,36 +52,43 @@ double tp_batcher_now(void)
 
 /* ---- the queue (b->mu held) --------------------------------------------- */
 
-/* Moves every request whose deadline has passed onto *expired. */
-static void take_expired(tp_batcher *b, double now, job **expired)
+/* Moves every request of the list whose deadline has passed onto
+ * *expired; *tail becomes the last one left. Returns how many moved. */
+static int cut_expired(job **head, job **tail, double now, job **expired)
 {
-    job **pp = &b->head;
-    b->tail = NULL;
-    while (*pp) {
+    int n = 0;
+    *tail = NULL;
+    for (job **pp = head; *pp;) {
         job *j = *pp;
         if (j->deadline > 0 && now >= j->deadline) {
             *pp = j->next;
             j->next = *expired;
             *expired = j;
-            b->queued--;
+            n++;
         } else {
-            b->tail = j;
+            *tail = j;
             pp = &j->next;
         }
     }
+    return n;
+}
+
+static void take_expired(tp_batcher *b, double now, job **expired)
+{
+    b->queued -= cut_expired(&b->head, &b->tail, now, expired);
 }
 
 /* How many requests from the head form the next batch (their rows fit in
  * max_batch; a request alone over max_batch runs alone and the engine splits
  * it into buckets). *full: nothing more could join, so waiting is useless. */
-static int batch_prefix(const tp_batcher *b, int *full)
+static int batch_prefix(const tp_batcher *b, const job *head, int *full)
 {
     int64_t rows = 0, max = b->o.max_batch;
     int n = 0;
     *full = 1;
-    if (!b->batchable || b->head->rows >= max)
+    if (!b->batchable || head->rows >= max)
         return 1;
-    for (const job *j = b->head; j; j = j->next) {
+    for (const job *j = head; j; j = j->next) {
         if (rows + j->rows > max)
             return n;
         rows += j->rows;
@@ -82,15 +98,22 @@ static int batch_prefix(const tp_batcher *b, int *full)
     return n;
 }
 
-static job *unlink_prefix(tp_batcher *b, int n)
+/* The first n jobs of *head, cut off it as a list of their own. */
+static job *cut_prefix(job **head, int n)
 {
-    job *first = b->head, *last = first;
+    job *first = *head, *last = first;
     for (int i = 1; i < n; i++)
         last = last->next;
-    b->head = last->next;
+    *head = last->next;
+    last->next = NULL;
+    return first;
+}
+
+static job *unlink_prefix(tp_batcher *b, int n)
+{
+    job *first = cut_prefix(&b->head, n);
     if (!b->head)
         b->tail = NULL;
-    last->next = NULL;
     b->queued -= n;
     return first;
 }
@@ -134,7 +157,7 @@ static int next_batch(tp_batcher *b, job **batch, job **expired)
             pthread_cond_wait(&b->cv, &b->mu);
             continue;
         }
-        int full, n = batch_prefix(b, &full);
+        int full, n = batch_prefix(b, b->head, &full);
         double due = b->head->t_submit + b->delay_s, dl = earliest_deadline(b);
         if (full || b->stopping || now >= due) {
             *batch = unlink_prefix(b, n);
@@ -331,7 +354,22 @@ static void run_batch(tp_batcher *b, job *batch)
 static void batch_ended(tp_batcher *b)
 {
     b->running = 0;
-    b->recent_backlog = 0.5 * b->recent_backlog + (b->head ? 0.5 : 0.0);
+    b->recent_backlog = 0.5 * b->recent_backlog + (b->head || b->held ? 0.5 : 0.0);
+    if (b->engine_waiters)
+        pthread_cond_signal(&b->engine_cv);
+    if (b->head || b->stopping)
+        pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher thread's */
+}
+
+/* Waits until no batch runs, then takes the engine. b->mu held. */
+static void claim_engine(tp_batcher *b)
+{
+    while (b->running) {
+        b->engine_waiters++;
+        pthread_cond_wait(&b->engine_cv, &b->mu);
+        b->engine_waiters--;
+    }
+    b->running = 1;
 }
 
 static void *batcher_main(void *arg)
@@ -384,6 +422,7 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&b->cv, &ca);
     pthread_condattr_destroy(&ca);
+    pthread_cond_init(&b->engine_cv, NULL);
     pthread_mutex_init(&b->mu, NULL);
     if (b->o.metrics) {
         tp_engine_stats s;
@@ -391,6 +430,7 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
         tp_metrics_engine_stats(b->o.metrics, &s);
     }
     if (pthread_create(&b->th, NULL, batcher_main, b) != 0) {
+        pthread_cond_destroy(&b->engine_cv);
         pthread_cond_destroy(&b->cv);
         pthread_mutex_destroy(&b->mu);
         free(b);
@@ -405,12 +445,26 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
  * sparing two thread hand-offs — while recent steps were short enough
  * (inline_max_us) not to hold up the submitter's other work, and while
  * requests did not pile up behind recent batches (batch_ended). b->mu held. */
+static int short_steps(const tp_batcher *b)
+{
+    return b->o.inline_max_us == 0 ||
+           (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
+}
+
 static int would_run_on_submitter(const tp_batcher *b)
 {
-    int short_steps = b->o.inline_max_us == 0 ||
-                      (b->o.inline_max_us > 0 && b->recent_step_s * 1e6 <= (double)b->o.inline_max_us);
-    return !b->stopping && !b->running && !b->head && b->delay_s == 0 && short_steps &&
-           b->recent_backlog < 0.25;
+    return !b->stopping && !b->running && !b->head && !b->held && b->delay_s == 0 &&
+           short_steps(b) && b->recent_backlog < 0.25;
+}
+
+/* Under load the submitter keeps the request and runs it a moment later
+ * with the others it received meanwhile (tp_batcher_run_held), on its own
+ * thread: a batch without the hand-off to the batcher thread and back
+ * (server/README.md, "Held requests"). Only for steps short enough to run
+ * on the submitter, without a queue delay to wait out. b->mu held. */
+static int would_hold(const tp_batcher *b)
+{
+    return !b->stopping && b->delay_s == 0 && b->batchable && short_steps(b);
 }
 
 static job *new_job(const tp_batch_req *r, int64_t rows)
@@ -430,6 +484,31 @@ static job *new_job(const tp_batch_req *r, int64_t rows)
 
 tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
 {
+    return tp_batcher_submit_held(b, r, NULL, NULL, err);
+}
+
+/* Adds j to *held (a new group when it is NULL); 0 when out of memory.
+ * b->mu held. */
+static int hold_job(tp_batcher *b, tp_batch_held **held, job *j)
+{
+    if (!*held && !(*held = calloc(1, sizeof **held)))
+        return 0;
+    tp_batch_held *g = *held;
+    if (g->tail)
+        g->tail->next = j;
+    else
+        g->head = j;
+    g->tail = j;
+    g->n++;
+    b->held++;
+    return 1;
+}
+
+tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_held **held,
+                                 int *was_held, tp_err *err)
+{
+    if (was_held)
+        *was_held = 0;
     /* rows: the batch every batched input agrees on (dim 0; never 0) */
     int64_t rows = 0;
     tp_status st = r->decoded && r->n_inputs == tp_engine_n_inputs(b->e)
@@ -443,9 +522,12 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
     pthread_mutex_lock(&b->mu);
     int stopping = b->stopping, full = b->queued >= b->o.max_queue;
     /* done is called before submit returns */
-    int run_here = would_run_on_submitter(b);
+    int run_here = would_run_on_submitter(b) && !(held && *held);
+    int hold = !run_here && held && would_hold(b) && hold_job(b, held, j);
     if (run_here) {
         b->running = 1;
+    } else if (hold) {
+        *was_held = 1;
     } else if (!stopping && !full) {
         if (b->tail)
             b->tail->next = j;
@@ -460,12 +542,10 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
         run_batch(b, j);
         pthread_mutex_lock(&b->mu);
         batch_ended(b);
-        if (b->head || b->stopping)
-            pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher's */
         pthread_mutex_unlock(&b->mu);
         return TP_OK;
     }
-    if (!stopping && !full)
+    if (hold || (!stopping && !full))
         return TP_OK;
     free(j);
     if (stopping)
@@ -473,6 +553,30 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
                        "requests");
     return tp_fail(err, TP_UNAVAILABLE, "server overloaded: %d inference requests already queued "
                    "for the engine (max_queue)", b->o.max_queue);
+}
+
+int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
+{
+    if (!held)
+        return 0;
+    int n = held->n;
+    job *list = held->head, *tail, *expired = NULL;
+    free(held);
+    pthread_mutex_lock(&b->mu);
+    claim_engine(b);
+    b->held -= n;
+    pthread_mutex_unlock(&b->mu);
+    double now = tp_batcher_now();
+    cut_expired(&list, &tail, now, &expired);
+    answer_expired(expired, now);
+    while (list) {
+        int full, k = batch_prefix(b, list, &full);
+        run_batch(b, cut_prefix(&list, k));
+    }
+    pthread_mutex_lock(&b->mu);
+    batch_ended(b);
+    pthread_mutex_unlock(&b->mu);
+    return n;
 }
 
 void tp_batcher_prewake(tp_batcher *b)
@@ -516,6 +620,7 @@ void tp_batcher_free(tp_batcher *b)
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
     pthread_join(b->th, NULL);
+    pthread_cond_destroy(&b->engine_cv);
     pthread_cond_destroy(&b->cv);
     pthread_mutex_destroy(&b->mu);
     free(b);

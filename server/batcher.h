@@ -48,7 +48,7 @@ typedef struct {
 } tp_batch_info;
 
 /* Called exactly once per accepted request, from the batcher thread, the
- * thread calling tp_batcher_cancel, or — when the batcher was idle, nothing
+ * thread calling tp_batcher_cancel or (a held request) tp_batcher_run_held, or — when the batcher was idle, nothing
  * was queued, there is no queue delay and recent steps were short and
  * quiet (inline_max_us) — the submitting thread itself, before tp_batcher_submit
  * returns (it runs that request's batch). On TP_OK
@@ -87,6 +87,28 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
  * done is never called: TP_INVALID / TP_NOT_FOUND for a bad request,
  * TP_UNAVAILABLE when the queue is full or the batcher is stopping. */
 tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err);
+
+/* Requests one thread holds to run together a moment later (opaque; NULL
+ * when it holds none). */
+typedef struct tp_batch_held tp_batch_held;
+
+/* Like tp_batcher_submit, but under load (recent batches ended with
+ * requests waiting, steps short enough to run on the submitter, no queue
+ * delay, a batchable graph) the request is added to *held instead of the
+ * batcher's queue, and *was_held set: the submitter runs it with the others
+ * it holds by calling tp_batcher_run_held on the same *held soon (an HTTP
+ * thread: once it has read what its other connections sent meanwhile).
+ * Otherwise as tp_batcher_submit (*was_held 0). held and was_held are both
+ * given or both NULL. */
+tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_held **held,
+                                 int *was_held, tp_err *err);
+
+/* Runs every request of held on the calling thread, in batches of at most
+ * max_batch rows, once no other batch is in the engine (it waits for one),
+ * and frees held: done has been called for each of them (TP_TIMEOUT for
+ * those past their deadline) when it returns. Returns how many there were
+ * (0 for NULL). Every held request must be run before tp_batcher_free. */
+int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held);
 
 /* Blocking form of submit: the request's outputs, or why not. info may be
  * NULL. */

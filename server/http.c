@@ -45,11 +45,22 @@ typedef struct route_def {
  * dropped otherwise) -> routed and answered (REPLIED). An infer is decoded
  * and submitted on the HTTP thread that read it; when the batcher was idle
  * its batch runs right there and the answer goes out in the same call (no
- * suspend, no other thread). Otherwise the connection is SUSPENDED until the
- * batcher thread hands the batch result back, and the HTTP thread that
- * resumes it encodes the answer. Answering only once the body is in
- * lets libmicrohttpd keep the connection alive; only a 413 is sent early. */
-enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_SUSPENDED, REQ_REPLIED };
+ * suspend, no other thread). Under load it is HELD by that thread: the
+ * handler returns without an answer, so libmicrohttpd calls it again on
+ * its next pass over the ready connections, after reading what the
+ * thread's other connections sent; the first held request called again
+ * runs all of them as one batch (tp_batcher_run_held) and each is answered
+ * as its turn comes in that pass. Otherwise (a slow model, a queue delay)
+ * the connection is SUSPENDED until the batcher thread hands the batch
+ * result back, and the HTTP thread that resumes it encodes the answer.
+ * Answering only once the body is in lets libmicrohttpd keep the
+ * connection alive; only a 413 is sent early. */
+enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUSPENDED, REQ_REPLIED };
+
+/* The requests this HTTP thread holds (REQ_HELD): a connection is served
+ * by one thread of libmicrohttpd's pool all its life, so the thread that
+ * held a request is the one libmicrohttpd calls again for it. */
+static _Thread_local tp_batch_held *thread_held;
 
 /* A submitted request: a result delivered before its HTTP thread suspends
  * the connection (always so when the batch ran on that thread, inside
@@ -111,11 +122,19 @@ struct tp_http {
     tp_model_stats *stats;
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_batcher *batcher; /* created with the engine */
-    /* HTTP threads inside tp_batcher_submit (which may run a batch there):
-     * stopping waits for them before the batcher is freed. */
+    /* Requests inside tp_batcher_submit (which may run a batch there) or
+     * held by an HTTP thread: stopping waits for them before the batcher is
+     * freed. Atomics (sequentially consistent: a submitter that saw
+     * stopping 0 is counted before tp_http_stop reads the count), so four
+     * HTTP threads do not queue on a lock per request; mu and cv only for
+     * the last one out to wake tp_http_stop. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int submitting, stopping;
+    _Atomic int submitting, stopping;
+    /* libmicrohttpd calls a handler that returned without an answer again
+     * on its next pass: so in epoll mode (it keeps such connections on its
+     * ready list); held requests need that (REQ_HELD) */
+    int may_hold;
 };
 
 static double now_ms(void)
@@ -507,28 +526,45 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
         MHD_resume_connection(r->conn);
 }
 
-/* Submits r (its batch may run right here). Counted in h->submitting so
- * stopping never frees the batcher under this call. */
-static tp_status submit(tp_http *h, req_ctx *r, tp_err *err)
+static void end_submitting(tp_http *h, int n)
 {
-    pthread_mutex_lock(&h->mu);
-    int stopping = h->stopping;
-    if (!stopping)
-        h->submitting++;
-    pthread_mutex_unlock(&h->mu);
-    if (stopping)
+    if (atomic_fetch_sub(&h->submitting, n) == n && atomic_load(&h->stopping)) {
+        pthread_mutex_lock(&h->mu);
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+/* Runs the requests this thread holds: each gets its result (HANDOFF_DELIVERED). */
+static void run_held(tp_http *h)
+{
+    tp_batch_held *held = thread_held;
+    thread_held = NULL;
+    int n = tp_batcher_run_held(h->batcher, held);
+    TP_LOG_D("ran %d held requests together on their HTTP thread", n);
+    end_submitting(h, n);
+}
+
+/* Submits r: its batch may run right here, or r is held by this thread
+ * (*held). Counted in h->submitting until it ran (a held request: until
+ * run_held), so stopping never frees the batcher under it. */
+static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
+{
+    atomic_fetch_add(&h->submitting, 1);
+    if (atomic_load(&h->stopping)) {
+        end_submitting(h, 1);
         return tp_fail(err, TP_UNAVAILABLE, "server is shutting down");
+    }
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
                        r->timeout_what, on_batch_done, r, .decoded = 1};
     atomic_store(&r->handoff, HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
-    tp_status st = tp_batcher_submit(h->batcher, &br, err);
+    tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
+                               : tp_batcher_submit(h->batcher, &br, err);
     if (st != TP_OK)
         atomic_fetch_sub(&h->in_engine, 1);
-    pthread_mutex_lock(&h->mu);
-    if (--h->submitting == 0 && h->stopping)
-        pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
+    if (st != TP_OK || !*held)
+        end_submitting(h, 1);
     return st;
 }
 
@@ -648,13 +684,18 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
                                          &r->req, &err);
     r->times.input = (now_ms() - r->t_body) / 1e3;
+    int held = 0;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
-        st = submit(h, r, &err);
+        st = submit(h, r, &held, &err);
     }
     if (st != TP_OK) {
         release_request(r);
         return reply_error(h, r, infer_http_code(st), "%s", err.msg);
+    }
+    if (held) {
+        r->state = REQ_HELD; /* answered when libmicrohttpd calls again */
+        return MHD_YES;
     }
     int none = HANDOFF_NONE;
     if (!atomic_compare_exchange_strong(&r->handoff, &none, HANDOFF_SUSPENDING))
@@ -799,6 +840,11 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
         return route_request(h, r);
+    case REQ_HELD:
+        /* libmicrohttpd's next pass: the first held request called runs them all */
+        if (atomic_load(&r->handoff) != HANDOFF_DELIVERED)
+            run_held(h);
+        return answer_infer(h, r);
     case REQ_SUSPENDED:
         /* resumed: the batcher thread delivered the result */
         return answer_infer(h, r);
@@ -837,8 +883,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         tp_log(TP_LOG_DEBUG, "%s %s: connection ended before the answer was sent (code %d)",
                r->method, r->url, (int)toe);
-    if (r->state == REQ_SUSPENDED) {
-        /* the connection broke between the resume and the answer */
+    if (r->state == REQ_HELD && atomic_load(&r->handoff) != HANDOFF_DELIVERED)
+        run_held(h); /* the batch holds r: it may not outlive it */
+    if (r->state == REQ_SUSPENDED || r->state == REQ_HELD) {
+        /* the connection broke between the result and the answer */
         tp_host_tensors_free(r->outs, r->n_outs);
         atomic_fetch_sub(&h->in_engine, 1);
     }
@@ -903,6 +951,8 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port,
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
     int pool = probes ? 1 : h->cfg.threads;
+    if (!probes)
+        h->may_hold = (flags & MHD_USE_EPOLL) != 0;
     struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
         {MHD_OPTION_LISTEN_SOCKET, fd, NULL},
         {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
@@ -1094,9 +1144,9 @@ void tp_http_stop(tp_http *h)
     if (!h)
         return;
     pthread_mutex_lock(&h->mu);
-    h->stopping = 1;
-    /* no HTTP thread may be inside the batcher when it is freed */
-    while (h->submitting > 0)
+    atomic_store(&h->stopping, 1);
+    /* no HTTP thread may be inside the batcher, or hold requests, when it is freed */
+    while (atomic_load(&h->submitting) > 0)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
     tp_batcher_free(h->batcher);

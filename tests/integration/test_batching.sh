@@ -5,7 +5,9 @@
 # (execution_count < inference_count); a tiny max_queue gives 503 with an
 # error body and the server stays healthy; a tiny timeout (request parameter
 # or request_timeout_ms) gives 504 and never runs; /metrics counters move as
-# expected and the text is Prometheus format.
+# expected and the text is Prometheus format; with no queue delay, clients
+# overlapping on keep-alive connections are served by held requests (run
+# together on their HTTP thread), each answer its own request's rows.
 #
 # env: TPSERVE (binary), TP_GRAPHS (generated graphs), PYTHON (python3);
 #      KEEP_TMP=1 keeps the server logs.
@@ -194,6 +196,56 @@ serial=$(awk '$1 == "tpserve_serial_step_count_total" { print $2 }' "$TMP/metric
     fail "serial_step_count ${serial:-missing}, executions $execs"
 grep -q "ranks=2 (threads, serial steps up to 2000 us)" "$TMP/batch.log" &&
     pass "startup log states the serial-step limit" || fail "no serial-step limit in the ready line"
+stop
+
+# ---- held requests: no queue delay, clients overlapping -------------------------
+# Requests that arrive while the engine is busy are held by their HTTP thread
+# and run together on its next pass over its connections (server/README.md,
+# "Held requests"): 8 keep-alive clients x 40 requests, the 16 distinct
+# requests above in turn, each answer against that request alone.
+echo "== held requests: 8 keep-alive clients, no queue delay"
+start_graph held --threads 2 || exit 1
+if $PYTHON - "$PORT" "$G" "$TMP" $N <<'EOF' >"$TMP/held.out" 2>&1; then
+import http.client, json, sys, threading
+import numpy as np
+port, g, d, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+bodies = [open("%s/req.%d" % (d, i), "rb").read() for i in range(n)]
+refs = [json.load(open("%s/ref.%d" % (d, i))) for i in range(n)]
+errors, done = [], [0]
+lock = threading.Lock()
+def client(t):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for k in range(40):
+        i = (t * 5 + k) % n
+        c.request("POST", "/v2/models/%s/infer" % g, bodies[i], {"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        try:
+            assert r.status == 200, "HTTP %d: %s" % (r.status, body[:200])
+            got, ref = json.loads(body), refs[i]
+            assert got["id"] == ref["id"], "id %s for request %s" % (got["id"], ref["id"])
+            a = np.array(got["outputs"][0]["data"]); b = np.array(ref["outputs"][0]["data"])
+            assert a.shape == b.shape, "%d values, reference %d" % (a.size, b.size)
+            # TU_RTOL_REORDER (tests/unit/testutil.h): batched rows may sum in another order
+            err = np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-6)
+            assert err <= 1e-5, "rel error %.3g against the request alone" % err
+        except AssertionError as e:
+            with lock: errors.append("client %d request %d: %s" % (t, k, e))
+        with lock: done[0] += 1
+ths = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+for t in ths: t.start()
+for t in ths: t.join()
+print("%d answers, %d wrong" % (done[0], len(errors)))
+for e in errors[:5]: print(e)
+sys.exit(1 if errors or done[0] != 320 else 0)
+EOF
+    pass "8 overlapping keep-alive clients: $(head -n 1 "$TMP/held.out"), each its own request's rows"
+else
+    fail "held requests: $(head -n 6 "$TMP/held.out" | tr '\n' ' ')"
+fi
+held_runs=$(grep -c "held requests together on their HTTP thread" "$TMP/held.log")
+[ "$held_runs" -gt 0 ] && pass "HTTP threads ran held requests together ($held_runs times)" ||
+    fail "no held requests ran: the busy engine's requests went elsewhere"
 stop
 
 # ---- every rank on its own thread: the same answers ---------------------------

@@ -400,6 +400,147 @@ START_TEST(inline_run_stops_while_requests_pile_up)
 }
 END_TEST
 
+/* ---- held requests ------------------------------------------------------ */
+
+/* A held request's answer, kept to compare with the request run alone. */
+typedef struct {
+    int done;
+    tp_status st;
+    char msg[1024];
+    tp_host_tensor *outs;
+    int n_outs;
+    int batch_requests;
+    pthread_t thread;
+} held_slot;
+
+static void held_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+                      const tp_batch_info *info)
+{
+    held_slot *s = ctx;
+    s->done = 1;
+    s->st = st;
+    snprintf(s->msg, sizeof s->msg, "%s", st == TP_OK ? "" : err->msg);
+    s->outs = outs;
+    s->n_outs = n_outs;
+    s->batch_requests = info ? info->batch_requests : 0;
+    s->thread = pthread_self();
+}
+
+#define N_HELD 4
+
+/* What a busy engine's submitter holds: N_HELD requests of 1..3 rows, sent
+ * from the done callback of a request running inline (the engine is busy
+ * then), and one past its deadline. */
+typedef struct {
+    tp_batcher *b;
+    tp_batch_held *held;
+    tp_host_tensor x[N_HELD];
+    held_slot s[N_HELD + 1];
+    int was_held[N_HELD + 1];
+} holder;
+
+static void hold_req(holder *h, int i, tp_host_tensor *x, double t_arrival, int64_t timeout_us)
+{
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0};
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_submit_held(h->b, &r, &h->held, &h->was_held[i], &err) == TP_OK, "%s",
+                  err.msg);
+}
+
+static void hold_while_busy(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                            const tp_err *err, const tp_batch_info *info)
+{
+    (void)err;
+    (void)info;
+    holder *h = ctx;
+    ck_assert_int_eq(st, TP_OK);
+    tp_host_tensors_free(outs, n_outs);
+    for (int i = 0; i < N_HELD; i++)
+        hold_req(h, i, &h->x[i], 0, 0);
+}
+
+/* Requests submitted while the engine is busy are held by their submitter
+ * (never queued for the batcher thread) and run together, on the
+ * submitter's thread, when it calls tp_batcher_run_held: one engine
+ * execution, each request its own rows (the request run alone, within the
+ * reordering tolerance: a batch changes the GEMM shapes), one past its
+ * deadline answered TP_TIMEOUT without running. While a thread holds
+ * requests, its next one is held too, even with the engine idle: running
+ * it alone first would delay the held ones. */
+START_TEST(held_requests_run_together_on_their_thread)
+{
+    tp_engine *e = open_mlp();
+    tp_batcher *b = inline_batcher(e, 0);
+    holder h = {.b = b};
+    tp_host_tensor *ref[N_HELD];
+    int n_ref;
+    for (int i = 0; i < N_HELD; i++) {
+        h.x[i] = make_x(1 + i % 3, (unsigned)(40 + i));
+        ref[i] = tu_infer(e, &h.x[i], 1, &n_ref);
+    }
+    tp_host_tensor x0 = make_x(1, 3);
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0};
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
+    for (int i = 0; i < N_HELD; i++)
+        ck_assert_msg(h.was_held[i] && !h.s[i].done, "request %d was not held", i);
+    /* the engine is idle now, but this thread holds requests */
+    hold_req(&h, N_HELD, &x0, tp_batcher_now() - 1.0, 1000);
+    ck_assert(h.was_held[N_HELD] && !h.s[N_HELD].done);
+    tp_engine_stats s0 = stats(e);
+    ck_assert_int_eq(tp_batcher_run_held(b, h.held), N_HELD + 1);
+    ck_assert_uint_eq(stats(e).executions - s0.executions, 1);
+    for (int i = 0; i < N_HELD; i++) {
+        held_slot *s = &h.s[i];
+        ck_assert_msg(s->done && s->st == TP_OK, "request %d: %s", i, s->msg);
+        ck_assert(pthread_equal(s->thread, pthread_self()));
+        ck_assert_int_eq(s->batch_requests, N_HELD);
+        ck_assert(s->n_outs == 1 && s->outs[0].shape[0] == h.x[i].shape[0]);
+        ck_assert_msg(tu_rel_diff(s->outs, ref[i], 1) <= TU_RTOL_REORDER, "request %d got other rows", i);
+        tp_host_tensors_free(s->outs, s->n_outs);
+        tp_host_tensors_free(ref[i], n_ref);
+        free(h.x[i].data);
+    }
+    held_slot *late = &h.s[N_HELD];
+    ck_assert_int_eq(late->st, TP_TIMEOUT);
+    ck_assert_ptr_nonnull(strstr(late->msg, "over parameters.timeout"));
+    ck_assert_ptr_null(late->outs);
+    ck_assert_int_eq(tp_batcher_run_held(b, NULL), 0);
+    tp_batcher_free(b);
+    free(x0.data);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* Only steps short enough to run on the submitter, without a queue delay,
+ * are held: with a delay the request is queued for the batcher thread
+ * (which runs it when freed), and an idle engine runs it at once. */
+START_TEST(held_only_without_queue_delay)
+{
+    tp_engine *e = open_mlp();
+    tp_host_tensor x = make_x(1, 5);
+    tp_batch_held *held = NULL;
+    held_slot s = {0};
+    int was_held = 1;
+    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0};
+    tp_err err = {{0}};
+    tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
+    ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
+    ck_assert(!was_held && !held && !s.done);
+    tp_batcher_free(b); /* the drain runs it */
+    ck_assert(s.done && s.st == TP_OK);
+    tp_host_tensors_free(s.outs, s.n_outs);
+    s = (held_slot){0};
+    b = inline_batcher(e, 0);
+    ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
+    ck_assert(!was_held && !held && s.done && pthread_equal(s.thread, pthread_self()));
+    tp_host_tensors_free(s.outs, s.n_outs);
+    tp_batcher_free(b);
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
 /* A full queue refuses with TP_UNAVAILABLE naming max_queue; freeing the
  * batcher still runs what was queued (the drain). */
 START_TEST(queue_overflow_then_drain)
@@ -779,6 +920,8 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, bad_request_in_a_crowd);
     tcase_add_test(tc, inline_run_only_while_steps_are_short);
     tcase_add_test(tc, inline_run_stops_while_requests_pile_up);
+    tcase_add_test(tc, held_requests_run_together_on_their_thread);
+    tcase_add_test(tc, held_only_without_queue_delay);
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
