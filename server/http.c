@@ -883,8 +883,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         tp_log(TP_LOG_DEBUG, "%s %s: connection ended before the answer was sent (code %d)",
                r->method, r->url, (int)toe);
-    if (r->state == REQ_HELD && atomic_load(&r->handoff) != HANDOFF_DELIVERED)
+    if (r->state == REQ_HELD && atomic_load(&r->handoff) != HANDOFF_DELIVERED) {
+        tp_log(TP_LOG_DEBUG, "%s %s: connection closed while its request was held: running "
+               "the held requests first", r->method, r->url);
         run_held(h); /* the batch holds r: it may not outlive it */
+    }
     if (r->state == REQ_SUSPENDED || r->state == REQ_HELD) {
         /* the connection broke between the result and the answer */
         tp_host_tensors_free(r->outs, r->n_outs);

@@ -202,7 +202,8 @@ stop
 # Requests that arrive while the engine is busy are held by their HTTP thread
 # and run together on its next pass over its connections (server/README.md,
 # "Held requests"): 8 keep-alive clients x 40 requests, the 16 distinct
-# requests above in turn, each answer against that request alone.
+# requests above in turn, each answer against that request alone, while 2
+# more clients send 40 requests each and hang up without reading.
 echo "== held requests: 8 keep-alive clients, no queue delay"
 start_graph held --threads 2 || exit 1
 if $PYTHON - "$PORT" "$G" "$TMP" $N <<'EOF' >"$TMP/held.out" 2>&1; then
@@ -232,7 +233,20 @@ def client(t):
         except AssertionError as e:
             with lock: errors.append("client %d request %d: %s" % (t, k, e))
         with lock: done[0] += 1
+def quitter(t):
+    # sends whole requests and resets the connection without reading: a
+    # connection may close while its request is held (its HTTP thread runs
+    # the held batch first)
+    import socket, struct
+    for k in range(40):
+        body = bodies[(t + k) % n]
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        s.sendall(b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (g.encode(), len(body)) + body)
+        s.close()
 ths = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+ths += [threading.Thread(target=quitter, args=(t,)) for t in range(2)]
 for t in ths: t.start()
 for t in ths: t.join()
 print("%d answers, %d wrong" % (done[0], len(errors)))
@@ -243,6 +257,14 @@ EOF
 else
     fail "held requests: $(head -n 6 "$TMP/held.out" | tr '\n' ' ')"
 fi
+i=0
+while [ "$(metric tpserve_inflight_requests)" != 0 ] && [ $i -lt 50 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+[ "$(metric tpserve_inflight_requests)" = 0 ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" = 200 ] &&
+    pass "clients hanging up mid-load: nothing left in flight, still ready" ||
+    fail "after clients hung up: inflight_requests $(metric tpserve_inflight_requests)"
 held_runs=$(grep -c "held requests together on their HTTP thread" "$TMP/held.log")
 [ "$held_runs" -gt 0 ] && pass "HTTP threads ran held requests together ($held_runs times)" ||
     fail "no held requests ran: the busy engine's requests went elsewhere"
