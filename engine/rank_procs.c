@@ -50,6 +50,19 @@
 #define CTL_VERSION 3
 #define RING 8
 #define WAIT_SLICE_MS 20
+/* A worker waiting for its leader's next command (the gap between two
+ * steps) spins this many times the in-step budget. At one connection that
+ * gap is a client's whole round trip, 30-100 us on this VM, often longer
+ * than TP_SPIN_NS: the worker then slept between requests, and the leader
+ * paid the futex wake-up (an IPI through the hypervisor, ~9 us) and spun
+ * at the step's first collective until the worker was up, which made the
+ * next round trip longer still; runs settled in one mode or the other
+ * (binary at one connection: 42-45 us of CPU per request, or 57-68). With
+ * 4x, interleaved 3 s runs (2026-11-25): binary 56.7 -> 43.4 us (medians
+ * of 9) and 52.7 -> 47.0 (of 8), 20k -> 33k req/s; JSON 78.8 -> 73.2 us,
+ * 10k -> 22k req/s; the worker's spin included. Sparse traffic makes these
+ * spins miss, and the wait site then sleeps at once (tp_spin_site). */
+#define CMD_SPIN_FACTOR 4
 #define GROUP_FD 3
 #define QUIT_GRACE_MS 5000
 
@@ -226,9 +239,9 @@ static int reached(const void *a)
 
 /* Waits until *r->w >= r->target, or the group is lost: spins (per the
  * site), then sleeps in slices, looking for the dead between them. */
-static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, tp_err *err)
+static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, tp_err *err)
 {
-    tp_spin_site_until(site, reached, &r, p->spin_ns);
+    tp_spin_site_until(site, reached, &r, spin_ns);
     for (;;) {
         uint32_t v = atomic_load(r.w);
         if ((int32_t)(v - r.target) >= 0)
@@ -668,7 +681,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
         /* nobody wakes it: a worker this far behind is rare */
-        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site, err);
+        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site, p->spin_ns, err);
         if (st != TP_OK)
             return st;
     }
@@ -697,8 +710,9 @@ void tp_rank_procs_prewake(tp_rank_procs *p)
 tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, size_t *len, int *quit, tp_err *err)
 {
     *quit = 0;
+    int64_t spin = kind == TP_MSG_CMD ? p->spin_ns * CMD_SPIN_FACTOR : p->spin_ns;
     tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1, &p->ctl->pokes},
-                            &p->recv_site[kind], err);
+                            &p->recv_site[kind], spin, err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -750,7 +764,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     if (p->rank != 0) {
         atomic_store(&c->rank[p->rank].done, step);
         tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
-        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site, err);
+        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site, p->spin_ns, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -759,7 +773,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL}, &p->finish_site, err);
+        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL}, &p->finish_site, p->spin_ns, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);
