@@ -29,6 +29,21 @@ static tp_engine *open_mlp(void)
     return tu_engine(path, 1, 0);
 }
 
+/* The same with serial steps (every rank a fiber of the calling thread),
+ * as `tpserve serve` runs it: the first steps run so (nothing measured yet,
+ * engine/serial_policy.h), whatever the timing. */
+static tp_engine *open_mlp_serial(void)
+{
+    const char *d = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
+    char path[512];
+    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", d);
+    tp_engine_opts o = {.backend = "cpu", .serial_step_max_us = 1000000};
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
+    return e;
+}
+
 static tp_batcher *new_batcher(tp_engine *e, int64_t max_batch, int64_t delay_us, int max_queue,
                                tp_metrics *m)
 {
@@ -469,7 +484,7 @@ static void hold_while_busy(void *ctx, tp_status st, tp_host_tensor *outs, int n
  * it alone first would delay the held ones. */
 START_TEST(held_requests_run_together_on_their_thread)
 {
-    tp_engine *e = open_mlp();
+    tp_engine *e = open_mlp_serial();
     tp_batcher *b = inline_batcher(e, 0);
     holder h = {.b = b};
     tp_host_tensor *ref[N_HELD];
@@ -512,12 +527,15 @@ START_TEST(held_requests_run_together_on_their_thread)
 }
 END_TEST
 
-/* Only steps short enough to run on the submitter, without a queue delay,
- * are held: with a delay the request is queued for the batcher thread
- * (which runs it when freed), and an idle engine runs it at once. */
-START_TEST(held_only_without_queue_delay)
+/* Only serial steps short enough to run on the submitter, without a queue
+ * delay, are held: with a delay the request is queued for the batcher
+ * thread (which runs it when freed), and an idle engine runs it at once.
+ * Steps on rank threads (or processes) are not held while the engine is
+ * busy either: they go to the batcher thread, whose batches gather every
+ * submitter's requests. */
+START_TEST(held_only_serial_steps_without_queue_delay)
 {
-    tp_engine *e = open_mlp();
+    tp_engine *e = open_mlp_serial();
     tp_host_tensor x = make_x(1, 5);
     tp_batch_held *held = NULL;
     held_slot s = {0};
@@ -536,6 +554,23 @@ START_TEST(held_only_without_queue_delay)
     ck_assert(!was_held && !held && s.done && pthread_equal(s.thread, pthread_self()));
     tp_host_tensors_free(s.outs, s.n_outs);
     tp_batcher_free(b);
+    tp_engine_free(e);
+    /* rank threads: a request sent while the engine is busy is queued */
+    e = open_mlp();
+    b = inline_batcher(e, 0);
+    holder h = {.b = b};
+    for (int i = 0; i < N_HELD; i++)
+        h.x[i] = make_x(1, (unsigned)(60 + i));
+    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0};
+    ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK);
+    ck_assert_ptr_null(h.held);
+    tp_batcher_free(b); /* runs the queued ones */
+    for (int i = 0; i < N_HELD; i++) {
+        ck_assert_msg(!h.was_held[i] && h.s[i].done && h.s[i].st == TP_OK, "request %d", i);
+        ck_assert(!pthread_equal(h.s[i].thread, pthread_self()));
+        tp_host_tensors_free(h.s[i].outs, h.s[i].n_outs);
+        free(h.x[i].data);
+    }
     free(x.data);
     tp_engine_free(e);
 }
@@ -921,7 +956,7 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, inline_run_only_while_steps_are_short);
     tcase_add_test(tc, inline_run_stops_while_requests_pile_up);
     tcase_add_test(tc, held_requests_run_together_on_their_thread);
-    tcase_add_test(tc, held_only_without_queue_delay);
+    tcase_add_test(tc, held_only_serial_steps_without_queue_delay);
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
