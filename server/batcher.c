@@ -502,19 +502,23 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err)
     return tp_batcher_submit_held(b, r, NULL, NULL, err);
 }
 
+static void append_job(job **head, job **tail, job *j)
+{
+    if (*tail)
+        (*tail)->next = j;
+    else
+        *head = j;
+    *tail = j;
+}
+
 /* Adds j to *held (a new group when it is NULL); 0 when out of memory.
  * b->mu held. */
 static int hold_job(tp_batcher *b, tp_batch_held **held, job *j)
 {
     if (!*held && !(*held = calloc(1, sizeof **held)))
         return 0;
-    tp_batch_held *g = *held;
-    if (g->tail)
-        g->tail->next = j;
-    else
-        g->head = j;
-    g->tail = j;
-    g->n++;
+    append_job(&(*held)->head, &(*held)->tail, j);
+    (*held)->n++;
     b->held++;
     return 1;
 }
@@ -544,11 +548,7 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
     } else if (hold) {
         *was_held = 1;
     } else if (!stopping && !full) {
-        if (b->tail)
-            b->tail->next = j;
-        else
-            b->head = j;
-        b->tail = j;
+        append_job(&b->head, &b->tail, j);
         b->queued++;
         pthread_cond_signal(&b->cv);
     }
