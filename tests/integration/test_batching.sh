@@ -201,7 +201,7 @@ stop
 # ---- held requests: no queue delay, clients overlapping -------------------------
 # Requests that arrive while the engine is busy are held by their HTTP thread
 # and run together on its next pass over its connections (server/README.md,
-# "Held requests"): 8 keep-alive clients x 40 requests, the 16 distinct
+# "Held requests"): 8 keep-alive clients x 100 requests, the 16 distinct
 # requests above in turn, each answer against that request alone, while 2
 # more clients send 40 requests each and hang up without reading.
 echo "== held requests: 8 keep-alive clients, no queue delay"
@@ -216,7 +216,7 @@ errors, done = [], [0]
 lock = threading.Lock()
 def client(t):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    for k in range(40):
+    for k in range(100):
         i = (t * 5 + k) % n
         c.request("POST", "/v2/models/%s/infer" % g, bodies[i], {"Content-Type": "application/json"})
         r = c.getresponse()
@@ -251,7 +251,7 @@ for t in ths: t.start()
 for t in ths: t.join()
 print("%d answers, %d wrong" % (done[0], len(errors)))
 for e in errors[:5]: print(e)
-sys.exit(1 if errors or done[0] != 320 else 0)
+sys.exit(1 if errors or done[0] != 800 else 0)
 EOF
     pass "8 overlapping keep-alive clients: $(head -n 1 "$TMP/held.out"), each its own request's rows"
 else
