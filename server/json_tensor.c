@@ -316,6 +316,15 @@ static void locate_error(const char *body, json_error_t *jerr)
     jerr->column = column;
 }
 
+/* jerr as jansson filled it for the outside text, moved to the body. */
+static void report_in_body(const char *body, const tp_json_span *spans, int n_spans,
+                           const json_t *root, json_error_t *jerr)
+{
+    jerr->position = (int)position_in_body(body, spans, n_spans, (size_t)jerr->position);
+    if (!root && jerr->line >= 0) /* -1: no place (out of memory, bad arguments) */
+        locate_error(body, jerr);
+}
+
 json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_span *spans,
                                    int n_spans, size_t flags, json_error_t *jerr)
 {
@@ -323,9 +332,16 @@ json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_s
         return json_loadb(body, len, flags, jerr);
     feed f = {body, len, 0, spans, n_spans, 0};
     json_t *root = json_load_callback(feed_outside, &f, flags, jerr);
-    jerr->position = (int)position_in_body(body, spans, n_spans, (size_t)jerr->position);
-    if (!root && jerr->line >= 0) /* -1: no place (out of memory, bad arguments) */
-        locate_error(body, jerr);
+    report_in_body(body, spans, n_spans, root, jerr);
+    return root;
+}
+
+json_t *tp_json_load_outside_text(const char *body, const tp_json_span *spans, int n_spans,
+                                  const char *outside, size_t outside_len, size_t flags,
+                                  json_error_t *jerr)
+{
+    json_t *root = json_loadb(outside, outside_len, flags, jerr);
+    report_in_body(body, spans, n_spans, root, jerr);
     return root;
 }
 

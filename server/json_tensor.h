@@ -48,6 +48,13 @@ json_t *tp_json_load_outside_spans(const char *body, size_t len, const tp_json_s
 size_t tp_json_outside_spans(const char *body, size_t len, const tp_json_span *spans, int n_spans,
                              char *out, size_t cap);
 
+/* tp_json_load_outside_spans on that text when the caller already built
+ * it (outside[0..outside_len), all of it): the same document and the same
+ * body positions in jerr, without walking the body a second time. */
+json_t *tp_json_load_outside_text(const char *body, const tp_json_span *spans, int n_spans,
+                                  const char *outside, size_t outside_len, size_t flags,
+                                  json_error_t *jerr);
+
 /* Decodes the array text s[0..len) (a span, or a dumped jansson array) into
  * t->data (malloc'ed, t->nbytes set) for t's dtype and shape: flat, or
  * nested exactly like the shape. Errors name t->name and the element:

@@ -524,8 +524,13 @@ static tp_status load_json(const char *body, size_t len, long long header_len, c
     if ((*out = cached_doc(cache, doc, doc_len)))
         return TP_OK;
     json_error_t jerr;
-    json_t *root = tp_json_load_outside_spans(body, len, text->spans, text->n_spans,
-                                              JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
+    size_t flags = JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK;
+    /* the outside text, when it was built whole above, is what jansson reads */
+    json_t *root = doc == outside && doc_len <= sizeof outside
+                       ? tp_json_load_outside_text(body, text->spans, text->n_spans, outside,
+                                                   doc_len, flags, &jerr)
+                       : tp_json_load_outside_spans(body, len, text->spans, text->n_spans, flags,
+                                                    &jerr);
     if (!root && json_error_code(&jerr) == json_error_out_of_memory)
         return tp_fail(err, TP_NOMEM, "out of memory parsing a %zu-byte request", len);
     if (!root)

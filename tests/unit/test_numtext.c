@@ -298,18 +298,29 @@ START_TEST(outside_parse_reports_body_positions)
             ck_assert_msg(n > 0, "body %zu: no span", b);
             json_error_t whole, outside;
             json_t *a = json_loadb(body, strlen(body), flags[f], &whole);
-            json_t *o = tp_json_load_outside_spans(body, strlen(body), sp, n, flags[f], &outside);
-            ck_assert_msg(!a == !o, "body %zu flags %zu: loaded %d vs %d", b, f, !!a, !!o);
-            ck_assert_msg(outside.position == whole.position, "body %zu flags %zu: position %d, whole body %d",
-                          b, f, outside.position, whole.position);
-            if (!a) {
-                ck_assert_msg(outside.line == whole.line && outside.column == whole.column,
-                              "body %zu flags %zu: line %d column %d, whole body %d %d (%s)", b, f,
-                              outside.line, outside.column, whole.line, whole.column, whole.text);
-                ck_assert_str_eq(outside.text, whole.text);
+            /* both ways in: jansson fed piecewise, and the outside text built first */
+            char text[512];
+            size_t tlen = tp_json_outside_spans(body, strlen(body), sp, n, text, sizeof text);
+            ck_assert_uint_le(tlen, sizeof text);
+            json_t *o[2] = {tp_json_load_outside_spans(body, strlen(body), sp, n, flags[f], &outside), NULL};
+            json_error_t from_text;
+            o[1] = tp_json_load_outside_text(body, sp, n, text, tlen, flags[f], &from_text);
+            const json_error_t *got[2] = {&outside, &from_text};
+            ck_assert(!o[0] || json_equal(o[0], o[1]));
+            for (int w = 0; w < 2; w++) {
+                ck_assert_msg(!a == !o[w], "body %zu flags %zu way %d: loaded %d vs %d", b, f, w, !!a, !!o[w]);
+                ck_assert_msg(got[w]->position == whole.position,
+                              "body %zu flags %zu way %d: position %d, whole body %d", b, f, w,
+                              got[w]->position, whole.position);
+                if (!a) {
+                    ck_assert_msg(got[w]->line == whole.line && got[w]->column == whole.column,
+                                  "body %zu flags %zu way %d: line %d column %d, whole body %d %d (%s)",
+                                  b, f, w, got[w]->line, got[w]->column, whole.line, whole.column, whole.text);
+                    ck_assert_str_eq(got[w]->text, whole.text);
+                }
+                json_decref(o[w]);
             }
             json_decref(a);
-            json_decref(o);
             free(sp);
         }
     }
