@@ -21,12 +21,17 @@
 #define ROW_FLOATS (8 * 32) /* mlp_sp_tp2: x and y are [-1, 8, 32] */
 #define LONG_DELAY_US 10000000
 
-static tp_engine *open_mlp(void)
+static const char *mlp_path(char *path, size_t size)
 {
     const char *d = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
+    snprintf(path, size, "%s/mlp_sp_tp2.json", d);
+    return path;
+}
+
+static tp_engine *open_mlp(void)
+{
     char path[512];
-    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", d);
-    return tu_engine(path, 1, 0);
+    return tu_engine(mlp_path(path, sizeof path), 1, 0);
 }
 
 /* The same with serial steps (every rank a fiber of the calling thread),
@@ -34,13 +39,11 @@ static tp_engine *open_mlp(void)
  * engine/serial_policy.h), whatever the timing. */
 static tp_engine *open_mlp_serial(void)
 {
-    const char *d = getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs";
     char path[512];
-    snprintf(path, sizeof path, "%s/mlp_sp_tp2.json", d);
     tp_engine_opts o = {.backend = "cpu", .serial_step_max_us = 1000000};
     tp_engine *e;
     tp_err err = {{0}};
-    ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(tp_engine_create(mlp_path(path, sizeof path), &o, &e, &err) == TP_OK, "%s", err.msg);
     return e;
 }
 
