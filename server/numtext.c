@@ -1,5 +1,6 @@
 #include "numtext.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -354,6 +355,100 @@ size_t tp_numtext_scan(const char *s, size_t len, int *is_int)
     }
     return i;
 }
+
+/* ---- reading short decimals --------------------------------------------- */
+
+/* Clinger's fast path for binary32: a decimal m * 10^e with m < 2^24 and
+ * |e| <= 10 has m and 10^|e| exact in a float (5^10 < 2^24), so one IEEE
+ * multiply or divide rounds the exact value once: the correctly rounded
+ * float, what the library (numtext_charconv.cc) would return. Requires float
+ * arithmetic in float precision (SSE, not x87). */
+_Static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in float precision");
+
+static const float POW10F[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
+
+int tp_numtext_f32_exact(uint64_t m, int exp10, int neg, float *out)
+{
+    if (m >= 1u << 24 || exp10 < -10 || exp10 > 10)
+        return 0;
+    float f = (float)m;
+    f = exp10 < 0 ? f / POW10F[-exp10] : f * POW10F[exp10];
+    *out = neg ? -f : f;
+    return 1;
+}
+
+/* 10^-k as doubles, for m * 10^-k with m < 2^24 and k <= 7 in one multiply
+ * (no float division, whose latency was a third of an array's reading):
+ * the product is within 2^-52 (relative) of m / 10^k, while m / 10^k is
+ * either a float or at least 1 / (10^7 2^25) > 2^-48.3 away from any
+ * midpoint between two floats (such a midpoint M / 2^j, M odd and 25 bits,
+ * differs from m / 10^k by a nonzero integer over 10^k 2^j). So rounding
+ * the product to float rounds m / 10^k correctly; test_numtext checks all
+ * 7 * 2^24 cases against the division. */
+static const double NEG_POW10D[] = {1, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7};
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* Eight bytes from p, the first in the lowest byte, each XORed with '0', so
+ * a digit's byte holds its value (0..9) and no other byte is below 10. */
+static uint64_t load8_digits(const char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v ^ 0x3030303030303030ULL;
+}
+
+/* How many of the eight bytes lead as digits (8: all of them). A byte
+ * above 9 gets its top bit set, without carries between bytes: its low
+ * seven bits plus 0x76 pass 0x7f only from 10 on and stay below 0x100. */
+static int leading_digits(uint64_t x)
+{
+    uint64_t over9 = (((x & 0x7f7f7f7f7f7f7f7fULL) + 0x7676767676767676ULL) | x) & 0x8080808080808080ULL;
+    return over9 ? __builtin_ctzll(over9) >> 3 : 8;
+}
+
+/* The value of the first k (1..8) digits of x: they are moved to the top
+ * bytes, below them zeros (leading zeros of the number), and the eight
+ * digits are combined in three multiplies: pairs, fours, eight (fast_float's
+ * parse_eight_digits, Lemire 2021). */
+static uint32_t digits_value(uint64_t x, int k)
+{
+    x <<= 8 * (8 - k);
+    x = x * 10 + (x >> 8);
+    return (uint32_t)(((x & 0x000000ff000000ffULL) * (100 + (1000000ULL << 32)) +
+                       ((x >> 16 & 0x000000ff000000ffULL) * (1 + (10000ULL << 32)))) >> 32);
+}
+
+int tp_numtext_short_f32(const char *s, size_t len, float *out)
+{
+    int neg = s[0] == '-';
+    const char *p = s + neg;
+    uint64_t whole = load8_digits(p);
+    int k1 = leading_digits(whole), k2 = 0;
+    /* no digit, a leading zero ("01"), or 8+ digits: not ours */
+    if (k1 == 0 || k1 == 8 || (p[0] == '0' && k1 > 1))
+        return 0;
+    uint64_t m = digits_value(whole, k1);
+    if ((size_t)(neg + k1) != len) {
+        uint64_t frac = load8_digits(p + k1 + 1);
+        k2 = leading_digits(frac);
+        /* the rest must be '.' and 1..7 digits ("1." is no number) */
+        if (p[k1] != '.' || k2 == 0 || k2 == 8 || (size_t)(neg + k1 + 1 + k2) != len)
+            return 0;
+        m = m * POW10[k2] + digits_value(frac, k2); /* < 10^14 */
+    }
+    if (m >= 1u << 24)
+        return 0;
+    float f = (float)((double)m * NEG_POW10D[k2]);
+    *out = neg ? -f : f;
+    return 1;
+}
+#else
+int tp_numtext_short_f32(const char *s, size_t len, float *out)
+{
+    (void)s, (void)len, (void)out;
+    return 0;
+}
+#endif
 
 int tp_numtext_parse_i64(const char *s, size_t len, int64_t *out)
 {

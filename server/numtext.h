@@ -36,6 +36,21 @@ void tp_numtext_round(double v, int digits, uint32_t *f, int *e);
 float tp_numtext_parse_f32(const char *s, size_t len);
 double tp_numtext_parse_f64(const char *s, size_t len);
 
+/* s[0..len) when it is a plain decimal of at most 7 digits before and 7
+ * after the point, with no exponent, that converts to FP32 in one rounding
+ * (what clients mostly send: "-0.123456", "42", "3.5"): 1, and *out
+ * correctly rounded, as tp_numtext_parse_f32 gives it. 0 for anything else,
+ * which tp_numtext_scan and tp_numtext_parse_f32 then take (exponents, long
+ * mantissas, text that is no number). It reads whole 8-byte words: s must
+ * have TP_NUMTEXT_READ_AHEAD readable bytes, however short len is. */
+#define TP_NUMTEXT_READ_AHEAD 17
+int tp_numtext_short_f32(const char *s, size_t len, float *out);
+
+/* m * 10^exp10, negated when neg, when that is one correctly rounded float
+ * operation (Clinger's fast path: m < 2^24 and |exp10| <= 10, so m and
+ * 10^|exp10| are exact floats): 1 with *out; else 0. */
+int tp_numtext_f32_exact(uint64_t m, int exp10, int neg, float *out);
+
 /* The JSON number token at s (no leading blanks), at most len bytes: its
  * length, or 0 when s does not start with one. *is_int is 1 when it has no
  * fraction and no exponent. */

@@ -7,7 +7,6 @@
 // std::to_chars still rounds to a given precision for the FP16/BF16 writers.
 // Only plain value-returning calls cross the extern "C" boundary; nothing
 // here allocates or throws.
-#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <stdint.h>
@@ -40,17 +39,11 @@ extern "C" void tp_numtext_round(double v, int digits, uint32_t *f, int *e)
 
 namespace {
 
-// Clinger's fast path for binary32: a decimal m * 10^e with m < 2^24 and
-// |e| <= 10 has m and 10^|e| exact in a float (5^10 < 2^24), so one IEEE
-// multiply or divide rounds the exact value once: the correctly rounded
-// float, what the library would return. It covers what clients mostly send
-// ("%.6g", "%.7g", short literals) at about half the library's cost;
-// anything else (more digits, bigger exponents) takes the library's path.
-// Requires float arithmetic in float precision (SSE, not x87).
-static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in float precision");
-
-const float kPow10[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
-
+// Tokens with an exponent or leading zeros that still fit Clinger's fast
+// path (tp_numtext_f32_exact, numtext.c): at most 7 significant digits and
+// |exponent| <= 10 ("%.6g"'s "1.23456e-05", "0.000123"). It covers what
+// clients mostly send at about half the library's cost; anything else (more
+// digits, bigger exponents) takes the library's path.
 bool parse_f32_fast(const char *s, size_t len, float *out)
 {
     size_t i = 0;
@@ -76,12 +69,9 @@ bool parse_f32_fast(const char *s, size_t len, float *out)
                 return false;
         exp10 += eneg ? -e : e;
     }
-    if (exp10 < -10 || exp10 > 10)
-        return m == 0 ? (*out = neg ? -0.0f : 0.0f, true) : false;
-    float f = static_cast<float>(m);
-    f = exp10 < 0 ? f / kPow10[-exp10] : f * kPow10[exp10];
-    *out = neg ? -f : f;
-    return true;
+    if (m == 0 && (exp10 < -10 || exp10 > 10))
+        return *out = neg ? -0.0f : 0.0f, true;
+    return tp_numtext_f32_exact(m, exp10, neg, out) != 0;
 }
 
 // Whether a valid JSON number token is at least 1 in magnitude (its first

@@ -169,6 +169,101 @@ START_TEST(f32_reader_matches_strtof)
 }
 END_TEST
 
+/* tp_numtext_short_f32 on the whole of tok (padded so it may read ahead):
+ * 1 with strtof's and the general reader's bits, or 0 (declined). */
+static int short_read(const char *tok)
+{
+    char buf[64];
+    size_t len = strlen(tok);
+    snprintf(buf, sizeof buf, "%s,                        ", tok);
+    float f = -1234.5f;
+    if (!tp_numtext_short_f32(buf, len, &f))
+        return 0;
+    ck_assert_msg(f32_bits(f) == f32_bits(strtof(tok, NULL)), "'%s': %a, strtof %a", tok, f, strtof(tok, NULL));
+    ck_assert(f32_bits(f) == f32_bits(tp_numtext_parse_f32(tok, len)));
+    return 1;
+}
+
+/* The one-step reader of short plain decimals: it takes what clients
+ * mostly send and declines (for the general path) exponents, long
+ * mantissas, values of 2^24 units or more and text that is no number; what
+ * it takes agrees bit for bit with strtof, on random tokens too. */
+START_TEST(f32_short_reader)
+{
+    static const char *taken[] = {"0", "-0", "0.0", "-0.0", "42", "-3.5", "-0.123456", "0.1234567",
+                                  "9999999", "1677721.5", "0.0000001", "123.4567", "0.3", "-1"};
+    static const char *declined[] = {"01", "-01.5", "1.", "-", "-.5", ".5", "1.5e3", "1.5E3", "1e5",
+                                     "16777215", "12345678", "0.12345678", "1677721.6", "1234567.89",
+                                     "+1", "NaN", "\"1\"", "true", "1234567.1234568", "1.2.3", "1,2",
+                                     "1 ", " 1", "1-"};
+    for (size_t k = 0; k < sizeof taken / sizeof taken[0]; k++)
+        ck_assert_msg(short_read(taken[k]), "'%s' declined", taken[k]);
+    for (size_t k = 0; k < sizeof declined / sizeof declined[0]; k++)
+        ck_assert_msg(!short_read(declined[k]), "'%s' taken", declined[k]);
+    uint64_t s = 777;
+    char tok[32];
+    int took = 0;
+    for (int k = 0; k < 200000; k++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        int nd = 1 + (int)((s >> 33) % 15), point = (int)((s >> 40) % (unsigned)(nd + 1)), n = 0;
+        if ((s >> 52) & 1)
+            tok[n++] = '-';
+        uint64_t r = s ^ (s >> 17);
+        for (int d = 0; d < nd; d++) {
+            if (d == point && d > 0)
+                tok[n++] = '.';
+            r = r * 2862933555777941757ULL + 3037000493ULL;
+            tok[n++] = (char)('0' + (d == 0 && nd > 1 && point != 1 ? 1 + (r >> 40) % 9 : (r >> 40) % 10));
+        }
+        tok[n] = 0;
+        took += short_read(tok);
+    }
+    ck_assert_msg(took > 50000, "only %d of 200000 taken", took);
+}
+END_TEST
+
+/* The short reader multiplies by 10^-k in double instead of dividing by
+ * 10^k in float (numtext.c says why that rounds the same): every mantissa
+ * below 2^24 at every k it uses, against the division (correctly rounded,
+ * both operands being exact floats). */
+START_TEST(f32_short_reader_every_mantissa)
+{
+    char tok[40];
+    for (int k = 1; k <= 7; k++) {
+        float p10 = 1.0f;
+        for (int i = 0; i < k; i++)
+            p10 *= 10.0f;
+        uint32_t bad = 0, first = 0;
+        /* m as 8 digits with the point k from the right ("0000012.3456");
+         * leading zeros are cut below, so the text is a JSON number with at
+         * most 7 digits before the point. Counted up digit by digit:
+         * snprintf for each of the 117M would take most of a minute. */
+        memset(tok, ' ', sizeof tok);
+        for (int i = 0, d = 0; i < 9; i++)
+            tok[i] = i == 8 - k ? '.' : (d++, '0');
+        for (uint32_t m = 0; m < 1u << 24; m++) {
+            int lead = 0;
+            while (lead < 7 - k && tok[lead] == '0')
+                lead++;
+            float f;
+            if (!tp_numtext_short_f32(tok + lead, (size_t)(9 - lead), &f) ||
+                f32_bits(f) != f32_bits((float)m / p10))
+                bad += !bad ? (first = m, 1) : 1;
+            for (int i = 8; i >= 0; i--) { /* m + 1 */
+                if (tok[i] == '.')
+                    continue;
+                if (tok[i] != '9') {
+                    tok[i]++;
+                    break;
+                }
+                tok[i] = '0';
+            }
+        }
+        ck_assert_msg(bad == 0, "k=%d: %u mantissas wrong, the first %u", k, bad, first);
+    }
+}
+END_TEST
+
 /* Doubles: the library alone, out-of-range tokens included, against strtod. */
 START_TEST(f64_reader_matches_strtod)
 {
@@ -365,6 +460,80 @@ END_TEST
 
 /* A shape that claims far more elements than the text holds allocates for
  * the text, not for the shape, and fails on the count. */
+/* Flat FP32 arrays are cut at their commas first and their elements read
+ * each on its own (json_tensor.c): every spelling and spacing reads as
+ * strtof reads it, at the start, middle and end of the text (where the
+ * reader may not read ahead), and whatever is not a plain array of numbers
+ * still gets the general reader's message. */
+START_TEST(read_f32_two_passes)
+{
+    static const char *spellings[] = {"0", "-0.0", "0.5", "-0.123456", "1.5e-3", "0.123456789",
+                                      "-3.4028235e38", "16777217", "1E2", "42", "0.0000001",
+                                      "-1.17549435e-38", "1677721.6", "9999999"};
+    static const char *gaps[] = {",", ", ", " ,", "\n,\t", " , "};
+    enum { N = 300 };
+    char text[N * 24];
+    float want[N];
+    for (int round = 0; round < 5; round++) {
+        size_t len = 0;
+        len += (size_t)snprintf(text + len, sizeof text - len, round & 1 ? "[" : " [ ");
+        for (int i = 0; i < N; i++) {
+            const char *sp = spellings[(size_t)(i * 7 + round) % (sizeof spellings / sizeof *spellings)];
+            want[i] = strtof(sp, NULL);
+            len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", i ? gaps[(i + round) % 5] : "", sp);
+        }
+        len += (size_t)snprintf(text + len, sizeof text - len, round & 1 ? "]" : " ] ");
+        tp_host_tensor t;
+        tp_err e;
+        const int64_t shape[] = {N};
+        ck_assert_int_eq(read_into(text, TP_F32, 1, shape, &t, &e), TP_OK);
+        for (int i = 0; i < N; i++)
+            ck_assert_msg(f32_bits(((float *)t.data)[i]) == f32_bits(want[i]), "round %d element %d", round, i);
+        free(t.data);
+    }
+    const struct {
+        const char *text;
+        tp_status st;
+        const char *msg;
+    } bad[] = {
+        {"[1,2,3,4,5,6,]", TP_PARSE, "malformed JSON in 'data' at byte 13"},
+        {"[,1,2,3,4,5,6]", TP_PARSE, "malformed JSON in 'data' at byte 1"},
+        {"[1,2,3 4,5,6]", TP_PARSE, "malformed JSON in 'data' at byte 7"},
+        {"[1,2,3,4,5,\"6\"]", TP_INVALID, "data element 5 is a string, expected a number"},
+        {"[1,2,3,4,5,[6]]", TP_INVALID, "data[5] is an array"},
+        {"[1,2,3,4,5,1e39]", TP_INVALID, "data element 5 (1e+39) is out of FP32 range"},
+        {"[1,2,3,4,5,6", TP_PARSE, "malformed JSON"},
+        {"[1,2,3,4,5,6,7]", TP_INVALID, "data has 7 elements, shape [6] needs 6"},
+        {"[1,2,3,4,5]", TP_INVALID, "data has 5 elements, shape [6] needs 6"},
+        {"[]", TP_INVALID, "data has 0 elements, shape [6] needs 6"},
+        {"[1,2,3,4,5,-]", TP_PARSE, "malformed JSON"},
+        {"[1,2,3,4,5,01]", TP_PARSE, "malformed JSON"},
+    };
+    const int64_t s6[] = {6};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        tp_host_tensor t;
+        tp_err e;
+        ck_assert_int_eq(read_into(bad[k].text, TP_F32, 1, s6, &t, &e), bad[k].st);
+        ck_assert_msg(strstr(e.msg, bad[k].msg) != NULL, "%s: %s", bad[k].text, e.msg);
+        ck_assert_ptr_null(t.data);
+    }
+    const int64_t s0[] = {0}, s23[] = {2, 3};
+    tp_host_tensor t;
+    tp_err e;
+    ck_assert_int_eq(read_into(" [ \n ] ", TP_F32, 1, s0, &t, &e), TP_OK);
+    free(t.data);
+    /* nested: each row is such an array, its count checked against the shape */
+    ck_assert_int_eq(read_into("[[1, -0.5, 2e-3], [0.25,5 ,6]]", TP_F32, 2, s23, &t, &e), TP_OK);
+    const float *f = t.data;
+    ck_assert(f[0] == 1.0f && f[1] == -0.5f && f[2] == strtof("2e-3", NULL) && f[3] == 0.25f && f[5] == 6.0f);
+    free(t.data);
+    ck_assert_int_eq(read_into("[[1,2,3],[4,5,6,7]]", TP_F32, 2, s23, &t, &e), TP_INVALID);
+    ck_assert_msg(strstr(e.msg, "data[1] has 4 elements, shape [2, 3] needs 3 at dim 1") != NULL, "%s", e.msg);
+    ck_assert_int_eq(read_into("[[1,2,3],[4,5]]", TP_F32, 2, s23, &t, &e), TP_INVALID);
+    ck_assert_msg(strstr(e.msg, "data[1] has 2 elements, shape [2, 3] needs 3 at dim 1") != NULL, "%s", e.msg);
+}
+END_TEST
+
 START_TEST(read_bounded_by_text)
 {
     tp_host_tensor t;
@@ -405,6 +574,8 @@ static Suite *numtext_suite(void)
     tcase_add_test(n, f64_reader_matches_strtod);
     tcase_add_test(n, halves_exhaustive);
     tcase_add_test(n, f32_reader_matches_strtof);
+    tcase_add_test(n, f32_short_reader);
+    tcase_add_test(n, f32_short_reader_every_mantissa);
     tcase_add_test(n, integers);
     tcase_add_test(n, number_tokens);
     suite_add_tcase(s, n);
@@ -412,6 +583,7 @@ static Suite *numtext_suite(void)
     tcase_add_test(j, spans_and_parse_outside);
     tcase_add_test(j, outside_parse_reports_body_positions);
     tcase_add_test(j, read_values);
+    tcase_add_test(j, read_f32_two_passes);
     tcase_add_test(j, read_bounded_by_text);
     tcase_add_test(j, write_values);
     suite_add_tcase(s, j);
