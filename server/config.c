@@ -61,6 +61,9 @@ static const key_desc keys[] = {
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
     /* availability under abuse (issue 16): server/http_guard.c */
+    INT_KEY(connection_memory_bytes, 4096, 1 << 24,
+            "memory per connection for a request's headers and read buffer (libmicrohttpd's pool, zeroed "
+            "after every request: smaller is faster); headers that do not fit get 431"),
     INT_KEY(max_connections, 16, 1 << 20, "open HTTP connections in total; beyond it new ones wait in the "
                                           "kernel's backlog (RLIMIT_NOFILE is raised to fit)"),
     INT_KEY(max_connections_per_ip, 0, 1 << 20, "open HTTP connections per client address (0: no limit; in a "
@@ -109,6 +112,9 @@ void tp_config_defaults(tp_config *c)
     c->staging_mb = 64;
     c->rank_heap_mb = 4096;
     c->step_timeout_ms = 600000;
+    /* libmicrohttpd zeroes the whole pool after each request: its default
+     * 32 KiB cost ~2 us a request at 32 connections (server/README.md) */
+    c->connection_memory_bytes = 8192;
     c->max_connections = 4096;
     c->max_connections_per_ip = 0;
     c->request_deadline_ms = 30000;

@@ -33,6 +33,7 @@ typedef struct {
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
+    int connection_memory_bytes; /* per connection: headers and read buffer (431 beyond) */
     int max_connections;     /* open HTTP connections in total */
     int max_connections_per_ip; /* per client address; 0: no limit */
     int request_deadline_ms; /* whole request (or idle gap) per connection; 0: none */

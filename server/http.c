@@ -956,14 +956,15 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port,
     int pool = probes ? 1 : h->cfg.threads;
     if (!probes)
         h->may_hold = (flags & MHD_USE_EPOLL) != 0;
-    struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
+    struct MHD_OptionItem opts[6 + TP_HTTP_GUARD_N_OPTIONS] = {
         {MHD_OPTION_LISTEN_SOCKET, fd, NULL},
         {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
+        {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)h->cfg.connection_memory_bytes, NULL},
         /* a pool of one is no pool: the daemon's own thread serves */
         {pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)pool, NULL},
     };
-    int n = pool > 1 ? 4 : 3;
+    int n = pool > 1 ? 5 : 4;
     n += tp_http_guard_options(h->guard, opts + n, !probes);
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so even option errors reach our log */

@@ -261,7 +261,7 @@ fi
 cat >"$TMP/small.json" <<EOF
 {"graph": "$TP_GRAPHS/$G.json", "max_body_bytes": 1, "threads": 1, "max_queue": 1, "log_level": "debug"}
 EOF
-start limits --config "$TMP/small.json" --max-body-bytes 4096 || exit 1
+start limits --config "$TMP/small.json" --max-body-bytes 4096 --connection-memory-bytes 8192 || exit 1
 expect "config file + flag override in effect" 200 '{"ready":true}' GET /v2/health/ready
 grep -q "max_body_bytes=4096" "$TMP/limits.log" && pass "flag overrides the config file (max_body_bytes=4096)" \
     || fail "startup line lacks max_body_bytes=4096: $(cat "$TMP/limits.log")"
@@ -298,6 +298,13 @@ for j in junk:
     s.close()
 EOF
 expect "still live after 413s and garbage" 200 '{"live":true}' GET /v2/health/live
+# headers live in the connection's pool (connection_memory_bytes, 8192 here
+# as by default): what does not fit is refused with 431, nothing else
+big_header() { head -c "$1" /dev/zero | tr '\0' a; }
+expect "a 7000-byte header fits connection_memory_bytes 8192" 200 '{"live":true}' GET /v2/health/live \
+    -H "X-Big: $(big_header 7000)"
+expect "a 9000-byte header does not: 431" 431 "" GET /v2/health/live -H "X-Big: $(big_header 9000)"
+expect "still live after 431" 200 '{"live":true}' GET /v2/health/live
 kill "$PID"
 wait "$PID" 2>/dev/null
 # overload: a queue of one, held: the batcher waits up to 1 s for a fuller

@@ -210,6 +210,11 @@ START_TEST(availability_keys)
     ck_assert_str_eq(e.msg, "--health-port: 'health_port' must be in [-1, 65535], got -2");
     ck_assert_int_eq(tp_config_set(&c, "max_connections", "15", &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "'max_connections' must be in [16, "));
+    ck_assert_int_eq(c.connection_memory_bytes, 8192);
+    ck_assert_int_eq(tp_config_set(&c, "connection-memory-bytes", "4096", &e), TP_OK);
+    ck_assert_int_eq(c.connection_memory_bytes, 4096);
+    ck_assert_int_eq(tp_config_set(&c, "connection_memory_bytes", "4095", &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "'connection_memory_bytes' must be in [4096, "));
 }
 END_TEST
 
