@@ -5,11 +5,12 @@
 
 #include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
+#include "ops_internal.h"
 #include "reassembly.h"
 
-/* dst = a @ b for any dst view: the GEMM writes contiguous memory, so a
- * strided destination (a column block of the fused output) goes through a
- * scratch buffer. */
+/* dst = a @ b for any dst view. An FP32 column block of the fused output
+ * is written in place (BLAS's ldc); other strided destinations (FP16/BF16
+ * blocks) go through a scratch buffer: a malloc per step, and a copy. */
 static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b, tp_tensor *dst,
                              int rank, int world, tp_err *err)
 {
@@ -18,6 +19,8 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     tp_tensor ab[2] = {*a, *b};
     if (tp_tensor_is_contiguous(dst))
         return cpu_op_run(TP_OP_MATMUL, &mm, ab, 2, dst, rank, world, err);
+    if (cpu_matmul_writes_in_place(dst))
+        return cpu_matmul(&mm, a, b, dst, err);
     size_t bytes = (size_t)tp_tensor_numel(dst) * tp_dtype_size(dst->dtype);
     void *scratch = malloc(bytes ? bytes : 1);
     if (!scratch)

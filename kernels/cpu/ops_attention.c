@@ -67,11 +67,11 @@ static tp_status attn_head(attn_ctx *c, int64_t b, int64_t h, tp_tensor *out, tp
     float *op = out->dtype == TP_F32 ? (float *)out->data + ooff : c->o;
     /* scores = q [S, D] . k^T [D, T]: k^T(d, t) is at t*ks2 + d*ks3 */
     tp_status s = ops_sgemm(S, T, D, c->scale, qp, q->stride[2], q->stride[3], kp, k->stride[3],
-                            k->stride[2], c->scores, &c->sa, &c->sb, err);
+                            k->stride[2], c->scores, T, &c->sa, &c->sb, err);
     if (s != TP_OK)
         return s;
     attn_softmax(c->scores, S, T, c->causal);
-    s = ops_sgemm(S, Dv, T, 1.0f, c->scores, T, 1, vp, v->stride[2], v->stride[3], op, &c->sa,
+    s = ops_sgemm(S, Dv, T, 1.0f, c->scores, T, 1, vp, v->stride[2], v->stride[3], op, Dv, &c->sa,
                   &c->sb, err);
     if (s == TP_OK && out->dtype != TP_F32)
         ops_store_row(ops_at(out->data, out->dtype, ooff), out->dtype, 1, S * Dv, op);

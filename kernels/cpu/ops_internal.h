@@ -92,11 +92,11 @@ tp_status ops_alloc_f32(float **p, size_t n, const char *what, tp_err *err);
 tp_status ops_as_f32(const tp_tensor *t, tp_tensor *f, float **owned, const char *what,
                      tp_err *err);
 
-/* c[M,N] (row-major, ldc = N) = alpha * a[M,K] . b[K,N], with a and b given
- * by element strides. Layouts BLAS cannot take are first copied into the
- * scratch buffers. K = 0 gives zeros. */
+/* c[M,N] (row-major, rows ldc >= N elements apart) = alpha * a[M,K] . b[K,N],
+ * with a and b given by element strides. Layouts BLAS cannot take are first
+ * copied into the scratch buffers. K = 0 gives zeros. */
 tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t sam,
-                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c,
+                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc,
                     ops_buf *sa, ops_buf *sb, tp_err *err);
 
 /* One function per op family. */
@@ -107,8 +107,12 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
 tp_status cpu_softmax(const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
 tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                    tp_tensor *out, tp_err *err);
+/* out may be an FP32 view whose last dim is contiguous and whose rows are
+ * further apart (a column block of a wider tensor): BLAS writes it in place
+ * (cpu_matmul_writes_in_place). Other outputs must be contiguous. */
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, tp_err *err);
+int cpu_matmul_writes_in_place(const tp_tensor *out);
 tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
                         const tp_tensor *v, tp_tensor *out, tp_err *err);
 tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_tensor *table,

@@ -44,16 +44,17 @@ static tp_status pack(const float **m, int64_t rows, int64_t cols, int64_t sr, i
 }
 
 tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t sam,
-                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c,
+                    int64_t sak, const float *b, int64_t sbk, int64_t sbn, float *c, int64_t ldc,
                     ops_buf *sa, ops_buf *sb, tp_err *err)
 {
     if (M == 0 || N == 0)
         return TP_OK;
     if (K == 0) {
-        memset(c, 0, (size_t)(M * N) * sizeof(float));
+        for (int64_t i = 0; i < M; i++)
+            memset(c + i * ldc, 0, (size_t)N * sizeof(float));
         return TP_OK;
     }
-    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || ldc > INT_MAX)
         return tp_fail(err, TP_INVALID, "matmul: %lld x %lld x %lld exceeds BLAS int range",
                        (long long)M, (long long)K, (long long)N);
     CBLAS_TRANSPOSE ta, tb;
@@ -72,7 +73,7 @@ tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a
         ldb = N;
     }
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, a,
-                (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)N);
+                (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)ldc);
     return TP_OK;
 }
 
@@ -117,9 +118,10 @@ bad:
                    tp_shape_str(s3, sizeof s3, out->ndim, out->shape));
 }
 
-/* a, b FP32 (any strides); c contiguous FP32 with out's shape. When b does
- * not change along the innermost coalesced dim, that dim becomes the M of
- * one sgemm; otherwise every row is its own sgemm. */
+/* a, b FP32 (any strides); c FP32 with out's shape and the layout's strides
+ * (its last dim contiguous). When b does not change along the innermost
+ * coalesced dim, that dim becomes the M of one sgemm (c's rows that dim's
+ * stride apart); otherwise every row is its own sgemm. */
 static tp_status matmul_f32(const mm_plan *pl, const float *a, const float *b, float *c,
                             tp_err *err)
 {
@@ -127,6 +129,7 @@ static tp_status matmul_f32(const mm_plan *pl, const float *a, const float *b, f
     int last = l->nd - 1, fold = l->stride[1][last] == 0;
     int iter = fold ? last : l->nd;
     int64_t m = fold ? l->shape[last] : 1, sam = fold ? l->stride[0][last] : 0;
+    int64_t ldc = fold && m > 1 ? l->stride[2][last] : pl->N;
     int64_t n = ops_layout_count(l, iter);
     ops_buf sa = {0}, sb = {0};
     ops_pos p;
@@ -134,7 +137,7 @@ static tp_status matmul_f32(const mm_plan *pl, const float *a, const float *b, f
     tp_status s = TP_OK;
     for (int64_t r = 0; r < n && s == TP_OK; r++, ops_pos_next(l, &p, iter))
         s = ops_sgemm(m, pl->N, pl->K, 1.0f, a + p.off[0], sam, pl->sak, b + p.off[1], pl->sbk,
-                      pl->sbn, c + p.off[2], &sa, &sb, err);
+                      pl->sbn, c + p.off[2], ldc, &sa, &sb, err);
     ops_buf_free(&sa);
     ops_buf_free(&sb);
     return s;
@@ -165,6 +168,19 @@ static tp_status matmul_half(const tp_tensor *a, const tp_tensor *b, int tb, tp_
     return s;
 }
 
+int cpu_matmul_writes_in_place(const tp_tensor *out)
+{
+    if (tp_tensor_is_contiguous(out))
+        return 1;
+    if (out->dtype != TP_F32 || out->ndim < 2 || out->stride[out->ndim - 1] != 1)
+        return 0;
+    /* every other dim at least a whole row apart, so rows never overlap */
+    for (int i = 0; i < out->ndim - 1; i++)
+        if (out->shape[i] > 1 && out->stride[i] < out->shape[out->ndim - 1])
+            return 0;
+    return 1;
+}
+
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, tp_err *err)
 {
@@ -172,6 +188,8 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
     if (a->dtype != out->dtype || b->dtype != out->dtype || !tp_dtype_is_float(out->dtype))
         return tp_fail(err, TP_INVALID, "matmul: needs float inputs of the output dtype, got %s x %s -> %s",
                        tp_dtype_name(a->dtype), tp_dtype_name(b->dtype), tp_dtype_name(out->dtype));
+    if (!cpu_matmul_writes_in_place(out))
+        return tp_fail(err, TP_INTERNAL, "matmul: the output must be contiguous, or FP32 with contiguous rows");
     mm_plan pl;
     tp_status s = mm_plan_init(&pl, a, b, tb, out, err);
     if (s != TP_OK || tp_tensor_numel(out) == 0)

@@ -19,6 +19,7 @@
 
 #include "check_main.h"
 #include "cpu/cpu_ops.h"
+#include "cpu/ops_internal.h"
 
 static tp_err err;
 
@@ -527,6 +528,51 @@ START_TEST(test_matmul_strided)
 }
 END_TEST
 
+/* An FP32 output that is a column block of a wider tensor (how the fused
+ * all-gather+matmul places each weight's product) is written in place,
+ * rows ldc apart, and nothing outside the block is touched: with b shared
+ * (batch folds into M: one sgemm) and per batch (an sgemm per row). Other
+ * strided outputs are refused, not written wrong. Tolerance as for every
+ * FP32 matmul here (1e-5 against the double reference). */
+START_TEST(test_matmul_into_column_block)
+{
+    enum { B = 2, M = 3, K = 4, N = 5, W = 9, C0 = 2 };
+    float a[B * M * K], b[B * K * N], o[B * M * W], want[B * M * N];
+    fill_rand(a, B * M * K);
+    fill_rand(b, B * K * N);
+    tp_tensor ins[2] = {mk(a, TP_F32, 3, (int64_t[]){B, M, K}), mk(b, TP_F32, 2, (int64_t[]){K, N})};
+    for (int per_batch = 0; per_batch < 2; per_batch++) {
+        for (int i = 0; i < B * M * W; i++)
+            o[i] = -777.0f;
+        tp_tensor out = view(o + C0, TP_F32, 3, (int64_t[]){B, M, N}, (int64_t[]){M * W, W, 1});
+        ck_assert(cpu_matmul_writes_in_place(&out));
+        if (per_batch)
+            ins[1] = mk(b, TP_F32, 3, (int64_t[]){B, K, N});
+        tp_err e;
+        ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &out, &e), TP_OK);
+        mm_ref(a, M * K, b, per_batch ? K * N : 0, want, B, M, K, N, 0);
+        for (int r = 0; r < B * M; r++)
+            for (int c = 0; c < W; c++) {
+                float got = o[r * W + c];
+                if (c < C0 || c >= C0 + N)
+                    ck_assert_msg(got == -777.0f, "row %d col %d outside the block was written", r, c);
+                else
+                    ck_assert_msg(fabsf(got - want[r * N + c - C0]) <= 1e-5f + 1e-5f * fabsf(want[r * N + c - C0]),
+                                  "row %d col %d: %g want %g", r, c, got, want[r * N + c - C0]);
+            }
+    }
+    /* rows closer than a row's length overlap; FP16 blocks go through scratch */
+    tp_tensor overlap = view(o, TP_F32, 2, (int64_t[]){M, N}, (int64_t[]){N - 1, 1});
+    uint16_t h[M * W];
+    tp_tensor half = view(h, TP_F16, 2, (int64_t[]){M, N}, (int64_t[]){W, 1});
+    ck_assert(!cpu_matmul_writes_in_place(&overlap) && !cpu_matmul_writes_in_place(&half));
+    tp_err e;
+    ins[1] = mk(b, TP_F32, 2, (int64_t[]){K, N});
+    ins[0] = mk(a, TP_F32, 2, (int64_t[]){M, K});
+    ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &overlap, &e), TP_INTERNAL);
+}
+END_TEST
+
 START_TEST(test_matmul_half)
 {
     enum { M = 3, K = 8, N = 4 };
@@ -868,6 +914,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_matmul_basic);
     tcase_add_test(tc, test_matmul_batch_broadcast);
     tcase_add_test(tc, test_matmul_strided);
+    tcase_add_test(tc, test_matmul_into_column_block);
     tcase_add_test(tc, test_matmul_half);
     tcase_add_test(tc, test_attention_f32);
     tcase_add_test(tc, test_attention_causal_hand);
