@@ -1,7 +1,9 @@
 /* test_fiber.c — fibers take turns in order, yield and end as documented,
  * run on their own stacks, and keep to the thread that runs them. */
 #include <check.h>
+#include <fenv.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "check_main.h"
@@ -128,6 +130,49 @@ START_TEST(threads_run_their_own_fibers)
 }
 END_TEST
 
+/* What a switch must keep per fiber: the rounding mode (MXCSR and the x87
+ * control word are callee-saved in the x86-64 ABI, so each fiber has its
+ * own), locals in callee-saved registers across a yield, and a stack
+ * aligned for SSE spills (snprintf of a double faults on a misaligned one). */
+typedef struct {
+    int round_seen[2];
+    char text[2][32];
+    long sum[2];
+} fpenv;
+
+static void keep_state(void *p, int i)
+{
+    fpenv *e = p;
+    fesetround(i ? FE_TONEAREST : FE_UPWARD);
+    volatile double third = 1.0;
+    long acc = 0;
+    for (int k = 0; k < 5; k++) {
+        acc += k * (i + 1);
+        tp_fiber_yield();
+    }
+    e->round_seen[i] = fegetround();
+    snprintf(e->text[i], sizeof e->text[i], "%a", third / 3.0);
+    e->sum[i] = acc;
+    fesetround(FE_TONEAREST);
+}
+
+START_TEST(each_fiber_keeps_its_registers_and_rounding)
+{
+    tp_fibers *f = fibers(2);
+    fpenv e;
+    memset(&e, 0, sizeof e);
+    tp_fibers_run(f, keep_state, &e);
+    ck_assert_int_eq(e.round_seen[0], FE_UPWARD);
+    ck_assert_int_eq(e.round_seen[1], FE_TONEAREST);
+    ck_assert_int_eq(fegetround(), FE_TONEAREST);
+    ck_assert_str_eq(e.text[1], "0x1.5555555555555p-2"); /* 1/3 rounded to nearest */
+    ck_assert_str_eq(e.text[0], "0x1.5555555555556p-2"); /* rounded up */
+    ck_assert_int_eq(e.sum[0], 10);
+    ck_assert_int_eq(e.sum[1], 20);
+    tp_fibers_free(f);
+}
+END_TEST
+
 START_TEST(bad_counts_are_errors)
 {
     tp_fibers *f = NULL;
@@ -147,6 +192,7 @@ static Suite *fiber_suite(void)
     tcase_add_test(tc, a_set_runs_many_times);
     tcase_add_test(tc, every_fiber_has_its_own_deep_stack);
     tcase_add_test(tc, threads_run_their_own_fibers);
+    tcase_add_test(tc, each_fiber_keeps_its_registers_and_rounding);
     tcase_add_test(tc, bad_counts_are_errors);
     suite_add_tcase(s, tc);
     return s;
