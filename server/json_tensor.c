@@ -816,29 +816,32 @@ tp_status tp_json_tensor_write(tp_jbuf *b, const tp_host_tensor *t, tp_err *err)
         n *= t->shape[i];
     size_t es = tp_dtype_size(t->dtype);
     tp_jbuf_raw(b, "[", 1);
-    /* Room for every element at once, and the cursor in a local: grown per
-     * element, the buffer's length lived in memory that each text's stores
-     * might alias, so every element reloaded it after the last one's
-     * stores. Unused room is given back below. */
-    size_t room = (size_t)n * (TP_NUMTEXT_MAX + 1);
-    char *start = n > 0 && (uint64_t)n < SIZE_MAX / (TP_NUMTEXT_MAX + 1) ? tp_jbuf_grow(b, room) : NULL;
-    char *p = start;
-    for (int64_t i = 0; p && i < n; i++) {
-        size_t comma = i > 0;
-        p[0] = ',';
-        element v = load_element(t->data, es, i);
-        size_t len = element_text(t, v, p + comma);
-        if (!len) {
-            float f = tp_load_f32(&v, t->dtype, 0);
-            b->len -= room;
-            return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
-                           "JSON cannot carry; request this output with "
-                           "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");
+    /* Room for a chunk of elements at once, and the cursor in a local:
+     * grown per element, the buffer's length lived in memory that each
+     * text's stores might alias, so every element reloaded it after the
+     * last one's stores. Unused room is given back after each chunk. */
+    enum { CHUNK = 4096 };
+    for (int64_t i = 0; i < n && !b->oom;) {
+        int64_t end = n - i < CHUNK ? n : i + CHUNK;
+        size_t room = (size_t)(end - i) * (TP_NUMTEXT_MAX + 1);
+        char *start = tp_jbuf_grow(b, room), *p = start;
+        for (; p && i < end; i++) {
+            size_t comma = i > 0;
+            p[0] = ',';
+            element v = load_element(t->data, es, i);
+            size_t len = element_text(t, v, p + comma);
+            if (!len) {
+                float f = tp_load_f32(&v, t->dtype, 0);
+                b->len -= room;
+                return tp_fail(err, TP_INTERNAL, "output '%s': element %" PRId64 " is %s, which "
+                               "JSON cannot carry; request this output with "
+                               "parameters.binary_data=true", t->name, i, isnan(f) ? "NaN" : "Inf");
+            }
+            p += comma + len;
         }
-        p += comma + len;
+        if (start)
+            b->len -= room - (size_t)(p - start);
     }
-    if (start)
-        b->len -= room - (size_t)(p - start);
     tp_jbuf_raw(b, "]", 1);
     if (b->oom)
         return tp_fail(err, TP_NOMEM, "output '%s': out of memory encoding JSON", t->name);

@@ -560,6 +560,22 @@ START_TEST(write_values)
     b.len = 0;
     ck_assert_int_eq(tp_json_tensor_write(&b, &t, &e), TP_INTERNAL);
     ck_assert_ptr_nonnull(strstr(e.msg, "output 'y': element 2 is NaN"));
+    /* past the writer's 4096-element chunks, after some text: every value
+     * reads back, nothing between the chunks */
+    enum { BIG = 10001 };
+    static float big[BIG], back[BIG];
+    for (int i = 0; i < BIG; i++)
+        big[i] = (float)(i % 97) * -0.37f + (float)i;
+    tp_host_tensor tb = {.name = "z", .dtype = TP_F32, .ndim = 1, .shape = {BIG}, .data = big,
+                         .nbytes = sizeof big};
+    b.len = 0;
+    tp_jbuf_lit(&b, "x=");
+    ck_assert_int_eq(tp_json_tensor_write(&b, &tb, &e), TP_OK);
+    tp_host_tensor rt = {.name = "z", .dtype = TP_F32, .ndim = 1, .shape = {BIG}};
+    ck_assert_int_eq(tp_json_tensor_read(b.p + 2, b.len - 2, &rt, &e), TP_OK);
+    memcpy(back, rt.data, sizeof back);
+    ck_assert_mem_eq(back, big, sizeof big);
+    free(rt.data);
     free(b.p);
 }
 END_TEST
