@@ -125,6 +125,25 @@ START_TEST(halves_exhaustive)
 }
 END_TEST
 
+/* A random decimal token at tok from the generator *s (advanced): an
+ * optional '-', 1..max_digits digits, maybe a point among them, no leading
+ * zero; its length (tok is not terminated). */
+static int random_decimal(uint64_t *s, int max_digits, char *tok)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    int nd = 1 + (int)((*s >> 33) % (unsigned)max_digits), point = (int)((*s >> 40) % (unsigned)(nd + 1)), n = 0;
+    if ((*s >> 52) & 1)
+        tok[n++] = '-';
+    uint64_t r = *s ^ (*s >> 17);
+    for (int d = 0; d < nd; d++) {
+        if (d == point && d > 0)
+            tok[n++] = '.';
+        r = r * 2862933555777941757ULL + 3037000493ULL;
+        tok[n++] = (char)('0' + (d == 0 && nd > 1 && point != 1 ? 1 + (r >> 40) % 9 : (r >> 40) % 10));
+    }
+    return n;
+}
+
 /* The reader (its fast path for short decimals, and <charconv> behind it,
  * numtext_charconv.cc) against glibc's strtof, which is correctly rounded:
  * bit for bit, over random tokens of every shape the fast path takes and
@@ -148,18 +167,8 @@ START_TEST(f32_reader_matches_strtof)
     uint64_t s = 12345;
     char tok[64];
     for (int k = 0; k < 400000; k++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        int nd = 1 + (int)((s >> 33) % 9), point = (int)((s >> 40) % (unsigned)(nd + 1));
-        int e = (s >> 57) & 1 ? (int)((s >> 45) % 101) - 55 : (int)((s >> 45) % 27) - 13, n = 0;
-        if ((s >> 52) & 1)
-            tok[n++] = '-';
-        uint64_t r = s ^ (s >> 17);
-        for (int d = 0; d < nd; d++) {
-            if (d == point && d > 0)
-                tok[n++] = '.';
-            r = r * 2862933555777941757ULL + 3037000493ULL;
-            tok[n++] = (char)('0' + (d == 0 && nd > 1 && point != 1 ? 1 + (r >> 40) % 9 : (r >> 40) % 10));
-        }
+        int n = random_decimal(&s, 9, tok);
+        int e = (s >> 57) & 1 ? (int)((s >> 45) % 101) - 55 : (int)((s >> 45) % 27) - 13;
         if ((s >> 56) & 1)
             n += snprintf(tok + n, sizeof tok - (size_t)n, "e%d", e);
         tok[n] = 0;
@@ -204,18 +213,7 @@ START_TEST(f32_short_reader)
     char tok[32];
     int took = 0;
     for (int k = 0; k < 200000; k++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        int nd = 1 + (int)((s >> 33) % 15), point = (int)((s >> 40) % (unsigned)(nd + 1)), n = 0;
-        if ((s >> 52) & 1)
-            tok[n++] = '-';
-        uint64_t r = s ^ (s >> 17);
-        for (int d = 0; d < nd; d++) {
-            if (d == point && d > 0)
-                tok[n++] = '.';
-            r = r * 2862933555777941757ULL + 3037000493ULL;
-            tok[n++] = (char)('0' + (d == 0 && nd > 1 && point != 1 ? 1 + (r >> 40) % 9 : (r >> 40) % 10));
-        }
-        tok[n] = 0;
+        tok[random_decimal(&s, 15, tok)] = 0;
         took += short_read(tok);
     }
     ck_assert_msg(took > 50000, "only %d of 200000 taken", took);
