@@ -430,10 +430,12 @@ static tp_status store_int(reader *r, const char *tok, size_t n)
         (r->t->dtype == TP_I32 && (v < INT32_MIN || v > INT32_MAX)))
         return tp_fail(r->err, TP_INVALID, "input '%s': data element %" PRId64 " (%.*s) is out "
                        "of %s range", r->t->name, r->count, (int)n, tok, name);
-    if (r->count < r->cap && r->t->dtype == TP_I64)
-        ((int64_t *)r->t->data)[r->count] = v;
-    else if (r->count < r->cap)
-        ((int32_t *)r->t->data)[r->count] = (int32_t)v;
+    if (r->count < r->cap) {
+        if (r->t->dtype == TP_I64)
+            ((int64_t *)r->t->data)[r->count] = v;
+        else
+            ((int32_t *)r->t->data)[r->count] = (int32_t)v;
+    }
     r->count++;
     return TP_OK;
 }
@@ -469,25 +471,26 @@ static tp_status read_scalar(reader *r)
 
 #ifdef __SSE2__
 #include <emmintrin.h>
-/* Bit j set when s[at + j] (j < 16) is ',' or ']'. */
-static unsigned cuts16(const char *s, size_t at)
+#endif
+
+/* Bit j set when s[at + j] (j < 16, at + j < len) is ',' or ']'. */
+static unsigned cuts16(const char *s, size_t at, size_t len)
 {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + at));
-    __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(',')), _mm_cmpeq_epi8(v, _mm_set1_epi8(']')));
-    return (unsigned)_mm_movemask_epi8(hit);
-}
-#else
-static unsigned cuts16(const char *s, size_t at)
-{
+#ifdef __SSE2__
+    if (at + 16 <= len) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + at));
+        __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(',')), _mm_cmpeq_epi8(v, _mm_set1_epi8(']')));
+        return (unsigned)_mm_movemask_epi8(hit);
+    }
+#endif
     unsigned m = 0;
-    for (int j = 0; j < 16; j++)
+    for (size_t j = 0; j < 16 && at + j < len; j++)
         m |= (unsigned)(s[at + j] == ',' || s[at + j] == ']') << j;
     return m;
 }
-#endif
 
-/* The element s[a..b) (blanks around it allowed) as a finite FP32:
- * 1 and *f; 0 when it is not one. */
+/* The element s[a..b) (blanks around it allowed) as a finite FP32: 1 and
+ * *f; -1 when there is nothing but blanks; 0 when it is not one. */
 static int element_f32(const char *s, size_t a, size_t b, size_t len, float *f)
 {
     while (a < b && is_blank(s[a]))
@@ -496,7 +499,7 @@ static int element_f32(const char *s, size_t a, size_t b, size_t len, float *f)
         b--;
     int is_int;
     if (a == b)
-        return 0;
+        return -1;
     if (len - a >= TP_NUMTEXT_READ_AHEAD && tp_numtext_short_f32(s + a, b - a, f))
         return 1;
     if (tp_numtext_scan(s + a, b - a, &is_int) != b - a)
@@ -511,28 +514,20 @@ static int element_f32(const char *s, size_t a, size_t b, size_t len, float *f)
 static int read_f32_array(reader *r)
 {
     const char *s = r->c.s;
-    size_t len = r->c.len, from = r->c.i + 1, at = from;
+    size_t len = r->c.len, from = r->c.i + 1;
     float *data = r->t->data;
     int64_t count = r->count;
-    while (at < len) {
-        unsigned cuts = at + 16 <= len ? cuts16(s, at) : 0;
-        for (size_t j = 0; at + 16 > len && at + j < len; j++)
-            cuts |= (unsigned)(s[at + j] == ',' || s[at + j] == ']') << j;
-        for (; cuts; cuts &= cuts - 1) {
+    for (size_t at = from; at < len; at += 16) {
+        for (unsigned cuts = cuts16(s, at, len); cuts; cuts &= cuts - 1) {
             size_t cut = at + (size_t)__builtin_ctz(cuts);
             float f;
-            if (!element_f32(s, from, cut, len, &f)) {
-                /* only "[]" (blanks inside allowed) has a cut with no element */
-                int empty = s[cut] == ']' && count == r->count;
-                for (size_t i = from; empty && i < cut; i++)
-                    empty = is_blank(s[i]);
-                if (!empty)
-                    return 0;
-            } else {
-                if (count < r->cap)
-                    data[count] = f;
-                count++;
-            }
+            int got = element_f32(s, from, cut, len, &f);
+            /* only "[]" (blanks inside allowed) has a cut with no element */
+            if (got == 0 || (got < 0 && !(s[cut] == ']' && count == r->count)))
+                return 0;
+            if (got > 0 && count < r->cap)
+                data[count] = f;
+            count += got > 0;
             if (s[cut] == ']') {
                 r->c.i = cut + 1;
                 r->count = count;
@@ -540,7 +535,6 @@ static int read_f32_array(reader *r)
             }
             from = cut + 1;
         }
-        at += 16;
     }
     return 0;
 }
