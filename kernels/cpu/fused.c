@@ -17,9 +17,7 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     tp_attrs mm = {0};
     mm.transpose_b = attrs->transpose_b;
     tp_tensor ab[2] = {*a, *b};
-    if (tp_tensor_is_contiguous(dst))
-        return cpu_op_run(TP_OP_MATMUL, &mm, ab, 2, dst, rank, world, err);
-    if (cpu_matmul_writes_in_place(dst))
+    if (cpu_matmul_writes_in_place(dst)) /* contiguous, or FP32 rows ldc apart */
         return cpu_matmul(&mm, a, b, dst, err);
     size_t bytes = (size_t)tp_tensor_numel(dst) * tp_dtype_size(dst->dtype);
     void *scratch = malloc(bytes ? bytes : 1);
