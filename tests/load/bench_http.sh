@@ -12,7 +12,7 @@
 #
 # env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
 #      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
-#      DURATION (seconds per run, 5), CONNS (connection counts, "1 8 32"),
+#      DURATION (seconds per run, 4), ROUNDS (3), CONNS (connection counts, "1 8 32"),
 #      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
 #      TRITON: 1 installs Triton (scripts/install_triton.sh, build/venv-triton)
@@ -36,7 +36,8 @@ BARE_HTTP=${BARE_HTTP:-build/bench/bare_http}
 TP_GRAPHS=${TP_GRAPHS:-build/graphs}
 PYTHON=${PYTHON:-python3}
 G=${GRAPH:-mlp_sp_tp2}
-DURATION=${DURATION:-5}
+DURATION=${DURATION:-4}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-"1 8 32"}
 THREADS=${THREADS:-4}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
@@ -105,7 +106,7 @@ run_wrk() {
     n=$(echo "$line" | sed 's/^requests=\([0-9]*\).*/\1/')
     hz=$(getconf CLK_TCK)
     CPU_US=$(echo "$s0 $s1" | awk -v n="$n" -v hz="$hz" '{ printf "%.0f", n ? ($3 - $1) * 1e6 / hz / n : 0 }')
-    CTX=$(echo "$s0 $s1" | awk -v n="$n" '{ printf "%.1f", n ? ($4 - $2) / n : 0 }')
+    CTX=$(echo "$s0 $s1" | awk -v n="$n" '{ printf "%.2f", n ? ($4 - $2) / n : 0 }')
     RPS=$(echo "$line" | sed 's/.*rps=\([^ ]*\).*/\1/')
     P50=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p50_us=/) printf "%.2f", substr($i, 8) / 1000 }')
     P99=$(echo "$line" | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^p99_us=/) printf "%.2f", substr($i, 8) / 1000 }')
@@ -135,27 +136,38 @@ counts_none() {
     echo "0 0"
 }
 
-# run_serve NAME COUNTS RESULTS LOAD...: a warm-up with the first load, then
-# every load at every connection count against $BASE, one line per run
-# appended to RESULTS: "load conns req/s p50 p99 errors cpu_us ctx batch",
-# batch being rows per model execution (from the COUNTS function; - when it
-# counts none).
-run_serve() {
-    name=$1
-    counts=$2
-    res=$3
-    shift 3
-    run_wrk "$(script_for "$1")" 8 # warm-up (not reported)
-    for load in "$@"; do
-        for c in $CONNS; do
-            n0=$($counts)
-            run_wrk "$(script_for "$load")" "$c"
-            n1=$($counts)
-            batch=$(echo "$n0 $n1" | awk '{ e = $4 - $2; if (e > 0) printf "%.2f", ($3 - $1) / e; else print "-" }')
-            echo "$load $c $RPS $P50 $P99 $ERR $CPU_US $CTX $batch" >>"$res"
-            echo "  $name $load c=$c: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
-        done
-    done
+# keep_server NAME: the server just started ($PID, answering at $BASE) stays
+# up for the rounds under NAME; use_server NAME makes it $PID and $BASE again.
+keep_server() {
+    echo "$1 $PID $BASE" >>"$TMP/servers"
+    SERVERS="$SERVERS $PID"
+    PID=""
+}
+use_server() {
+    PID=$(awk -v n="$1" '$1 == n { print $2 }' "$TMP/servers")
+    BASE=$(awk -v n="$1" '$1 == n { print $3 }' "$TMP/servers")
+}
+
+# run_row NAME COUNTS RESULTS ROUND LOAD CONNS: one wrk run against server
+# NAME, a line appended to RESULTS: "round load conns req/s p50 p99 errors
+# cpu_us ctx batch", batch being rows per model execution (from the COUNTS
+# function; - when it counts none).
+run_row() {
+    use_server "$1"
+    n0=$($2)
+    run_wrk "$(script_for "$5")" "$6"
+    n1=$($2)
+    batch=$(echo "$n0 $n1" | awk '{ e = $4 - $2; if (e > 0) printf "%.2f", ($3 - $1) / e; else print "-" }')
+    echo "$4 $5 $6 $RPS $P50 $P99 $ERR $CPU_US $CTX $batch" >>"$3"
+    echo "  round $4, $1 $5 c=$6: $RPS req/s, p50 $P50 ms, p99 $P99 ms, batch $batch, errors $ERR, $CPU_US us CPU and $CTX context switches per request" >&2
+    PID=""
+}
+
+# warm_up NAME LOAD: a run not reported.
+warm_up() {
+    use_server "$1"
+    run_wrk "$(script_for "$2")" 8
+    PID=""
 }
 
 # ---- tpserve ------------------------------------------------------------------
@@ -172,9 +184,6 @@ $PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP" || die "cannot save t
 BIN_HL=$(cat "$TMP/ans.bin.hl")
 # Triton's model configuration is copied from this one.
 curl -s -o "$TMP/config.json" "$BASE/v2/models/$G/config"
-
-echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), ${DURATION} s per run" >&2
-run_serve tpserve counts_tpserve "$TMP/tp.res" json binary mixed
 # ---- perf_analyzer (when installed) ---------------------------------------------
 if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
     "$HERE/../../scripts/install_perf_analyzer.sh" >"$TMP/pa.env" 2>/dev/null; then
@@ -197,7 +206,7 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
         done
     done
 fi
-stop_server
+keep_server tpserve
 
 # ---- Triton (TRITON=1, or when installed) ---------------------------------------
 # triton_start: Triton installed (or checked), a model repository computing
@@ -240,10 +249,8 @@ triton_start() {
 }
 TRITON_SKIP=""
 if triton_start; then
-    echo "bench_http: Triton $TRITON_VERSION (Python backend, --http-thread-count $THREADS), ${DURATION} s per run" >&2
     cat "$TMP/triton_check.out" >&2
-    run_serve Triton counts_triton "$TMP/triton.res" json binary mixed
-    stop_server
+    keep_server triton
 else
     TRITON_SKIP=$WHY
     echo "bench_http: no Triton columns: $TRITON_SKIP" >&2
@@ -261,31 +268,121 @@ for load in json binary; do
     fi
     PID=$!
     wait_up "$BASE/" bare || die "$WHY"
-    run_serve bare_http counts_none "$TMP/bare.res" $load
-    stop_server
+    keep_server bare_$load
+done
+
+# ---- the rounds ---------------------------------------------------------------
+# Every server stays up and each row's runs follow each other, round after
+# round: a machine whose speed drifts (a VM's neighbours, turbo) moves all of
+# a row's servers alike, and the ratios are taken per round.
+peers="bare_http"
+[ -n "$TRITON_SKIP" ] || peers="$peers, Triton $TRITON_VERSION (Python backend)"
+echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), $peers; $ROUNDS rounds of ${DURATION} s runs" >&2
+warm_up tpserve json
+warm_up bare_json json
+warm_up bare_binary binary
+[ -z "$TRITON_SKIP" ] && warm_up triton json
+r=1
+while [ $r -le "$ROUNDS" ]; do
+    for load in json binary mixed; do
+        for c in $CONNS; do
+            run_row tpserve counts_tpserve "$TMP/tp.res" $r $load "$c"
+            [ $load = mixed ] || run_row bare_$load counts_none "$TMP/bare.res" $r $load "$c"
+            [ -n "$TRITON_SKIP" ] || run_row triton counts_triton "$TMP/triton.res" $r $load "$c"
+        done
+    done
+    r=$((r + 1))
 done
 
 # ---- the table ----------------------------------------------------------------
-# peer_cols RESULTS NAME LOAD CONNS RPS SCALE FORMAT [batch]: another server's
-# cells for the row (req/s, p50, p99, with "batch" its avg batch, CPU, ctx
-# sw, and tpserve's RPS over its req/s times SCALE printed with FORMAT), or
-# dashes when it has no such run.
+# medians RESULTS: per load and connection count, in the order first run,
+# the median over the rounds of each column (errors summed): "load conns
+# req/s p50 p99 errors cpu_us ctx batch".
+medians() {
+    awk '
+        function median(key, col,   i, j, m, t, x) {
+            m = n[key]
+            if (dash[key, col]) return "-"
+            for (i = 1; i <= m; i++) x[i] = v[key, col, i] + 0
+            for (i = 2; i <= m; i++) {
+                t = x[i]
+                for (j = i - 1; j >= 1 && x[j] > t; j--) x[j + 1] = x[j]
+                x[j + 1] = t
+            }
+            return m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
+        }
+        {
+            key = $2 " " $3
+            if (!(key in n)) order[++keys] = key
+            n[key]++
+            for (c = 4; c <= 10; c++) {
+                v[key, c, n[key]] = $c
+                if ($c == "-") dash[key, c] = 1
+            }
+            err[key] += $7
+        }
+        END {
+            for (i = 1; i <= keys; i++) {
+                k = order[i]
+                b = median(k, 10)
+                printf "%s %.0f %.2f %.2f %d %.0f %.2f %s\n", k, median(k, 4), median(k, 5), median(k, 6), err[k],
+                    median(k, 8), median(k, 9), b == "-" ? b : sprintf("%.2f", b)
+            }
+        }' "$1"
+}
+
+# ratios RESULTS PEER_RESULTS: per load and connection count, tpserve req/s
+# over the peer's in the same round: "load conns median min max".
+ratios() {
+    awk '
+        NR == FNR { peer[$1, $2, $3] = $4; next }
+        peer[$1, $2, $3] > 0 {
+            key = $2 " " $3
+            r = $4 / peer[$1, $2, $3]
+            if (!(key in n)) { order[++keys] = key; lo[key] = r; hi[key] = r }
+            x[key, ++n[key]] = r
+            if (r < lo[key]) lo[key] = r
+            if (r > hi[key]) hi[key] = r
+        }
+        END {
+            for (i = 1; i <= keys; i++) {
+                k = order[i]
+                m = n[k]
+                for (a = 2; a <= m; a++) {
+                    t = x[k, a]
+                    for (b = a - 1; b >= 1 && x[k, b] > t; b--) x[k, b + 1] = x[k, b]
+                    x[k, b + 1] = t
+                }
+                print k, m % 2 ? x[k, (m + 1) / 2] : (x[k, m / 2] + x[k, m / 2 + 1]) / 2, lo[k], hi[k]
+            }
+        }' "$2" "$1"
+}
+
+# peer_cols MEDIANS RATIOS NAME LOAD CONNS SCALE FORMAT [batch]: another
+# server's cells for the row (median req/s, p50, p99, with "batch" its avg
+# batch, CPU, ctx sw), then tpserve's req/s over its, the median of the
+# rounds' ratios and their range, times SCALE printed with FORMAT; dashes
+# when it has no such row.
 peer_cols() {
-    awk -v n="$2" -v l="$3" -v c="$4" -v a="$5" -v k="$6" -v f="$7" -v b="${8:-}" '
+    awk -v n="$3" -v l="$4" -v c="$5" -v k="$6" -v f="$7" -v b="${8:-}" '
+        NR == FNR { if ($1 == l && $2 == c) r = sprintf(f " (" f "-" f ")", k * $3, k * $4, k * $5); next }
         $1 == l && $2 == c {
-            r = sprintf(f, $3 > 0 ? k * a / $3 : 0)
             if ($6 != 0) r = r " (" n ": " $6 " errors)"
             printf "%s | %s | %s | %s%s | %s | %s", $3, $4, $5, b ? $9 " | " : "", $7, $8, r
             found = 1
         }
-        END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$1"
+        END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$2" "$1"
 }
 touch "$TMP/bare.res" "$TMP/triton.res"
+for f in tp bare triton; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
+ratios "$TMP/tp.res" "$TMP/triton.res" >"$TMP/triton.ratio"
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
 echo
 echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr), $(date -u +%Y-%m-%d):"
-echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}, wrk ${DURATION} s per row"
-echo "(2 wrk threads; 1 for 1 connection) on the same machine; 1-row requests unless noted."
+echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}; $ROUNDS rounds, in each a ${DURATION} s wrk"
+echo "run per row and server, one after the other (2 wrk threads; 1 for 1 connection); 1-row requests unless"
+echo "noted. Cells are medians over the rounds; a ratio is the median of the rounds' ratios (range in brackets)."
 echo
 echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -297,10 +394,10 @@ while read -r load c rps p50 p99 err cpu ctx batch; do
     mixed) label="JSON, batch 1..8 rows" ;;
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
-    bare=$(peer_cols "$TMP/bare.res" bare "$load" "$c" "$rps" 100 "%.1f%%")
-    triton=$(peer_cols "$TMP/triton.res" Triton "$load" "$c" "$rps" 1 "%.2fx" batch)
+    bare=$(peer_cols "$TMP/bare.med" "$TMP/bare.ratio" bare "$load" "$c" 100 "%.1f%%")
+    triton=$(peer_cols "$TMP/triton.med" "$TMP/triton.ratio" Triton "$load" "$c" 1 "%.2fx" batch)
     echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $triton |"
-done <"$TMP/tp.res"
+done <"$TMP/tp.med"
 echo
 if [ -f "$TMP/pa.res" ]; then
     echo

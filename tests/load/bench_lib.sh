@@ -2,12 +2,16 @@
 # a temporary directory $TMP removed at exit (KEEP_TMP=1 keeps it), the
 # server whose pid is in $PID stopped at exit, die, and the checks that
 # wrk, the tpserve binary and the graph are there. Set BENCH_NAME,
-# TPSERVE, TP_GRAPHS and G first.
+# TPSERVE, TP_GRAPHS and G first. Servers kept running beside $PID (their
+# pids in $SERVERS) are stopped at exit too.
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_$BENCH_NAME.XXXXXX")
 PID=""
+SERVERS=""
 
 cleanup() {
-    [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+    for p in $PID $SERVERS; do
+        kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
     if [ -n "${KEEP_TMP:-}" ]; then echo "files kept in $TMP" >&2; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
