@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints tp_math.h's piecewise erf coefficients (TP_ERF_* tables).
+"""Prints tp_math.h's piecewise erf: the lines of tp_erff that evaluate it.
 
 erf on [0.85, 3.93) is three degree-8 polynomials, each in u = (a - c) / h
 over its interval [c - h, c + h]: Chebyshev fits (6000 Chebyshev nodes of
@@ -44,14 +44,17 @@ def main():
     fits = [fit(lo, hi) for lo, hi in zip(BOUNDS[:-1], BOUNDS[1:])]
     for (lo, hi), (c, s, coef) in zip(zip(BOUNDS[:-1], BOUNDS[1:]), fits):
         print(f"/* [{lo}, {hi}): {worst_ulp(lo, hi, c, s, coef):.2f} ulp on a dense sample */")
-    print(f"#define TP_ERF_B1 {BOUNDS[1]}f")
-    print(f"#define TP_ERF_B2 {BOUNDS[2]}f")
-    print(f"#define TP_ERF_ONE_FROM {BOUNDS[3]}f")
-    for name, vals in (("C", [f[0] for f in fits]), ("S", [f[1] for f in fits])):
-        print(f"#define TP_ERF_{name} {{" + ", ".join(f"{float(v):.9g}f" for v in vals) + "}")
-    for k in range(DEGREE + 1):
-        print(f"#define TP_ERF_K{k} {{" + ", ".join(f"{float(f[2][k]):.9g}f" for f in fits) + "}")
+    # the piece bounds are tp_erf_piece's 1.6f and 2.5f and tp_erff's 3.93f
+    print(f"/* pieces from {BOUNDS[0]}: below {BOUNDS[1]}, below {BOUNDS[2]}, below {BOUNDS[3]} */")
 
+    def pick(vals):
+        return "tp_erf_piece(a, " + ", ".join(f"{float(v):.9g}f" for v in vals) + ")"
+
+    print(f"    float u = (a - {pick([f[0] for f in fits])}) *")
+    print(f"              {pick([f[1] for f in fits])};")
+    print(f"    float p = {pick([f[2][DEGREE] for f in fits])};")
+    for k in range(DEGREE - 1, -1, -1):
+        print(f"    p = p * u + {pick([f[2][k] for f in fits])};")
 
 if __name__ == "__main__":
     main()
