@@ -295,21 +295,27 @@ while [ $r -le "$ROUNDS" ]; do
 done
 
 # ---- the table ----------------------------------------------------------------
+# An awk function for medians and ratios: sorts x[1..m] in place (so x[1]
+# and x[m] are then its least and greatest) and returns its median.
+SORT_MEDIAN='
+    function sort_median(x, m,   i, j, t) {
+        for (i = 2; i <= m; i++) {
+            t = x[i]
+            for (j = i - 1; j >= 1 && x[j] > t; j--) x[j + 1] = x[j]
+            x[j + 1] = t
+        }
+        return m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
+    }'
+
 # medians RESULTS: per load and connection count, in the order first run,
 # the median over the rounds of each column (errors summed): "load conns
 # req/s p50 p99 errors cpu_us ctx batch".
 medians() {
-    awk '
-        function median(key, col,   i, j, m, t, x) {
-            m = n[key]
+    awk "$SORT_MEDIAN"'
+        function median(key, col,   i, x) {
             if (dash[key, col]) return "-"
-            for (i = 1; i <= m; i++) x[i] = v[key, col, i] + 0
-            for (i = 2; i <= m; i++) {
-                t = x[i]
-                for (j = i - 1; j >= 1 && x[j] > t; j--) x[j + 1] = x[j]
-                x[j + 1] = t
-            }
-            return m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
+            for (i = 1; i <= n[key]; i++) x[i] = v[key, col, i] + 0
+            return sort_median(x, n[key])
         }
         {
             key = $2 " " $3
@@ -334,27 +340,21 @@ medians() {
 # ratios RESULTS PEER_RESULTS: per load and connection count, tpserve req/s
 # over the peer's in the same round: "load conns median min max".
 ratios() {
-    awk '
-        NR == FNR { peer[$1, $2, $3] = $4; next }
+    awk "$SORT_MEDIAN"'
+        function summary(key,   i, x, mid) {
+            for (i = 1; i <= n[key]; i++) x[i] = r[key, i]
+            mid = sort_median(x, n[key])
+            return mid " " x[1] " " x[n[key]]
+        }
+        FILENAME == ARGV[1] { peer[$1, $2, $3] = $4; next }
         peer[$1, $2, $3] > 0 {
             key = $2 " " $3
-            r = $4 / peer[$1, $2, $3]
-            if (!(key in n)) { order[++keys] = key; lo[key] = r; hi[key] = r }
-            x[key, ++n[key]] = r
-            if (r < lo[key]) lo[key] = r
-            if (r > hi[key]) hi[key] = r
+            if (!(key in n)) order[++keys] = key
+            r[key, ++n[key]] = $4 / peer[$1, $2, $3]
         }
         END {
-            for (i = 1; i <= keys; i++) {
-                k = order[i]
-                m = n[k]
-                for (a = 2; a <= m; a++) {
-                    t = x[k, a]
-                    for (b = a - 1; b >= 1 && x[k, b] > t; b--) x[k, b + 1] = x[k, b]
-                    x[k, b + 1] = t
-                }
-                print k, m % 2 ? x[k, (m + 1) / 2] : (x[k, m / 2] + x[k, m / 2 + 1]) / 2, lo[k], hi[k]
-            }
+            for (i = 1; i <= keys; i++)
+                print order[i], summary(order[i])
         }' "$2" "$1"
 }
 
@@ -365,7 +365,7 @@ ratios() {
 # when it has no such row.
 peer_cols() {
     awk -v n="$3" -v l="$4" -v c="$5" -v k="$6" -v f="$7" -v b="${8:-}" '
-        NR == FNR { if ($1 == l && $2 == c) r = sprintf(f " (" f "-" f ")", k * $3, k * $4, k * $5); next }
+        FILENAME == ARGV[1] { if ($1 == l && $2 == c) r = sprintf(f " (" f "-" f ")", k * $3, k * $4, k * $5); next }
         $1 == l && $2 == c {
             if ($6 != 0) r = r " (" n ": " $6 " errors)"
             printf "%s | %s | %s | %s%s | %s | %s", $3, $4, $5, b ? $9 " | " : "", $7, $8, r
