@@ -4,7 +4,8 @@
 # within a second every time, on the main port and on health_port, and the
 # slowloris connections are closed at request_deadline_ms however they
 # trickle; with the main port at max_connections, health_port still answers;
-# max_connections_per_ip refuses one address's excess but not another's;
+# max_connections_per_ip refuses one address's excess but not another's,
+# and admits it again once its connections close;
 # protocol abuse (two Content-Length, Transfer-Encoding gzip, %00 in the
 # path, HTTP/1.1 without Host) gets an immediate answer and a closed
 # connection.  Loopback only; bounded counts and time.
@@ -91,8 +92,14 @@ def ready(src):
     except OSError as e:
         return repr(e).encode()
 a, b = ready("127.0.0.1"), ready("127.0.0.2")
-print("5th connection from 127.0.0.1: %r; from 127.0.0.2: %r" % (a, b))
-sys.exit(0 if not a.startswith(b"HTTP/1.1 200") and b.startswith(b"HTTP/1.1 200") else 1)
+# and a closed connection gives its place back
+for s in held:
+    s.close()
+time.sleep(0.3)
+c = ready("127.0.0.1")
+print("5th connection from 127.0.0.1: %r; from 127.0.0.2: %r; from 127.0.0.1 after the 4 closed: %r" % (a, b, c))
+sys.exit(0 if not a.startswith(b"HTTP/1.1 200") and b.startswith(b"HTTP/1.1 200")
+         and c.startswith(b"HTTP/1.1 200") else 1)
 PY
 then
     pass "max_connections_per_ip 4: $(cat "$TMP/o")"
