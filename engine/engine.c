@@ -25,6 +25,7 @@
 #include "rank_group.h"
 #include "text.h"
 #include "weights.h"
+#include "zalloc.h"
 
 #define EXEC_CACHE 8
 
@@ -714,7 +715,7 @@ static tp_status run_request(tp_engine *e, const tp_host_tensor *const *pieces, 
 {
     *outputs = NULL;
     *n_outputs = 0;
-    tp_host_tensor *outs = calloc((size_t)e->g->n_outputs + 1, sizeof *outs);
+    tp_host_tensor *outs = tp_zalloc((size_t)e->g->n_outputs + 1, sizeof *outs);
     if (!outs)
         return tp_fail(err, TP_NOMEM, "out of memory");
     pthread_mutex_lock(&e->mu);

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "text.h"
+#include "zalloc.h"
 
 #define DEFAULT_MAX_QUEUE 1024
 #define DEFAULT_MAX_BATCH 16
@@ -214,7 +215,7 @@ static const tp_host_tensor *find_input(const job *j, const char *name)
 static tp_status slice_outputs(tp_batcher *b, const tp_host_tensor *all, int n_outs, int64_t rows,
                                int64_t row, int64_t n, tp_host_tensor **out, tp_err *err)
 {
-    tp_host_tensor *o = calloc((size_t)n_outs + 1, sizeof *o);
+    tp_host_tensor *o = tp_zalloc((size_t)n_outs + 1, sizeof *o);
     if (!o)
         return tp_fail(err, TP_NOMEM, "splitting a batch: out of memory");
     for (int i = 0; i < n_outs; i++) {
@@ -484,7 +485,7 @@ static int would_hold(const tp_batcher *b)
 
 static job *new_job(const tp_batch_req *r, int64_t rows)
 {
-    job *j = calloc(1, sizeof *j);
+    job *j = tp_zalloc(1, sizeof *j);
     if (!j)
         return NULL;
     j->r = *r;
@@ -515,7 +516,7 @@ static void append_job(job **head, job **tail, job *j)
  * b->mu held. */
 static int hold_job(tp_batcher *b, tp_batch_held **held, job *j)
 {
-    if (!*held && !(*held = calloc(1, sizeof **held)))
+    if (!*held && !(*held = tp_zalloc(1, sizeof **held)))
         return 0;
     append_job(&(*held)->head, &(*held)->tail, j);
     (*held)->n++;

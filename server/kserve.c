@@ -3,6 +3,7 @@
 #include "json_tensor.h"
 #include "text.h"
 #include "io_check.h"
+#include "zalloc.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -361,7 +362,7 @@ static tp_status parse_outputs(const tp_kserve_model *m, const json_t *jout, int
     if (jout && !json_is_array(jout))
         return tp_fail(err, TP_INVALID, "'outputs' must be an array, got %s", tp_json_kind(jout));
     size_t n = jout && json_array_size(jout) ? json_array_size(jout) : (size_t)m->n_outputs;
-    if (!(req->outputs = calloc(n ? n : 1, sizeof *req->outputs)))
+    if (!(req->outputs = tp_zalloc(n ? n : 1, sizeof *req->outputs)))
         return tp_fail(err, TP_NOMEM, "out of memory");
     req->n_outputs = (int)n;
     for (size_t i = 0; i < n; i++) {
@@ -432,7 +433,7 @@ static tp_status parse_root(const tp_kserve_model *m, const json_t *root, const 
     tp_status st = get_bool_param(params, "binary_data_output", "request", &binary_default, err);
     if (st != TP_OK || (st = parse_timeout(params, &req->timeout_us, err)) != TP_OK)
         return st;
-    if (!(req->inputs = calloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *req->inputs)))
+    if (!(req->inputs = tp_zalloc((size_t)(m->n_inputs ? m->n_inputs : 1), sizeof *req->inputs)))
         return tp_fail(err, TP_NOMEM, "out of memory");
     req->n_inputs = m->n_inputs;
     if ((st = parse_inputs(m, json_object_get(root, "inputs"), text, tail, req->inputs, err)) !=
