@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "fiber.h"
 #include "rank_procs.h"
 #include "serial_policy.h"
@@ -251,10 +252,10 @@ static void *watch_main(void *p)
     tp_rank_group *g = p;
     pthread_setname_np(pthread_self(), "rank watchdog");
     uint32_t seen = atomic_load(&g->steps);
-    int64_t quiet_since = tp_spin_now_ns();
+    int64_t quiet_since = tp_now_ns();
     while (!atomic_load(&g->quit)) {
         uint32_t s = atomic_load(&g->steps);
-        int64_t now = tp_spin_now_ns();
+        int64_t now = tp_now_ns();
         if (s != seen || atomic_load(&g->in_step)) {
             seen = s;
             quiet_since = now;
@@ -453,7 +454,7 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
             return st;
     }
     int serial = g->fibers && tp_serial_policy_next(&g->policy);
-    int64_t t0 = g->fibers ? tp_spin_now_ns() : 0;
+    int64_t t0 = g->fibers ? tp_now_ns() : 0;
     begin_step(g, fn, ctx, hooks, serial);
     if (serial) {
         run_serial(g);
@@ -462,7 +463,7 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         wait_ranks(g);
     }
     if (g->fibers) {
-        tp_serial_policy_took(&g->policy, serial, tp_spin_now_ns() - t0);
+        tp_serial_policy_took(&g->policy, serial, tp_now_ns() - t0);
         atomic_store(&g->serial, tp_serial_policy_peek(&g->policy));
     }
     if (!g->procs) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "text.h"
 #include "zalloc.h"
 
@@ -46,13 +47,6 @@ struct tp_batcher {
     double recent_backlog; /* moving average of "requests were waiting when a batch ended" (mu) */
     pthread_t th;
 };
-
-double tp_batcher_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ---- the queue (b->mu held) --------------------------------------------- */
 
@@ -147,7 +141,7 @@ static void wait_until(tp_batcher *b, double t)
 static int next_batch(tp_batcher *b, job **batch, job **expired)
 {
     for (;;) {
-        double now = tp_batcher_now();
+        double now = tp_now_s();
         take_expired(b, now, expired);
         if (*expired)
             return 1;
@@ -264,9 +258,9 @@ static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, i
         job *next = batch->next;
         tp_host_tensor *mine = NULL;
         tp_err err = {{0}};
-        double ts = tp_batcher_now();
+        double ts = tp_now_s();
         tp_status st = slice_outputs(b, outs, n_outs, info.batch_rows, row, batch->rows, &mine, &err);
-        *split_s += tp_batcher_now() - ts;
+        *split_s += tp_now_s() - ts;
         row += batch->rows;
         deliver(b, batch, st, mine, st == TP_OK ? n_outs : 0, &err, info, t0);
         batch = next;
@@ -317,9 +311,9 @@ static void run_batch(tp_batcher *b, job *batch)
         rows += j->rows;
     tp_host_tensor *outs = NULL;
     tp_err err = {{0}};
-    double t0 = tp_batcher_now(), split_s = 0;
+    double t0 = tp_now_s(), split_s = 0;
     tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &err);
-    tp_batch_info info = {0, tp_batcher_now() - t0, rows, n};
+    tp_batch_info info = {0, tp_now_s() - t0, rows, n};
     tp_engine_stats s;
     tp_engine_get_stats(b->e, &s); /* uncontended: this thread is the engine's only caller */
     note_step(b, info.compute_s, s.serial_steps != b->serial_steps_seen);
@@ -389,7 +383,7 @@ static void *batcher_main(void *arg)
         b->running = batch != NULL;
         pthread_mutex_unlock(&b->mu);
         /* callbacks run unlocked: they may take their own locks or submit */
-        answer_expired(expired, tp_batcher_now());
+        answer_expired(expired, tp_now_s());
         if (batch)
             run_batch(b, batch);
         pthread_mutex_lock(&b->mu);
@@ -492,7 +486,7 @@ static job *new_job(const tp_batch_req *r, int64_t rows)
     tp_text_copy(j->timeout_what, sizeof j->timeout_what, r->timeout_what ? r->timeout_what : "its timeout");
     j->r.timeout_what = j->timeout_what;
     j->rows = rows;
-    j->t_submit = tp_batcher_now();
+    j->t_submit = tp_now_s();
     j->t_arrival = r->t_arrival > 0 ? r->t_arrival : j->t_submit;
     j->deadline = r->timeout_us > 0 ? j->t_arrival + (double)r->timeout_us / 1e6 : 0;
     return j;
@@ -582,7 +576,7 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
     claim_engine(b);
     b->held -= n;
     pthread_mutex_unlock(&b->mu);
-    double now = tp_batcher_now();
+    double now = tp_now_s();
     cut_expired(&list, &tail, now, &expired);
     answer_expired(expired, now);
     while (list) {

@@ -64,7 +64,7 @@ typedef void (*tp_batch_done_fn)(void *ctx, tp_status st, tp_host_tensor *outs, 
 typedef struct {
     const tp_host_tensor *inputs; /* borrowed (and their bytes) until done is called */
     int n_inputs;
-    double t_arrival;         /* tp_batcher_now() when the deadline clock starts; 0: at submit */
+    double t_arrival;         /* tp_now_s() when the deadline clock starts; 0: at submit */
     int64_t timeout_us;       /* deadline = t_arrival + timeout_us; 0: none */
     const char *timeout_what; /* names the limit in the 504 message, e.g. "request_timeout_ms 30" */
     tp_batch_done_fn done;
@@ -75,9 +75,6 @@ typedef struct {
      * tensors, checked in full (tp_engine_check_inputs) */
     int decoded;
 } tp_batch_req;
-
-/* Monotonic seconds (CLOCK_MONOTONIC), the clock of t_arrival. */
-double tp_batcher_now(void);
 
 /* e is borrowed and must outlive the batcher. */
 tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err);

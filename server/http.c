@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "batcher.h"
+#include "clock.h"
 #include "http_guard.h"
 #include "kserve.h"
 #include "log.h"
@@ -138,13 +139,6 @@ struct tp_http {
     int may_hold;
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* ---- replies ------------------------------------------------------------ */
 
 static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
@@ -183,7 +177,7 @@ static void log_request(const req_ctx *r, unsigned code, const char *msg)
     tp_log_level lvl = code >= 500 && code != 503 ? TP_LOG_WARN : TP_LOG_DEBUG;
     if (!tp_log_enabled(lvl))
         return;
-    double ms = now_ms() - r->t_start;
+    double ms = tp_now_ms() - r->t_start;
     if (msg)
         tp_log(lvl, "%s %s -> %u (%.1f ms): %s", r->method, r->url, code, ms, msg);
     else
@@ -208,7 +202,7 @@ static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
 {
     r->state = REQ_REPLIED;
     if (r->route && (r->route->flags & ROUTE_INFER)) {
-        double total = (now_ms() - r->t_start) / 1e3;
+        double total = (tp_now_ms() - r->t_start) / 1e3;
         tp_metrics_request(h->metrics, code, total);
         if (r->for_model)
             record_stats(h, r, code, total);
@@ -646,7 +640,7 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     tp_kserve_buf buf = {0};
     tp_kserve_piece *tail = tp_zalloc((size_t)r->req.n_outputs + 1, sizeof *tail);
     int n_tail = 0;
-    double t0 = now_ms();
+    double t0 = tp_now_ms();
     if (st == TP_OK && !tail)
         st = tp_fail(err, TP_NOMEM, "out of memory encoding the answer");
     else if (st == TP_OK)
@@ -654,7 +648,7 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
                                          &buf, tail, &n_tail, err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(err, "inference failed: ");
-    r->times.output = (now_ms() - t0) / 1e3;
+    r->times.output = (tp_now_ms() - t0) / 1e3;
     release_request(r);
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
@@ -688,10 +682,10 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
         return reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
                            "non-negative integer", ihcl);
     tp_err err;
-    r->t_body = now_ms();
+    r->t_body = tp_now_ms();
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
                                          &r->req, &err);
-    r->times.input = (now_ms() - r->t_body) / 1e3;
+    r->times.input = (tp_now_ms() - r->t_body) / 1e3;
     int held = 0;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);
@@ -829,7 +823,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
         return NULL;
     r->h = h;
     r->conn = c;
-    r->t_start = now_ms();
+    r->t_start = tp_now_ms();
     tp_text_copy(r->method, sizeof r->method, method);
     tp_text_copy(r->url, sizeof r->url, url);
     r->route = find_route(url, &r->args);

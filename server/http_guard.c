@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 
 /* One per open connection, linked in the guard's list from libmicrohttpd's
@@ -35,13 +36,6 @@ struct tp_http_guard {
     pthread_t watcher;
     int watching;
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the deadline watcher ------------------------------------------------ */
 
@@ -67,7 +61,7 @@ static void *watch_main(void *arg)
     int64_t tick = g->deadline_ms / 10 > 10 ? g->deadline_ms / 10 : 10;
     pthread_mutex_lock(&g->mu);
     while (!g->stopping) {
-        int n = cut_overdue(g, now_ms());
+        int n = cut_overdue(g, tp_now_ns() / 1000000);
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
         struct timespec ts;
@@ -98,7 +92,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             return;
         }
         e->fd = fi->connect_fd;
-        atomic_init(&e->since_ms, now_ms());
+        atomic_init(&e->since_ms, tp_now_ns() / 1000000);
         atomic_init(&e->waiting, 1);
         pthread_mutex_lock(&g->mu);
         e->next = g->head.next;
@@ -137,7 +131,7 @@ void tp_http_guard_answered(struct MHD_Connection *c)
 {
     conn_entry *e = entry_of(c);
     if (e) {
-        atomic_store(&e->since_ms, now_ms());
+        atomic_store(&e->since_ms, tp_now_ns() / 1000000);
         atomic_store(&e->waiting, 1);
     }
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -125,13 +126,6 @@ static tp_status load_config(int argc, char **argv, tp_config *cfg, int *help, t
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* The server's signals are blocked in every thread (main() made sure of it
  * before any thread existed, see signals.h; threads started here inherit
  * the mask) and taken synchronously with sigwait. */
@@ -170,9 +164,9 @@ static int wait_signal(const sigset_t *set, int timeout_ms)
  * period does). */
 static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned adopted)
 {
-    double start = now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
+    double start = tp_now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
     for (;;) {
-        double t = now_ms();
+        double t = tp_now_ms();
         if (tp_http_in_flight(h) > 0) {
             quiet_since = -1;
         } else {
@@ -186,7 +180,7 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned
                      cfg->drain_timeout_ms, tp_http_in_flight(h));
             return 0;
         }
-        if (wait_signal(set, 10) > 0 && now_ms() - start >= SIGNAL_BURST_MS) {
+        if (wait_signal(set, 10) > 0 && tp_now_ms() - start >= SIGNAL_BURST_MS) {
             TP_LOG_W("second signal: ending the drain with %ld requests in flight",
                      tp_http_in_flight(h));
             return 0;
@@ -201,8 +195,8 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned
 static int cancel_rest(tp_http *h)
 {
     tp_http_cancel_queued(h);
-    double until = now_ms() + 1000;
-    while (tp_http_in_engine(h) > 0 && now_ms() < until) {
+    double until = tp_now_ms() + 1000;
+    while (tp_http_in_engine(h) > 0 && tp_now_ms() < until) {
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }

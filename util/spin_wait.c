@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
 /* Time is read every CLOCK_EVERY polls: a vDSO clock read costs about two
  * pause instructions, so this bounds the spin by time at a few percent. */
 #define CLOCK_EVERY 16
@@ -28,13 +30,6 @@ static void cpu_relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-}
-
-int64_t tp_spin_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* cgroup v2's "QUOTA PERIOD" (or "max PERIOD": no quota) as whole cores,
@@ -72,7 +67,7 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
         if (d || budget_ns <= 0)
             return d;
         if (i % CLOCK_EVERY == 0) {
-            int64_t now = tp_spin_now_ns();
+            int64_t now = tp_now_ns();
             if (!end)
                 end = now + budget_ns;
             else if (now >= end)

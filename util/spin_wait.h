@@ -52,9 +52,6 @@ typedef struct {
 /* tp_spin_until under the site's history (budget_ns <= 0: no spin). */
 int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const void *arg, int64_t budget_ns);
 
-/* CLOCK_MONOTONIC in ns. */
-int64_t tp_spin_now_ns(void);
-
 /* futex(2) on a 32-bit word: sleeps while *w == expected (timeout_ms < 0:
  * no timeout); wakes every sleeper. shared: the word lies in memory other
  * processes map (the kernel keys the futex by page, not address). */

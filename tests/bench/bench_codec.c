@@ -12,12 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "json_tensor.h"
 #include "spin_wait.h"
 
 #define N 256
 
-static double now_ns(void) { return (double)tp_spin_now_ns(); }
+static double now_ns(void) { return (double)tp_now_ns(); }
 
 /* Values like the example's: uniform in (-1, 1), FP32. */
 static void values(float *v)
