@@ -17,7 +17,7 @@ typedef struct {
     int port;                /* 0 lets the kernel pick a free port */
     char graph[4096];        /* graph JSON path, relative to the working dir */
     char backend[16];        /* cpu | cuda | auto */
-    int threads;             /* HTTP thread pool size */
+    int threads;             /* HTTP thread pool size; 0: tp_config_http_threads picks */
     int64_t max_body_bytes;  /* larger request bodies get 413 */
     int request_timeout_ms;  /* idle connection / queue wait limit; 0 = none */
     int drain_timeout_ms;    /* SIGTERM: longest wait for in-flight requests */
@@ -53,6 +53,8 @@ tp_status tp_config_load_file(tp_config *c, const char *path, tp_err *err);
  * spelling: "max_body_bytes" or "max-body-bytes". */
 tp_status tp_config_set(tp_config *c, const char *key, const char *value, tp_err *err);
 
+/* threads, or when 0 the cores this process may use, clamped to [2, 16] */
+int tp_config_http_threads(const tp_config *c);
 /* Checks ranges and enumerations once all layers are applied. */
 tp_status tp_config_validate(const tp_config *c, tp_err *err);
 

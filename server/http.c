@@ -998,7 +998,7 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port,
                           ? MHD_USE_EPOLL_INTERNAL_THREAD
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
-    int pool = probes ? 1 : h->cfg.threads;
+    int pool = probes ? 1 : tp_config_http_threads(&h->cfg);
     if (!probes)
         h->may_hold = (flags & MHD_USE_EPOLL) != 0;
     struct MHD_OptionItem opts[6 + TP_HTTP_GUARD_N_OPTIONS] = {

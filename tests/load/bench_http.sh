@@ -13,7 +13,8 @@
 # env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
 #      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
 #      DURATION (seconds per run, 4), ROUNDS (3), CONNS (connection counts, "1 8 32"),
-#      THREADS (server threads for both servers, 4), TPSERVE_ARGS (extra
+#      THREADS (server threads for every server; default tpserve's own
+#      choice, one per usable core from 2 to 16), TPSERVE_ARGS (extra
 #      serve flags, e.g. "--max-queue-delay-us 0"), KEEP_TMP=1.
 #      TRITON: 1 installs Triton (scripts/install_triton.sh, build/venv-triton)
 #      for the Triton columns, 0 leaves them out; unset, they are there when
@@ -39,7 +40,7 @@ G=${GRAPH:-mlp_sp_tp2}
 DURATION=${DURATION:-4}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-"1 8 32"}
-THREADS=${THREADS:-4}
+THREADS=${THREADS:-0}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -175,9 +176,16 @@ PORT=$(free_port)
 BASE="http://127.0.0.1:$PORT"
 # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
 "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
-    --log-level warn --allow-client-shm 1 $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
+    --log-level info --allow-client-shm 1 $TPSERVE_ARGS >"$TMP/tpserve.log" 2>&1 &
 PID=$!
 wait_up "$BASE/v2/health/ready" tpserve || die "$WHY"
+# THREADS 0: the other servers get as many threads as tpserve chose
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    grep -q ' ready: .* threads=' "$TMP/tpserve.log" && break
+    sleep 0.1
+done
+THREADS=$(sed -n 's/.* ready: .* threads=\([0-9]*\).*/\1/p' "$TMP/tpserve.log" | head -1)
+[ -n "$THREADS" ] || die "tpserve's log has no 'ready: ... threads=N' line"
 
 # The answers bare_http will send: tpserve's own, for 1-row requests.
 $PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP" || die "cannot save tpserve's answers"

@@ -15,7 +15,7 @@
 #
 # env: TPSERVE (build/tpserve), TP_GRAPHS (build/graphs), GRAPH
 #      (mlp_sp_tp2), DURATION (seconds per round, 3), ROUNDS (3), MODES
-#      ("threads processes"), THREADS (--threads, 4), TPSERVE_ARGS (extra
+#      ("threads processes"), THREADS (--threads, 0: one per usable core), TPSERVE_ARGS (extra
 #      serve flags).
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
@@ -24,7 +24,7 @@ G=${GRAPH:-mlp_sp_tp2}
 DURATION=${DURATION:-3}
 ROUNDS=${ROUNDS:-3}
 MODES=${MODES:-"threads processes"}
-THREADS=${THREADS:-4}
+THREADS=${THREADS:-0}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 BENCH_NAME=rank_ctx

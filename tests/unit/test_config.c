@@ -8,6 +8,7 @@
 #include "check_main.h"
 #include "config.h"
 #include "log.h"
+#include "spin_wait.h"
 
 /* Writes text to a fresh temporary file; the caller unlinks path. */
 static void write_tmp(char *path, const char *text)
@@ -35,7 +36,7 @@ START_TEST(defaults)
     ck_assert_str_eq(c.host, "127.0.0.1");
     ck_assert_int_eq(c.port, 8000);
     ck_assert_str_eq(c.backend, "cpu");
-    ck_assert_int_eq(c.threads, 4);
+    ck_assert_int_eq(c.threads, 0); /* one per usable core */
     ck_assert(c.max_body_bytes == 64 * 1024 * 1024);
     ck_assert_int_eq(c.request_timeout_ms, 30000);
     ck_assert_int_eq(c.drain_timeout_ms, 10000);
@@ -173,8 +174,8 @@ START_TEST(flag_errors)
     ck_assert_int_eq(tp_config_set(&c, "port", "80x", &e), TP_INVALID);
     ck_assert_str_eq(e.msg, "--port: '80x' is not an integer");
     ck_assert_int_eq(tp_config_set(&c, "port", "", &e), TP_INVALID);
-    ck_assert_int_eq(tp_config_set(&c, "threads", "0", &e), TP_INVALID);
-    ck_assert_str_eq(e.msg, "--threads: 'threads' must be in [1, 256], got 0");
+    ck_assert_int_eq(tp_config_set(&c, "threads", "-1", &e), TP_INVALID);
+    ck_assert_str_eq(e.msg, "--threads: 'threads' must be in [0, 256], got -1");
     ck_assert_int_eq(tp_config_set(&c, "max_body_bytes", "99999999999999999999", &e), TP_INVALID);
     ck_assert_str_eq(e.msg, "--max-body-bytes: '99999999999999999999' is not an integer");
     ck_assert_int_eq(tp_config_set(&c, "colour", "red", &e), TP_INVALID);
@@ -225,9 +226,9 @@ START_TEST(validate_and_usage)
     snprintf(c.graph, sizeof c.graph, "g.json");
     tp_err e;
     ck_assert_int_eq(tp_config_validate(&c, &e), TP_OK);
-    c.threads = 0; /* set directly, bypassing the setters */
+    c.threads = 257; /* set directly, bypassing the setters */
     ck_assert_int_eq(tp_config_validate(&c, &e), TP_INVALID);
-    ck_assert_ptr_nonnull(strstr(e.msg, "'threads' must be in [1, 256], got 0"));
+    ck_assert_ptr_nonnull(strstr(e.msg, "'threads' must be in [0, 256], got 257"));
     char buf[4096] = {0};
     FILE *f = fmemopen(buf, sizeof buf - 1, "w");
     tp_config_usage(f);
@@ -236,6 +237,19 @@ START_TEST(validate_and_usage)
     ck_assert_ptr_nonnull(strstr(buf, "max_body_bytes"));
     ck_assert_ptr_nonnull(strstr(buf, "(default 67108864)"));
     ck_assert_ptr_nonnull(strstr(buf, "cpu|cuda|auto"));
+}
+END_TEST
+
+START_TEST(http_threads_auto)
+{
+    tp_config c;
+    tp_config_defaults(&c);
+    int cores = tp_spin_cores(), want = cores < 2 ? 2 : cores > 16 ? 16 : cores;
+    ck_assert_int_eq(tp_config_http_threads(&c), want); /* 0: one per usable core, 2 to 16 */
+    c.threads = 3;
+    ck_assert_int_eq(tp_config_http_threads(&c), 3); /* a number is taken as given */
+    c.threads = 64;
+    ck_assert_int_eq(tp_config_http_threads(&c), 64);
 }
 END_TEST
 
@@ -266,6 +280,7 @@ static Suite *config_suite(void)
     tcase_add_test(t, flag_errors);
     tcase_add_test(t, validate_and_usage);
     tcase_add_test(t, log_levels);
+    tcase_add_test(t, http_threads_auto);
     suite_add_tcase(s, t);
     return s;
 }
