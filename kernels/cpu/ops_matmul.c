@@ -181,6 +181,58 @@ int cpu_matmul_writes_in_place(const tp_tensor *out)
     return 1;
 }
 
+/* t's dims before the last as one dim of *rows rows *stride apart, when
+ * they are evenly spaced in memory; 0 when they are not. */
+static int fold_rows(const tp_tensor *t, int64_t *rows, int64_t *stride)
+{
+    int last = t->ndim - 2;
+    *rows = t->shape[last];
+    *stride = t->stride[last];
+    for (int i = last - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != t->stride[i + 1] * t->shape[i + 1])
+            return 0;
+        *rows *= t->shape[i];
+    }
+    return 1;
+}
+
+/* FP32 [..., M, K] x [K, N] (or [N, K] with transpose_b) -> [..., M, N]
+ * with a's and out's rows evenly spaced: every block of a fused matmul, a
+ * step's most frequent op. The general plan comes to this same single
+ * sgemm for them (the batch folded into M), after a broadcast and a layout
+ * whose cost showed in a one-row request's profile; the shape checks are
+ * the plan's, which reports any mismatch. */
+static int one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out, int64_t *m,
+                     int64_t *sam, int64_t *ldc)
+{
+    int nd = a->ndim;
+    if (b->ndim != 2 || out->ndim != nd || nd < 2 || out->dtype != TP_F32)
+        return 0;
+    int64_t kb = tb ? b->shape[1] : b->shape[0], n = tb ? b->shape[0] : b->shape[1], mo;
+    if (kb != a->shape[nd - 1] || out->shape[nd - 1] != n)
+        return 0;
+    for (int i = 0; i < nd - 1; i++)
+        if (out->shape[i] != a->shape[i])
+            return 0;
+    if (!fold_rows(a, m, sam) || !fold_rows(out, &mo, ldc))
+        return 0;
+    if (*m == 1)
+        *ldc = n; /* one row: BLAS wants ldc >= n whatever the stride says */
+    return 1;
+}
+
+static tp_status matmul_one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out,
+                                  int64_t m, int64_t sam, int64_t ldc, tp_err *err)
+{
+    ops_buf sa = {0}, sb = {0};
+    tp_status s = ops_sgemm(m, out->shape[out->ndim - 1], a->shape[a->ndim - 1], 1.0f, a->data, sam,
+                            a->stride[a->ndim - 1], b->data, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1],
+                            out->data, ldc, &sa, &sb, err);
+    ops_buf_free(&sa);
+    ops_buf_free(&sb);
+    return s;
+}
+
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, tp_err *err)
 {
@@ -190,6 +242,9 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
                        tp_dtype_name(a->dtype), tp_dtype_name(b->dtype), tp_dtype_name(out->dtype));
     if (!cpu_matmul_writes_in_place(out))
         return tp_fail(err, TP_INTERNAL, "matmul: the output must be contiguous, or FP32 with contiguous rows");
+    int64_t m, sam, ldc;
+    if (one_sgemm(a, b, tb, out, &m, &sam, &ldc))
+        return matmul_one_sgemm(a, b, tb, out, m, sam, ldc, err);
     mm_plan pl;
     tp_status s = mm_plan_init(&pl, a, b, tb, out, err);
     if (s != TP_OK || tp_tensor_numel(out) == 0)

@@ -561,6 +561,33 @@ START_TEST(test_matmul_into_column_block)
                                   "row %d col %d: %g want %g", r, c, got, want[r * N + c - C0]);
             }
     }
+    /* 2-D operands (every block of a fused matmul; cpu_matmul's direct
+     * sgemm), b as [K, N] and with transpose_b as [N, K] */
+    float bt[N * K], w2[M * N];
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < N; n++)
+            bt[n * K + k] = b[k * N + n];
+    mm_ref(a, 0, b, 0, w2, 1, M, K, N, 0);
+    for (int tb = 0; tb < 2; tb++) {
+        for (int i = 0; i < M * W; i++)
+            o[i] = -777.0f;
+        tp_attrs at = attrs0();
+        at.transpose_b = tb;
+        tp_tensor a2 = mk(a, TP_F32, 2, (int64_t[]){M, K});
+        tp_tensor b2 = tb ? mk(bt, TP_F32, 2, (int64_t[]){N, K}) : mk(b, TP_F32, 2, (int64_t[]){K, N});
+        tp_tensor out = view(o + C0, TP_F32, 2, (int64_t[]){M, N}, (int64_t[]){W, 1});
+        tp_err e;
+        ck_assert_int_eq(cpu_matmul(&at, &a2, &b2, &out, &e), TP_OK);
+        for (int r = 0; r < M; r++)
+            for (int c = 0; c < W; c++) {
+                float got = o[r * W + c];
+                if (c < C0 || c >= C0 + N)
+                    ck_assert_msg(got == -777.0f, "2-D tb %d row %d col %d outside the block was written", tb, r, c);
+                else
+                    ck_assert_msg(fabsf(got - w2[r * N + c - C0]) <= 1e-5f + 1e-5f * fabsf(w2[r * N + c - C0]),
+                                  "2-D tb %d row %d col %d: %g want %g", tb, r, c, got, w2[r * N + c - C0]);
+            }
+    }
     /* rows closer than a row's length overlap; FP16 blocks go through scratch */
     tp_tensor overlap = view(o, TP_F32, 2, (int64_t[]){M, N}, (int64_t[]){N - 1, 1});
     uint16_t h[M * W];
