@@ -177,7 +177,7 @@ static void check_peers(tp_rank_procs *p)
         return;
     }
     int64_t deadline = atomic_load(&p->step_deadline);
-    if (deadline && tp_now_ns() / 1000000 > deadline) {
+    if (deadline && tp_now_ms_int() > deadline) {
         for (int r = 1; r < p->world && !atomic_load(&p->lost_set); r++)
             if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - atomic_load(&p->step)) < 0) {
                 set_lost(p, "rank %d (pid %d) did not finish a step within %d ms (step_timeout_ms)", r,
@@ -458,10 +458,10 @@ static tp_status accept_ranks(tp_rank_procs *p, const char *path, tp_err *err)
     int ls = -1;
     tp_status st = listen_unix(path, &ls, err);
     int joined = 0;
-    int64_t deadline = tp_now_ns() / 1000000 + timeout_ms;
+    int64_t deadline = tp_now_ms_int() + timeout_ms;
     while (st == TP_OK && joined < p->world - 1) {
         struct pollfd pf = {ls, POLLIN, 0};
-        int64_t left = deadline - tp_now_ns() / 1000000;
+        int64_t left = deadline - tp_now_ms_int();
         if (left <= 0 || poll(&pf, 1, (int)(left < 500 ? left : 500)) < 0) {
             if (left > 0 && errno == EINTR)
                 continue;
@@ -490,7 +490,7 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
     if (unix_addr(path, &a, err) != TP_OK)
         return TP_INVALID;
     int timeout = p->join_timeout_ms, *fd = &p->fd;
-    int64_t deadline = tp_now_ns() / 1000000 + timeout;
+    int64_t deadline = tp_now_ms_int() + timeout;
     for (;;) {
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
@@ -514,7 +514,7 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
         }
         if (s >= 0)
             close(s);
-        if (tp_now_ns() / 1000000 > deadline)
+        if (tp_now_ms_int() > deadline)
             return tp_fail(err, TP_TIMEOUT, "rendezvous '%s': no leader within %d ms: %s", path, timeout, strerror(errno));
         usleep(50 * 1000); /* the leader may start after us */
     }
@@ -525,12 +525,12 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
 static tp_status wait_joined(tp_rank_procs *p, tp_err *err)
 {
     int timeout_ms = p->join_timeout_ms;
-    int64_t deadline = tp_now_ns() / 1000000 + timeout_ms;
+    int64_t deadline = tp_now_ms_int() + timeout_ms;
     for (int r = 1; r < p->world; r++)
         while (atomic_load(&p->ctl->rank[r].pid) == 0) {
             if (tp_rank_procs_lost(p))
                 return tp_fail(err, TP_UNAVAILABLE, "%s before joining", p->lost);
-            if (tp_now_ns() / 1000000 > deadline)
+            if (tp_now_ms_int() > deadline)
                 return tp_fail(err, TP_TIMEOUT, "rank group: rank %d did not join within %d ms", r, timeout_ms);
             usleep(2000);
         }
@@ -621,9 +621,9 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_
  * to finish, and a hung worker would never exit on its own. */
 static void reap_workers(tp_rank_procs *p)
 {
-    int64_t deadline = atomic_load(&p->lost_set) ? 0 : tp_now_ns() / 1000000 + QUIT_GRACE_MS;
+    int64_t deadline = atomic_load(&p->lost_set) ? 0 : tp_now_ms_int() + QUIT_GRACE_MS;
     for (int r = 1; r < p->world; r++) {
-        while (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0 && tp_now_ns() / 1000000 < deadline)
+        while (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0 && tp_now_ms_int() < deadline)
             usleep(5000);
         if (p->child[r] > 0 && waitpid(p->child[r], NULL, WNOHANG) == 0) {
             kill(p->child[r], SIGKILL);
@@ -686,7 +686,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
         memcpy(m->data, buf, len);
     if (kind == TP_MSG_RUN) {
         atomic_store(&p->step, p->seen + 1);
-        atomic_store(&p->step_deadline, p->step_timeout_ms > 0 ? tp_now_ns() / 1000000 + p->step_timeout_ms : 0);
+        atomic_store(&p->step_deadline, p->step_timeout_ms > 0 ? tp_now_ms_int() + p->step_timeout_ms : 0);
     }
     atomic_store(&p->ctl->seq, ++p->seen);
     tp_futex_wake_sleepers(&p->ctl->seq, &p->ctl->seq_sleepers, 1);

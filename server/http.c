@@ -806,11 +806,11 @@ static req_ctx *take_record(void)
     return r;
 }
 
-/* r is released (release_request): only its body buffer is left */
+/* r is released (release_request): only its body buffer is left, and
+ * that only when it is at most SPARE_BODY_MAX */
 static void recycle_record(req_ctx *r)
 {
-    if (spare_ok && r->cap <= SPARE_BODY_MAX && !pthread_getspecific(spare_key) &&
-        pthread_setspecific(spare_key, r) == 0)
+    if (spare_ok && !pthread_getspecific(spare_key) && pthread_setspecific(spare_key, r) == 0)
         return;
     free_record(r);
 }
@@ -998,7 +998,7 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port,
                           ? MHD_USE_EPOLL_INTERNAL_THREAD
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
-    int pool = probes ? 1 : tp_config_http_threads(&h->cfg);
+    int pool = probes ? 1 : h->cfg.threads;
     if (!probes)
         h->may_hold = (flags & MHD_USE_EPOLL) != 0;
     struct MHD_OptionItem opts[6 + TP_HTTP_GUARD_N_OPTIONS] = {
@@ -1039,6 +1039,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     if (!h)
         return tp_fail(err, TP_NOMEM, "out of memory");
     h->cfg = *cfg;
+    h->cfg.threads = tp_config_http_threads(cfg); /* 0 resolved once: it reads the cgroup's quota */
     snprintf(h->default_timeout_what, sizeof h->default_timeout_what, "request_timeout_ms %d",
              cfg->request_timeout_ms);
     h->listen_fd = h->probe_fd = -1;
@@ -1070,6 +1071,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
 }
 
 int tp_http_port(const tp_http *h) { return h->port; }
+int tp_http_threads(const tp_http *h) { return h->cfg.threads; }
 
 static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
 {

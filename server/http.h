@@ -28,6 +28,8 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err);
 
 /* The port actually bound (differs from cfg->port when that was 0). */
 int tp_http_port(const tp_http *h);
+/* HTTP threads serving the main port (threads 0 resolved to the cores) */
+int tp_http_threads(const tp_http *h);
 
 /* Starts the batcher on the loaded engine (borrowed: it must outlive
  * tp_http_stop), publishes it and turns ready. */

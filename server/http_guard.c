@@ -61,7 +61,7 @@ static void *watch_main(void *arg)
     int64_t tick = g->deadline_ms / 10 > 10 ? g->deadline_ms / 10 : 10;
     pthread_mutex_lock(&g->mu);
     while (!g->stopping) {
-        int n = cut_overdue(g, tp_now_ns() / 1000000);
+        int n = cut_overdue(g, tp_now_ms_int());
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
         struct timespec ts;
@@ -92,7 +92,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             return;
         }
         e->fd = fi->connect_fd;
-        atomic_init(&e->since_ms, tp_now_ns() / 1000000);
+        atomic_init(&e->since_ms, tp_now_ms_int());
         atomic_init(&e->waiting, 1);
         pthread_mutex_lock(&g->mu);
         e->next = g->head.next;
@@ -131,7 +131,7 @@ void tp_http_guard_answered(struct MHD_Connection *c)
 {
     conn_entry *e = entry_of(c);
     if (e) {
-        atomic_store(&e->since_ms, tp_now_ns() / 1000000);
+        atomic_store(&e->since_ms, tp_now_ms_int());
         atomic_store(&e->waiting, 1);
     }
 }

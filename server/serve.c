@@ -233,7 +233,7 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
     TP_LOG_I("ready: graph=%s model=%s ranks=%d (%s%s) backend=%s listen=http://%s:%d threads=%d "
              "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
              cfg->ranks, serial, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
-             tp_config_http_threads(cfg), (long long)cfg->max_body_bytes);
+             tp_http_threads(h), (long long)cfg->max_body_bytes);
     int sig;
     /* 20 ms: readiness turns 503 well within 100 ms of a rank's death */
     while ((sig = wait_signal(set, 20)) <= 0) {
