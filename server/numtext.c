@@ -182,16 +182,14 @@ static void f32_shortest(uint32_t bits, uint32_t *f, int *e)
 
 /* ---- spelling ----------------------------------------------------------- */
 
-static const char PAIRS[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                            "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                            "8081828384858687888990919293949596979899";
 static const uint32_t POW10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
 
 /* x < 10^8 as 8 ASCII digits, the first in the lowest byte: 4+4, 2+2, 1+1
  * digit splits done on all lanes of one register at once (no chain of
  * divisions, and no digits stored byte by byte and read back wide, which
- * stalls store-to-load forwarding). */
-static uint64_t ascii8(uint32_t x)
+ * stalls store-to-load forwarding). Inlined: as a call it cost a quarter
+ * of the digit pass below. */
+static inline __attribute__((always_inline)) uint64_t ascii8(uint32_t x)
 {
     uint64_t halves = x / 10000 | (uint64_t)(x % 10000) << 32;
     uint64_t hundreds = (halves * 10486) >> 20 & 0x0000007f0000007fULL; /* /100 in each half */
@@ -200,58 +198,87 @@ static uint64_t ascii8(uint32_t x)
     return ((pairs - tens * 10) << 8 | tens) + 0x3030303030303030ULL;
 }
 
-/* f > 0 (< 2^32) as its n digits, the first in the lowest byte, '0' up to
- * byte 15. */
-static unsigned __int128 ascii_digits(uint32_t f, int n)
+static void store8(char *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* Spelling goes in three stages, each a short loop over a block of numbers
+ * in tp_numtext_f32_list: one number's stages chained together are a long
+ * dependency chain (multiplies, a table load, more multiplies) that the
+ * processor cannot overlap with the next number's, while a stage's loop
+ * over many numbers is independent work it overlaps freely (the list ran
+ * 16% faster than the same stages number by number).
+ *
+ * 1. f * 10^e (f > 0, at most 9 significant digits; a 10-digit f ends in a
+ *    0) as exactly 9 digits m, and the exponent of its first digit. */
+static uint32_t nine_digits(uint32_t f, int e, int *exp10)
 {
-    static const unsigned __int128 zeros = ((unsigned __int128)0x3030303030303030ULL << 64) | 0x3030303030303030ULL;
-    uint32_t top = f / 100000000;
-    unsigned __int128 all = (unsigned __int128)(PAIRS[2 * top] | PAIRS[2 * top + 1] << 8) |
-                            (unsigned __int128)ascii8(f % 100000000) << 16 |
-                            (unsigned __int128)0x303030303030ULL << 80; /* 10 digits, '0' fill */
-    int lead = 10 - n;
-    return lead ? all >> (8 * lead) | zeros << (8 * (16 - lead)) : all;
+    int lg = ((32 - __builtin_clz(f)) * 1233) >> 12; /* floor(log10 f) or one less */
+    int n = lg + (f >= POW10[lg]);
+    *exp10 = e + n - 1;
+    return (uint32_t)((uint64_t)f * POW10[10 - n] / 10);
 }
 
-static void store16(char *p, unsigned __int128 v) { memcpy(p, &v, 16); }
+/* 2. m's first digit (an ASCII byte), the other 8 (the first in the lowest
+ *    byte) and how many of the 9 count (trailing zeros dropped; at least 1). */
+typedef struct {
+    uint64_t rest;
+    char first;
+    uint8_t sig;
+} digits9;
 
-/* f * 10^e spelled by numtext.h's rules: decimal notation for exponents
- * -6..8 of the first digit ("0.000123", "123.5", "2.0"), "1e-7" and
- * "3.4028235e38" beyond. buf has TP_NUMTEXT_MAX bytes: the 16-byte stores
- * may write past the text, never past that. */
-static size_t spell(int neg, uint32_t f, int e, char *buf)
+static digits9 spell_digits(uint32_t m)
+{
+    uint32_t top = m / 100000000;
+    uint64_t rest = ascii8(m - top * 100000000);
+    uint64_t nonzero = rest ^ 0x3030303030303030ULL; /* a '0' byte becomes 0 */
+    int sig = nonzero ? 9 - (__builtin_clzll(nonzero) >> 3) : 1;
+    return (digits9){rest, (char)('0' + top), (uint8_t)sig};
+}
+
+/* 3. The text by numtext.h's rules: decimal notation for exponents -6..8
+ *    of the first digit ("0.000123", "123.5", "2.0"), "1e-7" and
+ *    "3.4028235e38" beyond. buf has TP_NUMTEXT_MAX bytes: the 8-byte
+ *    stores may write past the text, never past that. */
+static size_t place(int neg, digits9 d, int exp10, char *buf)
 {
     char *p = buf + neg;
     buf[0] = '-';
-    int lg = ((32 - __builtin_clz(f)) * 1233) >> 12; /* floor(log10 f) or one less */
-    int n = lg + (f >= POW10[lg]);
-    int sig = n; /* digits without trailing zeros */
-    for (uint32_t r = f; r % 10 == 0; r /= 10)
-        sig--;
-    int exp10 = e + n - 1;
-    unsigned __int128 d = ascii_digits(f, n);
     if (exp10 < -6 || exp10 > 8) {
-        p[0] = (char)d;
+        p[0] = d.first;
         p[1] = '.';
-        store16(p + 2, d >> 8);
-        p += sig > 1 ? sig + 1 : 1;
+        store8(p + 2, d.rest);
+        p += d.sig > 1 ? d.sig + 1 : 1;
         *p++ = 'e';
         return (size_t)(p - buf) + tp_numtext_i64(exp10, p);
     }
     if (exp10 < 0) {
         memcpy(p, "0.000000", 8);
-        store16(p + 1 - exp10, d);
-        return (size_t)(p - buf) + (size_t)(1 - exp10 + sig);
+        p[1 - exp10] = d.first;
+        store8(p + 2 - exp10, d.rest);
+        return (size_t)(p - buf) + (size_t)(1 - exp10 + d.sig);
     }
-    int whole = exp10 + 1;
-    store16(p, d);
+    int whole = exp10 + 1; /* 1..9 digits before the point */
+    p[0] = d.first;
+    store8(p + 1, d.rest);
     p[whole] = '.';
-    if (sig <= whole) {
+    if (d.sig <= whole) {
         p[whole + 1] = '0';
         return (size_t)(p - buf) + (size_t)whole + 2;
     }
-    store16(p + whole + 1, d >> (8 * whole));
-    return (size_t)(p - buf) + (size_t)sig + 1;
+    store8(p + whole + 1, d.rest >> (8 * (whole - 1))); /* whole < sig <= 9: a shift below 64 */
+    return (size_t)(p - buf) + (size_t)d.sig + 1;
+}
+
+static size_t spell(int neg, uint32_t f, int e, char *buf)
+{
+    int exp10;
+    uint32_t m = nine_digits(f, e, &exp10);
+    return place(neg, spell_digits(m), exp10, buf);
+}
+
+static size_t spell_zero(int neg, char *buf)
+{
+    memcpy(buf, neg ? "-0.0" : "0.0", 3 + (size_t)neg);
+    return 3 + (size_t)neg;
 }
 
 size_t tp_numtext_f32(float v, char *buf)
@@ -260,12 +287,58 @@ size_t tp_numtext_f32(float v, char *buf)
     int e;
     memcpy(&bits, &v, 4);
     int neg = (int)(bits >> 31);
-    if (!(bits & 0x7fffffffu)) {
-        memcpy(buf, neg ? "-0.0" : "0.0", 3 + (size_t)neg);
-        return 3 + (size_t)neg;
-    }
+    if (!(bits & 0x7fffffffu))
+        return spell_zero(neg, buf);
     f32_shortest(bits & 0x7fffffffu, &f, &e);
     return spell(neg, f, e, buf);
+}
+
+/* A block's worth of numbers through the stages, on the stack. */
+#define LIST_BLOCK 64
+
+/* The finite values among v[0..n) before the first that is not (JSON has
+ * no NaN or Inf), in tp_numtext_f32's text, each followed by ','. */
+static size_t spell_block(const uint32_t *bits, size_t n, char *out)
+{
+    uint32_t f[LIST_BLOCK];
+    int e[LIST_BLOCK];
+    digits9 d[LIST_BLOCK];
+    for (size_t i = 0; i < n; i++) {
+        f[i] = 0;
+        e[i] = 0;
+        if (bits[i] & 0x7fffffffu)
+            f32_shortest(bits[i] & 0x7fffffffu, &f[i], &e[i]);
+    }
+    for (size_t i = 0; i < n; i++)
+        f[i] = nine_digits(f[i] | !f[i], e[i], &e[i]); /* a zero's digits are not used */
+    for (size_t i = 0; i < n; i++)
+        d[i] = spell_digits(f[i]);
+    char *p = out;
+    for (size_t i = 0; i < n; i++) {
+        int neg = (int)(bits[i] >> 31);
+        p += bits[i] & 0x7fffffffu ? place(neg, d[i], e[i], p) : spell_zero(neg, p);
+        *p++ = ',';
+    }
+    return (size_t)(p - out);
+}
+
+size_t tp_numtext_f32_list(const void *data, size_t count, char *out, size_t *written)
+{
+    const char *src = data;
+    size_t len = 0, i = 0;
+    while (i < count) {
+        uint32_t bits[LIST_BLOCK];
+        size_t n = count - i < LIST_BLOCK ? count - i : LIST_BLOCK, finite = 0;
+        memcpy(bits, src + 4 * i, 4 * n);
+        while (finite < n && (bits[finite] & 0x7f800000u) != 0x7f800000u)
+            finite++;
+        len += spell_block(bits, finite, out + len);
+        i += finite;
+        if (finite < n)
+            break;
+    }
+    *written = i;
+    return len - (len > 0); /* no ',' after the last */
 }
 
 size_t tp_numtext_precision(double v, int digits, char *buf)

@@ -22,6 +22,13 @@
 #define TP_NUMTEXT_MAX 32
 
 size_t tp_numtext_f32(float v, char *buf);
+/* count FP32 values at data (any alignment) spelled as tp_numtext_f32
+ * spells them, separated by ',', into out, which has count *
+ * (TP_NUMTEXT_MAX + 1) bytes: the text's length. Stops before the first
+ * value that is not finite; *written says how many were written (count
+ * when all were). Faster than a loop of tp_numtext_f32 (numtext.c says
+ * why). */
+size_t tp_numtext_f32_list(const void *data, size_t count, char *out, size_t *written);
 size_t tp_numtext_f16(uint16_t h, char *buf);
 size_t tp_numtext_bf16(uint16_t h, char *buf);
 size_t tp_numtext_i64(int64_t v, char *buf);

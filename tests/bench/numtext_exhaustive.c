@@ -4,7 +4,9 @@
  * have exactly the digits and exponent of the C++ standard library's
  * shortest round-trip form (numtext_oracle.cc): fewest digits, and the
  * nearest such decimal. tpserve writes FP32 with its own Schubfach
- * (server/numtext.c); this is what holds it to the library. Split over all
+ * (server/numtext.c); this is what holds it to the library. (3) The list
+ * writer (tp_numtext_f32_list, what JSON answers use) spells every run of
+ * 256 finite patterns as the single-value writer does. Split over all
  * cores; prints the count and the time. Exits 1 at the first failure.
  * Optional argument: how many patterns (from 0), for a quick partial run. */
 #include <pthread.h>
@@ -58,10 +60,32 @@ typedef struct {
     int failed;
 } slice;
 
+enum { RUN = 256 };
+
+/* A run of finite patterns and their single-value texts joined by ','. */
+typedef struct {
+    uint32_t bits[RUN];
+    char text[RUN * (TP_NUMTEXT_MAX + 1)], list[RUN * (TP_NUMTEXT_MAX + 1)];
+    size_t n, len;
+} run;
+
+/* The list writer over the run against its joined texts; empties it. */
+static int check_run(run *r)
+{
+    size_t written, len = tp_numtext_f32_list(r->bits, r->n, r->list, &written);
+    int ok = written == r->n && len == r->len && memcmp(r->list, r->text, len) == 0;
+    if (!ok)
+        fprintf(stderr, "FAIL: the list writer from %08x (%zu values): '%.*s' against '%.*s'\n",
+                r->bits[0], r->n, (int)len, r->list, (int)r->len, r->text);
+    r->n = r->len = 0;
+    return ok;
+}
+
 static void *run_slice(void *arg)
 {
     slice *s = arg;
     char buf[TP_NUMTEXT_MAX + 1];
+    static __thread run r; /* 17 KB: off the thread's stack */
     for (uint64_t b = s->from; b < s->to && !s->failed; b++) {
         uint32_t u = (uint32_t)b;
         if ((u & 0x7f800000u) == 0x7f800000u)
@@ -81,7 +105,16 @@ static void *run_slice(void *arg)
             s->failed = 1;
         }
         s->checked++;
+        if (r.n)
+            r.text[r.len++] = ',';
+        memcpy(r.text + r.len, buf, n);
+        r.len += n;
+        r.bits[r.n++] = u;
+        if (r.n == RUN && !check_run(&r))
+            s->failed = 1;
     }
+    if (r.n && !check_run(&r))
+        s->failed = 1;
     return NULL;
 }
 
@@ -107,7 +140,7 @@ int main(int argc, char **argv)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double sec = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    printf("numtext FP32 round trip and std::to_chars digits: %llu finite patterns of %llu checked on %d threads in %.1f s: %s\n",
+    printf("numtext FP32 round trip, std::to_chars digits and the list writer: %llu finite patterns of %llu checked on %d threads in %.1f s: %s\n",
            (unsigned long long)checked, (unsigned long long)total, n, sec, failed ? "FAILED" : "all exact");
     return failed;
 }

@@ -94,6 +94,61 @@ START_TEST(f32_spelling)
 }
 END_TEST
 
+/* The list writer against tp_numtext_f32 one value at a time: the same
+ * text, ',' between, for counts around its 64-value blocks, from unaligned
+ * data, with zeros of both signs, subnormals, every notation; it stops
+ * before a NaN or Inf at that index, and writes no more than
+ * count * (TP_NUMTEXT_MAX + 1) bytes. */
+static void check_list(const uint32_t *bits, size_t count, size_t want_written)
+{
+    char *data = malloc(4 * count + 1), *out = malloc(count * (TP_NUMTEXT_MAX + 1) + 1);
+    char *want = malloc(count * (TP_NUMTEXT_MAX + 1) + 1);
+    memcpy(data + 1, bits, 4 * count); /* +1: unaligned */
+    memset(out, 'x', count * (TP_NUMTEXT_MAX + 1) + 1);
+    size_t written = 99999, w = 0;
+    size_t len = tp_numtext_f32_list(data + 1, count, out, &written);
+    for (size_t i = 0; i < want_written; i++) {
+        if (i)
+            want[w++] = ',';
+        w += tp_numtext_f32(bits_f32(bits[i]), want + w);
+    }
+    ck_assert_uint_eq(written, want_written);
+    ck_assert_uint_eq(len, w);
+    ck_assert_msg(memcmp(out, want, w) == 0, "count %zu: '%.*s' against '%.*s'", count, (int)len, out,
+                  (int)w, want);
+    ck_assert_int_eq(out[count * (TP_NUMTEXT_MAX + 1)], 'x');
+    free(data);
+    free(out);
+    free(want);
+}
+
+START_TEST(f32_list)
+{
+    enum { MAX = 300 };
+    static const float edge[] = {0.0f, -0.0f, 1.5f, -2.0f, 1e-7f, 3.40282347e38f, 1e-45f, 123456.7f,
+                                 100.0f, 1e9f, 1e-6f, -0.00123f, 16777216.0f, 123456792.0f};
+    uint32_t bits[MAX];
+    uint32_t s = 777;
+    for (size_t i = 0; i < MAX; i++) {
+        s = s * 1664525u + 1013904223u;
+        bits[i] = i % 5 == 0 ? f32_bits(edge[(i / 5) % (sizeof edge / sizeof edge[0])])
+                             : (s & 0x7f800000u) == 0x7f800000u ? s ^ 0x40000000u : s;
+    }
+    static const size_t counts[] = {0, 1, 2, 63, 64, 65, 128, 129, MAX};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        check_list(bits, counts[k], counts[k]);
+    /* a NaN or Inf ends the text before it, in the first block or a later one */
+    static const size_t at[] = {0, 5, 63, 64, 200};
+    static const uint32_t bad[] = {0x7fc00000u, 0xff800000u, 0x7f800001u};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        uint32_t keep = bits[at[k]];
+        bits[at[k]] = bad[k % 3];
+        check_list(bits, MAX, at[k]);
+        bits[at[k]] = keep;
+    }
+}
+END_TEST
+
 /* Every finite FP16 and BF16 value: the text reads back (our reader and
  * strtod, as numpy does) to the same half, in at most 5 (FP16) or 4 (BF16)
  * digits, and no shorter precision would have. */
@@ -585,6 +640,7 @@ static Suite *numtext_suite(void)
     tcase_set_timeout(n, 60);
     tcase_add_test(n, f32_round_trip);
     tcase_add_test(n, f32_spelling);
+    tcase_add_test(n, f32_list);
     tcase_add_test(n, f64_reader_matches_strtod);
     tcase_add_test(n, halves_exhaustive);
     tcase_add_test(n, f32_reader_matches_strtof);
