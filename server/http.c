@@ -1,7 +1,6 @@
 #include "http.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "batcher.h"
 #include "clock.h"
 #include "http_guard.h"
@@ -104,7 +104,12 @@ struct req_ctx {
 };
 
 struct tp_http {
-    struct MHD_Daemon *d;
+    /* One daemon per HTTP thread, none with a listening socket: the
+     * acceptor hands each connection to the one holding the fewest
+     * (acceptor.h says why not libmicrohttpd's thread pool). */
+    int n_daemons;
+    struct MHD_Daemon **d;
+    tp_acceptor *acceptor;
     int listen_fd, port;
     tp_http_guard *guard;      /* connection limits, request deadline, strictness */
     struct MHD_Daemon *probe_d; /* health_port: probes only; NULL without one */
@@ -989,28 +994,41 @@ static tp_status open_listener(const char *host, int port, int *fd_out, int *por
     return TP_OK;
 }
 
-/* probes 0: the main listener (thread pool, the guard's limits);
- * 1: the health_port listener (one thread, libmicrohttpd's own limits). */
-static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port, tp_err *err)
+/* A main-port connection ended: the acceptor counts it out. */
+static void on_main_closed(void *cls, struct MHD_Connection *c)
 {
-    unsigned flags = MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+    tp_http *h = cls;
+    tp_acceptor_released(h->acceptor, c);
+}
+
+/* fd < 0: one of the main port's daemons (no listening socket: the
+ * acceptor hands it connections and enforces its share of
+ * max_connections; the guard's watch and checks). Else the health_port
+ * listener on fd (libmicrohttpd's own accept and limits). Each runs one
+ * thread. */
+static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err)
+{
+    int probes = fd >= 0;
+    unsigned flags = MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (probes ? 0 : MHD_USE_NO_LISTEN_SOCKET) |
                      (MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES
                           ? MHD_USE_EPOLL_INTERNAL_THREAD
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
-    int pool = probes ? 1 : h->cfg.threads;
     if (!probes)
         h->may_hold = (flags & MHD_USE_EPOLL) != 0;
-    struct MHD_OptionItem opts[6 + TP_HTTP_GUARD_N_OPTIONS] = {
-        {MHD_OPTION_LISTEN_SOCKET, fd, NULL},
+    struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
         {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
         {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)h->cfg.connection_memory_bytes, NULL},
-        /* a pool of one is no pool: the daemon's own thread serves */
-        {pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)pool, NULL},
+        {probes ? MHD_OPTION_LISTEN_SOCKET : MHD_OPTION_CONNECTION_LIMIT,
+         /* libmicrohttpd counts a connection out only when its loop cleans
+          * up after the CLOSED notification that frees its place in the
+          * acceptor's count; a limit at the share would refuse connections
+          * added in between, so the daemon's limit is only a backstop */
+         probes ? fd : (intptr_t)tp_http_guard_max_connections(h->guard), NULL},
     };
-    int n = pool > 1 ? 5 : 4;
-    n += tp_http_guard_options(h->guard, opts + n, !probes);
+    int n = 4;
+    n += tp_http_guard_options(h->guard, opts + n, probes ? NULL : on_main_closed, h);
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so even option errors reach our log */
     struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? on_probe_request : on_request, h,
@@ -1024,11 +1042,37 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int probes, int fd, int port,
 static tp_status start_probe_listener(tp_http *h, tp_err *err)
 {
     tp_status st = open_listener(h->cfg.host, h->cfg.health_port, &h->probe_fd, &h->probe_port, err);
-    if (st == TP_OK && !(h->probe_d = start_daemon(h, 1, h->probe_fd, h->probe_port, err)))
+    if (st == TP_OK && !(h->probe_d = start_daemon(h, h->probe_fd, h->probe_port, err)))
         st = TP_INTERNAL;
     if (st == TP_OK)
         TP_LOG_I("probes listener on port %d (health_port): /v2/health/live, /v2/health/ready, /metrics",
                  h->probe_port);
+    return st;
+}
+
+/* The main port: its socket, a daemon per HTTP thread, each with an even
+ * share of max_connections (so no more daemons than connections), and the
+ * acceptor feeding them. */
+static tp_status start_main_listener(tp_http *h, tp_err *err)
+{
+    int total = tp_http_guard_max_connections(h->guard);
+    int n = h->cfg.threads < total ? h->cfg.threads : total;
+    unsigned *share = malloc((size_t)n * sizeof *share);
+    h->d = calloc((size_t)n, sizeof *h->d);
+    if (!h->d || !share) {
+        free(share);
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    h->n_daemons = n;
+    tp_status st = open_listener(h->cfg.host, h->cfg.port, &h->listen_fd, &h->port, err);
+    for (int i = 0; st == TP_OK && i < n; i++) {
+        share[i] = (unsigned)(total / n + (i < total % n));
+        if (!(h->d[i] = start_daemon(h, -1, h->port, err)))
+            st = TP_INTERNAL;
+    }
+    if (st == TP_OK)
+        st = tp_acceptor_start(h->listen_fd, h->d, n, share, h->cfg.max_connections_per_ip, &h->acceptor, err);
+    free(share);
     return st;
 }
 
@@ -1057,9 +1101,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     if (st == TP_OK)
         st = tp_http_guard_create(cfg, &h->guard, err);
     if (st == TP_OK)
-        st = open_listener(cfg->host, cfg->port, &h->listen_fd, &h->port, err);
-    if (st == TP_OK && !(h->d = start_daemon(h, 0, h->listen_fd, h->port, err)))
-        st = TP_INTERNAL;
+        st = start_main_listener(h, err);
     if (st == TP_OK && cfg->health_port >= 0)
         st = start_probe_listener(h, err);
     if (st != TP_OK) {
@@ -1122,24 +1164,6 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
     return TP_OK;
 }
 
-/* Connections the kernel completed before the quiesce are handed to the
- * daemon so they get an answer (a 503) instead of a reset. Returns how
- * many. */
-static unsigned adopt_backlog(tp_http *h, int fd)
-{
-    unsigned n = 0;
-    for (;; n++) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        int c = accept4(fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0)
-            break;
-        if (MHD_add_connection(h->d, c, (struct sockaddr *)&ss, sl) != MHD_YES)
-            tp_log(TP_LOG_WARN, "drain: could not hand a pending connection to the server");
-    }
-    return n;
-}
-
 int tp_http_set_broken(tp_http *h, const char *why)
 {
     if (atomic_load(&h->broken))
@@ -1155,19 +1179,9 @@ int tp_http_set_broken(tp_http *h, const char *why)
 unsigned tp_http_begin_drain(tp_http *h)
 {
     int was = atomic_exchange(&h->state, SRV_DRAINING);
-    if (was == SRV_DRAINING || !h->d)
-        return 0;
-    int fd = MHD_quiesce_daemon(h->d);
-    if (fd < 0)
-        return 0;
-    int fl = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-    unsigned adopted = adopt_backlog(h, fd);
-    /* shutdown() moves a Linux listening socket out of LISTEN, so new
-     * connections are refused; the fd itself stays open until the daemon
-     * stops, as libmicrohttpd requires. */
-    shutdown(fd, SHUT_RD);
-    return adopted;
+    /* connections the kernel completed before this get an answer (a 503),
+     * not a reset */
+    return was == SRV_DRAINING ? 0 : tp_acceptor_drain(h->acceptor);
 }
 
 long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }
@@ -1175,9 +1189,12 @@ long tp_http_in_engine(tp_http *h) { return atomic_load(&h->in_engine); }
 
 unsigned tp_http_connections(tp_http *h)
 {
-    const union MHD_DaemonInfo *info =
-        h->d ? MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
-    return info ? info->num_connections : 0;
+    unsigned n = 0;
+    for (int i = 0; i < h->n_daemons && h->d[i]; i++) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d[i], MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        n += info ? info->num_connections : 0;
+    }
+    return n;
 }
 
 #define DRAIN_CUT "server is shutting down: drain timeout reached before this request ran"
@@ -1201,8 +1218,12 @@ void tp_http_stop(tp_http *h)
         pthread_cond_wait(&h->cv, &h->mu);
     pthread_mutex_unlock(&h->mu);
     tp_batcher_free(h->batcher);
-    if (h->d)
-        MHD_stop_daemon(h->d);
+    tp_acceptor_stop(h->acceptor); /* none is handed to a daemon while it stops */
+    for (int i = 0; i < h->n_daemons; i++)
+        if (h->d[i])
+            MHD_stop_daemon(h->d[i]);
+    tp_acceptor_free(h->acceptor); /* after the daemons: they report closes to it */
+    free(h->d);
     if (h->probe_d)
         MHD_stop_daemon(h->probe_d);
     tp_http_guard_free(h->guard);

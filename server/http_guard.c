@@ -28,10 +28,13 @@ typedef struct conn_entry {
 } conn_entry;
 
 struct tp_http_guard {
-    int max_connections, per_ip, deadline_ms;
+    int max_connections, deadline_ms;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     conn_entry head; /* sentinel of a circular list */
+    /* the main port's daemons' connection ends, reported (tp_http_guard_options) */
+    void (*on_closed)(void *arg, struct MHD_Connection *c);
+    void *on_closed_arg;
     int stopping;
     pthread_t watcher;
     int watching;
@@ -80,10 +83,9 @@ static void *watch_main(void *arg)
 
 /* ---- libmicrohttpd callbacks ------------------------------------------- */
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode code)
+static void track_connection(tp_http_guard *g, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode code)
 {
-    tp_http_guard *g = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         conn_entry *e = calloc(1, sizeof *e);
@@ -112,6 +114,23 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     pthread_mutex_unlock(&g->mu);
     free(e);
     *socket_context = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    track_connection(cls, c, socket_context, code);
+}
+
+/* libmicrohttpd notifies CLOSED for every connection it notified STARTED,
+ * including one it fails to set up after that */
+static void on_main_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                               enum MHD_ConnectionNotificationCode code)
+{
+    tp_http_guard *g = cls;
+    track_connection(g, c, socket_context, code);
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        g->on_closed(g->on_closed_arg, c);
 }
 
 static conn_entry *entry_of(struct MHD_Connection *c)
@@ -163,18 +182,21 @@ static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s)
     return (size_t)(w - s);
 }
 
-int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts, int share_limits)
+int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts,
+                          void (*on_closed)(void *arg, struct MHD_Connection *c), void *arg)
 {
     int n = 0;
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, g};
-    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape_keep_nul, NULL};
-    if (share_limits) {
-        opts[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, g->max_connections, NULL};
-        if (g->per_ip > 0)
-            opts[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT, g->per_ip, NULL};
+    if (on_closed) {
+        g->on_closed = on_closed;
+        g->on_closed_arg = arg;
     }
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION,
+                                        (intptr_t)(on_closed ? on_main_connection : on_connection), g};
+    opts[n++] = (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape_keep_nul, NULL};
     return n;
 }
+
+int tp_http_guard_max_connections(const tp_http_guard *g) { return g->max_connections; }
 
 /* ---- header checks ----------------------------------------------------- */
 
@@ -248,7 +270,6 @@ tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err
     if (!g)
         return tp_fail(err, TP_NOMEM, "out of memory");
     g->max_connections = cfg->max_connections;
-    g->per_ip = cfg->max_connections_per_ip;
     g->deadline_ms = cfg->request_deadline_ms;
     g->head.next = g->head.prev = &g->head;
     pthread_mutex_init(&g->mu, NULL);

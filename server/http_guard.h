@@ -1,8 +1,10 @@
 /* http_guard.h — connection policy for the HTTP server: what one client can
  * hold, and how long it may take, so that no client locks the others out.
  *
- * - max_connections (total) and max_connections_per_ip, enforced by
- *   libmicrohttpd; RLIMIT_NOFILE is raised so the total can be reached.
+ * - max_connections (total; RLIMIT_NOFILE is raised so it can be reached,
+ *   or it is lowered to what the limit allows) and max_connections_per_ip:
+ *   values here, counted and enforced where the main port accepts
+ *   (acceptor.h).
  * - request_deadline_ms: from a connection's accept (or its previous
  *   answer) to its request being complete. Unlike libmicrohttpd's idle
  *   timeout, a client trickling a byte at a time cannot extend it; past it
@@ -30,12 +32,16 @@ tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err
 /* Call after every daemon using its options has stopped. NULL is ok. */
 void tp_http_guard_free(tp_http_guard *g);
 
-/* Appends the guard's libmicrohttpd options (limits, strictness, the
- * connection notifier, the URL unescaper) to opts; returns how many, at
- * most TP_HTTP_GUARD_N_OPTIONS. share_limits 0 leaves the limits out (the
- * small probes listener keeps libmicrohttpd's own). */
-#define TP_HTTP_GUARD_N_OPTIONS 4
-int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts, int share_limits);
+/* Appends the guard's libmicrohttpd options (the connection notifier, the
+ * URL unescaper) to opts; returns how many, at most
+ * TP_HTTP_GUARD_N_OPTIONS. on_closed (non-NULL for the main port's
+ * daemons, the same for all of them) is called with arg when one of the
+ * daemon's connections ends. */
+#define TP_HTTP_GUARD_N_OPTIONS 2
+int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts,
+                          void (*on_closed)(void *arg, struct MHD_Connection *c), void *arg);
+/* max_connections, lowered to what RLIMIT_NOFILE allows */
+int tp_http_guard_max_connections(const tp_http_guard *g);
 
 /* The request on c is complete (body in): the deadline no longer applies. */
 void tp_http_guard_request_complete(struct MHD_Connection *c);

@@ -1,0 +1,305 @@
+#include "acceptor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* After accept() ran out of a resource (descriptors, memory), how long to
+ * wait before trying again instead of spinning on a socket that stays
+ * readable. */
+#define RETRY_MS 10
+/* Connections accepted per wake-up before the stop descriptor is looked
+ * at again. */
+#define ACCEPT_SERIES 64
+
+/* A client address as the per-address count's key: the address's length
+ * (4 or 16; 0 for anything else), then its bytes (an IPv4-mapped IPv6
+ * address counts as the IPv4 one). */
+typedef struct {
+    unsigned char b[17];
+} ip_key;
+
+typedef struct ip_count {
+    struct ip_count *next;
+    ip_key ip;
+    int n;
+} ip_count;
+
+#define IP_BUCKETS 256
+
+struct tp_acceptor {
+    int listen_fd, wake_fd, n, per_ip;
+    struct MHD_Daemon **d;
+    unsigned *limit, *live; /* per daemon; live under mu */
+    unsigned next;          /* where the search for the least loaded starts */
+    pthread_mutex_t mu;
+    ip_count *by_ip[IP_BUCKETS]; /* under mu */
+    _Atomic int stop, waiting_for_room;
+    pthread_t th;
+    int running, drained;
+};
+
+/* ---- counting ----------------------------------------------------------- */
+
+static ip_key key_of(const struct sockaddr *sa)
+{
+    ip_key k = {{0}};
+    if (sa && sa->sa_family == AF_INET) {
+        k.b[0] = 4;
+        memcpy(k.b + 1, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+        int mapped = IN6_IS_ADDR_V4MAPPED(a);
+        k.b[0] = mapped ? 4 : 16;
+        memcpy(k.b + 1, a->s6_addr + (mapped ? 12 : 0), k.b[0]);
+    }
+    return k;
+}
+
+static ip_count **find_ip(tp_acceptor *a, const ip_key *k)
+{
+    unsigned h = 2166136261u; /* FNV-1a */
+    for (int i = 0; i <= k->b[0]; i++)
+        h = (h ^ k->b[i]) * 16777619u;
+    ip_count **p = &a->by_ip[h % IP_BUCKETS];
+    while (*p && memcmp(&(*p)->ip, k, sizeof *k) != 0)
+        p = &(*p)->next;
+    return p;
+}
+
+/* Under mu: one more connection from k, or 0 when k already has per_ip
+ * (or there is no memory to count it). */
+static int count_ip_in(tp_acceptor *a, const ip_key *k)
+{
+    if (a->per_ip <= 0)
+        return 1;
+    ip_count **p = find_ip(a, k);
+    if (!*p && (*p = calloc(1, sizeof **p)))
+        (*p)->ip = *k;
+    if (!*p || (*p)->n >= a->per_ip)
+        return 0;
+    (*p)->n++;
+    return 1;
+}
+
+static void count_ip_out(tp_acceptor *a, const ip_key *k)
+{
+    if (a->per_ip <= 0)
+        return;
+    ip_count **p = find_ip(a, k), *c = *p;
+    if (c && --c->n == 0) {
+        *p = c->next;
+        free(c);
+    }
+}
+
+/* Under mu: the daemon with the most room left below its limit, searched
+ * from a rotating start so equals take turns; -1 when all are full. */
+static int least_loaded(tp_acceptor *a)
+{
+    int best = -1;
+    for (int k = 0; k < a->n; k++) {
+        int i = (int)((a->next + (unsigned)k) % (unsigned)a->n);
+        if (a->live[i] < a->limit[i] && (best < 0 || a->live[i] < a->live[best]))
+            best = i;
+    }
+    a->next++;
+    return best;
+}
+
+static int all_full(tp_acceptor *a)
+{
+    pthread_mutex_lock(&a->mu);
+    int full = 1;
+    for (int i = 0; i < a->n && full; i++)
+        full = a->live[i] >= a->limit[i];
+    pthread_mutex_unlock(&a->mu);
+    return full;
+}
+
+/* Counts c (just accepted from sa) in and hands it to a daemon. A
+ * connection over the per-address limit is closed unanswered; libmicrohttpd
+ * closes one it refuses itself. */
+static void admit(tp_acceptor *a, int c, const struct sockaddr *sa, socklen_t sl)
+{
+    ip_key k = key_of(sa);
+    pthread_mutex_lock(&a->mu);
+    int i = count_ip_in(a, &k) ? least_loaded(a) : -2;
+    if (i == -1)
+        count_ip_out(a, &k);
+    if (i >= 0)
+        a->live[i]++;
+    pthread_mutex_unlock(&a->mu);
+    if (i < 0) {
+        close(c);
+        return;
+    }
+    if (MHD_add_connection(a->d[i], c, sa, sl) != MHD_YES) {
+        pthread_mutex_lock(&a->mu);
+        a->live[i]--;
+        count_ip_out(a, &k);
+        pthread_mutex_unlock(&a->mu);
+    }
+}
+
+void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
+    ip_key k = key_of(ci ? ci->client_addr : NULL);
+    pthread_mutex_lock(&a->mu);
+    count_ip_out(a, &k);
+    for (int i = 0; i < a->n; i++)
+        if (di && di->daemon == a->d[i] && a->live[i] > 0)
+            a->live[i]--;
+    pthread_mutex_unlock(&a->mu);
+    /* the accept loop stopped watching the socket while all were full */
+    uint64_t one = 1;
+    if (atomic_exchange(&a->waiting_for_room, 0) && write(a->wake_fd, &one, sizeof one) != sizeof one)
+        TP_LOG_W("waking the accept thread: %s", strerror(errno));
+}
+
+/* ---- the accept loop ------------------------------------------------------ */
+
+/* Accepts up to ACCEPT_SERIES connections (fewer when the backlog empties
+ * or every daemon fills). Returns how many, or -1 when accept() ran out of
+ * a resource. */
+static int accept_series(tp_acceptor *a, int series)
+{
+    int n = 0;
+    for (; n < series && !all_full(a); n++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int c = accept4(a->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                TP_LOG_W("accepting a connection: %s; retrying in %d ms", strerror(errno), RETRY_MS);
+                return -1;
+            }
+            break; /* EAGAIN: the backlog is empty (or a connection reset before its accept) */
+        }
+        admit(a, c, (struct sockaddr *)&ss, sl);
+    }
+    return n;
+}
+
+static void *accept_main(void *arg)
+{
+    tp_acceptor *a = arg;
+    int retry = 0;
+    while (!atomic_load(&a->stop)) {
+        /* full: wait for a release (or the stop) without watching the socket */
+        atomic_store(&a->waiting_for_room, 1);
+        int full = all_full(a);
+        if (!full)
+            atomic_store(&a->waiting_for_room, 0);
+        struct pollfd p[2] = {{a->wake_fd, POLLIN, 0}, {a->listen_fd, POLLIN, 0}};
+        int got = poll(p, full ? 1 : 2, retry ? RETRY_MS : -1);
+        if (got < 0 && errno != EINTR) {
+            TP_LOG_E("accepting connections: poll: %s; the main port takes no new connections",
+                     strerror(errno));
+            break;
+        }
+        if (p[0].revents) {
+            uint64_t v;
+            if (read(a->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
+                TP_LOG_W("the accept thread's wake-up: %s", strerror(errno));
+        }
+        retry = !full && !atomic_load(&a->stop) && (got == 0 || p[1].revents) && accept_series(a, ACCEPT_SERIES) < 0;
+    }
+    return NULL;
+}
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+tp_status tp_acceptor_start(int listen_fd, struct MHD_Daemon *const *d, int n, const unsigned *limit,
+                            int per_ip, tp_acceptor **out, tp_err *err)
+{
+    *out = NULL;
+    tp_acceptor *a = calloc(1, sizeof *a);
+    if (!a)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    a->listen_fd = listen_fd;
+    a->n = n;
+    a->per_ip = per_ip;
+    a->d = malloc((size_t)n * sizeof *a->d);
+    a->limit = malloc((size_t)n * sizeof *a->limit);
+    a->live = calloc((size_t)n, sizeof *a->live);
+    a->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pthread_mutex_init(&a->mu, NULL);
+    if (!a->d || !a->limit || !a->live) {
+        tp_acceptor_free(a);
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    memcpy(a->d, d, (size_t)n * sizeof *d);
+    memcpy(a->limit, limit, (size_t)n * sizeof *limit);
+    int fl = fcntl(listen_fd, F_GETFL);
+    /* accept() once the backlog is empty must fail, not wait */
+    int e = a->wake_fd < 0 || fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) != 0
+                ? errno
+                : pthread_create(&a->th, NULL, accept_main, a);
+    if (e) {
+        tp_acceptor_free(a);
+        return tp_fail(err, TP_INTERNAL, "cannot start the accept thread: %s", strerror(e));
+    }
+    a->running = 1;
+    *out = a;
+    return TP_OK;
+}
+
+void tp_acceptor_stop(tp_acceptor *a)
+{
+    if (!a || !a->running)
+        return;
+    atomic_store(&a->stop, 1);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof one) != sizeof one)
+        TP_LOG_E("stopping the accept thread: %s", strerror(errno));
+    pthread_join(a->th, NULL);
+    a->running = 0;
+}
+
+unsigned tp_acceptor_drain(tp_acceptor *a)
+{
+    if (!a || a->drained)
+        return 0;
+    tp_acceptor_stop(a);
+    a->drained = 1;
+    unsigned handed = 0;
+    for (int n; (n = accept_series(a, ACCEPT_SERIES)) > 0;)
+        handed += (unsigned)n;
+    /* shutdown() moves a Linux listening socket out of LISTEN: new
+     * connections are refused, and the descriptor stays the caller's */
+    shutdown(a->listen_fd, SHUT_RD);
+    return handed;
+}
+
+void tp_acceptor_free(tp_acceptor *a)
+{
+    if (!a)
+        return;
+    tp_acceptor_stop(a);
+    for (int i = 0; i < IP_BUCKETS; i++)
+        for (ip_count *c = a->by_ip[i], *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    pthread_mutex_destroy(&a->mu);
+    free(a->d);
+    free(a->limit);
+    free(a->live);
+    free(a);
+}

@@ -1,0 +1,56 @@
+/* acceptor.h — the main port's accept loop: spreads connections evenly over
+ * the HTTP threads and enforces the connection limits.
+ *
+ * libmicrohttpd's thread pool shares one listening socket, and whichever
+ * worker wakes first accepts up to ten connections in a row. A client
+ * opening its connections together (wrk, a connection pool warming up)
+ * often landed all of them on one of 2 threads: one core served while the
+ * other idled (about 39k JSON requests/s against 50-55k with the
+ * connections spread). SO_REUSEPORT sockets, one per thread, spread by a
+ * hash: no more all-on-one runs, but 8 connections split 2/6 or 3/5 as
+ * often as 4/4, which cost 10-20% at 8 connections (server/README.md,
+ * "Spreading connections").
+ *
+ * Here one thread accepts, and hands each connection to the daemon (one
+ * per HTTP thread, started with MHD_USE_NO_LISTEN_SOCKET) that holds the
+ * fewest, with MHD_add_connection. It also counts what the limits need:
+ * max_connections (each daemon's share of it) and max_connections_per_ip
+ * over all the daemons. A connection over the per-address limit is closed
+ * unanswered, as libmicrohttpd's own limit does; while every daemon holds
+ * its share, nothing is accepted and new connections wait in the kernel's
+ * backlog. */
+#ifndef TP_ACCEPTOR_H
+#define TP_ACCEPTOR_H
+
+#include <microhttpd.h>
+
+#include "status.h"
+
+typedef struct tp_acceptor tp_acceptor;
+
+/* Starts the thread accepting on listen_fd (listening; it stays the
+ * caller's and is made non-blocking) for d[0..n), each holding at most
+ * limit[i] connections; per_ip 0 sets no per-address limit. The daemons
+ * must report every connection's end with tp_acceptor_released. */
+tp_status tp_acceptor_start(int listen_fd, struct MHD_Daemon *const *d, int n, const unsigned *limit,
+                            int per_ip, tp_acceptor **out, tp_err *err);
+
+/* c, one of the daemons' connections, closed (its CLOSED notification):
+ * its place, and its address's, are free again. */
+void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c);
+
+/* Stops accepting and joins the thread; again is a no-op. Call before
+ * stopping the daemons, so none is handed a connection while it stops. */
+void tp_acceptor_stop(tp_acceptor *a);
+
+/* Stops accepting, then hands what the kernel's backlog still holds to
+ * the daemons (connections completed before the call get an answer, not a
+ * reset) and shuts the listening socket down, so new ones are refused.
+ * Returns how many were handed over (0 when already drained). */
+unsigned tp_acceptor_drain(tp_acceptor *a);
+
+/* Call once the daemons have stopped (they report their connections' ends
+ * here until then). NULL is a no-op. */
+void tp_acceptor_free(tp_acceptor *a);
+
+#endif

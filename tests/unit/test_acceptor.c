@@ -1,0 +1,265 @@
+/* test_acceptor.c — the main port's accept loop (acceptor.h) with real
+ * sockets and libmicrohttpd daemons on loopback: connections opened
+ * together are spread evenly, the per-address limit closes the excess
+ * unanswered, a full server leaves new connections in the backlog until
+ * one closes, and a drain hands the backlog over and refuses what comes
+ * after. Waits are bounded polls, never timed assertions. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "acceptor.h"
+#include "check_main.h"
+
+enum { MAX_D = 3 };
+
+typedef struct {
+    struct MHD_Daemon *d[MAX_D];
+    int n, listen_fd, port;
+    tp_acceptor *a;
+} rig;
+
+static rig *current; /* the notifier's way to the acceptor */
+
+static void on_notify(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_ConnectionNotificationCode code)
+{
+    (void)cls, (void)ctx;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        tp_acceptor_released(current->a, c);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *data, size_t *size, void **ctx)
+{
+    (void)cls, (void)url, (void)method, (void)version, (void)data;
+    static int seen;
+    if (!*ctx || *size) { /* answered before its end, a request costs its connection */
+        *ctx = &seen;
+        *size = 0;
+        return MHD_YES;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(2, (void *)"ok", MHD_RESPMEM_PERSISTENT);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static void rig_start(rig *r, int n, const unsigned *limit, int per_ip)
+{
+    memset(r, 0, sizeof *r);
+    current = r;
+    r->n = n;
+    r->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(r->listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(r->listen_fd, 64), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(r->listen_fd, (struct sockaddr *)&sa, &sl);
+    r->port = ntohs(sa.sin_port);
+    for (int i = 0; i < n; i++) {
+        r->d[i] = MHD_start_daemon(MHD_USE_NO_LISTEN_SOCKET | MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0,
+                                   NULL, NULL, on_request, NULL, MHD_OPTION_NOTIFY_CONNECTION, on_notify,
+                                   NULL, MHD_OPTION_END); /* the acceptor's limits, as in http.c */
+        ck_assert_ptr_nonnull(r->d[i]);
+    }
+    tp_err err;
+    ck_assert_int_eq(tp_acceptor_start(r->listen_fd, r->d, n, limit, per_ip, &r->a, &err), TP_OK);
+}
+
+static void rig_stop(rig *r)
+{
+    tp_acceptor_stop(r->a);
+    for (int i = 0; i < r->n; i++)
+        MHD_stop_daemon(r->d[i]);
+    tp_acceptor_free(r->a);
+    close(r->listen_fd);
+}
+
+/* A connection to the rig from src (127.0.0.x). */
+static int dial(const rig *r, const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET}, to = {.sin_family = AF_INET, .sin_port = htons(r->port)};
+    inet_pton(AF_INET, src, &from.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof to), 0);
+    return fd;
+}
+
+static unsigned held(const rig *r, int i)
+{
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(r->d[i], MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? info->num_connections : 0;
+}
+
+static unsigned held_total(const rig *r)
+{
+    unsigned n = 0;
+    for (int i = 0; i < r->n; i++)
+        n += held(r, i);
+    return n;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits (up to 5 s) until the daemons hold want connections in all. */
+static void wait_held(const rig *r, unsigned want)
+{
+    for (int i = 0; i < 500 && held_total(r) != want; i++)
+        sleep_ms(10);
+    ck_assert_uint_eq(held_total(r), want);
+}
+
+/* The answer to a GET on fd: "HTTP/1.1 200" when served, "" when the
+ * server closed the connection without one, "(none)" after 2 s. */
+static void ask(int fd, char *got, size_t len)
+{
+    static const char req[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) < 0) {
+        snprintf(got, len, "%s", "");
+        return;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 2000) != 1) {
+        snprintf(got, len, "(none)");
+        return;
+    }
+    ssize_t n = recv(fd, got, len - 1, 0);
+    got[n > 12 ? 12 : n > 0 ? n : 0] = '\0';
+}
+
+START_TEST(spreads_evenly)
+{
+    static const unsigned limit[] = {100, 100, 100};
+    rig r;
+    rig_start(&r, 3, limit, 0);
+    int fd[9];
+    for (int i = 0; i < 9; i++) /* opened together, as a load generator does */
+        fd[i] = dial(&r, "127.0.0.1");
+    wait_held(&r, 9);
+    for (int i = 0; i < 3; i++)
+        ck_assert_uint_eq(held(&r, i), 3);
+    char got[32];
+    ask(fd[4], got, sizeof got);
+    ck_assert_str_eq(got, "HTTP/1.1 200");
+    /* closed ones leave room where they were: the next go there */
+    close(fd[0]);
+    close(fd[3]);
+    close(fd[6]);
+    wait_held(&r, 6);
+    for (int i = 0; i < 3; i++)
+        fd[i] = dial(&r, "127.0.0.1");
+    wait_held(&r, 9);
+    for (int i = 0; i < 3; i++)
+        ck_assert_uint_eq(held(&r, i), 3);
+    for (int i = 0; i < 9; i++)
+        if (i != 0 && i != 3 && i != 6)
+            close(fd[i]);
+    rig_stop(&r);
+}
+END_TEST
+
+START_TEST(per_address_limit)
+{
+    static const unsigned limit[] = {100, 100};
+    rig r;
+    rig_start(&r, 2, limit, 2);
+    int a1 = dial(&r, "127.0.0.1"), a2 = dial(&r, "127.0.0.1");
+    wait_held(&r, 2);
+    int a3 = dial(&r, "127.0.0.1"), b1 = dial(&r, "127.0.0.2");
+    char got[32];
+    ask(a3, got, sizeof got);
+    ck_assert_str_eq(got, ""); /* closed, unanswered */
+    ask(b1, got, sizeof got);
+    ck_assert_str_eq(got, "HTTP/1.1 200");
+    /* a closed connection gives its address's place back */
+    close(a1);
+    wait_held(&r, 2);
+    int a4 = dial(&r, "127.0.0.1");
+    ask(a4, got, sizeof got);
+    ck_assert_str_eq(got, "HTTP/1.1 200");
+    close(a2), close(a3), close(a4), close(b1);
+    rig_stop(&r);
+}
+END_TEST
+
+START_TEST(full_waits_in_backlog)
+{
+    static const unsigned limit[] = {2, 1};
+    rig r;
+    rig_start(&r, 2, limit, 0);
+    int fd[5];
+    for (int i = 0; i < 5; i++)
+        fd[i] = dial(&r, "127.0.0.1");
+    wait_held(&r, 3);
+    ck_assert_uint_eq(held(&r, 0), 2);
+    ck_assert_uint_eq(held(&r, 1), 1);
+    char got[32];
+    ask(fd[4], got, sizeof got); /* waits in the backlog, not refused */
+    ck_assert_str_eq(got, "(none)");
+    close(fd[0]);
+    /* room again: the oldest waiting (fd[3]) gets in, then fd[4] after the next close */
+    ask(fd[3], got, sizeof got);
+    ck_assert_str_eq(got, "HTTP/1.1 200");
+    wait_held(&r, 3);
+    close(fd[1]);
+    struct pollfd p = {fd[4], POLLIN, 0};
+    ck_assert_int_eq(poll(&p, 1, 5000), 1); /* its request, sent while it waited, is answered */
+    ssize_t n = recv(fd[4], got, 12, 0);
+    ck_assert_int_eq(n, 12);
+    for (int i = 2; i < 5; i++)
+        close(fd[i]);
+    rig_stop(&r);
+}
+END_TEST
+
+START_TEST(drain_hands_over_backlog)
+{
+    static const unsigned limit[] = {50, 50};
+    rig r;
+    rig_start(&r, 2, limit, 0);
+    tp_acceptor_stop(r.a); /* so the next two stay in the backlog */
+    int w1 = dial(&r, "127.0.0.1"), w2 = dial(&r, "127.0.0.1");
+    ck_assert_uint_eq(tp_acceptor_drain(r.a), 2);
+    ck_assert_uint_eq(tp_acceptor_drain(r.a), 0);
+    wait_held(&r, 2);
+    ck_assert_uint_eq(held(&r, 0), 1);
+    char got[32];
+    ask(w2, got, sizeof got);
+    ck_assert_str_eq(got, "HTTP/1.1 200");
+    /* the socket no longer listens */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(r.port)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    ck_assert_int_ne(connect(fd, (struct sockaddr *)&to, sizeof to), 0);
+    ck_assert_int_eq(errno, ECONNREFUSED);
+    close(fd), close(w1), close(w2);
+    rig_stop(&r);
+}
+END_TEST
+
+static Suite *acceptor_suite(void)
+{
+    Suite *s = suite_create("acceptor");
+    TCase *tc = tcase_create("loopback");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, spreads_evenly);
+    tcase_add_test(tc, per_address_limit);
+    tcase_add_test(tc, full_waits_in_backlog);
+    tcase_add_test(tc, drain_hands_over_backlog);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(acceptor_suite)
