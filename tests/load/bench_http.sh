@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench_http.sh — `make bench-http`: wrk against tpserve serving the example
-# graph, then against bare_http (libmicrohttpd alone, same thread pool,
-# answering the bytes tpserve answered) with the same scripts and
+# graph, then against bare_http (libmicrohttpd alone, the same daemons fed
+# by the same accept thread, answering the bytes tpserve answered) with the same scripts and
 # concurrencies, and a markdown table: requests/s, p50/p99 latency, the
 # average batch (rows per engine execution, from /metrics) and tpserve's
 # throughput as a fraction of the bare HTTP stack on this machine, and for
@@ -430,7 +430,7 @@ echo "threads) per request during the row's run, the server and its child proces
 echo "rank processes with --ranks processes, Triton's Python-backend stub)."
 echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / Δ tpserve_execution_count_total;"
 echo "Triton's: Δ inference_count / Δ execution_count of /v2/models/$G/stats)."
-echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with the same thread pool, reading each body and"
+echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with tpserve's daemons and accept thread, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
 if [ -n "$TRITON_SKIP" ]; then
     echo "Triton: no columns: $TRITON_SKIP."
