@@ -22,6 +22,9 @@
 /* Connections accepted per wake-up before the stop descriptor is looked
  * at again. */
 #define ACCEPT_SERIES 64
+/* While every daemon is full by our count, how often the count is checked
+ * against the daemons' own (reconcile). */
+#define RECONCILE_MS 200
 
 /* A client address as the per-address count's key: the address's length
  * (4 or 16; 0 for anything else), then its bytes (an IPv4-mapped IPv6
@@ -170,6 +173,28 @@ void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c)
         TP_LOG_W("waking the accept thread: %s", strerror(errno));
 }
 
+/* Our count of a daemon's connections rests on its CLOSED notifications,
+ * and libmicrohttpd sends none for a connection it drops after
+ * MHD_add_connection said yes but before it started it (its memory pool
+ * could not be allocated, or its own limit was reached). Such a place
+ * would stay taken forever, and enough of them would stop the server
+ * accepting. So while all daemons look full (nothing is being added, and
+ * what was added has long been started), a daemon that holds fewer
+ * connections than we count gets our count lowered to its own. */
+static void reconcile(tp_acceptor *a)
+{
+    for (int i = 0; i < a->n; i++) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(a->d[i], MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        pthread_mutex_lock(&a->mu);
+        unsigned held = info ? info->num_connections : a->live[i], lost = a->live[i] > held ? a->live[i] - held : 0;
+        a->live[i] -= lost;
+        pthread_mutex_unlock(&a->mu);
+        if (lost)
+            TP_LOG_W("HTTP thread %d: %u connections were dropped without a close notice; their places are free again",
+                     i, lost);
+    }
+}
+
 /* ---- the accept loop ------------------------------------------------------ */
 
 /* Accepts up to ACCEPT_SERIES connections (fewer when the backlog empties
@@ -205,7 +230,7 @@ static void *accept_main(void *arg)
         if (!full)
             atomic_store(&a->waiting_for_room, 0);
         struct pollfd p[2] = {{a->wake_fd, POLLIN, 0}, {a->listen_fd, POLLIN, 0}};
-        int got = poll(p, full ? 1 : 2, retry ? RETRY_MS : -1);
+        int got = poll(p, full ? 1 : 2, retry ? RETRY_MS : full ? RECONCILE_MS : -1);
         if (got < 0 && errno != EINTR) {
             TP_LOG_E("accepting connections: poll: %s; the main port takes no new connections",
                      strerror(errno));
@@ -216,6 +241,8 @@ static void *accept_main(void *arg)
             if (read(a->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
                 TP_LOG_W("the accept thread's wake-up: %s", strerror(errno));
         }
+        if (full && got == 0)
+            reconcile(a);
         retry = !full && !atomic_load(&a->stop) && (got == 0 || p[1].revents) && accept_series(a, ACCEPT_SERIES) < 0;
     }
     return NULL;

@@ -1024,8 +1024,9 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err
          /* libmicrohttpd counts a connection out only when its loop cleans
           * up after the CLOSED notification that frees its place in the
           * acceptor's count; a limit at the share would refuse connections
-          * added in between, so the daemon's limit is only a backstop */
-         probes ? fd : (intptr_t)tp_http_guard_max_connections(h->guard), NULL},
+          * added in between, so the daemon's limit is a backstop, twice
+          * the total */
+         probes ? fd : (intptr_t)(2 * (unsigned)tp_http_guard_max_connections(h->guard)), NULL},
     };
     int n = 4;
     n += tp_http_guard_options(h->guard, opts + n, probes ? NULL : on_main_closed, h);
