@@ -118,6 +118,7 @@ int main(void)
     } spellings[] = {
         {"17 digits (Python's repr of the value as a double)", "%.17g"},
         {"9 digits (FP32 round trip, %.9g)", "%.9g"},
+        {"6 digits (%.6g, the wrk scripts' spelling)", "%.6g"},
         {"short (%.3f)", "%.3f"},
     };
     printf("JSON tensor codec, %d FP32 numbers per array, best of 5 rounds (ns per request / per number):\n\n", N);
