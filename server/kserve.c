@@ -3,6 +3,7 @@
 #include "json_tensor.h"
 #include "text.h"
 #include "io_check.h"
+#include "thread_slot.h"
 #include "zalloc.h"
 
 #include <float.h>
@@ -462,10 +463,6 @@ typedef struct {
     char text[DOC_CACHE_MAX];
 } doc_cache;
 
-static pthread_key_t doc_cache_key;
-static pthread_once_t doc_cache_once = PTHREAD_ONCE_INIT;
-static int doc_cache_ok;
-
 static void doc_cache_free(void *p)
 {
     doc_cache *c = p;
@@ -473,21 +470,8 @@ static void doc_cache_free(void *p)
     free(c);
 }
 
-static void doc_cache_init(void) { doc_cache_ok = pthread_key_create(&doc_cache_key, doc_cache_free) == 0; }
-
-/* This thread's cache, created on first use; NULL without memory. */
-static doc_cache *thread_doc_cache(void)
-{
-    pthread_once(&doc_cache_once, doc_cache_init);
-    if (!doc_cache_ok)
-        return NULL;
-    doc_cache *c = pthread_getspecific(doc_cache_key);
-    if (!c && (c = calloc(1, sizeof *c)) && pthread_setspecific(doc_cache_key, c) != 0) {
-        free(c);
-        c = NULL;
-    }
-    return c;
-}
+/* Each thread's cache, created on first use */
+static tp_thread_slot doc_cache_slot = TP_THREAD_SLOT(doc_cache_free, sizeof(doc_cache));
 
 /* The document of text[0..len), when this thread parsed the same text last
  * (a new reference); NULL otherwise. */
@@ -521,7 +505,7 @@ static tp_status load_json(const char *body, size_t len, long long header_len, c
         doc = outside;
         doc_len = tp_json_outside_spans(body, len, text->spans, text->n_spans, outside, sizeof outside);
     }
-    doc_cache *cache = doc_len <= DOC_CACHE_MAX ? thread_doc_cache() : NULL;
+    doc_cache *cache = doc_len <= DOC_CACHE_MAX ? tp_thread_slot_get(&doc_cache_slot) : NULL;
     if ((*out = cached_doc(cache, doc, doc_len)))
         return TP_OK;
     json_error_t jerr;
