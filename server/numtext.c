@@ -214,7 +214,7 @@ static uint32_t nine_digits(uint32_t f, int e, int *exp10)
     int lg = ((32 - __builtin_clz(f)) * 1233) >> 12; /* floor(log10 f) or one less */
     int n = lg + (f >= POW10[lg]);
     *exp10 = e + n - 1;
-    return (uint32_t)((uint64_t)f * POW10[10 - n] / 10);
+    return n < 10 ? f * POW10[9 - n] : f / 10; /* 10 digits: only from Schubfach, ending in 0 */
 }
 
 /* 2. m's first digit (an ASCII byte), the other 8 (the first in the lowest
