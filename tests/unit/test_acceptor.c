@@ -140,6 +140,14 @@ static void ask(int fd, char *got, size_t len)
     got[n > 12 ? 12 : n > 0 ? n : 0] = '\0';
 }
 
+/* ask, and the answer's start must be want */
+static void expect(int fd, const char *want)
+{
+    char got[32];
+    ask(fd, got, sizeof got);
+    ck_assert_str_eq(got, want);
+}
+
 START_TEST(spreads_evenly)
 {
     static const unsigned limit[] = {100, 100, 100};
@@ -151,9 +159,7 @@ START_TEST(spreads_evenly)
     wait_held(&r, 9);
     for (int i = 0; i < 3; i++)
         ck_assert_uint_eq(held(&r, i), 3);
-    char got[32];
-    ask(fd[4], got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(fd[4], "HTTP/1.1 200");
     /* closed ones leave room where they were: the next go there */
     close(fd[0]);
     close(fd[3]);
@@ -179,17 +185,13 @@ START_TEST(per_address_limit)
     int a1 = dial(&r, "127.0.0.1"), a2 = dial(&r, "127.0.0.1");
     wait_held(&r, 2);
     int a3 = dial(&r, "127.0.0.1"), b1 = dial(&r, "127.0.0.2");
-    char got[32];
-    ask(a3, got, sizeof got);
-    ck_assert_str_eq(got, ""); /* closed, unanswered */
-    ask(b1, got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(a3, ""); /* closed, unanswered */
+    expect(b1, "HTTP/1.1 200");
     /* a closed connection gives its address's place back */
     close(a1);
     wait_held(&r, 2);
     int a4 = dial(&r, "127.0.0.1");
-    ask(a4, got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(a4, "HTTP/1.1 200");
     close(a2), close(a3), close(a4), close(b1);
     rig_stop(&r);
 }
@@ -207,12 +209,10 @@ START_TEST(full_waits_in_backlog)
     ck_assert_uint_eq(held(&r, 0), 2);
     ck_assert_uint_eq(held(&r, 1), 1);
     char got[32];
-    ask(fd[4], got, sizeof got); /* waits in the backlog, not refused */
-    ck_assert_str_eq(got, "(none)");
+    expect(fd[4], "(none)"); /* waits in the backlog, not refused */
     close(fd[0]);
     /* room again: the oldest waiting (fd[3]) gets in, then fd[4] after the next close */
-    ask(fd[3], got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(fd[3], "HTTP/1.1 200");
     wait_held(&r, 3);
     close(fd[1]);
     struct pollfd p = {fd[4], POLLIN, 0};
@@ -241,9 +241,7 @@ START_TEST(lost_close_is_reconciled)
     wait_held(&r, 0);
     swallow_closes = 0;
     int b = dial(&r, "127.0.0.1");
-    char got[32];
-    ask(b, got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(b, "HTTP/1.1 200");
     close(b);
     rig_stop(&r);
 }
@@ -260,9 +258,7 @@ START_TEST(drain_hands_over_backlog)
     ck_assert_uint_eq(tp_acceptor_drain(r.a), 0);
     wait_held(&r, 2);
     ck_assert_uint_eq(held(&r, 0), 1);
-    char got[32];
-    ask(w2, got, sizeof got);
-    ck_assert_str_eq(got, "HTTP/1.1 200");
+    expect(w2, "HTTP/1.1 200");
     /* the socket no longer listens */
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(r.port)};
