@@ -107,8 +107,9 @@ static void count_ip_out(tp_acceptor *a, const ip_key *k)
     }
 }
 
-/* Under mu: the daemon with the most room left below its limit, searched
- * from a rotating start so equals take turns; -1 when all are full. */
+/* Under mu: the daemon holding the fewest connections among those below
+ * their limits, searched from a rotating start so equals take turns; -1
+ * when all are full. */
 static int least_loaded(tp_acceptor *a)
 {
     int best = -1;

@@ -83,9 +83,10 @@ static void *watch_main(void *arg)
 
 /* ---- libmicrohttpd callbacks ------------------------------------------- */
 
-static void track_connection(tp_http_guard *g, struct MHD_Connection *c, void **socket_context,
-                             enum MHD_ConnectionNotificationCode code)
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
 {
+    tp_http_guard *g = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         conn_entry *e = calloc(1, sizeof *e);
@@ -116,19 +117,13 @@ static void track_connection(tp_http_guard *g, struct MHD_Connection *c, void **
     *socket_context = NULL;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode code)
-{
-    track_connection(cls, c, socket_context, code);
-}
-
 /* libmicrohttpd notifies CLOSED for every connection it notified STARTED,
  * including one it fails to set up after that */
 static void on_main_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                                enum MHD_ConnectionNotificationCode code)
 {
     tp_http_guard *g = cls;
-    track_connection(g, c, socket_context, code);
+    on_connection(g, c, socket_context, code);
     if (code == MHD_CONNECTION_NOTIFY_CLOSED)
         g->on_closed(g->on_closed_arg, c);
 }

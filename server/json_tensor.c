@@ -808,13 +808,13 @@ static size_t element_text(const tp_host_tensor *t, element v, char *p)
  * an element JSON cannot carry (NaN, Inf); *done is where it stopped. */
 static size_t elements_text(const tp_host_tensor *t, int64_t from, int64_t to, char *p, int64_t *done)
 {
-    size_t es = tp_dtype_size(t->dtype);
     if (t->dtype == TP_F32) { /* FP32 in blocks: numtext.c's list is faster than one at a time */
         size_t written;
         size_t len = tp_numtext_f32_list((const char *)t->data + (size_t)from * 4, (size_t)(to - from), p, &written);
         *done = from + (int64_t)written;
         return len;
     }
+    size_t es = tp_dtype_size(t->dtype);
     char *start = p;
     for (int64_t i = from; i < to; i++) {
         size_t comma = i > from;

@@ -296,8 +296,8 @@ size_t tp_numtext_f32(float v, char *buf)
 /* A block's worth of numbers through the stages, on the stack. */
 #define LIST_BLOCK 64
 
-/* The finite values among v[0..n) before the first that is not (JSON has
- * no NaN or Inf), in tp_numtext_f32's text, each followed by ','. */
+/* bits[0..n) (all finite: the caller stops before a NaN or Inf) in
+ * tp_numtext_f32's text, each followed by ','. */
 static size_t spell_block(const uint32_t *bits, size_t n, char *out)
 {
     uint32_t f[LIST_BLOCK];
