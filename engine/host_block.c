@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "buf_pool.h"
+
 /* The header sits in the first HEADER bytes of the block's one allocation,
  * the data after it: 64-byte aligned (the staging's alignment), so every
  * element type reads in place. */
@@ -12,6 +14,7 @@
 struct tp_host_block {
     _Atomic int refs;
     int borrowed; /* the TP_HOST_BORROWED sentinel: never counted, never freed */
+    int pooled;   /* a buf_pool.h buffer */
 };
 _Static_assert(sizeof(struct tp_host_block) <= HEADER, "block header outgrew its room");
 
@@ -22,9 +25,13 @@ tp_host_block *tp_host_block_create(size_t size, int refs)
     size_t rounded = (size + 63) & ~(size_t)63;
     if (rounded < size || rounded > SIZE_MAX - HEADER)
         return NULL;
-    tp_host_block *b = aligned_alloc(HEADER, HEADER + rounded);
+    /* A small batch's outputs (one per engine run) take a pooled buffer:
+     * an aligned allocation bypasses malloc's per-thread cache every time. */
+    int pooled = HEADER + rounded <= TP_BUF_POOL_SIZE;
+    tp_host_block *b = pooled ? tp_buf_pool_take() : aligned_alloc(HEADER, HEADER + rounded);
     if (!b)
         return NULL;
+    b->pooled = pooled;
     atomic_init(&b->refs, refs);
     b->borrowed = 0;
     return b;
@@ -43,6 +50,10 @@ void tp_host_block_release(tp_host_block *b)
     if (!b || b->borrowed)
         return;
     /* acq_rel: the last releaser sees every other holder's use of the bytes */
-    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
-        free(b);
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+        if (b->pooled)
+            tp_buf_pool_give(b);
+        else
+            free(b);
+    }
 }

@@ -15,8 +15,10 @@
 
 #include "acceptor.h"
 #include "batcher.h"
+#include "buf_pool.h"
 #include "clock.h"
 #include "http_guard.h"
+#include "json_tensor.h"
 #include "kserve.h"
 #include "log.h"
 #include "metrics.h"
@@ -161,19 +163,22 @@ static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *
     return resp;
 }
 
-/* Takes ownership of body (malloc'ed). Returns NULL only without memory. */
-static struct MHD_Response *make_response(char *body, size_t len, const char *ctype,
+/* Takes ownership of body (malloc'ed, or a buf_pool.h buffer when
+ * pooled). Returns NULL only without memory. */
+static struct MHD_Response *make_response(char *body, size_t len, int pooled, const char *ctype,
                                           size_t header_len)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp =
+        pooled ? MHD_create_response_from_buffer_with_free_callback(len, body, tp_buf_pool_give)
+               : MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!resp)
-        free(body);
+        tp_jbuf_free_text(body, pooled);
     return with_headers(resp, ctype, header_len);
 }
 
 static struct MHD_Response *json_response(char *doc)
 {
-    return doc ? make_response(doc, strlen(doc), "application/json", 0) : NULL;
+    return doc ? make_response(doc, strlen(doc), 0, "application/json", 0) : NULL;
 }
 
 static void log_request(const req_ctx *r, unsigned code, const char *msg)
@@ -281,7 +286,7 @@ static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
         return reply_error(h, r, 500, "out of memory rendering /metrics");
     log_request(r, 200, NULL);
     return send_response(h, r, 200,
-                         make_response(text, len, "text/plain; version=0.0.4; charset=utf-8", 0));
+                         make_response(text, len, 0, "text/plain; version=0.0.4; charset=utf-8", 0));
 }
 
 static enum MHD_Result get_live(tp_http *h, req_ctx *r)
@@ -573,6 +578,7 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
  * libmicrohttpd once the response is gone. */
 typedef struct {
     char *header;
+    int header_pooled;
     tp_host_tensor *outs;
     int n_outs;
 } sent_answer;
@@ -580,7 +586,7 @@ typedef struct {
 static void free_sent_answer(void *cls)
 {
     sent_answer *a = cls;
-    free(a->header);
+    tp_jbuf_free_text(a->header, a->header_pooled);
     tp_host_tensors_free(a->outs, a->n_outs);
     free(a);
 }
@@ -602,10 +608,10 @@ static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
     struct MHD_IoVec *iov = tp_zalloc((size_t)n_tail + 1, sizeof *iov); /* MHD copies it */
     struct MHD_Response *resp = NULL;
     if (!a) {
-        free(buf->body);
+        tp_jbuf_free_text(buf->body, buf->pooled);
         tp_host_tensors_free(r->outs, r->n_outs);
     } else {
-        *a = (sent_answer){buf->body, r->outs, r->n_outs};
+        *a = (sent_answer){buf->body, buf->pooled, r->outs, r->n_outs};
     }
     if (a && iov) {
         iov[0] = (struct MHD_IoVec){buf->body, buf->len};
@@ -660,7 +666,7 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     if (st == TP_OK && n_tail)
         resp = binary_response(r, &buf, tail, n_tail);
     else if (st == TP_OK)
-        resp = make_response(buf.body, buf.len,
+        resp = make_response(buf.body, buf.len, buf.pooled,
                              buf.header_len ? "application/octet-stream" : "application/json",
                              buf.header_len);
     free(tail);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf_pool.h"
 #include "numtext.h"
 #include "tensor.h"
 
@@ -702,6 +703,36 @@ tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_e
 
 /* ---- writing ------------------------------------------------------------ */
 
+void tp_jbuf_start_pooled(tp_jbuf *b)
+{
+    *b = (tp_jbuf){0};
+    b->p = tp_buf_pool_take();
+    b->cap = b->p ? TP_BUF_POOL_SIZE : 0;
+    b->pooled = b->p != NULL;
+}
+
+void tp_jbuf_free_text(char *p, int pooled)
+{
+    if (pooled)
+        tp_buf_pool_give(p);
+    else
+        free(p);
+}
+
+/* A pooled buffer is not realloc'ed: the pool's buffers keep their size. */
+static char *resize(tp_jbuf *b, size_t cap)
+{
+    if (!b->pooled)
+        return realloc(b->p, cap);
+    char *p = malloc(cap);
+    if (p) {
+        memcpy(p, b->p, b->len);
+        tp_buf_pool_give(b->p);
+        b->pooled = 0;
+    }
+    return p;
+}
+
 char *tp_jbuf_grow(tp_jbuf *b, size_t n)
 {
     if (b->oom)
@@ -710,7 +741,7 @@ char *tp_jbuf_grow(tp_jbuf *b, size_t n)
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->len < n)
             cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = resize(b, cap);
         if (!p) {
             b->oom = 1;
             return NULL;

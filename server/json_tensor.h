@@ -62,12 +62,23 @@ json_t *tp_json_load_outside_text(const char *body, const tp_json_span *spans, i
 tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err);
 
 /* A growable text buffer. Appends after an allocation failure are dropped
- * and remembered in oom; the caller checks once at the end. */
+ * and remembered in oom; the caller checks once at the end. p is malloc'ed
+ * unless pooled (see tp_jbuf_start_pooled): release it with
+ * tp_jbuf_free_text. */
 typedef struct {
     char *p;
     size_t len, cap;
     int oom;
+    int pooled; /* p is a buf_pool.h buffer (TP_BUF_POOL_SIZE bytes) */
 } tp_jbuf;
+
+/* Starts an empty b in a buffer of this thread's pool (buf_pool.h): for
+ * texts made per request (answers). Past the pool's size the text moves
+ * to a malloc'ed buffer and pooled is cleared. */
+void tp_jbuf_start_pooled(tp_jbuf *b);
+
+/* Frees a tp_jbuf's text p, which was pooled or not. */
+void tp_jbuf_free_text(char *p, int pooled);
 
 void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n);
 void tp_jbuf_lit(tp_jbuf *b, const char *s); /* NUL-terminated, no escaping */

@@ -702,15 +702,18 @@ static tp_status build(const tp_kserve_model *m, const tp_kserve_request *req,
 {
     memset(out, 0, sizeof *out);
     tp_jbuf b = {0};
+    if (tail)
+        tp_jbuf_start_pooled(&b);
     size_t header_len = 0;
     tp_status st = write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail, whole_max, err);
     if (st != TP_OK) {
-        free(b.p);
+        tp_jbuf_free_text(b.p, b.pooled);
         return st;
     }
     out->body = b.p;
     out->len = b.len;
     out->header_len = header_len;
+    out->pooled = b.pooled;
     return TP_OK;
 }
 

@@ -61,11 +61,13 @@ typedef struct {
     int64_t timeout_us;            /* Triton's parameters.timeout; -1 when absent (0: none) */
 } tp_kserve_request;
 
-/* An encoded response body; body is malloc'ed and owned by the caller. */
+/* An encoded response body, owned by the caller: free it with
+ * tp_jbuf_free_text(body, pooled). */
 typedef struct {
     char *body;
     size_t len;
     size_t header_len; /* JSON header length when a binary tail follows, else 0 */
+    int pooled;        /* body is a buf_pool.h buffer (tp_kserve_build_infer_parts) */
 } tp_kserve_buf;
 
 /* header_len: the Inference-Header-Content-Length value, or -1 when the
@@ -87,7 +89,9 @@ typedef struct {
     size_t len;
 } tp_kserve_piece;
 
-/* tp_kserve_build_infer without copying the binary outputs: out->body holds
+/* tp_kserve_build_infer without copying the binary outputs, for the
+ * server's answers: out->body comes from this thread's buffer pool while
+ * it fits (out->pooled), and holds
  * the JSON header only (out->len bytes; header_len is set as before), and
  * tail[0..*n_tail) point into outs, which must outlive the send. tail has
  * room for req->n_outputs pieces. An answer of at most whole_max bytes in

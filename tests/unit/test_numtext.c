@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf_pool.h"
 #include "check_main.h"
 #include "dtype.h"
 #include "json_tensor.h"
@@ -633,6 +634,48 @@ START_TEST(write_values)
 }
 END_TEST
 
+/* An answer starts in a buffer of the thread's pool: written past the
+ * pool's size it moves to its own buffer with every byte (and the pooled
+ * one goes back to the pool); a small one stays pooled and its buffer is
+ * the next answer's. */
+START_TEST(write_pooled)
+{
+    float f[] = {1.5f, -2.0f};
+    tp_host_tensor t = {.name = "y", .dtype = TP_F32, .ndim = 1, .shape = {2}, .data = f,
+                        .nbytes = sizeof f};
+    tp_err e;
+    tp_jbuf b;
+    tp_jbuf_start_pooled(&b);
+    ck_assert(b.pooled);
+    char *first = b.p;
+    ck_assert_int_eq(tp_json_tensor_write(&b, &t, &e), TP_OK);
+    tp_jbuf_raw(&b, "", 1);
+    ck_assert_str_eq(b.p, "[1.5,-2.0]");
+    int spares = tp_buf_pool_spares();
+    tp_jbuf_free_text(b.p, b.pooled);
+    ck_assert_int_eq(tp_buf_pool_spares(), spares + 1);
+    tp_jbuf_start_pooled(&b);
+    ck_assert_ptr_eq(b.p, first);
+    enum { BIG = 3000 }; /* ~20 KB of text: past TP_BUF_POOL_SIZE */
+    static float big[BIG], back[BIG];
+    for (int i = 0; i < BIG; i++)
+        big[i] = (float)i * -1.37f + 0.001f;
+    tp_host_tensor tb = {.name = "z", .dtype = TP_F32, .ndim = 1, .shape = {BIG}, .data = big,
+                         .nbytes = sizeof big};
+    tp_jbuf_lit(&b, "x=");
+    ck_assert_int_eq(tp_json_tensor_write(&b, &tb, &e), TP_OK);
+    ck_assert(!b.pooled);
+    ck_assert_uint_gt(b.len, TP_BUF_POOL_SIZE);
+    ck_assert_int_eq(tp_buf_pool_spares(), spares + 1); /* the outgrown one is back */
+    tp_host_tensor rt = {.name = "z", .dtype = TP_F32, .ndim = 1, .shape = {BIG}};
+    ck_assert_int_eq(tp_json_tensor_read(b.p + 2, b.len - 2, &rt, &e), TP_OK);
+    memcpy(back, rt.data, sizeof back);
+    ck_assert_mem_eq(back, big, sizeof big);
+    free(rt.data);
+    tp_jbuf_free_text(b.p, b.pooled);
+}
+END_TEST
+
 static Suite *numtext_suite(void)
 {
     Suite *s = suite_create("numtext");
@@ -656,6 +699,7 @@ static Suite *numtext_suite(void)
     tcase_add_test(j, read_f32_two_passes);
     tcase_add_test(j, read_bounded_by_text);
     tcase_add_test(j, write_values);
+    tcase_add_test(j, write_pooled);
     suite_add_tcase(s, j);
     return s;
 }

@@ -1,9 +1,15 @@
 /* test_thread_slot.c — util/thread_slot.h: each thread gets its own zeroed
  * object, the same one on every call, freed through the slot's destroy
- * function when the thread ends; threads racing to first use all get one. */
+ * function when the thread ends; threads racing to first use all get one.
+ * And util/buf_pool.h, built on it: a thread's buffers come back to it,
+ * aligned, up to a bound, and stay its own. */
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include <stdint.h>
+#include <string.h>
+
+#include "buf_pool.h"
 #include "check_main.h"
 #include "thread_slot.h"
 
@@ -51,11 +57,51 @@ START_TEST(per_thread_objects)
 }
 END_TEST
 
+static void *take_one(void *arg)
+{
+    *(void **)arg = tp_buf_pool_take();
+    ck_assert_int_eq(tp_buf_pool_spares(), 0); /* another thread's spares are not this one's */
+    return NULL;
+}
+
+START_TEST(buffer_pool)
+{
+    enum { MANY = 40 };
+    void *b[MANY];
+    for (int i = 0; i < MANY; i++) {
+        b[i] = tp_buf_pool_take();
+        ck_assert_ptr_nonnull(b[i]);
+        ck_assert_uint_eq((uintptr_t)b[i] % TP_BUF_POOL_ALIGN, 0);
+        memset(b[i], 0xa5, TP_BUF_POOL_SIZE); /* all of it is ours (ASan checks) */
+    }
+    int before = tp_buf_pool_spares();
+    for (int i = 0; i < MANY; i++)
+        tp_buf_pool_give(b[i]);
+    tp_buf_pool_give(NULL);
+    /* kept up to the bound; the rest freed (LeakSanitizer would see them) */
+    int kept = tp_buf_pool_spares();
+    ck_assert_int_gt(kept, before);
+    ck_assert_int_lt(kept, MANY);
+    /* the last one given is the next one taken */
+    void *again = tp_buf_pool_take();
+    ck_assert_ptr_eq(again, b[kept - before - 1]);
+    /* a buffer taken on another thread and given here joins these spares */
+    void *theirs;
+    pthread_t th;
+    pthread_create(&th, NULL, take_one, &theirs);
+    pthread_join(th, NULL);
+    tp_buf_pool_give(again);
+    tp_buf_pool_give(theirs); /* full: freed */
+    ck_assert_int_eq(tp_buf_pool_spares(), kept);
+}
+END_TEST
+
 static Suite *thread_slot_suite(void)
 {
     Suite *s = suite_create("thread_slot");
     TCase *tc = tcase_create("slots");
     tcase_add_test(tc, per_thread_objects);
+    tcase_add_test(tc, buffer_pool);
     suite_add_tcase(s, tc);
     return s;
 }
