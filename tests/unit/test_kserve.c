@@ -253,6 +253,23 @@ START_TEST(repeated_documents)
     /* the same header with a short tail: still refused */
     ck_assert_int_eq(parse_binary(&m, body, hdr, b, 12, &r, &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "binary"));
+    /* a header seen whole is reused without scanning for data arrays; the
+     * same text as a plain JSON body (no tail) is judged as such */
+    ck_assert_int_eq(parse_binary(&m, body, hdr, a, 16, &r, &e), TP_OK);
+    tp_kserve_request_free(&r);
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, hdr, strlen(hdr), -1, &r, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "binary"));
+    /* and with bytes after it but no header length: those bytes are named */
+    size_t n = strlen(hdr);
+    memcpy(body, hdr, n);
+    memcpy(body + n, a, 16);
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 16, -1, &r, &e), TP_PARSE);
+    ck_assert_ptr_nonnull(strstr(e.msg, "after the JSON document"));
+    /* a JSON body with data between two binary ones: each gets its own */
+    check_x("{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"FP32\",\"data\":[3,2,3,4,5,9]}]}", 3, 9);
+    ck_assert_int_eq(parse_binary(&m, body, hdr, b, 16, &r, &e), TP_OK);
+    ck_assert_mem_eq(r.inputs[0].data, b, 16);
+    tp_kserve_request_free(&r);
 }
 END_TEST
 
