@@ -104,6 +104,9 @@ $(BUILD)/obj/engine/%.o: CFLAGS += -Wswitch-enum
 VECT_COST := $(shell $(CC) -fvect-cost-model=dynamic -x c -c /dev/null -o /dev/null 2>/dev/null && \
                echo -fvect-cost-model=dynamic)
 $(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(VECT_COST) -fno-trapping-math -fno-math-errno
+# The JSON number writer spells digits on vector lanes (numtext.c,
+# spell_digits_block): the same cost model, integers only.
+$(BUILD)/obj/server/numtext.o: CFLAGS += $(VECT_COST)
 
 $(BUILD)/obj/util/%.o: INC := $(INC_util)
 $(BUILD)/obj/engine/%.o: INC := $(INC_engine)
