@@ -182,8 +182,6 @@ static void f32_shortest(uint32_t bits, uint32_t *f, int *e)
 
 /* ---- spelling ----------------------------------------------------------- */
 
-static const uint32_t POW10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000};
-
 /* A block's worth of numbers through the stages (tp_numtext_f32_list), on
  * the stack. */
 #define LIST_BLOCK 64
@@ -486,27 +484,37 @@ size_t tp_numtext_scan(const char *s, size_t len, int *is_int)
  * arithmetic in float precision (SSE, not x87). */
 _Static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in float precision");
 
-static const float POW10F[] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f, 1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
+/* ---- reading: up to 19 significant digits ------------------------------
+ *
+ * A token x = w * 10^q (w < 10^19, |q| <= 22) is read through one double
+ * product d = w * 10^q: w rounded to double, 10^q exact for q >= 0 and
+ * rounded for q < 0, the product rounded: three roundings, so d is within
+ * 2^-51 of x (relative). x's nearest float is then d's, unless a midpoint
+ * between two floats lies that close to d (about once in 2^24 inputs): the
+ * library decides those, and everything else (more digits, far exponents,
+ * overflow). Python clients send 17 digits (the repr of each FP32 value
+ * as a double) and FP32 round-trippers 9: bench-codec's array decode went
+ * from 36 to 34 ns a number for 17 digits, from 46 to 28 for 9. */
+static const double POW10D[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+static const uint64_t POW10_U64[] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
+                                     10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL,
+                                     100000000000ULL, 1000000000000ULL, 10000000000000ULL,
+                                     100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+                                     100000000000000000ULL, 1000000000000000000ULL};
+static const double NEG_POW10D[] = {1e0,   1e-1,  1e-2,  1e-3,  1e-4,  1e-5,  1e-6,  1e-7,
+                                    1e-8,  1e-9,  1e-10, 1e-11, 1e-12, 1e-13, 1e-14, 1e-15,
+                                    1e-16, 1e-17, 1e-18, 1e-19, 1e-20, 1e-21, 1e-22};
 
-int tp_numtext_f32_exact(uint64_t m, int exp10, int neg, float *out)
-{
-    if (m >= 1u << 24 || exp10 < -10 || exp10 > 10)
-        return 0;
-    float f = (float)m;
-    f = exp10 < 0 ? f / POW10F[-exp10] : f * POW10F[exp10];
-    *out = neg ? -f : f;
-    return 1;
-}
-
-/* 10^-k as doubles, for m * 10^-k with m < 2^24 and k <= 7 in one multiply
- * (no float division, whose latency was a third of an array's reading):
+/* The short reader's m * 10^-k (m < 2^24, k <= 7) is one multiply by
+ * NEG_POW10D[k] (no float division, whose latency was a third of an
+ * array's reading):
  * the product is within 2^-52 (relative) of m / 10^k, while m / 10^k is
  * either a float or at least 1 / (10^7 2^25) > 2^-48.3 away from any
  * midpoint between two floats (such a midpoint M / 2^j, M odd and 25 bits,
  * differs from m / 10^k by a nonzero integer over 10^k 2^j). So rounding
  * the product to float rounds m / 10^k correctly; test_numtext checks all
  * 7 * 2^24 cases against the division. */
-static const double NEG_POW10D[] = {1, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7};
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 /* Eight bytes from p, the first in the lowest byte, each XORed with '0', so
@@ -555,7 +563,7 @@ int tp_numtext_short_f32(const char *s, size_t len, float *out)
         /* the rest must be '.' and 1..7 digits ("1." is no number) */
         if (p[k1] != '.' || k2 == 0 || k2 == 8 || (size_t)(neg + k1 + 1 + k2) != len)
             return 0;
-        m = m * POW10[k2] + digits_value(frac, k2); /* < 10^14 */
+        m = m * POW10_U64[k2] + digits_value(frac, k2); /* < 10^14 */
     }
     if (m >= 1u << 24)
         return 0;
@@ -570,6 +578,79 @@ int tp_numtext_short_f32(const char *s, size_t len, float *out)
     return 0;
 }
 #endif
+
+/* Digits from s[*i] on into *w, kept under 10^19 (leading zeros cost
+ * nothing): how many were read, or -1 past 19 significant digits. Eight
+ * at a time while the token has eight bytes left (w = w * 10 + d digit by
+ * digit is a chain of multiplies: 17 digits took longer than the library). */
+static int read_digits(const char *s, size_t len, size_t *i, uint64_t *w)
+{
+    size_t from = *i;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (len - *i >= 8) {
+        uint64_t x = load8_digits(s + *i);
+        int k = leading_digits(x);
+        if (k == 0)
+            return (int)(*i - from);
+        if (*w >= POW10_U64[19 - k]) /* w * 10^k would pass 10^19 */
+            return -1;
+        *w = *w * POW10_U64[k] + digits_value(x, k);
+        *i += (size_t)k;
+        if (k < 8)
+            return (int)(*i - from);
+    }
+#endif
+    for (; *i < len && (unsigned char)(s[*i] - '0') < 10; ++*i) {
+        if (*w >= POW10_U64[18])
+            return -1;
+        *w = *w * 10 + (uint64_t)(s[*i] - '0');
+    }
+    return (int)(*i - from);
+}
+
+int tp_numtext_wide_f32(const char *s, size_t len, float *out)
+{
+    int neg = s[0] == '-', q = 0;
+    size_t i = (size_t)neg;
+    uint64_t w = 0;
+    if (read_digits(s, len, &i, &w) < 0)
+        return 0;
+    if (i < len && s[i] == '.') {
+        i++;
+        if ((q = -read_digits(s, len, &i, &w)) > 0)
+            return 0;
+    }
+    if (i < len) { /* [eE][+-]?digits: the token is valid JSON */
+        int eneg = s[++i] == '-', e = 0;
+        for (i += s[i] == '-' || s[i] == '+'; i < len; i++)
+            if ((e = e * 10 + (s[i] - '0')) > 99)
+                return 0;
+        q += eneg ? -e : e;
+    }
+    if (w == 0) {
+        *out = neg ? -0.0f : 0.0f;
+        return 1;
+    }
+    if (q < -22 || q > 22)
+        return 0;
+    double d = (double)w * (q < 0 ? NEG_POW10D[-q] : POW10D[q]);
+    if (d >= 0x1p127) /* near FLT_MAX or past it: the library's */
+        return 0;
+    float f = (float)d;
+    if ((double)f != d) {
+        /* the float on d's other side of f, and the midpoint between them */
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        bits += d > (double)f ? 1 : (uint32_t)-1;
+        float g;
+        memcpy(&g, &bits, 4);
+        double mid = ((double)f + (double)g) * 0.5; /* exact: both are floats */
+        if (fabs(d - mid) <= d * 0x1p-50)
+            return 0;
+    }
+    *out = neg ? -f : f;
+    return 1;
+}
 
 int tp_numtext_parse_i64(const char *s, size_t len, int64_t *out)
 {

@@ -53,10 +53,13 @@ double tp_numtext_parse_f64(const char *s, size_t len);
 #define TP_NUMTEXT_READ_AHEAD 17
 int tp_numtext_short_f32(const char *s, size_t len, float *out);
 
-/* m * 10^exp10, negated when neg, when that is one correctly rounded float
- * operation (Clinger's fast path: m < 2^24 and |exp10| <= 10, so m and
- * 10^|exp10| are exact floats): 1 with *out; else 0. */
-int tp_numtext_f32_exact(uint64_t m, int exp10, int neg, float *out);
+/* s[0..len), a JSON number (tp_numtext_scan says so) of at most 19
+ * significant digits whose value is w * 10^q with |q| <= 22, as the
+ * nearest FP32 (as tp_numtext_parse_f32 gives it), through one double
+ * product checked against the midpoints between floats: 1 with *out.
+ * 0 for the rest (and the rare value too near a midpoint to tell), which
+ * the library then reads. tp_numtext_parse_f32 tries it first. */
+int tp_numtext_wide_f32(const char *s, size_t len, float *out);
 
 /* The JSON number token at s (no leading blanks), at most len bytes: its
  * length, or 0 when s does not start with one. *is_int is 1 when it has no

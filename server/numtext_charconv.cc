@@ -5,8 +5,10 @@
 // Google's double-conversion, which this file wrapped before. Writing FP32
 // moved to numtext.c (Schubfach), which is faster than std::to_chars' Ryu;
 // std::to_chars still rounds to a given precision for the FP16/BF16 writers.
-// Only plain value-returning calls cross the extern "C" boundary; nothing
-// here allocates or throws.
+// FP32 tokens of up to 19 digits are read first by numtext.c
+// (tp_numtext_wide_f32), which hands back what it cannot tell. Only plain
+// value-returning calls cross the extern "C" boundary; nothing here
+// allocates or throws.
 #include <charconv>
 #include <cmath>
 #include <stdint.h>
@@ -38,41 +40,6 @@ extern "C" void tp_numtext_round(double v, int digits, uint32_t *f, int *e)
 }
 
 namespace {
-
-// Tokens with an exponent or leading zeros that still fit Clinger's fast
-// path (tp_numtext_f32_exact, numtext.c): at most 7 significant digits and
-// |exponent| <= 10 ("%.6g"'s "1.23456e-05", "0.000123"). It covers what
-// clients mostly send at about half the library's cost; anything else (more
-// digits, bigger exponents) takes the library's path.
-bool parse_f32_fast(const char *s, size_t len, float *out)
-{
-    size_t i = 0;
-    bool neg = len > 0 && s[0] == '-';
-    uint32_t m = 0;
-    int digits = 0, exp10 = 0, frac = 0;
-    for (i = neg; i < len && (s[i] == '.' || (s[i] >= '0' && s[i] <= '9')); i++) {
-        if (s[i] == '.') {
-            frac = 1;
-            continue;
-        }
-        if ((m || s[i] != '0') && ++digits > 7) // 9,999,999 < 2^24
-            return false;
-        m = m * 10 + static_cast<uint32_t>(s[i] - '0');
-        exp10 -= frac;
-    }
-    if (i < len) { // the exponent: [eE][+-]?digits (the token is valid JSON)
-        bool eneg = s[++i] == '-';
-        i += s[i] == '-' || s[i] == '+';
-        int e = 0;
-        for (; i < len; i++)
-            if ((e = e * 10 + (s[i] - '0')) > 99)
-                return false;
-        exp10 += eneg ? -e : e;
-    }
-    if (m == 0 && (exp10 < -10 || exp10 > 10))
-        return *out = neg ? -0.0f : 0.0f, true;
-    return tp_numtext_f32_exact(m, exp10, neg, out) != 0;
-}
 
 // Whether a valid JSON number token is at least 1 in magnitude (its first
 // nonzero digit at or left of the units place, exponent included). Only
@@ -120,12 +87,8 @@ T parse_library(const char *s, size_t len)
 
 extern "C" float tp_numtext_parse_f32(const char *s, size_t len)
 {
-    // A token over 12 characters has more than 7 significant digits but
-    // for runs of zeros or a spelled-out exponent ("-1.234567e-05"): the
-    // fast path would mostly walk 8 digits to give up (a third of the cost
-    // of Python's 17-digit spellings), and the library is right either way.
     float f;
-    if (len <= 12 && parse_f32_fast(s, len, &f))
+    if (tp_numtext_wide_f32(s, len, &f)) // up to 19 digits: numtext.c, 3-4x faster
         return f;
     return parse_library<float>(s, len);
 }

@@ -234,6 +234,64 @@ START_TEST(f32_reader_matches_strtof)
 }
 END_TEST
 
+/* tp_numtext_wide_f32 on tok: 1 with strtof's bits, or 0 (declined). */
+static int wide_read(const char *tok)
+{
+    float f = -1234.5f, want = strtof(tok, NULL);
+    ck_assert_msg(f32_bits(tp_numtext_parse_f32(tok, strlen(tok))) == f32_bits(want), "'%s': %a, strtof %a",
+                  tok, tp_numtext_parse_f32(tok, strlen(tok)), want);
+    if (!tp_numtext_wide_f32(tok, strlen(tok), &f))
+        return 0;
+    ck_assert_msg(f32_bits(f) == f32_bits(want), "'%s': %a, strtof %a", tok, f, want);
+    return 1;
+}
+
+/* The reader of up to 19 digits through one double product: right on
+ * what Python clients send (the 17-digit repr of each FP32 value as a
+ * double), on values next to the midpoints between floats (where a double
+ * rounding would go wrong), and it hands back what it cannot tell. */
+START_TEST(f32_wide_reader)
+{
+    ck_assert(wide_read("0.30481421947479248"));
+    ck_assert(wide_read("-0.10000000149011612"));
+    ck_assert(wide_read("1.2345678901234567e-05"));
+    ck_assert(wide_read("-0"));
+    ck_assert(wide_read("1234567890123456789"));       /* 19 digits */
+    ck_assert(wide_read("0.0000000000000000000001")); /* 1e-22 */
+    ck_assert(wide_read("1e22"));
+    ck_assert(!wide_read("12345678901234567890")); /* 20 digits: the library's */
+    ck_assert(!wide_read("1e23") && !wide_read("1e-23"));
+    ck_assert(!wide_read("16777217"));     /* exactly between 2^24 and 2^24 + 2 */
+    ck_assert(!wide_read("3.4028235e38")); /* next to FLT_MAX */
+    ck_assert(!wide_read("0e999"));
+    /* a midpoint spelled with one digit fewer or more lands on its sides */
+    ck_assert(wide_read("16777217.00001") && wide_read("16777216.99999"));
+    ck_assert(!wide_read("16777217.000000001")); /* within a double's error of it */
+    uint64_t s = 977;
+    char tok[64];
+    int taken = 0;
+    static const char *fmt[] = {"%.17g", "%.16g", "%.9g", "%.17e", "%.12g"};
+    for (int k = 0; k < 300000; k++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t b = (uint32_t)(s >> 32);
+        float f;
+        memcpy(&f, &b, 4);
+        if (!isfinite(f))
+            continue;
+        double v = f;
+        if (k % 3 == 1) { /* the midpoint above f, and a hair off it */
+            uint32_t up = b + 1;
+            float g;
+            memcpy(&g, &up, 4);
+            v = isfinite(g) ? ((double)f + (double)g) / 2 * (1 + (double)((int)(s % 5) - 2) * 0x1p-50) : v;
+        }
+        snprintf(tok, sizeof tok, fmt[k % 5], v);
+        taken += wide_read(tok);
+    }
+    ck_assert_int_gt(taken, 100000); /* most of it (the rest: exponents past 22) */
+}
+END_TEST
+
 /* tp_numtext_short_f32 on the whole of tok (padded so it may read ahead):
  * 1 with strtof's and the general reader's bits, or 0 (declined). */
 static int short_read(const char *tok)
@@ -687,6 +745,7 @@ static Suite *numtext_suite(void)
     tcase_add_test(n, f64_reader_matches_strtod);
     tcase_add_test(n, halves_exhaustive);
     tcase_add_test(n, f32_reader_matches_strtof);
+    tcase_add_test(n, f32_wide_reader);
     tcase_add_test(n, f32_short_reader);
     tcase_add_test(n, f32_short_reader_every_mantissa);
     tcase_add_test(n, integers);
