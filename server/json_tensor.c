@@ -503,6 +503,8 @@ static int element_f32(const char *s, size_t a, size_t b, size_t len, float *f)
         return -1;
     if (len - a >= TP_NUMTEXT_READ_AHEAD && tp_numtext_short_f32(s + a, b - a, f))
         return 1;
+    if (tp_numtext_wide_f32(s + a, b - a, f)) /* longer: without scanning it first */
+        return 1;
     if (tp_numtext_scan(s + a, b - a, &is_int) != b - a)
         return 0;
     *f = tp_numtext_parse_f32(s + a, b - a);

@@ -494,7 +494,8 @@ _Static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in fl
  * library decides those, and everything else (more digits, far exponents,
  * overflow). Python clients send 17 digits (the repr of each FP32 value
  * as a double) and FP32 round-trippers 9: bench-codec's array decode went
- * from 36 to 34 ns a number for 17 digits, from 46 to 28 for 9. */
+ * from 36 to 25 ns a number for 17 digits, from 46 to 22 for 9 (the array
+ * reader tries it before scanning the token: it checks the grammar). */
 static const double POW10D[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 static const uint64_t POW10_U64[] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
@@ -610,23 +611,31 @@ static int read_digits(const char *s, size_t len, size_t *i, uint64_t *w)
 
 int tp_numtext_wide_f32(const char *s, size_t len, float *out)
 {
-    int neg = s[0] == '-', q = 0;
+    int neg = len > 0 && s[0] == '-', q = 0;
     size_t i = (size_t)neg;
     uint64_t w = 0;
-    if (read_digits(s, len, &i, &w) < 0)
+    int n = read_digits(s, len, &i, &w);
+    if (n <= 0 || (n > 1 && s[neg] == '0')) /* too many digits, none, or a leading zero */
         return 0;
     if (i < len && s[i] == '.') {
         i++;
-        if ((q = -read_digits(s, len, &i, &w)) > 0)
+        if ((n = read_digits(s, len, &i, &w)) <= 0)
             return 0;
+        q = -n;
     }
-    if (i < len) { /* [eE][+-]?digits: the token is valid JSON */
-        int eneg = s[++i] == '-', e = 0;
-        for (i += s[i] == '-' || s[i] == '+'; i < len; i++)
+    if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+        int eneg = ++i < len && s[i] == '-', e = 0;
+        i += i < len && (s[i] == '-' || s[i] == '+');
+        size_t from = i;
+        for (; i < len && (unsigned char)(s[i] - '0') < 10; i++)
             if ((e = e * 10 + (s[i] - '0')) > 99)
                 return 0;
+        if (i == from)
+            return 0;
         q += eneg ? -e : e;
     }
+    if (i != len) /* not a JSON number, or more after it */
+        return 0;
     if (w == 0) {
         *out = neg ? -0.0f : 0.0f;
         return 1;

@@ -53,12 +53,13 @@ double tp_numtext_parse_f64(const char *s, size_t len);
 #define TP_NUMTEXT_READ_AHEAD 17
 int tp_numtext_short_f32(const char *s, size_t len, float *out);
 
-/* s[0..len), a JSON number (tp_numtext_scan says so) of at most 19
- * significant digits whose value is w * 10^q with |q| <= 22, as the
- * nearest FP32 (as tp_numtext_parse_f32 gives it), through one double
- * product checked against the midpoints between floats: 1 with *out.
- * 0 for the rest (and the rare value too near a midpoint to tell), which
- * the library then reads. tp_numtext_parse_f32 tries it first. */
+/* s[0..len) when it is exactly a JSON number of at most 19 significant
+ * digits whose value is w * 10^q with |q| <= 22: 1, and *out the nearest
+ * FP32 (as tp_numtext_parse_f32 gives it), through one double product
+ * checked against the midpoints between floats. 0 for anything else (text
+ * that is no number, more digits, a value too near a midpoint to tell),
+ * which tp_numtext_scan and the library then take. tp_numtext_parse_f32
+ * tries it first. Reads nothing past s[len - 1]. */
 int tp_numtext_wide_f32(const char *s, size_t len, float *out);
 
 /* The JSON number token at s (no leading blanks), at most len bytes: its

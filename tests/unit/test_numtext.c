@@ -264,6 +264,14 @@ START_TEST(f32_wide_reader)
     ck_assert(!wide_read("16777217"));     /* exactly between 2^24 and 2^24 + 2 */
     ck_assert(!wide_read("3.4028235e38")); /* next to FLT_MAX */
     ck_assert(!wide_read("0e999"));
+    /* text that is no JSON number is declined (scan and the library judge it) */
+    static const char *not_numbers[] = {"01", "-01", "1.", ".5", "-", "", "1e", "1e+", "1.5x", "--1",
+                                        "1 2", "+1", "0x10", "1.2.3", "1e5e5", "1.e5", "-.5"};
+    for (size_t k = 0; k < sizeof not_numbers / sizeof not_numbers[0]; k++) {
+        float f;
+        ck_assert_msg(!tp_numtext_wide_f32(not_numbers[k], strlen(not_numbers[k]), &f), "'%s'",
+                      not_numbers[k]);
+    }
     /* a midpoint spelled with one digit fewer or more lands on its sides */
     ck_assert(wide_read("16777217.00001") && wide_read("16777216.99999"));
     ck_assert(!wide_read("16777217.000000001")); /* within a double's error of it */
