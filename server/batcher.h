@@ -74,6 +74,9 @@ typedef struct {
      * checks only the rest (tp_engine_check_decoded); 0: any caller's
      * tensors, checked in full (tp_engine_check_inputs) */
     int decoded;
+    /* tp_now_s() as the caller read it just before submitting, which
+     * dates the submit (saves a clock read a request); 0: submit reads it */
+    double t_now;
 } tp_batch_req;
 
 /* e is borrowed and must outlive the batcher. */

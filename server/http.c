@@ -92,7 +92,10 @@ struct req_ctx {
     size_t len, cap;
     long long expect_len; /* Content-Length, or -1 when chunked */
     long long header_len; /* Inference-Header-Content-Length, or -1 */
-    double t_start, t_body;
+    /* tp_now_ms(): headers in, body in, body decoded, answer encoded (0:
+     * not yet; send_response times the request by it instead of reading
+     * the clock again) */
+    double t_start, t_body, t_decoded, t_encoded;
     int before_drain; /* headers arrived before SIGTERM: the request is served */
     /* the decoded request and its batch result */
     tp_kserve_request req;
@@ -213,7 +216,7 @@ static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
 {
     r->state = REQ_REPLIED;
     if (r->route && (r->route->flags & ROUTE_INFER)) {
-        double total = (tp_now_ms() - r->t_start) / 1e3;
+        double total = ((r->t_encoded > 0 ? r->t_encoded : tp_now_ms()) - r->t_start) / 1e3;
         tp_metrics_request(h->metrics, code, total);
         if (r->for_model)
             record_stats(h, r, code, total);
@@ -562,7 +565,7 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
         return tp_fail(err, TP_UNAVAILABLE, "server is shutting down");
     }
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
-                       r->timeout_what, on_batch_done, r, .decoded = 1};
+                       r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3};
     atomic_store(&r->handoff, HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
@@ -660,7 +663,8 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
                                          &buf, tail, &n_tail, err);
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(err, "inference failed: ");
-    r->times.output = (tp_now_ms() - t0) / 1e3;
+    r->t_encoded = tp_now_ms();
+    r->times.output = (r->t_encoded - t0) / 1e3;
     release_request(r);
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
@@ -697,7 +701,8 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     r->t_body = tp_now_ms();
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
                                          &r->req, &err);
-    r->times.input = (tp_now_ms() - r->t_body) / 1e3;
+    r->t_decoded = tp_now_ms();
+    r->times.input = (r->t_decoded - r->t_body) / 1e3;
     int held = 0;
     if (st == TP_OK) {
         set_timeout(h, r, r->req.timeout_us);

@@ -301,7 +301,7 @@ static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 
 static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
                         int64_t timeout_us, tp_err *err)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0, 0};
     return tp_batcher_submit(b, &r, err);
 }
 
@@ -396,7 +396,7 @@ START_TEST(inline_run_stops_while_requests_pile_up)
     ck_assert(ran_on_submitter(b, &x));
     slot queued = new_slot();
     chain c = {new_slot(), b, &x, &queued};
-    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
     ck_assert(c.s.done && pthread_equal(c.s.thread, pthread_self())); /* ran inline */
     wait_done(&queued);
@@ -460,7 +460,7 @@ typedef struct {
 
 static void hold_req(holder *h, int i, tp_host_tensor *x, double t_arrival, int64_t timeout_us)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0, 0};
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_submit_held(h->b, &r, &h->held, &h->was_held[i], &err) == TP_OK, "%s",
                   err.msg);
@@ -498,7 +498,7 @@ START_TEST(held_requests_run_together_on_their_thread)
         ref[i] = tu_infer(e, &h.x[i], 1, &n_ref);
     }
     tp_host_tensor x0 = make_x(1, 3);
-    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0};
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0};
     tp_err err = {{0}};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
     for (int i = 0; i < N_HELD; i++)
@@ -544,7 +544,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     tp_batch_held *held = NULL;
     held_slot s = {0};
     int was_held = 1;
-    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0};
+    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0, 0};
     tp_err err = {{0}};
     tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
     ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
@@ -565,7 +565,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     holder h = {.b = b};
     for (int i = 0; i < N_HELD; i++)
         h.x[i] = make_x(1, (unsigned)(60 + i));
-    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0};
+    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK);
     ck_assert_ptr_null(h.held);
     tp_batcher_free(b); /* runs the queued ones */
@@ -615,12 +615,19 @@ START_TEST(timeout_is_504_and_never_runs)
     tp_engine *e = open_mlp();
     tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
     tp_host_tensor x = make_x(1, 4);
-    slot late = new_slot(), past = new_slot(), keep = new_slot();
+    slot late = new_slot(), past = new_slot(), keep = new_slot(), dated = new_slot();
     tp_err err = {{0}};
     uint64_t rows0 = stats(e).rows;
     double t0 = tp_now_s();
     ck_assert_int_eq(submit(b, &x, &late, 0, 20000, &err), TP_OK);     /* 20 ms */
     ck_assert_int_eq(submit(b, &x, &past, t0 - 1, 1000, &err), TP_OK); /* due 1 s ago */
+    /* the caller's clock reading dates the submit, and the deadline with it */
+    tp_batch_req by_caller = {&x, 1, 0, 5000000, "parameters.timeout", slot_done, &dated, 0, t0 - 10};
+    ck_assert_int_eq(tp_batcher_submit(b, &by_caller, &err), TP_OK);
+    wait_done(&dated);
+    ck_assert_int_eq(dated.st, TP_TIMEOUT);
+    ck_assert_msg(dated.t_done - t0 < 2.5, "dated 10 s back with 5 s to go: answered after %.3f s, "
+                  "not at once", dated.t_done - t0);
     ck_assert_int_eq(submit(b, &x, &keep, 0, 0, &err), TP_OK);
     wait_done(&late);
     wait_done(&past);
