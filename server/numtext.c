@@ -477,12 +477,10 @@ size_t tp_numtext_scan(const char *s, size_t len, int *is_int)
 
 /* ---- reading short decimals --------------------------------------------- */
 
-/* Clinger's fast path for binary32: a decimal m * 10^e with m < 2^24 and
- * |e| <= 10 has m and 10^|e| exact in a float (5^10 < 2^24), so one IEEE
- * multiply or divide rounds the exact value once: the correctly rounded
- * float, what the library (numtext_charconv.cc) would return. Requires float
- * arithmetic in float precision (SSE, not x87). */
-_Static_assert(FLT_EVAL_METHOD == 0, "the fast path needs float operations in float precision");
+/* The readers below count every rounding of their double and float
+ * operations (one per operation, to its own type): that needs each
+ * evaluated in its own precision (SSE, not x87's extended registers). */
+_Static_assert(FLT_EVAL_METHOD == 0, "the readers need float and double operations in their own precision");
 
 /* ---- reading: up to 19 significant digits ------------------------------
  *
