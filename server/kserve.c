@@ -495,21 +495,20 @@ static void keep_doc(doc_cache *c, const char *text, size_t len, int whole, json
 }
 
 /* The document of a body whose JSON part, body[0..len), is byte for byte
- * the whole text of this thread's last document: a binary request's
- * header, sent again. Such a text has no data arrays (it was kept so), so
- * it needs no scan for them either, which cost as much again as the rest
- * of reading a binary request's header. NULL otherwise. */
-static json_t *cached_whole_doc(const char *body, size_t len)
+ * the whole text of c's last document: a binary request's header, sent
+ * again. Such a text has no data arrays (it was kept so), so it needs no
+ * scan for them either, which cost as much again as the rest of reading a
+ * binary request's header. NULL otherwise. */
+static json_t *cached_whole_doc(doc_cache *c, const char *body, size_t len)
 {
-    doc_cache *c = len <= DOC_CACHE_MAX ? tp_thread_slot_get(&doc_cache_slot) : NULL;
     return c && c->whole ? cached_doc(c, body, len) : NULL;
 }
 
-/* Parses one JSON document (or reuses this thread's last one, above). Bytes
+/* Parses one JSON document (or reuses cache's last one, above). Bytes
  * after it are reported apart from plain syntax errors: they usually mean a
  * binary tail sent without its Inference-Header-Content-Length header. */
-static tp_status load_json(const char *body, size_t len, long long header_len, const data_text *text,
-                           json_t **out, tp_err *err)
+static tp_status load_json(doc_cache *cache, const char *body, size_t len, long long header_len,
+                           const data_text *text, json_t **out, tp_err *err)
 {
     char outside[DOC_CACHE_MAX];
     const char *doc = body;
@@ -518,7 +517,6 @@ static tp_status load_json(const char *body, size_t len, long long header_len, c
         doc = outside;
         doc_len = tp_json_outside_spans(body, len, text->spans, text->n_spans, outside, sizeof outside);
     }
-    doc_cache *cache = doc_len <= DOC_CACHE_MAX ? tp_thread_slot_get(&doc_cache_slot) : NULL;
     if ((*out = cached_doc(cache, doc, doc_len)))
         return TP_OK;
     json_error_t jerr;
@@ -565,12 +563,13 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
         return st;
     data_text text = {body, NULL, 0};
     tp_json_span *spans = NULL;
-    json_t *root = cached_whole_doc(body, json_len);
+    doc_cache *cache = tp_thread_slot_get(&doc_cache_slot); /* this thread's; NULL without memory */
+    json_t *root = cached_whole_doc(cache, body, json_len);
     if (!root) {
         if (tp_json_data_spans(body, json_len, &spans, &text.n_spans) != 0)
             return tp_fail(err, TP_NOMEM, "out of memory scanning a %zu-byte request", json_len);
         text.spans = spans;
-        st = load_json(body, json_len, header_len, &text, &root, err);
+        st = load_json(cache, body, json_len, header_len, &text, &root, err);
     }
     if (st == TP_OK)
         st = parse_root(m, root, &text, &tail, req, err);
