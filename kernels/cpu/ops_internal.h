@@ -11,12 +11,16 @@
 
 #define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
-/* OPS_SIMD_CLONES: AVX-512 and AVX2 clones beside the baseline one, picked
- * at load time by the CPU (GCC's target_clones; any x86-64 runs one of
- * them). All give the same bits: none contracts to FMA (avx512f and avx2 do
- * not enable it, and -std=c11 keeps contraction off), and vectorizing keeps
- * each lane's order of operations (tp_math.h's sums run in fixed lanes).
- * For the loops where the kernels spend their time outside the BLAS.
+/* OPS_SIMD_CLONES: x86-64-v4 (AVX-512) and x86-64-v3 (AVX2 and FMA)
+ * clones beside the baseline one, picked at load time by the CPU (GCC's
+ * target_clones; any x86-64 runs one of them). All give the same bits:
+ * nothing is contracted to FMA behind the code's back (-std=c11 keeps
+ * contraction off), the fused multiply-adds tp_math.h asks for (fmaf) are
+ * one rounding in every clone (an instruction in v3 and v4, glibc's fmaf
+ * in the baseline one, which only CPUs without FMA run), and vectorizing
+ * keeps each lane's order of operations (tp_math.h's sums run in fixed
+ * lanes). For the loops where the kernels spend their time outside the
+ * BLAS.
  *
  * OPS_IVDEP: before a loop whose iteration i writes only element i: no
  * dependence between iterations, even in place (y == x), so GCC need not
@@ -25,7 +29,7 @@
  * Both are GCC's: clang (the fuzz build) would not export the clones'
  * dispatcher, and has no such pragma (and warns). */
 #if defined(__GNUC__) && !defined(__clang__)
-#define OPS_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define OPS_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define OPS_IVDEP _Pragma("GCC ivdep")
 #else
 #define OPS_SIMD_CLONES
