@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu/cpu_ops.h"
 #include "engine.h"
 #include "graph.h"
 #include "passes.h"
@@ -347,6 +348,50 @@ static void bench_ranks(const char *dir)
     }
 }
 
+/* The elementwise functions of tp_math.h as the cpu backend runs them
+ * (cpu_op_run: the clone this CPU picks), ns per FP32 element over a
+ * 64 Ki row of values in [-5, 5) (both sides of every piece of erf and
+ * tanh), best of 20 rounds. */
+static void bench_activations(void)
+{
+    enum { N = 1 << 16 };
+    static const struct {
+        const char *name;
+        tp_op op;
+        int gelu_tanh;
+    } fns[] = {{"gelu (erf)", TP_OP_GELU, 0}, {"gelu (tanh)", TP_OP_GELU, 1}, {"silu", TP_OP_SILU, 0},
+               {"exp", TP_OP_EXP, 0}, {"tanh", TP_OP_TANH, 0}};
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    if (!x || !y) {
+        fprintf(stderr, "bench: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(i % 1000) / 100.0f - 5.0f;
+    int64_t shape[1] = {N};
+    tp_tensor in = tp_tensor_make(x, TP_F32, 1, shape), out = tp_tensor_make(y, TP_F32, 1, shape);
+    printf("| activation | ns/element |\n|---|---|\n");
+    for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+        tp_attrs a = {0};
+        a.gelu_tanh = fns[f].gelu_tanh;
+        double best = 1e30;
+        for (int r = 0; r < 20; r++) {
+            tp_err err;
+            double t0 = now_us();
+            if (cpu_op_run(fns[f].op, &a, &in, 1, &out, 0, 1, &err) != TP_OK) {
+                fprintf(stderr, "bench: %s: %s\n", fns[f].name, err.msg);
+                exit(1);
+            }
+            double t = (now_us() - t0) * 1000.0 / N;
+            best = t < best ? t : best;
+        }
+        printf("| %s | %.2f |\n", fns[f].name, best);
+    }
+    printf("\n");
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/tp_bench_XXXXXX";
@@ -356,8 +401,10 @@ int main(int argc, char **argv)
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("cpu backend, 2 ranks, %ld cores, median of repeated requests\n\n", cores);
-    if (strcmp(argv[1], "replay") == 0)
+    if (strcmp(argv[1], "replay") == 0) {
+        bench_activations();
         bench_replay(dir);
+    }
     else if (strcmp(argv[1], "passes") == 0)
         bench_passes(dir);
     else if (strcmp(argv[1], "ranks") == 0)
