@@ -7,15 +7,21 @@
  * leaves every connection opened together on one thread (acceptor.h): a
  * baseline that sometimes runs on one core would flatter tpserve.
  *
- *   bare_http --port N [--threads 4] [--body FILE] [--header-len N] [--accept spread|pool]
  *
  * --body: the answer (default {"ok":true}); capture a real tpserve answer so
  * both servers send the same bytes. --header-len: also send
- * Inference-Header-Content-Length (a binary-extension answer). Runs until
- * SIGTERM/SIGINT. */
+ * Inference-Header-Content-Length (a binary-extension answer). --graph: also
+ * run that graph's engine (cpu backend, ranks as threads, the serial steps
+ * tpserve takes by default) on one fixed row per request, one request at a
+ * time, before answering: the HTTP stack plus the model's own math and
+ * nothing else (no codec, no batching, no request checks), the ceiling any
+ * server of that graph could reach here. Runs until SIGTERM/SIGINT.
+ *
+ *   bare_http --port N [--threads 4] [--body FILE] [--header-len N] [--accept spread|pool] [--graph G.json] */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +31,15 @@
 #include <unistd.h>
 
 #include "acceptor.h"
+#include "engine.h"
+
+/* --graph: the engine and its one fixed request (a row of each input) */
+typedef struct {
+    tp_engine *e;
+    pthread_mutex_t lock; /* one step at a time, as tpserve's batcher runs them */
+    tp_host_tensor in[8];
+    int n_in;
+} model;
 
 typedef struct {
     int port, threads, pool;
@@ -32,6 +47,8 @@ typedef struct {
     char *body;
     size_t len;
     const char *ctype;
+    const char *graph;
+    model *m;
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o, const char **body_file)
@@ -47,6 +64,8 @@ static int parse_args(int argc, char **argv, opts *o, const char **body_file)
             *body_file = argv[i + 1];
         else if (strcmp(argv[i], "--header-len") == 0)
             o->header_len = atol(argv[i + 1]);
+        else if (strcmp(argv[i], "--graph") == 0)
+            o->graph = argv[i + 1];
         else if (strcmp(argv[i], "--accept") == 0 && (!strcmp(argv[i + 1], "pool") || !strcmp(argv[i + 1], "spread")))
             o->pool = strcmp(argv[i + 1], "pool") == 0;
         else
@@ -75,6 +94,71 @@ static int read_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
+/* The engine of path and one batch-1 request for it: every input's -1
+ * dims as 1, its bytes a fixed ramp in [-0.5, 0.5) (FP32 inputs; others
+ * zeros). NULL, with the reason on stderr, when it cannot. */
+static model *load_model(const char *path)
+{
+    model *m = calloc(1, sizeof *m);
+    tp_err err;
+    tp_engine_opts eo = {.backend = "cpu", .serial_step_max_us = 2000};
+    if (!m || tp_engine_create(path, &eo, &m->e, &err) != TP_OK) {
+        fprintf(stderr, "bare_http: --graph %s: %s\n", path, m ? err.msg : "out of memory");
+        free(m);
+        return NULL;
+    }
+    m->n_in = tp_engine_n_inputs(m->e);
+    if (m->n_in > (int)(sizeof m->in / sizeof m->in[0])) {
+        fprintf(stderr, "bare_http: --graph %s: %d inputs, at most 8 here\n", path, m->n_in);
+        tp_engine_free(m->e);
+        free(m);
+        return NULL;
+    }
+    for (int i = 0; i < m->n_in; i++) {
+        const tp_io_desc *d = tp_engine_input(m->e, i);
+        tp_host_tensor *t = &m->in[i];
+        snprintf(t->name, sizeof t->name, "%s", d->name);
+        t->dtype = d->dtype;
+        t->ndim = d->ndim;
+        size_t n = 1;
+        for (int k = 0; k < d->ndim; k++)
+            n *= (size_t)(t->shape[k] = d->shape[k] < 0 ? 1 : d->shape[k]);
+        t->nbytes = n * tp_dtype_size(d->dtype);
+        t->data = calloc(1, t->nbytes ? t->nbytes : 1);
+        for (size_t k = 0; d->dtype == TP_F32 && t->data && k < n; k++)
+            ((float *)t->data)[k] = (float)(k % 97) / 97.0f - 0.5f;
+    }
+    pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+static void free_model(model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_in; i++)
+        free(m->in[i].data);
+    pthread_mutex_destroy(&m->lock);
+    tp_engine_free(m->e);
+    free(m);
+}
+
+static int run_model(model *m)
+{
+    tp_host_tensor *outs;
+    int n_outs;
+    tp_err err;
+    pthread_mutex_lock(&m->lock);
+    tp_status st = tp_engine_infer(m->e, m->in, m->n_in, &outs, &n_outs, &err);
+    pthread_mutex_unlock(&m->lock);
+    if (st != TP_OK) {
+        fprintf(stderr, "bare_http: engine: %s\n", err.msg);
+        return -1;
+    }
+    tp_host_tensors_free(outs, n_outs);
+    return 0;
+}
+
 /* Like tpserve: the body is read to the end (and dropped), then answered. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
@@ -93,6 +177,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (o->m && run_model(o->m) != 0)
+        return MHD_NO;
     struct MHD_Response *r =
         MHD_create_response_from_buffer(o->len, o->body, MHD_RESPMEM_PERSISTENT);
     if (!r)
@@ -164,7 +250,7 @@ int main(int argc, char **argv)
     const char *body_file;
     if (parse_args(argc, argv, &o, &body_file) != 0) {
         fprintf(stderr, "usage: bare_http --port N [--threads 4] [--body FILE] [--header-len N] "
-                        "[--accept spread|pool]\n");
+                        "[--accept spread|pool] [--graph G.json]\n");
         return 2;
     }
     static char def[] = "{\"ok\":true}";
@@ -175,6 +261,8 @@ int main(int argc, char **argv)
         return 1;
     }
     o.ctype = o.header_len >= 0 ? "application/octet-stream" : "application/json";
+    if (o.graph && !(o.m = load_model(o.graph)))
+        return 1;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -199,7 +287,8 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "bare_http: listening on 127.0.0.1:%d, %d threads (%s), "
-                    "%zu-byte answer\n", o.port, o.threads, o.pool ? "libmicrohttpd's pool" : "spread", o.len);
+                    "%zu-byte answer%s%s\n", o.port, o.threads, o.pool ? "libmicrohttpd's pool" : "spread", o.len,
+            o.graph ? ", engine of " : "", o.graph ? o.graph : "");
     int sig;
     sigwait(&set, &sig);
     if (o.pool)
@@ -208,5 +297,6 @@ int main(int argc, char **argv)
         stop_spread(&sp);
     if (o.body != def)
         free(o.body);
+    free_model(o.m);
     return 0;
 }

@@ -2,9 +2,11 @@
 # bench_http.sh — `make bench-http`: wrk against tpserve serving the example
 # graph, then against bare_http (libmicrohttpd alone, the same daemons fed
 # by the same accept thread, answering the bytes tpserve answered) with the same scripts and
-# concurrencies, and a markdown table: requests/s, p50/p99 latency, the
+# concurrencies, then against bare_http --graph (the same plus the graph's
+# engine run on one row before each answer: the HTTP stack and the model's
+# math, nothing else), and a markdown table: requests/s, p50/p99 latency, the
 # average batch (rows per engine execution, from /metrics) and tpserve's
-# throughput as a fraction of the bare HTTP stack on this machine, and for
+# throughput as a fraction of the bare HTTP stack (and of bare + model) on this machine, and for
 # both servers the server-side CPU time and context switches per request
 # (/proc/PID/stat utime+stime and /proc/PID/task/*/status ctxt_switches,
 # summed over the server and its direct children: with --ranks processes the
@@ -278,6 +280,23 @@ for load in json binary; do
     wait_up "$BASE/" bare || die "$WHY"
     keep_server bare_$load
 done
+# The same with the graph's engine run once per request (bare_http --graph):
+# the HTTP stack plus the model's math, the most any server of this graph
+# could do here; what tpserve loses against it is its own serving path.
+for load in json binary; do
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    if [ $load = json ]; then
+        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" --graph "$TP_GRAPHS/$G.json" \
+            >"$TMP/bare_model.log" 2>&1 &
+    else
+        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
+            --graph "$TP_GRAPHS/$G.json" >"$TMP/bare_model.log" 2>&1 &
+    fi
+    PID=$!
+    wait_up "$BASE/" bare_model || die "$WHY"
+    keep_server model_$load
+done
 
 # ---- the rounds ---------------------------------------------------------------
 # Every server stays up and each row's runs follow each other, round after
@@ -289,6 +308,8 @@ echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}
 warm_up tpserve json
 warm_up bare_json json
 warm_up bare_binary binary
+warm_up model_json json
+warm_up model_binary binary
 [ -z "$TRITON_SKIP" ] && warm_up triton json
 r=1
 while [ $r -le "$ROUNDS" ]; do
@@ -296,6 +317,7 @@ while [ $r -le "$ROUNDS" ]; do
         for c in $CONNS; do
             run_row tpserve counts_tpserve "$TMP/tp.res" $r $load "$c"
             [ $load = mixed ] || run_row bare_$load counts_none "$TMP/bare.res" $r $load "$c"
+            [ $load = mixed ] || run_row model_$load counts_none "$TMP/model.res" $r $load "$c"
             [ -n "$TRITON_SKIP" ] || run_row triton counts_triton "$TMP/triton.res" $r $load "$c"
         done
     done
@@ -381,9 +403,18 @@ peer_cols() {
         }
         END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$2" "$1"
 }
-touch "$TMP/bare.res" "$TMP/triton.res"
-for f in tp bare triton; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+# model_cols LOAD CONNS: bare + model's median req/s and tpserve's ratio to
+# it (median of the rounds', range in brackets); dashes without such a row.
+model_cols() {
+    awk -v l="$1" -v c="$2" '
+        FILENAME == ARGV[1] { if ($1 == l && $2 == c) r = sprintf("%.1f%% (%.1f%%-%.1f%%)", 100 * $3, 100 * $4, 100 * $5); next }
+        $1 == l && $2 == c { rps = $3 }
+        END { printf "%s | %s", rps ? rps : "—", r ? r : "—" }' "$TMP/model.ratio" "$TMP/model.med"
+}
+touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res"
+for f in tp bare model triton; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
+ratios "$TMP/tp.res" "$TMP/model.res" >"$TMP/model.ratio"
 ratios "$TMP/tp.res" "$TMP/triton.res" >"$TMP/triton.ratio"
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
 echo
@@ -392,8 +423,8 @@ echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_
 echo "run per row and server, one after the other (2 wrk threads; 1 for 1 connection); 1-row requests unless"
 echo "noted. Cells are medians over the rounds; a ratio is the median of the rounds' ratios (range in brackets)."
 echo
-echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | bare + model req/s | tpserve / (bare + model) | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 while read -r load c rps p50 p99 err cpu ctx batch; do
     label=$load
     case $load in
@@ -403,8 +434,9 @@ while read -r load c rps p50 p99 err cpu ctx batch; do
     esac
     [ "$err" != 0 ] && label="$label ($err errors)"
     bare=$(peer_cols "$TMP/bare.med" "$TMP/bare.ratio" bare "$load" "$c" 100 "%.1f%%")
+    model=$(model_cols "$load" "$c")
     triton=$(peer_cols "$TMP/triton.med" "$TMP/triton.ratio" Triton "$load" "$c" 1 "%.2fx" batch)
-    echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $triton |"
+    echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $model | $triton |"
 done <"$TMP/tp.med"
 echo
 if [ -f "$TMP/pa.res" ]; then
@@ -432,6 +464,9 @@ echo "avg batch: rows per engine execution (Δ tpserve_inference_count_total / �
 echo "Triton's: Δ inference_count / Δ execution_count of /v2/models/$G/stats)."
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with tpserve's daemons and accept thread, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
+echo "bare + model: the same, running the graph's engine (cpu backend, ranks as threads, serial steps) on one"
+echo "fixed row before each answer, one request at a time: the HTTP stack plus the model's own math and nothing"
+echo "else, the most any server of this graph could do here (bare_http --graph)."
 if [ -n "$TRITON_SKIP" ]; then
     echo "Triton: no columns: $TRITON_SKIP."
 else
