@@ -13,9 +13,9 @@
  * Inference-Header-Content-Length (a binary-extension answer). --graph: also
  * run that graph's engine (cpu backend, ranks as threads, the serial steps
  * tpserve takes by default) on one fixed row per request, one request at a
- * time, before answering: the HTTP stack plus the model's own math and
- * nothing else (no codec, no batching, no request checks), the ceiling any
- * server of that graph could reach here. Runs until SIGTERM/SIGINT.
+ * time, before answering: the HTTP stack plus one engine step a request
+ * and nothing else (no codec, no request checks, no batching, which under
+ * load lets a server pass it). Runs until SIGTERM/SIGINT.
  *
  *   bare_http --port N [--threads 4] [--body FILE] [--header-len N] [--accept spread|pool] [--graph G.json] */
 #include <arpa/inet.h>

@@ -3,8 +3,8 @@
 # graph, then against bare_http (libmicrohttpd alone, the same daemons fed
 # by the same accept thread, answering the bytes tpserve answered) with the same scripts and
 # concurrencies, then against bare_http --graph (the same plus the graph's
-# engine run on one row before each answer: the HTTP stack and the model's
-# math, nothing else), and a markdown table: requests/s, p50/p99 latency, the
+# engine run on one row before each answer: the HTTP stack and one engine
+# step per request, no codec, no batching), and a markdown table: requests/s, p50/p99 latency, the
 # average batch (rows per engine execution, from /metrics) and tpserve's
 # throughput as a fraction of the bare HTTP stack (and of bare + model) on this machine, and for
 # both servers the server-side CPU time and context switches per request
@@ -281,8 +281,9 @@ for load in json binary; do
     keep_server bare_$load
 done
 # The same with the graph's engine run once per request (bare_http --graph):
-# the HTTP stack plus the model's math, the most any server of this graph
-# could do here; what tpserve loses against it is its own serving path.
+# the HTTP stack plus one engine step a request and nothing else, so the
+# ratio to it shows what tpserve's own serving path (codec, checks,
+# batching) costs or, under load, gains.
 for load in json binary; do
     PORT=$(free_port)
     BASE="http://127.0.0.1:$PORT"
@@ -465,8 +466,8 @@ echo "Triton's: Δ inference_count / Δ execution_count of /v2/models/$G/stats).
 echo "bare HTTP: tests/bench/bare_http.c, libmicrohttpd with tpserve's daemons and accept thread, reading each body and"
 echo "answering the bytes tpserve answered (no suspend/resume, no codec, no engine)."
 echo "bare + model: the same, running the graph's engine (cpu backend, ranks as threads, serial steps) on one"
-echo "fixed row before each answer, one request at a time: the HTTP stack plus the model's own math and nothing"
-echo "else, the most any server of this graph could do here (bare_http --graph)."
+echo "fixed row before each answer, one request at a time (bare_http --graph): the HTTP stack and one engine step"
+echo "per request, with no codec, no checks and no batching (which lets tpserve pass it under load)."
 if [ -n "$TRITON_SKIP" ]; then
     echo "Triton: no columns: $TRITON_SKIP."
 else
