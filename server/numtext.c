@@ -23,10 +23,14 @@
  * from s >= 10, nearer one first when both lie in the interval, which only
  * subnormals below 1e-43 reach. */
 
-/* G1[e - G1_MIN], e in [-32, 46] (what binary32 needs): the top 63 bits of
- * floor(10^e * 2^(125 - floor(e log2 10))) + 1. Generated with exact
- * integers by scripts/gen_schubfach_table.py. */
-static const uint64_t G1[] = {
+/* G1.u64[e - G1_MIN], e in [-32, 46] (what binary32 needs): the top 63
+ * bits of floor(10^e * 2^(125 - floor(e log2 10))) + 1. Generated with
+ * exact integers by scripts/gen_schubfach_table.py. The AVX2 lanes gather
+ * its 32-bit halves (u32: x86 is little-endian, the low half first). */
+static const union {
+    uint64_t u64[79];
+    uint32_t u32[158];
+} G1 = {.u64 = {
     0x67d88f56a29cca5du, /* -32 */
     0x40e7599625a1fe7au, /* -31 */
     0x51212ffbaf0a7e18u, /* -30 */
@@ -106,7 +110,7 @@ static const uint64_t G1[] = {
     0x47bf19673df52e37u, /* 44 */
     0x59aedfc10d7279c5u, /* 45 */
     0x701a97b150cf1837u, /* 46 */
-};
+}};
 #define G1_MIN (-32)
 
 /* floor(q log10 2), floor(log10(3/4 2^q)), floor(e log2 10): exact for
@@ -139,7 +143,7 @@ static void schubfach(int q, uint32_t c, uint32_t *f, int *e)
         k = flog10_three_quarters_pow2(q);
     }
     int h = q + flog2_pow10(-k) + 33;
-    uint64_t g = G1[-k - G1_MIN] + 1;
+    uint64_t g = G1.u64[-k - G1_MIN] + 1;
     uint32_t vb = round_to_odd(g, cb << h), vbl = round_to_odd(g, cbl << h), vbr = round_to_odd(g, cbr << h);
     uint32_t s = vb >> 2;
     *e = k;
@@ -179,6 +183,142 @@ static void f32_shortest(uint32_t bits, uint32_t *f, int *e)
     }
     schubfach(-mq, c, f, e);
 }
+
+/* Eight at a time on AVX2 lanes: f32_shortest for bits[0..n - n % 8)
+ * (finite; the sign ignored; 0 gives f = e = 0), the count done returned.
+ * Every branch of the scalar code becomes a lane mask and a blend, and its
+ * two 64-bit pieces become 32-bit ones:
+ * - round_to_odd's g * cp / 2^64: binary32's shifts h are 33..36
+ *   (scripts/gen_schubfach_table.py checks), so cp = x 2^32 with x < 2^31,
+ *   and the high 64 bits are gh x + (gl x) / 2^32, which _mm256_mul_epu32
+ *   forms on the even lanes and, shifted down, the odd ones;
+ * - the tie-break's vb - 2 (s + t) < 0 (or == 0) is vb / 2 < s + t (or vb
+ *   even and vb / 2 == s + t): no 64-bit compare.
+ * The floor logs are Dragonbox's 32-bit forms, exact over the same range
+ * (the script checks those too). `make test-numtext-exhaustive` spells all
+ * 2^32 patterns through the list writer, so this path, and the scalar one
+ * through tp_numtext_f32. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define LANES8 __attribute__((target("avx2"))) static inline
+
+LANES8 __m256i ule8(__m256i a, __m256i b) { return _mm256_cmpeq_epi32(_mm256_max_epu32(a, b), b); }
+
+/* The high 32 bits of each lane's 64-bit product a b (unsigned), shifted
+ * right by 32 + extra. */
+LANES8 __m256i mulhi8(__m256i a, __m256i b, int extra)
+{
+    __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(a, b), 32 + extra);
+    __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), _mm256_srli_epi64(b, 32));
+    odd = _mm256_slli_epi64(_mm256_srli_epi64(odd, 32 + extra), 32);
+    return _mm256_blend_epi32(even, odd, 0xaa);
+}
+
+LANES8 __m256i round_to_odd8(__m256i gh, __m256i gl, __m256i x)
+{
+    const __m256i low = _mm256_set1_epi64x(0xffffffff);
+    __m256i r[2];
+    for (int half = 0; half < 2; half++) { /* even lanes, then the odd ones moved down */
+        __m256i h = half ? _mm256_srli_epi64(gh, 32) : gh, l = half ? _mm256_srli_epi64(gl, 32) : gl;
+        __m256i xx = half ? _mm256_srli_epi64(x, 32) : x;
+        __m256i hi = _mm256_add_epi64(_mm256_mul_epu32(h, xx), _mm256_srli_epi64(_mm256_mul_epu32(l, xx), 32));
+        r[half] = _mm256_or_si256(_mm256_srli_epi64(hi, 31),
+                                  _mm256_srli_epi64(_mm256_add_epi64(_mm256_and_si256(hi, low), low), 32));
+    }
+    return _mm256_blend_epi32(r[0], _mm256_slli_epi64(r[1], 32), 0xaa);
+}
+
+/* The scalar code's "s is lower": u != w ? u : vb / 2 < mid or a tie
+ * broken to the even one (even: s's parity bit clear). */
+LANES8 __m256i lower8(__m256i u, __m256i w, __m256i half, __m256i vb_even, __m256i mid, __m256i s_even)
+{
+    const __m256i ones = _mm256_set1_epi32(-1);
+    __m256i lt = _mm256_xor_si256(ule8(mid, half), ones);
+    __m256i tie = _mm256_and_si256(_mm256_and_si256(vb_even, _mm256_cmpeq_epi32(half, mid)), s_even);
+    return _mm256_blendv_epi8(_mm256_or_si256(lt, tie), u, _mm256_xor_si256(_mm256_cmpeq_epi32(u, w), ones));
+}
+
+__attribute__((target("avx2"))) static size_t f32_shortest8(const uint32_t *bits, size_t n, uint32_t *f, int *e)
+{
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), ones = _mm256_set1_epi32(-1);
+    const __m256i ten = _mm256_set1_epi32(10);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(bits + i)),
+                                     _mm256_set1_epi32(0x7fffffff));
+        __m256i be = _mm256_srli_epi32(v, 23), sub = _mm256_cmpeq_epi32(be, zero);
+        __m256i c = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0x7fffff)),
+                                    _mm256_andnot_si256(sub, _mm256_set1_epi32(1 << 23)));
+        __m256i odd = _mm256_and_si256(c, one);
+        /* a subnormal's q is -149, as be 1's */
+        __m256i q = _mm256_sub_epi32(_mm256_or_si256(be, _mm256_and_si256(sub, one)), _mm256_set1_epi32(150));
+        __m256i pow2 = _mm256_andnot_si256(_mm256_cmpeq_epi32(q, _mm256_set1_epi32(-149)),
+                                           _mm256_cmpeq_epi32(c, _mm256_set1_epi32(1 << 23)));
+        __m256i k = _mm256_blendv_epi8(
+            _mm256_srai_epi32(_mm256_mullo_epi32(q, _mm256_set1_epi32(315653)), 20),
+            _mm256_srai_epi32(_mm256_sub_epi32(_mm256_mullo_epi32(q, _mm256_set1_epi32(631305)),
+                                               _mm256_set1_epi32(261663)), 21),
+            pow2);
+        __m256i sh = _mm256_add_epi32(_mm256_add_epi32(q, one), /* h - 32 */
+                                      _mm256_srai_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(zero, k),
+                                                                           _mm256_set1_epi32(1741647)), 19));
+        __m256i idx = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(-G1_MIN), k), 1); /* 2 (-k - G1_MIN) */
+        __m256i gl = _mm256_add_epi32(_mm256_i32gather_epi32((const int *)G1.u32, idx, 4), one);
+        __m256i gh = _mm256_i32gather_epi32((const int *)G1.u32 + 1, idx, 4);
+        gh = _mm256_sub_epi32(gh, _mm256_cmpeq_epi32(gl, zero)); /* g = G1 + 1: the carry */
+        __m256i cb = _mm256_slli_epi32(c, 2);
+        __m256i vb = round_to_odd8(gh, gl, _mm256_sllv_epi32(cb, sh));
+        __m256i vbl = round_to_odd8(gh, gl, _mm256_sllv_epi32(_mm256_sub_epi32(_mm256_sub_epi32(cb, _mm256_set1_epi32(2)), pow2), sh));
+        __m256i vbr = round_to_odd8(gh, gl, _mm256_sllv_epi32(_mm256_add_epi32(cb, _mm256_set1_epi32(2)), sh));
+        __m256i s = _mm256_srli_epi32(vb, 2), t = _mm256_add_epi32(s, one);
+        __m256i q10 = mulhi8(s, _mm256_set1_epi32((int)0xcccccccdu), 3); /* s / 10 */
+        __m256i sp10 = _mm256_mullo_epi32(q10, ten), tp10 = _mm256_add_epi32(sp10, ten);
+        __m256i vbl_odd = _mm256_add_epi32(vbl, odd);
+        __m256i u10 = ule8(vbl_odd, _mm256_slli_epi32(sp10, 2));
+        __m256i w10 = ule8(_mm256_add_epi32(_mm256_slli_epi32(tp10, 2), odd), vbr);
+        __m256i u = ule8(vbl_odd, _mm256_slli_epi32(s, 2));
+        __m256i w = ule8(_mm256_add_epi32(_mm256_slli_epi32(t, 2), odd), vbr);
+        __m256i half = _mm256_srli_epi32(vb, 1), vb_even = _mm256_cmpeq_epi32(_mm256_and_si256(vb, one), zero);
+        __m256i lower10 = _mm256_and_si256(
+            u10, lower8(zero, w10, half, vb_even, _mm256_add_epi32(sp10, tp10),
+                        _mm256_cmpeq_epi32(_mm256_and_si256(q10, one), zero)));
+        __m256i lower = lower8(u, w, half, vb_even, _mm256_add_epi32(s, t),
+                               _mm256_cmpeq_epi32(_mm256_and_si256(s, one), zero));
+        __m256i use10 = _mm256_and_si256(_mm256_xor_si256(ule8(s, _mm256_set1_epi32(9)), ones), _mm256_or_si256(u10, w10));
+        __m256i fs = _mm256_blendv_epi8(_mm256_blendv_epi8(t, s, lower), _mm256_blendv_epi8(tp10, sp10, lower10), use10);
+        /* an integer below 2^24 keeps all its digits: 0 < -q < 24 and c's
+         * low -q bits clear */
+        __m256i mq = _mm256_sub_epi32(zero, q);
+        __m256i in_range = _mm256_and_si256(_mm256_cmpgt_epi32(mq, zero), _mm256_cmpgt_epi32(_mm256_set1_epi32(24), mq));
+        __m256i cw = _mm256_srlv_epi32(c, mq);
+        __m256i whole = _mm256_and_si256(_mm256_andnot_si256(sub, in_range),
+                                         _mm256_cmpeq_epi32(_mm256_sllv_epi32(cw, mq), c));
+        __m256i none = _mm256_cmpeq_epi32(v, zero);
+        __m256i fv = _mm256_andnot_si256(none, _mm256_blendv_epi8(fs, cw, whole));
+        __m256i ev = _mm256_andnot_si256(_mm256_or_si256(none, whole), k);
+        _mm256_storeu_si256((__m256i *)(void *)(f + i), fv);
+        _mm256_storeu_si256((__m256i *)(void *)(e + i), ev);
+    }
+    return i;
+}
+
+/* Whether this CPU runs f32_shortest8 (asked once). */
+static int have_lanes8(void)
+{
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return known;
+}
+#else
+static size_t f32_shortest8(const uint32_t *bits, size_t n, uint32_t *f, int *e)
+{
+    (void)bits, (void)n, (void)f, (void)e;
+    return 0;
+}
+static int have_lanes8(void) { return 0; }
+#endif
 
 /* ---- spelling ----------------------------------------------------------- */
 
@@ -352,7 +492,7 @@ static size_t spell_block(const uint32_t *bits, size_t n, char *out)
     uint32_t f[LIST_BLOCK];
     int e[LIST_BLOCK];
     digits9 d[LIST_BLOCK];
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = have_lanes8() ? f32_shortest8(bits, n, f, e) : 0; i < n; i++) {
         f[i] = 0;
         e[i] = 0;
         if (bits[i] & 0x7fffffffu)

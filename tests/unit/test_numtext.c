@@ -150,6 +150,57 @@ START_TEST(f32_list)
 }
 END_TEST
 
+/* The list writer runs Schubfach eight at a time on AVX2 lanes where the
+ * CPU has them (numtext.c, f32_shortest8), tp_numtext_f32 the scalar code:
+ * the same text for a million patterns spread over every exponent, every
+ * power of two (the narrower gap below), the integers below 2^24 around
+ * each exponent, and the smallest subnormals. (make
+ * test-numtext-exhaustive checks all 2^32.) */
+START_TEST(f32_list_lanes_match_scalar)
+{
+    enum { CHUNK = 4096 };
+    uint32_t bits[CHUNK];
+    size_t n = 0;
+    uint64_t u = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        for (uint32_t i = 0;; i++) {
+            uint32_t b;
+            if (pass == 0) { /* a stride through all patterns, finite ones kept */
+                if ((u += 4099) >> 32)
+                    break;
+                b = (uint32_t)u;
+                if ((b & 0x7f800000u) == 0x7f800000u)
+                    continue;
+            } else if (pass == 1) { /* powers of two, both signs, and their neighbours */
+                if (i >= 255 * 6)
+                    break;
+                static const uint32_t step[3] = {0, 1, 0xffffffffu}; /* the power, above, below */
+                b = ((i / 6 << 23) + step[i % 3]) & 0x7fffffffu;
+                b |= i % 6 >= 3 ? 0x80000000u : 0;
+                if ((b & 0x7f800000u) == 0x7f800000u)
+                    continue;
+            } else if (pass == 2) { /* integers 1..2^24 */
+                if (i >= 1u << 24)
+                    break;
+                if (i % 97 && i > 4096)
+                    continue;
+                b = f32_bits((float)(i + 1));
+            } else { /* the smallest subnormals */
+                if (i >= 4096)
+                    break;
+                b = i;
+            }
+            bits[n++] = b;
+            if (n == CHUNK) {
+                check_list(bits, n, n);
+                n = 0;
+            }
+        }
+    }
+    check_list(bits, n, n);
+}
+END_TEST
+
 /* Every finite FP16 and BF16 value: the text reads back (our reader and
  * strtod, as numpy does) to the same half, in at most 5 (FP16) or 4 (BF16)
  * digits, and no shorter precision would have. */
@@ -750,6 +801,7 @@ static Suite *numtext_suite(void)
     tcase_add_test(n, f32_round_trip);
     tcase_add_test(n, f32_spelling);
     tcase_add_test(n, f32_list);
+    tcase_add_test(n, f32_list_lanes_match_scalar);
     tcase_add_test(n, f64_reader_matches_strtod);
     tcase_add_test(n, halves_exhaustive);
     tcase_add_test(n, f32_reader_matches_strtof);
