@@ -303,14 +303,9 @@ __attribute__((target("avx2"))) static size_t f32_shortest8(const uint32_t *bits
     return i;
 }
 
-/* Whether this CPU runs f32_shortest8 (asked once). */
-static int have_lanes8(void)
-{
-    static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
-    return known;
-}
+/* Whether this CPU runs f32_shortest8: a test of the CPU model libgcc
+ * filled in at startup (no cache of our own, which threads would race on). */
+static int have_lanes8(void) { return __builtin_cpu_supports("avx2") != 0; }
 #else
 static size_t f32_shortest8(const uint32_t *bits, size_t n, uint32_t *f, int *e)
 {
