@@ -229,14 +229,13 @@ LANES8 __m256i round_to_odd8(__m256i gh, __m256i gl, __m256i x)
     return _mm256_blend_epi32(r[0], _mm256_slli_epi64(r[1], 32), 0xaa);
 }
 
-/* The scalar code's "s is lower": u != w ? u : vb / 2 < mid or a tie
- * broken to the even one (even: s's parity bit clear). */
-LANES8 __m256i lower8(__m256i u, __m256i w, __m256i half, __m256i vb_even, __m256i mid, __m256i s_even)
+/* The scalar code's cmp < 0 || (cmp == 0 && even), cmp = vb - 2 mid: the
+ * value is nearer the lower candidate, or halfway and the lower one even
+ * (even: its parity bit clear). */
+LANES8 __m256i nearer_lower8(__m256i half, __m256i vb_even, __m256i mid, __m256i even)
 {
-    const __m256i ones = _mm256_set1_epi32(-1);
-    __m256i lt = _mm256_xor_si256(ule8(mid, half), ones);
-    __m256i tie = _mm256_and_si256(_mm256_and_si256(vb_even, _mm256_cmpeq_epi32(half, mid)), s_even);
-    return _mm256_blendv_epi8(_mm256_or_si256(lt, tie), u, _mm256_xor_si256(_mm256_cmpeq_epi32(u, w), ones));
+    __m256i lt = _mm256_xor_si256(ule8(mid, half), _mm256_set1_epi32(-1));
+    return _mm256_or_si256(lt, _mm256_and_si256(_mm256_and_si256(vb_even, _mm256_cmpeq_epi32(half, mid)), even));
 }
 
 __attribute__((target("avx2"))) static size_t f32_shortest8(const uint32_t *bits, size_t n, uint32_t *f, int *e)
@@ -280,11 +279,14 @@ __attribute__((target("avx2"))) static size_t f32_shortest8(const uint32_t *bits
         __m256i u = ule8(vbl_odd, _mm256_slli_epi32(s, 2));
         __m256i w = ule8(_mm256_add_epi32(_mm256_slli_epi32(t, 2), odd), vbr);
         __m256i half = _mm256_srli_epi32(vb, 1), vb_even = _mm256_cmpeq_epi32(_mm256_and_si256(vb, one), zero);
+        /* u10 && (!w10 || nearer), and u != w ? u : nearer, as the scalar code */
         __m256i lower10 = _mm256_and_si256(
-            u10, lower8(zero, w10, half, vb_even, _mm256_add_epi32(sp10, tp10),
-                        _mm256_cmpeq_epi32(_mm256_and_si256(q10, one), zero)));
-        __m256i lower = lower8(u, w, half, vb_even, _mm256_add_epi32(s, t),
-                               _mm256_cmpeq_epi32(_mm256_and_si256(s, one), zero));
+            u10, _mm256_or_si256(_mm256_xor_si256(w10, ones),
+                                 nearer_lower8(half, vb_even, _mm256_add_epi32(sp10, tp10),
+                                               _mm256_cmpeq_epi32(_mm256_and_si256(q10, one), zero))));
+        __m256i lower = _mm256_blendv_epi8(nearer_lower8(half, vb_even, _mm256_add_epi32(s, t),
+                                                         _mm256_cmpeq_epi32(_mm256_and_si256(s, one), zero)),
+                                           u, _mm256_xor_si256(_mm256_cmpeq_epi32(u, w), ones));
         __m256i use10 = _mm256_and_si256(_mm256_xor_si256(ule8(s, _mm256_set1_epi32(9)), ones), _mm256_or_si256(u10, w10));
         __m256i fs = _mm256_blendv_epi8(_mm256_blendv_epi8(t, s, lower), _mm256_blendv_epi8(tp10, sp10, lower10), use10);
         /* an integer below 2^24 keeps all its digits: 0 < -q < 24 and c's
