@@ -7,7 +7,6 @@
  * leaves every connection opened together on one thread (acceptor.h): a
  * baseline that sometimes runs on one core would flatter tpserve.
  *
- *
  * --body: the answer (default {"ok":true}); capture a real tpserve answer so
  * both servers send the same bytes. --header-len: also send
  * Inference-Header-Content-Length (a binary-extension answer). --graph: also
@@ -21,7 +20,6 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,10 +31,10 @@
 #include "acceptor.h"
 #include "engine.h"
 
-/* --graph: the engine and its one fixed request (a row of each input) */
+/* --graph: the engine and its one fixed request (a row of each input).
+ * The engine runs one step at a time itself (tp_engine_infer). */
 typedef struct {
     tp_engine *e;
-    pthread_mutex_t lock; /* one step at a time, as tpserve's batcher runs them */
     tp_host_tensor in[8];
     int n_in;
 } model;
@@ -94,6 +92,16 @@ static int read_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
+static void free_model(model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_in; i++)
+        free(m->in[i].data);
+    tp_engine_free(m->e);
+    free(m);
+}
+
 /* The engine of path and one batch-1 request for it: every input's -1
  * dims as 1, its bytes a fixed ramp in [-0.5, 0.5) (FP32 inputs; others
  * zeros). NULL, with the reason on stderr, when it cannot. */
@@ -107,14 +115,13 @@ static model *load_model(const char *path)
         free(m);
         return NULL;
     }
-    m->n_in = tp_engine_n_inputs(m->e);
-    if (m->n_in > (int)(sizeof m->in / sizeof m->in[0])) {
-        fprintf(stderr, "bare_http: --graph %s: %d inputs, at most 8 here\n", path, m->n_in);
-        tp_engine_free(m->e);
-        free(m);
+    int n_in = tp_engine_n_inputs(m->e);
+    if (n_in > (int)(sizeof m->in / sizeof m->in[0])) {
+        fprintf(stderr, "bare_http: --graph %s: %d inputs, at most 8 here\n", path, n_in);
+        free_model(m);
         return NULL;
     }
-    for (int i = 0; i < m->n_in; i++) {
+    for (int i = 0; i < n_in; i++, m->n_in++) {
         const tp_io_desc *d = tp_engine_input(m->e, i);
         tp_host_tensor *t = &m->in[i];
         snprintf(t->name, sizeof t->name, "%s", d->name);
@@ -124,23 +131,15 @@ static model *load_model(const char *path)
         for (int k = 0; k < d->ndim; k++)
             n *= (size_t)(t->shape[k] = d->shape[k] < 0 ? 1 : d->shape[k]);
         t->nbytes = n * tp_dtype_size(d->dtype);
-        t->data = calloc(1, t->nbytes ? t->nbytes : 1);
-        for (size_t k = 0; d->dtype == TP_F32 && t->data && k < n; k++)
+        if (!(t->data = calloc(1, t->nbytes ? t->nbytes : 1))) {
+            fprintf(stderr, "bare_http: --graph %s: out of memory for input '%s'\n", path, d->name);
+            free_model(m);
+            return NULL;
+        }
+        for (size_t k = 0; d->dtype == TP_F32 && k < n; k++)
             ((float *)t->data)[k] = (float)(k % 97) / 97.0f - 0.5f;
     }
-    pthread_mutex_init(&m->lock, NULL);
     return m;
-}
-
-static void free_model(model *m)
-{
-    if (!m)
-        return;
-    for (int i = 0; i < m->n_in; i++)
-        free(m->in[i].data);
-    pthread_mutex_destroy(&m->lock);
-    tp_engine_free(m->e);
-    free(m);
 }
 
 static int run_model(model *m)
@@ -148,10 +147,7 @@ static int run_model(model *m)
     tp_host_tensor *outs;
     int n_outs;
     tp_err err;
-    pthread_mutex_lock(&m->lock);
-    tp_status st = tp_engine_infer(m->e, m->in, m->n_in, &outs, &n_outs, &err);
-    pthread_mutex_unlock(&m->lock);
-    if (st != TP_OK) {
+    if (tp_engine_infer(m->e, m->in, m->n_in, &outs, &n_outs, &err) != TP_OK) {
         fprintf(stderr, "bare_http: engine: %s\n", err.msg);
         return -1;
     }
