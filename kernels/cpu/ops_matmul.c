@@ -196,28 +196,35 @@ static int fold_rows(const tp_tensor *t, int64_t *rows, int64_t *stride)
     return 1;
 }
 
-/* FP32 [..., M, K] x [K, N] (or [N, K] with transpose_b) -> [..., M, N]
- * with a's and out's rows evenly spaced: every block of a fused matmul, a
- * step's most frequent op. The general plan comes to this same single
- * sgemm for them (the batch folded into M), after a broadcast and a layout
- * whose cost showed in a one-row request's profile; the shape checks are
- * the plan's, which reports any mismatch. */
-static int one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out, int64_t *m,
-                     int64_t *sam, int64_t *ldc)
+/* FP32 [..., M, K] x [K, N] (or [N, K] with transpose_b) -> [..., M, N]:
+ * a product of rows, whatever a's and out's strides. */
+static int row_product(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
 {
     int nd = a->ndim;
     if (b->ndim != 2 || out->ndim != nd || nd < 2 || out->dtype != TP_F32)
         return 0;
-    int64_t kb = tb ? b->shape[1] : b->shape[0], n = tb ? b->shape[0] : b->shape[1], mo;
+    int64_t kb = tb ? b->shape[1] : b->shape[0], n = tb ? b->shape[0] : b->shape[1];
     if (kb != a->shape[nd - 1] || out->shape[nd - 1] != n)
         return 0;
     for (int i = 0; i < nd - 1; i++)
         if (out->shape[i] != a->shape[i])
             return 0;
-    if (!fold_rows(a, m, sam) || !fold_rows(out, &mo, ldc))
+    return 1;
+}
+
+/* A row product with a's and out's rows evenly spaced: every block of a
+ * fused matmul, a step's most frequent op. The general plan comes to this
+ * same single sgemm for them (the batch folded into M), after a broadcast
+ * and a layout whose cost showed in a one-row request's profile; the shape
+ * checks are the plan's, which reports any mismatch. */
+static int one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out, int64_t *m,
+                     int64_t *sam, int64_t *ldc)
+{
+    int64_t mo;
+    if (!row_product(a, b, tb, out) || !fold_rows(a, m, sam) || !fold_rows(out, &mo, ldc))
         return 0;
     if (*m == 1)
-        *ldc = n; /* one row: BLAS wants ldc >= n whatever the stride says */
+        *ldc = b->shape[tb ? 0 : 1]; /* one row: BLAS wants ldc >= n whatever the stride says */
     return 1;
 }
 
@@ -233,6 +240,52 @@ static tp_status matmul_one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb
     return s;
 }
 
+/* Above this many multiply-adds per group of evenly spaced rows, a row
+ * product whose rows are not evenly spaced throughout runs one sgemm per
+ * group (the general plan); at or below it, its rows are copied instead. A
+ * fused matmul's block of a batch ([B, S/d, K] inside [B, S, K], a block
+ * of a middle dim) is such a product: one sgemm per batch row, each with
+ * OpenBLAS's fixed cost per call (a mutex for its buffers, packing), was 8
+ * calls per row of the example graph and most of a step at batch 16. The
+ * copies cost a load and a store per element of a or out, against 2N or 2K
+ * flops each: small beside the calls they save at these sizes. */
+#define COPY_ROWS_MAX_MACS (1 << 16)
+
+static int rows_worth_copying(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
+{
+    int nd = out->ndim;
+    if (!row_product(a, b, tb, out))
+        return 0;
+    int64_t group = out->shape[nd - 2] * out->shape[nd - 1] * a->shape[nd - 1];
+    return group <= COPY_ROWS_MAX_MACS && tp_tensor_numel(out) > 0;
+}
+
+/* A row product as one sgemm over contiguous copies: a's rows gathered
+ * first when they are not evenly spaced, out's scattered after when its
+ * are not. */
+static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out, tp_err *err)
+{
+    int64_t m, sam, ldc;
+    float *ac = NULL, *oc = NULL;
+    tp_tensor ad = *a, od = *out;
+    tp_status s = TP_OK;
+    if (!fold_rows(a, &m, &sam) &&
+        (s = ops_alloc_f32(&ac, (size_t)tp_tensor_numel(a), "matmul", err)) == TP_OK) {
+        ad = tp_tensor_make(ac, TP_F32, a->ndim, a->shape);
+        tp_tensor_copy(&ad, a);
+    }
+    if (s == TP_OK && !fold_rows(out, &m, &ldc) &&
+        (s = ops_alloc_f32(&oc, (size_t)tp_tensor_numel(out), "matmul", err)) == TP_OK)
+        od = tp_tensor_make(oc, TP_F32, out->ndim, out->shape);
+    if (s == TP_OK && one_sgemm(&ad, b, tb, &od, &m, &sam, &ldc))
+        s = matmul_one_sgemm(&ad, b, tb, &od, m, sam, ldc, err);
+    if (s == TP_OK && oc)
+        tp_tensor_copy(out, &od);
+    free(ac);
+    free(oc);
+    return s;
+}
+
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, tp_err *err)
 {
@@ -245,6 +298,8 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
     int64_t m, sam, ldc;
     if (one_sgemm(a, b, tb, out, &m, &sam, &ldc))
         return matmul_one_sgemm(a, b, tb, out, m, sam, ldc, err);
+    if (rows_worth_copying(a, b, tb, out))
+        return matmul_rows_copied(a, b, tb, out, err);
     mm_plan pl;
     tp_status s = mm_plan_init(&pl, a, b, tb, out, err);
     if (s != TP_OK || tp_tensor_numel(out) == 0)

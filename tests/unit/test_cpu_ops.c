@@ -600,6 +600,59 @@ START_TEST(test_matmul_into_column_block)
 }
 END_TEST
 
+/* A block of a middle dim ([B, S/2, K] inside [B, S, K]): how the fused
+ * all-gather+matmul writes a peer's rows and matmul+reduce-scatter reads
+ * the rows for a peer, when the gathered dim is not the batch. Rows are
+ * not evenly spaced, so small blocks go through contiguous copies (one
+ * sgemm) and large ones take one sgemm per batch row (ops_matmul.c's
+ * COPY_ROWS_MAX_MACS): both sides of that line, with a and out strided
+ * alone and together, nothing outside the out block touched. FP32
+ * tolerance as for every matmul here (1e-5 against the double reference). */
+START_TEST(test_matmul_middle_dim_block)
+{
+    enum { B = 3, K = 32, N = 48, SMAX = 64 };
+    static float a_full[B * SMAX * K], o_full[B * SMAX * N], a_blk[B * SMAX / 2 * K], b[K * N];
+    static float want[B * SMAX / 2 * N];
+    fill_rand(a_full, B * SMAX * K);
+    fill_rand(b, K * N);
+    tp_tensor w = mk(b, TP_F32, 2, (int64_t[]){K, N});
+    const int sizes[] = {8, SMAX}; /* S/2 * K * N: 12288 (copied) and 98304 (per batch row) */
+    for (int si = 0; si < 2; si++) {
+        int S = sizes[si], H = S / 2;
+        for (int strided = 1; strided < 4; strided++) { /* bit 0: a strided, bit 1: out strided */
+            for (int bi = 0; bi < B; bi++)
+                for (int m = 0; m < H; m++)
+                    memcpy(a_blk + (bi * H + m) * K, a_full + (bi * S + H + m) * K, K * sizeof(float));
+            mm_ref(a_blk, H * K, b, 0, want, B, H, K, N, 0);
+            for (int i = 0; i < B * S * N; i++)
+                o_full[i] = -777.0f;
+            tp_tensor a = (strided & 1) ? view(a_full + H * K, TP_F32, 3, (int64_t[]){B, H, K},
+                                               (int64_t[]){S * K, K, 1})
+                                        : mk(a_blk, TP_F32, 3, (int64_t[]){B, H, K});
+            tp_tensor out = (strided & 2) ? view(o_full + H * N, TP_F32, 3, (int64_t[]){B, H, N},
+                                                 (int64_t[]){S * N, N, 1})
+                                          : mk(o_full, TP_F32, 3, (int64_t[]){B, H, N});
+            tp_err e;
+            ck_assert_int_eq(cpu_matmul(NULL, &a, &w, &out, &e), TP_OK);
+            for (int bi = 0; bi < B; bi++)
+                for (int m = 0; m < S; m++)
+                    for (int n = 0; n < N; n++) {
+                        int in_blk = (strided & 2) ? m >= H : bi * S + m < B * H;
+                        int r = (strided & 2) ? bi * H + m - H : bi * S + m;
+                        float got = o_full[(bi * S + m) * N + n];
+                        if (!in_blk)
+                            ck_assert_msg(got == -777.0f, "S %d case %d: [%d,%d,%d] outside the block written",
+                                          S, strided, bi, m, n);
+                        else
+                            ck_assert_msg(fabsf(got - want[r * N + n]) <= 1e-5f + 1e-5f * fabsf(want[r * N + n]),
+                                          "S %d case %d: [%d,%d,%d] %g want %g", S, strided, bi, m, n, got,
+                                          want[r * N + n]);
+                    }
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_matmul_half)
 {
     enum { M = 3, K = 8, N = 4 };
@@ -942,6 +995,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_matmul_batch_broadcast);
     tcase_add_test(tc, test_matmul_strided);
     tcase_add_test(tc, test_matmul_into_column_block);
+    tcase_add_test(tc, test_matmul_middle_dim_block);
     tcase_add_test(tc, test_matmul_half);
     tcase_add_test(tc, test_attention_f32);
     tcase_add_test(tc, test_attention_causal_hand);
