@@ -119,6 +119,36 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
     return st;
 }
 
+/* ag_mm gathering a dim other than K: every peer's shard is readable here
+ * once exchanged, so the shards are copied into one gathered input and
+ * each weight multiplies all of it at once. The GPU's schedule (a product
+ * per shard, overlapping the next shard's transfer) has nothing to overlap
+ * on this backend, and one OpenBLAS call per shard cost more than the copy
+ * (each call has a fixed cost: a mutex for its buffers, packing): 8 of a
+ * batch-1 step's sgemm calls became 6. Every output row is the product of
+ * its own input row either way. */
+static tp_status ag_mm_gathered(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                                tp_tensor *out, int rank, tp_err *err)
+{
+    int d = cpu_comm_world(c), g = attrs->dim;
+    int64_t len = ins[0].shape[g], shape[TP_MAX_DIMS];
+    memcpy(shape, ins[0].shape, sizeof shape);
+    shape[g] *= d;
+    size_t bytes = (size_t)tp_tensor_numel(&ins[0]) * (size_t)d * tp_dtype_size(ins[0].dtype);
+    void *scratch = malloc(bytes ? bytes : 1);
+    if (!scratch)
+        return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
+    tp_tensor x = tp_tensor_make(scratch, ins[0].dtype, ins[0].ndim, shape);
+    for (int src = 0; src < d; src++) {
+        tp_tensor part = tp_tensor_narrow(&x, g, src * len, len), xs = cpu_comm_peer(c, src);
+        tp_tensor_copy(&part, &xs);
+    }
+    tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
+    tp_status st = matmul_blocks(attrs, &x, ins, n_ins, &og, rank, d, err);
+    free(scratch);
+    return st;
+}
+
 static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                        tp_tensor *out, tp_err *err)
 {
@@ -131,18 +161,13 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
                         : tp_fail(err, TP_INTERNAL, "fused matmul gathering K takes one weight, got %d", n_ins - 1);
         return release(c, rank, st, err);
     }
-    tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
-    int64_t len = ins[0].shape[g];
+    if (attrs->n_pieces == 0)
+        return release(c, rank, ag_mm_gathered(c, attrs, ins, n_ins, out, rank, err), err);
     for (int step = 0; st == TP_OK && step < d; step++) {
         int src = tp_ag_src(rank, d, step, 0); /* own shard first: no waiting on a peer */
         tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
-        if (attrs->n_pieces > 0) {
-            piece_ctx pc = {attrs, ins, n_ins, rank, d};
-            st = tp_ag_mm_pieces(attrs, &xs, src, d, out, ag_mm_piece, &pc, err);
-            continue;
-        }
-        tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
-        st = matmul_blocks(attrs, &xs, ins, n_ins, &rows, rank, d, err);
+        piece_ctx pc = {attrs, ins, n_ins, rank, d};
+        st = tp_ag_mm_pieces(attrs, &xs, src, d, out, ag_mm_piece, &pc, err);
     }
     return release(c, rank, st, err);
 }
@@ -182,6 +207,36 @@ static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *o
     return TP_OK;
 }
 
+/* matmul+reduce-scatter scattering a dim other than N: the whole product
+ * a @ w at once, then each destination's rows into its workspace slot,
+ * instead of one product per destination (one OpenBLAS call each, with its
+ * fixed cost; ag_mm_gathered says why that matters). When every dim before
+ * the scattered one is 1 the slots are the product's rows in order, and
+ * the product is written straight into the workspace. */
+static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *w, const tp_tensor *ws,
+                            const tp_tensor *out, int rank, int d, tp_err *err)
+{
+    int s = attrs->dim, nd = out->ndim;
+    int64_t len = out->shape[s], chunk = tp_tensor_numel(out), outer = 1, shape[TP_MAX_DIMS];
+    memcpy(shape, out->shape, sizeof shape);
+    shape[s] *= d;
+    for (int i = 0; i < s; i++)
+        outer *= shape[i];
+    size_t es = tp_dtype_size(out->dtype), bytes = (size_t)chunk * (size_t)d * es;
+    void *scratch = NULL;
+    if (outer > 1 && !(scratch = malloc(bytes ? bytes : 1)))
+        return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
+    tp_tensor prod = tp_tensor_make(scratch ? scratch : ws->data, out->dtype, nd, shape);
+    tp_status st = matmul_into(attrs, a, w, &prod, rank, d, err);
+    for (int dst = 0; st == TP_OK && scratch && dst < d; dst++) {
+        tp_tensor slot = tp_tensor_make((char *)ws->data + (size_t)(dst * chunk) * es, out->dtype, nd, out->shape);
+        tp_tensor rows = tp_tensor_narrow(&prod, s, dst * len, len);
+        tp_tensor_copy(&slot, &rows);
+    }
+    free(scratch);
+    return st;
+}
+
 static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
                        tp_err *err)
 {
@@ -196,17 +251,15 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     if (attrs->n_shape > 0)
         a = tp_tensor_make(ins[0].data, ins[0].dtype, nd, ashape);
     int64_t chunk = tp_tensor_numel(out);
-    tp_status st = TP_OK;
-    for (int step = 0; st == TP_OK && step < d; step++) {
+    int by_rows = attrs->n_pieces == 0 && s < nd - 1;
+    tp_status st = by_rows ? mm_rs_rows(attrs, &a, w, ws, out, rank, d, err) : TP_OK;
+    for (int step = 0; !by_rows && st == TP_OK && step < d; step++) {
         int dst = tp_rs_dst(rank, d, step); /* peers' chunks first, own chunk last */
         tp_tensor slot = tp_tensor_make((char *)ws->data + dst * chunk * (int64_t)tp_dtype_size(out->dtype),
                                         out->dtype, nd, out->shape);
         if (attrs->n_pieces > 0) {
             piece_ctx pc = {attrs, ins, 2, rank, d};
             st = tp_mm_rs_pieces(attrs, &a, dst, &slot, mm_rs_piece, &pc, err);
-        } else if (s < nd - 1) {
-            tp_tensor rows = tp_tensor_narrow(&a, s, dst * len, len);
-            st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
         } else {
             tp_tensor cols = tp_fused_w_n_cols(w, attrs->transpose_b, dst, len);
             st = matmul_into(attrs, &a, &cols, &slot, rank, d, err);
