@@ -124,9 +124,10 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
  * each weight multiplies all of it at once. The GPU's schedule (a product
  * per shard, overlapping the next shard's transfer) has nothing to overlap
  * on this backend, and one OpenBLAS call per shard cost more than the copy
- * (each call has a fixed cost: a mutex for its buffers, packing): 8 of a
- * batch-1 step's sgemm calls became 6. Every output row is the product of
- * its own input row either way. */
+ * (each call has a fixed cost: a mutex for its buffers, packing; with
+ * mm_rs_rows the example's step makes 4 calls at any batch, where it made
+ * 8 at batch 1). Every output row is the product of its own input row
+ * either way. */
 static tp_status ag_mm_gathered(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                                 tp_tensor *out, int rank, tp_err *err)
 {
