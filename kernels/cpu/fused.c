@@ -127,7 +127,8 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
  * (each call has a fixed cost: a mutex for its buffers, packing; with
  * mm_rs_rows the example's step makes 4 calls at any batch, where it made
  * 8 at batch 1). Every output row is the product of its own input row
- * either way. */
+ * either way. Only for inputs of at most OPS_COPY_MAX_BYTES gathered:
+ * larger ones are multiplied shard by shard, never materialized whole. */
 static tp_status ag_mm_gathered(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                                 tp_tensor *out, int rank, tp_err *err)
 {
@@ -162,13 +163,21 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
                         : tp_fail(err, TP_INTERNAL, "fused matmul gathering K takes one weight, got %d", n_ins - 1);
         return release(c, rank, st, err);
     }
-    if (attrs->n_pieces == 0)
+    size_t gathered = (size_t)tp_tensor_numel(&ins[0]) * (size_t)d * tp_dtype_size(ins[0].dtype);
+    if (attrs->n_pieces == 0 && gathered <= OPS_COPY_MAX_BYTES)
         return release(c, rank, ag_mm_gathered(c, attrs, ins, n_ins, out, rank, err), err);
+    tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
+    int64_t len = ins[0].shape[g];
     for (int step = 0; st == TP_OK && step < d; step++) {
         int src = tp_ag_src(rank, d, step, 0); /* own shard first: no waiting on a peer */
         tp_tensor xs = cpu_comm_peer(c, src); /* in this process's mapping */
-        piece_ctx pc = {attrs, ins, n_ins, rank, d};
-        st = tp_ag_mm_pieces(attrs, &xs, src, d, out, ag_mm_piece, &pc, err);
+        if (attrs->n_pieces > 0) {
+            piece_ctx pc = {attrs, ins, n_ins, rank, d};
+            st = tp_ag_mm_pieces(attrs, &xs, src, d, out, ag_mm_piece, &pc, err);
+            continue;
+        }
+        tp_tensor rows = tp_tensor_narrow(&og, g, src * len, len);
+        st = matmul_blocks(attrs, &xs, ins, n_ins, &rows, rank, d, err);
     }
     return release(c, rank, st, err);
 }
@@ -238,6 +247,21 @@ static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_
     return st;
 }
 
+/* Whether mm_rs multiplies by mm_rs_rows: scattering a dim other than N,
+ * when the product goes straight into the workspace or fits in
+ * OPS_COPY_MAX_BYTES of scratch (larger ones are multiplied destination by
+ * destination, never materialized twice). */
+static int mm_rs_by_rows(const tp_attrs *attrs, const tp_tensor *out, int d)
+{
+    int s = attrs->dim, nd = out->ndim;
+    if (attrs->n_pieces > 0 || s >= nd - 1)
+        return 0;
+    int64_t outer = 1;
+    for (int i = 0; i < s; i++)
+        outer *= out->shape[i];
+    return outer == 1 || (size_t)tp_tensor_numel(out) * (size_t)d * tp_dtype_size(out->dtype) <= OPS_COPY_MAX_BYTES;
+}
+
 static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
                        tp_err *err)
 {
@@ -252,7 +276,7 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     if (attrs->n_shape > 0)
         a = tp_tensor_make(ins[0].data, ins[0].dtype, nd, ashape);
     int64_t chunk = tp_tensor_numel(out);
-    int by_rows = attrs->n_pieces == 0 && s < nd - 1;
+    int by_rows = mm_rs_by_rows(attrs, out, d);
     tp_status st = by_rows ? mm_rs_rows(attrs, &a, w, ws, out, rank, d, err) : TP_OK;
     for (int step = 0; !by_rows && st == TP_OK && step < d; step++) {
         int dst = tp_rs_dst(rank, d, step); /* peers' chunks first, own chunk last */
@@ -261,6 +285,9 @@ static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
         if (attrs->n_pieces > 0) {
             piece_ctx pc = {attrs, ins, 2, rank, d};
             st = tp_mm_rs_pieces(attrs, &a, dst, &slot, mm_rs_piece, &pc, err);
+        } else if (s < nd - 1) {
+            tp_tensor rows = tp_tensor_narrow(&a, s, dst * len, len);
+            st = matmul_into(attrs, &rows, w, &slot, rank, d, err);
         } else {
             tp_tensor cols = tp_fused_w_n_cols(w, attrs->transpose_b, dst, len);
             st = matmul_into(attrs, &a, &cols, &slot, rank, d, err);

@@ -80,6 +80,13 @@ void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *s
 /* Whole tensor (any strides, any dtype) into a contiguous f32 buffer. */
 void ops_gather_f32(const tp_tensor *t, float *dst);
 
+/* Bytes of scratch a kernel may copy operands into only to save BLAS calls
+ * (ops_matmul.c, fused.c). Past it the products are large enough that a
+ * call's fixed cost no longer shows, and copying the whole of a big
+ * activation each step would double what the memory plan keeps small (the
+ * fused kernels exist not to materialize a gathered input). */
+#define OPS_COPY_MAX_BYTES (256 * 1024)
+
 /* A growable float scratch buffer. */
 typedef struct {
     float *p;

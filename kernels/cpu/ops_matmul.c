@@ -263,7 +263,7 @@ static int rows_worth_copying(const tp_tensor *a, const tp_tensor *b, int tb, co
 /* A row product as one sgemm over contiguous copies: a's rows gathered
  * first when they are not evenly spaced, out's scattered after when its
  * are not. */
-static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out, tp_err *err)
+static tp_status rows_copied_once(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out, tp_err *err)
 {
     int64_t m, sam, ldc;
     float *ac = NULL, *oc = NULL;
@@ -283,6 +283,23 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
         tp_tensor_copy(out, &od);
     free(ac);
     free(oc);
+    return s;
+}
+
+/* rows_copied_once over slices of dim 0 (a batch dim: a row product whose
+ * rows do not fold has at least 3) small enough that their copies stay
+ * under OPS_COPY_MAX_BYTES. */
+static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out, tp_err *err)
+{
+    int64_t n0 = out->shape[0];
+    int64_t per = (tp_tensor_numel(a) + tp_tensor_numel(out)) / n0 * (int64_t)sizeof(float);
+    int64_t step = per > 0 && per < OPS_COPY_MAX_BYTES ? OPS_COPY_MAX_BYTES / per : 1;
+    tp_status s = TP_OK;
+    for (int64_t i = 0; s == TP_OK && i < n0; i += step) {
+        int64_t n = n0 - i < step ? n0 - i : step;
+        tp_tensor as = tp_tensor_narrow(a, 0, i, n), os = tp_tensor_narrow(out, 0, i, n);
+        s = rows_copied_once(&as, b, tb, &os, err);
+    }
     return s;
 }
 

@@ -604,52 +604,63 @@ END_TEST
  * all-gather+matmul writes a peer's rows and matmul+reduce-scatter reads
  * the rows for a peer, when the gathered dim is not the batch. Rows are
  * not evenly spaced, so small blocks go through contiguous copies (one
- * sgemm) and large ones take one sgemm per batch row (ops_matmul.c's
- * COPY_ROWS_MAX_MACS): both sides of that line, with a and out strided
- * alone and together, nothing outside the out block touched. FP32
- * tolerance as for every matmul here (1e-5 against the double reference). */
-START_TEST(test_matmul_middle_dim_block)
+ * sgemm per OPS_COPY_MAX_BYTES of them) and large ones take one sgemm per
+ * batch row (ops_matmul.c's COPY_ROWS_MAX_MACS): both sides of that line,
+ * copies over several slices of the batch, a and out strided alone and
+ * together, nothing outside the out block touched. FP32 tolerance as for
+ * every matmul here (1e-5 against the double reference). */
+static void middle_block_case(int B, int S, int strided)
 {
-    enum { B = 3, K = 32, N = 48, SMAX = 64 };
-    static float a_full[B * SMAX * K], o_full[B * SMAX * N], a_blk[B * SMAX / 2 * K], b[K * N];
-    static float want[B * SMAX / 2 * N];
-    fill_rand(a_full, B * SMAX * K);
+    enum { K = 32, N = 48 };
+    int H = S / 2;
+    float *a_full = malloc(sizeof(float) * (size_t)(B * S * K)), *o_full = malloc(sizeof(float) * (size_t)(B * S * N));
+    float *a_blk = malloc(sizeof(float) * (size_t)(B * H * K)), *want = malloc(sizeof(float) * (size_t)(B * H * N));
+    static float b[K * N];
+    ck_assert(a_full && o_full && a_blk && want);
+    fill_rand(a_full, B * S * K);
     fill_rand(b, K * N);
     tp_tensor w = mk(b, TP_F32, 2, (int64_t[]){K, N});
-    const int sizes[] = {8, SMAX}; /* S/2 * K * N: 12288 (copied) and 98304 (per batch row) */
-    for (int si = 0; si < 2; si++) {
-        int S = sizes[si], H = S / 2;
-        for (int strided = 1; strided < 4; strided++) { /* bit 0: a strided, bit 1: out strided */
-            for (int bi = 0; bi < B; bi++)
-                for (int m = 0; m < H; m++)
-                    memcpy(a_blk + (bi * H + m) * K, a_full + (bi * S + H + m) * K, K * sizeof(float));
-            mm_ref(a_blk, H * K, b, 0, want, B, H, K, N, 0);
-            for (int i = 0; i < B * S * N; i++)
-                o_full[i] = -777.0f;
-            tp_tensor a = (strided & 1) ? view(a_full + H * K, TP_F32, 3, (int64_t[]){B, H, K},
-                                               (int64_t[]){S * K, K, 1})
-                                        : mk(a_blk, TP_F32, 3, (int64_t[]){B, H, K});
-            tp_tensor out = (strided & 2) ? view(o_full + H * N, TP_F32, 3, (int64_t[]){B, H, N},
-                                                 (int64_t[]){S * N, N, 1})
-                                          : mk(o_full, TP_F32, 3, (int64_t[]){B, H, N});
-            tp_err e;
-            ck_assert_int_eq(cpu_matmul(NULL, &a, &w, &out, &e), TP_OK);
-            for (int bi = 0; bi < B; bi++)
-                for (int m = 0; m < S; m++)
-                    for (int n = 0; n < N; n++) {
-                        int in_blk = (strided & 2) ? m >= H : bi * S + m < B * H;
-                        int r = (strided & 2) ? bi * H + m - H : bi * S + m;
-                        float got = o_full[(bi * S + m) * N + n];
-                        if (!in_blk)
-                            ck_assert_msg(got == -777.0f, "S %d case %d: [%d,%d,%d] outside the block written",
-                                          S, strided, bi, m, n);
-                        else
-                            ck_assert_msg(fabsf(got - want[r * N + n]) <= 1e-5f + 1e-5f * fabsf(want[r * N + n]),
-                                          "S %d case %d: [%d,%d,%d] %g want %g", S, strided, bi, m, n, got,
-                                          want[r * N + n]);
-                    }
-        }
-    }
+    for (int bi = 0; bi < B; bi++)
+        for (int m = 0; m < H; m++)
+            memcpy(a_blk + (bi * H + m) * K, a_full + (bi * S + H + m) * K, K * sizeof(float));
+    mm_ref(a_blk, H * K, b, 0, want, B, H, K, N, 0);
+    for (int i = 0; i < B * S * N; i++)
+        o_full[i] = -777.0f;
+    tp_tensor a = (strided & 1) ? view(a_full + H * K, TP_F32, 3, (int64_t[]){B, H, K}, (int64_t[]){S * K, K, 1})
+                                : mk(a_blk, TP_F32, 3, (int64_t[]){B, H, K});
+    tp_tensor out = (strided & 2) ? view(o_full + H * N, TP_F32, 3, (int64_t[]){B, H, N}, (int64_t[]){S * N, N, 1})
+                                  : mk(o_full, TP_F32, 3, (int64_t[]){B, H, N});
+    tp_err e;
+    ck_assert_int_eq(cpu_matmul(NULL, &a, &w, &out, &e), TP_OK);
+    for (int bi = 0; bi < B; bi++)
+        for (int m = 0; m < S; m++)
+            for (int n = 0; n < N; n++) {
+                int in_blk = (strided & 2) ? m >= H : bi * S + m < B * H;
+                int r = (strided & 2) ? bi * H + m - H : bi * S + m;
+                float got = o_full[(bi * S + m) * N + n];
+                if (!in_blk)
+                    ck_assert_msg(got == -777.0f, "B %d S %d case %d: [%d,%d,%d] outside the block written", B, S,
+                                  strided, bi, m, n);
+                else
+                    ck_assert_msg(fabsf(got - want[r * N + n]) <= 1e-5f + 1e-5f * fabsf(want[r * N + n]),
+                                  "B %d S %d case %d: [%d,%d,%d] %g want %g", B, S, strided, bi, m, n, got,
+                                  want[r * N + n]);
+            }
+    free(a_full);
+    free(o_full);
+    free(a_blk);
+    free(want);
+}
+
+START_TEST(test_matmul_middle_dim_block)
+{
+    /* S/2 * K * N: 6144 multiply-adds a group at S 8 (copied), 98304 at S
+     * 128 (one sgemm per batch row); B 700 at S 8 copies 1280 bytes a batch
+     * row, in 4 slices of up to 204 rows */
+    const int cases[3][2] = {{3, 8}, {3, 128}, {700, 8}};
+    for (int c = 0; c < 3; c++)
+        for (int strided = 1; strided < 4; strided++) /* bit 0: a strided, bit 1: out strided */
+            middle_block_case(cases[c][0], cases[c][1], strided);
 }
 END_TEST
 

@@ -50,32 +50,40 @@ static void expect_same_as_unfused(const char *path, const tp_host_tensor *in, i
     expect_same_as_unfused_by(tu_engine(path, 1, 0), path, in, n_in);
 }
 
-/* Builds a world-2 graph around `nodes`, checks op counts after passes and
- * that every output matches the unfused graph. */
-static void check_case(const char *nodes, const char *outputs, counts want)
+/* Builds a world-2 graph around `nodes` with x [B, seq, 8], checks op
+ * counts after passes and that every output matches the unfused graph at
+ * batch 1 to max_batch. */
+static void check_case_seq(const char *nodes, const char *outputs, counts want, int64_t seq, int64_t max_batch)
 {
     char json[4096], dir[64], path[128];
     snprintf(json, sizeof json,
              "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"f\",\"world_size\":2,\"weights\":\"w.safetensors\","
-             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",4,8],\"placement\":\"shard(1)\"}],"
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,8],\"placement\":\"shard(1)\"}],"
              "\"params\":[{\"name\":\"w1\",\"datatype\":\"FP32\",\"shape\":[8,6],\"placement\":\"replicate\"},"
              "{\"name\":\"w2\",\"datatype\":\"FP32\",\"shape\":[8,4],\"placement\":\"replicate\"},"
              "{\"name\":\"w3\",\"datatype\":\"FP32\",\"shape\":[8,6],\"placement\":\"replicate\"},"
              "{\"name\":\"wd\",\"datatype\":\"FP32\",\"shape\":[6,8],\"placement\":\"replicate\"},"
              "{\"name\":\"wt\",\"datatype\":\"FP32\",\"shape\":[6,8],\"placement\":\"replicate\"}],"
-             "\"nodes\":[%s],\"outputs\":[%s]}", nodes, outputs);
+             "\"nodes\":[%s],\"outputs\":[%s]}", (long long)seq, nodes, outputs);
     st_write_item items[] = {{"w1", TP_F32, 2, s86, w1}, {"w2", TP_F32, 2, s84, w2}, {"w3", TP_F32, 2, s86, w3},
                              {"wd", TP_F32, 2, s68, wd}, {"wt", TP_F32, 2, s68, wt}};
     tu_write_graph(dir, path, json, items, 5);
     expect_counts(path, want);
-    for (int64_t batch = 1; batch <= 3; batch++) {
-        float x[3 * 4 * 8];
-        tu_fill(x, 3 * 4 * 8, (unsigned)batch);
-        int64_t shape[3] = {batch, 4, 8};
+    float *x = malloc((size_t)(max_batch * seq * 8) * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    for (int64_t batch = 1; batch <= max_batch; batch++) {
+        tu_fill(x, batch * seq * 8, (unsigned)batch);
+        int64_t shape[3] = {batch, seq, 8};
         tp_host_tensor in = tu_f32("x", x, 3, shape);
         expect_same_as_unfused(path, &in, 1);
     }
+    free(x);
     tu_rmdir(dir);
+}
+
+static void check_case(const char *nodes, const char *outputs, counts want)
+{
+    check_case_seq(nodes, outputs, want, 4, 3);
 }
 
 #define AG "{\"name\":\"xg\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":1}}"
@@ -147,6 +155,22 @@ START_TEST(matmul_reduce_scatter_fuses)
                "{\"name\":\"ov\",\"op\":\"view\",\"inputs\":[\"o\"],\"attrs\":{\"shape\":[-1,2,6]}},"
                "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"ov\"],\"attrs\":{\"dim\":1}}",
                "{\"name\":\"y\"}", (counts){0, 1, 0, 0, 0});
+}
+END_TEST
+
+/* The cpu kernels multiply a gathered input at once, and a product for
+ * every destination at once, only while that fits OPS_COPY_MAX_BYTES
+ * (256 KiB) of scratch: x [B, 4096, 8] gathers 128 KiB a row, so batches
+ * 1 and 2 take that path and batch 3 (run in the bucket of 4) goes shard
+ * by shard and destination by destination, without the copy. Both give
+ * the unfused numbers, on every rank's rows (y gathered from both). */
+START_TEST(large_rows_shard_by_shard)
+{
+    check_case_seq(AG ",{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"xg\",\"w1\"]},"
+                      "{\"name\":\"r\",\"op\":\"relu\",\"inputs\":[\"h\"]},"
+                      "{\"name\":\"o\",\"op\":\"matmul\",\"inputs\":[\"r\",\"wd\"]},"
+                      "{\"name\":\"y\",\"op\":\"reduce_scatter\",\"inputs\":[\"o\"],\"attrs\":{\"dim\":1,\"op\":\"sum\"}}",
+                   "{\"name\":\"y\",\"placement\":\"shard(1)\"}", (counts){1, 1, 0, 0, 0}, 4096, 3);
 }
 END_TEST
 
@@ -429,6 +453,7 @@ Suite *fuse_suite(void)
     tcase_add_test(tc, gather_kept_for_other_readers);
     tcase_add_test(tc, gather_on_k);
     tcase_add_test(tc, matmul_reduce_scatter_fuses);
+    tcase_add_test(tc, large_rows_shard_by_shard);
     tcase_add_test(tc, matmul_with_other_reader_is_left_alone);
     tcase_add_test(tc, gather_through_slice_cat_reassembly);
     tcase_add_test(tc, matmul_slice_cat_reduce_scatter);
