@@ -29,7 +29,13 @@ struct tp_batch_held {
 };
 
 struct tp_batcher {
-    tp_engine *e;
+    tp_engine *e; /* instance 0: the graph's signature, checks (every instance has the same) */
+    /* Instances of the model (Triton's instance_group count): each runs
+     * one batch at a time, on whichever thread claimed it. */
+    tp_engine *inst[TP_BATCHER_MAX_INSTANCES];
+    int n_inst;
+    unsigned busy; /* bit k: instance k runs a batch (mu) */
+    tp_engine_stats snap[TP_BATCHER_MAX_INSTANCES]; /* each instance's after its last batch (mu) */
     tp_batcher_opts o;
     int batchable;
     double delay_s;
@@ -40,11 +46,11 @@ struct tp_batcher {
     int queued, stopping;
     int held;           /* requests held by submitters, not yet running */
     int engine_waiters; /* threads waiting on engine_cv */
-    int running; /* a batch is in the engine, on the batcher thread or a submitter's */
+    int running; /* batches in instances (busy's bits), on the batcher thread or submitters' */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
     double recent_serial; /* moving average of "the batch ran as serial steps" (mu) */
-    uint64_t serial_steps_seen; /* the engine's serial step count after the last batch
-                                 * (only the thread running a batch touches it) */
+    uint64_t serial_steps_seen[TP_BATCHER_MAX_INSTANCES]; /* each instance's serial step count
+                                 * after its last batch (only the thread running it touches it) */
     double recent_backlog; /* moving average of "requests were waiting when a batch ended" (mu) */
     pthread_t th;
 };
@@ -146,7 +152,7 @@ static int next_batch(tp_batcher *b, job **batch, job **expired)
         take_expired(b, now, expired);
         if (*expired)
             return 1;
-        if (b->running) { /* a submitter runs one inline; it signals when done */
+        if (b->running == b->n_inst) { /* submitters run them inline; they signal when done */
             pthread_cond_wait(&b->cv, &b->mu);
             continue;
         }
@@ -274,17 +280,47 @@ static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, i
 /* A moving average over the last few steps: one slow outlier (a page
  * fault, a preempted rank) does not send requests off the inline path for
  * long, and a slow model leaves it after its first step. */
-static void note_step(tp_batcher *b, double s, int serial)
+/* Every instance's counters added up, as /metrics shows them. */
+static void sum_stats(const tp_engine_stats *snap, int n, tp_engine_stats *sum)
 {
+    *sum = snap[0];
+    for (int k = 1; k < n; k++) {
+        const tp_engine_stats *s = &snap[k];
+        sum->requests += s->requests;
+        sum->rows += s->rows;
+        sum->executions += s->executions;
+        for (int i = 0; i < TP_MAX_BUCKETS; i++)
+            sum->bucket_runs[i] += s->bucket_runs[i];
+        sum->exact_runs += s->exact_runs;
+        sum->symmetric_copy_bytes += s->symmetric_copy_bytes;
+        sum->regular_copy_bytes += s->regular_copy_bytes;
+        for (int m = 0; m < TP_MEM_KINDS; m++)
+            sum->arena_bytes[m] += s->arena_bytes[m];
+        sum->rank_group_up = sum->rank_group_up && s->rank_group_up;
+        sum->serial_steps += s->serial_steps;
+    }
+}
+
+/* After instance k ran a batch of step_s seconds: the step-time and
+ * serial averages, and k's counters into /metrics. */
+static void note_step(tp_batcher *b, int k, double step_s, const tp_engine_stats *s)
+{
+    int serial = s->serial_steps != b->serial_steps_seen[k];
+    b->serial_steps_seen[k] = s->serial_steps;
+    tp_engine_stats sum;
     pthread_mutex_lock(&b->mu);
-    b->recent_step_s = b->recent_step_s == 0 ? s : 0.5 * b->recent_step_s + 0.5 * s;
+    b->recent_step_s = b->recent_step_s == 0 ? step_s : 0.5 * b->recent_step_s + 0.5 * step_s;
     b->recent_serial = 0.5 * b->recent_serial + (serial ? 0.5 : 0.0);
+    b->snap[k] = *s;
+    sum_stats(b->snap, b->n_inst, &sum);
     pthread_mutex_unlock(&b->mu);
+    if (b->o.metrics)
+        tp_metrics_engine_stats(b->o.metrics, &sum);
 }
 
 /* Every request's rows go to the engine as pieces, copied once, straight
  * into its staging (never concatenated here first). */
-static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t rows,
+static tp_status infer_batch(tp_batcher *b, int k, const job *batch, int n, int64_t rows,
                              tp_host_tensor **outs, int *n_outs, tp_err *err)
 {
     int ni = tp_engine_n_inputs(b->e);
@@ -298,7 +334,7 @@ static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t row
             pieces[(size_t)i * (size_t)n + (size_t)p++] = find_input(j, name);
     }
     /* submit checked every request: the engine need not check again */
-    tp_status st = tp_engine_infer_parts(b->e, pieces, n, rows, outs, n_outs, err);
+    tp_status st = tp_engine_infer_parts(b->inst[k], pieces, n, rows, outs, n_outs, err);
     free(pieces);
     if (st == TP_OK && n > 1 && (st = check_split(b, *outs, *n_outs, rows, err)) != TP_OK) {
         tp_host_tensors_free(*outs, *n_outs);
@@ -307,7 +343,7 @@ static tp_status infer_batch(tp_batcher *b, const job *batch, int n, int64_t row
     return st;
 }
 
-static void run_batch(tp_batcher *b, job *batch)
+static void run_batch(tp_batcher *b, int k, job *batch)
 {
     int n = 0, n_outs = 0;
     int64_t rows = 0;
@@ -316,16 +352,13 @@ static void run_batch(tp_batcher *b, job *batch)
     tp_host_tensor *outs = NULL;
     tp_err err = {{0}};
     double t0 = tp_now_s(), split_s = 0;
-    tp_status st = infer_batch(b, batch, n, rows, &outs, &n_outs, &err);
+    tp_status st = infer_batch(b, k, batch, n, rows, &outs, &n_outs, &err);
     tp_batch_info info = {0, tp_now_s() - t0, rows, n};
     tp_engine_stats s;
-    tp_engine_get_stats(b->e, &s); /* uncontended: this thread is the engine's only caller */
-    note_step(b, info.compute_s, s.serial_steps != b->serial_steps_seen);
-    b->serial_steps_seen = s.serial_steps;
-    if (b->o.metrics) {
-        tp_metrics_engine_stats(b->o.metrics, &s);
+    tp_engine_get_stats(b->inst[k], &s); /* uncontended: this thread is the instance's only caller */
+    note_step(b, k, info.compute_s, &s);
+    if (b->o.metrics)
         tp_metrics_batch(b->o.metrics, rows);
-    }
     if (st == TP_INVALID && n > 1) {
         /* a request's data the per-request checks could not judge: each
          * runs alone, so a bad one fails only its sender, with its own
@@ -333,7 +366,7 @@ static void run_batch(tp_batcher *b, job *batch)
         for (job *next; batch; batch = next) {
             next = batch->next;
             batch->next = NULL;
-            run_batch(b, batch);
+            run_batch(b, k, batch);
         }
     } else if (st != TP_OK) {
         if (n > 1)
@@ -355,9 +388,10 @@ static void run_batch(tp_batcher *b, job *batch)
  * (that batch of one then delays the requests queued behind it, and stalls
  * the HTTP thread's other connections). A few quiet batches (two after
  * one busy one) bring the inline path back. b->mu held. */
-static void batch_ended(tp_batcher *b)
+static void batch_ended(tp_batcher *b, int k)
 {
-    b->running = 0;
+    b->busy &= ~(1u << k);
+    b->running--;
     b->recent_backlog = 0.5 * b->recent_backlog + (b->head || b->held ? 0.5 : 0.0);
     if (b->engine_waiters)
         pthread_cond_signal(&b->engine_cv);
@@ -365,15 +399,24 @@ static void batch_ended(tp_batcher *b)
         pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher thread's */
 }
 
-/* Waits until no batch runs, then takes the engine. b->mu held. */
-static void claim_engine(tp_batcher *b)
+/* Takes an idle instance (there must be one). b->mu held. */
+static int take_instance(tp_batcher *b)
 {
-    while (b->running) {
+    int k = __builtin_ctz(~b->busy);
+    b->busy |= 1u << k;
+    b->running++;
+    return k;
+}
+
+/* Waits until an instance is idle, then takes it. b->mu held. */
+static int claim_engine(tp_batcher *b)
+{
+    while (b->running == b->n_inst) {
         b->engine_waiters++;
         pthread_cond_wait(&b->engine_cv, &b->mu);
         b->engine_waiters--;
     }
-    b->running = 1;
+    return take_instance(b);
 }
 
 static void *batcher_main(void *arg)
@@ -384,15 +427,15 @@ static void *batcher_main(void *arg)
         job *batch = NULL, *expired = NULL;
         pthread_mutex_lock(&b->mu);
         more = next_batch(b, &batch, &expired);
-        b->running = batch != NULL;
+        int k = batch ? take_instance(b) : -1; /* next_batch waits for an idle one */
         pthread_mutex_unlock(&b->mu);
         /* callbacks run unlocked: they may take their own locks or submit */
         answer_expired(expired, tp_now_s());
         if (batch)
-            run_batch(b, batch);
+            run_batch(b, k, batch);
         pthread_mutex_lock(&b->mu);
         if (batch)
-            batch_ended(b);
+            batch_ended(b, k);
         pthread_mutex_unlock(&b->mu);
     }
     return NULL;
@@ -409,11 +452,26 @@ static int64_t largest_bucket(tp_engine *e)
 
 tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err)
 {
+    return tp_batcher_create_instances(&e, 1, o, out, err);
+}
+
+tp_status tp_batcher_create_instances(tp_engine *const *inst, int n_inst, const tp_batcher_opts *o,
+                                      tp_batcher **out, tp_err *err)
+{
     *out = NULL;
+    if (n_inst < 1 || n_inst > TP_BATCHER_MAX_INSTANCES)
+        return tp_fail(err, TP_INVALID, "batcher: %d model instances (1 to %d)", n_inst, TP_BATCHER_MAX_INSTANCES);
     tp_batcher *b = calloc(1, sizeof *b);
     if (!b)
         return tp_fail(err, TP_NOMEM, "batcher: out of memory");
+    tp_engine *e = inst[0];
     b->e = e;
+    b->n_inst = n_inst;
+    for (int k = 0; k < n_inst; k++) {
+        b->inst[k] = inst[k];
+        tp_engine_get_stats(inst[k], &b->snap[k]);
+        b->serial_steps_seen[k] = b->snap[k].serial_steps;
+    }
     b->o = o ? *o : (tp_batcher_opts){0};
     if (b->o.max_batch <= 0)
         b->o.max_batch = largest_bucket(e);
@@ -421,9 +479,6 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
         b->o.max_queue = DEFAULT_MAX_QUEUE;
     b->delay_s = b->o.max_queue_delay_us > 0 ? (double)b->o.max_queue_delay_us / 1e6 : 0;
     b->batchable = tp_engine_batchable(e);
-    tp_engine_stats es;
-    tp_engine_get_stats(e, &es);
-    b->serial_steps_seen = es.serial_steps;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -432,9 +487,9 @@ tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher *
     pthread_cond_init(&b->engine_cv, NULL);
     pthread_mutex_init(&b->mu, NULL);
     if (b->o.metrics) {
-        tp_engine_stats s;
-        tp_engine_get_stats(e, &s);
-        tp_metrics_engine_stats(b->o.metrics, &s);
+        tp_engine_stats sum;
+        sum_stats(b->snap, n_inst, &sum);
+        tp_metrics_engine_stats(b->o.metrics, &sum);
     }
     if (pthread_create(&b->th, NULL, batcher_main, b) != 0) {
         pthread_cond_destroy(&b->engine_cv);
@@ -460,7 +515,7 @@ static int short_steps(const tp_batcher *b)
 
 static int would_run_on_submitter(const tp_batcher *b)
 {
-    return !b->stopping && !b->running && !b->head && !b->held && b->delay_s == 0 &&
+    return !b->stopping && b->running < b->n_inst && !b->head && !b->held && b->delay_s == 0 &&
            short_steps(b) && b->recent_backlog < 0.25;
 }
 
@@ -542,20 +597,19 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
     /* done is called before submit returns */
     int run_here = would_run_on_submitter(b) && !(held && *held);
     int hold = !run_here && held && would_hold(b) && hold_job(b, held, j);
-    if (run_here) {
-        b->running = 1;
-    } else if (hold) {
+    int k = run_here ? take_instance(b) : -1;
+    if (hold) {
         *was_held = 1;
-    } else if (!stopping && !full) {
+    } else if (!run_here && !stopping && !full) {
         append_job(&b->head, &b->tail, j);
         b->queued++;
         pthread_cond_signal(&b->cv);
     }
     pthread_mutex_unlock(&b->mu);
     if (run_here) {
-        run_batch(b, j);
+        run_batch(b, k, j);
         pthread_mutex_lock(&b->mu);
-        batch_ended(b);
+        batch_ended(b, k);
         pthread_mutex_unlock(&b->mu);
         return TP_OK;
     }
@@ -577,18 +631,18 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
     job *list = held->head, *tail, *expired = NULL;
     free(held);
     pthread_mutex_lock(&b->mu);
-    claim_engine(b);
+    int k = claim_engine(b);
     b->held -= n;
     pthread_mutex_unlock(&b->mu);
     double now = tp_now_s();
     cut_expired(&list, &tail, now, &expired);
     answer_expired(expired, now);
     while (list) {
-        int full, k = batch_prefix(b, list, &full);
-        run_batch(b, cut_prefix(&list, k));
+        int full, m = batch_prefix(b, list, &full);
+        run_batch(b, k, cut_prefix(&list, m));
     }
     pthread_mutex_lock(&b->mu);
-    batch_ended(b);
+    batch_ended(b, k);
     pthread_mutex_unlock(&b->mu);
     return n;
 }
@@ -596,11 +650,21 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
 void tp_batcher_prewake(tp_batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = would_run_on_submitter(b);
+    int idle = would_run_on_submitter(b) ? __builtin_ctz(~b->busy) : -1; /* the instance it would take */
     pthread_mutex_unlock(&b->mu);
-    if (idle)
-        tp_engine_prewake(b->e);
+    if (idle >= 0)
+        tp_engine_prewake(b->inst[idle]);
 }
+
+void tp_batcher_engine_stats(tp_batcher *b, tp_engine_stats *out)
+{
+    tp_engine_stats now[TP_BATCHER_MAX_INSTANCES];
+    for (int k = 0; k < b->n_inst; k++)
+        tp_engine_get_stats(b->inst[k], &now[k]);
+    sum_stats(now, b->n_inst, out);
+}
+
+int tp_batcher_instances(const tp_batcher *b) { return b->n_inst; }
 
 int tp_batcher_queued(tp_batcher *b)
 {

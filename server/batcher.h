@@ -82,6 +82,19 @@ typedef struct {
 /* e is borrowed and must outlive the batcher. */
 tp_status tp_batcher_create(tp_engine *e, const tp_batcher_opts *o, tp_batcher **out, tp_err *err);
 
+/* Instances of one model (Triton's instance_group count): engines compiled
+ * from the same graph with the same options, each running one batch at a
+ * time, so as many batches run at once as there are instances (a thread
+ * that finds every instance busy waits for one). inst[0] answers for the
+ * graph's signature and checks. Borrowed; they must outlive the batcher. */
+#define TP_BATCHER_MAX_INSTANCES 8
+tp_status tp_batcher_create_instances(tp_engine *const *inst, int n_inst, const tp_batcher_opts *o,
+                                      tp_batcher **out, tp_err *err);
+int tp_batcher_instances(const tp_batcher *b);
+/* Every instance's counters added up (what /metrics shows); waits for
+ * each instance's running step, if any. */
+void tp_batcher_engine_stats(tp_batcher *b, tp_engine_stats *out);
+
 /* Validates r's inputs (tp_engine_check_inputs, or tp_engine_check_decoded
  * when r->decoded) and queues it. On failure
  * done is never called: TP_INVALID / TP_NOT_FOUND for a bad request,

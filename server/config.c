@@ -53,6 +53,10 @@ static const key_desc keys[] = {
             "ranks=threads, cpu backend: a step's ranks run in turn on one thread (no thread wake-ups) "
             "when that has been faster than their own threads (measured); a step that would take "
             "longer than this serially never does (0: every rank always on its own thread)"),
+    INT_KEY(instances, 1, 8,
+            "copies of the model, each running one batch at a time, so that many batches run at once "
+            "(Triton's instance_group count; weights and arenas are loaded once per copy); above 1 "
+            "needs the cpu backend with ranks=threads"),
     STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
@@ -109,6 +113,7 @@ void tp_config_defaults(tp_config *c)
     /* serial steps run when measured faster (engine/serial_policy.h); the
      * limit keeps long models from ever paying a serial probe */
     c->serial_step_max_us = 2000;
+    c->instances = 1;
     snprintf(c->log_level, sizeof c->log_level, "info");
     snprintf(c->ranks, sizeof c->ranks, "threads");
     c->staging_mb = 64;
@@ -288,6 +293,12 @@ tp_status tp_config_validate(const tp_config *c, tp_err *err)
         return tp_fail(err, TP_INVALID, "'host' is empty");
     if (c->rendezvous[0] && strcmp(c->ranks, "processes") != 0)
         return tp_fail(err, TP_INVALID, "'rendezvous' needs 'ranks' processes (got '%s')", c->ranks);
+    /* Several instances of a process group would each need their own
+     * workers (GPUs); several of a GPU graph their own communicators on the
+     * same devices: neither is built, so neither is claimed. */
+    if (c->instances > 1 && (strcmp(c->ranks, "threads") != 0 || strcmp(c->backend, "cpu") != 0))
+        return tp_fail(err, TP_INVALID, "'instances' %d needs backend cpu and ranks threads (got backend '%s', "
+                       "ranks '%s')", c->instances, c->backend, c->ranks);
     tp_config copy = *c;
     tp_status st = TP_OK;
     /* Re-applying each value through the setters checks ranges and choices

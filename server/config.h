@@ -26,6 +26,7 @@ typedef struct {
     int max_queue_delay_us;  /* longest the oldest queued request waits for a fuller batch */
     int inline_run_max_us;   /* idle steps up to this long run on the HTTP thread (0: never) */
     int serial_step_max_us;  /* ranks=threads: serial steps (when faster) up to this long (0: never) */
+    int instances;           /* copies of the model, each running one batch at a time (cpu, threads) */
     char buckets[128];       /* batch buckets "1,2,4,8,16"; empty: the engine's default */
     char log_level[8];       /* error | warn | info | debug */
     char ranks[16];          /* threads | processes (one process per rank, as on GPUs) */

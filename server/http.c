@@ -128,7 +128,6 @@ struct tp_http {
     char default_timeout_what[64]; /* req_ctx.timeout_what without parameters.timeout */
     _Atomic long in_flight;
     _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
-    tp_engine *engine;
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
     tp_metrics *metrics;
@@ -1153,12 +1152,13 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
 int tp_http_port(const tp_http *h) { return h->port; }
 int tp_http_threads(const tp_http *h) { return h->cfg.threads; }
 
-static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
+static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err *err)
 {
+    tp_engine *e = inst[0];
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
                          h->metrics, h->stats,
                          h->cfg.inline_run_max_us > 0 ? h->cfg.inline_run_max_us : -1};
-    tp_status st = tp_batcher_create(e, &o, &h->batcher, err);
+    tp_status st = tp_batcher_create_instances(inst, n, &o, &h->batcher, err);
     if (st != TP_OK)
         return st;
     const char *why = NULL;
@@ -1173,8 +1173,9 @@ static tp_status start_batcher(tp_http *h, tp_engine *e, tp_err *err)
     return TP_OK;
 }
 
-tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
+tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err *err)
 {
+    tp_engine *e = inst[0];
     int ni = tp_engine_n_inputs(e), no = tp_engine_n_outputs(e);
     h->ins = calloc((size_t)ni + 1, sizeof *h->ins);
     h->outs = calloc((size_t)no + 1, sizeof *h->outs);
@@ -1184,14 +1185,13 @@ tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err)
         h->ins[i] = *tp_engine_input(e, i);
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
-    tp_status st = start_batcher(h, e, err);
+    tp_status st = start_batcher(h, inst, n, err);
     if (st != TP_OK)
         return st;
-    h->engine = e;
     h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
                                  tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
                                                                  : 0,
-                                 h->cfg.max_queue_delay_us, h->cfg.max_queue,
+                                 h->cfg.max_queue_delay_us, h->cfg.max_queue, n,
                                  h->cfg.allow_client_shm ? h->shm : NULL};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
@@ -1209,7 +1209,7 @@ int tp_http_set_broken(tp_http *h, const char *why)
     snprintf(h->broken_msg, sizeof h->broken_msg, "%s", why);
     atomic_store(&h->broken, 1); /* publishes broken_msg */
     tp_engine_stats es; /* tpserve_rank_group_up 0 now, not after the next batch */
-    tp_engine_get_stats(h->engine, &es);
+    tp_batcher_engine_stats(h->batcher, &es);
     tp_metrics_engine_stats(h->metrics, &es);
     return 1;
 }

@@ -31,9 +31,10 @@ int tp_http_port(const tp_http *h);
 /* HTTP threads serving the main port (threads 0 resolved to the cores) */
 int tp_http_threads(const tp_http *h);
 
-/* Starts the batcher on the loaded engine (borrowed: it must outlive
- * tp_http_stop), publishes it and turns ready. */
-tp_status tp_http_set_engine(tp_http *h, tp_engine *e, tp_err *err);
+/* Starts the batcher on the loaded engine's n instances (borrowed: they
+ * must outlive tp_http_stop; tp_batcher_create_instances), publishes the
+ * model and turns ready. */
+tp_status tp_http_set_engines(tp_http *h, tp_engine *const *e, int n, tp_err *err);
 
 /* Starts the drain: readiness and new inference requests get 503, every
  * response closes its connection, and the listening socket stops accepting

@@ -850,7 +850,8 @@ char *tp_kserve_model_config(const tp_kserve_model *m)
                             "latest", "num_versions", 1, "input",
                             config_io_json(m->inputs, m->n_inputs, batched, 1), "output",
                             config_io_json(m->outputs, m->n_outputs, batched, 0),
-                            "instance_group", "name", m->name, "kind", "KIND_MODEL", "count", 1);
+                            "instance_group", "name", m->name, "kind", "KIND_MODEL", "count",
+                            m->instances > 0 ? m->instances : 1);
     if (doc && batched)
         json_object_set_new(doc, "dynamic_batching",
                             json_pack("{s:[], s:I, s:b, s:{s:I}}", "preferred_batch_size",

@@ -32,6 +32,7 @@ typedef struct {
     int64_t max_batch_size;     /* 0: requests run one at a time (dims keep the batch dim) */
     int64_t max_queue_delay_us;
     int max_queue_size;
+    int instances; /* instance_group count */
     /* system shared memory regions inputs and outputs may name; NULL: the
      * extension is off (allow_client_shm 0) and such requests are refused */
     tp_shm_registry *shm;

@@ -214,12 +214,24 @@ static const char *url_host(const char *host, char *buf, size_t len)
     return buf;
 }
 
-static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
+/* Why an instance can run nothing more, or NULL while all can. */
+static const char *any_lost(tp_engine *const *inst, int n)
+{
+    for (int k = 0; k < n; k++) {
+        const char *lost = tp_engine_lost(inst[k]);
+        if (lost)
+            return lost;
+    }
+    return NULL;
+}
+
+static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_config *cfg,
                               const sigset_t *set)
 {
     tp_err err;
     char hb[300];
-    if (tp_http_set_engine(h, e, &err) != TP_OK) {
+    tp_engine *e = inst[0];
+    if (tp_http_set_engines(h, inst, cfg->instances, &err) != TP_OK) {
         TP_LOG_E("%s", err.msg);
         return 1;
     }
@@ -231,13 +243,13 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
     if (es.serial_step_max_us)
         snprintf(serial, sizeof serial, ", serial steps up to %d us", es.serial_step_max_us);
     TP_LOG_I("ready: graph=%s model=%s ranks=%d (%s%s) backend=%s listen=http://%s:%d threads=%d "
-             "max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
+             "instances=%d max_body_bytes=%lld", cfg->graph, tp_engine_model_name(e), tp_engine_world_size(e),
              cfg->ranks, serial, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
-             tp_http_threads(h), (long long)cfg->max_body_bytes);
+             tp_http_threads(h), cfg->instances, (long long)cfg->max_body_bytes);
     int sig;
     /* 20 ms: readiness turns 503 well within 100 ms of a rank's death */
     while ((sig = wait_signal(set, 20)) <= 0) {
-        const char *lost = tp_engine_lost(e);
+        const char *lost = any_lost(inst, cfg->instances);
         if (lost && tp_http_set_broken(h, lost))
             TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);
     }
@@ -259,7 +271,7 @@ static int serve_until_signal(tp_http *h, tp_engine *e, const tp_config *cfg,
  * graph is still loading (a rollout must not wait for weights to map). */
 typedef struct {
     tp_config cfg; /* a copy: a detached loader may outlive the caller's frame */
-    tp_engine *e;
+    tp_engine *e[8]; /* cfg.instances of them (config.c caps it at 8) */
     tp_status st;
     tp_err err;
     _Atomic int done;
@@ -294,8 +306,9 @@ static void *load_main(void *arg)
     j->st = c->buckets[0] ? tp_parse_buckets(c->buckets, buckets, &opts.n_buckets, &j->err) : TP_OK;
     if (j->st == TP_OK && strcmp(c->ranks, "processes") == 0 && !argv)
         j->st = tp_fail(&j->err, TP_NOMEM, "out of memory");
-    if (j->st == TP_OK)
-        j->st = tp_engine_create(c->graph, &opts, &j->e, &j->err);
+    for (int k = 0; j->st == TP_OK && k < c->instances; k++)
+        if ((j->st = tp_engine_create(c->graph, &opts, &j->e[k], &j->err)) != TP_OK && k > 0)
+            tp_err_prefix(&j->err, "instance %d: ", k);
     tp_worker_argv_free(argv);
     atomic_store(&j->done, 1);
     return NULL;
@@ -319,6 +332,12 @@ static int wait_load(load_job *j, pthread_t th, const sigset_t *set)
     return 1;
 }
 
+static void free_instances(tp_engine **inst, int n)
+{
+    for (int k = 0; k < n; k++)
+        tp_engine_free(inst[k]);
+}
+
 static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
 {
     load_job *j = calloc(1, sizeof *j);
@@ -337,16 +356,18 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
         tp_http_stop(h);
         return 0; /* j stays with the detached loader, which may still write it */
     }
-    tp_engine *e = j->e;
+    tp_engine *inst[8];
+    memcpy(inst, j->e, sizeof inst);
     int ok = j->st == TP_OK;
     if (!ok)
         TP_LOG_E("cannot load graph %s: %s", cfg->graph, j->err.msg);
     free(j);
     if (!ok) {
         tp_http_stop(h);
+        free_instances(inst, cfg->instances);
         return 1;
     }
-    int rc = serve_until_signal(h, e, cfg, set);
+    int rc = serve_until_signal(h, inst, cfg, set);
     if (rc < 0) {
         /* Requests are still running inside the engine; stopping the daemon
          * or freeing the engine under them is undefined, and the process is
@@ -355,7 +376,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
         return 1;
     }
     tp_http_stop(h);
-    tp_engine_free(e);
+    free_instances(inst, cfg->instances);
     return rc;
 }
 

@@ -385,5 +385,46 @@ done
 [ $rc -eq 0 ] && [ $ok -eq 4 ] && pass "SIGTERM: the 4 queued requests ran and were answered correctly, exit 0" ||
     fail "SIGTERM with a queued batch: exit $rc, $ok of 4 answered 200 correctly"
 
+# ---- model instances ------------------------------------------------------------
+echo "== two model instances (--instances 2)"
+start_graph one_inst --threads 4 || exit 1
+arena1=$(curl -s "$URL/metrics" | awk '/^tpserve_arena_bytes\{/ { s += $2 } END { print s + 0 }')
+stop
+start_graph inst --instances 2 --threads 4 || exit 1
+count=$(curl -s "$URL/v2/models/$G/config" | $PYTHON -c 'import json,sys; print(json.load(sys.stdin)["instance_group"][0]["count"])')
+[ "$count" = 2 ] && pass "model configuration: instance_group count 2" || fail "instance_group count '$count'"
+grep -q "threads=4 instances=2" "$TMP/inst.log" && pass "startup log states instances=2" ||
+    fail "no instances=2 in the ready line"
+i=0
+jobs_=""
+while [ $i -lt $N ]; do
+    post "$TMP/req.$i" "$TMP/ig.$i" >"$TMP/ic.$i" &
+    jobs_="$jobs_ $!"
+    i=$((i + 1))
+done
+for j in $jobs_; do wait "$j"; done
+ok=0
+i=0
+while [ $i -lt $N ]; do
+    [ "$(cat "$TMP/ic.$i")" = 200 ] && same_answer "$TMP/ig.$i" "$TMP/ref.$i" && ok=$((ok + 1))
+    i=$((i + 1))
+done
+[ $ok -eq $N ] && pass "$N concurrent clients on two instances each got their own rows" ||
+    fail "two instances: $ok of $N answered 200 with their own rows"
+curl -s -o "$TMP/metrics2" "$URL/metrics"
+arena2=$(awk '/^tpserve_arena_bytes\{/ { s += $2 } END { print s + 0 }' "$TMP/metrics2")
+[ "$arena2" -eq $((2 * arena1)) ] && pass "arena bytes add up both instances ($arena1 -> $arena2)" ||
+    fail "arena bytes with two instances $arena2, one instance $arena1"
+replays=$(awk '/^tpserve_bucket_replays_total\{/ { s += $2 } END { print s + 0 }' "$TMP/metrics2")
+execs=$(awk '$1 == "tpserve_execution_count_total" { print $2 }' "$TMP/metrics2")
+[ "$replays" = "$execs" ] && [ "$execs" -gt 0 ] && pass "bucket replays of both instances sum to execution_count ($execs)" ||
+    fail "two instances: bucket replays $replays, execution_count $execs"
+stop
+"$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --instances 2 --ranks processes >"$TMP/o" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "'instances' 2 needs backend cpu and ranks threads" "$TMP/o" &&
+    pass "--instances 2 --ranks processes refused: $(head -n 1 "$TMP/o")" ||
+    fail "--instances 2 --ranks processes: exit $rc: $(head -n 1 "$TMP/o")"
+
 echo "test_batching: $npass passed, $nfail failed"
 [ $nfail -eq 0 ]

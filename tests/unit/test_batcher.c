@@ -419,6 +419,107 @@ START_TEST(inline_run_stops_while_requests_pile_up)
 }
 END_TEST
 
+/* ---- instances ---------------------------------------------------------- */
+
+/* A batch's done callback (on the thread running it, its instance still
+ * taken) submits another request and notes whether that one was answered
+ * before submit returned, on this same thread. */
+typedef struct {
+    slot s, inner;
+    tp_batcher *b;
+    tp_host_tensor *x;
+    int inner_inline;
+} nested;
+
+static void nested_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+                        const tp_batch_info *info)
+{
+    nested *n = ctx;
+    tp_err e2 = {{0}};
+    ck_assert_int_eq(submit(n->b, n->x, &n->inner, 0, 0, &e2), TP_OK);
+    n->inner_inline = n->inner.done && pthread_equal(n->inner.thread, pthread_self());
+    slot_done(&n->s, st, outs, n_outs, err, info);
+}
+
+/* Two instances of the model (Triton's instance_group count): a request
+ * submitted while instance 0 runs a batch (from that batch's own callback)
+ * runs at once on instance 1, on the submitting thread, and gives the
+ * answer of the request run alone; the counters add up both. With one
+ * instance the same request waits for the batcher thread
+ * (inline_run_stops_while_requests_pile_up). 0 or 9 instances are refused. */
+START_TEST(second_instance_runs_while_the_first_is_busy)
+{
+    tp_engine *e[2] = {open_mlp(), open_mlp()};
+    tp_host_tensor x = make_x(1, 9);
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_batcher_create_instances(e, 0, &o, &b, &err), TP_INVALID);
+    ck_assert_int_eq(tp_batcher_create_instances(e, TP_BATCHER_MAX_INSTANCES + 1, &o, &b, &err), TP_INVALID);
+    ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(tp_batcher_instances(b), 2);
+    nested n = {new_slot(), new_slot(), b, &x, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", nested_done, &n, 0, 0};
+    ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
+    wait_done(&n.s);
+    wait_done(&n.inner);
+    ck_assert_int_eq(n.s.st, TP_OK);
+    ck_assert_int_eq(n.inner.st, TP_OK);
+    ck_assert_msg(n.inner_inline, "the second request did not run at once on the idle instance");
+    ck_assert_int_eq(stats(e[0]).executions, 1);
+    ck_assert_int_eq(stats(e[1]).executions, 1);
+    tp_engine_stats sum;
+    tp_batcher_engine_stats(b, &sum);
+    ck_assert_int_eq(sum.executions, 2);
+    ck_assert_int_eq(sum.arena_bytes[0], stats(e[0]).arena_bytes[0] + stats(e[1]).arena_bytes[0]);
+    tp_batcher_free(b);
+    /* the same numbers from either instance as from a request run alone */
+    ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
+    int n_ref, n_out;
+    tp_host_tensor *ref = tu_infer(e[0], &x, 1, &n_ref), *out;
+    tp_batch_info info = {0};
+    ck_assert_int_eq(tp_batcher_infer(b, &x, 1, 0, &out, &n_out, &info, &err), TP_OK);
+    ck_assert(tu_rel_diff(out, ref, 1) <= TU_RTOL_REORDER);
+    tp_host_tensors_free(out, n_out);
+    tp_host_tensors_free(ref, n_ref);
+    tp_batcher_free(b);
+    free(x.data);
+    tp_engine_free(e[0]);
+    tp_engine_free(e[1]);
+}
+END_TEST
+
+/* 12 clients x 4 requests on two instances: each answer equals its request
+ * run alone. */
+START_TEST(concurrent_clients_on_two_instances)
+{
+    enum { N = 12 };
+    tp_engine *e[2] = {open_mlp_serial(), open_mlp_serial()};
+    client c[N];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < N; i++) {
+        c[i].n_req = MAX_REQ;
+        for (int r = 0; r < MAX_REQ; r++)
+            c[i].in[r] = make_x(1 + (i + r) % 3, (unsigned)(100 * i + r));
+    }
+    tp_batcher_opts o = {0, 0, 0, NULL, NULL, 0};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
+    run_clients(e[0], b, c, N);
+    tp_batcher_free(b);
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < MAX_REQ; r++) {
+            ck_assert_msg(c[i].st[r] == TP_OK, "client %d request %d: %s", i, r, c[i].msg[r]);
+            ck_assert_msg(c[i].diff[r] <= TU_RTOL_REORDER, "client %d request %d: rows differ from the "
+                          "request run alone (rel diff %g)", i, r, c[i].diff[r]);
+        }
+    free_clients(c, N);
+    tp_engine_free(e[0]);
+    tp_engine_free(e[1]);
+}
+END_TEST
+
 /* ---- held requests ------------------------------------------------------ */
 
 /* A held request's answer, kept to compare with the request run alone. */
@@ -966,6 +1067,8 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, bad_request_in_a_crowd);
     tcase_add_test(tc, inline_run_only_while_steps_are_short);
     tcase_add_test(tc, inline_run_stops_while_requests_pile_up);
+    tcase_add_test(tc, second_instance_runs_while_the_first_is_busy);
+    tcase_add_test(tc, concurrent_clients_on_two_instances);
     tcase_add_test(tc, held_requests_run_together_on_their_thread);
     tcase_add_test(tc, held_only_serial_steps_without_queue_delay);
     tcase_add_test(tc, queue_overflow_then_drain);

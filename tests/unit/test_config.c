@@ -153,6 +153,24 @@ START_TEST(file_errors)
         ck_assert_int_eq(tp_config_set(&r, "ranks", "processes", &e), TP_OK);
         ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
     }
+    {   /* model instances: 1 to 8, above 1 only cpu with ranks as threads */
+        tp_config r;
+        tp_config_defaults(&r);
+        snprintf(r.graph, sizeof r.graph, "g.json");
+        ck_assert_int_eq(r.instances, 1);
+        ck_assert_int_eq(tp_config_set(&r, "instances", "9", &e), TP_INVALID);
+        ck_assert_ptr_nonnull(strstr(e.msg, "'instances' must be in [1, 8], got 9"));
+        ck_assert_int_eq(tp_config_set(&r, "instances", "2", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
+        ck_assert_int_eq(tp_config_set(&r, "ranks", "processes", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID);
+        ck_assert_ptr_nonnull(strstr(e.msg, "'instances' 2 needs backend cpu and ranks threads (got backend 'cpu', "
+                                            "ranks 'processes')"));
+        ck_assert_int_eq(tp_config_set(&r, "ranks", "threads", &e), TP_OK);
+        ck_assert_int_eq(tp_config_set(&r, "backend", "cuda", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID);
+        ck_assert_ptr_nonnull(strstr(e.msg, "got backend 'cuda', ranks 'threads'"));
+    }
     ck_assert_int_eq(load_text(&c, "[1]", &e, path), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "top level must be a JSON object, got an array"));
     ck_assert_int_eq(load_text(&c, "{\"port\": 1,}", &e, path), TP_PARSE);

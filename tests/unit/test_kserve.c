@@ -29,7 +29,7 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, NULL};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
@@ -393,7 +393,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, NULL};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, 1, NULL};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
