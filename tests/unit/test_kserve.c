@@ -21,7 +21,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, NULL};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, 1, NULL};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
