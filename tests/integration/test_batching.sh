@@ -77,6 +77,38 @@ for g, r in zip(got["outputs"], ref["outputs"]):
 EOF
 }
 
+# post_many NAME COUNT: requests 0..COUNT-1 at once, answers in $TMP/NAME.i,
+# HTTP codes in $TMP/NAME.code.i.
+post_many() {
+    i=0
+    jobs_=""
+    while [ $i -lt "$2" ]; do
+        post "$TMP/req.$i" "$TMP/$1.$i" >"$TMP/$1.code.$i" &
+        jobs_="$jobs_ $!"
+        i=$((i + 1))
+    done
+    for j in $jobs_; do wait "$j"; done
+}
+
+# post_all NAME: post_many NAME N, then each answer checked against its
+# reference (a fail line per bad one); returns 1 when any was bad.
+post_all() {
+    post_many "$1" $N
+    bad=0
+    i=0
+    while [ $i -lt $N ]; do
+        if [ "$(cat "$TMP/$1.code.$i")" != 200 ]; then
+            fail "client $i: HTTP $(cat "$TMP/$1.code.$i"): $(head -c 300 "$TMP/$1.$i")"
+            bad=1
+        elif ! same_answer "$TMP/$1.$i" "$TMP/ref.$i" >"$TMP/cmp" 2>&1; then
+            fail "client $i got other rows than its request alone: $(tail -n 1 "$TMP/cmp")"
+            bad=1
+        fi
+        i=$((i + 1))
+    done
+    return $bad
+}
+
 echo "== batching: $N concurrent clients, distinct rows"
 # a 50 ms queue delay lets 16 curl processes started from a shell meet
 start_graph batch --max-queue-delay-us 50000 --threads 4 || exit 1
@@ -90,27 +122,7 @@ done
 exec0=$(metric tpserve_execution_count_total)
 rows0=$(metric tpserve_inference_count_total)
 ok0=$(metric tpserve_request_success_total)
-i=0
-jobs_=""
-while [ $i -lt $N ]; do
-    post "$TMP/req.$i" "$TMP/got.$i" >"$TMP/code.$i" &
-    jobs_="$jobs_ $!"
-    i=$((i + 1))
-done
-for j in $jobs_; do wait "$j"; done
-bad=0
-i=0
-while [ $i -lt $N ]; do
-    if [ "$(cat "$TMP/code.$i")" != 200 ]; then
-        fail "client $i: HTTP $(cat "$TMP/code.$i"): $(head -c 300 "$TMP/got.$i")"
-        bad=1
-    elif ! same_answer "$TMP/got.$i" "$TMP/ref.$i" >"$TMP/cmp" 2>&1; then
-        fail "client $i got other rows than its request alone: $(tail -n 1 "$TMP/cmp")"
-        bad=1
-    fi
-    i=$((i + 1))
-done
-[ $bad = 0 ] && pass "$N concurrent clients each got exactly their own rows (vs. each request alone)"
+post_all got && pass "$N concurrent clients each got exactly their own rows (vs. each request alone)"
 exec1=$(metric tpserve_execution_count_total)
 rows1=$(metric tpserve_inference_count_total)
 ok1=$(metric tpserve_request_success_total)
@@ -285,20 +297,13 @@ stop
 # ---- overflow: a queue of one, a long queue delay ----------------------------
 echo "== overflow: max_queue 1"
 start_graph overflow --threads 1 --max-queue 1 --max-queue-delay-us 300000 || exit 1
-i=0
-jobs_=""
-while [ $i -lt 8 ]; do
-    post "$TMP/req.$i" "$TMP/ov.$i" >"$TMP/ovc.$i" &
-    jobs_="$jobs_ $!"
-    i=$((i + 1))
-done
-for j in $jobs_; do wait "$j"; done
+post_many ov 8
 n503=0
 n200=0
 bodies_ok=1
 i=0
 while [ $i -lt 8 ]; do
-    case $(cat "$TMP/ovc.$i") in
+    case $(cat "$TMP/ov.code.$i") in
     200) n200=$((n200 + 1)) ;;
     503) n503=$((n503 + 1))
         grep -q '"error":"server overloaded: ' "$TMP/ov.$i" || bodies_ok=0 ;;
@@ -395,22 +400,7 @@ count=$(curl -s "$URL/v2/models/$G/config" | $PYTHON -c 'import json,sys; print(
 [ "$count" = 2 ] && pass "model configuration: instance_group count 2" || fail "instance_group count '$count'"
 grep -q "threads=4 instances=2" "$TMP/inst.log" && pass "startup log states instances=2" ||
     fail "no instances=2 in the ready line"
-i=0
-jobs_=""
-while [ $i -lt $N ]; do
-    post "$TMP/req.$i" "$TMP/ig.$i" >"$TMP/ic.$i" &
-    jobs_="$jobs_ $!"
-    i=$((i + 1))
-done
-for j in $jobs_; do wait "$j"; done
-ok=0
-i=0
-while [ $i -lt $N ]; do
-    [ "$(cat "$TMP/ic.$i")" = 200 ] && same_answer "$TMP/ig.$i" "$TMP/ref.$i" && ok=$((ok + 1))
-    i=$((i + 1))
-done
-[ $ok -eq $N ] && pass "$N concurrent clients on two instances each got their own rows" ||
-    fail "two instances: $ok of $N answered 200 with their own rows"
+post_all inst && pass "$N concurrent clients on two instances each got their own rows"
 curl -s -o "$TMP/metrics2" "$URL/metrics"
 arena2=$(awk '/^tpserve_arena_bytes\{/ { s += $2 } END { print s + 0 }' "$TMP/metrics2")
 [ "$arena2" -eq $((2 * arena1)) ] && pass "arena bytes add up both instances ($arena1 -> $arena2)" ||
