@@ -277,7 +277,9 @@ static tp_status rows_copied_once(const tp_tensor *a, const tp_tensor *b, int tb
     if (s == TP_OK && !fold_rows(out, &m, &ldc) &&
         (s = ops_alloc_f32(&oc, (size_t)tp_tensor_numel(out), "matmul", err)) == TP_OK)
         od = tp_tensor_make(oc, TP_F32, out->ndim, out->shape);
-    if (s == TP_OK && one_sgemm(&ad, b, tb, &od, &m, &sam, &ldc))
+    if (s == TP_OK && !one_sgemm(&ad, b, tb, &od, &m, &sam, &ldc)) /* contiguous copies always fold */
+        s = tp_fail(err, TP_INTERNAL, "matmul: the copied rows do not make one sgemm");
+    if (s == TP_OK)
         s = matmul_one_sgemm(&ad, b, tb, &od, m, sam, ldc, err);
     if (s == TP_OK && oc)
         tp_tensor_copy(out, &od);
