@@ -312,7 +312,8 @@ static void note_step(tp_batcher *b, int k, double step_s, const tp_engine_stats
     b->recent_step_s = b->recent_step_s == 0 ? step_s : 0.5 * b->recent_step_s + 0.5 * step_s;
     b->recent_serial = 0.5 * b->recent_serial + (serial ? 0.5 : 0.0);
     b->snap[k] = *s;
-    sum_stats(b->snap, b->n_inst, &sum);
+    if (b->o.metrics)
+        sum_stats(b->snap, b->n_inst, &sum);
     pthread_mutex_unlock(&b->mu);
     if (b->o.metrics)
         tp_metrics_engine_stats(b->o.metrics, &sum);
@@ -399,10 +400,13 @@ static void batch_ended(tp_batcher *b, int k)
         pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher thread's */
 }
 
+/* The lowest idle instance; there must be one (running < n_inst). b->mu held. */
+static int idle_instance(const tp_batcher *b) { return __builtin_ctz(~b->busy); }
+
 /* Takes an idle instance (there must be one). b->mu held. */
 static int take_instance(tp_batcher *b)
 {
-    int k = __builtin_ctz(~b->busy);
+    int k = idle_instance(b);
     b->busy |= 1u << k;
     b->running++;
     return k;
@@ -650,7 +654,7 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
 void tp_batcher_prewake(tp_batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = would_run_on_submitter(b) ? __builtin_ctz(~b->busy) : -1; /* the instance it would take */
+    int idle = would_run_on_submitter(b) ? idle_instance(b) : -1; /* the instance it would take */
     pthread_mutex_unlock(&b->mu);
     if (idle >= 0)
         tp_engine_prewake(b->inst[idle]);

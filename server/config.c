@@ -1,4 +1,5 @@
 #include "config.h"
+#include "batcher.h"
 #include "json_kind.h"
 #include "spin_wait.h"
 
@@ -53,7 +54,7 @@ static const key_desc keys[] = {
             "ranks=threads, cpu backend: a step's ranks run in turn on one thread (no thread wake-ups) "
             "when that has been faster than their own threads (measured); a step that would take "
             "longer than this serially never does (0: every rank always on its own thread)"),
-    INT_KEY(instances, 1, 8,
+    INT_KEY(instances, 1, TP_BATCHER_MAX_INSTANCES,
             "copies of the model, each running one batch at a time, so that many batches run at once "
             "(Triton's instance_group count; weights and arenas are loaded once per copy); above 1 "
             "needs the cpu backend with ranks=threads"),

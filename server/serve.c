@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "batcher.h"
 #include "clock.h"
 #include "config.h"
 #include "engine.h"
@@ -271,7 +272,7 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
  * graph is still loading (a rollout must not wait for weights to map). */
 typedef struct {
     tp_config cfg; /* a copy: a detached loader may outlive the caller's frame */
-    tp_engine *e[8]; /* cfg.instances of them (config.c caps it at 8) */
+    tp_engine *e[TP_BATCHER_MAX_INSTANCES]; /* cfg.instances of them (config.c caps it so) */
     tp_status st;
     tp_err err;
     _Atomic int done;
@@ -356,7 +357,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
         tp_http_stop(h);
         return 0; /* j stays with the detached loader, which may still write it */
     }
-    tp_engine *inst[8];
+    tp_engine *inst[TP_BATCHER_MAX_INSTANCES];
     memcpy(inst, j->e, sizeof inst);
     int ok = j->st == TP_OK;
     if (!ok)

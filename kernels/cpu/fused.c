@@ -217,24 +217,32 @@ static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *o
     return TP_OK;
 }
 
+/* Whether mm_rs's workspace slots, the product packed by destination
+ * along dim s (tp_cuda_plan.h's block packing), are the product itself in
+ * its natural order: out is one destination's block. */
+static int slots_are_product(const tp_tensor *out, int s, int d)
+{
+    int64_t outer, len, inner;
+    tp_block_dims(out->ndim, out->shape, s, 1, &outer, &len, &inner);
+    return tp_block_is_identity(outer, d);
+}
+
 /* matmul+reduce-scatter scattering a dim other than N: the whole product
  * a @ w at once, then each destination's rows into its workspace slot,
  * instead of one product per destination (one OpenBLAS call each, with its
- * fixed cost; ag_mm_gathered says why that matters). When every dim before
- * the scattered one is 1 the slots are the product's rows in order, and
- * the product is written straight into the workspace. */
+ * fixed cost; ag_mm_gathered says why that matters). When the slots are
+ * the product in its natural order (slots_are_product: every dim before
+ * the scattered one is 1), it is written straight into the workspace. */
 static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *w, const tp_tensor *ws,
                             const tp_tensor *out, int rank, int d, tp_err *err)
 {
     int s = attrs->dim, nd = out->ndim;
-    int64_t len = out->shape[s], chunk = tp_tensor_numel(out), outer = 1, shape[TP_MAX_DIMS];
+    int64_t len = out->shape[s], chunk = tp_tensor_numel(out), shape[TP_MAX_DIMS];
     memcpy(shape, out->shape, sizeof shape);
     shape[s] *= d;
-    for (int i = 0; i < s; i++)
-        outer *= shape[i];
     size_t es = tp_dtype_size(out->dtype), bytes = (size_t)chunk * (size_t)d * es;
     void *scratch = NULL;
-    if (outer > 1 && !(scratch = malloc(bytes ? bytes : 1)))
+    if (!slots_are_product(out, s, d) && !(scratch = malloc(bytes ? bytes : 1)))
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor prod = tp_tensor_make(scratch ? scratch : ws->data, out->dtype, nd, shape);
     tp_status st = matmul_into(attrs, a, w, &prod, rank, d, err);
@@ -253,13 +261,11 @@ static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_
  * destination, never materialized twice). */
 static int mm_rs_by_rows(const tp_attrs *attrs, const tp_tensor *out, int d)
 {
-    int s = attrs->dim, nd = out->ndim;
-    if (attrs->n_pieces > 0 || s >= nd - 1)
+    int s = attrs->dim;
+    if (attrs->n_pieces > 0 || s >= out->ndim - 1)
         return 0;
-    int64_t outer = 1;
-    for (int i = 0; i < s; i++)
-        outer *= out->shape[i];
-    return outer == 1 || (size_t)tp_tensor_numel(out) * (size_t)d * tp_dtype_size(out->dtype) <= OPS_COPY_MAX_BYTES;
+    return slots_are_product(out, s, d) ||
+           (size_t)tp_tensor_numel(out) * (size_t)d * tp_dtype_size(out->dtype) <= OPS_COPY_MAX_BYTES;
 }
 
 static tp_status mm_rs(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out,
