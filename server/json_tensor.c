@@ -872,11 +872,18 @@ tp_status tp_json_tensor_write(tp_jbuf *b, const tp_host_tensor *t, tp_err *err)
     /* Room for a chunk of elements at once, and the cursor in a local:
      * grown per element, the buffer's length lived in memory that each
      * text's stores might alias, so every element reloaded it after the
-     * last one's stores. Unused room is given back after each chunk. */
-    enum { CHUNK = 4096 };
+     * last one's stores. Unused room is given back after each chunk. A
+     * chunk takes what the buffer already holds room for (at least
+     * MIN_CHUNK elements): room for the worst case of all 256 numbers of
+     * a row (8.4 KB) outgrew the pooled 8 KB buffer that their real text
+     * (2.8 KB) fits, and sent every JSON answer to a fresh 16 KB malloc. */
+    enum { CHUNK = 4096, MIN_CHUNK = 64 };
     for (int64_t i = 0; i < n && !b->oom;) {
-        int64_t end = n - i < CHUNK ? n : i + CHUNK, done;
-        size_t comma = i > 0, room = comma + (size_t)(end - i) * (TP_NUMTEXT_MAX + 1);
+        size_t comma = i > 0, per = TP_NUMTEXT_MAX + 1, free_room = b->cap - b->len;
+        int64_t fits = free_room > comma ? (int64_t)((free_room - comma) / per) : 0;
+        int64_t take = fits < MIN_CHUNK ? MIN_CHUNK : fits > CHUNK ? CHUNK : fits;
+        int64_t end = n - i < take ? n : i + take, done;
+        size_t room = comma + (size_t)(end - i) * per;
         char *p = tp_jbuf_grow(b, room);
         if (!p)
             break;

@@ -773,6 +773,23 @@ START_TEST(write_pooled)
     ck_assert_int_eq(tp_buf_pool_spares(), spares + 1);
     tp_jbuf_start_pooled(&b);
     ck_assert_ptr_eq(b.p, first);
+    /* A row of the example graph's answer, 256 numbers each as long as
+     * FP32 text gets (9 digits, a sign and an exponent: 14 bytes), after
+     * an answer's header: 3.9 KB of text stays in the pooled buffer (room
+     * reserved for 32-byte numbers would have outgrown it). */
+    enum { ROW = 256 };
+    static float row[ROW];
+    for (int i = 0; i < ROW; i++)
+        row[i] = -1.2345679e-38f * (float)(i + 1);
+    tp_host_tensor tr = {.name = "y", .dtype = TP_F32, .ndim = 1, .shape = {ROW}, .data = row,
+                         .nbytes = sizeof row};
+    for (int i = 0; i < 6; i++)
+        tp_jbuf_lit(&b, "{\"model_name\":\"mlp_sp_tp2\",\"outputs\":");
+    ck_assert_int_eq(tp_json_tensor_write(&b, &tr, &e), TP_OK);
+    ck_assert(b.pooled);
+    ck_assert_ptr_eq(b.p, first);
+    ck_assert_uint_gt(b.len, ROW * 14);
+    b.len = 0;
     enum { BIG = 3000 }; /* ~20 KB of text: past TP_BUF_POOL_SIZE */
     static float big[BIG], back[BIG];
     for (int i = 0; i < BIG; i++)
