@@ -156,7 +156,8 @@ unit: $(TEST_BINS) $(BUILD)/tpserve
 integration: $(BUILD)/tpserve $(GRAPHS)
 	@fail=0; for t in tests/integration/*.sh; do \
 	  [ -f "$$t" ] || continue; echo "== $$t"; \
-	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) sh $$t || fail=1; done; exit $$fail
+	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) TP_SANITIZED=$(if $(SAN),1,) \
+	  sh $$t || fail=1; done; exit $$fail
 
 # Build-time guarantees that need a failing compile to show: the op table
 # and the layers (include paths per directory).
