@@ -683,7 +683,7 @@ static uint32_t digits_value(uint64_t x, int k)
                        ((x >> 16 & 0x000000ff000000ffULL) * (1 + (10000ULL << 32)))) >> 32);
 }
 
-int tp_numtext_short_f32(const char *s, size_t len, float *out)
+int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
 {
     int neg = s[0] == '-';
     const char *p = s + neg;
@@ -707,11 +707,75 @@ int tp_numtext_short_f32(const char *s, size_t len, float *out)
     *out = neg ? -f : f;
     return 1;
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same token read with one 16-byte vector, which CPUs with SSE4.1 run:
+ * the digits and the point are classified lane by lane, the point's lane
+ * squeezed out and the digits moved to the top lanes by two byte shuffles
+ * (their index vectors computed, not looked up), and the up to 14 digits
+ * combined pairwise in four multiply-adds (simdjson's and fast_float's
+ * 16-digit step). It takes exactly the tokens the SWAR reader takes, and m
+ * and k are the same, so the same product rounds the same way
+ * (test_numtext and fuzz_numtext compare the two); it has half the
+ * instructions and no chain from the first word's digit count to the
+ * second word's load: 6.4 -> 3.4 ns a "%.6g" number alone. */
+__attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size_t len, float *out)
+{
+    int neg = s[0] == '-';
+    const char *p = s + neg;
+    size_t n = len - (size_t)neg;
+    if (n - 1 >= 15) /* none, or longer than 7 + 1 + 7 */
+        return 0;
+    __m128i v = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)p), _mm_set1_epi8('0'));
+    unsigned digit = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v));
+    unsigned mask = (1u << n) - 1;
+    unsigned dot = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('.' - '0'))) & mask;
+    if (((digit | dot) & mask) != mask || (dot & (dot - 1))) /* not digits and at most one point */
+        return 0;
+    unsigned whole = dot ? (unsigned)__builtin_ctz(dot) : (unsigned)n, k = dot ? (unsigned)n - 1 - whole : 0;
+    /* 1..7 digits before the point, none or 1..7 after it, no leading zero */
+    if (whole - 1 >= 7 || (dot && k - 1 >= 7) || (p[0] == '0' && whole > 1))
+        return 0;
+    __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    /* lane i takes lane i + 1 from the point on (i itself without one) */
+    __m128i squeeze = _mm_sub_epi8(iota, _mm_cmpgt_epi8(iota, _mm_set1_epi8((char)(whole - 1))));
+    /* then the whole + k digits to the top lanes; a negative index gives 0 */
+    __m128i top = _mm_add_epi8(iota, _mm_set1_epi8((char)((int)(whole + k) - 16)));
+    __m128i x = _mm_shuffle_epi8(_mm_shuffle_epi8(v, squeeze), top);
+    x = _mm_maddubs_epi16(x, _mm_setr_epi8(10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1));
+    x = _mm_madd_epi16(x, _mm_setr_epi16(100, 1, 100, 1, 100, 1, 100, 1));
+    x = _mm_packus_epi32(x, x);
+    x = _mm_madd_epi16(x, _mm_setr_epi16(10000, 1, 10000, 1, 10000, 1, 10000, 1));
+    uint64_t m = (uint64_t)(uint32_t)_mm_cvtsi128_si32(x) * 100000000u + (uint32_t)_mm_extract_epi32(x, 1);
+    if (m >= 1u << 24)
+        return 0;
+    float f = (float)((double)m * NEG_POW10D[k]);
+    *out = neg ? -f : f;
+    return 1;
+}
+
+int tp_numtext_short_f32(const char *s, size_t len, float *out)
+{
+    if (__builtin_cpu_supports("sse4.1"))
+        return short_f32_sse41(s, len, out);
+    return tp_numtext_short_f32_swar(s, len, out);
+}
 #else
 int tp_numtext_short_f32(const char *s, size_t len, float *out)
 {
+    return tp_numtext_short_f32_swar(s, len, out);
+}
+#endif
+#else
+int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
+{
     (void)s, (void)len, (void)out;
     return 0;
+}
+
+int tp_numtext_short_f32(const char *s, size_t len, float *out)
+{
+    return tp_numtext_short_f32_swar(s, len, out);
 }
 #endif
 

@@ -52,6 +52,10 @@ double tp_numtext_parse_f64(const char *s, size_t len);
  * have TP_NUMTEXT_READ_AHEAD readable bytes, however short len is. */
 #define TP_NUMTEXT_READ_AHEAD 17
 int tp_numtext_short_f32(const char *s, size_t len, float *out);
+/* The same reader on 8-byte words (SWAR), which CPUs without SSE4.1 run
+ * (tp_numtext_short_f32 uses one 16-byte vector where it can): it takes
+ * the same tokens with the same bits; tests compare the two. */
+int tp_numtext_short_f32_swar(const char *s, size_t len, float *out);
 
 /* s[0..len) when it is exactly a JSON number of at most 19 significant
  * digits whose value is w * 10^q with |q| <= 22: 1, and *out the nearest

@@ -50,9 +50,14 @@ static void read_token(const uint8_t *data, size_t size)
         check(number, "wide reader took what the scan refuses", tok);
         check(bits_of(f) == bits_of(want), "wide reader differs from strtof", tok);
     }
-    if (len > 0 && tp_numtext_short_f32(padded, len, &f)) {
+    float g;
+    int took = len > 0 && tp_numtext_short_f32(padded, len, &f);
+    check(took == (len > 0 && tp_numtext_short_f32_swar(padded, len, &g)), "the two short readers disagree on taking",
+          tok);
+    if (took) {
         check(number, "short reader took what the scan refuses", tok);
         check(bits_of(f) == bits_of(want), "short reader differs from strtof", tok);
+        check(bits_of(g) == bits_of(want), "SWAR short reader differs from strtof", tok);
     }
 }
 

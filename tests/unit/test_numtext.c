@@ -352,15 +352,20 @@ START_TEST(f32_wide_reader)
 END_TEST
 
 /* tp_numtext_short_f32 on the whole of tok (padded so it may read ahead):
- * 1 with strtof's and the general reader's bits, or 0 (declined). */
+ * 1 with strtof's and the general reader's bits, or 0 (declined); the SWAR
+ * reader (what CPUs without SSE4.1 run) takes the same tokens with the
+ * same bits. */
 static int short_read(const char *tok)
 {
     char buf[64];
     size_t len = strlen(tok);
     snprintf(buf, sizeof buf, "%s,                        ", tok);
-    float f = -1234.5f;
-    if (!tp_numtext_short_f32(buf, len, &f))
+    float f = -1234.5f, g = -1234.5f;
+    int took = tp_numtext_short_f32(buf, len, &f);
+    ck_assert_msg(tp_numtext_short_f32_swar(buf, len, &g) == took, "'%s': the two short readers disagree", tok);
+    if (!took)
         return 0;
+    ck_assert_msg(f32_bits(f) == f32_bits(g), "'%s': %a, SWAR reader %a", tok, f, g);
     ck_assert_msg(f32_bits(f) == f32_bits(strtof(tok, NULL)), "'%s': %a, strtof %a", tok, f, strtof(tok, NULL));
     ck_assert(f32_bits(f) == f32_bits(tp_numtext_parse_f32(tok, len)));
     return 1;
@@ -396,7 +401,7 @@ END_TEST
 /* The short reader multiplies by 10^-k in double instead of dividing by
  * 10^k in float (numtext.c says why that rounds the same): every mantissa
  * below 2^24 at every k it uses, against the division (correctly rounded,
- * both operands being exact floats). */
+ * both operands being exact floats), through both short readers. */
 START_TEST(f32_short_reader_every_mantissa)
 {
     char tok[40];
@@ -416,9 +421,10 @@ START_TEST(f32_short_reader_every_mantissa)
             int lead = 0;
             while (lead < 7 - k && tok[lead] == '0')
                 lead++;
-            float f;
-            if (!tp_numtext_short_f32(tok + lead, (size_t)(9 - lead), &f) ||
-                f32_bits(f) != f32_bits((float)m / p10))
+            float f, g;
+            float want = (float)m / p10;
+            if (!tp_numtext_short_f32(tok + lead, (size_t)(9 - lead), &f) || f32_bits(f) != f32_bits(want) ||
+                !tp_numtext_short_f32_swar(tok + lead, (size_t)(9 - lead), &g) || f32_bits(g) != f32_bits(want))
                 bad += !bad ? (first = m, 1) : 1;
             for (int i = 8; i >= 0; i--) { /* m + 1 */
                 if (tok[i] == '.')
