@@ -258,9 +258,9 @@ test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
 test-math-exhaustive: $(BUILD)/tests/test_math
 	CK_TIMEOUT_MULTIPLIER=100 TP_MATH_STEP=1 $(BUILD)/tests/test_math
 
-bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http
+bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http $(BUILD)/tools/blas_core
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
-	  PYTHON=$(PYTHON) sh tests/load/bench_http.sh
+	  BLAS_CORE=$(BUILD)/tools/blas_core PYTHON=$(PYTHON) sh tests/load/bench_http.sh
 
 # Per thread and per request at one connection: context switches and CPU,
 # ranks as threads and as processes (issue 17: <= 4 and <= 60 us).
@@ -339,8 +339,8 @@ $(IMPORTED)/%.json: graphs/import_onnx.py $(wildcard graphs/onnx_import/*.py) | 
 	$(PYTHON) graphs/import_onnx.py $(ONNX_MODEL) --world-size $(lastword $(subst _tp, ,$*)) --out $@
 
 # tpserve (world size 1, 2) vs onnxruntime (same threads) per request; a table.
-bench-import: $(BUILD)/tpserve | $(DEPS_OK)
-	$(PYTHON) tests/bench/bench_import.py --tpserve $(BUILD)/tpserve
+bench-import: $(BUILD)/tpserve $(BUILD)/tools/blas_core | $(DEPS_OK)
+	$(PYTHON) tests/bench/bench_import.py --tpserve $(BUILD)/tpserve --blas-core $(BUILD)/tools/blas_core
 
 run: $(BUILD)/tpserve $(GRAPHS) $(RUN_GRAPH)
 	$(BUILD)/tpserve serve --config config/default.json $(if $(RUN_GRAPH),--graph $(RUN_GRAPH))

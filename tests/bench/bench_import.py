@@ -112,11 +112,28 @@ def time_ort(path, feeds, threads, iters):
     return 1e3 * float(np.median(times))
 
 
+def blas_kernels(prog):
+    """The OpenBLAS kernel set tpserve runs, and whether the environment
+    forced it: it moves the engine's GEMMs (AVX2 against AVX-512 kernels)
+    while onnxruntime picks its own."""
+    if not prog:
+        return "OpenBLAS kernels: not asked (--blas-core)."
+    got = subprocess.run([prog], capture_output=True, text=True).stdout.strip()
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    if not forced:
+        return "OpenBLAS kernels %s (this CPU's own pick)." % got
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    own = subprocess.run([prog], capture_output=True, text=True, env=env).stdout.strip()
+    return "OpenBLAS kernels %s, forced by OPENBLAS_CORETYPE=%s in the environment (this CPU's own: %s)." % (
+        got, forced, own)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tpserve", required=True)
     ap.add_argument("--models", default="mlp,gpt2,bert,llama")
     ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--blas-core", help="a program printing the OpenBLAS kernel set in use (make's blas_core)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench_import.")
     rows = []
@@ -144,7 +161,8 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     print("\nper request, median of %d (ms); onnxruntime in-process, tpserve over HTTP (binary, keep-alive)"
           % a.iters)
-    print("and its engine alone (statistics' compute_infer, mean: no HTTP, codec or Python client)\n")
+    print("and its engine alone (statistics' compute_infer, mean: no HTTP, codec or Python client)")
+    print(blas_kernels(a.blas_core) + "\n")
     print("| model | batch | threads = world size | onnxruntime | tpserve | tpserve / ort | tpserve engine"
           " | engine / ort |")
     print("|---|---|---|---|---|---|---|---|")
