@@ -50,12 +50,31 @@ static void expect_same_as_unfused(const char *path, const tp_host_tensor *in, i
     expect_same_as_unfused_by(tu_engine(path, 1, 0), path, in, n_in);
 }
 
+/* outputs (JSON objects, no nesting) with each one declared without a
+ * placement given shard(1): an output the ranks hold alike then comes back
+ * as every rank's copy side by side, so comparing it with the unfused
+ * graph covers each rank's rows. Declared as they are, only rank 0's copy
+ * comes back, and a fault in another rank's rows would go unseen. */
+static void every_rank_copy(const char *outputs, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = outputs; *p;) {
+        const char *end = strchr(p, '}');
+        ck_assert_ptr_nonnull(end);
+        int has = memmem(p, (size_t)(end - p), "placement", 9) != NULL;
+        n += (size_t)snprintf(out + n, cap - n, "%.*s%s}", (int)(end - p), p, has ? "" : ",\"placement\":\"shard(1)\"");
+        ck_assert_uint_lt(n, cap);
+        p = end + 1;
+    }
+}
+
 /* Builds a world-2 graph around `nodes` with x [B, seq, 8], checks op
  * counts after passes and that every output matches the unfused graph at
- * batch 1 to max_batch. */
-static void check_case_seq(const char *nodes, const char *outputs, counts want, int64_t seq, int64_t max_batch)
+ * batch 1 to max_batch, on every rank. */
+static void check_case_seq(const char *nodes, const char *given_outputs, counts want, int64_t seq, int64_t max_batch)
 {
-    char json[4096], dir[64], path[128];
+    char json[4096], dir[64], path[128], outputs[1024];
+    every_rank_copy(given_outputs, outputs, sizeof outputs);
     snprintf(json, sizeof json,
              "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"f\",\"world_size\":2,\"weights\":\"w.safetensors\","
              "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",%lld,8],\"placement\":\"shard(1)\"}],"
