@@ -135,33 +135,11 @@ static int all_full(tp_acceptor *a)
 /* Counts c (just accepted from sa) in and hands it to a daemon. A
  * connection over the per-address limit is closed unanswered; libmicrohttpd
  * closes one it refuses itself. */
-static int group_slack(void)
-{
-    const char *e = getenv("TP_GROUP_SLACK");
-    return e ? atoi(e) : -1;
-}
-
-static int pick(tp_acceptor *a, int cpu)
-{
-    int best = least_loaded(a);
-    int slack = group_slack();
-    if (best < 0 || cpu < 0 || slack < 0)
-        return best;
-    int h = cpu % a->n;
-    if (a->live[h] < a->limit[h] && a->live[h] <= a->live[best] + (unsigned)slack)
-        return h;
-    return best;
-}
-
 static void admit(tp_acceptor *a, int c, const struct sockaddr *sa, socklen_t sl)
 {
     ip_key k = key_of(sa);
-    int cpu = -1;
-    socklen_t cl = sizeof cpu;
-    if (getsockopt(c, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &cl) != 0)
-        cpu = -1;
     pthread_mutex_lock(&a->mu);
-    int i = count_ip_in(a, &k) ? pick(a, cpu) : -2;
+    int i = count_ip_in(a, &k) ? least_loaded(a) : -2;
     if (i == -1)
         count_ip_out(a, &k);
     if (i >= 0)
