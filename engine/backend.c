@@ -78,9 +78,14 @@ static const tp_backend_kind *auto_kind(int world, int processes, char *why, siz
     return registry[N_KINDS - 1];
 }
 
+/* Before what the backend noted itself at creation (its kernels). */
 static void note_auto(tp_backend *b, const char *why)
 {
-    snprintf(b->note, sizeof b->note, "backend auto chose %s: %s", b->kind->name, why);
+    char own[120]; /* a backend's own note is a line's worth */
+    size_t len = strnlen(b->note, sizeof own - 1);
+    memcpy(own, b->note, len);
+    own[len] = '\0';
+    snprintf(b->note, sizeof b->note, "backend auto chose %s: %s%s%s", b->kind->name, why, *own ? "; " : "", own);
 }
 
 tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err)

@@ -81,7 +81,7 @@ struct tp_backend {
     const struct tp_backend_kind *kind; /* the registry entry it was made from */
     void *ctx;
     int world;
-    char note[200]; /* why this backend was chosen ("auto"), or empty */
+    char note[320]; /* for the startup log: why "auto" chose it, what kernels it runs; or empty */
 };
 
 /* How collectives are lowered (choose_collectives): an all_reduce of at

@@ -312,7 +312,16 @@ wait "$PID" 2>/dev/null
 # 7 that follow find it full. Deterministic on any machine, unlike a race
 # between uploads and steps (a faster engine once drained a queue of heavy
 # requests before it filled).
+# (and its startup log names the OpenBLAS kernels an environment forced:
+# this VM's forces Haswell's where OpenBLAS would pick AVX-512 ones)
+blas_env=${OPENBLAS_CORETYPE-unset}
+export OPENBLAS_CORETYPE=Sandybridge
 start overload --graph "$TP_GRAPHS/$G.json" --max-queue 1 --max-queue-delay-us 1000000 || exit 1
+if [ "$blas_env" = unset ]; then unset OPENBLAS_CORETYPE; else OPENBLAS_CORETYPE=$blas_env; fi
+grep -q "cpu backend: OpenBLAS kernels Sandybridge, forced by OPENBLAS_CORETYPE=Sandybridge" "$TMP/overload.log" &&
+    grep -q "cpu backend: OpenBLAS kernels [A-Za-z0-9]*\( (detected)\|, forced by OPENBLAS_CORETYPE=\)" "$TMP/main.log" &&
+    pass "startup log names the OpenBLAS kernels: $(grep -o 'OpenBLAS kernels.*' "$TMP/main.log")" ||
+    fail "startup log lacks the OpenBLAS kernels line: $(grep -i blas "$TMP/overload.log" "$TMP/main.log")"
 LIGHT_HL=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --binary --binary-out --out "$TMP/light")
 i=0
 jobs_=""
