@@ -389,11 +389,13 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
  * request touching that memory page-faults it back in, zeroed, and each
  * give-back shoots down the other CPUs' TLBs. Under wrk that was 3.3
  * faults a request for 8-row JSON answers (~22 KB of text) and 0.5 for
- * 64-row binary ones; with these settings 0 (server/README.md, "Requests
- * without page faults"). What stays is what the busiest moment needed,
- * which the body and batch limits bound. */
-#define KEEP_FREED_BYTES (64 << 20)
-#define HEAP_BLOCK_MAX_BYTES (4 << 20)
+ * 64-row binary ones; with these settings 0.0000-0.03 (server/README.md,
+ * "Requests without page faults"). Fixed, the thresholds bound what stays:
+ * up to KEEP_FREED_BYTES free at the top of each arena, and blocks from
+ * HEAP_BLOCK_MAX_BYTES up (a large request's tensors) still come from mmap
+ * and go back when freed. */
+#define KEEP_FREED_BYTES (16 << 20)
+#define HEAP_BLOCK_MAX_BYTES (1 << 20)
 
 static void keep_freed_memory(void)
 {
