@@ -437,7 +437,6 @@ static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp
     return x->comm ? TP_OK : TP_INVALID;
 }
 
-
 /* The startup log names the OpenBLAS kernels the GEMMs run. An environment
  * can force another CPU's with OPENBLAS_CORETYPE, and the difference is
  * large: Haswell's AVX2 kernels where OpenBLAS would pick Cooperlake's
