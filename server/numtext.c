@@ -482,109 +482,6 @@ size_t tp_numtext_f32(float v, char *buf)
     return spell(neg, f, e, buf);
 }
 
-/* bits[0..n) with their digits d and exponents e, in tp_numtext_f32's
- * text, each followed by ','; the end of the text. */
-static char *place_block_scalar(const uint32_t *bits, const int *e, const digits9 *d, size_t n, char *p)
-{
-    for (size_t i = 0; i < n; i++) {
-        int neg = (int)(bits[i] >> 31);
-        p += bits[i] & 0x7fffffffu ? place(neg, d[i], e[i], p) : spell_zero(neg, p);
-        *p++ = ',';
-    }
-    return p;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* 3 on a 16-byte vector, for the list writer on CPUs that run
- * f32_shortest8 (AVX2 has SSSE3's byte shuffle): a number in decimal
- * notation whose text and ',' fit 16 bytes is one shuffle of its 9 digits,
- * '0', '.', '-' and ',' by a pattern picked by its sign, exponent and
- * count of significant digits, and one 16-byte store, in place of place's
- * branches on the exponent and its stores at data-dependent offsets (256
- * values in [-1, 1]: 9.1-9.3 -> 8.4-8.6 ns a number for the whole list).
- * Other texts (exponent notation, "-0.00000123456789") go to place. The
- * patterns follow place's rules lane by lane, so the bytes are the same:
- * fuzz_numtext compares the list with the single writer, and `make
- * test-numtext-exhaustive` every FP32 through the list. */
-enum { PLACE_EXP_MIN = -6, PLACE_EXPS = 8 - PLACE_EXP_MIN + 1 };
-enum { LANE_ZERO = 9, LANE_POINT = 10, LANE_MINUS = 11, LANE_COMMA = 12 }; /* after the digits' lanes 0..8 */
-
-typedef struct {
-    uint8_t lane[16]; /* the source lane of each byte of the text and its ',' */
-    uint8_t len;      /* 0: longer than 16 bytes, place's */
-} place_pattern;
-
-static place_pattern place_patterns[2][PLACE_EXPS][9]; /* [neg][exp10 - PLACE_EXP_MIN][sig - 1] */
-
-static void fill_place_pattern(int neg, int exp10, int sig, place_pattern *pt)
-{
-    uint8_t l[32];
-    int n = 0;
-    if (neg)
-        l[n++] = LANE_MINUS;
-    if (exp10 >= 0) { /* "123.45", "120.0" */
-        int whole = exp10 + 1;
-        for (int k = 0; k < whole; k++)
-            l[n++] = (uint8_t)k;
-        l[n++] = LANE_POINT;
-        for (int k = whole; k < sig; k++)
-            l[n++] = (uint8_t)k;
-        if (sig <= whole)
-            l[n++] = LANE_ZERO;
-    } else { /* "0.00123" */
-        l[n++] = LANE_ZERO;
-        l[n++] = LANE_POINT;
-        for (int k = 0; k < -exp10 - 1; k++)
-            l[n++] = LANE_ZERO;
-        for (int k = 0; k < sig; k++)
-            l[n++] = (uint8_t)k;
-    }
-    l[n++] = LANE_COMMA;
-    memcpy(pt->lane, l, 16);
-    pt->len = n <= 16 ? (uint8_t)n : 0;
-}
-
-/* Filled before main: no first-use check per call, no race between the
- * HTTP threads. */
-__attribute__((constructor)) static void fill_place_patterns(void)
-{
-    for (int neg = 0; neg < 2; neg++)
-        for (int e = 0; e < PLACE_EXPS; e++)
-            for (int sig = 1; sig <= 9; sig++)
-                fill_place_pattern(neg, e + PLACE_EXP_MIN, sig, &place_patterns[neg][e][sig - 1]);
-}
-
-/* place_block_scalar's text; each number may store 16 bytes, which the
- * list's TP_NUMTEXT_MAX + 1 bytes a number leave room for. */
-__attribute__((target("ssse3"))) static char *place_block(const uint32_t *bits, const int *e, const digits9 *d,
-                                                          size_t n, char *p)
-{
-    for (size_t i = 0; i < n; i++) {
-        int k = e[i] - PLACE_EXP_MIN;
-        const place_pattern *pt = (bits[i] & 0x7fffffffu) && k >= 0 && k < PLACE_EXPS
-                                      ? &place_patterns[bits[i] >> 31][k][d[i].sig - 1]
-                                      : NULL; /* zeros, exponent notation */
-        if (!pt || !pt->len) {
-            p = place_block_scalar(bits + i, e + i, d + i, 1, p);
-            continue;
-        }
-        uint64_t lo = (uint8_t)d[i].first | d[i].rest << 8;
-        uint64_t hi = d[i].rest >> 56 | (uint64_t)'0' << 8 | (uint64_t)'.' << 16 | (uint64_t)'-' << 24 |
-                      (uint64_t)',' << 32;
-        __m128i text = _mm_shuffle_epi8(_mm_set_epi64x((long long)hi, (long long)lo),
-                                        _mm_loadu_si128((const __m128i *)(const void *)pt->lane));
-        _mm_storeu_si128((__m128i *)(void *)p, text);
-        p += pt->len;
-    }
-    return p;
-}
-#else
-static char *place_block(const uint32_t *bits, const int *e, const digits9 *d, size_t n, char *p)
-{
-    return place_block_scalar(bits, e, d, n, p);
-}
-#endif
-
 /* bits[0..n) (all finite: the caller stops before a NaN or Inf) in
  * tp_numtext_f32's text, each followed by ','. */
 static size_t spell_block(const uint32_t *bits, size_t n, char *out)
@@ -599,8 +496,13 @@ static size_t spell_block(const uint32_t *bits, size_t n, char *out)
             f32_shortest(bits[i] & 0x7fffffffu, &f[i], &e[i]);
     }
     spell_digits_block(f, e, n, d);
-    char *end = have_lanes8() ? place_block(bits, e, d, n, out) : place_block_scalar(bits, e, d, n, out);
-    return (size_t)(end - out);
+    char *p = out;
+    for (size_t i = 0; i < n; i++) {
+        int neg = (int)(bits[i] >> 31);
+        p += bits[i] & 0x7fffffffu ? place(neg, d[i], e[i], p) : spell_zero(neg, p);
+        *p++ = ',';
+    }
+    return (size_t)(p - out);
 }
 
 size_t tp_numtext_f32_list(const void *data, size_t count, char *out, size_t *written)
