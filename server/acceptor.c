@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -298,15 +299,49 @@ void tp_acceptor_stop(tp_acceptor *a)
     a->running = 0;
 }
 
+/* After the drain stopped new handshakes: how long the backlog must stay
+ * empty before the socket is shut (a handshake under way when the filter
+ * went on completes within a round trip; on loopback, within the
+ * client's connect()). */
+#define DRAIN_QUIET_MS 10
+
+/* The drain's first step (acceptor.h): the listening socket takes no new handshakes
+ * (a socket filter drops their SYNs, so the client's retry meets the shut
+ * socket and is refused) while connections the kernel has completed stay
+ * in the backlog to be handed over. Shut at once, the socket reset every
+ * connection that completed between the last accept and the shutdown:
+ * its client had sent a request and saw the connection reset
+ * (test_signals_poison's SIGTERM storm, once in a CI run under ASan). */
+int tp_acceptor_refuse_handshakes(int fd)
+{
+    struct sock_filter drop_syn[] = {
+        BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 13),           /* the TCP header's flags byte */
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x02, 0, 1), /* SYN set? */
+        BPF_STMT(BPF_RET | BPF_K, 0),                     /* dropped */
+        BPF_STMT(BPF_RET | BPF_K, 0xffffffffu),           /* kept whole */
+    };
+    struct sock_fprog prog = {sizeof drop_syn / sizeof drop_syn[0], drop_syn};
+    return setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog);
+}
+
 unsigned tp_acceptor_drain(tp_acceptor *a)
 {
     if (!a || a->drained)
         return 0;
     tp_acceptor_stop(a);
     a->drained = 1;
+    int quiet = tp_acceptor_refuse_handshakes(a->listen_fd) == 0;
+    if (!quiet)
+        TP_LOG_W("draining: no socket filter (%s); a connection completing while the listening socket shuts "
+                 "may be reset", strerror(errno));
     unsigned handed = 0;
-    for (int n; (n = accept_series(a, ACCEPT_SERIES)) > 0;)
-        handed += (unsigned)n;
+    for (;;) {
+        for (int n; (n = accept_series(a, ACCEPT_SERIES)) > 0;)
+            handed += (unsigned)n;
+        struct pollfd p = {a->listen_fd, POLLIN, 0};
+        if (!quiet || poll(&p, 1, DRAIN_QUIET_MS) <= 0)
+            break;
+    }
     /* shutdown() moves a Linux listening socket out of LISTEN: new
      * connections are refused, and the descriptor stays the caller's */
     shutdown(a->listen_fd, SHUT_RD);

@@ -49,6 +49,12 @@ void tp_acceptor_stop(tp_acceptor *a);
  * Returns how many were handed over (0 when already drained). */
 unsigned tp_acceptor_drain(tp_acceptor *a);
 
+/* The first step of tp_acceptor_drain: listen_fd (listening) completes no
+ * new handshake from now on (their SYNs are dropped, so a client's retry
+ * finds the socket shut and is refused), while the connections already
+ * completed stay in its backlog to be accepted. 0, or -1 with errno. */
+int tp_acceptor_refuse_handshakes(int listen_fd);
+
 /* Call once the daemons have stopped (they report their connections' ends
  * here until then). NULL is a no-op. */
 void tp_acceptor_free(tp_acceptor *a);

@@ -270,6 +270,37 @@ START_TEST(drain_hands_over_backlog)
 }
 END_TEST
 
+/* A drain first stops new handshakes without shutting the socket (which
+ * would reset what completed meanwhile): a connection completed before
+ * stays in the backlog and is accepted; one dialed after gets no
+ * handshake (its SYN is dropped) while the socket still listens. */
+START_TEST(handshakes_refused_backlog_kept)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 8), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    int before = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_eq(connect(before, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(tp_acceptor_refuse_handshakes(lfd), 0);
+    int after = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ck_assert_int_ne(connect(after, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(errno, EINPROGRESS);
+    struct pollfd p = {after, POLLOUT, 0};
+    ck_assert_int_eq(poll(&p, 1, 300), 0); /* no SYN-ACK: still connecting */
+    int got = accept(lfd, NULL, NULL);
+    ck_assert_int_ge(got, 0); /* the one completed before */
+    ck_assert_int_eq(send(before, "x", 1, MSG_NOSIGNAL), 1);
+    char c;
+    ck_assert_int_eq(recv(got, &c, 1, 0), 1); /* and it carries data */
+    struct pollfd pl = {lfd, POLLIN, 0};
+    ck_assert_int_eq(poll(&pl, 1, 100), 0); /* nothing else completed */
+    close(got), close(after), close(before), close(lfd);
+}
+END_TEST
+
 static Suite *acceptor_suite(void)
 {
     Suite *s = suite_create("acceptor");
@@ -280,6 +311,7 @@ static Suite *acceptor_suite(void)
     tcase_add_test(tc, full_waits_in_backlog);
     tcase_add_test(tc, lost_close_is_reconciled);
     tcase_add_test(tc, drain_hands_over_backlog);
+    tcase_add_test(tc, handshakes_refused_backlog_kept);
     suite_add_tcase(s, tc);
     return s;
 }
