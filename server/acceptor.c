@@ -335,11 +335,18 @@ unsigned tp_acceptor_drain(tp_acceptor *a)
         TP_LOG_W("draining: no socket filter (%s); a connection completing while the listening socket shuts "
                  "may be reset", strerror(errno));
     unsigned handed = 0;
-    for (;;) {
-        for (int n; (n = accept_series(a, ACCEPT_SERIES)) > 0;)
-            handed += (unsigned)n;
+    for (int round = 0;; round++) {
+        int n = 0;
+        for (int k; (k = accept_series(a, ACCEPT_SERIES)) > 0;)
+            n += k;
+        handed += (unsigned)n;
+        /* a later round that took nothing (every daemon full, accept()
+         * failing) ends the wait: with the backlog still readable, it would
+         * only spin */
+        if (!quiet || (round > 0 && n == 0))
+            break;
         struct pollfd p = {a->listen_fd, POLLIN, 0};
-        if (!quiet || poll(&p, 1, DRAIN_QUIET_MS) <= 0)
+        if (poll(&p, 1, DRAIN_QUIET_MS) <= 0)
             break;
     }
     /* shutdown() moves a Linux listening socket out of LISTEN: new

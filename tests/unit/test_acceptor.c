@@ -270,6 +270,23 @@ START_TEST(drain_hands_over_backlog)
 }
 END_TEST
 
+/* A drain while every daemon is full ends (what waits in the backlog
+ * cannot be handed over, and the wait for the backlog to empty must not
+ * spin on it). */
+START_TEST(drain_when_full_ends)
+{
+    static const unsigned limit[] = {1, 1};
+    rig r;
+    rig_start(&r, 2, limit, 0);
+    int c1 = dial(&r, "127.0.0.1"), c2 = dial(&r, "127.0.0.1");
+    wait_held(&r, 2);
+    int waiting = dial(&r, "127.0.0.1"); /* completes in the backlog */
+    ck_assert_uint_eq(tp_acceptor_drain(r.a), 0);
+    close(waiting), close(c1), close(c2);
+    rig_stop(&r);
+}
+END_TEST
+
 /* A drain first stops new handshakes without shutting the socket (which
  * would reset what completed meanwhile): a connection completed before
  * stays in the backlog and is accepted; one dialed after gets no
@@ -312,6 +329,7 @@ static Suite *acceptor_suite(void)
     tcase_add_test(tc, lost_close_is_reconciled);
     tcase_add_test(tc, drain_hands_over_backlog);
     tcase_add_test(tc, handshakes_refused_backlog_kept);
+    tcase_add_test(tc, drain_when_full_ends);
     suite_add_tcase(s, tc);
     return s;
 }
