@@ -34,7 +34,7 @@ struct tp_batcher {
      * one batch at a time, on whichever thread claimed it. */
     tp_engine *inst[TP_BATCHER_MAX_INSTANCES];
     int n_inst;
-    unsigned busy; /* bit k: instance k runs a batch (mu) */
+    unsigned busy; /* bit k: instance k runs a batch, on the batcher thread or a submitter's (mu) */
     tp_engine_stats snap[TP_BATCHER_MAX_INSTANCES]; /* each instance's after its last batch (mu) */
     tp_batcher_opts o;
     int batchable;
@@ -46,7 +46,6 @@ struct tp_batcher {
     int queued, stopping;
     int held;           /* requests held by submitters, not yet running */
     int engine_waiters; /* threads waiting on engine_cv */
-    int running; /* batches in instances (busy's bits), on the batcher thread or submitters' */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
     double recent_serial; /* moving average of "the batch ran as serial steps" (mu) */
     uint64_t serial_steps_seen[TP_BATCHER_MAX_INSTANCES]; /* each instance's serial step count
@@ -142,6 +141,9 @@ static void wait_until(tp_batcher *b, double t)
     pthread_cond_timedwait(&b->cv, &b->mu, &ts);
 }
 
+/* How many instances run a batch. b->mu held. */
+static int running(const tp_batcher *b) { return __builtin_popcount(b->busy); }
+
 /* Waits until a batch is due (full, its oldest request waited the queue
  * delay, or stopping) or requests expired. Returns 0 when stopping with
  * nothing left. */
@@ -152,7 +154,7 @@ static int next_batch(tp_batcher *b, job **batch, job **expired)
         take_expired(b, now, expired);
         if (*expired)
             return 1;
-        if (b->running == b->n_inst) { /* submitters run them inline; they signal when done */
+        if (running(b) == b->n_inst) { /* submitters run them inline; they signal when done */
             pthread_cond_wait(&b->cv, &b->mu);
             continue;
         }
@@ -277,9 +279,6 @@ static void split_and_deliver(tp_batcher *b, job *batch, tp_host_tensor *outs, i
     }
 }
 
-/* A moving average over the last few steps: one slow outlier (a page
- * fault, a preempted rank) does not send requests off the inline path for
- * long, and a slow model leaves it after its first step. */
 /* Every instance's counters added up, as /metrics shows them. */
 static void sum_stats(const tp_engine_stats *snap, int n, tp_engine_stats *sum)
 {
@@ -302,7 +301,10 @@ static void sum_stats(const tp_engine_stats *snap, int n, tp_engine_stats *sum)
 }
 
 /* After instance k ran a batch of step_s seconds: the step-time and
- * serial averages, and k's counters into /metrics. */
+ * serial averages, and k's counters into /metrics. The averages run over
+ * the last few steps: one slow outlier (a page fault, a preempted rank)
+ * does not send requests off the inline path for long, and a slow model
+ * leaves it after its first step. */
 static void note_step(tp_batcher *b, int k, double step_s, const tp_engine_stats *s)
 {
     int serial = s->serial_steps != b->serial_steps_seen[k];
@@ -392,7 +394,6 @@ static void run_batch(tp_batcher *b, int k, job *batch)
 static void batch_ended(tp_batcher *b, int k)
 {
     b->busy &= ~(1u << k);
-    b->running--;
     b->recent_backlog = 0.5 * b->recent_backlog + (b->head || b->held ? 0.5 : 0.0);
     if (b->engine_waiters)
         pthread_cond_signal(&b->engine_cv);
@@ -408,14 +409,13 @@ static int take_instance(tp_batcher *b)
 {
     int k = idle_instance(b);
     b->busy |= 1u << k;
-    b->running++;
     return k;
 }
 
 /* Waits until an instance is idle, then takes it. b->mu held. */
 static int claim_engine(tp_batcher *b)
 {
-    while (b->running == b->n_inst) {
+    while (running(b) == b->n_inst) {
         b->engine_waiters++;
         pthread_cond_wait(&b->engine_cv, &b->mu);
         b->engine_waiters--;
@@ -519,7 +519,7 @@ static int short_steps(const tp_batcher *b)
 
 static int would_run_on_submitter(const tp_batcher *b)
 {
-    return !b->stopping && b->running < b->n_inst && !b->head && !b->held && b->delay_s == 0 &&
+    return !b->stopping && running(b) < b->n_inst && !b->head && !b->held && b->delay_s == 0 &&
            short_steps(b) && b->recent_backlog < 0.25;
 }
 
