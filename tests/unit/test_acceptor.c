@@ -51,17 +51,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return ret;
 }
 
+/* A socket listening on a free loopback port, its address in *sa. */
+static int listen_loopback(int backlog, struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)sa, sizeof *sa), 0);
+    ck_assert_int_eq(listen(fd, backlog), 0);
+    socklen_t sl = sizeof *sa;
+    getsockname(fd, (struct sockaddr *)sa, &sl);
+    return fd;
+}
+
 static void rig_start(rig *r, int n, const unsigned *limit, int per_ip)
 {
     memset(r, 0, sizeof *r);
     current = r;
     r->n = n;
-    r->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    ck_assert_int_eq(bind(r->listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(r->listen_fd, 64), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(r->listen_fd, (struct sockaddr *)&sa, &sl);
+    struct sockaddr_in sa;
+    r->listen_fd = listen_loopback(64, &sa);
     r->port = ntohs(sa.sin_port);
     for (int i = 0; i < n; i++) {
         r->d[i] = MHD_start_daemon(MHD_USE_NO_LISTEN_SOCKET | MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0,
@@ -293,12 +301,8 @@ END_TEST
  * handshake (its SYN is dropped) while the socket still listens. */
 START_TEST(handshakes_refused_backlog_kept)
 {
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(lfd, 8), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    struct sockaddr_in sa;
+    int lfd = listen_loopback(8, &sa);
     int before = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ck_assert_int_eq(connect(before, (struct sockaddr *)&sa, sizeof sa), 0);
     ck_assert_int_eq(tp_acceptor_refuse_handshakes(lfd), 0);
