@@ -753,18 +753,7 @@ __attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size
     *out = neg ? -f : f;
     return 1;
 }
-
-int tp_numtext_short_f32(const char *s, size_t len, float *out)
-{
-    if (__builtin_cpu_supports("sse4.1"))
-        return short_f32_sse41(s, len, out);
-    return tp_numtext_short_f32_swar(s, len, out);
-}
-#else
-int tp_numtext_short_f32(const char *s, size_t len, float *out)
-{
-    return tp_numtext_short_f32_swar(s, len, out);
-}
+#define HAVE_SHORT_F32_SSE41 1
 #endif
 #else
 int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
@@ -772,12 +761,16 @@ int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
     (void)s, (void)len, (void)out;
     return 0;
 }
+#endif
 
 int tp_numtext_short_f32(const char *s, size_t len, float *out)
 {
+#ifdef HAVE_SHORT_F32_SSE41
+    if (__builtin_cpu_supports("sse4.1"))
+        return short_f32_sse41(s, len, out);
+#endif
     return tp_numtext_short_f32_swar(s, len, out);
 }
-#endif
 
 /* Digits from s[*i] on into *w, kept under 10^19 (leading zeros cost
  * nothing): how many were read, or -1 past 19 significant digits. Eight
