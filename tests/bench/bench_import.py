@@ -114,18 +114,11 @@ def time_ort(path, feeds, threads, iters):
 
 def blas_kernels(prog):
     """The OpenBLAS kernel set tpserve runs, and whether the environment
-    forced it: it moves the engine's GEMMs (AVX2 against AVX-512 kernels)
-    while onnxruntime picks its own."""
+    forced it (tests/cpus/blas_kernels.sh says it for bench-http too)."""
     if not prog:
         return "OpenBLAS kernels: not asked (--blas-core)."
-    got = subprocess.run([prog], capture_output=True, text=True).stdout.strip()
-    forced = os.environ.get("OPENBLAS_CORETYPE")
-    if not forced:
-        return "OpenBLAS kernels %s (this CPU's own pick)." % got
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    own = subprocess.run([prog], capture_output=True, text=True, env=env).stdout.strip()
-    return "OpenBLAS kernels %s, forced by OPENBLAS_CORETYPE=%s in the environment (this CPU's own: %s)." % (
-        got, forced, own)
+    script = os.path.join(ROOT, "tests", "cpus", "blas_kernels.sh")
+    return subprocess.run(["sh", script, prog], capture_output=True, text=True).stdout.strip()
 
 
 def main():

@@ -423,15 +423,8 @@ echo "\`make bench-http\` on $(nproc) cores (${cpu:-unknown cpu}), $(uname -sr),
 echo "graph $G (cpu backend), server threads $THREADS${TPSERVE_ARGS:+, $TPSERVE_ARGS}; $ROUNDS rounds, in each a ${DURATION} s wrk"
 echo "run per row and server, one after the other (2 wrk threads; 1 for 1 connection); 1-row requests unless"
 echo "noted. Cells are medians over the rounds; a ratio is the median of the rounds' ratios (range in brackets)."
-# The OpenBLAS kernel set moves the engine's share (a step of the example
-# graph: 3.0 us with Haswell's AVX2 kernels, 2.3 with Cooperlake's AVX-512
-# ones on this Zen 4), and an environment may force one (OPENBLAS_CORETYPE).
 if [ -x "${BLAS_CORE:-}" ]; then
-    if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
-        echo "OpenBLAS kernels $("$BLAS_CORE"), forced by OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the environment (this CPU's own: $(env -u OPENBLAS_CORETYPE "$BLAS_CORE"))."
-    else
-        echo "OpenBLAS kernels $("$BLAS_CORE") (this CPU's own pick)."
-    fi
+    sh "$HERE/../cpus/blas_kernels.sh" "$BLAS_CORE"
 fi
 echo
 echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | bare + model req/s | tpserve / (bare + model) | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
