@@ -330,8 +330,8 @@ unsigned tp_acceptor_drain(tp_acceptor *a)
         return 0;
     tp_acceptor_stop(a);
     a->drained = 1;
-    int quiet = tp_acceptor_refuse_handshakes(a->listen_fd) == 0;
-    if (!quiet)
+    int filtered = tp_acceptor_refuse_handshakes(a->listen_fd) == 0;
+    if (!filtered)
         TP_LOG_W("draining: no socket filter (%s); a connection completing while the listening socket shuts "
                  "may be reset", strerror(errno));
     unsigned handed = 0;
@@ -343,7 +343,7 @@ unsigned tp_acceptor_drain(tp_acceptor *a)
         /* a later round that took nothing (every daemon full, accept()
          * failing) ends the wait: with the backlog still readable, it would
          * only spin */
-        if (!quiet || (round > 0 && n == 0))
+        if (!filtered || (round > 0 && n == 0))
             break;
         struct pollfd p = {a->listen_fd, POLLIN, 0};
         if (poll(&p, 1, DRAIN_QUIET_MS) <= 0)
