@@ -32,6 +32,8 @@
 # tpserve with binary tensors, JSON tensors and system shared memory, in its
 # 0.5 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
 # away in perf_analyzer's own bookkeeping, server/README.md).
+# When the environment forces OpenBLAS's kernel set (OPENBLAS_CORETYPE), a
+# third table: a second tpserve started without it, in the same rounds.
 # Timings never fail the run (noisy machines); wrk errors are reported.
 set -u
 TPSERVE=${TPSERVE:-build/tpserve}
@@ -218,6 +220,26 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
 fi
 keep_server tpserve
 
+# ---- tpserve with this CPU's own OpenBLAS kernels --------------------------------
+# When the environment forces a kernel set (OPENBLAS_CORETYPE; this project's
+# VMs set Haswell's AVX2 kernels on an AVX-512 CPU), a second tpserve
+# without the variable runs the same rows: what a machine that does not
+# force them gets. Its own table, with its ratios to bare_http and to the
+# forced tpserve of the same round.
+OWN_KERNELS=""
+if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ -x "${BLAS_CORE:-}" ] &&
+    [ "$("$BLAS_CORE")" != "$(env -u OPENBLAS_CORETYPE "$BLAS_CORE")" ]; then
+    OWN_KERNELS=$(env -u OPENBLAS_CORETYPE "$BLAS_CORE")
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
+    env -u OPENBLAS_CORETYPE "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
+        --log-level info $TPSERVE_ARGS >"$TMP/tpserve_own.log" 2>&1 &
+    PID=$!
+    wait_up "$BASE/v2/health/ready" tpserve_own || die "$WHY"
+    keep_server tpserve_own
+fi
+
 # ---- Triton (TRITON=1, or when installed) ---------------------------------------
 # triton_start: Triton installed (or checked), a model repository computing
 # the graph written, tritonserver serving it on $BASE with the HTTP thread
@@ -307,6 +329,7 @@ peers="bare_http"
 [ -n "$TRITON_SKIP" ] || peers="$peers, Triton $TRITON_VERSION (Python backend)"
 echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), $peers; $ROUNDS rounds of ${DURATION} s runs" >&2
 warm_up tpserve json
+[ -z "$OWN_KERNELS" ] || warm_up tpserve_own json
 warm_up bare_json json
 warm_up bare_binary binary
 warm_up model_json json
@@ -317,6 +340,7 @@ while [ $r -le "$ROUNDS" ]; do
     for load in json binary mixed; do
         for c in $CONNS; do
             run_row tpserve counts_tpserve "$TMP/tp.res" $r $load "$c"
+            [ -z "$OWN_KERNELS" ] || run_row tpserve_own counts_tpserve "$TMP/own.res" $r $load "$c"
             [ $load = mixed ] || run_row bare_$load counts_none "$TMP/bare.res" $r $load "$c"
             [ $load = mixed ] || run_row model_$load counts_none "$TMP/model.res" $r $load "$c"
             [ -n "$TRITON_SKIP" ] || run_row triton counts_triton "$TMP/triton.res" $r $load "$c"
@@ -412,9 +436,11 @@ model_cols() {
         $1 == l && $2 == c { rps = $3 }
         END { printf "%s | %s", rps ? rps : "—", r ? r : "—" }' "$TMP/model.ratio" "$TMP/model.med"
 }
-touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res"
-for f in tp bare model triton; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res"
+for f in tp bare model triton own; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
+ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
+ratios "$TMP/own.res" "$TMP/tp.res" >"$TMP/own_tp.ratio"
 ratios "$TMP/tp.res" "$TMP/model.res" >"$TMP/model.ratio"
 ratios "$TMP/tp.res" "$TMP/triton.res" >"$TMP/triton.ratio"
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo 2>/dev/null | head -n 1)
@@ -429,20 +455,38 @@ fi
 echo
 echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | bare + model req/s | tpserve / (bare + model) | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-while read -r load c rps p50 p99 err cpu ctx batch; do
-    label=$load
-    case $load in
-    json) label="JSON" ;;
-    binary) label="binary (in and out)" ;;
-    mixed) label="JSON, batch 1..8 rows" ;;
+# load_label LOAD ERRORS: the row's first cell.
+load_label() {
+    case $1 in
+    json) printf "JSON" ;;
+    binary) printf "binary (in and out)" ;;
+    mixed) printf "JSON, batch 1..8 rows" ;;
+    *) printf "%s" "$1" ;;
     esac
-    [ "$err" != 0 ] && label="$label ($err errors)"
+    [ "$2" = 0 ] || printf " (%s errors)" "$2"
+}
+while read -r load c rps p50 p99 err cpu ctx batch; do
+    label=$(load_label "$load" "$err")
     bare=$(peer_cols "$TMP/bare.med" "$TMP/bare.ratio" bare "$load" "$c" 100 "%.1f%%")
     model=$(model_cols "$load" "$c")
     triton=$(peer_cols "$TMP/triton.med" "$TMP/triton.ratio" Triton "$load" "$c" 1 "%.2fx" batch)
     echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $model | $triton |"
 done <"$TMP/tp.med"
 echo
+if [ -n "$OWN_KERNELS" ]; then
+    echo "The same rows, same rounds, against a tpserve started without OPENBLAS_CORETYPE: OpenBLAS's kernels"
+    echo "for this CPU ($OWN_KERNELS), what a machine whose environment does not force a set gets."
+    echo
+    echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | tpserve / bare | tpserve / tpserve with $OPENBLAS_CORETYPE kernels |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    while read -r load c rps p50 p99 err cpu ctx batch; do
+        vs=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { printf "%.1f%% (%.1f%%-%.1f%%)", 100 * $3, 100 * $4, 100 * $5 }' \
+            "$TMP/own_bare.ratio")
+        vt=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { printf "%.2fx (%.2fx-%.2fx)", $3, $4, $5 }' "$TMP/own_tp.ratio")
+        echo "| $(load_label "$load" "$err") | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | ${vs:-—} | ${vt:-—} |"
+    done <"$TMP/own.med"
+    echo
+fi
 if [ -f "$TMP/pa.res" ]; then
     echo
     echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.5 s (longer ones run away: server/README.md):"
