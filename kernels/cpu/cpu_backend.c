@@ -2,8 +2,12 @@
  *
  * Capture records each run_op/collective as a command with every tensor
  * (pointers, shapes, strides) and attrs copied in; replay walks that array
- * and calls the kernels directly — no graph, no lookups, no allocation —
- * which is exactly the pointer-stability discipline a CUDA graph imposes.
+ * and calls the kernels directly — no graph, no lookups, no allocation
+ * that outlives a kernel — which is exactly the pointer-stability
+ * discipline a CUDA graph imposes. (Some kernels take temporaries for the
+ * call and free them before returning: the fused kernels' gathered input
+ * or reduce-scatter slots, FP16/BF16 operands converted for sgemm; like a
+ * CUDA kernel's scratch, no recorded pointer ever refers to them.)
  *
  * Two shapes: ranks are threads of this process (memory is malloc'd), or
  * ranks live in several processes that map one shared memory (tp_cpu_shared):
