@@ -5,7 +5,8 @@
 # its NumPy model answering each FP32 SP MLP graph's reference (the cases of
 # tests/load/triton/test_model.py), and tests/load/sample_answers.py saving
 # tpserve's answers, accepting a server that answers the same and refusing
-# one that answers differently.
+# one that answers differently; and the "serving path alone" graph
+# tests/load/serving_path_graph.py writes.
 #
 # env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the files.
 # shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
@@ -58,6 +59,42 @@ $PYTHON "$LOAD/sample_answers.py" check "$TP_GRAPHS/manifest.json" "$G" "$TMP/an
 [ $? -eq 1 ] && grep -q "Connection refused" "$TMP/o" &&
     pass "sample_answers check: no server is a one-line failure" ||
     fail "sample_answers check without a server: $(cat "$TMP/o")"
+
+# The "serving path alone" server of make bench-http: the graph's name, input
+# and output around one relu (tests/load/serving_path_graph.py). It loads,
+# answers the sample request with the graph's answer length (what the bench
+# checks before timing it) and with relu(x); a graph of two inputs is refused.
+$PYTHON "$LOAD/serving_path_graph.py" "$TP_GRAPHS/$G.json" "$TMP/sp.json" 2>"$TMP/o" &&
+    pass "serving_path_graph: written for $G" || fail "serving_path_graph for $G: $(cat "$TMP/o")"
+if start serving_path --graph "$TMP/sp.json" --log-level warn; then
+    mkdir "$TMP/sp"
+    $PYTHON "$LOAD/sample_answers.py" save "$URL" "$G" "$TMP/sp" >"$TMP/o" 2>&1 &&
+        [ "$(wc -c <"$TMP/sp/ans.bin")" = "$(wc -c <"$TMP/ans/ans.bin")" ] &&
+        cmp -s "$TMP/sp/ans.bin.hl" "$TMP/ans/ans.bin.hl" &&
+        pass "serving_path_graph: its binary answer is as long as $G's, header included" ||
+        fail "serving_path_graph: answer length differs from $G's: $(cat "$TMP/o")"
+    # relu is exact: every output is max(x, 0) of the input's FP32 value, bit
+    # for bit (the answer's shortest spelling reads back to the same FP32)
+    $PYTHON - "$TMP/sp/req.json" "$TMP/sp/ans.json" >"$TMP/o" 2>&1 <<'PY' &&
+import json, sys
+import numpy as np
+x = np.array(json.load(open(sys.argv[1]))["inputs"][0]["data"], dtype=np.float32)
+y = np.array(json.load(open(sys.argv[2]))["outputs"][0]["data"], dtype=np.float32)
+bad = [] if len(x) != len(y) else np.flatnonzero(y != np.maximum(x, np.float32(0))).tolist()
+sys.exit(f"{len(bad)} of {len(y)} outputs are not relu(x), first at {bad[:1]}" if bad or len(x) != len(y) else 0)
+PY
+        pass "serving_path_graph: it answers relu(x)" || fail "serving_path_graph: $(cat "$TMP/o")"
+fi
+$PYTHON - "$TP_GRAPHS/$G.json" "$TMP/two.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+g["inputs"].append(dict(g["inputs"][0], name="x2"))
+json.dump(g, open(sys.argv[2], "w"))
+PY
+$PYTHON "$LOAD/serving_path_graph.py" "$TMP/two.json" "$TMP/sp2.json" 2>"$TMP/o"
+[ $? -eq 1 ] && grep -q "2 inputs and 1 outputs" "$TMP/o" && [ ! -e "$TMP/sp2.json" ] &&
+    pass "serving_path_graph: a graph of two inputs is refused with the reason" ||
+    fail "serving_path_graph with two inputs: $(cat "$TMP/o")"
 
 echo "test_triton_model: $npass passed, $nfail failed"
 [ $nfail -eq 0 ]

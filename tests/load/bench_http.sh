@@ -240,6 +240,31 @@ if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ -x "${BLAS_CORE:-}" ] &&
     keep_server tpserve_own
 fi
 
+# ---- tpserve serving the graph's input and output without its model -----------
+# serving_path_graph.py: the same name, input and output, one relu per rank
+# (no collective, no weights). Its answers must be as long as the graph's
+# (same datatype and shape), or the row is left out with the reason.
+SP_SKIP=""
+if $PYTHON "$HERE/serving_path_graph.py" "$TP_GRAPHS/$G.json" "$TMP/serving_path.json" 2>"$TMP/sp.err"; then
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
+    "$TPSERVE" serve --graph "$TMP/serving_path.json" --port "$PORT" --threads "$THREADS" \
+        --log-level info $TPSERVE_ARGS >"$TMP/tpserve_sp.log" 2>&1 &
+    PID=$!
+    wait_up "$BASE/v2/health/ready" tpserve_sp || die "$WHY"
+    mkdir -p "$TMP/sp"
+    if ! $PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP/sp" >/dev/null 2>"$TMP/sp.err"; then
+        SP_SKIP="its sample request failed: $(tail -n 1 "$TMP/sp.err")"
+    elif [ "$(wc -c <"$TMP/sp/ans.bin")" != "$(wc -c <"$TMP/ans.bin")" ] ||
+        ! cmp -s "$TMP/sp/ans.bin.hl" "$TMP/ans.bin.hl"; then
+        SP_SKIP="its binary answer is not the length of the graph's (another output datatype or shape)"
+    fi
+    if [ -n "$SP_SKIP" ]; then stop_server; else keep_server tpserve_sp; fi
+else
+    SP_SKIP=$(tail -n 1 "$TMP/sp.err")
+fi
+
 # ---- Triton (TRITON=1, or when installed) ---------------------------------------
 # triton_start: Triton installed (or checked), a model repository computing
 # the graph written, tritonserver serving it on $BASE with the HTTP thread
@@ -330,6 +355,7 @@ peers="bare_http"
 echo "bench_http: tpserve ($G, --threads $THREADS${TPSERVE_ARGS:+ $TPSERVE_ARGS}), $peers; $ROUNDS rounds of ${DURATION} s runs" >&2
 warm_up tpserve json
 [ -z "$OWN_KERNELS" ] || warm_up tpserve_own json
+[ -n "$SP_SKIP" ] || warm_up tpserve_sp binary
 warm_up bare_json json
 warm_up bare_binary binary
 warm_up model_json json
@@ -343,6 +369,7 @@ while [ $r -le "$ROUNDS" ]; do
             [ -z "$OWN_KERNELS" ] || run_row tpserve_own counts_tpserve "$TMP/own.res" $r $load "$c"
             [ $load = mixed ] || run_row bare_$load counts_none "$TMP/bare.res" $r $load "$c"
             [ $load = mixed ] || run_row model_$load counts_none "$TMP/model.res" $r $load "$c"
+            [ $load = mixed ] || [ -n "$SP_SKIP" ] || run_row tpserve_sp counts_tpserve "$TMP/sp.res" $r $load "$c"
             [ -n "$TRITON_SKIP" ] || run_row triton counts_triton "$TMP/triton.res" $r $load "$c"
         done
     done
@@ -436,8 +463,9 @@ model_cols() {
         $1 == l && $2 == c { rps = $3 }
         END { printf "%s | %s", rps ? rps : "—", r ? r : "—" }' "$TMP/model.ratio" "$TMP/model.med"
 }
-touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res"
-for f in tp bare model triton own; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res"
+for f in tp bare model triton own sp; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+ratios "$TMP/sp.res" "$TMP/bare.res" >"$TMP/sp_bare.ratio"
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
 ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
 ratios "$TMP/own.res" "$TMP/tp.res" >"$TMP/own_tp.ratio"
@@ -473,19 +501,53 @@ while read -r load c rps p50 p99 err cpu ctx batch; do
     echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $model | $triton |"
 done <"$TMP/tp.med"
 echo
+# ratio_cell RATIOS LOAD CONNS SCALE FORMAT: "median (least-greatest)" of
+# the row's ratios times SCALE, or a dash.
+ratio_cell() {
+    cell=$(awk -v l="$2" -v c="$3" -v k="$4" -v f="$5" \
+        '$1 == l && $2 == c { printf f " (" f "-" f ")", k * $3, k * $4, k * $5 }' "$1")
+    echo "${cell:-—}"
+}
+# side_table MEDIANS HEADERS [RATIOS SCALE FORMAT]...: a server's rows (its
+# medians), then a ratio cell per RATIOS file; HEADERS names those columns
+# ("a | b").
+side_table() {
+    med=$1
+    echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | $2 |"
+    printf "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    shift 2
+    specs=$*
+    # shellcheck disable=SC2034 # the loop counts the specs
+    for _ in $(seq $(($# / 3))); do printf " ---: |"; done
+    echo
+    while read -r load c rps p50 p99 err cpu ctx batch; do
+        row="| $(load_label "$load" "$err") | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx |"
+        # shellcheck disable=SC2086 # specs: words without spaces
+        set -- $specs
+        while [ $# -ge 3 ]; do
+            row="$row $(ratio_cell "$1" "$load" "$c" "$2" "$3") |"
+            shift 3
+        done
+        echo "$row"
+    done <"$med"
+    echo
+}
 if [ -n "$OWN_KERNELS" ]; then
     echo "The same rows, same rounds, against a tpserve started without OPENBLAS_CORETYPE: OpenBLAS's kernels"
     echo "for this CPU ($OWN_KERNELS), what a machine whose environment does not force a set gets."
     echo
-    echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | tpserve / bare | tpserve / tpserve with $OPENBLAS_CORETYPE kernels |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    while read -r load c rps p50 p99 err cpu ctx batch; do
-        vs=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { printf "%.1f%% (%.1f%%-%.1f%%)", 100 * $3, 100 * $4, 100 * $5 }' \
-            "$TMP/own_bare.ratio")
-        vt=$(awk -v l="$load" -v c="$c" '$1 == l && $2 == c { printf "%.2fx (%.2fx-%.2fx)", $3, $4, $5 }' "$TMP/own_tp.ratio")
-        echo "| $(load_label "$load" "$err") | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | ${vs:-—} | ${vt:-—} |"
-    done <"$TMP/own.med"
+    side_table "$TMP/own.med" "tpserve / bare | tpserve / tpserve with $OPENBLAS_CORETYPE kernels" \
+        "$TMP/own_bare.ratio" 100 "%.1f%%" "$TMP/own_tp.ratio" 1 "%.2fx"
+fi
+echo "The serving path alone: tpserve serving a graph with $G's name, input and output whose only node is a"
+echo "relu of the input on each rank (tests/load/serving_path_graph.py: no collective, no weights), in the"
+echo "same rounds: its HTTP handling, codec, checks, batching, staging and replay without the model's arithmetic."
+echo
+if [ -n "$SP_SKIP" ]; then
+    echo "(not run: $SP_SKIP)"
     echo
+else
+    side_table "$TMP/sp.med" "serving path / bare" "$TMP/sp_bare.ratio" 100 "%.1f%%"
 fi
 if [ -f "$TMP/pa.res" ]; then
     echo
