@@ -37,7 +37,9 @@ ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1:detect_leaks=1} \
 rc=$?
 took=$(($(date +%s) - t0))
 execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-last=$(grep -E '^#[0-9]+' "$log" | tail -1)
+# -a: libFuzzer's log can carry raw bytes (a dictionary entry it
+# recommends), and grep would then answer "binary file matches"
+last=$(grep -a -E '^#[0-9]+' "$log" | tail -1)
 cov=$(echo "$last" | sed -n 's/.*cov: \([0-9]*\).*/\1/p')
 ft=$(echo "$last" | sed -n 's/.*ft: \([0-9]*\).*/\1/p')
 corp=$(echo "$last" | sed -n 's/.*corp: \([0-9]*\).*/\1/p')
@@ -45,7 +47,7 @@ rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
 if [ $rc -eq 0 ]; then
     found=none
 else
-    found="exit $rc: $(grep -m1 -E 'ERROR|runtime error|Sanitizer|deadly signal|out-of-memory|timeout' "$log" | cut -c1-120)"
+    found="exit $rc: $(grep -a -m1 -E 'ERROR|runtime error|Sanitizer|deadly signal|out-of-memory|timeout' "$log" | cut -c1-120)"
     found="$found; input $(ls -t "$B/artifacts/$NAME-"* 2>/dev/null | head -1)"
 fi
 echo "| $NAME | $took | ${execs:-?} | ${rate:-?} | ${cov:-?} | ${ft:-?} | ${corp:-?} | $found |"
