@@ -220,6 +220,21 @@ if [ -x "$HERE/../../build/venv-perf/bin/perf_analyzer" ] &&
 fi
 keep_server tpserve
 
+# start_more_tpserve NAME GRAPH [ENV ARGS...]: another tpserve, with the
+# first one's threads and TPSERVE_ARGS, serving GRAPH on a fresh port ($PORT,
+# $BASE, $PID) under `env ENV ARGS`, its log $TMP/NAME.log; waited until ready.
+start_more_tpserve() {
+    name=$1 graph=$2
+    shift 2
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
+    env "$@" "$TPSERVE" serve --graph "$graph" --port "$PORT" --threads "$THREADS" --log-level info \
+        $TPSERVE_ARGS >"$TMP/$name.log" 2>&1 &
+    PID=$!
+    wait_up "$BASE/v2/health/ready" "$name" || die "$WHY"
+}
+
 # ---- tpserve with this CPU's own OpenBLAS kernels --------------------------------
 # When the environment forces a kernel set (OPENBLAS_CORETYPE; this project's
 # VMs set Haswell's AVX2 kernels on an AVX-512 CPU), a second tpserve
@@ -230,13 +245,7 @@ OWN_KERNELS=""
 if [ -n "${OPENBLAS_CORETYPE:-}" ] && [ -x "${BLAS_CORE:-}" ] &&
     [ "$("$BLAS_CORE")" != "$(env -u OPENBLAS_CORETYPE "$BLAS_CORE")" ]; then
     OWN_KERNELS=$(env -u OPENBLAS_CORETYPE "$BLAS_CORE")
-    PORT=$(free_port)
-    BASE="http://127.0.0.1:$PORT"
-    # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
-    env -u OPENBLAS_CORETYPE "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port "$PORT" --threads "$THREADS" \
-        --log-level info $TPSERVE_ARGS >"$TMP/tpserve_own.log" 2>&1 &
-    PID=$!
-    wait_up "$BASE/v2/health/ready" tpserve_own || die "$WHY"
+    start_more_tpserve tpserve_own "$TP_GRAPHS/$G.json" -u OPENBLAS_CORETYPE
     keep_server tpserve_own
 fi
 
@@ -246,13 +255,7 @@ fi
 # (same datatype and shape), or the row is left out with the reason.
 SP_SKIP=""
 if $PYTHON "$HERE/serving_path_graph.py" "$TP_GRAPHS/$G.json" "$TMP/serving_path.json" 2>"$TMP/sp.err"; then
-    PORT=$(free_port)
-    BASE="http://127.0.0.1:$PORT"
-    # shellcheck disable=SC2086 # TPSERVE_ARGS splits into flags on purpose
-    "$TPSERVE" serve --graph "$TMP/serving_path.json" --port "$PORT" --threads "$THREADS" \
-        --log-level info $TPSERVE_ARGS >"$TMP/tpserve_sp.log" 2>&1 &
-    PID=$!
-    wait_up "$BASE/v2/health/ready" tpserve_sp || die "$WHY"
+    start_more_tpserve tpserve_sp "$TMP/serving_path.json"
     mkdir -p "$TMP/sp"
     if ! $PYTHON "$HERE/sample_answers.py" save "$BASE" "$G" "$TMP/sp" >/dev/null 2>"$TMP/sp.err"; then
         SP_SKIP="its sample request failed: $(tail -n 1 "$TMP/sp.err")"
@@ -455,13 +458,18 @@ peer_cols() {
         }
         END { if (!found) printf "— | — | — | %s— | — | —", b ? "— | " : "" }' "$2" "$1"
 }
+# ratio_cell RATIOS LOAD CONNS SCALE FORMAT: "median (least-greatest)" of
+# the row's ratios times SCALE, or a dash.
+ratio_cell() {
+    cell=$(awk -v l="$2" -v c="$3" -v k="$4" -v f="$5" \
+        '$1 == l && $2 == c { printf f " (" f "-" f ")", k * $3, k * $4, k * $5 }' "$1")
+    echo "${cell:-—}"
+}
 # model_cols LOAD CONNS: bare + model's median req/s and tpserve's ratio to
 # it (median of the rounds', range in brackets); dashes without such a row.
 model_cols() {
-    awk -v l="$1" -v c="$2" '
-        FILENAME == ARGV[1] { if ($1 == l && $2 == c) r = sprintf("%.1f%% (%.1f%%-%.1f%%)", 100 * $3, 100 * $4, 100 * $5); next }
-        $1 == l && $2 == c { rps = $3 }
-        END { printf "%s | %s", rps ? rps : "—", r ? r : "—" }' "$TMP/model.ratio" "$TMP/model.med"
+    rps=$(awk -v l="$1" -v c="$2" '$1 == l && $2 == c { print $3 }' "$TMP/model.med")
+    echo "${rps:-—} | $(ratio_cell "$TMP/model.ratio" "$1" "$2" 100 "%.1f%%")"
 }
 touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res"
 for f in tp bare model triton own sp; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
@@ -501,13 +509,6 @@ while read -r load c rps p50 p99 err cpu ctx batch; do
     echo "| $label | $c | $rps | $p50 | $p99 | $batch | $cpu | $ctx | $bare | $model | $triton |"
 done <"$TMP/tp.med"
 echo
-# ratio_cell RATIOS LOAD CONNS SCALE FORMAT: "median (least-greatest)" of
-# the row's ratios times SCALE, or a dash.
-ratio_cell() {
-    cell=$(awk -v l="$2" -v c="$3" -v k="$4" -v f="$5" \
-        '$1 == l && $2 == c { printf f " (" f "-" f ")", k * $3, k * $4, k * $5 }' "$1")
-    echo "${cell:-—}"
-}
 # side_table MEDIANS HEADERS [RATIOS SCALE FORMAT]...: a server's rows (its
 # medians), then a ratio cell per RATIOS file; HEADERS names those columns
 # ("a | b").
