@@ -24,6 +24,9 @@ done
 dict=""
 case $KIND in
 kserve_*) dict="-dict=$HERE/kserve.dict" ;;
+http) # HTTP's words and the tensor keys of the bodies it carries
+    cat "$HERE/http.dict" "$HERE/kserve.dict" >"$B/http_full.dict"
+    dict="-dict=$B/http_full.dict" ;;
 *) [ -f "$HERE/$KIND.dict" ] && dict="-dict=$HERE/$KIND.dict" ;;
 esac
 log="$B/logs/$NAME.log"
