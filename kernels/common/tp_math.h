@@ -64,6 +64,29 @@ TP_HD_FLAT float tp_f32_bits(uint32_t u)
 #endif
 }
 
+/* nvcc's device pass, clang, GCC (also nvcc's host pass, which has no
+ * "unroll" pragma of its own) */
+#if defined(__CUDA_ARCH__)
+#define TP_UNROLL_ALL _Pragma("unroll")
+#elif defined(__clang__)
+#define TP_UNROLL_ALL _Pragma("clang loop unroll(full)")
+#else
+#define TP_UNROLL_ALL _Pragma("GCC unroll 16")
+#endif
+
+/* c[0] x^(n-1) + c[1] x^(n-2) + ... + c[n-1] by Horner's rule, one fmaf
+ * (one rounding) a step, highest degree first; 1 <= n <= 16. The loop must
+ * unroll completely (TP_UNROLL_ALL; n and c are constants where it is
+ * called): GCC left as a loop does not vectorize a row loop over the
+ * functions below, and the erf GELU went from 0.41 to 4.3 ns an element. */
+TP_HD_FLAT float tp_horner(float x, const float *c, int n)
+{
+    float p = c[0];
+    TP_UNROLL_ALL for (int i = 1; i < n; i++)
+        p = fmaf(p, x, c[i]);
+    return p;
+}
+
 /* e^x = 2^k e^r, k = round(x / ln 2), r = x - k ln 2 (ln 2 in two parts,
  * the first of 9 significant bits, so k times it is exact), |r| <= ln 2 / 2; e^r
  * by its Taylor polynomial to r^7 (truncation 5e-9 relative). 2^k is
@@ -76,13 +99,9 @@ TP_HD_FLAT float tp_expf(float x)
     float k = (xc * 1.44269504088896341f + round_magic) - round_magic;
     float r = xc - k * 0.693359375f;
     r = r - k * -2.12194440e-4f;
-    float p = fmaf(r, 1.98412698e-4f, 1.38888889e-3f);
-    p = fmaf(p, r, 8.33333333e-3f);
-    p = fmaf(p, r, 4.16666667e-2f);
-    p = fmaf(p, r, 1.66666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    const float c[] = {1.98412698e-4f, 1.38888889e-3f, 8.33333333e-3f, 4.16666667e-2f,
+                       1.66666667e-1f, 0.5f, 1.0f, 1.0f};
+    float p = tp_horner(r, c, 8);
     int32_t ki = (int32_t)k, k1 = ki / 2, k2 = ki - k1;
     float y = p * tp_f32_bits((uint32_t)(k1 + 127) << 23) * tp_f32_bits((uint32_t)(k2 + 127) << 23);
     return x != x ? x : y;
@@ -94,15 +113,10 @@ TP_HD_FLAT float tp_expf(float x)
 TP_HD_FLAT float tp_tanhf(float x)
 {
     float a = fabsf(x), z = x * x;
-    float t = fmaf(z, 9.69153796e-5f, -2.39129114e-4f);
-    t = fmaf(t, z, 5.90027440e-4f);
-    t = fmaf(t, z, -1.45583439e-3f);
-    t = fmaf(t, z, 3.59212803e-3f);
-    t = fmaf(t, z, -8.86323552e-3f);
-    t = fmaf(t, z, 2.18694885e-2f);
-    t = fmaf(t, z, -5.39682540e-2f);
-    t = fmaf(t, z, 1.33333333e-1f);
-    t = fmaf(t, z, -3.33333333e-1f);
+    const float c[] = {9.69153796e-5f, -2.39129114e-4f, 5.90027440e-4f, -1.45583439e-3f,
+                       3.59212803e-3f, -8.86323552e-3f, 2.18694885e-2f, -5.39682540e-2f,
+                       1.33333333e-1f, -3.33333333e-1f};
+    float t = tp_horner(z, c, 10);
     float small = fmaf(a * z, t, a);
     float large = 1.0f - 2.0f / (tp_expf(2.0f * a) + 1.0f);
     return copysignf(a < 0.55f ? small : large, x); /* odd, and -0 stays -0 */
@@ -126,17 +140,10 @@ TP_HD_FLAT float tp_erf_piece(float a, float v0, float v1, float v2)
 TP_HD_FLAT float tp_erff(float x)
 {
     float a = fabsf(x), z = x * x;
-    float t = fmaf(z, -1.22905553e-9f, 1.48071928e-8f);
-    t = fmaf(t, z, -1.63658447e-7f);
-    t = fmaf(t, z, 1.64621144e-6f);
-    t = fmaf(t, z, -1.49256504e-5f);
-    t = fmaf(t, z, 1.20553330e-4f);
-    t = fmaf(t, z, -8.54832702e-4f);
-    t = fmaf(t, z, 5.22397762e-3f);
-    t = fmaf(t, z, -2.68661706e-2f);
-    t = fmaf(t, z, 1.12837917e-1f);
-    t = fmaf(t, z, -3.76126389e-1f);
-    float small = x * fmaf(t, z, 1.12837917f);
+    const float c[] = {-1.22905553e-9f, 1.48071928e-8f, -1.63658447e-7f, 1.64621144e-6f,
+                       -1.49256504e-5f, 1.20553330e-4f, -8.54832702e-4f, 5.22397762e-3f,
+                       -2.68661706e-2f, 1.12837917e-1f, -3.76126389e-1f, 1.12837917f};
+    float small = x * tp_horner(z, c, 12);
     float u = (a - tp_erf_piece(a, 1.22500002f, 2.04999995f, 3.21499991f)) *
               tp_erf_piece(a, 2.66666675f, 2.22222233f, 1.39860141f);
     float p = tp_erf_piece(a, -2.17759498e-06f, 2.4155338e-06f, -6.078963e-06f);
