@@ -158,16 +158,39 @@ static size_t exchange(int fd, const uint8_t *data, size_t n, char *ans, size_t 
     }
 }
 
+/* poll on one descriptor for up to ms, resumed after a signal (libFuzzer's
+ * timers send them): 1 ready, 0 not in time. */
+static int wait_fd(int fd, short events, int ms)
+{
+    int64_t until = now_ms() + ms;
+    for (;;) {
+        struct pollfd p = {fd, events, 0};
+        int64_t left = until - now_ms();
+        int r = poll(&p, 1, left > 0 ? (int)left : 0);
+        if (r > 0)
+            return 1;
+        if (r == 0 || errno != EINTR)
+            return 0;
+    }
+}
+
+/* Non-blocking from the start: a blocking connect interrupted by a signal
+ * would go on connecting in the background and fail with EINTR. */
 static int dial(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         die("socket", strerror(errno));
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        fprintf(stderr, "fuzz_http: cannot connect to the server: %s\n", strerror(errno));
-        abort(); /* it stopped listening */
+    int e = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 ? 0 : errno;
+    socklen_t len = sizeof e;
+    if (e == EINPROGRESS || e == EINTR)
+        e = wait_fd(fd, POLLOUT, ALIVE_WAIT_MS) && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0
+                ? e
+                : ETIMEDOUT;
+    if (e) {
+        fprintf(stderr, "fuzz_http: cannot connect to the server: %s\n", strerror(e));
+        abort(); /* it stopped listening, or its backlog never drains */
     }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
 }
 
@@ -187,10 +210,9 @@ static void check_alive(void)
     static const char probe[] = "GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
     int fd = dial();
     char ans[16] = "";
-    struct pollfd p = {fd, POLLIN, 0};
     size_t got = 0;
     if (send(fd, probe, sizeof probe - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof probe - 1))
-        while (got < 12 && poll(&p, 1, ALIVE_WAIT_MS) > 0) {
+        while (got < 12 && wait_fd(fd, POLLIN, ALIVE_WAIT_MS)) {
             ssize_t r = recv(fd, ans + got, 12 - got, MSG_DONTWAIT);
             if (r <= 0 && !(r < 0 && errno == EAGAIN))
                 break;
