@@ -21,6 +21,7 @@
 #include "json_tensor.h"
 #include "kserve.h"
 #include "log.h"
+#include "log_settings.h"
 #include "metrics.h"
 #include "model_stats.h"
 #include "numtext.h"
@@ -330,6 +331,45 @@ static enum MHD_Result get_stats(tp_http *h, req_ctx *r)
     if (!atomic_load(&h->loaded))
         return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
     return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
+}
+
+/* ---- model repository and logging (Triton extensions) ------------------- */
+
+/* The one model and its state; [] before its graph has been read (its
+ * name comes from the graph). */
+static enum MHD_Result post_repository_index(tp_http *h, req_ctx *r)
+{
+    tp_err e;
+    int ready_only;
+    if (tp_kserve_parse_repository_index(r->body ? r->body : "", r->len, &ready_only, &e) != TP_OK)
+        return reply_error(h, r, 400, "%s", e.msg);
+    int broken = atomic_load(&h->broken), loaded = atomic_load(&h->loaded);
+    const char *state = broken ? "UNAVAILABLE" : atomic_load(&h->state) == SRV_DRAINING ? "UNLOADING" : "READY";
+    if (!loaded || (ready_only && !is_ready(h)))
+        return reply_json(h, r, 200, tp_kserve_repository_index(NULL, NULL, NULL, NULL));
+    return reply_json(h, r, 200, tp_kserve_repository_index(h->model.name, h->model.version, state,
+                                                            broken ? h->broken_msg : ""));
+}
+
+/* Triton without explicit model control refuses both too: the model is
+ * the graph serve started with, for the life of the process. */
+static enum MHD_Result post_repository_change(tp_http *h, req_ctx *r)
+{
+    return reply_error(h, r, 400, "model '%s' cannot be %s: tpserve serves the graph it was started "
+                       "with for the life of the process (restart it to serve another graph or new "
+                       "weights)", r->args.model, strstr(r->url, "/unload") ? "unloaded" : "loaded");
+}
+
+static enum MHD_Result logging_settings(tp_http *h, req_ctx *r)
+{
+    if (strcmp(r->method, "POST") != 0)
+        return reply_json(h, r, 200, tp_log_settings_json());
+    tp_err e;
+    char *doc = NULL;
+    tp_status st = tp_log_settings_apply(r->body ? r->body : "", r->len, &doc, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, st == TP_NOMEM ? 503 : 400, "%s", e.msg);
+    return reply_json(h, r, 200, doc);
 }
 
 /* ---- system shared memory ------------------------------------------------ */
@@ -747,6 +787,10 @@ static const route_def ROUTES[] = {
     {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
     {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
     {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
+    {"POST", "/v2/repository/index", 0, post_repository_index},
+    {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, post_repository_change},
+    {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, post_repository_change},
+    {"GET, HEAD, POST", "/v2/logging", 0, logging_settings},
     {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
     {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},
     {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, cuda_shm},

@@ -780,6 +780,30 @@ tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, 
     return st;
 }
 
+tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *ready_only, tp_err *err)
+{
+    *ready_only = 0;
+    if (len == 0)
+        return TP_OK;
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return tp_fail(err, TP_PARSE, "malformed JSON in repository index request at line %d column "
+                       "%d: %s", jerr.line, jerr.column, jerr.text);
+    const json_t *jr = json_object_get(root, "ready");
+    tp_status st = TP_OK;
+    if (!json_is_object(root))
+        st = tp_fail(err, TP_INVALID, "repository index request must be a JSON object, got %s",
+                     tp_json_kind(root));
+    else if (jr && !json_is_boolean(jr))
+        st = tp_fail(err, TP_INVALID, "repository index request: 'ready' must be true or false, got %s",
+                     tp_json_kind(jr));
+    else
+        *ready_only = json_is_true(jr);
+    json_decref(root);
+    return st;
+}
+
 /* ---- small documents ---------------------------------------------------- */
 
 static char *dump_and_free(json_t *doc)
@@ -791,9 +815,20 @@ static char *dump_and_free(json_t *doc)
 
 char *tp_kserve_server_metadata(const char *version)
 {
-    return dump_and_free(json_pack("{s:s, s:s, s:[s, s, s, s]}", "name", "tpserve", "version",
+    return dump_and_free(json_pack("{s:s, s:s, s:[s, s, s, s, s, s]}", "name", "tpserve", "version",
                                    version, "extensions", "binary_tensor_data",
-                                   "model_configuration", "statistics", "system_shared_memory"));
+                                   "model_configuration", "statistics", "system_shared_memory",
+                                   "model_repository", "logging"));
+}
+
+char *tp_kserve_repository_index(const char *name, const char *version, const char *state, const char *reason)
+{
+    if (!name)
+        return dump_and_free(json_array());
+    json_t *m = json_pack("{s:s, s:s, s:s}", "name", name, "version", version, "state", state);
+    if (m && reason && *reason)
+        json_object_set_new(m, "reason", json_string(reason));
+    return dump_and_free(m ? json_pack("[o]", m) : NULL);
 }
 
 static json_t *shape_json(int ndim, const int64_t *shape)

@@ -108,6 +108,10 @@ tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_
 tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,
                                        uint64_t *offset, uint64_t *byte_size, tp_err *err);
 
+/* The body of POST /v2/repository/index: empty, or {"ready": bool}
+ * (ready true: only models ready for inference). */
+tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *ready_only, tp_err *err);
+
 /* Small JSON documents; each returns a malloc'ed string or NULL (no memory). */
 char *tp_kserve_server_metadata(const char *version);
 char *tp_kserve_model_metadata(const tp_kserve_model *m);
@@ -115,6 +119,10 @@ char *tp_kserve_model_metadata(const tp_kserve_model *m);
  * model_config.proto fields clients read (name, platform, max_batch_size,
  * input/output with data_type and dims, dynamic_batching). */
 char *tp_kserve_model_config(const tp_kserve_model *m);
+/* Triton's model repository index: [] when name is NULL, else the one
+ * model with its state (READY, LOADING, UNAVAILABLE, UNLOADING) and,
+ * when reason is not empty, why. */
+char *tp_kserve_repository_index(const char *name, const char *version, const char *state, const char *reason);
 char *tp_kserve_error_json(const char *msg);
 /* {"<key>": true|false}, e.g. {"live": true}. */
 char *tp_kserve_bool_json(const char *key, int value);

@@ -66,6 +66,20 @@ expect "versioned model ready" 200 '{"ready":true}' GET /v2/models/$G/versions/1
 req HEAD /v2/health/live -I
 [ "$CODE" = 200 ] && pass "HEAD live (200)" || fail "HEAD live: $CODE"
 expect "trailing slash routes the same" 200 '{"live":true}' GET /v2/health/live/
+# Triton's model repository and logging extensions
+expect "repository index" 200 "[{\"name\":\"$G\",\"version\":\"1\",\"state\":\"READY\"}]" POST /v2/repository/index
+expect "repository index, ready only" 200 "\"state\":\"READY\"" POST /v2/repository/index -d '{"ready":true}'
+expect "repository index: bad body" 400 "'ready' must be true or false" POST /v2/repository/index -d '{"ready":"y"}'
+expect "model load refused" 400 "cannot be loaded: tpserve serves the graph it was started with" \
+    POST /v2/repository/models/$G/load
+expect "model unload refused" 400 "cannot be unloaded" POST /v2/repository/models/$G/unload
+expect "unload of another model" 404 "unknown model 'nope'" POST /v2/repository/models/nope/unload
+expect "still ready after load and unload" 200 '{"ready":true}' GET /v2/models/$G/ready
+expect "log settings" 200 '"log_error":true' GET /v2/logging
+expect "log settings: warnings only" 200 '"log_info":false,"log_warning":true' POST /v2/logging -d '{"log_info":false}'
+expect "log settings: refused" 400 "log_warning off together with log_info on" \
+    POST /v2/logging -d '{"log_info":true,"log_warning":false}'
+expect "log settings: back to debug" 200 '"log_verbose_level":1' POST /v2/logging -d '{"log_verbose_level":1}'
 # the ranks are the parallelism: the served process runs OpenBLAS without a
 # pool thread of its own (main.c sets it before the re-exec)
 if tr '\0' '\n' <"/proc/$PID/environ" 2>/dev/null | grep -qx 'OPENBLAS_NUM_THREADS=1'; then
@@ -235,6 +249,7 @@ if start_loading loading; then
     expect "loading: not ready" 503 '{"ready":false}' GET /v2/health/ready
     expect "loading: model metadata unavailable" 503 "not ready: the graph is still loading" GET /v2/models/$G
     expect "loading: model not ready" 503 "still loading" GET /v2/models/$G/ready
+    expect "loading: repository index empty (the name comes from the graph)" 200 "[]" POST /v2/repository/index
     expect_json "loading: infer refused" 503 "still loading" '{}'
     cat "$TP_GRAPHS/$G.json" >"$TMP/fifo/$G.json"
     i=0

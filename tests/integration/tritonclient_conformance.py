@@ -6,7 +6,8 @@ Drives a running `tpserve serve` with NVIDIA's official tritonclient[http]
 metadata, model readiness, Triton's model configuration and statistics
 extensions, infer with JSON tensors and with the binary tensor extension
 (each input/output combination), requested outputs, request ids, and error
-reporting. Infer results are checked against NAME.ref.safetensors
+reporting, and the model repository (index; load and unload refused) and
+logging extensions. Infer results are checked against NAME.ref.safetensors
 with the manifest rtol (graphs/README.md metric, via compare.py).
 
 Prints PASS/FAIL lines and "N passed, N failed"; exit 1 on any failure.
@@ -246,6 +247,35 @@ def check_shm(c, g, inputs, ref, rtol, r):
     r.check(c.get_system_shared_memory_status() == [], "every region unregistered")
 
 
+def check_repository_and_logging(c, g, r):
+    """Triton's model repository (index; load and unload refused, as in
+    Triton without explicit model control) and logging extensions."""
+    sm = c.get_server_metadata()
+    for ext in ("model_repository", "logging"):
+        r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
+    idx = c.get_model_repository_index()
+    r.check([(m.get("name"), m.get("version"), m.get("state")) for m in idx] == [(g, "1", "READY")],
+            "repository index %s" % idx)
+    expect_error(r, "load refused", lambda: c.load_model(g), "cannot be loaded", "restart it")
+    expect_error(r, "unload refused", lambda: c.unload_model(g), "cannot be unloaded")
+    r.check(c.is_model_ready(g), "model still ready after the refused load and unload")
+    before = c.get_log_settings()
+    r.check(before.get("log_error") is True and before.get("log_format") == "ISO8601",
+            "log settings %s" % before)
+    quiet = c.update_log_settings({"log_info": False})
+    r.check(quiet.get("log_info") is False and quiet.get("log_warning") is True
+            and quiet.get("log_verbose_level") == 0, "info lines off: %s" % quiet)
+    after = c.update_log_settings({"log_verbose_level": 1})
+    r.check(after.get("log_verbose_level") == 1 and after.get("log_info") is True,
+            "verbose logging on: %s" % after)
+    r.check(c.get_log_settings() == after, "log settings read back as set")
+    expect_error(r, "info without warnings refused",
+                 lambda: c.update_log_settings({"log_info": True, "log_warning": False}), "one threshold")
+    r.check(c.get_log_settings() == after, "a refused change changes nothing")
+    restored = c.update_log_settings({k: before[k] for k in ("log_info", "log_warning", "log_verbose_level")})
+    r.check(restored == before, "log settings restored: %s" % restored)
+
+
 def expect_error(r, what, fn, *words):
     try:
         fn()
@@ -294,6 +324,7 @@ def main(argv):
         check_stats(c, a.graph, before, r)
         check_shm(c, a.graph, inputs, ref, m["rtol"], r)
         check_errors(c, a.graph, inputs, ins, r)
+        check_repository_and_logging(c, a.graph, r)
     except Exception as e:  # a client-side surprise is a failure, not a crash
         r.check(False, "unexpected %s: %s" % (type(e).__name__, e))
     finally:

@@ -736,7 +736,7 @@ START_TEST(metadata_docs)
     s = tp_kserve_server_metadata("1.2.3");
     ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
                         "\"extensions\":[\"binary_tensor_data\",\"model_configuration\","
-                        "\"statistics\",\"system_shared_memory\"]}");
+                        "\"statistics\",\"system_shared_memory\",\"model_repository\",\"logging\"]}");
     free(s);
     /* Triton's model configuration: dims without the batch dim when batching */
     tp_kserve_model batched = M;
@@ -772,6 +772,40 @@ START_TEST(metadata_docs)
 }
 END_TEST
 
+/* Triton's model repository index: its body and its document. */
+START_TEST(repository_index)
+{
+    int ready = -1;
+    tp_err e;
+    ck_assert_int_eq(tp_kserve_parse_repository_index("", 0, &ready, &e), TP_OK);
+    ck_assert_int_eq(ready, 0);
+    ck_assert_int_eq(tp_kserve_parse_repository_index("{\"ready\":true}", 14, &ready, &e), TP_OK);
+    ck_assert_int_eq(ready, 1);
+    ck_assert_int_eq(tp_kserve_parse_repository_index("{}", 2, &ready, &e), TP_OK);
+    ck_assert_int_eq(ready, 0);
+    static const struct {
+        const char *body, *says;
+    } bad[] = {
+        {"{\"ready\":1}", "'ready' must be true or false, got an integer"},
+        {"[]", "must be a JSON object, got an array"},
+        {"{\"ready\":", "malformed JSON in repository index request at line 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_ne(tp_kserve_parse_repository_index(bad[i].body, strlen(bad[i].body), &ready, &e), TP_OK);
+        ck_assert_msg(strstr(e.msg, bad[i].says), "%s: %s", bad[i].body, e.msg);
+    }
+    char *s = tp_kserve_repository_index("m", "1", "READY", "");
+    ck_assert_str_eq(s, "[{\"name\":\"m\",\"version\":\"1\",\"state\":\"READY\"}]");
+    free(s);
+    s = tp_kserve_repository_index("m", "1", "UNAVAILABLE", "rank 1 died");
+    ck_assert_str_eq(s, "[{\"name\":\"m\",\"version\":\"1\",\"state\":\"UNAVAILABLE\",\"reason\":\"rank 1 died\"}]");
+    free(s);
+    s = tp_kserve_repository_index(NULL, NULL, NULL, NULL);
+    ck_assert_str_eq(s, "[]");
+    free(s);
+}
+END_TEST
+
 static Suite *kserve_suite(void)
 {
     Suite *s = suite_create("kserve");
@@ -791,6 +825,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(b, response_half_types_as_json);
     tcase_add_test(b, response_errors);
     tcase_add_test(b, metadata_docs);
+    tcase_add_test(b, repository_index);
     suite_add_tcase(s, b);
     TCase *e = tcase_create("errors");
     tcase_add_test(e, errors_document);
