@@ -4,16 +4,17 @@
  * thing in process, once: tp_http on a loopback port in front of the
  * example graph (mlp_sp_tp2, cpu backend, ranks as threads), with client
  * shared memory allowed and one region's object ready to register. Each
- * input is one client connection: its bytes are sent as they are (one
- * request, several pipelined, or garbage), the client half-closes, and
- * everything the server answers is read until it closes its side.
+ * input is the bytes of one to MAX_CONNS client connections (CONN_SEP
+ * between them), sent at once so their requests meet in the batcher: one
+ * request each, several pipelined, or garbage. Each client half-closes
+ * once it has sent everything and reads what the server answers.
  *
  * What counts as a finding, besides a sanitizer report in any server
  * thread: a liveness probe on a new connection after the input not
  * answered 200 (a request that locked up every HTTP thread, or broke the
- * engine), and an answer that does not begin with an HTTP status line. Routes,
- * headers, bodies, batching, binary and JSON tensors, shared memory
- * registration and statistics are all reached from here, with the
+ * engine), and an answer that does not begin with an HTTP status line.
+ * Routes, headers, bodies, batching, binary and JSON tensors, shared
+ * memory registration and statistics are all reached from here, with the
  * threads, suspension and resumption the server really uses. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -38,13 +39,16 @@
 /* The server's limits for a connection, short: a connection left waiting
  * for bytes that never come is closed in a second or two. */
 #define REQUEST_TIMEOUT_MS 2000
-/* The answer's end (exchange). An inference here takes well under a
+/* The answer's end (run_clients). An inference here takes well under a
  * millisecond, even with the sanitizers; one that takes longer is only
  * read in part, which loses nothing the checks need. */
 #define FIRST_BYTE_MS 50
 #define QUIET_MS 3
 /* Far beyond any answer's time: only a server that is stuck misses it. */
 #define ALIVE_WAIT_MS 10000
+/* An input is up to MAX_CONNS clients' bytes, CONN_SEP between them. */
+#define MAX_CONNS 4
+#define CONN_SEP "\n@@conn@@\n"
 /* The object the seeds register as a region. Parallel jobs share it (the
  * seeds name it) and only read and write it; the first to exit unlinks it,
  * which costs the others coverage, never a false finding. */
@@ -112,49 +116,80 @@ static int64_t now_ms(void)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* Sends data and reads the answer at the same time (a server answering
- * pipelined requests must never wait on a client that only writes), then
- * half-closes and reads until the server closes, or until nothing more
- * has come for QUIET_MS after the first answer byte (FIRST_BYTE_MS when
- * none came): libmicrohttpd keeps a connection whose client half-closed
- * open until its timeout, as it does for any idle keep-alive client, so
- * its close cannot mark the end. Returns the bytes read (at most cap kept
- * in ans). */
-static size_t exchange(int fd, const uint8_t *data, size_t n, char *ans, size_t cap)
+/* One client connection of an input: its bytes, what it sent, the first
+ * bytes of what it got. */
+typedef struct {
+    int fd;
+    const uint8_t *data;
+    size_t n, sent, got;
+    int shut, done;
+    int64_t until; /* once shut: when it stops waiting for more */
+    char head[16];
+} client;
+
+/* One poll result for c: sends more, half-closes once all is sent, reads. */
+static void client_step(client *c, short revents, int64_t now)
 {
-    size_t sent = 0, got = 0;
-    int shut = 0;
-    int64_t until = now_ms() + FIRST_BYTE_MS;
-    for (;;) {
-        if (sent == n && !shut) {
-            shutdown(fd, SHUT_WR);
-            shut = 1;
-        }
-        struct pollfd p = {fd, POLLIN | (shut ? 0 : POLLOUT), 0};
-        int64_t left = until - now_ms();
-        if (shut && left <= 0)
-            return got;
-        if (poll(&p, 1, shut ? (int)left : FIRST_BYTE_MS) <= 0)
-            continue;
-        if (p.revents & POLLOUT) {
-            ssize_t w = send(fd, data + sent, n - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (w > 0)
-                sent += (size_t)w;
-            else if (w < 0 && errno != EAGAIN && errno != EINTR)
-                sent = n; /* the server closed: read what it said */
-        }
-        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-            char buf[4096];
-            ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
-                return got;
-            if (r > 0) {
-                size_t keep = got < cap ? (cap - got < (size_t)r ? cap - got : (size_t)r) : 0;
-                memcpy(ans + got, buf, keep);
-                got += (size_t)r;
-                until = now_ms() + QUIET_MS;
+    if (revents & POLLOUT) {
+        ssize_t w = send(c->fd, c->data + c->sent, c->n - c->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0)
+            c->sent += (size_t)w;
+        else if (w < 0 && errno != EAGAIN && errno != EINTR)
+            c->sent = c->n; /* the server closed: read what it said */
+    }
+    if (c->sent == c->n && !c->shut) {
+        shutdown(c->fd, SHUT_WR);
+        c->shut = 1;
+        c->until = now + FIRST_BYTE_MS;
+    }
+    if (revents & (POLLIN | POLLHUP | POLLERR)) {
+        char buf[4096];
+        ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            c->done = 1;
+        if (r > 0) {
+            if (c->got < sizeof c->head) {
+                size_t room = sizeof c->head - c->got;
+                memcpy(c->head + c->got, buf, room < (size_t)r ? room : (size_t)r);
             }
+            c->got += (size_t)r;
+            c->until = now + QUIET_MS;
         }
+    }
+    if (c->shut && now >= c->until)
+        c->done = 1;
+}
+
+/* Every client sends and reads at once (a server answering pipelined
+ * requests must never wait on a client that only writes, and requests on
+ * several connections meet in the batcher), half-closes when it has sent
+ * everything, and is done when the server closes, or when nothing more
+ * has come for QUIET_MS after an answer byte (FIRST_BYTE_MS when none
+ * came): libmicrohttpd keeps a connection whose client half-closed open
+ * until its timeout, as it does any idle keep-alive client, so its close
+ * cannot mark the end. */
+static void run_clients(client *cs, int k)
+{
+    for (;;) {
+        struct pollfd p[MAX_CONNS];
+        client *who[MAX_CONNS];
+        int m = 0, wait = FIRST_BYTE_MS;
+        int64_t now = now_ms();
+        for (int i = 0; i < k; i++) {
+            if (cs[i].done)
+                continue;
+            p[m] = (struct pollfd){cs[i].fd, (short)(POLLIN | (cs[i].shut ? 0 : POLLOUT)), 0};
+            who[m++] = &cs[i];
+            if (cs[i].shut && cs[i].until - now < wait)
+                wait = cs[i].until - now > 0 ? (int)(cs[i].until - now) : 0;
+        }
+        if (m == 0)
+            return;
+        if (poll(p, (nfds_t)m, wait) < 0 && errno != EINTR)
+            die("poll", strerror(errno));
+        now = now_ms();
+        for (int i = 0; i < m; i++)
+            client_step(who[i], p[i].revents, now);
     }
 }
 
@@ -226,16 +261,38 @@ static void check_alive(void)
     }
 }
 
+/* The input split at CONN_SEP into at most MAX_CONNS connections' bytes
+ * (the last one takes the rest, separators and all). */
+static int split_input(const uint8_t *data, size_t n, client *cs)
+{
+    int k = 0;
+    const size_t sep = sizeof CONN_SEP - 1;
+    for (;;) {
+        const uint8_t *at = k + 1 < MAX_CONNS ? memmem(data, n, CONN_SEP, sep) : NULL;
+        cs[k] = (client){.data = data, .n = at ? (size_t)(at - data) : n};
+        k++;
+        if (!at)
+            return k;
+        n -= (size_t)(at - data) + sep;
+        data = at + sep;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
-    int fd = dial();
-    char ans[16];
-    size_t got = exchange(fd, data, n, ans, sizeof ans);
-    hang_up(fd);
-    if (got > 0 && (got < 9 || memcmp(ans, "HTTP/1.", 7) != 0)) {
-        fprintf(stderr, "fuzz_http: the answer does not begin with a status line: '%.*s'\n",
-                (int)(got < sizeof ans ? got : sizeof ans), ans);
-        abort();
+    client cs[MAX_CONNS];
+    int k = split_input(data, n, cs);
+    for (int i = 0; i < k; i++)
+        cs[i].fd = dial();
+    run_clients(cs, k);
+    for (int i = 0; i < k; i++) {
+        hang_up(cs[i].fd);
+        size_t got = cs[i].got;
+        if (got > 0 && (got < 9 || memcmp(cs[i].head, "HTTP/1.", 7) != 0)) {
+            fprintf(stderr, "fuzz_http: connection %d's answer does not begin with a status line: '%.*s'\n",
+                    i, (int)(got < sizeof cs[i].head ? got : sizeof cs[i].head), cs[i].head);
+            abort();
+        }
     }
     check_alive();
     /* An input may have turned the log up (POST /v2/logging): a line per
