@@ -753,19 +753,14 @@ tp_status tp_kserve_build_infer_parts(const tp_kserve_model *m, const tp_kserve_
 tp_status tp_kserve_parse_shm_register(const char *body, size_t len, char *key, size_t key_size,
                                        uint64_t *offset, uint64_t *byte_size, tp_err *err)
 {
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return tp_fail(err, TP_PARSE, "malformed JSON in register request at line %d column %d: "
-                       "%s", jerr.line, jerr.column, jerr.text);
+    json_t *root;
+    tp_status st = tp_json_load_object(body, len, "register request", &root, err);
+    if (st != TP_OK)
+        return st;
     const json_t *jk = json_object_get(root, "key");
     int has_size, has_off;
-    tp_status st = TP_OK;
     *offset = 0;
-    if (!json_is_object(root))
-        st = tp_fail(err, TP_INVALID, "register request must be a JSON object, got %s",
-                     tp_json_kind(root));
-    else if (!json_is_string(jk) || json_string_length(jk) >= key_size)
+    if (!json_is_string(jk) || json_string_length(jk) >= key_size)
         st = tp_fail(err, TP_INVALID, "register request: 'key' must be a string of at most %zu "
                      "bytes, got %s", key_size - 1, tp_json_kind(jk));
     if (st == TP_OK)
@@ -785,17 +780,12 @@ tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *re
     *ready_only = 0;
     if (len == 0)
         return TP_OK;
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return tp_fail(err, TP_PARSE, "malformed JSON in repository index request at line %d column "
-                       "%d: %s", jerr.line, jerr.column, jerr.text);
+    json_t *root;
+    tp_status st = tp_json_load_object(body, len, "repository index request", &root, err);
+    if (st != TP_OK)
+        return st;
     const json_t *jr = json_object_get(root, "ready");
-    tp_status st = TP_OK;
-    if (!json_is_object(root))
-        st = tp_fail(err, TP_INVALID, "repository index request must be a JSON object, got %s",
-                     tp_json_kind(root));
-    else if (jr && !json_is_boolean(jr))
+    if (jr && !json_is_boolean(jr))
         st = tp_fail(err, TP_INVALID, "repository index request: 'ready' must be true or false, got %s",
                      tp_json_kind(jr));
     else

@@ -113,16 +113,11 @@ static tp_status check_reachable(const int set[N_KINDS], tp_log_level t, tp_err 
 
 tp_status tp_log_settings_apply(const char *body, size_t len, char **out, tp_err *err)
 {
-    json_error_t je;
-    json_t *doc = len ? json_loadb(body, len, JSON_REJECT_DUPLICATES, &je) : json_object(); /* empty: no change */
-    if (!doc)
-        return len == 0 ? tp_fail(err, TP_NOMEM, "log settings: out of memory")
-                        : tp_fail(err, TP_INVALID, "log settings: invalid JSON at line %d column %d: %s", je.line,
-                       je.column, je.text);
+    json_t *doc = NULL;
     int set[N_KINDS] = {-1, -1, -1, -1};
-    tp_status st = json_is_object(doc) ? read_body(doc, set, err)
-                                       : tp_fail(err, TP_INVALID, "log settings must be a JSON object, not %s",
-                                                 tp_json_kind(doc));
+    tp_status st = len ? tp_json_load_object(body, len, "log settings", &doc, err) : TP_OK; /* empty: no change */
+    if (st == TP_OK && doc)
+        st = read_body(doc, set, err);
     json_decref(doc);
     tp_log_level t = threshold_for(set, tp_log_get_level());
     if (st == TP_OK)

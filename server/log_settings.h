@@ -23,7 +23,8 @@ char *tp_log_settings_json(void);
 /* Applies a POST body: a JSON object of any of the settings. On success
  * the new level is in effect and *out holds the settings after it
  * (malloc'd). Anything else (not an object, an unknown key, a wrong type,
- * a combination no threshold gives) changes nothing: TP_INVALID and why. */
+ * a combination no threshold gives) changes nothing: TP_PARSE (not JSON)
+ * or TP_INVALID, and why. An empty body changes nothing either. */
 tp_status tp_log_settings_apply(const char *body, size_t len, char **out, tp_err *err);
 
 #endif

@@ -16,3 +16,20 @@ const char *tp_json_kind(const json_t *v)
     }
     return "an unknown JSON value";
 }
+
+tp_status tp_json_load_object(const char *body, size_t len, const char *what, json_t **out, tp_err *err)
+{
+    json_error_t je;
+    json_t *doc = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    *out = NULL;
+    if (!doc)
+        return tp_fail(err, TP_PARSE, "malformed JSON in %s at line %d column %d: %s", what, je.line,
+                       je.column, je.text);
+    if (!json_is_object(doc)) {
+        tp_status st = tp_fail(err, TP_INVALID, "%s must be a JSON object, got %s", what, tp_json_kind(doc));
+        json_decref(doc);
+        return st;
+    }
+    *out = doc;
+    return TP_OK;
+}

@@ -1,11 +1,19 @@
 /* json_kind.h — "an object", "an array", ... for error messages that say
- * what a JSON value was instead of what was expected. Shared by every
- * reader of JSON (graphs, safetensors headers, config, KServe requests). */
+ * what a JSON value was instead of what was expected, and a small request
+ * body read as one object with such messages. Shared by every reader of
+ * JSON (graphs, safetensors headers, config, KServe requests). */
 #ifndef TP_JSON_KIND_H
 #define TP_JSON_KIND_H
 
 #include <jansson.h>
 
+#include "status.h"
+
 const char *tp_json_kind(const json_t *v);
+
+/* body as a JSON object (a key twice is refused) into *out, the caller's
+ * to json_decref. Otherwise TP_PARSE "malformed JSON in WHAT at line L
+ * column C: ..." or TP_INVALID "WHAT must be a JSON object, got an array". */
+tp_status tp_json_load_object(const char *body, size_t len, const char *what, json_t **out, tp_err *err);
 
 #endif

@@ -49,9 +49,9 @@
 /* An input is up to MAX_CONNS clients' bytes, CONN_SEP between them. */
 #define MAX_CONNS 4
 #define CONN_SEP "\n@@conn@@\n"
-/* The object the seeds register as a region. Parallel jobs share it (the
- * seeds name it) and only read and write it; the first to exit unlinks it,
- * which costs the others coverage, never a false finding. */
+/* The object the seeds register as a region. Parallel jobs (and make
+ * test's short run) share it, only read and write it, and each exiting one
+ * unlinks it: every input first makes sure it is there (make_region). */
 #define REGION_KEY "/tpfuzz_region"
 #define REGION_BYTES 65536
 
@@ -73,7 +73,6 @@ static void make_region(void)
     if (fd < 0 || ftruncate(fd, REGION_BYTES) != 0)
         die("shared memory region " REGION_KEY, strerror(errno));
     close(fd);
-    atexit(unlink_region);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -102,7 +101,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         die("server", err.msg);
     if (tp_http_set_engines(server, &engine, 1, &err) != TP_OK)
         die("server", err.msg);
-    make_region();
+    atexit(unlink_region);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)tp_http_port(server));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -282,6 +281,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
     client cs[MAX_CONNS];
     int k = split_input(data, n, cs);
+    make_region();
     for (int i = 0; i < k; i++)
         cs[i].fd = dial();
     run_clients(cs, k);
