@@ -353,11 +353,21 @@ static enum MHD_Result post_repository_index(tp_http *h, req_ctx *r)
 
 /* Triton without explicit model control refuses both too: the model is
  * the graph serve started with, for the life of the process. */
-static enum MHD_Result post_repository_change(tp_http *h, req_ctx *r)
+static enum MHD_Result refuse_repository_change(tp_http *h, req_ctx *r, const char *done)
 {
     return reply_error(h, r, 400, "model '%s' cannot be %s: tpserve serves the graph it was started "
                        "with for the life of the process (restart it to serve another graph or new "
-                       "weights)", r->args.model, strstr(r->url, "/unload") ? "unloaded" : "loaded");
+                       "weights)", r->args.model, done);
+}
+
+static enum MHD_Result post_repository_load(tp_http *h, req_ctx *r)
+{
+    return refuse_repository_change(h, r, "loaded");
+}
+
+static enum MHD_Result post_repository_unload(tp_http *h, req_ctx *r)
+{
+    return refuse_repository_change(h, r, "unloaded");
 }
 
 static enum MHD_Result logging_settings(tp_http *h, req_ctx *r)
@@ -788,8 +798,8 @@ static const route_def ROUTES[] = {
     {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
     {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
     {"POST", "/v2/repository/index", 0, post_repository_index},
-    {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, post_repository_change},
-    {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, post_repository_change},
+    {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, post_repository_load},
+    {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, post_repository_unload},
     {"GET, HEAD, POST", "/v2/logging", 0, logging_settings},
     {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
     {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},

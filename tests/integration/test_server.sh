@@ -75,6 +75,18 @@ expect "model load refused" 400 "cannot be loaded: tpserve serves the graph it w
 expect "model unload refused" 400 "cannot be unloaded" POST /v2/repository/models/$G/unload
 expect "unload of another model" 404 "unknown model 'nope'" POST /v2/repository/models/nope/unload
 expect "still ready after load and unload" 200 '{"ready":true}' GET /v2/models/$G/ready
+# the verb comes from the route, not from the path: a model named "unloader"
+mkdir -p "$TMP/unloader"
+sed 's/"name": "'"$G"'"/"name": "unloader"/' "$TP_GRAPHS/$G.json" >"$TMP/unloader/$G.json"
+cp "$TP_GRAPHS/$G.safetensors" "$TMP/unloader/"
+if start unloader --graph "$TMP/unloader/$G.json"; then
+    expect "load of a model named unloader" 400 "model 'unloader' cannot be loaded:" \
+        POST /v2/repository/models/unloader/load
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+fi
+PID=$MAIN_PID
+URL=$MAIN_URL
 expect "log settings" 200 '"log_error":true' GET /v2/logging
 expect "log settings: warnings only" 200 '"log_info":false,"log_warning":true' POST /v2/logging -d '{"log_info":false}'
 expect "log settings: refused" 400 "log_warning off together with log_info on" \
