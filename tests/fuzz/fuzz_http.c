@@ -49,7 +49,9 @@
  * (libmicrohttpd would otherwise hold the half-closed connection, and the
  * client waits QUIET_MS). Bytes that leave a request unfinished take it
  * in as theirs, and the quiet wait ends the connection as before. */
-#define CLOSER "GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n"
+#define CLOSER LIVENESS_PROBE
+/* check_alive's request, and each connection's last (CLOSER). */
+#define LIVENESS_PROBE "GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n"
 /* Far beyond any answer's time: only a server that is stuck misses it. */
 #define ALIVE_WAIT_MS 10000
 /* An input is up to MAX_CONNS clients' bytes, CONN_SEP between them. */
@@ -235,7 +237,8 @@ static int dial(void)
 }
 
 /* A reset, not a FIN, ends our side: no TIME_WAIT left behind. Every input
- * opens two connections, and a long run would exhaust the ports. */
+ * opens up to MAX_CONNS + 1 connections, and a long run would exhaust the
+ * ports. */
 static void hang_up(int fd)
 {
     struct linger lg = {1, 0};
@@ -247,7 +250,7 @@ static void hang_up(int fd)
  * server whose threads are all stuck, or that gave up its engine, fails. */
 static void check_alive(void)
 {
-    static const char probe[] = "GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n";
+    static const char probe[] = LIVENESS_PROBE;
     int fd = dial();
     char ans[16] = "";
     size_t got = 0;
