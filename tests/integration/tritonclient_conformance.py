@@ -91,7 +91,7 @@ def check_metadata(c, g, inputs, ref, r):
 def check_config(c, g, inputs, ref, r):
     """Triton's model configuration extension, as perf_analyzer reads it."""
     sm = c.get_server_metadata()
-    for ext in ("model_configuration", "statistics", "system_shared_memory"):
+    for ext in ("model_configuration", "statistics", "system_shared_memory", "model_repository", "logging"):
         r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
     cfg = c.get_model_config(g)
     mbs = cfg.get("max_batch_size")
@@ -250,9 +250,6 @@ def check_shm(c, g, inputs, ref, rtol, r):
 def check_repository_and_logging(c, g, r):
     """Triton's model repository (index; load and unload refused, as in
     Triton without explicit model control) and logging extensions."""
-    sm = c.get_server_metadata()
-    for ext in ("model_repository", "logging"):
-        r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
     idx = c.get_model_repository_index()
     r.check([(m.get("name"), m.get("version"), m.get("state")) for m in idx] == [(g, "1", "READY")],
             "repository index %s" % idx)
