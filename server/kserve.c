@@ -796,16 +796,9 @@ tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *re
 
 /* ---- small documents ---------------------------------------------------- */
 
-static char *dump_and_free(json_t *doc)
-{
-    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
-    return s;
-}
-
 char *tp_kserve_server_metadata(const char *version)
 {
-    return dump_and_free(json_pack("{s:s, s:s, s:[s, s, s, s, s, s]}", "name", "tpserve", "version",
+    return tp_json_take_text(json_pack("{s:s, s:s, s:[s, s, s, s, s, s]}", "name", "tpserve", "version",
                                    version, "extensions", "binary_tensor_data",
                                    "model_configuration", "statistics", "system_shared_memory",
                                    "model_repository", "logging"));
@@ -814,11 +807,11 @@ char *tp_kserve_server_metadata(const char *version)
 char *tp_kserve_repository_index(const char *name, const char *version, const char *state, const char *reason)
 {
     if (!name)
-        return dump_and_free(json_array());
+        return tp_json_take_text(json_array());
     json_t *m = json_pack("{s:s, s:s, s:s}", "name", name, "version", version, "state", state);
     if (m && reason && *reason)
         json_object_set_new(m, "reason", json_string(reason));
-    return dump_and_free(m ? json_pack("[o]", m) : NULL);
+    return tp_json_take_text(m ? json_pack("[o]", m) : NULL);
 }
 
 static json_t *shape_json(int ndim, const int64_t *shape)
@@ -841,7 +834,7 @@ static json_t *io_json(const tp_io_desc *io, int n)
 
 char *tp_kserve_model_metadata(const tp_kserve_model *m)
 {
-    return dump_and_free(json_pack("{s:s, s:[s], s:s, s:o, s:o}", "name", m->name, "versions",
+    return tp_json_take_text(json_pack("{s:s, s:[s], s:s, s:o, s:o}", "name", m->name, "versions",
                                    m->version ? m->version : "1", "platform", "tpserve", "inputs",
                                    io_json(m->inputs, m->n_inputs), "outputs",
                                    io_json(m->outputs, m->n_outputs)));
@@ -884,7 +877,7 @@ char *tp_kserve_model_config(const tp_kserve_model *m)
                                       (json_int_t)m->max_queue_delay_us, "preserve_ordering", 1,
                                       "default_queue_policy", "max_queue_size",
                                       (json_int_t)m->max_queue_size));
-    return dump_and_free(doc);
+    return tp_json_take_text(doc);
 }
 
 /* Messages quote client text (paths, names) and may be cut mid-character by
@@ -900,10 +893,10 @@ char *tp_kserve_error_json(const char *msg)
         clean[n] = '\0';
         s = json_string(clean);
     }
-    return dump_and_free(json_pack("{s:o}", "error", s));
+    return tp_json_take_text(json_pack("{s:o}", "error", s));
 }
 
 char *tp_kserve_bool_json(const char *key, int value)
 {
-    return dump_and_free(json_pack("{s:b}", key, value));
+    return tp_json_take_text(json_pack("{s:b}", key, value));
 }

@@ -25,12 +25,10 @@ static const kind KINDS[] = {
 
 static char *settings_json(tp_log_level lvl)
 {
-    json_t *doc = json_pack("{s:s, s:b, s:b, s:b, s:i, s:s}", "log_file", "", "log_info",
-                            lvl >= TP_LOG_INFO, "log_warning", lvl >= TP_LOG_WARN, "log_error", 1,
-                            "log_verbose_level", lvl >= TP_LOG_DEBUG ? 1 : 0, "log_format", LOG_FORMAT);
-    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
-    json_decref(doc);
-    return s;
+    return tp_json_take_text(json_pack("{s:s, s:b, s:b, s:b, s:i, s:s}", "log_file", "", "log_info",
+                                       lvl >= TP_LOG_INFO, "log_warning", lvl >= TP_LOG_WARN, "log_error", 1,
+                                       "log_verbose_level", lvl >= TP_LOG_DEBUG ? 1 : 0, "log_format",
+                                       LOG_FORMAT));
 }
 
 char *tp_log_settings_json(void) { return settings_json(tp_log_get_level()); }

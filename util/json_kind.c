@@ -33,3 +33,10 @@ tp_status tp_json_load_object(const char *body, size_t len, const char *what, js
     *out = doc;
     return TP_OK;
 }
+
+char *tp_json_take_text(json_t *doc)
+{
+    char *s = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    return s;
+}
