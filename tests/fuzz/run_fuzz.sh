@@ -16,6 +16,8 @@ SECONDS_=$2
 B=${FUZZ_BUILD:-build/fuzz}
 HERE=$(dirname "$0")
 KIND=${NAME#fuzz_}
+# the same server with its ranks as processes takes the same seeds
+KIND=${KIND%_processes}
 mkdir -p "$B/corpus/$NAME" "$B/artifacts" "$B/logs"
 seeds=""
 for d in "$HERE/corpus/$KIND" "$B/seeds/$KIND"; do
