@@ -1,4 +1,5 @@
 #include "kserve.h"
+#include "classify.h"
 #include "json_kind.h"
 #include "json_tensor.h"
 #include "text.h"
@@ -325,6 +326,23 @@ static tp_status get_bool_param(const json_t *params, const char *key, const cha
     return TP_OK;
 }
 
+/* Triton's classification extension: parameters.classification = N, the
+ * classes to answer per batch entry (classify.h); *classes stays 0 without. */
+static tp_status parse_classification(const json_t *params, const char *where, int64_t *classes, tp_err *err)
+{
+    const json_t *v = params ? json_object_get(params, "classification") : NULL;
+    if (!v)
+        return TP_OK;
+    if (!json_is_integer(v))
+        return tp_fail(err, TP_INVALID, "%s: parameters.classification must be an integer (how many classes "
+                       "to answer), got %s", where, tp_json_kind(v));
+    if (json_integer_value(v) < 1)
+        return tp_fail(err, TP_INVALID, "%s: parameters.classification must be at least 1 (how many classes "
+                       "to answer), got %lld", where, (long long)json_integer_value(v));
+    *classes = (int64_t)json_integer_value(v);
+    return TP_OK;
+}
+
 static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t pos,
                               int binary_default, tp_kserve_output_sel *sel, tp_err *err)
 {
@@ -346,12 +364,15 @@ static tp_status parse_output(const tp_kserve_model *m, const json_t *o, size_t 
     if (params && !json_is_object(params))
         return tp_fail(err, TP_INVALID, "%s: 'parameters' must be an object, got %s", where,
                        tp_json_kind(params));
-    if (params && json_object_get(params, "classification"))
-        return tp_fail(err, TP_INVALID, "%s: parameters.classification is not supported", where);
     sel->binary = binary_default;
     tp_status st = get_bool_param(params, "binary_data", where, &sel->binary, err);
+    if (st == TP_OK)
+        st = parse_classification(params, where, &sel->classes, err);
     if (st != TP_OK || !params || !json_object_get(params, "shared_memory_region"))
         return st;
+    if (sel->classes)
+        return tp_fail(err, TP_INVALID, "%s: parameters.classification and shared_memory_region cannot be "
+                       "combined (the classes are answered in the body)", where);
     sel->binary = 0; /* the bytes go to the region, not the body */
     return shm_params(m, params, where, &sel->shm, &sel->shm_offset, &sel->shm_size, err);
 }
@@ -635,15 +656,49 @@ static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
     return TP_OK;
 }
 
-static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t,
-                              const tp_kserve_output_sel *sel, tp_err *err)
+/* A BYTES tensor's elements (each a 4-byte little-endian length, then its
+ * bytes) as a JSON array of strings. Only classes are written so, whose
+ * text ("0.930000:2") needs no escaping. */
+static void write_bytes_json(tp_jbuf *b, const tp_classes *c)
 {
-    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
-    if (t->nbytes != want || (want && !t->data))
-        return tp_fail(err, TP_INTERNAL, "output '%s': engine returned %zu bytes for %zu expected",
-                       t->name, t->nbytes, want);
+    tp_jbuf_raw(b, "[", 1);
+    for (size_t at = 0; at + 4 <= c->len;) {
+        const unsigned char *l = (const unsigned char *)c->bytes + at;
+        size_t n = (size_t)l[0] | (size_t)l[1] << 8 | (size_t)l[2] << 16 | (size_t)l[3] << 24;
+        tp_jbuf_raw(b, at ? ",\"" : "\"", at ? 2 : 1);
+        tp_jbuf_raw(b, c->bytes + at + 4, n);
+        tp_jbuf_raw(b, "\"", 1);
+        at += 4 + n;
+    }
+    tp_jbuf_raw(b, "]", 1);
+}
+
+/* An output answered as its classes (cls): a BYTES tensor. */
+static void write_classes(tp_jbuf *b, const tp_classes *cls, const tp_kserve_output_sel *sel)
+{
+    tp_jbuf_lit(b, ",\"datatype\":\"BYTES\",\"shape\":");
+    write_shape(b, cls->ndim, cls->shape);
+    if (sel->binary) {
+        tp_jbuf_lit(b, ",\"parameters\":{\"binary_data_size\":");
+        tp_jbuf_i64(b, (int64_t)cls->len);
+        tp_jbuf_lit(b, "}}");
+        return;
+    }
+    tp_jbuf_lit(b, ",\"data\":");
+    write_bytes_json(b, cls);
+    tp_jbuf_raw(b, "}", 1);
+}
+
+/* cls: the output's classes when the request asked for them, else NULL. */
+static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t, const tp_kserve_output_sel *sel,
+                              const tp_classes *cls, tp_err *err)
+{
     tp_jbuf_lit(b, "{\"name\":");
     tp_jbuf_str(b, t->name);
+    if (cls) {
+        write_classes(b, cls, sel);
+        return TP_OK;
+    }
     tp_jbuf_lit(b, ",\"datatype\":\"");
     tp_jbuf_lit(b, tp_dtype_name(t->dtype));
     tp_jbuf_lit(b, "\",\"shape\":");
@@ -662,13 +717,34 @@ static tp_status write_output(tp_jbuf *b, const tp_host_tensor *t,
     return st;
 }
 
+/* Output i's tensor, checked against its shape, and its classes computed
+ * into cls[i] when asked for. */
+static tp_status find_output(const tp_kserve_model *m, const tp_kserve_request *req, int i,
+                             const tp_host_tensor *outs, int n_outs, tp_classes *cls,
+                             const tp_host_tensor **out, tp_err *err)
+{
+    const tp_kserve_output_sel *sel = &req->outputs[i];
+    const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
+    if (!t)
+        return tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
+    size_t want = (size_t)numel_of(t->ndim, t->shape) * tp_dtype_size(t->dtype);
+    if (t->nbytes != want || (want && !t->data))
+        return tp_fail(err, TP_INTERNAL, "output '%s': engine returned %zu bytes for %zu expected",
+                       t->name, t->nbytes, want);
+    *out = t;
+    return sel->classes ? tp_classify(t, m->max_batch_size > 0, sel->classes, &cls[i], err) : TP_OK;
+}
+
 /* The JSON header, then for binary outputs their bytes in order: appended
  * to b, or (tail non-NULL and the answer over whole_max bytes) listed in
- * tail as pieces of outs. */
+ * tail as pieces of outs. cls has a slot per requested output for the
+ * classes of those that asked for them; their bytes are always copied
+ * (they live only as long as this call), so an answer with binary classes
+ * is never listed. */
 static tp_status write_response(const tp_kserve_model *m, const tp_kserve_request *req,
                                 const tp_host_tensor *outs, int n_outs, tp_jbuf *b,
                                 size_t *header_len, tp_kserve_piece *tail, int *n_tail,
-                                size_t whole_max, tp_err *err)
+                                size_t whole_max, tp_classes *cls, tp_err *err)
 {
     tp_jbuf_lit(b, "{\"model_name\":");
     tp_jbuf_str(b, m->name);
@@ -680,29 +756,34 @@ static tp_status write_response(const tp_kserve_model *m, const tp_kserve_reques
     }
     tp_jbuf_lit(b, ",\"outputs\":[");
     size_t tail_len = 0;
+    int binary_classes = 0;
     for (int i = 0; i < req->n_outputs; i++) {
         const tp_kserve_output_sel *sel = &req->outputs[i];
-        const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
-        if (!t)
-            return tp_fail(err, TP_INTERNAL, "engine returned no output '%s'", sel->name);
-        if (i)
-            tp_jbuf_raw(b, ",", 1);
-        tp_status st = write_output(b, t, sel, err);
+        const tp_host_tensor *t = NULL;
+        tp_status st = find_output(m, req, i, outs, n_outs, cls, &t, err);
         if (st != TP_OK)
             return st;
-        tail_len += sel->binary ? t->nbytes : 0;
+        if (i)
+            tp_jbuf_raw(b, ",", 1);
+        if ((st = write_output(b, t, sel, sel->classes ? &cls[i] : NULL, err)) != TP_OK)
+            return st;
+        tail_len += sel->binary ? (sel->classes ? cls[i].len : t->nbytes) : 0;
+        binary_classes |= sel->binary && sel->classes;
     }
     tp_jbuf_lit(b, "]}");
     *header_len = tail_len ? b->len : 0;
-    int listed = tail && b->len + tail_len > whole_max;
+    int listed = tail && b->len + tail_len > whole_max && !binary_classes;
     for (int i = 0; i < req->n_outputs && tail_len; i++) {
-        const tp_host_tensor *t = find_tensor(outs, n_outs, req->outputs[i].name);
-        if (!req->outputs[i].binary || !t->nbytes)
+        const tp_kserve_output_sel *sel = &req->outputs[i];
+        const tp_host_tensor *t = find_tensor(outs, n_outs, sel->name);
+        const void *data = sel->classes ? cls[i].bytes : t->data;
+        size_t len = sel->classes ? cls[i].len : t->nbytes;
+        if (!sel->binary || !len)
             continue;
         if (listed)
-            tail[(*n_tail)++] = (tp_kserve_piece){t->data, t->nbytes};
+            tail[(*n_tail)++] = (tp_kserve_piece){data, len};
         else
-            tp_jbuf_raw(b, t->data, t->nbytes);
+            tp_jbuf_raw(b, data, len);
     }
     tp_jbuf_raw(b, "", 1); /* a NUL past the end lets pure-JSON bodies be logged as strings */
     b->len -= !b->oom;
@@ -720,7 +801,16 @@ static tp_status build(const tp_kserve_model *m, const tp_kserve_request *req,
     if (tail)
         tp_jbuf_start_pooled(&b);
     size_t header_len = 0;
-    tp_status st = write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail, whole_max, err);
+    int classified = 0;
+    for (int i = 0; i < req->n_outputs; i++)
+        classified |= req->outputs[i].classes > 0;
+    tp_classes *cls = classified ? tp_zalloc((size_t)req->n_outputs, sizeof *cls) : NULL;
+    tp_status st = classified && !cls ? tp_fail(err, TP_NOMEM, "out of memory")
+                                      : write_response(m, req, outs, n_outs, &b, &header_len, tail, n_tail,
+                                                       whole_max, cls, err);
+    for (int i = 0; cls && i < req->n_outputs; i++)
+        tp_classes_free(&cls[i]);
+    free(cls);
     if (st != TP_OK) {
         tp_jbuf_free_text(b.p, b.pooled);
         return st;
@@ -798,8 +888,8 @@ tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *re
 
 char *tp_kserve_server_metadata(const char *version)
 {
-    return tp_json_take_text(json_pack("{s:s, s:s, s:[s, s, s, s, s, s]}", "name", "tpserve", "version",
-                                   version, "extensions", "binary_tensor_data",
+    return tp_json_take_text(json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s]}", "name", "tpserve", "version",
+                                   version, "extensions", "binary_tensor_data", "classification",
                                    "model_configuration", "statistics", "system_shared_memory",
                                    "model_repository", "logging"));
 }

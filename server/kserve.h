@@ -6,8 +6,10 @@
  * by the raw little-endian tensors of every input that carries
  * parameters.binary_data_size, in input order; and Triton's system shared
  * memory extension (parameters shared_memory_region, shared_memory_offset,
- * shared_memory_byte_size on inputs and outputs; shm_registry.h). Datatypes: FP32 FP16 BF16
- * INT32 INT64; FP16/BF16 as binary, or as JSON numbers (converted).
+ * shared_memory_byte_size on inputs and outputs; shm_registry.h); and its
+ * classification extension (parameters.classification on an output:
+ * classify.h). Datatypes: FP32 FP16 BF16 INT32 INT64; FP16/BF16 as binary,
+ * or as JSON numbers (converted); BYTES for classes answered.
  *
  * Every error message says what is wrong and where: which input or output,
  * expected vs got. */
@@ -44,6 +46,10 @@ typedef struct {
     int binary;          /* 1: raw bytes in the binary tail; 0: JSON "data" */
     tp_shm_region *shm;  /* non-NULL: written into this region instead (held until freed) */
     uint64_t shm_offset, shm_size;
+    /* Triton's classification extension (parameters.classification): the
+     * top `classes` of each batch entry as BYTES "value:index" strings
+     * (classify.h) instead of the values; 0: the values */
+    int64_t classes;
 } tp_kserve_output_sel;
 
 /* A parsed infer request, released by tp_kserve_request_free. Inputs sent

@@ -206,6 +206,25 @@ expect_json "server-side failure (non-finite output as JSON)" 500 "which JSON ca
     "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$BIG]}]}"
 expect_json "same request with binary output" 200 '"binary_data_size":1024' \
     "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$BIG]}],\"parameters\":{\"binary_data_output\":true}}"
+# Triton's classification extension: y's top 3 as BYTES "value:index",
+# checked against y's own values from the same request without it (a
+# request alone replays the same batch, bit for bit); "%f" of the exact
+# FP32 value, as the server prints it.
+Z=$($PYTHON -c 'print(",".join(str((i % 7) / 7.0 - 0.4) for i in range(256)))')
+req POST /v2/models/$G/infer -H 'Content-Type: application/json' --data-binary "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}]}"
+cp "$TMP/body" "$TMP/values"
+expect_json "classification: top 3 of y as BYTES" 200 '"datatype":"BYTES","shape":[1,3]' \
+    "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}],\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":3}}]}"
+if $PYTHON - "$TMP/values" "$TMP/body" <<'EOF'
+import json, struct, sys
+y = [struct.unpack("f", struct.pack("f", v))[0] for v in json.load(open(sys.argv[1]))["outputs"][0]["data"]]
+got = json.load(open(sys.argv[2]))["outputs"][0]["data"]
+want = ["%f:%d" % (y[i], i) for i in sorted(range(len(y)), key=lambda i: (-y[i], i))[:3]]
+sys.exit(0 if got == want else 1)
+EOF
+then pass "classification: the top 3 of y's own values, best first"; else fail "classification: not y's top 3"; fi
+expect_json "classification of 0 classes refused" 400 "output 'y': parameters.classification must be at least 1" \
+    "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}],\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":0}}]}"
 if grep -q " -> 400 (.*): unknown input 'q'" "$TMP/main.log" && grep -q " -> 404 (" "$TMP/main.log"; then
     pass "request errors are logged (debug level)"
 else

@@ -91,7 +91,8 @@ def check_metadata(c, g, inputs, ref, r):
 def check_config(c, g, inputs, ref, r):
     """Triton's model configuration extension, as perf_analyzer reads it."""
     sm = c.get_server_metadata()
-    for ext in ("model_configuration", "statistics", "system_shared_memory", "model_repository", "logging"):
+    for ext in ("classification", "model_configuration", "statistics", "system_shared_memory", "model_repository",
+                "logging"):
         r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
     cfg = c.get_model_config(g)
     mbs = cfg.get("max_batch_size")
@@ -282,6 +283,40 @@ def expect_error(r, what, fn, *words):
         r.check(all(w in msg for w in words), "%s: %s" % (what, msg))
 
 
+def expected_classes(a, batched, count):
+    """tpserve's classes of each batch entry of a, as classify.h ranks them
+    (larger first, then the lower index, NaN last) and prints them ("%f"
+    for floats, decimal for integers)."""
+    entries = a.reshape(a.shape[0], -1) if batched else a.reshape(1, -1)
+    out = []
+    for e in entries:
+        v = e.astype(np.float64) if e.dtype.kind == "f" or e.dtype.name == "bfloat16" else e
+        order = sorted(range(len(v)), key=lambda i: (bool(np.isnan(v[i])) if v.dtype.kind == "f" else False,
+                                                     -v[i] if v.dtype.kind != "f" or not np.isnan(v[i]) else 0, i))
+        fmt = "%f:%d" if v.dtype.kind == "f" else "%d:%d"
+        out.append([(fmt % (v[i], i)).encode() for i in order[:count]])
+    k = min(count, entries.shape[1])
+    return np.array(out, dtype=object).reshape((a.shape[0], k) if batched else (k,))
+
+
+def check_classification(c, g, ins, r):
+    """Triton's classification extension: InferRequestedOutput(class_count=N)
+    answers the top N classes of each batch entry as BYTES, checked against
+    the same request's values (the same batch replays bit for bit)."""
+    batched = c.get_model_config(g).get("max_batch_size", 0) > 0
+    name = sorted(o["name"] for o in c.get_model_metadata(g)["outputs"])[0]
+    values = c.infer(g, ins, outputs=[httpclient.InferRequestedOutput(name, binary_data=True)]).as_numpy(name)
+    want = expected_classes(values, batched, 3)
+    for binary in (True, False):
+        res = c.infer(g, ins, outputs=[httpclient.InferRequestedOutput(name, binary_data=binary, class_count=3)])
+        got = res.as_numpy(name)
+        out = res.get_output(name)
+        ok = (out["datatype"] == "BYTES" and got is not None and got.shape == want.shape
+              and [bytes(x) if binary else str(x).encode() for x in got.flat] == list(want.flat))
+        r.check(ok, "classification (%s): %s top 3 %s" % ("binary" if binary else "JSON", name,
+                                                         list(got.flat)[:3] if got is not None else None))
+
+
 def check_errors(c, g, inputs, ins, r):
     expect_error(r, "unknown model", lambda: c.infer("no_such_model", ins), "unknown model")
     name, (st, a) = next(iter(inputs.items()))
@@ -320,6 +355,7 @@ def main(argv):
         ins = infer_modes(c, a.graph, inputs, ref, m["rtol"], r)
         check_stats(c, a.graph, before, r)
         check_shm(c, a.graph, inputs, ref, m["rtol"], r)
+        check_classification(c, a.graph, ins, r)
         check_errors(c, a.graph, inputs, ins, r)
         check_repository_and_logging(c, a.graph, r)
     except Exception as e:  # a client-side surprise is a failure, not a crash

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "json_tensor.h"
 #include "kserve.h"
 
 /* model "m": x FP32 [-1, 3], n INT64 [-1, 2] -> y FP32 [-1, 3], k INT32 [-1] */
@@ -432,6 +433,69 @@ START_TEST(response_binary_round_trip)
 }
 END_TEST
 
+/* Triton's classification extension: the top classes of each batch entry
+ * as BYTES strings, as JSON and as binary data (classify.h ranks them;
+ * test_classify covers the ranking). */
+START_TEST(response_classification)
+{
+    float y[6] = {0.1f, -2, 3.25f, 1e-7f, 5, 6};
+    int32_t k[2] = {-7, 2147483647};
+    tp_host_tensor outs[2];
+    make_outputs(outs, y, k);
+    tp_kserve_model batched = M;
+    batched.max_batch_size = 8;
+    tp_kserve_request r;
+    tp_err e;
+    ck_assert_int_eq(parse(&batched, "{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[1,3],\"datatype\":"
+                                     "\"FP32\",\"data\":[1,2,3]}],\"outputs\":[{\"name\":\"y\",\"parameters\":"
+                                     "{\"classification\":2}},{\"name\":\"k\",\"parameters\":{\"classification\":5}}]}",
+                           &r, &e),
+                     TP_OK);
+    ck_assert_int_eq(r.outputs[0].classes, 2);
+    ck_assert_int_eq(r.outputs[1].classes, 5);
+    tp_kserve_buf b;
+    ck_assert_int_eq(tp_kserve_build_infer(&batched, &r, outs, 2, &b, &e), TP_OK);
+    /* k has one element an entry: one class each, whatever was asked */
+    ck_assert_str_eq(b.body, "{\"model_name\":\"m\",\"model_version\":\"1\",\"outputs\":["
+                             "{\"name\":\"y\",\"datatype\":\"BYTES\",\"shape\":[2,2],\"data\":"
+                             "[\"3.250000:2\",\"0.100000:0\",\"6.000000:2\",\"5.000000:1\"]},"
+                             "{\"name\":\"k\",\"datatype\":\"BYTES\",\"shape\":[2,1],\"data\":"
+                             "[\"-7:0\",\"2147483647:0\"]}]}");
+    free(b.body);
+
+    /* binary: the classes' BYTES elements, then k's raw bytes; never listed
+     * as pieces (the classes live only as long as the call) */
+    r.outputs[0].binary = 1;
+    r.outputs[1].binary = 1;
+    r.outputs[1].classes = 0;
+    static const char classes[] = "\012\0\0\0" "3.250000:2" "\012\0\0\0" "0.100000:0"
+                                  "\012\0\0\0" "6.000000:2" "\012\0\0\0" "5.000000:1";
+    tp_kserve_piece tail[2];
+    int n_tail = -1;
+    ck_assert_int_eq(tp_kserve_build_infer_parts(&batched, &r, outs, 2, 0, &b, tail, &n_tail, &e), TP_OK);
+    ck_assert_int_eq(n_tail, 0);
+    ck_assert_uint_eq(b.len, b.header_len + sizeof classes - 1 + sizeof k);
+    ck_assert_mem_eq(b.body + b.header_len, classes, sizeof classes - 1);
+    ck_assert_mem_eq(b.body + b.header_len + sizeof classes - 1, k, sizeof k);
+    json_t *doc = json_loadb(b.body, b.header_len, 0, NULL);
+    json_t *o0 = json_array_get(json_object_get(doc, "outputs"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(o0, "datatype")), "BYTES");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o0, "parameters"), "binary_data_size")),
+                     (json_int_t)sizeof classes - 1);
+    json_decref(doc);
+    tp_jbuf_free_text(b.body, b.pooled);
+
+    /* a graph that cannot batch ranks each output whole: shape [count] */
+    r.outputs[0].binary = 0;
+    r.n_outputs = 1;
+    ck_assert_int_eq(tp_kserve_build_infer(&M, &r, outs, 2, &b, &e), TP_OK);
+    ck_assert_ptr_nonnull(strstr(b.body, "\"shape\":[2],\"data\":[\"6.000000:5\",\"5.000000:4\"]"));
+    free(b.body);
+    r.n_outputs = 2;
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
 START_TEST(response_half_types_as_json)
 {
     uint16_t h[4] = {tp_f32_to_f16(1.5f), tp_f32_to_f16(-2), 0, tp_f32_to_f16(0.25f)};
@@ -713,8 +777,23 @@ START_TEST(errors_outputs)
     expect_error(&M, j, TP_INVALID, "output 'y' is requested more than once");
     snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\",\"parameters\":{\"binary_data\":\"yes\"}}]}", in);
     expect_error(&M, j, TP_INVALID, "output 'y': parameters.binary_data must be a boolean, got a string");
-    snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":2}}]}", in);
-    expect_error(&M, j, TP_INVALID, "output 'y': parameters.classification is not supported");
+    static const struct {
+        const char *param, *why;
+    } bad_classes[] = {
+        {"0", "must be at least 1 (how many classes to answer), got 0"},
+        {"-2", "must be at least 1 (how many classes to answer), got -2"},
+        {"\"3\"", "must be an integer (how many classes to answer), got a string"},
+        {"1.5", "must be an integer (how many classes to answer), got a real number"},
+        {"3,\"shared_memory_region\":\"io\",\"shared_memory_byte_size\":64",
+         "and shared_memory_region cannot be combined (the classes are answered in the body)"},
+    };
+    for (size_t i = 0; i < sizeof bad_classes / sizeof *bad_classes; i++) {
+        snprintf(j, sizeof j, "%s\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":%s}}]}", in,
+                 bad_classes[i].param);
+        char want[200];
+        snprintf(want, sizeof want, "output 'y': parameters.classification %s", bad_classes[i].why);
+        expect_error(&M, j, TP_INVALID, want);
+    }
     snprintf(j, sizeof j, "%s\"outputs\":[\"y\"]}", in);
     expect_error(&M, j, TP_INVALID, "outputs[0] must be an object, got a string");
     snprintf(j, sizeof j, "%s\"outputs\":{}}", in);
@@ -735,7 +814,7 @@ START_TEST(metadata_docs)
     free(s);
     s = tp_kserve_server_metadata("1.2.3");
     ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
-                        "\"extensions\":[\"binary_tensor_data\",\"model_configuration\","
+                        "\"extensions\":[\"binary_tensor_data\",\"classification\",\"model_configuration\","
                         "\"statistics\",\"system_shared_memory\",\"model_repository\",\"logging\"]}");
     free(s);
     /* Triton's model configuration: dims without the batch dim when batching */
@@ -822,6 +901,7 @@ static Suite *kserve_suite(void)
     TCase *b = tcase_create("build");
     tcase_add_test(b, response_json);
     tcase_add_test(b, response_binary_round_trip);
+    tcase_add_test(b, response_classification);
     tcase_add_test(b, response_half_types_as_json);
     tcase_add_test(b, response_errors);
     tcase_add_test(b, metadata_docs);
