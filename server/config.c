@@ -84,6 +84,8 @@ static const key_desc keys[] = {
     /* Triton protocol extensions */
     INT_KEY(allow_client_shm, 0, 1, "1: clients may register system shared memory regions (POSIX "
                                     "shm objects this process can open) for inputs and outputs"),
+    STR_KEY(labels, NULL, "class labels for the classification extension (Triton's label_filename): "
+                          "OUTPUT=FILE[,OUTPUT=FILE...]; line k of FILE names class k of OUTPUT"),
     BACKEND_KEY(verify_replay, 0, 1, "cpu backend: before every replay, check each recorded pointer still lies in a "
                                      "live allocation (debugging; 1: on)"),
     BACKEND_KEY(cuda_gemm_workspace_mb, 0, 4096, "cuda backend: cuBLASLt workspace per rank"),

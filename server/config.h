@@ -41,6 +41,7 @@ typedef struct {
     int health_port;         /* probes-only listener; -1: none, 0: any free port */
     /* Triton protocol extensions */
     int allow_client_shm;    /* 1: clients may register system shared memory regions */
+    char labels[4096];       /* classification labels: "OUTPUT=FILE[,OUTPUT=FILE...]"; empty: none */
     tp_backend_settings backend_settings; /* verify_replay, cuda_* keys */
 } tp_config;
 

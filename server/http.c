@@ -18,6 +18,7 @@
 #include "buf_pool.h"
 #include "clock.h"
 #include "http_guard.h"
+#include "io_check.h"
 #include "json_tensor.h"
 #include "kserve.h"
 #include "log.h"
@@ -131,6 +132,8 @@ struct tp_http {
     _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
+    tp_labels **labels; /* per output (n_labels), from cfg.labels (NULL: none given) */
+    int n_labels;
     tp_metrics *metrics;
     tp_model_stats *stats;
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
@@ -1227,6 +1230,46 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
     return TP_OK;
 }
 
+/* One "OUTPUT=FILE" of the labels setting (len bytes at spec): the file
+ * read into h->labels[the output]. */
+static tp_status load_output_labels(tp_http *h, int n_outs, const char *spec, size_t len, tp_err *err)
+{
+    char item[sizeof h->cfg.labels], names[512];
+    snprintf(item, sizeof item, "%.*s", (int)len, spec);
+    char *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1])
+        return tp_fail(err, TP_INVALID, "labels: '%s' is not OUTPUT=FILE", item);
+    *eq = '\0';
+    int k = tp_io_find(h->outs, n_outs, item);
+    if (k < 0)
+        return tp_fail(err, TP_INVALID, "labels: '%s' is not an output of the graph (outputs: %s)", item,
+                       tp_io_names(names, sizeof names, h->outs, n_outs));
+    if (h->labels[k])
+        return tp_fail(err, TP_INVALID, "labels: output '%s' is given labels twice", item);
+    tp_status st = tp_labels_load(eq + 1, &h->labels[k], err);
+    if (st == TP_OK)
+        TP_LOG_I("output '%s': %lld class labels from %s", item, (long long)tp_labels_count(h->labels[k]), eq + 1);
+    return st;
+}
+
+/* The labels setting ("OUTPUT=FILE,..."), read once the outputs are known. */
+static tp_status load_labels(tp_http *h, int n_outs, tp_err *err)
+{
+    const char *spec = h->cfg.labels;
+    if (!*spec)
+        return TP_OK;
+    if (!(h->labels = calloc((size_t)n_outs, sizeof *h->labels)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    h->n_labels = n_outs;
+    for (;;) {
+        size_t len = strcspn(spec, ",");
+        tp_status st = load_output_labels(h, n_outs, spec, len, err);
+        if (st != TP_OK || !spec[len])
+            return st;
+        spec += len + 1;
+    }
+}
+
 tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err *err)
 {
     tp_engine *e = inst[0];
@@ -1239,14 +1282,17 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
         h->ins[i] = *tp_engine_input(e, i);
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
-    tp_status st = start_batcher(h, inst, n, err);
+    tp_status st = load_labels(h, no, err);
+    if (st == TP_OK)
+        st = start_batcher(h, inst, n, err);
     if (st != TP_OK)
         return st;
     h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
                                  tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
                                                                  : 0,
                                  h->cfg.max_queue_delay_us, h->cfg.max_queue, n,
-                                 h->cfg.allow_client_shm ? h->shm : NULL};
+                                 h->cfg.allow_client_shm ? h->shm : NULL,
+                                 (const tp_labels *const *)h->labels};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -1327,6 +1373,9 @@ void tp_http_stop(tp_http *h)
     pthread_cond_destroy(&h->cv);
     free(h->ins);
     free(h->outs);
+    for (int i = 0; i < h->n_labels; i++)
+        tp_labels_free(h->labels[i]);
+    free(h->labels);
     tp_metrics_free(h->metrics);
     tp_model_stats_free(h->stats);
     tp_shm_registry_free(h->shm);

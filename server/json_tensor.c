@@ -768,30 +768,33 @@ void tp_jbuf_lit(tp_jbuf *b, const char *s)
     tp_jbuf_raw(b, s, strlen(s));
 }
 
-void tp_jbuf_str(tp_jbuf *b, const char *s)
+void tp_jbuf_strn(tp_jbuf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
+    const char *end = s + n;
     tp_jbuf_raw(b, "\"", 1);
     for (const char *run = s;; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch && ch >= 0x20 && ch != '"' && ch != '\\')
+        unsigned char ch = s < end ? (unsigned char)*s : 0;
+        if (s < end && ch >= 0x20 && ch != '"' && ch != '\\')
             continue;
         tp_jbuf_raw(b, run, (size_t)(s - run));
         run = s + 1;
-        if (!ch)
+        if (s == end)
             break;
         char esc[6] = {'\\', (char)ch, 0};
-        size_t n = 2;
+        size_t k = 2;
         if (ch < 0x20) {
             memcpy(esc, "\\u00", 4);
             esc[4] = hex[ch >> 4];
             esc[5] = hex[ch & 15];
-            n = 6;
+            k = 6;
         }
-        tp_jbuf_raw(b, esc, n);
+        tp_jbuf_raw(b, esc, k);
     }
     tp_jbuf_raw(b, "\"", 1);
 }
+
+void tp_jbuf_str(tp_jbuf *b, const char *s) { tp_jbuf_strn(b, s, strlen(s)); }
 
 void tp_jbuf_i64(tp_jbuf *b, int64_t v)
 {

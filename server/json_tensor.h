@@ -83,6 +83,7 @@ void tp_jbuf_free_text(char *p, int pooled);
 void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n);
 void tp_jbuf_lit(tp_jbuf *b, const char *s); /* NUL-terminated, no escaping */
 void tp_jbuf_str(tp_jbuf *b, const char *s); /* as a quoted, escaped JSON string */
+void tp_jbuf_strn(tp_jbuf *b, const char *s, size_t n); /* the same, of n bytes (NULs escaped) */
 void tp_jbuf_i64(tp_jbuf *b, int64_t v);
 /* Reserves n more bytes and returns where they start (NULL: no memory). */
 char *tp_jbuf_grow(tp_jbuf *b, size_t n);

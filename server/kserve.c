@@ -657,17 +657,17 @@ static tp_status write_shm_output(tp_jbuf *b, const tp_host_tensor *t,
 }
 
 /* A BYTES tensor's elements (each a 4-byte little-endian length, then its
- * bytes) as a JSON array of strings. Only classes are written so, whose
- * text ("0.930000:2") needs no escaping. */
+ * bytes) as a JSON array of strings: classes, whose labels are UTF-8
+ * (tp_labels_load checks) but may need escaping. */
 static void write_bytes_json(tp_jbuf *b, const tp_classes *c)
 {
     tp_jbuf_raw(b, "[", 1);
     for (size_t at = 0; at + 4 <= c->len;) {
         const unsigned char *l = (const unsigned char *)c->bytes + at;
         size_t n = (size_t)l[0] | (size_t)l[1] << 8 | (size_t)l[2] << 16 | (size_t)l[3] << 24;
-        tp_jbuf_raw(b, at ? ",\"" : "\"", at ? 2 : 1);
-        tp_jbuf_raw(b, c->bytes + at + 4, n);
-        tp_jbuf_raw(b, "\"", 1);
+        if (at)
+            tp_jbuf_raw(b, ",", 1);
+        tp_jbuf_strn(b, c->bytes + at + 4, n);
         at += 4 + n;
     }
     tp_jbuf_raw(b, "]", 1);
@@ -732,7 +732,11 @@ static tp_status find_output(const tp_kserve_model *m, const tp_kserve_request *
         return tp_fail(err, TP_INTERNAL, "output '%s': engine returned %zu bytes for %zu expected",
                        t->name, t->nbytes, want);
     *out = t;
-    return sel->classes ? tp_classify(t, m->max_batch_size > 0, sel->classes, &cls[i], err) : TP_OK;
+    if (!sel->classes)
+        return TP_OK;
+    int k = tp_io_find(m->outputs, m->n_outputs, sel->name);
+    const tp_labels *labels = m->labels && k >= 0 ? m->labels[k] : NULL;
+    return tp_classify(t, m->max_batch_size > 0, sel->classes, labels, &cls[i], err);
 }
 
 /* The JSON header, then for binary outputs their bytes in order: appended
@@ -931,7 +935,10 @@ char *tp_kserve_model_metadata(const tp_kserve_model *m)
 }
 
 /* model_config.proto's dims leave out the batch dim when max_batch_size > 0. */
-static json_t *config_io_json(const tp_io_desc *io, int n, int batched, int is_input)
+/* labels: the outputs' (NULL for inputs, or when none has any), named as
+ * Triton names its label_filename. */
+static json_t *config_io_json(const tp_io_desc *io, int n, int batched, int is_input,
+                              const tp_labels *const *labels)
 {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) {
@@ -944,6 +951,8 @@ static json_t *config_io_json(const tp_io_desc *io, int n, int batched, int is_i
         if (o && is_input)
             json_object_update_new(o, json_pack("{s:s, s:b, s:b}", "format", "FORMAT_NONE",
                                                 "allow_ragged_batch", 0, "optional", 0));
+        if (o && labels && labels[i])
+            json_object_set_new(o, "label_filename", json_string(tp_labels_path(labels[i])));
         json_array_append_new(a, o);
     }
     return a;
@@ -956,8 +965,8 @@ char *tp_kserve_model_config(const tp_kserve_model *m)
                             "name", m->name, "platform", "tpserve", "backend", "tpserve",
                             "max_batch_size", (json_int_t)m->max_batch_size, "version_policy",
                             "latest", "num_versions", 1, "input",
-                            config_io_json(m->inputs, m->n_inputs, batched, 1), "output",
-                            config_io_json(m->outputs, m->n_outputs, batched, 0),
+                            config_io_json(m->inputs, m->n_inputs, batched, 1, NULL), "output",
+                            config_io_json(m->outputs, m->n_outputs, batched, 0, m->labels),
                             "instance_group", "name", m->name, "kind", "KIND_MODEL", "count",
                             m->instances > 0 ? m->instances : 1);
     if (doc && batched)

@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 
+#include "classify.h"
 #include "engine.h"
 #include "shm_registry.h"
 
@@ -38,6 +39,9 @@ typedef struct {
     /* system shared memory regions inputs and outputs may name; NULL: the
      * extension is off (allow_client_shm 0) and such requests are refused */
     tp_shm_registry *shm;
+    /* class labels per output (n_outputs entries, NULL where none), for
+     * the classification extension; NULL: no output has labels */
+    const tp_labels *const *labels;
 } tp_kserve_model;
 
 /* One output to return, in response order. */

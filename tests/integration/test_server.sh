@@ -256,6 +256,33 @@ for g in vocab_embed_tp2 mlp_sp_bf16_tp2 mlp_sp_fp16_tp4 megatron_block_tp4; do
     wait "$PID" 2>/dev/null
 done
 
+# ---- classification labels (--labels OUTPUT=FILE) --------------------------------
+$PYTHON -c 'print("\n".join("class %d" % i for i in range(256)))' >"$TMP/labels.txt"
+if start labels --graph "$TP_GRAPHS/$G.json" --labels "y=$TMP/labels.txt"; then
+    expect_json "classification with labels" 200 '"datatype":"BYTES"' \
+        "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}],\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":4}}]}"
+    if $PYTHON - "$TMP/body" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))["outputs"][0]["data"]
+sys.exit(0 if len(d) == 4 and all(s.split(":")[2] == "class " + s.split(":")[1] for s in d) else 1)
+EOF
+    then pass "each class carries its line of the labels file"; else fail "labels: $(head -c 300 "$TMP/body")"; fi
+    expect "model config names the labels file" 200 "\"label_filename\":\"$TMP/labels.txt\"" GET /v2/models/$G/config
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+fi
+for bad in "z=$TMP/labels.txt|labels: 'z' is not an output of the graph (outputs: 'y')" \
+    "y=$TMP/no_such_file|labels file $TMP/no_such_file: cannot open: No such file or directory" \
+    "y|labels: 'y' is not OUTPUT=FILE"; do
+    timeout 60 "$TPSERVE" serve --graph "$TP_GRAPHS/$G.json" --port 0 --labels "${bad%%|*}" >"$TMP/labels.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "${bad#*|}" "$TMP/labels.log"; then
+        pass "serve refuses --labels ${bad%%|*} (exit $rc): ${bad#*|}"
+    else
+        fail "--labels ${bad%%|*}: exit $rc, $(tail -n 2 "$TMP/labels.log")"
+    fi
+done
+
 # ---- while loading: live, but not ready; SIGTERM while loading ---------------------
 # A FIFO as the graph file holds the load until the test writes the graph.
 mkdir "$TMP/fifo"

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check_main.h"
 #include "classify.h"
@@ -49,12 +50,14 @@ static void joined(const tp_classes *c, char *out, size_t cap)
     }
 }
 
+static const tp_labels *labels; /* check_classes': set by the labels test */
+
 static void check_classes(const tp_host_tensor *t, int batched, int64_t count, int ndim, int64_t s0,
                           int64_t s1, const char *want)
 {
     tp_classes c;
     tp_err err;
-    ck_assert_int_eq(tp_classify(t, batched, count, &c, &err), TP_OK);
+    ck_assert_int_eq(tp_classify(t, batched, count, labels, &c, &err), TP_OK);
     ck_assert_int_eq(c.ndim, ndim);
     ck_assert_int_eq(c.shape[0], s0);
     if (ndim == 2)
@@ -162,7 +165,7 @@ START_TEST(heap_matches_a_full_sort)
     for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
         tp_classes got;
         tp_err err;
-        ck_assert_int_eq(tp_classify(&t, 1, ks[c], &got, &err), TP_OK);
+        ck_assert_int_eq(tp_classify(&t, 1, ks[c], NULL, &got, &err), TP_OK);
         size_t at = 0;
         for (int64_t k = 0; k < ks[c]; k++) {
             char want[64];
@@ -184,9 +187,71 @@ START_TEST(nothing_to_rank_is_an_error)
     tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, 0});
     tp_classes c;
     tp_err err;
-    ck_assert_int_eq(tp_classify(&t, 1, 3, &c, &err), TP_INVALID);
+    ck_assert_int_eq(tp_classify(&t, 1, 3, NULL, &c, &err), TP_INVALID);
     ck_assert_str_eq(err.msg, "output 'y': no elements to classify (shape has a 0)");
     ck_assert_ptr_null(c.bytes);
+}
+END_TEST
+
+/* Writes bytes to a temporary file; its path in path (mkstemp's). */
+static void temp_file(char *path, const char *bytes, size_t n)
+{
+    strcpy(path, "/tmp/tp_labels_XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, bytes, n), (ssize_t)n);
+    close(fd);
+}
+
+START_TEST(labels_name_the_classes)
+{
+    char path[64];
+    /* a CR before a newline is dropped; the last line needs no newline */
+    static const char text[] = "cat\ndog\r\n\nbird";
+    temp_file(path, text, sizeof text - 1);
+    tp_labels *l;
+    tp_err err;
+    ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_OK);
+    ck_assert_int_eq(tp_labels_count(l), 4);
+    ck_assert_str_eq(tp_labels_path(l), path);
+    float v[6] = {0.1f, 0.9f, 0.5f, 0.2f, 0.7f, 0.3f};
+    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, 6});
+    labels = l;
+    /* class 2's label is the empty line; classes 4 and 5 are past the file */
+    check_classes(&t, 1, 6, 2, 1, 6, "0.900000:1:dog 0.700000:4 0.500000:2: 0.300000:5 0.200000:3:bird 0.100000:0:cat");
+    labels = NULL;
+    tp_labels_free(l);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(labels_files_refused)
+{
+    char path[64];
+    tp_labels *l = (tp_labels *)&l;
+    tp_err err;
+    ck_assert_int_eq(tp_labels_load("/nonexistent/labels.txt", &l, &err), TP_IO);
+    ck_assert_str_eq(err.msg, "labels file /nonexistent/labels.txt: cannot open: No such file or directory");
+    ck_assert_ptr_null(l);
+    static const char latin1[] = "ok\ncaf\xe9\n";
+    temp_file(path, latin1, sizeof latin1 - 1);
+    ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, ":2: not UTF-8 text of at most 65536 bytes"));
+    unlink(path);
+    static const char nul[] = "a\nb\nc\0d\n";
+    temp_file(path, nul, sizeof nul - 1);
+    ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, ":3: a NUL byte (not a text file)"));
+    unlink(path);
+    char *long_line = malloc(65538);
+    memset(long_line, 'a', 65537);
+    long_line[65537] = '\n';
+    temp_file(path, long_line, 65538);
+    free(long_line);
+    ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, ":1: not UTF-8 text of at most 65536 bytes"));
+    ck_assert_ptr_null(l);
+    unlink(path);
 }
 END_TEST
 
@@ -202,6 +267,8 @@ static Suite *classify_suite(void)
     tcase_add_test(t, unaligned_elements);
     tcase_add_test(t, heap_matches_a_full_sort);
     tcase_add_test(t, nothing_to_rank_is_an_error);
+    tcase_add_test(t, labels_name_the_classes);
+    tcase_add_test(t, labels_files_refused);
     suite_add_tcase(s, t);
     return s;
 }

@@ -22,7 +22,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, 1, NULL};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, 1, NULL, NULL};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
@@ -30,7 +30,7 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
@@ -394,7 +394,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, 1, NULL};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, 1, NULL, NULL};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
@@ -492,6 +492,43 @@ START_TEST(response_classification)
     ck_assert_ptr_nonnull(strstr(b.body, "\"shape\":[2],\"data\":[\"6.000000:5\",\"5.000000:4\"]"));
     free(b.body);
     r.n_outputs = 2;
+
+    /* labels (Triton's label_filename): escaped in JSON, raw in BYTES, and
+     * named in the model configuration */
+    char path[64] = "/tmp/tp_kserve_labels_XXXXXX";
+    int fd = mkstemp(path);
+    static const char text[] = "zero\n\"one\" \\ 1\ncaf\xc3\xa9\n";
+    ck_assert_int_eq(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    tp_labels *yl;
+    ck_assert_int_eq(tp_labels_load(path, &yl, &e), TP_OK);
+    const tp_labels *per_output[2] = {yl, NULL};
+    batched.labels = per_output;
+    r.outputs[0].classes = 3;
+    r.outputs[1].classes = 0;
+    r.outputs[1].binary = 0;
+    ck_assert_int_eq(tp_kserve_build_infer(&batched, &r, outs, 2, &b, &e), TP_OK);
+    ck_assert_ptr_nonnull(strstr(b.body, "\"data\":[\"3.250000:2:caf\xc3\xa9\",\"0.100000:0:zero\",\"-2.000000:1:\\\"one\\\" \\\\ 1\","));
+    doc = json_loadb(b.body, b.len, 0, NULL); /* and it is JSON */
+    ck_assert_ptr_nonnull(doc);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(json_array_get(json_object_get(doc, "outputs"), 0), "data"), 2)),
+                     "-2.000000:1:\"one\" \\ 1");
+    json_decref(doc);
+    free(b.body);
+    r.outputs[0].binary = 1;
+    ck_assert_int_eq(tp_kserve_build_infer(&batched, &r, outs, 2, &b, &e), TP_OK);
+    static const char raw[] = "\025\0\0\0" "-2.000000:1:\"one\" \\ 1";
+    ck_assert_ptr_nonnull(memmem(b.body + b.header_len, b.len - b.header_len, raw, sizeof raw - 1));
+    free(b.body);
+    char *cfg = tp_kserve_model_config(&batched);
+    doc = json_loads(cfg, 0, NULL);
+    free(cfg);
+    json_t *outs_cfg = json_object_get(doc, "output");
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(outs_cfg, 0), "label_filename")), path);
+    ck_assert_ptr_null(json_object_get(json_array_get(outs_cfg, 1), "label_filename"));
+    json_decref(doc);
+    tp_labels_free(yl);
+    unlink(path);
     tp_kserve_request_free(&r);
 }
 END_TEST
