@@ -25,6 +25,9 @@ typedef struct conn_entry {
     _Atomic int64_t since_ms; /* accept, or the previous answer */
     _Atomic int waiting;      /* 1 while the client owes us (part of) a request */
     int cut;                  /* shut down once already */
+    int answered;             /* answers sent (its own thread's: no lock) */
+    _Atomic int client_done;  /* the client half-closed: it sends nothing more */
+    struct tp_http_guard *g;
 } conn_entry;
 
 struct tp_http_guard {
@@ -36,46 +39,76 @@ struct tp_http_guard {
     void (*on_closed)(void *arg, struct MHD_Connection *c);
     void *on_closed_arg;
     int stopping;
+    int done_pending; /* connections with client_done the watcher has to look at */
     pthread_t watcher;
     int watching;
 };
 
+/* How long a connection whose client half-closed stays open after an
+ * answer with no next request begun: its pipelined requests, already in
+ * libmicrohttpd's buffer, each begin within microseconds of the previous
+ * answer. */
+#define CLIENT_DONE_GRACE_MS 20
+
 /* ---- the deadline watcher ------------------------------------------------ */
 
-static int cut_overdue(tp_http_guard *g, int64_t now)
+/* Shuts down the connections past request_deadline_ms, and those whose
+ * client half-closed and that have answered everything it sent
+ * (close_if_client_left); g->mu held. Returns how many for the deadline;
+ * *done_left: client_done connections still open. */
+static int cut_overdue(tp_http_guard *g, int64_t now, int *done_left)
 {
     int n = 0;
+    *done_left = 0;
     for (conn_entry *e = g->head.next; e != &g->head; e = e->next) {
-        if (!e->cut && atomic_load(&e->waiting) && now - atomic_load(&e->since_ms) > g->deadline_ms) {
+        int done = atomic_load(&e->client_done);
+        if (e->cut || !atomic_load(&e->waiting)) {
+            *done_left += done && !e->cut; /* a request in progress: look again soon */
+            continue;
+        }
+        int64_t idle = now - atomic_load(&e->since_ms);
+        if ((g->deadline_ms > 0 && idle > g->deadline_ms) || (done && idle >= CLIENT_DONE_GRACE_MS)) {
             /* libmicrohttpd sees the socket fail and closes the connection
              * through its usual path (the fd stays its to close). */
             shutdown(e->fd, SHUT_RDWR);
             e->cut = 1;
-            n++;
+            n += !done;
+        } else {
+            *done_left += done;
         }
     }
     return n;
 }
 
+static struct timespec in_ms(int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 static void *watch_main(void *arg)
 {
     tp_http_guard *g = arg;
-    /* a tenth of the deadline (at least 10 ms): cuts land within 10% of it */
-    int64_t tick = g->deadline_ms / 10 > 10 ? g->deadline_ms / 10 : 10;
+    /* a tenth of the deadline (at least 10 ms): cuts land within 10% of it;
+     * without a deadline only close_if_client_left's wake-ups matter */
+    int64_t tick = g->deadline_ms <= 0 ? 60000 : g->deadline_ms / 10 > 10 ? g->deadline_ms / 10 : 10;
     pthread_mutex_lock(&g->mu);
     while (!g->stopping) {
-        int n = cut_overdue(g, tp_now_ms_int());
+        int done_left;
+        g->done_pending = 0;
+        int n = cut_overdue(g, tp_now_ms_int(), &done_left);
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += tick / 1000;
-        ts.tv_nsec += (tick % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        struct timespec ts = in_ms(done_left ? CLIENT_DONE_GRACE_MS / 2 : tick);
+        if (!g->done_pending)
+            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -95,6 +128,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             return;
         }
         e->fd = fi->connect_fd;
+        e->g = g;
         atomic_init(&e->since_ms, tp_now_ms_int());
         atomic_init(&e->waiting, 1);
         pthread_mutex_lock(&g->mu);
@@ -141,12 +175,39 @@ void tp_http_guard_request_complete(struct MHD_Connection *c)
         atomic_store(&e->waiting, 0);
 }
 
+/* A client that half-closes once it has sent its request (`nc -N`, HTTP
+ * conformance probes, scripts that read to EOF) waits for our close.
+ * When its FIN came with the request, libmicrohttpd 0.9.75 read both in
+ * one edge of its edge-triggered epoll without seeing the end of the
+ * stream, and no later edge comes: the kept-alive connection stayed open
+ * until request_timeout_ms (30 s) and the client waited as long. After a
+ * connection's first answer one peek tells. At the end of the stream the
+ * connection is marked, and the watcher shuts it down once it has been
+ * idle CLIENT_DONE_GRACE_MS after an answer: not at once, as requests the
+ * client pipelined before its FIN may still be in libmicrohttpd's buffer,
+ * unanswered. Only the first answer: a peek is a system call, and a
+ * kept-alive client's later requests must not pay it (a FIN that arrives
+ * on its own wakes libmicrohttpd, which then closes by itself). */
+static void close_if_client_left(conn_entry *e)
+{
+    char b;
+    if (e->answered++ || recv(e->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+        return;
+    atomic_store(&e->client_done, 1);
+    tp_http_guard *g = e->g;
+    pthread_mutex_lock(&g->mu);
+    g->done_pending = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
 void tp_http_guard_answered(struct MHD_Connection *c)
 {
     conn_entry *e = entry_of(c);
     if (e) {
         atomic_store(&e->since_ms, tp_now_ms_int());
         atomic_store(&e->waiting, 1);
+        close_if_client_left(e);
     }
 }
 
@@ -270,13 +331,11 @@ tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     raise_fd_limit(g);
-    if (g->deadline_ms > 0) {
-        if (pthread_create(&g->watcher, NULL, watch_main, g) != 0) {
-            tp_http_guard_free(g);
-            return tp_fail(err, TP_INTERNAL, "cannot start the request deadline watcher");
-        }
-        g->watching = 1;
+    if (pthread_create(&g->watcher, NULL, watch_main, g) != 0) {
+        tp_http_guard_free(g);
+        return tp_fail(err, TP_INTERNAL, "cannot start the connection watcher");
     }
+    g->watching = 1;
     *out = g;
     return TP_OK;
 }

@@ -10,6 +10,11 @@
  *   timeout, a client trickling a byte at a time cannot extend it; past it
  *   the connection is shut down. Requests in the server's hands (queued,
  *   running) are never cut by it.
+ * - clients that half-close: a connection whose client shut its sending
+ *   side with its first request (FIN and request read together) is closed
+ *   once what it sent is answered, instead of at request_timeout_ms
+ *   (close_if_client_left in http_guard.c says why libmicrohttpd alone
+ *   would not).
  * - protocol strictness: HTTP/1.1 without Host, two different
  *   Content-Length headers (request smuggling), a Transfer-Encoding other
  *   than chunked, and %00 in the path are refused.
@@ -27,7 +32,8 @@
 
 typedef struct tp_http_guard tp_http_guard;
 
-/* Starts the deadline watcher; raises RLIMIT_NOFILE for max_connections. */
+/* Starts the connection watcher (deadlines, half-closed clients); raises
+ * RLIMIT_NOFILE for max_connections. */
 tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err *err);
 /* Call after every daemon using its options has stopped. NULL is ok. */
 void tp_http_guard_free(tp_http_guard *g);

@@ -69,9 +69,11 @@
 #define QUIET_MS 3
 /* Sent after each connection's bytes: when they were whole requests, the
  * server answers this one last and closes, which ends the wait at once
- * (libmicrohttpd would otherwise hold the half-closed connection, and the
- * client waits QUIET_MS). Bytes that leave a request unfinished take it
- * in as theirs, and the quiet wait ends the connection as before. */
+ * (a half-closed connection would be closed by the server's watcher only
+ * once idle for 20 ms, http_guard.c, or not at all when its FIN came after
+ * the first answer, and the client waits QUIET_MS). Bytes that leave a
+ * request unfinished take it in as theirs, and the quiet wait ends the
+ * connection as before. */
 #define CLOSER LIVENESS_PROBE
 /* check_alive's request, and each connection's last (CLOSER). */
 #define LIVENESS_PROBE "GET /v2/health/live HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n\r\n"
@@ -214,9 +216,8 @@ static void client_step(client *c, short revents, int64_t now)
  * several connections meet in the batcher), half-closes when it has sent
  * everything, and is done when the server closes, or when nothing more
  * has come for QUIET_MS after an answer byte (FIRST_BYTE_MS when none
- * came): libmicrohttpd keeps a connection whose client half-closed open
- * until its timeout, as it does any idle keep-alive client, so its close
- * cannot mark the end. */
+ * came): the server's close comes late or not at all (CLOSER), so it
+ * cannot be the only end. */
 static void run_clients(client *cs, int k)
 {
     for (;;) {

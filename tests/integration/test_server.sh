@@ -238,6 +238,33 @@ for body in '{"inputs":[{"name":"x","shape":[1,8,32],"datatype":"FP32","data":[[
     req POST /v2/models/$G/infer -H 'Inference-Header-Content-Length: 0' --data-binary "$body"
     req POST /v2/models/$G/infer --data-binary "$body"
 done
+# A client that half-closes once it has sent its requests (nc -N, HTTP
+# conformance probes) gets every answer, then the close at once, not after
+# request_timeout_ms (30 s): one request, and three pipelined.
+for n in 1 3; do
+    if out=$($PYTHON - "$URL" $n <<'EOF'
+import socket, sys, time
+host, port = sys.argv[1].rsplit("/", 1)[1].split(":")
+n = int(sys.argv[2])
+s = socket.create_connection((host, int(port)), timeout=20)
+s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n" * n)
+s.shutdown(socket.SHUT_WR)
+t0, data = time.time(), b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    data += d
+took = time.time() - t0
+print("%d answers, closed after %.3f s" % (data.count(b"HTTP/1.1 200"), took))
+sys.exit(0 if data.count(b"HTTP/1.1 200") == n and took < 5 else 1)
+EOF
+    ); then
+        pass "half-closed client with $n request(s): $out"
+    else
+        fail "half-closed client with $n request(s): ${out:-no answer}"
+    fi
+done
 expect "still live after malformed requests" 200 '{"live":true}' GET /v2/health/live
 infer_curl "still serving correct answers after every error" /v2/models/$G/infer --binary
 
