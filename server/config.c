@@ -86,6 +86,14 @@ static const key_desc keys[] = {
                                     "shm objects this process can open) for inputs and outputs"),
     STR_KEY(labels, NULL, "class labels for the classification extension (Triton's label_filename): "
                           "OUTPUT=FILE[,OUTPUT=FILE...]; line k of FILE names class k of OUTPUT"),
+    STR_KEY(trace_file, NULL, "Triton's trace extension: the file traces go to (set here only: the API cannot "
+                              "choose where the server writes); empty: no tracing"),
+    STR_KEY(trace_level, "OFF|TIMESTAMPS", "trace extension: what to trace at startup (POST /v2/trace/setting "
+                                          "changes it)"),
+    INT_KEY(trace_rate, 1, 1 << 30, "trace extension: trace every N-th inference"),
+    I64_KEY(trace_count, -1, INT64_MAX, "trace extension: traces to take, then stop (-1: no limit)"),
+    INT_KEY(trace_log_frequency, 0, 1 << 30, "trace extension: 0: traces written to trace_file at exit; N: "
+                                              "every N traces to trace_file.0, .1, ..."),
     BACKEND_KEY(verify_replay, 0, 1, "cpu backend: before every replay, check each recorded pointer still lies in a "
                                      "live allocation (debugging; 1: on)"),
     BACKEND_KEY(cuda_gemm_workspace_mb, 0, 4096, "cuda backend: cuBLASLt workspace per rank"),
@@ -128,6 +136,9 @@ void tp_config_defaults(tp_config *c)
     c->max_connections = 4096;
     c->max_connections_per_ip = 0;
     c->request_deadline_ms = 30000;
+    snprintf(c->trace_level, sizeof c->trace_level, "OFF");
+    c->trace_rate = 1000; /* Triton's defaults */
+    c->trace_count = -1;
     c->health_port = -1;
     tp_backend_settings_default(&c->backend_settings);
 }
@@ -296,6 +307,8 @@ tp_status tp_config_validate(const tp_config *c, tp_err *err)
         return tp_fail(err, TP_INVALID, "'host' is empty");
     if (c->rendezvous[0] && strcmp(c->ranks, "processes") != 0)
         return tp_fail(err, TP_INVALID, "'rendezvous' needs 'ranks' processes (got '%s')", c->ranks);
+    if (strcmp(c->trace_level, "TIMESTAMPS") == 0 && !c->trace_file[0])
+        return tp_fail(err, TP_INVALID, "'trace_level' TIMESTAMPS needs a 'trace_file' to write to");
     /* Several instances of a process group would each need their own
      * workers (GPUs); several of a GPU graph their own communicators on the
      * same devices: neither is built, so neither is claimed. */

@@ -42,6 +42,12 @@ typedef struct {
     /* Triton protocol extensions */
     int allow_client_shm;    /* 1: clients may register system shared memory regions */
     char labels[4096];       /* classification labels: "OUTPUT=FILE[,OUTPUT=FILE...]"; empty: none */
+    /* Triton's trace extension at startup (the API changes all but the file) */
+    char trace_file[4096];   /* where traces go; empty: no tracing */
+    char trace_level[16];    /* OFF | TIMESTAMPS */
+    int trace_rate;          /* every N-th inference */
+    int64_t trace_count;     /* traces to take; -1: no limit */
+    int trace_log_frequency; /* 0: written at exit; N: every N traces to trace_file.IDX */
     tp_backend_settings backend_settings; /* verify_replay, cuda_* keys */
 } tp_config;
 

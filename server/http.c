@@ -29,6 +29,7 @@
 #include "route.h"
 #include "text.h"
 #include "thread_slot.h"
+#include "trace.h"
 #include "zalloc.h"
 
 enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
@@ -109,6 +110,8 @@ struct req_ctx {
     char timeout_what[64];
     _Atomic int handoff;
     tp_request_times times; /* for the statistics extension */
+    int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
+    char *trace_rid;
 };
 
 struct tp_http {
@@ -136,6 +139,7 @@ struct tp_http {
     int n_labels;
     tp_metrics *metrics;
     tp_model_stats *stats;
+    tp_trace *trace; /* Triton's trace extension */
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_batcher *batcher; /* created with the engine */
     /* Requests inside tp_batcher_submit (which may run a batch there) or
@@ -380,6 +384,20 @@ static enum MHD_Result logging_settings(tp_http *h, req_ctx *r)
     tp_err e;
     char *doc = NULL;
     tp_status st = tp_log_settings_apply(r->body ? r->body : "", r->len, &doc, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, st == TP_NOMEM ? 503 : 400, "%s", e.msg);
+    return reply_json(h, r, 200, doc);
+}
+
+/* GET/POST /v2[/models/M]/trace/setting: the global or the model's */
+static enum MHD_Result trace_settings(tp_http *h, req_ctx *r)
+{
+    int model = r->route->flags & ROUTE_MODEL;
+    if (strcmp(r->method, "POST") != 0)
+        return reply_json(h, r, 200, tp_trace_settings_json(h->trace, model));
+    tp_err e;
+    char *doc = NULL;
+    tp_status st = tp_trace_update(h->trace, model, r->body ? r->body : "", r->len, &doc, &e);
     if (st != TP_OK)
         return reply_error(h, r, st == TP_NOMEM ? 503 : 400, "%s", e.msg);
     return reply_json(h, r, 200, doc);
@@ -735,6 +753,37 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     return send_response(h, r, 200, resp);
 }
 
+/* Triton's trace extension: is this inference one to trace? */
+static void begin_trace(tp_http *h, req_ctx *r)
+{
+    r->trace_id = tp_trace_sample(h->trace);
+    if (r->trace_id && r->req.id)
+        r->trace_rid = strdup(r->req.id); /* NULL without memory: traced without it */
+}
+
+static int64_t ms_to_ns(double ms) { return (int64_t)(ms * 1e6); }
+
+/* A traced request's timestamps, written (trace.h names them); sent: its
+ * answer went out whole. */
+static void end_trace(tp_http *h, req_ctx *r, int sent)
+{
+    int ran = r->times.infer > 0;
+    double compute_start = r->t_decoded + r->times.queue * 1e3;
+    tp_trace_stamps s = {
+        .recv_start = ms_to_ns(r->t_start),
+        .recv_end = ms_to_ns(r->t_body),
+        .queued = ms_to_ns(r->t_decoded),
+        .compute_start = ran ? ms_to_ns(compute_start) : 0,
+        .compute_end = ran ? ms_to_ns(compute_start + r->times.infer * 1e3) : 0,
+        .encoded = ms_to_ns(r->t_encoded),
+        .sent = sent ? tp_now_ns() : 0,
+    };
+    tp_trace_record(h->trace, r->trace_id, h->model.name, h->model.version, r->trace_rid, &s);
+    free(r->trace_rid);
+    r->trace_rid = NULL;
+    r->trace_id = 0;
+}
+
 /* Body complete, on the HTTP thread that read it: decode, submit, and
  * answer here when the batch ran here; otherwise suspend until the batcher
  * thread delivers. A bad request is answered without ever leaving this
@@ -757,6 +806,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     r->times.input = (r->t_decoded - r->t_body) / 1e3;
     int held = 0;
     if (st == TP_OK) {
+        begin_trace(h, r);
         set_timeout(h, r, r->req.timeout_us);
         st = submit(h, r, &held, &err);
     }
@@ -804,6 +854,8 @@ static const route_def ROUTES[] = {
     {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, post_repository_load},
     {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, post_repository_unload},
     {"GET, HEAD, POST", "/v2/logging", 0, logging_settings},
+    {"GET, HEAD, POST", "/v2/trace/setting", 0, trace_settings},
+    {"GET, HEAD, POST", "/v2/models/{model}/trace/setting", ROUTE_MODEL, trace_settings},
     {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
     {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},
     {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, cuda_shm},
@@ -1036,6 +1088,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         tp_host_tensors_free(r->outs, r->n_outs);
         atomic_fetch_sub(&h->in_engine, 1);
     }
+    if (r->trace_id)
+        end_trace(h, r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     release_request(r);
     recycle_record(r);
     *con_cls = NULL;
@@ -1192,6 +1246,10 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     h->shm = tp_shm_registry_create();
     tp_status st = h->metrics && h->stats && h->shm ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
+    tp_trace_init ti = {cfg->trace_file, strcmp(cfg->trace_level, "TIMESTAMPS") == 0, cfg->trace_rate,
+                        cfg->trace_count, cfg->trace_log_frequency};
+    if (st == TP_OK)
+        st = tp_trace_create(&ti, &h->trace, err);
     if (st == TP_OK)
         st = tp_http_guard_create(cfg, &h->guard, err);
     if (st == TP_OK)
@@ -1378,6 +1436,7 @@ void tp_http_stop(tp_http *h)
     free(h->labels);
     tp_metrics_free(h->metrics);
     tp_model_stats_free(h->stats);
+    tp_trace_free(h->trace); /* after the daemons: no request is traced any more */
     tp_shm_registry_free(h->shm);
     free(h);
 }

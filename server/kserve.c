@@ -892,10 +892,10 @@ tp_status tp_kserve_parse_repository_index(const char *body, size_t len, int *re
 
 char *tp_kserve_server_metadata(const char *version)
 {
-    return tp_json_take_text(json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s]}", "name", "tpserve", "version",
+    return tp_json_take_text(json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s]}", "name", "tpserve", "version",
                                    version, "extensions", "binary_tensor_data", "classification",
                                    "model_configuration", "statistics", "system_shared_memory",
-                                   "model_repository", "logging"));
+                                   "model_repository", "logging", "trace"));
 }
 
 char *tp_kserve_repository_index(const char *name, const char *version, const char *state, const char *reason)

@@ -6,7 +6,8 @@
  * The other harnesses feed one parser each. This one starts the real
  * thing in process, once: tp_http on a loopback port in front of the
  * example graph (mlp_sp_tp2, cpu backend), with client shared memory
- * allowed and one region's object ready to register. Each input is the
+ * allowed, one region's object ready to register, and a trace file (in a
+ * directory of its own) that inputs may turn tracing on for. Each input is the
  * bytes of one to MAX_CONNS client connections (CONN_SEP between them),
  * sent at once so their requests meet in the batcher: one request each,
  * several pipelined, or garbage. Each client half-closes once it has sent
@@ -45,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -100,6 +102,21 @@ static void die(const char *what, const char *why)
 
 static void unlink_region(void) { shm_unlink(REGION_KEY); }
 
+/* The trace files' directory: traces are on the server's path, so inputs
+ * may turn them on, and whatever they write stays in here (removed at
+ * exit; no input can name another file). */
+static char trace_dir[64];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void remove_trace_dir(void) { nftw(trace_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS); }
+
 static void make_region(void)
 {
     int fd = shm_open(REGION_KEY, O_RDWR | O_CREAT, 0600);
@@ -143,6 +160,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     c.request_timeout_ms = REQUEST_TIMEOUT_MS;
     c.request_deadline_ms = REQUEST_TIMEOUT_MS;
     c.allow_client_shm = 1;
+    snprintf(trace_dir, sizeof trace_dir, "/tmp/tpfuzz_trace_XXXXXX");
+    if (!mkdtemp(trace_dir))
+        die("trace directory", strerror(errno));
+    atexit(remove_trace_dir);
+    snprintf(c.trace_file, sizeof c.trace_file, "%s/trace.json", trace_dir);
     snprintf(c.graph, sizeof c.graph, "%s/mlp_sp_tp2.json", dir);
     snprintf(c.ranks, sizeof c.ranks, "%s", FUZZ_HTTP_RANKS);
     tp_err err;

@@ -48,7 +48,8 @@ expect_json() {
 header() { tr -d '\r' <"$TMP/hdr" | grep -i "^$1:" | sed 's/^[^:]*: *//' | tail -n 1; }
 
 echo "== tpserve serve: $G on the cpu backend"
-start main --graph "$TP_GRAPHS/$G.json" --backend cpu --log-level debug || exit 1
+TR=$TMP/trace.json
+start main --graph "$TP_GRAPHS/$G.json" --backend cpu --log-level debug --trace-file "$TR" || exit 1
 MAIN_URL=$URL
 MAIN_PID=$PID
 
@@ -225,6 +226,34 @@ EOF
 then pass "classification: the top 3 of y's own values, best first"; else fail "classification: not y's top 3"; fi
 expect_json "classification of 0 classes refused" 400 "output 'y': parameters.classification must be at least 1" \
     "{\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}],\"outputs\":[{\"name\":\"y\",\"parameters\":{\"classification\":0}}]}"
+# Triton's trace extension (trace_file given at startup): three requests
+# traced, written as one file of three (log_frequency 3), each with its id
+# and timestamps in order
+expect "trace: no client chooses the file" 400 "trace_file cannot be changed here" POST /v2/trace/setting \
+    --data-binary '{"trace_file":"/tmp/elsewhere.json","trace_level":["TIMESTAMPS"]}'
+expect "trace: enabled" 200 '"trace_level":["TIMESTAMPS"]' POST /v2/trace/setting \
+    --data-binary '{"trace_level":["TIMESTAMPS"],"trace_rate":"1","log_frequency":"3"}'
+for i in 1 2 3; do
+    req POST /v2/models/$G/infer -H 'Content-Type: application/json' \
+        --data-binary "{\"id\":\"tr$i\",\"inputs\":[{\"name\":\"x\",$X3,\"data\":[$Z]}]}"
+done
+i=0 # the third trace is taken once its answer is out: the file may come just after
+while [ ! -f "$TR.0" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+if $PYTHON - "$TR.0" <<'EOF'
+import json, sys
+names = ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+         "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+t = json.load(open(sys.argv[1]))
+ok = [x["request_id"] for x in t] == ["tr1", "tr2", "tr3"] and all(
+    [s["name"] for s in x["timestamps"]] == names and
+    all(a["ns"] <= b["ns"] for a, b in zip(x["timestamps"], x["timestamps"][1:])) for x in t)
+sys.exit(0 if ok else 1)
+EOF
+then pass "trace: 3 requests in $TR.0, every timestamp in order"; else fail "trace file: $(head -c 400 "$TR.0" 2>&1)"; fi
+expect "trace: the model's settings follow the global ones" 200 "\"trace_file\":\"$TR\"" GET /v2/models/$G/trace/setting
+expect "trace: a bad setting refused" 400 "trace_rate must be an integer of at least 1" POST /v2/trace/setting \
+    --data-binary '{"trace_rate":"0"}'
+expect "trace: off" 200 '"trace_level":["OFF"]' POST /v2/trace/setting --data-binary '{"trace_level":["OFF"]}'
 if grep -q " -> 400 (.*): unknown input 'q'" "$TMP/main.log" && grep -q " -> 404 (" "$TMP/main.log"; then
     pass "request errors are logged (debug level)"
 else

@@ -55,7 +55,7 @@ for g in mlp_sp_tp2 mlp_sp_fp16_tp2 mlp_sp_bf16_tp2 vocab_embed_tp2 vocab_embed_
     [ -f "$TP_GRAPHS/$g.json" ] || { echo "FAIL: $g: no $TP_GRAPHS/$g.json"; nfail=$((nfail + 1)); continue; }
     port=$(free_port)
     "$TPSERVE" serve --graph "$TP_GRAPHS/$g.json" --port "$port" --backend cpu --log-level debug \
-        --allow-client-shm 1 \
+        --allow-client-shm 1 --trace-file "$TMP/trace_$g.json" \
         >"$TMP/$g.log" 2>&1 &
     PID=$!
     i=0

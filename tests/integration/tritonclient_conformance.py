@@ -6,8 +6,9 @@ Drives a running `tpserve serve` with NVIDIA's official tritonclient[http]
 metadata, model readiness, Triton's model configuration and statistics
 extensions, infer with JSON tensors and with the binary tensor extension
 (each input/output combination), requested outputs, request ids, and error
-reporting, and the model repository (index; load and unload refused) and
-logging extensions. Infer results are checked against NAME.ref.safetensors
+reporting, the model repository (index; load and unload refused),
+logging, classification (class_count) and trace extensions. Infer results
+are checked against NAME.ref.safetensors
 with the manifest rtol (graphs/README.md metric, via compare.py).
 
 Prints PASS/FAIL lines and "N passed, N failed"; exit 1 on any failure.
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -92,7 +94,7 @@ def check_config(c, g, inputs, ref, r):
     """Triton's model configuration extension, as perf_analyzer reads it."""
     sm = c.get_server_metadata()
     for ext in ("classification", "model_configuration", "statistics", "system_shared_memory", "model_repository",
-                "logging"):
+                "logging", "trace"):
         r.check(ext in sm.get("extensions", []), "server metadata lists extension %s" % ext)
     cfg = c.get_model_config(g)
     mbs = cfg.get("max_batch_size")
@@ -317,6 +319,40 @@ def check_classification(c, g, ins, r):
                                                          list(got.flat)[:3] if got is not None else None))
 
 
+def check_trace(c, g, ins, r):
+    """Triton's trace extension through tritonclient (the server was started
+    with a trace_file): the model's settings over the global ones, a
+    request traced to the file, tracing off again, the file never chosen by
+    a client."""
+    path = c.get_trace_settings().get("trace_file")
+    s = c.update_trace_settings(settings={"log_frequency": "1"})
+    r.check(bool(path) and s.get("trace_file") == path and s.get("trace_level") == ["OFF"],
+            "global trace settings: %s" % s)
+    s = c.update_trace_settings(model_name=g, settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    r.check(s.get("trace_level") == ["TIMESTAMPS"] and s.get("trace_file") == path,
+            "model trace settings over the global ones: %s" % s)
+    r.check(c.get_trace_settings().get("trace_level") == ["OFF"], "global trace level still OFF")
+    c.infer(g, ins, request_id="traced-1")
+    # the trace is taken once the answer is out, so it may land just after
+    # the client has it
+    for _ in range(100):
+        try:
+            with open(path + ".0") as f:
+                t = json.load(f)
+            break
+        except (OSError, ValueError, TypeError) as e:
+            t = [str(e)]
+            time.sleep(0.05)
+    r.check(len(t) == 1 and isinstance(t[0], dict) and t[0].get("request_id") == "traced-1"
+            and t[0].get("model_name") == g and len(t[0].get("timestamps", [])) == 11,
+            "one request traced to %s.0: %s" % (path, str(t)[:160]))
+    s = c.update_trace_settings(model_name=g, settings={})
+    r.check(s.get("trace_level") == ["OFF"], "model trace settings given back to the global ones")
+    expect_error(r, "trace_file chosen by a client", lambda: c.update_trace_settings(
+        settings={"trace_file": "/tmp/elsewhere.json"}), "trace_file cannot be changed here")
+    c.update_trace_settings(settings={"log_frequency": None})
+
+
 def check_errors(c, g, inputs, ins, r):
     expect_error(r, "unknown model", lambda: c.infer("no_such_model", ins), "unknown model")
     name, (st, a) = next(iter(inputs.items()))
@@ -356,6 +392,7 @@ def main(argv):
         check_stats(c, a.graph, before, r)
         check_shm(c, a.graph, inputs, ref, m["rtol"], r)
         check_classification(c, a.graph, ins, r)
+        check_trace(c, a.graph, ins, r)
         check_errors(c, a.graph, inputs, ins, r)
         check_repository_and_logging(c, a.graph, r)
     except Exception as e:  # a client-side surprise is a failure, not a crash

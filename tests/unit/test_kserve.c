@@ -852,7 +852,7 @@ START_TEST(metadata_docs)
     s = tp_kserve_server_metadata("1.2.3");
     ck_assert_str_eq(s, "{\"name\":\"tpserve\",\"version\":\"1.2.3\","
                         "\"extensions\":[\"binary_tensor_data\",\"classification\",\"model_configuration\","
-                        "\"statistics\",\"system_shared_memory\",\"model_repository\",\"logging\"]}");
+                        "\"statistics\",\"system_shared_memory\",\"model_repository\",\"logging\",\"trace\"]}");
     free(s);
     /* Triton's model configuration: dims without the batch dim when batching */
     tp_kserve_model batched = M;
