@@ -29,7 +29,8 @@
  * (its batch starts: staging is inside the engine run, as the statistics
  * say), COMPUTE_OUTPUT_START and COMPUTE_END (the run ends), REQUEST_END
  * and HTTP_SEND_START (answer encoded), HTTP_SEND_END (sent). A request
- * that failed before a point has no timestamps from there on.
+ * that failed before a point has no timestamps from there on; one refused
+ * before it queued (a bad request) is not sampled at all.
  *
  * While tracing is off, sampling a request costs one atomic load. The
  * file is written on the thread whose trace completes a batch of

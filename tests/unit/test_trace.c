@@ -12,12 +12,14 @@
 #include "check_main.h"
 #include "trace.h"
 
-static char dir[64];
+/* make_dir's directory, and the trace file in it */
+static char dir[64], file[96];
 
 static void make_dir(void)
 {
     strcpy(dir, "/tmp/tp_trace_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/t.json", dir);
 }
 
 static void remove_dir(void)
@@ -27,10 +29,10 @@ static void remove_dir(void)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-/* A trace writing to dir/t.json (file NULL: none), settings as at startup. */
-static tp_trace *create(const char *file, int timestamps, int64_t rate, int64_t log_frequency)
+/* A trace writing to path (NULL: none), settings as at startup. */
+static tp_trace *create(const char *path, int timestamps, int64_t rate, int64_t log_frequency)
 {
-    tp_trace_init init = {file, timestamps, rate, -1, log_frequency};
+    tp_trace_init init = {path, timestamps, rate, -1, log_frequency};
     tp_trace *t;
     tp_err err;
     ck_assert_int_eq(tp_trace_create(&init, &t, &err), TP_OK);
@@ -142,9 +144,7 @@ END_TEST
 START_TEST(rate_and_count)
 {
     make_dir();
-    char path[128];
-    snprintf(path, sizeof path, "%s/t.json", dir);
-    tp_trace *t = create(path, 0, 1000, 0);
+    tp_trace *t = create(file, 0, 1000, 0);
     tp_err err;
     ck_assert_int_eq(update(t, 0, "{\"trace_level\":[\"TIMESTAMPS\"],\"trace_rate\":\"3\"}", &err), TP_OK);
     int64_t got[9];
@@ -161,7 +161,7 @@ START_TEST(rate_and_count)
     expect_setting(t, 1, "trace_count", "0");
     expect_setting(t, 0, "trace_count", "-1");
     tp_trace_free(t); /* nothing recorded: no file */
-    ck_assert_int_ne(access(path, F_OK), 0);
+    ck_assert_int_ne(access(file, F_OK), 0);
     remove_dir();
 }
 END_TEST
@@ -195,8 +195,7 @@ static int read_ids(const char *path, int64_t *ids, int cap)
 START_TEST(files_by_log_frequency)
 {
     make_dir();
-    char file[128], path[160];
-    snprintf(file, sizeof file, "%s/t.json", dir);
+    char path[160];
     tp_trace *t = create(file, 1, 1, 2);
     tp_err err;
     tp_trace_stamps full = {100, 200, 300, 400, 500, 600, 700}, failed = {100, 200, 300, 0, 0, 600, 700};
@@ -228,8 +227,6 @@ END_TEST
 START_TEST(request_id_escaped)
 {
     make_dir();
-    char file[128];
-    snprintf(file, sizeof file, "%s/t.json", dir);
     tp_trace *t = create(file, 1, 1, 0);
     tp_trace_stamps s = {1, 2, 3, 4, 5, 6, 7};
     tp_trace_record(t, tp_trace_sample(t), "m", "1", "a \"quoted\"\n id", &s);
