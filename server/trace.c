@@ -91,8 +91,10 @@ static void write_pending(tp_trace *t, const settings *e)
     if (!t->n_pending)
         return;
     size_t cap = strlen(t->file) + 32;
-    char *path = malloc(2 * cap);
-    if (!path) {
+    char *path = malloc(cap), *tmp = malloc(cap);
+    if (!path || !tmp) {
+        free(path);
+        free(tmp);
         TP_LOG_W("trace: out of memory writing %" PRId64 " traces: dropped", t->n_pending);
         t->pending.len = 0;
         t->n_pending = 0;
@@ -103,7 +105,6 @@ static void write_pending(tp_trace *t, const settings *e)
     else
         snprintf(path, cap, "%s", t->file);
     /* written aside, then renamed: a reader never sees half a file */
-    char *tmp = path + cap;
     snprintf(tmp, cap, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     int ok = f && fputc('[', f) != EOF && fwrite(t->pending.p, 1, t->pending.len, f) == t->pending.len &&
@@ -118,6 +119,7 @@ static void write_pending(tp_trace *t, const settings *e)
             unlink(tmp);
     }
     free(path);
+    free(tmp);
     t->pending.len = 0;
     t->n_pending = 0;
 }
