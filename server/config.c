@@ -307,8 +307,6 @@ tp_status tp_config_validate(const tp_config *c, tp_err *err)
         return tp_fail(err, TP_INVALID, "'host' is empty");
     if (c->rendezvous[0] && strcmp(c->ranks, "processes") != 0)
         return tp_fail(err, TP_INVALID, "'rendezvous' needs 'ranks' processes (got '%s')", c->ranks);
-    if (strcmp(c->trace_level, "TIMESTAMPS") == 0 && !c->trace_file[0])
-        return tp_fail(err, TP_INVALID, "'trace_level' TIMESTAMPS needs a 'trace_file' to write to");
     /* Several instances of a process group would each need their own
      * workers (GPUs); several of a GPU graph their own communicators on the
      * same devices: neither is built, so neither is claimed. */

@@ -13,22 +13,7 @@
 
 #include "check_main.h"
 #include "classify.h"
-
-/* A tensor over caller-owned data. */
-static tp_host_tensor tensor(tp_dtype dt, void *data, int ndim, const int64_t *shape)
-{
-    tp_host_tensor t;
-    memset(&t, 0, sizeof t);
-    snprintf(t.name, sizeof t.name, "y");
-    t.dtype = dt;
-    t.ndim = ndim;
-    size_t n = 1;
-    for (int d = 0; d < ndim; d++)
-        n *= (size_t)(t.shape[d] = shape[d]);
-    t.nbytes = n * tp_dtype_size(dt);
-    t.data = data;
-    return t;
-}
+#include "testutil.h"
 
 /* The classes' strings joined by spaces, checked to fill the bytes exactly. */
 static void joined(const tp_classes *c, char *out, size_t cap)
@@ -71,7 +56,7 @@ static void check_classes(const tp_host_tensor *t, int batched, int64_t count, i
 START_TEST(best_first_per_batch_entry_ties_by_index)
 {
     float v[2][4] = {{0.1f, 0.9f, 0.5f, 0.9f}, {-1, -2, -3, -4}};
-    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){2, 4});
+    tp_host_tensor t = tu_tensor("y", TP_F32, v, 2, (int64_t[]){2, 4});
     check_classes(&t, 1, 3, 2, 2, 3,
                   "0.900000:1 0.900000:3 0.500000:2 -1.000000:0 -2.000000:1 -3.000000:2");
     /* more classes asked for than an entry has: all of them */
@@ -84,7 +69,7 @@ END_TEST
 START_TEST(unbatched_ranks_the_whole_tensor)
 {
     int32_t v[2][3] = {{5, -7, 9}, {9, 0, 2}};
-    tp_host_tensor t = tensor(TP_I32, v, 2, (int64_t[]){2, 3});
+    tp_host_tensor t = tu_tensor("y", TP_I32, v, 2, (int64_t[]){2, 3});
     /* one flat list of 6: index 3 is [1][0] */
     check_classes(&t, 0, 4, 1, 4, 0, "9:2 9:3 5:0 2:5");
 }
@@ -93,7 +78,7 @@ END_TEST
 START_TEST(nan_ranks_below_every_number)
 {
     float v[5] = {NAN, 1.0f, NAN, -INFINITY, 0.0f};
-    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, 5});
+    tp_host_tensor t = tu_tensor("y", TP_F32, v, 2, (int64_t[]){1, 5});
     check_classes(&t, 1, 5, 2, 1, 5, "1.000000:1 0.000000:4 -inf:3 nan:0 nan:2");
 }
 END_TEST
@@ -103,7 +88,7 @@ START_TEST(int64_ranks_by_its_own_value)
     /* equal as doubles: ranked (and printed) from the integers themselves */
     int64_t b = INT64_C(1) << 62;
     int64_t v[4] = {b + 1, b, b + 2, INT64_MIN};
-    tp_host_tensor t = tensor(TP_I64, v, 2, (int64_t[]){1, 4});
+    tp_host_tensor t = tu_tensor("y", TP_I64, v, 2, (int64_t[]){1, 4});
     check_classes(&t, 1, 4, 2, 1, 4,
                   "4611686018427387906:2 4611686018427387905:0 4611686018427387904:1 "
                   "-9223372036854775808:3");
@@ -113,10 +98,10 @@ END_TEST
 START_TEST(half_precision_ranks_by_value)
 {
     uint16_t h[3] = {tp_f32_to_f16(-2.0f), tp_f32_to_f16(1.5f), tp_f32_to_f16(0.25f)};
-    tp_host_tensor t = tensor(TP_F16, h, 2, (int64_t[]){1, 3});
+    tp_host_tensor t = tu_tensor("y", TP_F16, h, 2, (int64_t[]){1, 3});
     check_classes(&t, 1, 2, 2, 1, 2, "1.500000:1 0.250000:2");
     uint16_t bf[3] = {tp_f32_to_bf16(3.0f), tp_f32_to_bf16(-1.0f), tp_f32_to_bf16(3.5f)};
-    t = tensor(TP_BF16, bf, 2, (int64_t[]){1, 3});
+    t = tu_tensor("y", TP_BF16, bf, 2, (int64_t[]){1, 3});
     check_classes(&t, 1, 3, 2, 1, 3, "3.500000:2 3.000000:0 -1.000000:1");
 }
 END_TEST
@@ -127,11 +112,11 @@ START_TEST(unaligned_elements)
     float v[3] = {0.5f, 2.0f, -1.0f};
     char *raw = malloc(1 + 2 * sizeof(int64_t)); /* room for both tensors below */
     memcpy(raw + 1, v, sizeof v);
-    tp_host_tensor t = tensor(TP_F32, raw + 1, 2, (int64_t[]){1, 3});
+    tp_host_tensor t = tu_tensor("y", TP_F32, raw + 1, 2, (int64_t[]){1, 3});
     check_classes(&t, 1, 2, 2, 1, 2, "2.000000:1 0.500000:0");
     int64_t w[2] = {-5, 7};
     memcpy(raw + 1, w, sizeof w);
-    t = tensor(TP_I64, raw + 1, 2, (int64_t[]){1, 2});
+    t = tu_tensor("y", TP_I64, raw + 1, 2, (int64_t[]){1, 2});
     check_classes(&t, 1, 1, 2, 1, 1, "7:1");
     free(raw);
 }
@@ -160,7 +145,7 @@ START_TEST(heap_matches_a_full_sort)
     }
     sort_base = v;
     qsort(idx, N, sizeof *idx, by_rank);
-    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, N});
+    tp_host_tensor t = tu_tensor("y", TP_F32, v, 2, (int64_t[]){1, N});
     static const int64_t ks[] = {1, 2, 7, 64, 999, 1000};
     for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
         tp_classes got;
@@ -184,7 +169,7 @@ END_TEST
 START_TEST(nothing_to_rank_is_an_error)
 {
     float v[1];
-    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, 0});
+    tp_host_tensor t = tu_tensor("y", TP_F32, v, 2, (int64_t[]){1, 0});
     tp_classes c;
     tp_err err;
     ck_assert_int_eq(tp_classify(&t, 1, 3, NULL, &c, &err), TP_INVALID);
@@ -193,29 +178,19 @@ START_TEST(nothing_to_rank_is_an_error)
 }
 END_TEST
 
-/* Writes bytes to a temporary file; its path in path (mkstemp's). */
-static void temp_file(char *path, const char *bytes, size_t n)
-{
-    strcpy(path, "/tmp/tp_labels_XXXXXX");
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(write(fd, bytes, n), (ssize_t)n);
-    close(fd);
-}
-
 START_TEST(labels_name_the_classes)
 {
     char path[64];
     /* a CR before a newline is dropped; the last line needs no newline */
     static const char text[] = "cat\ndog\r\n\nbird";
-    temp_file(path, text, sizeof text - 1);
+    tu_write_tmp(path, text, sizeof text - 1);
     tp_labels *l;
     tp_err err;
     ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_OK);
     ck_assert_int_eq(tp_labels_count(l), 4);
     ck_assert_str_eq(tp_labels_path(l), path);
     float v[6] = {0.1f, 0.9f, 0.5f, 0.2f, 0.7f, 0.3f};
-    tp_host_tensor t = tensor(TP_F32, v, 2, (int64_t[]){1, 6});
+    tp_host_tensor t = tu_tensor("y", TP_F32, v, 2, (int64_t[]){1, 6});
     labels = l;
     /* class 2's label is the empty line; classes 4 and 5 are past the file */
     check_classes(&t, 1, 6, 2, 1, 6, "0.900000:1:dog 0.700000:4 0.500000:2: 0.300000:5 0.200000:3:bird 0.100000:0:cat");
@@ -234,19 +209,19 @@ START_TEST(labels_files_refused)
     ck_assert_str_eq(err.msg, "labels file /nonexistent/labels.txt: cannot open: No such file or directory");
     ck_assert_ptr_null(l);
     static const char latin1[] = "ok\ncaf\xe9\n";
-    temp_file(path, latin1, sizeof latin1 - 1);
+    tu_write_tmp(path, latin1, sizeof latin1 - 1);
     ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, ":2: not UTF-8 text of at most 65536 bytes"));
     unlink(path);
     static const char nul[] = "a\nb\nc\0d\n";
-    temp_file(path, nul, sizeof nul - 1);
+    tu_write_tmp(path, nul, sizeof nul - 1);
     ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, ":3: a NUL byte (not a text file)"));
     unlink(path);
     char *long_line = malloc(65538);
     memset(long_line, 'a', 65537);
     long_line[65537] = '\n';
-    temp_file(path, long_line, 65538);
+    tu_write_tmp(path, long_line, 65538);
     free(long_line);
     ck_assert_int_eq(tp_labels_load(path, &l, &err), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(err.msg, ":1: not UTF-8 text of at most 65536 bytes"));

@@ -6,24 +6,14 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "testutil.h"
 #include "config.h"
 #include "log.h"
 #include "spin_wait.h"
 
-/* Writes text to a fresh temporary file; the caller unlinks path. */
-static void write_tmp(char *path, const char *text)
-{
-    snprintf(path, 64, "/tmp/tp_config_XXXXXX");
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    FILE *f = fdopen(fd, "w");
-    fputs(text, f);
-    fclose(f);
-}
-
 static tp_status load_text(tp_config *c, const char *text, tp_err *e, char *path)
 {
-    write_tmp(path, text);
+    tu_write_tmp(path, text, strlen(text));
     tp_status st = tp_config_load_file(c, path, e);
     unlink(path);
     return st;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "testutil.h"
 #include "json_tensor.h"
 #include "kserve.h"
 
@@ -495,11 +496,9 @@ START_TEST(response_classification)
 
     /* labels (Triton's label_filename): escaped in JSON, raw in BYTES, and
      * named in the model configuration */
-    char path[64] = "/tmp/tp_kserve_labels_XXXXXX";
-    int fd = mkstemp(path);
+    char path[64];
     static const char text[] = "zero\n\"one\" \\ 1\ncaf\xc3\xa9\n";
-    ck_assert_int_eq(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
-    close(fd);
+    tu_write_tmp(path, text, sizeof text - 1);
     tp_labels *yl;
     ck_assert_int_eq(tp_labels_load(path, &yl, &e), TP_OK);
     const tp_labels *per_output[2] = {yl, NULL};

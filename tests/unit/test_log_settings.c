@@ -7,6 +7,7 @@
 #include "check_main.h"
 #include "log.h"
 #include "log_settings.h"
+#include "testutil.h"
 
 /* Applies body from level `from`; returns the status, leaves the level in
  * *after and the error (or "") in err. */
@@ -17,15 +18,7 @@ static tp_status apply_from(tp_log_level from, const char *body, tp_log_level *a
     err->msg[0] = '\0';
     tp_status st = tp_log_settings_apply(body, strlen(body), &doc, err);
     *after = tp_log_get_level();
-    if (st == TP_OK) {
-        /* the answer is the settings now in force */
-        char *now = tp_log_settings_json();
-        ck_assert_str_eq(doc, now);
-        free(now);
-    } else {
-        ck_assert_ptr_null(doc);
-    }
-    free(doc);
+    tu_expect_settings_answer(st, doc, tp_log_settings_json());
     return st;
 }
 

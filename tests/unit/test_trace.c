@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check_main.h"
+#include "testutil.h"
 #include "trace.h"
 
 /* make_dir's directory, and the trace file in it */
@@ -20,13 +21,6 @@ static void make_dir(void)
     strcpy(dir, "/tmp/tp_trace_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(file, sizeof file, "%s/t.json", dir);
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
 }
 
 /* A trace writing to path (NULL: none), settings as at startup. */
@@ -44,14 +38,7 @@ static tp_status update(tp_trace *t, int model, const char *body, tp_err *err)
 {
     char *doc = NULL;
     tp_status st = tp_trace_update(t, model, body, strlen(body), &doc, err);
-    if (st == TP_OK) {
-        char *now = tp_trace_settings_json(t, model);
-        ck_assert_str_eq(doc, now);
-        free(now);
-    } else {
-        ck_assert_ptr_null(doc);
-    }
-    free(doc);
+    tu_expect_settings_answer(st, doc, tp_trace_settings_json(t, model));
     return st;
 }
 
@@ -162,7 +149,7 @@ START_TEST(rate_and_count)
     expect_setting(t, 0, "trace_count", "-1");
     tp_trace_free(t); /* nothing recorded: no file */
     ck_assert_int_ne(access(file, F_OK), 0);
-    remove_dir();
+    tu_rmdir(dir);
 }
 END_TEST
 
@@ -220,7 +207,7 @@ START_TEST(files_by_log_frequency)
     tp_trace_free(t);
     ck_assert_int_eq(read_ids(file, ids, 8), 3);
     ck_assert(ids[0] == 6 && ids[2] == 8);
-    remove_dir();
+    tu_rmdir(dir);
 }
 END_TEST
 
@@ -235,7 +222,7 @@ START_TEST(request_id_escaped)
     ck_assert_ptr_nonnull(doc);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(doc, 0), "request_id")), "a \"quoted\"\n id");
     json_decref(doc);
-    remove_dir();
+    tu_rmdir(dir);
 }
 END_TEST
 

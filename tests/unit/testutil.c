@@ -120,17 +120,41 @@ int tu_count_op(const tp_graph *g, tp_op op)
     return n;
 }
 
-tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape)
+tp_host_tensor tu_tensor(const char *name, tp_dtype dtype, void *data, int ndim, const int64_t *shape)
 {
-    tp_host_tensor t = {.dtype = TP_F32, .ndim = ndim, .data = data};
+    tp_host_tensor t = {.dtype = dtype, .ndim = ndim, .data = data};
     snprintf(t.name, sizeof t.name, "%s", name);
-    size_t n = 4;
+    size_t n = tp_dtype_size(dtype);
     for (int i = 0; i < ndim; i++) {
         t.shape[i] = shape[i];
         n *= (size_t)shape[i];
     }
     t.nbytes = n;
     return t;
+}
+
+tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape)
+{
+    return tu_tensor(name, TP_F32, data, ndim, shape);
+}
+
+void tu_write_tmp(char *path, const void *bytes, size_t n)
+{
+    snprintf(path, 64, "/tmp/tp_test_XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, bytes, n), (ssize_t)n);
+    close(fd);
+}
+
+void tu_expect_settings_answer(tp_status st, char *doc, char *now)
+{
+    if (st == TP_OK)
+        ck_assert_str_eq(doc, now);
+    else
+        ck_assert_ptr_null(doc);
+    free(doc);
+    free(now);
 }
 
 tp_host_tensor tu_batch_row(const tp_host_tensor *t, int64_t b)

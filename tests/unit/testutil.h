@@ -52,8 +52,19 @@ tp_host_tensor *tu_load_tensors(const char *path, int *n);
 
 /* Row b of t along dim 0, as a batch-1 tensor aliasing t's data. */
 tp_host_tensor tu_batch_row(const tp_host_tensor *t, int64_t b);
+/* A tensor of dtype over data (caller-owned), nbytes from the shape. */
+tp_host_tensor tu_tensor(const char *name, tp_dtype dtype, void *data, int ndim, const int64_t *shape);
 /* Global FP32 input tensor over data. */
 tp_host_tensor tu_f32(const char *name, float *data, int ndim, const int64_t *shape);
+
+/* Writes n bytes to a new temporary file; its name in path (>= 64 bytes).
+ * The caller unlinks it. */
+void tu_write_tmp(char *path, const void *bytes, size_t n);
+
+/* A settings endpoint's answer (Triton's logging and trace extensions):
+ * with st TP_OK, doc must be the settings now in force (now, as a GET
+ * would answer them); otherwise there is no doc. Frees both. */
+void tu_expect_settings_answer(tp_status st, char *doc, char *now);
 
 /* The scheduler state of thread tid (of any process) ('R' running or
  * runnable, 'S' sleeping, ...; '?' when gone). tu_thread_reaches waits up to
