@@ -585,6 +585,61 @@ else
     fail "stalled upload: exit $rc: $(cat "$TMP/o" "$TMP/stall.log")"
 fi
 
+# Half-closed clients under load (wrk, 32 connections): each sends one
+# request, shuts its write side and reads the answer. Under load their
+# requests go to the batcher thread and their connections are suspended;
+# suspended from the pass that read the body, libmicrohttpd 0.9.75 read the
+# client's EOF on resume, took it as an abort and dropped the answer (1-9
+# of 200 in most runs). Timing decides, so this fails most runs, not every
+# run, when that comes back.
+if command -v wrk >/dev/null 2>&1; then
+    start halfclose --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level debug || exit 1
+    $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/hcreq" >/dev/null
+    cat >"$TMP/hc.lua" <<EOF
+local f = io.open("$TMP/hcreq", "rb")
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+EOF
+    wrk -t2 -c32 -d8s -s "$TMP/hc.lua" "$URL/v2/models/$G/infer" >"$TMP/hcwrk.out" 2>&1 &
+    WRK=$!
+    sleep 1
+    out=$($PYTHON - "$URL" "$G" "$TMP/hcreq" <<'EOF'
+import socket, sys, time
+host, port = sys.argv[1].rsplit("/", 1)[1].split(":")
+body = open(sys.argv[3], "rb").read()
+req = (b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+       b"Content-Length: %d\r\n\r\n" % (sys.argv[2].encode(), len(body))) + body
+answered = tried = 0
+t_end = time.time() + 5
+while time.time() < t_end:
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(req)
+    s.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        data += d
+    s.close()
+    tried += 1
+    answered += data.startswith(b"HTTP/1.1 200")
+print("%d of %d answered" % (answered, tried))
+sys.exit(0 if answered == tried and tried > 50 else 1)
+EOF
+    ) && ok=1 || ok=0
+    wait "$WRK"
+    if [ $ok -eq 1 ]; then
+        pass "half-closed clients under wrk load: $out"
+    else
+        fail "half-closed clients under wrk load: ${out:-no answer}"
+    fi
+    kill -TERM "$PID"
+    wait "$PID"
+fi
+
 # the same under wrk, when installed: no read errors or timeouts (connect and
 # write errors are refused reconnects after the listener closed)
 if command -v wrk >/dev/null 2>&1; then
