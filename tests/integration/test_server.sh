@@ -585,6 +585,17 @@ else
     fail "stalled upload: exit $rc: $(cat "$TMP/o" "$TMP/stall.log")"
 fi
 
+# wrk_post_script BODY LUA: a wrk script that POSTs the JSON request in BODY
+wrk_post_script() {
+    cat >"$2" <<EOF
+local f = io.open("$1", "rb")
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+EOF
+}
+
 # Half-closed clients under load (wrk, 32 connections): each sends one
 # request, shuts its write side and reads the answer. Under load their
 # requests go to the batcher thread and their connections are suspended;
@@ -595,13 +606,7 @@ fi
 if command -v wrk >/dev/null 2>&1; then
     start halfclose --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level debug || exit 1
     $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/hcreq" >/dev/null
-    cat >"$TMP/hc.lua" <<EOF
-local f = io.open("$TMP/hcreq", "rb")
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
-EOF
+    wrk_post_script "$TMP/hcreq" "$TMP/hc.lua"
     wrk -t2 -c32 -d8s -s "$TMP/hc.lua" "$URL/v2/models/$G/infer" >"$TMP/hcwrk.out" 2>&1 &
     WRK=$!
     sleep 1
@@ -644,13 +649,7 @@ fi
 # write errors are refused reconnects after the listener closed)
 if command -v wrk >/dev/null 2>&1; then
     start wrk --graph "$TP_GRAPHS/$G.json" --threads 2 || exit 1
-    cat >"$TMP/post.lua" <<EOF
-local f = io.open("$TMP/load", "rb")
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
-EOF
+    wrk_post_script "$TMP/load" "$TMP/post.lua"
     wrk -t2 -c16 -d4s --timeout 10s -s "$TMP/post.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1 &
     WRK=$!
     sleep 1.5
