@@ -17,6 +17,7 @@
 #include "batcher.h"
 #include "buf_pool.h"
 #include "clock.h"
+#include "handoff.h"
 #include "http_guard.h"
 #include "io_check.h"
 #include "json_tensor.h"
@@ -61,16 +62,20 @@ typedef struct route_def {
  * as its turn comes in that pass. Otherwise (a slow model, a queue delay)
  * the connection is SUSPENDED until the batcher thread hands the batch
  * result back, and the HTTP thread that resumes it encodes the answer.
+ * Who resumes, and who frees a request whose connection goes first:
+ * handoff.h.
+ *
  * It is suspended on libmicrohttpd's next call, not in the one that
  * completed the body (SUBMITTED in between): libmicrohttpd (0.9.75, and
  * 1.0.1's source alike) does not update a suspended connection's
- * event-loop state, so one suspended in the pass that read its body
- * stays marked "reading", is
- * read on resume, and a client that had half-closed after its request
- * has its EOF taken for an abort (MHD_REQUEST_TERMINATED_WITH_ERROR) and
- * its answer dropped: 26 of 2,600 such clients under wrk load, 0 of 1,800
- * once suspended a pass later, when the connection is marked as waiting
- * for the application and nothing is read.
+ * event-loop state, so one suspended in the pass that read its body stays
+ * marked "reading", is read on resume, and a client that had half-closed
+ * after its request has its EOF taken for an abort
+ * (MHD_REQUEST_TERMINATED_WITH_ERROR) and its answer dropped: 26 of 2,600
+ * such clients under wrk load, 0 of 1,800 once suspended a pass later,
+ * when the connection is marked as waiting for the application and
+ * nothing is read.
+ *
  * Answering only once the body is in lets libmicrohttpd keep the
  * connection alive; only a 413 is sent early. */
 enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUBMITTED, REQ_SUSPENDED, REQ_REPLIED };
@@ -79,18 +84,6 @@ enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUBMITTED, REQ_SUSPENDED,
  * by one thread of libmicrohttpd's pool all its life, so the thread that
  * held a request is the one libmicrohttpd calls again for it. */
 static _Thread_local tp_batch_held *thread_held;
-
-/* A submitted request: a result delivered before its HTTP thread suspends
- * the connection (always so when the batch ran on that thread, inside
- * tp_batcher_submit) is answered by that thread at once, without
- * suspending; otherwise the HTTP thread suspends and whoever comes second
- * resumes: the batcher thread when the suspend is complete (SUSPENDED),
- * the HTTP thread itself when the result arrived during its suspend call
- * (SUSPENDING). So a resume never precedes its suspend and nobody waits
- * for anybody: the batcher thread used to spin out SUSPENDING, a whole
- * time slice when the HTTP thread was preempted inside the suspend (3-6%
- * of the server's CPU at 32 connections on 2 cores). */
-enum { HANDOFF_NONE, HANDOFF_SUSPENDING, HANDOFF_SUSPENDED, HANDOFF_DELIVERED };
 
 struct req_ctx {
     tp_http *h;
@@ -118,7 +111,7 @@ struct req_ctx {
     tp_err err;
     int64_t timeout_us;
     char timeout_what[64];
-    _Atomic int handoff;
+    _Atomic int handoff; /* handoff.h */
     tp_request_times times; /* for the statistics extension */
     int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
     char *trace_rid;
@@ -595,9 +588,11 @@ static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
     }
 }
 
+static void end_orphan(req_ctx *r);
+
 /* On the submitting HTTP thread (the batch ran there, inside
- * tp_batcher_submit) or on the batcher thread: hands the result back (see
- * HANDOFF_*). */
+ * tp_batcher_submit) or on the batcher thread: hands the result back
+ * (handoff.h). */
 static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                           const tp_err *err, const tp_batch_info *info)
 {
@@ -611,8 +606,16 @@ static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_o
     r->n_outs = n_outs;
     if (st != TP_OK)
         r->err = *err;
-    if (atomic_exchange(&r->handoff, HANDOFF_DELIVERED) == HANDOFF_SUSPENDED)
+    switch (tp_handoff_deliver(&r->handoff)) {
+    case TP_DELIVERED_RESUME:
         MHD_resume_connection(r->conn);
+        break;
+    case TP_DELIVERED_FREE:
+        end_orphan(r);
+        break;
+    case TP_DELIVERED_DONE:
+        break;
+    }
 }
 
 static void end_submitting(tp_http *h, int n)
@@ -624,7 +627,7 @@ static void end_submitting(tp_http *h, int n)
     }
 }
 
-/* Runs the requests this thread holds: each gets its result (HANDOFF_DELIVERED). */
+/* Runs the requests this thread holds: each gets its result. */
 static void run_held(tp_http *h)
 {
     tp_batch_held *held = thread_held;
@@ -646,7 +649,7 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
     }
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
                        r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3};
-    atomic_store(&r->handoff, HANDOFF_NONE);
+    atomic_store(&r->handoff, TP_HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
                                : tp_batcher_submit(h->batcher, &br, err);
@@ -828,7 +831,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
         r->state = REQ_HELD; /* answered when libmicrohttpd calls again */
         return MHD_YES;
     }
-    if (atomic_load(&r->handoff) == HANDOFF_DELIVERED)
+    if (tp_handoff_delivered(&r->handoff))
         return answer_infer(h, r); /* ran here, or quick: no suspend */
     r->state = REQ_SUBMITTED; /* suspended when libmicrohttpd calls again (see REQ_*) */
     return MHD_YES;
@@ -838,13 +841,11 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
  * thread delivers. */
 static enum MHD_Result suspend_until_delivered(req_ctx *r)
 {
-    int none = HANDOFF_NONE;
-    if (!atomic_compare_exchange_strong(&r->handoff, &none, HANDOFF_SUSPENDING))
+    if (!tp_handoff_begin_suspend(&r->handoff))
         return answer_infer(r->h, r); /* delivered in between */
     r->state = REQ_SUSPENDED;
     MHD_suspend_connection(r->conn);
-    int suspending = HANDOFF_SUSPENDING;
-    if (!atomic_compare_exchange_strong(&r->handoff, &suspending, HANDOFF_SUSPENDED))
+    if (!tp_handoff_end_suspend(&r->handoff))
         MHD_resume_connection(r->conn); /* delivered during the suspend: the resume is ours */
     return MHD_YES;
 }
@@ -1057,7 +1058,7 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         return route_request(h, r);
     case REQ_HELD:
         /* libmicrohttpd's next pass: the first held request called runs them all */
-        if (atomic_load(&r->handoff) != HANDOFF_DELIVERED)
+        if (!tp_handoff_delivered(&r->handoff))
             run_held(h);
         return answer_infer(h, r);
     case REQ_SUBMITTED:
@@ -1089,16 +1090,26 @@ static enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, con
     return handle_request(cls, 1, c, url, method, version, upload_data, upload_size, con_cls);
 }
 
-/* A connection that broke between dispatch_infer and the call that would
- * suspend it (a reset read in that pass) still has r in the batcher's
- * queue: r may go only once its result is in. The batcher delivers every
- * queued request, even when stopping (tp_http_stop frees it before the
- * daemons), so this ends within a queue delay and a step; and rarely
- * runs at all, hence a sleep rather than a wake-up on every delivery. */
-static void wait_delivered(req_ctx *r)
+/* What a request gives back once its connection is done with it. in_engine:
+ * it was submitted, and its result (if any) never went out. */
+static void end_request(tp_http *h, req_ctx *r, int ok, int in_engine)
 {
-    while (atomic_load(&r->handoff) != HANDOFF_DELIVERED)
-        nanosleep(&(struct timespec){.tv_nsec = 50000}, NULL);
+    if (in_engine) {
+        tp_host_tensors_free(r->outs, r->n_outs);
+        atomic_fetch_sub(&h->in_engine, 1);
+    }
+    if (r->trace_id)
+        end_trace(h, r, ok);
+    release_request(r);
+    atomic_fetch_sub(&h->in_flight, 1);
+}
+
+/* On the thread that delivered the result of a request whose connection
+ * closed before it came (handoff.h). */
+static void end_orphan(req_ctx *r)
+{
+    end_request(r->h, r, 0, 1);
+    free_record(r); /* not this thread's spares: the batcher thread keeps none */
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -1109,27 +1120,25 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     tp_http_guard_answered(c);
     if (!r)
         return;
+    *con_cls = NULL;
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         tp_log(TP_LOG_DEBUG, "%s %s: connection ended before the answer was sent (code %d)",
                r->method, r->url, (int)toe);
-    if (r->state == REQ_HELD && atomic_load(&r->handoff) != HANDOFF_DELIVERED) {
+    if (r->state == REQ_HELD && !tp_handoff_delivered(&r->handoff)) {
         tp_log(TP_LOG_DEBUG, "%s %s: connection closed while its request was held: running "
                "the held requests first", r->method, r->url);
         run_held(h); /* the batch holds r: it may not outlive it */
     }
-    if (r->state == REQ_SUBMITTED)
-        wait_delivered(r);
-    if (r->state == REQ_SUSPENDED || r->state == REQ_HELD || r->state == REQ_SUBMITTED) {
-        /* the connection broke between the result and the answer */
-        tp_host_tensors_free(r->outs, r->n_outs);
-        atomic_fetch_sub(&h->in_engine, 1);
+    /* A connection broken between dispatch_infer and the call that would
+     * suspend it (a reset read in that pass) leaves r to its batch. */
+    if (r->state == REQ_SUBMITTED && !tp_handoff_orphan(&r->handoff)) {
+        tp_log(TP_LOG_DEBUG, "%s %s: connection closed before its request ran: freed once "
+               "its batch is done", r->method, r->url);
+        return;
     }
-    if (r->trace_id)
-        end_trace(h, r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
-    release_request(r);
+    end_request(h, r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK,
+                r->state == REQ_SUSPENDED || r->state == REQ_HELD || r->state == REQ_SUBMITTED);
     recycle_record(r);
-    *con_cls = NULL;
-    atomic_fetch_sub(&h->in_flight, 1);
 }
 
 /* libmicrohttpd reports mostly client misbehaviour (malformed requests,
