@@ -11,7 +11,9 @@
  * bytes of one to MAX_CONNS client connections (CONN_SEP between them),
  * sent at once so their requests meet in the batcher: one request each,
  * several pipelined, or garbage. Each client half-closes once it has sent
- * everything and reads what the server answers.
+ * everything and reads what the server answers; one whose bytes begin
+ * with RESET_MARK resets the connection instead, as soon as it has sent
+ * the rest (its request may be in a batch by then: server/handoff.h).
  *
  * With ranks as processes the harness is rank 0, the server's process,
  * and starts rank 1 as a process of its own: its own binary run as
@@ -84,6 +86,7 @@
 /* An input is up to MAX_CONNS clients' bytes, CONN_SEP between them. */
 #define MAX_CONNS 4
 #define CONN_SEP "\n@@conn@@\n"
+#define RESET_MARK "@@reset@@\n"
 /* The object the seeds register as a region. Parallel jobs (and make
  * test's short run) share it, only read and write it, and each exiting one
  * unlinks it: every input first makes sure it is there (make_region). */
@@ -189,18 +192,29 @@ static int64_t now_ms(void)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
+/* A reset, not a FIN, ends our side: no TIME_WAIT left behind. Every input
+ * opens up to MAX_CONNS + 1 connections, and a long run would exhaust the
+ * ports. */
+static void hang_up(int fd)
+{
+    struct linger lg = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+}
+
 /* One client connection of an input: its bytes, what it sent, the first
  * bytes of what it got. */
 typedef struct {
-    int fd;
+    int fd; /* -1 once reset */
     const uint8_t *data;
     size_t n, sent, got;
-    int shut, done;
+    int reset, shut, done;
     int64_t until; /* once shut: when it stops waiting for more */
     char head[16];
 } client;
 
-/* One poll result for c: sends more, half-closes once all is sent, reads. */
+/* One poll result for c: sends more, half-closes (or resets) once all is
+ * sent, reads. */
 static void client_step(client *c, short revents, int64_t now)
 {
     if (revents & POLLOUT) {
@@ -209,6 +223,12 @@ static void client_step(client *c, short revents, int64_t now)
             c->sent += (size_t)w;
         else if (w < 0 && errno != EAGAIN && errno != EINTR)
             c->sent = c->n; /* the server closed: read what it said */
+    }
+    if (c->sent == c->n && c->reset) {
+        hang_up(c->fd);
+        c->fd = -1;
+        c->done = 1;
+        return;
     }
     if (c->sent == c->n && !c->shut) {
         shutdown(c->fd, SHUT_WR);
@@ -301,16 +321,6 @@ static int dial(void)
     return fd;
 }
 
-/* A reset, not a FIN, ends our side: no TIME_WAIT left behind. Every input
- * opens up to MAX_CONNS + 1 connections, and a long run would exhaust the
- * ports. */
-static void hang_up(int fd)
-{
-    struct linger lg = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    close(fd);
-}
-
 /* After every input, a new client must still get its liveness answer, and
  * the rank group must be whole: a server whose threads are all stuck, that
  * gave up its engine, or whose worker died or hung, fails. */
@@ -363,19 +373,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
     uint8_t *bytes[MAX_CONNS];
     int k = split_input(data, n, cs);
     make_region();
+    const size_t mark = sizeof RESET_MARK - 1;
     for (int i = 0; i < k; i++) {
+        if (cs[i].n >= mark && memcmp(cs[i].data, RESET_MARK, mark) == 0) {
+            cs[i].reset = 1; /* no CLOSER: nobody reads the answer */
+            cs[i].data += mark;
+            cs[i].n -= mark;
+        }
         if (!(bytes[i] = malloc(cs[i].n + sizeof CLOSER)))
             die("input", "out of memory");
         memcpy(bytes[i], cs[i].data, cs[i].n);
-        memcpy(bytes[i] + cs[i].n, CLOSER, sizeof CLOSER - 1);
+        if (!cs[i].reset) {
+            memcpy(bytes[i] + cs[i].n, CLOSER, sizeof CLOSER - 1);
+            cs[i].n += sizeof CLOSER - 1;
+        }
         cs[i].data = bytes[i];
-        cs[i].n += sizeof CLOSER - 1;
         cs[i].fd = dial();
     }
     run_clients(cs, k);
     for (int i = 0; i < k; i++) {
         free(bytes[i]);
-        hang_up(cs[i].fd);
+        if (cs[i].fd >= 0)
+            hang_up(cs[i].fd);
         size_t got = cs[i].got;
         if (got > 0 && (got < 9 || memcmp(cs[i].head, "HTTP/1.", 7) != 0)) {
             fprintf(stderr, "fuzz_http: connection %d's answer does not begin with a status line: '%.*s'\n",
