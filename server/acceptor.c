@@ -160,13 +160,18 @@ static void admit(tp_acceptor *a, int c, const struct sockaddr *sa, socklen_t sl
 
 void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c)
 {
+    /* Each answer taken before the next call: libmicrohttpd 1.0 answers
+     * every call in the same place (the connection's one info union), so
+     * the address asked for first read as the daemon asked for second, and
+     * no close was ever counted out of its address. */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
     ip_key k = key_of(ci ? ci->client_addr : NULL);
+    const union MHD_ConnectionInfo *di = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
+    struct MHD_Daemon *d = di ? di->daemon : NULL;
     pthread_mutex_lock(&a->mu);
     count_ip_out(a, &k);
     for (int i = 0; i < a->n; i++)
-        if (di && di->daemon == a->d[i] && a->live[i] > 0)
+        if (d == a->d[i] && a->live[i] > 0)
             a->live[i]--;
     pthread_mutex_unlock(&a->mu);
     /* the accept loop stopped watching the socket while all were full */

@@ -146,11 +146,15 @@ start proto --graph "$TP_GRAPHS/$G.json" || exit 1
 $PYTHON - "$PORT" "$G" >"$TMP/o" 2>&1 <<'PY'
 import socket, sys, time
 port, g = int(sys.argv[1]), sys.argv[2]
+# (name, request, status, a word of the answer); a status and word may be
+# (ours, libmicrohttpd's): libmicrohttpd 1.0 refuses Transfer-Encoding gzip
+# itself (400 "Unsupported Transfer-Encoding") before tpserve sees the
+# request, which 0.9.75 leaves to tpserve (501, RFC 9112 6.1).
 cases = [
     ("two different Content-Length", b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
      b"Content-Length: 46\r\n\r\n{}GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n" % g.encode(), b" 400 ", b"Content-Length"),
     ("Transfer-Encoding gzip", b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc"
-     % g.encode(), b" 501 ", b"gzip"),
+     % g.encode(), (b" 501 ", b" 400 "), (b"gzip", b"Unsupported Transfer-Encoding")),
     ("%00 in the path", b"GET /v2/models/%s%%00evil/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % g.encode(), b" 404 ", b"%00evil"),
     ("HTTP/1.1 without Host", b"GET /v2/health/ready HTTP/1.1\r\n\r\n", b" 400 ", b"Host"),
 ]
@@ -166,8 +170,9 @@ for name, req, status, word in cases:
             out += b
     except socket.timeout:
         out += b"<still open after 3 s>"
-    ok = status in out.split(b"\r\n")[0] and word in out and out.count(b"\r\nDate: ") == 1 \
-        and not out.endswith(b"<still open after 3 s>")
+    statuses, words = (status, word) if isinstance(status, tuple) else ((status,), (word,))
+    ok = any(st in out.split(b"\r\n")[0] and w in out for st, w in zip(statuses, words)) \
+        and out.count(b"\r\nDate: ") == 1 and not out.endswith(b"<still open after 3 s>")
     bad += not ok
     print("%s %s: %s in %.0f ms" % ("ok  " if ok else "FAIL", name, out.split(b"\r\n")[0].decode(),
                                     (time.monotonic() - t0) * 1000))
