@@ -55,7 +55,7 @@ GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
 .PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
-.PHONY: test-cpus cuda-double test-numtext-exhaustive test-math-exhaustive bench-codec
+.PHONY: test-cpus cuda-double test-numtext-exhaustive test-math-exhaustive bench-codec test-libmicrohttpd
 
 all: $(BUILD)/tpserve cuda
 
@@ -75,6 +75,7 @@ help:
 	@echo "make soak       SOAK_SECONDS of mixed valid/invalid traffic on a real server, answers checked, RSS"
 	@echo "make test-numtext-exhaustive  all 2^32 FP32 patterns through the JSON number writer and reader"
 	@echo "make test-math-exhaustive  all 2^32 FP32 patterns through tp_math.h's exp, tanh and erf"
+	@echo "make test-libmicrohttpd MHD_SRC=DIR  unit + integration against libmicrohttpd built from DIR (e.g. 1.0.1)"
 	@echo "make bench-codec  the JSON tensor codec per request of the example graph, by number spelling"
 	@echo "make docker     build the container image tpserve:latest (docker/Dockerfile, needs a Docker engine)"
 	@echo "make bench-passes  fused vs unfused MLP at several sizes (cpu)"
@@ -257,6 +258,12 @@ test-numtext-exhaustive: $(BUILD)/bench/numtext_exhaustive
 # (each function its own forked test; about 7 minutes in all here).
 test-math-exhaustive: $(BUILD)/tests/test_math
 	CK_TIMEOUT_MULTIPLIER=100 TP_MATH_STEP=1 $(BUILD)/tests/test_math
+
+# The suites against another libmicrohttpd (Debian 13 ships 1.0.1; CI has
+# Debian 12's 0.9.75), built from MHD_SRC: scripts/test_libmicrohttpd.sh.
+test-libmicrohttpd: $(TEST_BINS) $(BUILD)/tpserve $(GRAPHS)
+	@[ -n "$(MHD_SRC)" ] || { echo "set MHD_SRC to a libmicrohttpd source tree"; exit 1; }
+	BUILD=$(BUILD) PYTHON=$(PYTHON) sh scripts/test_libmicrohttpd.sh $(MHD_SRC)
 
 bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http $(BUILD)/tools/blas_core
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
