@@ -47,6 +47,19 @@ expect_json() {
 
 header() { tr -d '\r' <"$TMP/hdr" | grep -i "^$1:" | sed 's/^[^:]*: *//' | tail -n 1; }
 
+# term_exits_logging DESC LOG LINE: SIGTERM to $PID; passes when it exits 0
+# having logged LINE
+term_exits_logging() {
+    kill -TERM "$PID"
+    wait "$PID"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "$3" "$2"; then
+        pass "$1"
+    else
+        fail "$1: exit $rc: $(tail -5 "$2")"
+    fi
+}
+
 echo "== tpserve serve: $G on the cpu backend"
 TR=$TMP/trace.json
 start main --graph "$TP_GRAPHS/$G.json" --backend cpu --log-level debug --trace-file "$TR" || exit 1
@@ -376,14 +389,8 @@ if start_loading loading; then
     wait "$PID" 2>/dev/null
 fi
 if start_loading loading2; then
-    kill -TERM "$PID"
-    wait "$PID"
-    rc=$?
-    if [ $rc -eq 0 ] && grep -q "while loading: exiting without serving" "$TMP/loading2.log"; then
-        pass "SIGTERM while loading: exit 0 without waiting for the load"
-    else
-        fail "SIGTERM while loading: exit $rc: $(cat "$TMP/loading2.log")"
-    fi
+    term_exits_logging "SIGTERM while loading: exit 0 without waiting for the load" "$TMP/loading2.log" \
+        "while loading: exiting without serving"
 fi
 
 # ---- limits: 413, overload 503, config file + flag overrides ----------------------
@@ -657,14 +664,8 @@ EOF
     wait "$WRK"
     infer_curl "after 3,000 reset clients under wrk load, still answering" /v2/models/$G/infer
     orphans=$(grep -c "connection closed before its request ran" "$TMP/early.log")
-    kill -TERM "$PID"
-    wait "$PID"
-    rc=$?
-    if [ $rc -eq 0 ] && grep -q "drained: every accepted request was answered" "$TMP/early.log"; then
-        pass "reset clients under wrk load: every request accounted for at the drain, exit 0 ($orphans left to their batch)"
-    else
-        fail "reset clients under wrk load: exit $rc, $(grep -i "drain" "$TMP/early.log" | tail -2)"
-    fi
+    term_exits_logging "reset clients under wrk load: every request accounted for at the drain, exit 0 \
+($orphans left to their batch)" "$TMP/early.log" "drained: every accepted request was answered"
 fi
 
 # the same under wrk, when installed: no read errors or timeouts (connect and
