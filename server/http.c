@@ -71,8 +71,8 @@ typedef struct route_def {
  * event-loop state, so one suspended in the pass that read its body stays
  * marked "reading", is read on resume, and a client that had half-closed
  * after its request has its EOF taken for an abort
- * (MHD_REQUEST_TERMINATED_WITH_ERROR) and its answer dropped: 26 of 2,600
- * such clients under wrk load, 0 of 1,800 once suspended a pass later,
+ * (MHD_REQUEST_TERMINATED_WITH_ERROR) and its answer dropped: 26 of 3,600
+ * such clients under wrk load, 0 of 2,400 once suspended a pass later,
  * when the connection is marked as waiting for the application and
  * nothing is read.
  *
