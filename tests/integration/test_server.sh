@@ -63,6 +63,17 @@ term_exits_logging() {
 echo "== tpserve serve: $G on the cpu backend"
 TR=$TMP/trace.json
 start main --graph "$TP_GRAPHS/$G.json" --backend cpu --log-level debug --trace-file "$TR" || exit 1
+# the accept queue is the longest the kernel allows (a burst of connections
+# past a short one has its SYNs dropped: 1-3 s retransmissions)
+if command -v ss >/dev/null 2>&1 && [ -r /proc/sys/net/core/somaxconn ]; then
+    want=$(cat /proc/sys/net/core/somaxconn)
+    [ "$want" -gt 65535 ] && want=65535
+    got=$(ss -ltnH "sport = :$(echo "$URL" | sed 's/.*://')" | awk '{print $3}' | head -n 1)
+    [ "$got" = "$want" ] && pass "accept queue $got (net.core.somaxconn)" ||
+        fail "accept queue ${got:-unknown}, wanted $want (net.core.somaxconn)"
+else
+    echo "SKIP: accept queue length: no ss or /proc/sys/net/core/somaxconn"
+fi
 MAIN_URL=$URL
 MAIN_PID=$PID
 
