@@ -1171,11 +1171,12 @@ static tp_status open_listener(const char *host, int port, int *fd_out, int *por
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     /* The longest accept queue the kernel allows (it caps the request at
      * net.core.somaxconn, 4096 by default since Linux 5.4; glibc's
-     * SOMAXCONN was 128 before 2.35, hence a number): a burst of connections (a load test opening thousands at once)
-     * faster than the accept thread hands them out overflowed a queue of
-     * 512, and each SYN dropped cost its client a retransmission 1 s, then
-     * 3 s, later (a health probe answered after 4.6 s while 2,200
-     * connections were being opened, under the sanitizers). */
+     * SOMAXCONN was 128 before 2.35, hence a number). A burst of
+     * connections (a load test opening thousands at once) faster than the
+     * accept thread hands them out can overflow a short queue, and each SYN
+     * dropped costs its client a retransmission 1 s, then 3 s, later: the
+     * likely cause of a health probe answered after 4.6 s while 2,200
+     * connections were being opened, in one sanitizer run, with 512. */
     if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 65535) != 0) {
         int e = errno;
         if (fd >= 0)

@@ -614,14 +614,40 @@ wrk.headers["Content-Type"] = "application/json"
 EOF
 }
 
+# the same under wrk, when installed: no read errors or timeouts (connect and
+# write errors are refused reconnects after the listener closed)
+if command -v wrk >/dev/null 2>&1; then
+    start wrk --graph "$TP_GRAPHS/$G.json" --threads 2 || exit 1
+    wrk_post_script "$TMP/load" "$TMP/post.lua"
+    wrk -t2 -c16 -d4s --timeout 10s -s "$TMP/post.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1 &
+    WRK=$!
+    sleep 1.5
+    kill -TERM "$PID"
+    wait "$PID"
+    rc=$?
+    wait "$WRK"
+    errs=$(sed -n 's/.*Socket errors: \(.*\)/\1/p' "$TMP/wrk.out")
+    reqs=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$TMP/wrk.out")
+    case "$errs" in *"read 0,"*"timeout 0"* | "") rerr=0 ;; *) rerr=1 ;; esac
+    if [ $rc -eq 0 ] && [ $rerr -eq 0 ] && [ "${reqs:-0}" -gt 0 ]; then
+        pass "SIGTERM during wrk: exit 0, $reqs responses, socket errors: ${errs:-none}"
+    else
+        fail "SIGTERM during wrk: exit $rc, socket errors: $errs"
+        cat "$TMP/wrk.out"
+    fi
+else
+    echo "SKIP: wrk not installed (the curl load above covers SIGTERM under load)"
+fi
+
 # Clients that leave early, under load (wrk, 32 connections). Under load
 # their requests go to the batcher thread and their connections are
 # suspended until the result comes (server/http.c).
 # - Half-closed: each sends one request, shuts its write side and reads the
 #   answer. Suspended from the pass that read the body, libmicrohttpd 0.9.75
 #   read the EOF on resume, took it as an abort and dropped the answer (1-9
-#   of 200 in most runs). Timing decides, so this fails most runs, not every
-#   run, when that comes back.
+#   of 200 in half of the runs by hand; this check failed 3 of 3 tries on
+#   that code). Timing decides, so it may not fail every run if that comes
+#   back.
 # - Reset: each sends one request and resets the connection at once. A reset
 #   read between the pass that submitted the request and the one that would
 #   suspend it leaves the request to its batch (server/handoff.h; a few in
@@ -677,31 +703,6 @@ EOF
     orphans=$(grep -c "connection closed before its request ran" "$TMP/early.log")
     term_exits_logging "reset clients under wrk load: every request accounted for at the drain, exit 0 \
 ($orphans left to their batch)" "$TMP/early.log" "drained: every accepted request was answered"
-fi
-
-# the same under wrk, when installed: no read errors or timeouts (connect and
-# write errors are refused reconnects after the listener closed)
-if command -v wrk >/dev/null 2>&1; then
-    start wrk --graph "$TP_GRAPHS/$G.json" --threads 2 || exit 1
-    wrk_post_script "$TMP/load" "$TMP/post.lua"
-    wrk -t2 -c16 -d4s --timeout 10s -s "$TMP/post.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1 &
-    WRK=$!
-    sleep 1.5
-    kill -TERM "$PID"
-    wait "$PID"
-    rc=$?
-    wait "$WRK"
-    errs=$(sed -n 's/.*Socket errors: \(.*\)/\1/p' "$TMP/wrk.out")
-    reqs=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$TMP/wrk.out")
-    case "$errs" in *"read 0,"*"timeout 0"* | "") rerr=0 ;; *) rerr=1 ;; esac
-    if [ $rc -eq 0 ] && [ $rerr -eq 0 ] && [ "${reqs:-0}" -gt 0 ]; then
-        pass "SIGTERM during wrk: exit 0, $reqs responses, socket errors: ${errs:-none}"
-    else
-        fail "SIGTERM during wrk: exit $rc, socket errors: $errs"
-        cat "$TMP/wrk.out"
-    fi
-else
-    echo "SKIP: wrk not installed (the curl load above covers SIGTERM under load)"
 fi
 
 echo "test_server: $npass passed, $nfail failed"
