@@ -25,7 +25,8 @@ typedef struct conn_entry {
     _Atomic int64_t since_ms; /* accept, or the previous answer */
     _Atomic int waiting;      /* 1 while the client owes us (part of) a request */
     int cut;                  /* shut down once already */
-    int answered;             /* answers sent (its own thread's: no lock) */
+    _Atomic unsigned answered; /* answers sent (its thread adds, the watcher reads) */
+    unsigned peeked;          /* answered at the watcher's last peek (g->mu) */
     _Atomic int client_done;  /* the client half-closed: it sends nothing more */
     struct tp_http_guard *g;
 } conn_entry;
@@ -50,12 +51,45 @@ struct tp_http_guard {
  * answer. */
 #define CLIENT_DONE_GRACE_MS 20
 
+/* How long after an answer the watcher peeks at a connection whose client
+ * has sent nothing since (late_peek_found_eof), and how often it wakes
+ * while connections are open: long enough that a client under load, which
+ * sends its next request within microseconds, is never peeked, and the
+ * walk of the list is ten a second; short enough that a client waiting
+ * for the close is not kept. */
+#define LATE_PEEK_MS 100
+
 /* ---- the deadline watcher ------------------------------------------------ */
+
+/* A client that half-closes with a later request on a kept-alive
+ * connection, the FIN in the same edge as the request, is not seen by
+ * libmicrohttpd (close_if_client_left) nor by the first answer's peek. The
+ * watcher peeks, off the request path, at a connection idle LATE_PEEK_MS
+ * after an answer it has not peeked since; libmicrohttpd's buffer holds
+ * nothing unanswered by then. g->mu held, so the descriptor is still the
+ * connection's (conn_entry). */
+static int owes_late_peek(conn_entry *e)
+{
+    unsigned answered = atomic_load(&e->answered);
+    return answered > 1 && answered != e->peeked; /* the first answer peeked itself */
+}
+
+static int late_peek_found_eof(conn_entry *e, int64_t idle)
+{
+    if (idle < LATE_PEEK_MS || !owes_late_peek(e))
+        return 0;
+    e->peeked = atomic_load(&e->answered);
+    char b;
+    if (recv(e->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+        return 0;
+    atomic_store(&e->client_done, 1);
+    return 1;
+}
 
 /* Shuts down the connections past request_deadline_ms, and those whose
  * client half-closed and that have answered everything it sent
- * (close_if_client_left); g->mu held. Returns how many for the deadline;
- * *done_left: client_done connections still open. */
+ * (close_if_client_left, late_peek_found_eof); g->mu held. Returns how
+ * many for the deadline; *done_left: client_done connections still open. */
 static int cut_overdue(tp_http_guard *g, int64_t now, int *done_left)
 {
     int n = 0;
@@ -67,6 +101,8 @@ static int cut_overdue(tp_http_guard *g, int64_t now, int *done_left)
             continue;
         }
         int64_t idle = now - atomic_load(&e->since_ms);
+        if (!done)
+            done = late_peek_found_eof(e, idle);
         if ((g->deadline_ms > 0 && idle > g->deadline_ms) || (done && idle >= CLIENT_DONE_GRACE_MS)) {
             /* libmicrohttpd sees the socket fail and closes the connection
              * through its usual path (the fd stays its to close). */
@@ -106,7 +142,9 @@ static void *watch_main(void *arg)
         int n = cut_overdue(g, tp_now_ms_int(), &done_left);
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
-        struct timespec ts = in_ms(done_left ? CLIENT_DONE_GRACE_MS / 2 : tick);
+        int open = g->head.next != &g->head;
+        int64_t wait = done_left ? CLIENT_DONE_GRACE_MS / 2 : open && tick > LATE_PEEK_MS ? LATE_PEEK_MS : tick;
+        struct timespec ts = in_ms(wait);
         if (!g->done_pending)
             pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
@@ -132,6 +170,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         atomic_init(&e->since_ms, tp_now_ms_int());
         atomic_init(&e->waiting, 1);
         pthread_mutex_lock(&g->mu);
+        if (g->head.next == &g->head) /* the watcher may sleep a whole tick: wake it (LATE_PEEK_MS) */
+            pthread_cond_signal(&g->cv);
         e->next = g->head.next;
         e->prev = &g->head;
         g->head.next->prev = e;
@@ -187,11 +227,13 @@ void tp_http_guard_request_complete(struct MHD_Connection *c)
  * client pipelined before its FIN may still be in libmicrohttpd's buffer,
  * unanswered. Only the first answer: a peek is a system call, and a
  * kept-alive client's later requests must not pay it (a FIN that arrives
- * on its own wakes libmicrohttpd, which then closes by itself). */
+ * on its own wakes libmicrohttpd, which then closes by itself; one with a
+ * later request is the watcher's late peek). */
 static void close_if_client_left(conn_entry *e)
 {
     char b;
-    if (e->answered++ || recv(e->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
+    if (atomic_fetch_add_explicit(&e->answered, 1, memory_order_relaxed) ||
+        recv(e->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
         return;
     atomic_store(&e->client_done, 1);
     tp_http_guard *g = e->g;

@@ -13,7 +13,11 @@
  * several pipelined, or garbage. Each client half-closes once it has sent
  * everything and reads what the server answers; one whose bytes begin
  * with RESET_MARK resets the connection instead, as soon as it has sent
- * the rest (its request may be in a batch by then: server/handoff.h).
+ * the rest (its request may be in a batch by then: server/handoff.h). A
+ * client whose bytes hold ANSWER_MARK sends what comes before it, waits
+ * for the first answer byte (FIRST_BYTE_MS at most), then sends the rest:
+ * a kept-alive connection's later requests, the last one with the FIN
+ * (server/http_guard.c's late peek).
  *
  * With ranks as processes the harness is rank 0, the server's process,
  * and starts rank 1 as a process of its own: its own binary run as
@@ -87,6 +91,7 @@
 #define MAX_CONNS 4
 #define CONN_SEP "\n@@conn@@\n"
 #define RESET_MARK "@@reset@@\n"
+#define ANSWER_MARK "@@answer@@\n"
 /* The object the seeds register as a region. Parallel jobs (and make
  * test's short run) share it, only read and write it, and each exiting one
  * unlinks it: every input first makes sure it is there (make_region). */
@@ -208,17 +213,39 @@ typedef struct {
     int fd; /* -1 once reset */
     const uint8_t *data;
     size_t n, sent, got;
+    size_t pause_at; /* ANSWER_MARK's place in data (n: none) */
     int reset, shut, done;
-    int64_t until; /* once shut: when it stops waiting for more */
+    int64_t until;       /* once shut: when it stops waiting for more */
+    int64_t pause_until; /* at pause_at: when it sends the rest anyway */
     char head[16];
 } client;
+
+/* Whether c has bytes it may send now: at ANSWER_MARK's place it waits
+ * for an answer byte, or until its time is up. */
+static int client_may_send(client *c, int64_t now)
+{
+    if (c->shut)
+        return 0;
+    if (c->sent < c->pause_at)
+        return 1;
+    if (c->sent == c->pause_at && c->got == 0) {
+        if (c->pause_until == 0)
+            c->pause_until = now + FIRST_BYTE_MS;
+        if (now < c->pause_until)
+            return 0;
+    }
+    c->pause_at = c->n;
+    c->pause_until = 0;
+    return 1;
+}
 
 /* One poll result for c: sends more, half-closes (or resets) once all is
  * sent, reads. */
 static void client_step(client *c, short revents, int64_t now)
 {
-    if (revents & POLLOUT) {
-        ssize_t w = send(c->fd, c->data + c->sent, c->n - c->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if ((revents & POLLOUT) && client_may_send(c, now)) {
+        size_t upto = c->sent < c->pause_at ? c->pause_at : c->n;
+        ssize_t w = send(c->fd, c->data + c->sent, upto - c->sent, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w > 0)
             c->sent += (size_t)w;
         else if (w < 0 && errno != EAGAIN && errno != EINTR)
@@ -270,10 +297,11 @@ static void run_clients(client *cs, int k)
         for (int i = 0; i < k; i++) {
             if (cs[i].done)
                 continue;
-            p[m] = (struct pollfd){cs[i].fd, (short)(POLLIN | (cs[i].shut ? 0 : POLLOUT)), 0};
+            p[m] = (struct pollfd){cs[i].fd, (short)(POLLIN | (client_may_send(&cs[i], now) ? POLLOUT : 0)), 0};
             who[m++] = &cs[i];
-            if (cs[i].shut && cs[i].until - now < wait)
-                wait = cs[i].until - now > 0 ? (int)(cs[i].until - now) : 0;
+            int64_t until = cs[i].shut ? cs[i].until : cs[i].pause_until;
+            if (until && until - now < wait)
+                wait = until - now > 0 ? (int)(until - now) : 0;
         }
         if (m == 0)
             return;
@@ -382,11 +410,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         }
         if (!(bytes[i] = malloc(cs[i].n + sizeof CLOSER)))
             die("input", "out of memory");
-        memcpy(bytes[i], cs[i].data, cs[i].n);
+        const uint8_t *pause = memmem(cs[i].data, cs[i].n, ANSWER_MARK, sizeof ANSWER_MARK - 1);
+        cs[i].pause_at = pause ? (size_t)(pause - cs[i].data) : cs[i].n;
+        memcpy(bytes[i], cs[i].data, cs[i].pause_at);
+        if (pause) { /* the rest, without the mark */
+            size_t after = cs[i].pause_at + sizeof ANSWER_MARK - 1;
+            memcpy(bytes[i] + cs[i].pause_at, cs[i].data + after, cs[i].n - after);
+            cs[i].n -= sizeof ANSWER_MARK - 1;
+        }
         if (!cs[i].reset) {
             memcpy(bytes[i] + cs[i].n, CLOSER, sizeof CLOSER - 1);
             cs[i].n += sizeof CLOSER - 1;
         }
+        if (!pause)
+            cs[i].pause_at = cs[i].n;
         cs[i].data = bytes[i];
         cs[i].fd = dial();
     }
