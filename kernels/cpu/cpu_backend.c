@@ -28,6 +28,7 @@
 #include "cpu_ops.h"
 #include "fused.h"
 #include "heap.h"
+#include "small_gemm.h"
 
 typedef struct {
     tp_op op;
@@ -450,8 +451,9 @@ static void note_blas_kernels(tp_backend *b)
 {
     const char *forced = getenv("OPENBLAS_CORETYPE");
     int by_env = forced && *forced;
-    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s", openblas_get_corename(),
-             by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)", by_env ? forced : "");
+    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s", openblas_get_corename(),
+             by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)", by_env ? forced : "",
+             small_sgemm_init() ? "; small products: tpserve's AVX2 kernel (kernels/cpu/small_gemm.h)" : "");
 }
 
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err)

@@ -1,4 +1,5 @@
-/* ops_matmul.c — matmul through OpenBLAS sgemm, with batch broadcasting.
+/* ops_matmul.c — matmul through OpenBLAS sgemm (small products through
+ * small_gemm.h's kernel, where it wins), with batch broadcasting.
  *
  * Strided matrices go to BLAS as they are whenever one of their two strides
  * is 1 (row-major, or column-major passed as a transpose); anything else is
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "ops_internal.h"
+#include "small_gemm.h"
 
 /* Can BLAS read a rows x cols matrix with strides (sr, sc) directly? */
 static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, CBLAS_TRANSPOSE *t,
@@ -71,6 +73,10 @@ tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a
             return s;
         tb = CblasNoTrans;
         ldb = N;
+    }
+    if (ta == CblasNoTrans && tb == CblasNoTrans && small_sgemm_takes(M, N, K)) {
+        small_sgemm(M, N, K, alpha, a, lda, b, ldb, c, ldc);
+        return TP_OK;
     }
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, a,
                 (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)ldc);

@@ -17,7 +17,7 @@ TP_GRAPHS=${TP_GRAPHS:-$BUILD/graphs}
 TPSERVE=${TPSERVE:-$BUILD/tpserve}
 PYTHON=${PYTHON:-python3}
 HERE=$(dirname "$0")
-TESTS="engine exec cpu_ops pass_fuse_tp pass_choose_collectives pass_place_symmetric collectives cpu_shared batcher"
+TESTS="engine exec cpu_ops small_gemm pass_fuse_tp pass_choose_collectives pass_place_symmetric collectives cpu_shared batcher"
 # core type : CPU flags its kernels need (from /proc/cpuinfo)
 CORES="Prescott:pni Nehalem:sse4_2 Sandybridge:avx Haswell:avx2,fma Zen:avx2,fma SkylakeX:avx512f,avx512bw,avx512vl,avx512dq Cooperlake:avx512f,avx512bw,avx512vl,avx512_bf16"
 TMP=$(mktemp -d)
