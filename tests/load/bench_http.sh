@@ -44,6 +44,9 @@ G=${GRAPH:-mlp_sp_tp2}
 DURATION=${DURATION:-4}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-"1 8 32"}
+TOP_CONNS=$(echo "$CONNS" | tr ' ' '\n' | sort -n | tail -n 1)
+# the client-without-preemption rows: chrt (util-linux) runs wrk as SCHED_BATCH
+BATCH_WRK=$(command -v chrt || true)
 THREADS=${THREADS:-0}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -99,12 +102,14 @@ proc_sample() {
 
 # run_wrk SCRIPT CONNS: one wrk run against $BASE; sets RPS P50 P99 ERR
 # (latencies in ms) and CPU_US CTX (server CPU microseconds and context
-# switches per request).
+# switches per request). WRK_BATCH=1: wrk runs as SCHED_BATCH (chrt -b).
 run_wrk() {
     t=2
     [ "$2" -lt 2 ] && t=1
     s0=$(proc_sample)
-    wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
+    # shellcheck disable=SC2046 # the prefix is words or nothing
+    $([ -z "${WRK_BATCH:-}" ] || echo chrt -b 0) \
+        wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
     s1=$(proc_sample)
     line=$(sed -n 's/^TPBENCH //p' "$TMP/wrk.out")
     [ -n "$line" ] || die "wrk printed no summary: $(cat "$TMP/wrk.out")"
@@ -376,6 +381,10 @@ while [ $r -le "$ROUNDS" ]; do
             [ -n "$TRITON_SKIP" ] || run_row triton counts_triton "$TMP/triton.res" $r $load "$c"
         done
     done
+    if [ -n "$BATCH_WRK" ]; then
+        WRK_BATCH=1 run_row tpserve counts_tpserve "$TMP/tpb.res" $r binary "$TOP_CONNS"
+        WRK_BATCH=1 run_row bare_binary counts_none "$TMP/bareb.res" $r binary "$TOP_CONNS"
+    fi
     r=$((r + 1))
 done
 
@@ -471,8 +480,9 @@ model_cols() {
     rps=$(awk -v l="$1" -v c="$2" '$1 == l && $2 == c { print $3 }' "$TMP/model.med")
     echo "${rps:-—} | $(ratio_cell "$TMP/model.ratio" "$1" "$2" 100 "%.1f%%")"
 }
-touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res"
-for f in tp bare model triton own sp; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res" "$TMP/tpb.res" "$TMP/bareb.res"
+for f in tp bare model triton own sp tpb bareb; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+ratios "$TMP/tpb.res" "$TMP/bareb.res" >"$TMP/tpb_bare.ratio"
 ratios "$TMP/sp.res" "$TMP/bare.res" >"$TMP/sp_bare.ratio"
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
 ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
@@ -549,6 +559,20 @@ if [ -n "$SP_SKIP" ]; then
     echo
 else
     side_table "$TMP/sp.med" "serving path / bare" "$TMP/sp_bare.ratio" 100 "%.1f%%"
+fi
+echo "A client that does not preempt the server: the binary row at $TOP_CONNS connections again, in the same"
+echo "rounds, with wrk as SCHED_BATCH (chrt -b 0) against tpserve and against bare. On these shared cores a woken"
+echo "wrk thread preempts the server thread it shares a core with; one that is more often waiting for answers"
+echo "(tpserve's, which cost more CPU) is woken, and preempts, more often. A batch-policy wrk never preempts on"
+echo "waking: what a client on cores of its own, or another machine, costs the server."
+echo
+if [ -n "$BATCH_WRK" ]; then
+    side_table "$TMP/tpb.med" "tpserve / bare" "$TMP/tpb_bare.ratio" 100 "%.1f%%"
+    echo "bare HTTP with wrk as SCHED_BATCH: $(awk '{ print $3 }' "$TMP/bareb.med") req/s (median)."
+    echo
+else
+    echo "(not run: no chrt)"
+    echo
 fi
 if [ -f "$TMP/pa.res" ]; then
     echo
