@@ -9,7 +9,7 @@
  * both operands on every call: 160-260 ns where the arithmetic takes
  * 35-135. Measured on the 2026-11-27 VM (AMD EPYC, OpenBLAS Haswell
  * kernels), OpenBLAS's time over this kernel's: 5.5x at 1 x 32 x 32, 1.9x
- * at 8 x 32 x 32, 1.3x at 32 x 32 x 32, 1.3x at 8 x 768 x 768, 0.4-0.8x
+ * at 8 x 32 x 32, 1.2x at 512 x 32 x 32, 1.3x at 8 x 768 x 768, 0.4-0.8x
  * with N = 3072 (B's columns far apart) or 64+ rows of 768 (packing pays
  * off): small_sgemm_takes keeps to the sizes it wins.
  *

@@ -122,7 +122,9 @@ START_TEST(takes_only_the_sizes_it_wins)
     ck_assert_int_eq(small_sgemm_takes(8, 32, 32), used);  /* the example MLP's step */
     ck_assert_int_eq(small_sgemm_takes(32, 256, 256), used);
     ck_assert_int_eq(small_sgemm_takes(8, 768, 3072), used);
-    ck_assert_int_eq(small_sgemm_takes(33, 32, 32), 0);   /* rows enough to pack */
+    ck_assert_int_eq(small_sgemm_takes(512, 32, 32), used); /* b in L1: any M measured */
+    ck_assert_int_eq(small_sgemm_takes(513, 32, 32), 0);
+    ck_assert_int_eq(small_sgemm_takes(33, 64, 64), 0);   /* rows enough to pack */
     ck_assert_int_eq(small_sgemm_takes(9, 768, 768), 0);  /* b past 256 KiB: up to 8 rows */
     ck_assert_int_eq(small_sgemm_takes(1, 3072, 768), 0); /* columns too far apart */
     ck_assert_int_eq(small_sgemm_takes(0, 32, 32), 0);
