@@ -68,17 +68,13 @@ struct tp_http_guard {
  * after an answer it has not peeked since; libmicrohttpd's buffer holds
  * nothing unanswered by then. g->mu held, so the descriptor is still the
  * connection's (conn_entry). */
-static int owes_late_peek(conn_entry *e)
-{
-    unsigned answered = atomic_load(&e->answered);
-    return answered > 1 && answered != e->peeked; /* the first answer peeked itself */
-}
-
 static int late_peek_found_eof(conn_entry *e, int64_t idle)
 {
-    if (idle < LATE_PEEK_MS || !owes_late_peek(e))
+    unsigned answered = atomic_load(&e->answered);
+    /* the first answer peeked itself (close_if_client_left) */
+    if (idle < LATE_PEEK_MS || answered <= 1 || answered == e->peeked)
         return 0;
-    e->peeked = atomic_load(&e->answered);
+    e->peeked = answered;
     char b;
     if (recv(e->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != 0)
         return 0;
