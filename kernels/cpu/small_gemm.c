@@ -123,7 +123,7 @@ int small_sgemm_init(void)
  * blocks are too far apart to stream (small_gemm.h's measurements). */
 int small_sgemm_takes(int64_t M, int64_t N, int64_t K)
 {
-    if (!use_kernel || M < 1 || N < 1 || K < 1 || N > 1024)
+    if (!small_sgemm_init() || M < 1 || N < 1 || K < 1 || N > 1024)
         return 0;
     int64_t b_floats = N * K;
     return M <= (b_floats <= 2048 ? 512 : b_floats <= 65536 ? 32 : 8);

@@ -33,8 +33,8 @@ int small_sgemm_supported(void);
 int small_sgemm_init(void);
 
 /* Whether the kernel takes an M x K by K x N product of row-major operands
- * (unit column strides): small_sgemm_init chose it, and the sizes are
- * ones it wins. */
+ * (unit column strides): small_sgemm_init chooses it (on the first call,
+ * if nothing asked before), and the sizes are ones it wins. */
 int small_sgemm_takes(int64_t M, int64_t N, int64_t K);
 
 /* c[M, N] (rows ldc apart) = alpha * a[M, K] (rows lda apart) . b[K, N]
