@@ -308,7 +308,10 @@ if sys.argv[2] == "later":
     s.sendall(req)
     first = b""
     while b'{"live":true}' not in first:
-        first += s.recv(65536)
+        d = s.recv(65536)
+        if not d:
+            break
+        first += d
     time.sleep(0.05)
     # corked, the request and the FIN leave in one segment: libmicrohttpd
     # reads both in one edge and never sees the end (the case the peek is for)
