@@ -451,9 +451,12 @@ static void note_blas_kernels(tp_backend *b)
 {
     const char *forced = getenv("OPENBLAS_CORETYPE");
     int by_env = forced && *forced;
-    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s", openblas_get_corename(),
+    small_sgemm_use use = small_sgemm_init();
+    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s%s%s%s", openblas_get_corename(),
              by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)", by_env ? forced : "",
-             small_sgemm_init() ? "; small products: tpserve's AVX2 kernel (kernels/cpu/small_gemm.h)" : "");
+             use ? "; " : "", use ? small_sgemm_use_name(use) : "",
+             use ? (small_sgemm_avx512_supported() ? ": tpserve's AVX-512 kernel" : ": tpserve's AVX2 kernel") : "",
+             use ? " (kernels/cpu/small_gemm.h)" : "");
 }
 
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err)

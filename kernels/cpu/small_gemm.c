@@ -6,8 +6,10 @@
  * element: 8 fused multiply-adds for 2 loads and 4 broadcasts, about the
  * two FMAs a cycle these cores retire. Columns past N in the last block
  * are masked, so no scratch and no copy; rows past M use a shorter block
- * (the same arithmetic per element). The size rule comes from the
- * measurements in small_gemm.h. */
+ * (the same arithmetic per element). On AVX-512 the same blocks are 32
+ * columns wide (16-float vectors, mask registers for the tail): twice the
+ * work per instruction, the same chain per element. The size rules come
+ * from the measurements in small_gemm.h. */
 #include "small_gemm.h"
 
 #include <cblas.h>
@@ -64,8 +66,76 @@ SG_TARGET __attribute__((always_inline)) static inline void block(int rows, int6
     }
 }
 
-SG_TARGET void small_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
-                           const float *b, int64_t ldb, float *c, int64_t ldc)
+/* The same blocks 32 columns wide on AVX-512's 16-float vectors, with
+ * mask registers for the last columns. wide: the block has more than 16
+ * columns (the second vector of each row is live). */
+#define SG512_TARGET __attribute__((target("avx512f")))
+#define SG512_COLS 32
+
+/* Lanes [0, n) of a 16-float vector (n in 0..16). */
+static inline __mmask16 lanes16(int64_t n) { return (__mmask16)((1u << n) - 1u); }
+
+SG512_TARGET __attribute__((always_inline)) static inline void block512(int rows, int wide, int64_t cols,
+                                                                         int64_t K, float alpha,
+                                                                         const float *a, int64_t lda,
+                                                                         const float *b, int64_t ldb,
+                                                                         float *c, int64_t ldc)
+{
+    __mmask16 m0 = lanes16(cols < 16 ? cols : 16), m1 = lanes16(cols > 16 ? cols - 16 : 0);
+    __m512 lo[SG_ROWS], hi[SG_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++)
+        lo[r] = hi[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *bk = b + k * ldb;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        __m512 b1 = wide ? _mm512_maskz_loadu_ps(m1, bk + 16) : b0;
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) {
+            __m512 x = _mm512_set1_ps(a[r * lda + k]);
+            lo[r] = _mm512_fmadd_ps(x, b0, lo[r]);
+            if (wide)
+                hi[r] = _mm512_fmadd_ps(x, b1, hi[r]);
+        }
+    }
+    __m512 s = _mm512_set1_ps(alpha);
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) {
+        _mm512_mask_storeu_ps(c + r * ldc, m0, _mm512_mul_ps(lo[r], s));
+        if (wide)
+            _mm512_mask_storeu_ps(c + r * ldc + 16, m1, _mm512_mul_ps(hi[r], s));
+    }
+}
+
+/* One column block of up to SG512_COLS: its rows in blocks of SG_ROWS and
+ * a tail. Constant rows and width per call, as block512 wants. */
+#define SG512_ROWS_OF(wide)                                                                      \
+    do {                                                                                         \
+        int64_t i = 0;                                                                           \
+        for (; i + SG_ROWS <= M; i += SG_ROWS)                                                   \
+            block512(4, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); \
+        switch (M - i) {                                                                         \
+        case 3: block512(3, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
+        case 2: block512(2, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
+        case 1: block512(1, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
+        default: break;                                                                          \
+        }                                                                                        \
+    } while (0)
+
+SG512_TARGET static void sgemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float *a,
+                                      int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
+{
+    for (int64_t j = 0; j < N; j += SG512_COLS) {
+        int64_t cols = N - j < SG512_COLS ? N - j : SG512_COLS;
+        if (cols > 16)
+            SG512_ROWS_OF(1);
+        else
+            SG512_ROWS_OF(0);
+    }
+}
+
+SG_TARGET static void sgemm_avx2(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+                                 const float *b, int64_t ldb, float *c, int64_t ldc)
 {
     for (int64_t j = 0; j < N; j += SG_COLS) {
         int64_t cols = N - j < SG_COLS ? N - j : SG_COLS;
@@ -93,9 +163,27 @@ int small_sgemm_supported(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+int small_sgemm_avx512_supported(void) { return __builtin_cpu_supports("avx512f"); }
+
+void small_sgemm_avx2(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, float *c, int64_t ldc)
+{
+    sgemm_avx2(M, N, K, alpha, a, lda, b, ldb, c, ldc);
+}
+
+/* libgcc reads the CPU's features once at startup (and checks that the OS
+ * saves AVX-512 state): a load and a test per call. */
+void small_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda, const float *b,
+                 int64_t ldb, float *c, int64_t ldc)
+{
+    if (small_sgemm_avx512_supported())
+        sgemm_avx512(M, N, K, alpha, a, lda, b, ldb, c, ldc);
+    else
+        sgemm_avx2(M, N, K, alpha, a, lda, b, ldb, c, ldc);
+}
+
 /* OpenBLAS 0.3.21's cores with small-matrix sgemm kernels of their own
- * (kernel/x86_64/KERNEL.SKYLAKEX, which the other two build on): faster
- * than this kernel there (80 ns against 133 at 8 x 32 x 32). */
+ * (kernel/x86_64/KERNEL.SKYLAKEX, which the other two build on). */
 static int blas_has_small_kernels(void)
 {
     static const char *const cores[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
@@ -106,15 +194,26 @@ static int blas_has_small_kernels(void)
     return 0;
 }
 
-static int use_kernel;
+static small_sgemm_use use;
 static pthread_once_t decided = PTHREAD_ONCE_INIT;
 
-static void decide(void) { use_kernel = small_sgemm_supported() && !blas_has_small_kernels(); }
+/* Against OpenBLAS's small-matrix kernels only the AVX-512 blocks win, and
+ * only the smallest products (small_gemm.h): 1.1-1.5x at 1-16 rows of a
+ * 32 x 32 b, 0.8-0.9x once b has 4096 floats, fewer at 32+ rows. */
+static void decide(void)
+{
+    if (!small_sgemm_supported())
+        use = SMALL_SGEMM_UNUSED;
+    else if (!blas_has_small_kernels())
+        use = SMALL_SGEMM_SMALL_PRODUCTS;
+    else
+        use = small_sgemm_avx512_supported() ? SMALL_SGEMM_TINY_PRODUCTS : SMALL_SGEMM_UNUSED;
+}
 
-int small_sgemm_init(void)
+small_sgemm_use small_sgemm_init(void)
 {
     pthread_once(&decided, decide);
-    return use_kernel;
+    return use;
 }
 
 /* b is read once per 4 rows: while it fits in 8 KiB (L1) the kernel wins
@@ -123,8 +222,24 @@ int small_sgemm_init(void)
  * blocks are too far apart to stream (small_gemm.h's measurements). */
 int small_sgemm_takes(int64_t M, int64_t N, int64_t K)
 {
-    if (!small_sgemm_init() || M < 1 || N < 1 || K < 1 || N > 1024)
+    small_sgemm_use u = small_sgemm_init();
+    if (u == SMALL_SGEMM_UNUSED || M < 1 || N < 1 || K < 1 || N > 1024)
         return 0;
     int64_t b_floats = N * K;
+    if (u == SMALL_SGEMM_TINY_PRODUCTS)
+        return M <= 16 && b_floats <= 1024;
     return M <= (b_floats <= 2048 ? 512 : b_floats <= 65536 ? 32 : 8);
+}
+
+const char *small_sgemm_use_name(small_sgemm_use u)
+{
+    switch (u) {
+    case SMALL_SGEMM_SMALL_PRODUCTS:
+        return "small products";
+    case SMALL_SGEMM_TINY_PRODUCTS:
+        return "products of up to 16 rows by a b of up to 1024 floats";
+    case SMALL_SGEMM_UNUSED:
+        break;
+    }
+    return "none";
 }

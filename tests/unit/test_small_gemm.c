@@ -3,6 +3,8 @@
  * one chain of fused multiply-adds over k from zero, then one product
  * with alpha, which fmaf and the kernel's vector FMAs round identically
  * on every x86-64 CPU that runs the kernel (IEEE 754 fusedMultiplyAdd).
+ * Both instruction sets' blocks are checked where the CPU runs them
+ * (AVX-512's 32 columns wide, AVX2's 16): the same bits.
  * On a CPU without AVX2/FMA the kernel never runs and these checks say so. */
 #include <check.h>
 #include <math.h>
@@ -66,31 +68,43 @@ static void release(operands *o)
     free(o->ref);
 }
 
-/* Every M through two row blocks and a tail, N through one and two
- * column blocks with every tail, K from 1 up, alpha 1 and not: equal bits,
- * and nothing written past N in a row (the sentinels). */
-START_TEST(equals_fma_chains_bit_for_bit)
+typedef void (*sgemm_fn)(int64_t M, int64_t N, int64_t K, float alpha, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, float *c, int64_t ldc);
+
+/* Every M through two row blocks and a tail, N through one, two and three
+ * column blocks of either width with every tail, K from 1 up, alpha 1 and
+ * not: equal bits, and nothing written past N in a row (the sentinels). */
+static int check_fma_chains(sgemm_fn f, const char *which)
 {
-    if (skip_without_kernel())
-        return;
     static const int64_t Ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 31, 32};
     static const int64_t Ks[] = {1, 2, 7, 32, 100};
     int shapes = 0;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
-        for (int64_t N = 1; N <= 40; N++)
+        for (int64_t N = 1; N <= 72; N++)
             for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
                 int64_t M = Ms[mi], K = Ks[ki];
                 float alpha = (N % 3) ? 1.0f : 0.125f * (float)(N % 7) - 0.3f;
                 operands o = make(M, N, K, (unsigned)(M * 131 + N * 7 + K));
-                small_sgemm(M, N, K, alpha, o.a, o.lda, o.b, o.ldb, o.c, o.ldc);
+                f(M, N, K, alpha, o.a, o.lda, o.b, o.ldb, o.c, o.ldc);
                 reference(M, N, K, alpha, o.a, o.lda, o.b, o.ldb, o.ref, o.ldc);
                 if (memcmp(o.c, o.ref, sizeof(float) * (size_t)(M * o.ldc)) != 0)
-                    ck_abort_msg("%lld x %lld x %lld (alpha %g): the kernel's bits differ from the FMA chain's",
-                                 (long long)M, (long long)K, (long long)N, alpha);
+                    ck_abort_msg("%s: %lld x %lld x %lld (alpha %g): the kernel's bits differ from the FMA "
+                                 "chain's", which, (long long)M, (long long)K, (long long)N, alpha);
                 release(&o);
                 shapes++;
             }
-    ck_assert_int_eq(shapes, 10 * 40 * 5);
+    return shapes;
+}
+
+START_TEST(equals_fma_chains_bit_for_bit)
+{
+    if (skip_without_kernel())
+        return;
+    ck_assert_int_eq(check_fma_chains(small_sgemm_avx2, "AVX2 blocks"), 10 * 72 * 5);
+    if (small_sgemm_avx512_supported())
+        ck_assert_int_eq(check_fma_chains(small_sgemm, "AVX-512 blocks"), 10 * 72 * 5);
+    else
+        printf("test_small_gemm: AVX-512 blocks not checked: this CPU has no AVX-512F\n");
 }
 END_TEST
 
@@ -112,17 +126,26 @@ START_TEST(a_row_alone_equals_it_in_a_batch)
 }
 END_TEST
 
-/* The sizes the kernel is measured to win (small_gemm.h), and none else. */
+/* The sizes the kernel is measured to win (small_gemm.h), and none else:
+ * against OpenBLAS's packing (its AVX2 cores) up to 512 rows of a small
+ * b; against its own small kernels (its AVX-512 cores) only the smallest
+ * products, and only with AVX-512 blocks. */
 START_TEST(takes_only_the_sizes_it_wins)
 {
-    int used = small_sgemm_init();
-    ck_assert_int_eq(small_sgemm_init(), used); /* decided once */
-    if (used)
+    small_sgemm_use use = small_sgemm_init();
+    ck_assert_int_eq(small_sgemm_init(), use); /* decided once */
+    if (use != SMALL_SGEMM_UNUSED)
         ck_assert(small_sgemm_supported());
+    if (use == SMALL_SGEMM_TINY_PRODUCTS)
+        ck_assert(small_sgemm_avx512_supported());
+    int used = use != SMALL_SGEMM_UNUSED, all = use == SMALL_SGEMM_SMALL_PRODUCTS;
     ck_assert_int_eq(small_sgemm_takes(8, 32, 32), used);  /* the example MLP's step */
-    ck_assert_int_eq(small_sgemm_takes(32, 256, 256), used);
-    ck_assert_int_eq(small_sgemm_takes(8, 768, 3072), used);
-    ck_assert_int_eq(small_sgemm_takes(512, 32, 32), used); /* b in L1: any M measured */
+    ck_assert_int_eq(small_sgemm_takes(16, 32, 32), used);
+    ck_assert_int_eq(small_sgemm_takes(17, 32, 32), all);
+    ck_assert_int_eq(small_sgemm_takes(8, 64, 64), all);   /* b of 4096 floats */
+    ck_assert_int_eq(small_sgemm_takes(32, 256, 256), all);
+    ck_assert_int_eq(small_sgemm_takes(8, 768, 3072), all);
+    ck_assert_int_eq(small_sgemm_takes(512, 32, 32), all); /* b in L1: any M measured */
     ck_assert_int_eq(small_sgemm_takes(513, 32, 32), 0);
     ck_assert_int_eq(small_sgemm_takes(33, 64, 64), 0);   /* rows enough to pack */
     ck_assert_int_eq(small_sgemm_takes(9, 768, 768), 0);  /* b past 256 KiB: up to 8 rows */
