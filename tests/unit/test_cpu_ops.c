@@ -20,6 +20,7 @@
 #include "check_main.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/ops_internal.h"
+#include "testutil.h"
 
 static tp_err err;
 
@@ -987,6 +988,62 @@ START_TEST(test_unknown_op)
 }
 END_TEST
 
+/* tp_tensor_copy folds dims that both sides step over as one run (and
+ * drops size-1 dims) before copying: every pattern here (slices along
+ * each dim, permutations, size-1 dims with odd strides, a broadcast
+ * source) against an element-by-element copy by index, with sentinels
+ * showing nothing outside dst's elements is written. */
+static int64_t offset_of(const int64_t *idx, const int64_t *stride, int nd)
+{
+    int64_t o = 0;
+    for (int i = 0; i < nd; i++)
+        o += idx[i] * stride[i];
+    return o;
+}
+
+static void check_copy(int nd, const int64_t *shape, const int64_t *dst_stride, const int64_t *src_stride,
+                       const char *what)
+{
+    enum { SPACE = 4096 };
+    static float src_buf[SPACE], got[SPACE], want[SPACE];
+    tu_fill(src_buf, SPACE, (unsigned)nd * 7 + (unsigned)shape[0]);
+    for (int i = 0; i < SPACE; i++)
+        got[i] = want[i] = -7.25f;
+    tp_tensor dst = tp_tensor_make(got, TP_F32, nd, shape), src = tp_tensor_make(src_buf, TP_F32, nd, shape);
+    memcpy(dst.stride, dst_stride, sizeof(int64_t) * (size_t)nd);
+    memcpy(src.stride, src_stride, sizeof(int64_t) * (size_t)nd);
+    tp_tensor_copy(&dst, &src);
+    int64_t idx[TP_MAX_DIMS] = {0}, n = tp_tensor_numel(&dst);
+    for (int64_t e = 0; e < n; e++) {
+        want[offset_of(idx, dst_stride, nd)] = src_buf[offset_of(idx, src_stride, nd)];
+        for (int k = nd - 1; k >= 0 && ++idx[k] == shape[k]; k--)
+            idx[k] = 0;
+    }
+    ck_assert_msg(memcmp(got, want, sizeof got) == 0, "tp_tensor_copy %s: elements differ from the copy by index",
+                  what);
+}
+
+START_TEST(test_tensor_copy_folds_runs)
+{
+    /* a [2, 4, 32] shard into a [2, 8, 32] gather (the fused all-gather) and back */
+    check_copy(3, (int64_t[]){2, 4, 32}, (int64_t[]){256, 32, 1}, (int64_t[]){128, 32, 1}, "shard into gather");
+    check_copy(3, (int64_t[]){2, 4, 32}, (int64_t[]){128, 32, 1}, (int64_t[]){256, 32, 1}, "gather into shard");
+    /* slices along each dim of a [3, 5, 7] block */
+    check_copy(3, (int64_t[]){3, 5, 7}, (int64_t[]){35, 7, 1}, (int64_t[]){80, 10, 1}, "inner slice");
+    check_copy(3, (int64_t[]){3, 5, 7}, (int64_t[]){35, 7, 1}, (int64_t[]){70, 7, 1}, "middle slice");
+    check_copy(3, (int64_t[]){2, 5, 7}, (int64_t[]){35, 7, 1}, (int64_t[]){35, 7, 1}, "contiguous");
+    /* a permutation: no unit stride on one side */
+    check_copy(3, (int64_t[]){4, 3, 5}, (int64_t[]){15, 5, 1}, (int64_t[]){1, 20, 4}, "transposed source");
+    check_copy(2, (int64_t[]){6, 9}, (int64_t[]){1, 6}, (int64_t[]){9, 1}, "transposed destination");
+    /* size-1 dims with strides that would break a run if they counted */
+    check_copy(4, (int64_t[]){3, 1, 4, 8}, (int64_t[]){32, 999, 8, 1}, (int64_t[]){64, 5, 8, 1}, "size-1 dim");
+    check_copy(3, (int64_t[]){1, 1, 1}, (int64_t[]){5, 6, 7}, (int64_t[]){9, 9, 9}, "one element");
+    /* a broadcast source (stride 0) */
+    check_copy(3, (int64_t[]){4, 3, 8}, (int64_t[]){24, 8, 1}, (int64_t[]){0, 8, 1}, "broadcast rows");
+    check_copy(2, (int64_t[]){5, 6}, (int64_t[]){6, 1}, (int64_t[]){1, 0}, "broadcast columns");
+}
+END_TEST
+
 static Suite *cpu_ops_suite(void)
 {
     Suite *s = suite_create("cpu_ops");
@@ -1015,6 +1072,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_embedding_vocab_parallel);
     tcase_add_test(tc, test_cat);
     tcase_add_test(tc, test_contiguous_reshape);
+    tcase_add_test(tc, test_tensor_copy_folds_runs);
     tcase_add_test(tc, test_unknown_op);
     suite_add_tcase(s, tc);
     return s;
