@@ -42,27 +42,6 @@ int tp_tensor_same_shape(const tp_tensor *a, const tp_tensor *b)
     return 1;
 }
 
-tp_tensor tp_tensor_make(void *data, tp_dtype dt, int ndim, const int64_t *shape)
-{
-    tp_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dt;
-    t.ndim = ndim;
-    for (int i = 0; i < ndim; i++)
-        t.shape[i] = shape[i];
-    tp_tensor_set_contiguous(&t);
-    return t;
-}
-
-tp_tensor tp_tensor_narrow(const tp_tensor *t, int dim, int64_t start, int64_t len)
-{
-    tp_tensor v = *t;
-    v.data = (char *)t->data + start * t->stride[dim] * (int64_t)tp_dtype_size(t->dtype);
-    v.shape[dim] = len;
-    return v;
-}
-
 /* A copy's dims, innermost first, with size-1 dims dropped and each dim
  * folded into the next inner one where both tensors step over the pair
  * as one run: a [B, 4, 32] slice of a [B, 8, 32] tensor copies as B runs
