@@ -45,7 +45,8 @@ typedef struct ip_count {
 struct tp_acceptor {
     int listen_fd, wake_fd, n, per_ip;
     struct MHD_Daemon **d;
-    unsigned *limit, *live; /* per daemon; live under mu */
+    unsigned *limit;        /* per daemon */
+    _Atomic unsigned *live; /* per daemon; changed under mu, read anywhere (tp_acceptor_live) */
     unsigned next;          /* where the search for the least loaded starts */
     pthread_mutex_t mu;
     ip_count *by_ip[IP_BUCKETS]; /* under mu */
@@ -157,6 +158,8 @@ static void admit(tp_acceptor *a, int c, const struct sockaddr *sa, socklen_t sl
         pthread_mutex_unlock(&a->mu);
     }
 }
+
+unsigned tp_acceptor_live(tp_acceptor *a, int i) { return atomic_load_explicit(&a->live[i], memory_order_relaxed); }
 
 void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c)
 {

@@ -39,6 +39,11 @@ tp_status tp_acceptor_start(int listen_fd, struct MHD_Daemon *const *d, int n, c
  * its place, and its address's, are free again. */
 void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c);
 
+/* The connections daemon d[i] holds now, by the acceptor's count (a
+ * relaxed read from any thread: a hint, e.g. whether the daemon's thread
+ * serves more than one client). */
+unsigned tp_acceptor_live(tp_acceptor *a, int i);
+
 /* Stops accepting and joins the thread; again is a no-op. Call before
  * stopping the daemons, so none is handed a connection while it stops. */
 void tp_acceptor_stop(tp_acceptor *a);

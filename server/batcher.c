@@ -598,8 +598,9 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
         return tp_fail(err, TP_NOMEM, "batcher: out of memory queueing a request");
     pthread_mutex_lock(&b->mu);
     int stopping = b->stopping, full = b->queued >= b->o.max_queue;
-    /* done is called before submit returns */
-    int run_here = would_run_on_submitter(b) && !(held && *held);
+    /* done is called before submit returns; not when the submitter holds
+     * requests already, or expects more (r->more_may_follow) and may hold */
+    int run_here = would_run_on_submitter(b) && !(held && (*held || (r->more_may_follow && would_hold(b))));
     int hold = !run_here && held && would_hold(b) && hold_job(b, held, j);
     int k = run_here ? take_instance(b) : -1;
     if (hold) {
@@ -745,7 +746,7 @@ tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_in
     waiter w = {.st = TP_OK};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
-    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w, 0, 0};
+    tp_batch_req r = {inputs, n_inputs, 0, timeout_us, NULL, wake_waiter, &w, .decoded = 0};
     *outs = NULL;
     *n_outs = 0;
     tp_status st = tp_batcher_submit(b, &r, err);

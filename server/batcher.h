@@ -77,6 +77,12 @@ typedef struct {
     /* tp_now_s() as the caller read it just before submitting, which
      * dates the submit (saves a clock read a request); 0: submit reads it */
     double t_now;
+    /* 1: the submitter serves other clients whose requests may be waiting
+     * for it unread (an HTTP thread with several connections), so
+     * tp_batcher_submit_held holds the request even on an idle engine
+     * (where holding is allowed at all): what the thread reads meanwhile
+     * joins its batch instead of each running alone. */
+    int more_may_follow;
 } tp_batch_req;
 
 /* e is borrowed and must outlive the batcher. */
@@ -106,8 +112,9 @@ tp_status tp_batcher_submit(tp_batcher *b, const tp_batch_req *r, tp_err *err);
 typedef struct tp_batch_held tp_batch_held;
 
 /* Like tp_batcher_submit, but under load (recent batches ended with
- * requests waiting, steps short enough to run on the submitter, no queue
- * delay, a batchable graph) the request is added to *held instead of the
+ * requests waiting, or r->more_may_follow; steps short enough to run on
+ * the submitter, no queue delay, a batchable graph) the request is added
+ * to *held instead of the
  * batcher's queue, and *was_held set: the submitter runs it with the others
  * it holds by calling tp_batcher_run_held on the same *held soon (an HTTP
  * thread: once it has read what its other connections sent meanwhile).

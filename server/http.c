@@ -640,6 +640,29 @@ static void run_held(tp_http *h)
     end_submitting(h, n);
 }
 
+/* This HTTP thread's daemon, as its index in h->d: found on its first
+ * infer request (a thread serves one daemon all its life); -1 until then,
+ * or for a daemon the acceptor does not feed. */
+static _Thread_local int thread_daemon = -1;
+
+/* Whether r's thread serves other connections too, whose requests may be
+ * waiting for it unread: then r is held even on an idle engine (where
+ * holding is allowed), so what the thread reads meanwhile joins its batch
+ * instead of each request running alone (tp_batch_req's more_may_follow).
+ * One thread, or two sharing one core, under 32 binary connections ran
+ * every request alone before: 101k requests/s at 9.8 us of CPU each, and
+ * 113k at 8.8 us in batches of 4.9 with this. */
+static int thread_serves_others(tp_http *h, const req_ctx *r)
+{
+    if (thread_daemon < 0 && h->acceptor) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_DAEMON);
+        for (int i = 0; ci && i < h->n_daemons; i++)
+            if (h->d[i] == ci->daemon)
+                thread_daemon = i;
+    }
+    return thread_daemon >= 0 && tp_acceptor_live(h->acceptor, thread_daemon) > 1;
+}
+
 /* Submits r: its batch may run right here, or r is held by this thread
  * (*held). Counted in h->submitting until it ran (a held request: until
  * run_held), so stopping never frees the batcher under it. */
@@ -651,7 +674,8 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
         return tp_fail(err, TP_UNAVAILABLE, "server is shutting down");
     }
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
-                       r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3};
+                       r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3,
+                       .more_may_follow = h->may_hold && thread_serves_others(h, r)};
     atomic_store(&r->handoff, TP_HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)

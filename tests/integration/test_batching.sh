@@ -282,6 +282,41 @@ held_runs=$(grep -c "held requests together on their HTTP thread" "$TMP/held.log
     fail "no held requests ran: the busy engine's requests went elsewhere"
 stop
 
+# ---- one HTTP thread, several connections: one batch per pass ----------------
+# An idle engine used to run each request alone on the thread that read
+# it, so a thread serving many connections never batched (one HTTP thread,
+# or two sharing a core: every execution one request). With more than one
+# connection on its thread a request is held, and what the thread reads in
+# the same pass joins its batch (tp_batch_req's more_may_follow). One
+# connection alone is never held: its request runs at once.
+echo "== one HTTP thread: one connection runs alone, several batch"
+start_graph one_thread --threads 1 || exit 1
+i=0
+while [ $i -lt 20 ]; do
+    [ $i -gt 0 ] && echo "next" # each URL its own body, on the same connection
+    echo "url = \"$URL/v2/models/$G/infer\""
+    echo "data-binary = \"@$TMP/req.0\""
+    echo "header = \"Content-Type: application/json\""
+    echo "output = \"$TMP/one.$i\""
+    i=$((i + 1))
+done >"$TMP/one.curl"
+curl -s -K "$TMP/one.curl" && same_answer "$TMP/one.19" "$TMP/ref.0" >/dev/null &&
+    ! grep -q "held requests together on their HTTP thread" "$TMP/one_thread.log" &&
+    pass "20 requests on one keep-alive connection: answered, none held" ||
+    fail "one connection: $(grep -c 'held requests together' "$TMP/one_thread.log") held runs, or a wrong answer"
+if command -v wrk >/dev/null 2>&1; then
+    r0=$(metric tpserve_inference_count_total) e0=$(metric tpserve_execution_count_total)
+    wrk -t1 -c16 -d1s -s "$HERE/../load/infer_binary.lua" "$URL/v2/models/$G/infer" >"$TMP/wrk1.out" 2>&1
+    r1=$(metric tpserve_inference_count_total) e1=$(metric tpserve_execution_count_total)
+    # a count, not a time: any pass that read two requests ran them as one
+    [ $((r1 - r0)) -gt 100 ] && [ $((e1 - e0)) -lt $((r1 - r0)) ] &&
+        pass "16 connections on one thread: $((r1 - r0)) requests in $((e1 - e0)) executions" ||
+        fail "16 connections on one thread: $((r1 - r0)) requests in $((e1 - e0)) executions (none batched)"
+else
+    echo "SKIP: 16 connections on one thread: wrk not installed"
+fi
+stop
+
 # ---- every rank on its own thread: the same answers ---------------------------
 echo "== serial steps off (--serial-step-max-us 0)"
 start_graph threads --serial-step-max-us 0 || exit 1

@@ -301,7 +301,7 @@ static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 
 static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
                         int64_t timeout_us, tp_err *err)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0, 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0, 0, 0};
     return tp_batcher_submit(b, &r, err);
 }
 
@@ -396,7 +396,7 @@ START_TEST(inline_run_stops_while_requests_pile_up)
     ck_assert(ran_on_submitter(b, &x));
     slot queued = new_slot();
     chain c = {new_slot(), b, &x, &queued};
-    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
     ck_assert(c.s.done && pthread_equal(c.s.thread, pthread_self())); /* ran inline */
     wait_done(&queued);
@@ -459,7 +459,7 @@ START_TEST(second_instance_runs_while_the_first_is_busy)
     ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
     ck_assert_int_eq(tp_batcher_instances(b), 2);
     nested n = {new_slot(), new_slot(), b, &x, 0};
-    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", nested_done, &n, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", nested_done, &n, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
     wait_done(&n.s);
     wait_done(&n.inner);
@@ -561,7 +561,7 @@ typedef struct {
 
 static void hold_req(holder *h, int i, tp_host_tensor *x, double t_arrival, int64_t timeout_us)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0, 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0, 0, 0};
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_submit_held(h->b, &r, &h->held, &h->was_held[i], &err) == TP_OK, "%s",
                   err.msg);
@@ -599,7 +599,7 @@ START_TEST(held_requests_run_together_on_their_thread)
         ref[i] = tu_infer(e, &h.x[i], 1, &n_ref);
     }
     tp_host_tensor x0 = make_x(1, 3);
-    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0};
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0};
     tp_err err = {{0}};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
     for (int i = 0; i < N_HELD; i++)
@@ -645,7 +645,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     tp_batch_held *held = NULL;
     held_slot s = {0};
     int was_held = 1;
-    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0, 0, 0};
     tp_err err = {{0}};
     tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
     ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
@@ -666,7 +666,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     holder h = {.b = b};
     for (int i = 0; i < N_HELD; i++)
         h.x[i] = make_x(1, (unsigned)(60 + i));
-    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0};
+    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK);
     ck_assert_ptr_null(h.held);
     tp_batcher_free(b); /* runs the queued ones */
@@ -676,6 +676,56 @@ START_TEST(held_only_serial_steps_without_queue_delay)
         tp_host_tensors_free(h.s[i].outs, h.s[i].n_outs);
         free(h.x[i].data);
     }
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
+/* A submitter that may have more requests waiting (r.more_may_follow: an
+ * HTTP thread serving several connections) holds its request even on an
+ * idle engine, once steps have run serially, and runs it with the ones it
+ * gets meanwhile as one batch; without the flag the idle engine runs it at
+ * once. With a queue delay it is queued as before (holding never waits). */
+START_TEST(more_may_follow_holds_on_an_idle_engine)
+{
+    tp_engine *e = open_mlp_serial();
+    tp_batcher *b = inline_batcher(e, 0);
+    tp_host_tensor x = make_x(1, 11);
+    held_slot s[3] = {{0}};
+    tp_batch_held *held = NULL;
+    int was_held = 0;
+    tp_err err = {{0}};
+    for (int i = 0; i < 2; i++) { /* serial steps, as the policy counts them */
+        tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s[0], .more_may_follow = 0};
+        ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
+        ck_assert(!was_held && s[0].done);
+        tp_host_tensors_free(s[0].outs, s[0].n_outs);
+        s[0] = (held_slot){0};
+    }
+    tp_engine_stats s0 = stats(e);
+    for (int i = 0; i < 2; i++) {
+        tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s[i], .more_may_follow = 1};
+        ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
+        ck_assert_msg(was_held && !s[i].done, "request %d ran instead of being held", i);
+    }
+    ck_assert_int_eq(tp_batcher_run_held(b, held), 2);
+    ck_assert_uint_eq(stats(e).executions - s0.executions, 1);
+    for (int i = 0; i < 2; i++) {
+        ck_assert(s[i].done && s[i].st == TP_OK && s[i].batch_requests == 2);
+        ck_assert(pthread_equal(s[i].thread, pthread_self()));
+        tp_host_tensors_free(s[i].outs, s[i].n_outs);
+    }
+    tp_batcher_free(b);
+    /* a queue delay: queued for the batcher thread, never held */
+    b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
+    held = NULL;
+    s[2] = (held_slot){0};
+    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s[2], .more_may_follow = 1};
+    ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
+    ck_assert(!was_held && !held && !s[2].done);
+    tp_batcher_free(b); /* the drain runs it */
+    ck_assert(s[2].done && s[2].st == TP_OK);
+    tp_host_tensors_free(s[2].outs, s[2].n_outs);
     free(x.data);
     tp_engine_free(e);
 }
@@ -723,7 +773,7 @@ START_TEST(timeout_is_504_and_never_runs)
     ck_assert_int_eq(submit(b, &x, &late, 0, 20000, &err), TP_OK);     /* 20 ms */
     ck_assert_int_eq(submit(b, &x, &past, t0 - 1, 1000, &err), TP_OK); /* due 1 s ago */
     /* the caller's clock reading dates the submit, and the deadline with it */
-    tp_batch_req by_caller = {&x, 1, 0, 5000000, "parameters.timeout", slot_done, &dated, 0, t0 - 10};
+    tp_batch_req by_caller = {&x, 1, 0, 5000000, "parameters.timeout", slot_done, &dated, 0, t0 - 10, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &by_caller, &err), TP_OK);
     wait_done(&dated);
     ck_assert_int_eq(dated.st, TP_TIMEOUT);
@@ -1071,6 +1121,7 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, concurrent_clients_on_two_instances);
     tcase_add_test(tc, held_requests_run_together_on_their_thread);
     tcase_add_test(tc, held_only_serial_steps_without_queue_delay);
+    tcase_add_test(tc, more_may_follow_holds_on_an_idle_engine);
     tcase_add_test(tc, queue_overflow_then_drain);
     tcase_add_test(tc, timeout_is_504_and_never_runs);
     tcase_add_test(tc, cancel_answers_queued);
