@@ -165,8 +165,10 @@ START_TEST(spreads_evenly)
     for (int i = 0; i < 9; i++) /* opened together, as a load generator does */
         fd[i] = dial(&r, "127.0.0.1");
     wait_held(&r, 9);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         ck_assert_uint_eq(held(&r, i), 3);
+        ck_assert_uint_eq(tp_acceptor_live(r.a, i), 3); /* the count HTTP threads read (more_may_follow) */
+    }
     expect(fd[4], "HTTP/1.1 200");
     /* closed ones leave room where they were: the next go there */
     close(fd[0]);
