@@ -107,20 +107,27 @@ SG512_TARGET __attribute__((always_inline)) static inline void block512(int rows
     }
 }
 
-/* One column block of up to SG512_COLS: its rows in blocks of SG_ROWS and
- * a tail. Constant rows and width per call, as block512 wants. */
-#define SG512_ROWS_OF(wide)                                                                      \
-    do {                                                                                         \
-        int64_t i = 0;                                                                           \
-        for (; i + SG_ROWS <= M; i += SG_ROWS)                                                   \
-            block512(4, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); \
-        switch (M - i) {                                                                         \
-        case 3: block512(3, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
-        case 2: block512(2, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
-        case 1: block512(1, wide, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc); break; \
-        default: break;                                                                          \
-        }                                                                                        \
+/* The rows of column block j: blocks of SG_ROWS, then the rest as one
+ * shorter block, each call with a constant row count (the blocks are
+ * always_inline: each count gets its accumulators in registers).
+ * BLOCK(rows, i) computes rows [i, i + rows) of the column block. */
+#define FOR_ROW_BLOCKS(BLOCK)                      \
+    do {                                           \
+        int64_t i = 0;                             \
+        for (; i + SG_ROWS <= M; i += SG_ROWS)     \
+            BLOCK(4, i);                           \
+        switch (M - i) {                           \
+        case 3: BLOCK(3, i); break;                \
+        case 2: BLOCK(2, i); break;                \
+        case 1: BLOCK(1, i); break;                \
+        default: break;                            \
+        }                                          \
     } while (0)
+
+#define AT_ROWS(rows, i) a + (i) * lda, lda, b + j, ldb, c + (i) * ldc + j, ldc
+#define BLOCK512_WIDE(rows, i) block512(rows, 1, cols, K, alpha, AT_ROWS(rows, i))
+#define BLOCK512_NARROW(rows, i) block512(rows, 0, cols, K, alpha, AT_ROWS(rows, i))
+#define BLOCK256(rows, i) block(rows, cols, K, alpha, AT_ROWS(rows, i))
 
 SG512_TARGET static void sgemm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float *a,
                                       int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc)
@@ -128,9 +135,9 @@ SG512_TARGET static void sgemm_avx512(int64_t M, int64_t N, int64_t K, float alp
     for (int64_t j = 0; j < N; j += SG512_COLS) {
         int64_t cols = N - j < SG512_COLS ? N - j : SG512_COLS;
         if (cols > 16)
-            SG512_ROWS_OF(1);
+            FOR_ROW_BLOCKS(BLOCK512_WIDE);
         else
-            SG512_ROWS_OF(0);
+            FOR_ROW_BLOCKS(BLOCK512_NARROW);
     }
 }
 
@@ -139,22 +146,7 @@ SG_TARGET static void sgemm_avx2(int64_t M, int64_t N, int64_t K, float alpha, c
 {
     for (int64_t j = 0; j < N; j += SG_COLS) {
         int64_t cols = N - j < SG_COLS ? N - j : SG_COLS;
-        int64_t i = 0;
-        for (; i + SG_ROWS <= M; i += SG_ROWS)
-            block(4, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
-        switch (M - i) {
-        case 3:
-            block(3, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
-            break;
-        case 2:
-            block(2, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
-            break;
-        case 1:
-            block(1, cols, K, alpha, a + i * lda, lda, b + j, ldb, c + i * ldc + j, ldc);
-            break;
-        default:
-            break;
-        }
+        FOR_ROW_BLOCKS(BLOCK256);
     }
 }
 
