@@ -47,6 +47,13 @@ CONNS=${CONNS:-"1 8 32"}
 TOP_CONNS=$(echo "$CONNS" | tr ' ' '\n' | sort -n | tail -n 1)
 # the client-without-preemption rows: chrt (util-linux) runs wrk as SCHED_BATCH
 BATCH_WRK=$(command -v chrt || true)
+# the server-on-one-core rows: taskset (util-linux) and two CPUs to split
+PIN_CPUS=""
+if command -v taskset >/dev/null 2>&1; then
+    PIN_CPUS=$(taskset -c -p $$ 2>/dev/null | sed 's/.*: //' | tr ',' '\n' |
+        awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | head -n 2 | tr '\n' ' ')
+    [ "$(echo "$PIN_CPUS" | wc -w)" -eq 2 ] || PIN_CPUS=""
+fi
 THREADS=${THREADS:-0}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -102,14 +109,15 @@ proc_sample() {
 
 # run_wrk SCRIPT CONNS: one wrk run against $BASE; sets RPS P50 P99 ERR
 # (latencies in ms) and CPU_US CTX (server CPU microseconds and context
-# switches per request). WRK_BATCH=1: wrk runs as SCHED_BATCH (chrt -b).
+# switches per request). WRK_BATCH=1: wrk runs as SCHED_BATCH (chrt -b);
+# WRK_CPU=N: wrk runs on CPU N only, with WRK_THREADS threads.
 run_wrk() {
     t=2
     [ "$2" -lt 2 ] && t=1
     s0=$(proc_sample)
     # shellcheck disable=SC2046 # the prefix is words or nothing
-    $([ -z "${WRK_BATCH:-}" ] || echo chrt -b 0) \
-        wrk -t"$t" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
+    $([ -z "${WRK_BATCH:-}" ] || echo chrt -b 0) $([ -z "${WRK_CPU:-}" ] || echo taskset -c "$WRK_CPU") \
+        wrk -t"${WRK_THREADS:-$t}" -c"$2" -d"${DURATION}s" -s "$HERE/$1" "$BASE/v2/models/$G/infer" >"$TMP/wrk.out" 2>&1
     s1=$(proc_sample)
     line=$(sed -n 's/^TPBENCH //p' "$TMP/wrk.out")
     [ -n "$line" ] || die "wrk printed no summary: $(cat "$TMP/wrk.out")"
@@ -354,6 +362,27 @@ for load in json binary; do
     keep_server model_$load
 done
 
+# ---- a server on one core, wrk on another ----------------------------------------
+# tpserve and bare, each started again and then confined (every thread) to
+# the first CPU, with the same thread count, while wrk runs on the second:
+# the server has a core to itself and no client wakes on it, as with a
+# client on cores of its own or another machine; and a server on one core
+# is what a container given one CPU gets.
+if [ -n "$PIN_CPUS" ]; then
+    SERVER_CPU=${PIN_CPUS%% *}
+    start_more_tpserve tpserve_pin "$TP_GRAPHS/$G.json"
+    taskset -a -c -p "$SERVER_CPU" "$PID" >/dev/null || die "taskset on tpserve failed"
+    keep_server tpserve_pin
+    PORT=$(free_port)
+    BASE="http://127.0.0.1:$PORT"
+    "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
+        >"$TMP/bare_pin.log" 2>&1 &
+    PID=$!
+    wait_up "$BASE/" bare_pin || die "$WHY"
+    taskset -a -c -p "$SERVER_CPU" "$PID" >/dev/null || die "taskset on bare_http failed"
+    keep_server bare_pin
+fi
+
 # ---- the rounds ---------------------------------------------------------------
 # Every server stays up and each row's runs follow each other, round after
 # round: a machine whose speed drifts (a VM's neighbours, turbo) moves all of
@@ -384,6 +413,10 @@ while [ $r -le "$ROUNDS" ]; do
     if [ -n "$BATCH_WRK" ]; then
         WRK_BATCH=1 run_row tpserve counts_tpserve "$TMP/tpb.res" $r binary "$TOP_CONNS"
         WRK_BATCH=1 run_row bare_binary counts_none "$TMP/bareb.res" $r binary "$TOP_CONNS"
+    fi
+    if [ -n "$PIN_CPUS" ]; then
+        WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row tpserve_pin counts_tpserve "$TMP/tpp.res" $r binary "$TOP_CONNS"
+        WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row bare_pin counts_none "$TMP/barep.res" $r binary "$TOP_CONNS"
     fi
     r=$((r + 1))
 done
@@ -480,9 +513,11 @@ model_cols() {
     rps=$(awk -v l="$1" -v c="$2" '$1 == l && $2 == c { print $3 }' "$TMP/model.med")
     echo "${rps:-—} | $(ratio_cell "$TMP/model.ratio" "$1" "$2" 100 "%.1f%%")"
 }
-touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res" "$TMP/tpb.res" "$TMP/bareb.res"
-for f in tp bare model triton own sp tpb bareb; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res" "$TMP/tpb.res" "$TMP/bareb.res" \
+    "$TMP/tpp.res" "$TMP/barep.res"
+for f in tp bare model triton own sp tpb bareb tpp barep; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
 ratios "$TMP/tpb.res" "$TMP/bareb.res" >"$TMP/tpb_bare.ratio"
+ratios "$TMP/tpp.res" "$TMP/barep.res" >"$TMP/tpp_bare.ratio"
 ratios "$TMP/sp.res" "$TMP/bare.res" >"$TMP/sp_bare.ratio"
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
 ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
@@ -572,6 +607,19 @@ if [ -n "$BATCH_WRK" ]; then
     echo
 else
     echo "(not run: no chrt)"
+    echo
+fi
+echo "A server on one core, wrk on another: the binary row at $TOP_CONNS connections again, in the same rounds,"
+echo "against a tpserve and a bare started for it and confined (taskset, every thread) to one CPU with the same"
+echo "$THREADS threads, wrk (one thread) confined to another. No client shares the server's core: what a client"
+echo "on cores of its own or another machine sees, and what a container given one CPU serves."
+echo
+if [ -n "$PIN_CPUS" ]; then
+    side_table "$TMP/tpp.med" "tpserve / bare" "$TMP/tpp_bare.ratio" 100 "%.1f%%"
+    echo "bare HTTP on one core: $(awk '{ print $3 }' "$TMP/barep.med") req/s (median)."
+    echo
+else
+    echo "(not run: no taskset, or fewer than two CPUs)"
     echo
 fi
 if [ -f "$TMP/pa.res" ]; then
