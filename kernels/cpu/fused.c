@@ -3,14 +3,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf_pool.h"
 #include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
 #include "ops_internal.h"
 #include "reassembly.h"
 
+/* A fused op's scratch of bytes: up to TP_BUF_POOL_SIZE one of this
+ * thread's pooled buffers, else malloc's. The example's gathers and
+ * scatters at batch 2-8 are 2-8 KiB, past malloc's per-thread cache:
+ * four a step took its slow path (_int_malloc, consolidation), 0.5 a
+ * request at 32 binary connections. Each take has its give before the op
+ * returns, on the same thread (a serial step's ranks are fibers of one
+ * thread: each take is its own buffer, in any order). */
+static void *scratch_take(size_t bytes)
+{
+    return bytes <= TP_BUF_POOL_SIZE ? tp_buf_pool_take() : malloc(bytes ? bytes : 1);
+}
+
+static void scratch_give(void *p, size_t bytes)
+{
+    if (bytes <= TP_BUF_POOL_SIZE)
+        tp_buf_pool_give(p);
+    else
+        free(p);
+}
+
 /* dst = a @ b for any dst view. An FP32 column block of the fused output
  * is written in place (BLAS's ldc); other strided destinations (FP16/BF16
- * blocks) go through a scratch buffer: a malloc per step, and a copy. */
+ * blocks) go through a scratch buffer (scratch_take) and a copy. */
 static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b, tp_tensor *dst,
                              int rank, int world, tp_err *err)
 {
@@ -20,14 +41,14 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     if (cpu_matmul_writes_in_place(dst)) /* contiguous, or FP32 rows ldc apart */
         return cpu_matmul(&mm, a, b, dst, err);
     size_t bytes = (size_t)tp_tensor_numel(dst) * tp_dtype_size(dst->dtype);
-    void *scratch = malloc(bytes ? bytes : 1);
+    void *scratch = scratch_take(bytes);
     if (!scratch)
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor tmp = tp_tensor_make(scratch, dst->dtype, dst->ndim, dst->shape);
     tp_status st = cpu_op_run(TP_OP_MATMUL, &mm, ab, 2, &tmp, rank, world, err);
     if (st == TP_OK)
         tp_tensor_copy(dst, &tmp);
-    free(scratch);
+    scratch_give(scratch, bytes);
     return st;
 }
 
@@ -102,7 +123,7 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
     int d = cpu_comm_world(c);
     int64_t kl = ins[0].shape[ins[0].ndim - 1];
     size_t bytes = (size_t)tp_tensor_numel(out) * tp_dtype_size(out->dtype);
-    void *scratch = malloc(bytes ? bytes : 1);
+    void *scratch = scratch_take(bytes);
     if (!scratch)
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor part = tp_tensor_make(scratch, out->dtype, out->ndim, out->shape);
@@ -115,7 +136,7 @@ static tp_status ag_mm_k(cpu_comm *c, const tp_attrs *attrs, const tp_tensor *in
         if (st == TP_OK && step)
             accumulate(out, &part);
     }
-    free(scratch);
+    scratch_give(scratch, bytes);
     return st;
 }
 
@@ -137,7 +158,7 @@ static tp_status ag_mm_gathered(cpu_comm *c, const tp_attrs *attrs, const tp_ten
     memcpy(shape, ins[0].shape, sizeof shape);
     shape[g] *= d;
     size_t bytes = (size_t)tp_tensor_numel(&ins[0]) * (size_t)d * tp_dtype_size(ins[0].dtype);
-    void *scratch = malloc(bytes ? bytes : 1);
+    void *scratch = scratch_take(bytes);
     if (!scratch)
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor x = tp_tensor_make(scratch, ins[0].dtype, ins[0].ndim, shape);
@@ -147,7 +168,7 @@ static tp_status ag_mm_gathered(cpu_comm *c, const tp_attrs *attrs, const tp_ten
     }
     tp_tensor og = tp_gathered_view(&ins[0], g, d, out);
     tp_status st = matmul_blocks(attrs, &x, ins, n_ins, &og, rank, d, err);
-    free(scratch);
+    scratch_give(scratch, bytes);
     return st;
 }
 
@@ -242,7 +263,7 @@ static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_
     shape[s] *= d;
     size_t es = tp_dtype_size(out->dtype), bytes = (size_t)chunk * (size_t)d * es;
     void *scratch = NULL;
-    if (!slots_are_product(out, s, d) && !(scratch = malloc(bytes ? bytes : 1)))
+    if (!slots_are_product(out, s, d) && !(scratch = scratch_take(bytes)))
         return tp_fail(err, TP_NOMEM, "fused matmul: cannot allocate %zu bytes", bytes);
     tp_tensor prod = tp_tensor_make(scratch ? scratch : ws->data, out->dtype, nd, shape);
     tp_status st = matmul_into(attrs, a, w, &prod, rank, d, err);
@@ -251,7 +272,7 @@ static tp_status mm_rs_rows(const tp_attrs *attrs, const tp_tensor *a, const tp_
         tp_tensor rows = tp_tensor_narrow(&prod, s, dst * len, len);
         tp_tensor_copy(&slot, &rows);
     }
-    free(scratch);
+    scratch_give(scratch, bytes);
     return st;
 }
 
