@@ -135,7 +135,7 @@ static void *watch_main(void *arg)
     while (!g->stopping) {
         int done_left;
         g->done_pending = 0;
-        int n = cut_overdue(g, tp_now_ms_int(), &done_left);
+        int n = cut_overdue(g, tp_now_ms_coarse(), &done_left);
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
         int open = g->head.next != &g->head;
@@ -163,7 +163,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         }
         e->fd = fi->connect_fd;
         e->g = g;
-        atomic_init(&e->since_ms, tp_now_ms_int());
+        atomic_init(&e->since_ms, tp_now_ms_coarse());
         atomic_init(&e->waiting, 1);
         pthread_mutex_lock(&g->mu);
         if (g->head.next == &g->head) /* the watcher may sleep a whole tick: wake it (LATE_PEEK_MS) */
@@ -243,7 +243,7 @@ void tp_http_guard_answered(struct MHD_Connection *c)
 {
     conn_entry *e = entry_of(c);
     if (e) {
-        atomic_store(&e->since_ms, tp_now_ms_int());
+        atomic_store(&e->since_ms, tp_now_ms_coarse());
         atomic_store(&e->waiting, 1);
         close_if_client_left(e);
     }

@@ -42,9 +42,13 @@ START_TEST(clock_units_agree)
 {
     int64_t a = tp_now_ns();
     double ms = tp_now_ms(), s = tp_now_s();
-    int64_t whole = tp_now_ms_int();
+    int64_t whole = tp_now_ms_int(), coarse = tp_now_ms_coarse();
     int64_t b = tp_now_ns();
     ck_assert(whole >= a / 1000000 && whole <= b / 1000000);
+    /* the coarse clock is the same clock at the last tick: never ahead,
+     * and behind by at most a tick (10 ms at the slowest HZ; 50 allowed) */
+    ck_assert_int_le(coarse, b / 1000000);
+    ck_assert_int_ge(coarse, a / 1000000 - 50);
     ck_assert_int_ge(b, a); /* monotonic */
     /* each read lies between the first and the last nanosecond read (a
      * double holds these nanoseconds exactly; the division rounds by at
