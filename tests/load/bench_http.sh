@@ -578,6 +578,18 @@ side_table() {
     done <"$med"
     echo
 }
+# versus_bare MEDIANS RATIOS BARE_MEDIANS BARE_LABEL WHY_NOT RAN: a side
+# table of tpserve against bare and bare's median req/s, or (RAN empty)
+# why it was not run.
+versus_bare() {
+    if [ -n "$6" ]; then
+        side_table "$1" "tpserve / bare" "$2" 100 "%.1f%%"
+        echo "$4: $(awk '{ print $3 }' "$3") req/s (median)."
+    else
+        echo "(not run: $5)"
+    fi
+    echo
+}
 if [ -n "$OWN_KERNELS" ]; then
     echo "The same rows, same rounds, against a tpserve started without OPENBLAS_CORETYPE: OpenBLAS's kernels"
     echo "for this CPU ($OWN_KERNELS), what a machine whose environment does not force a set gets."
@@ -601,27 +613,15 @@ echo "wrk thread preempts the server thread it shares a core with; one that is m
 echo "(tpserve's, which cost more CPU) is woken, and preempts, more often. A batch-policy wrk never preempts on"
 echo "waking: what a client on cores of its own, or another machine, costs the server."
 echo
-if [ -n "$BATCH_WRK" ]; then
-    side_table "$TMP/tpb.med" "tpserve / bare" "$TMP/tpb_bare.ratio" 100 "%.1f%%"
-    echo "bare HTTP with wrk as SCHED_BATCH: $(awk '{ print $3 }' "$TMP/bareb.med") req/s (median)."
-    echo
-else
-    echo "(not run: no chrt)"
-    echo
-fi
+versus_bare "$TMP/tpb.med" "$TMP/tpb_bare.ratio" "$TMP/bareb.med" "bare HTTP with wrk as SCHED_BATCH" \
+    "no chrt" "$BATCH_WRK"
 echo "A server on one core, wrk on another: the binary row at $TOP_CONNS connections again, in the same rounds,"
 echo "against a tpserve and a bare started for it and confined (taskset, every thread) to one CPU with the same"
 echo "$THREADS threads, wrk (one thread) confined to another. No client shares the server's core: what a client"
 echo "on cores of its own or another machine sees, and what a container given one CPU serves."
 echo
-if [ -n "$PIN_CPUS" ]; then
-    side_table "$TMP/tpp.med" "tpserve / bare" "$TMP/tpp_bare.ratio" 100 "%.1f%%"
-    echo "bare HTTP on one core: $(awk '{ print $3 }' "$TMP/barep.med") req/s (median)."
-    echo
-else
-    echo "(not run: no taskset, or fewer than two CPUs)"
-    echo
-fi
+versus_bare "$TMP/tpp.med" "$TMP/tpp_bare.ratio" "$TMP/barep.med" "bare HTTP on one core" \
+    "no taskset, or fewer than two CPUs" "$PIN_CPUS"
 if [ -f "$TMP/pa.res" ]; then
     echo
     echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.5 s (longer ones run away: server/README.md):"
