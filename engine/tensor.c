@@ -11,15 +11,6 @@ int64_t tp_tensor_numel(const tp_tensor *t)
     return n;
 }
 
-void tp_tensor_set_contiguous(tp_tensor *t)
-{
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        t->stride[i] = s;
-        s *= t->shape[i];
-    }
-}
-
 int tp_tensor_is_contiguous(const tp_tensor *t)
 {
     int64_t s = 1;
