@@ -598,10 +598,11 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
         return tp_fail(err, TP_NOMEM, "batcher: out of memory queueing a request");
     pthread_mutex_lock(&b->mu);
     int stopping = b->stopping, full = b->queued >= b->o.max_queue;
+    int may_hold = held && would_hold(b);
     /* done is called before submit returns; not when the submitter holds
      * requests already, or expects more (r->more_may_follow) and may hold */
-    int run_here = would_run_on_submitter(b) && !(held && (*held || (r->more_may_follow && would_hold(b))));
-    int hold = !run_here && held && would_hold(b) && hold_job(b, held, j);
+    int run_here = would_run_on_submitter(b) && !(held && *held) && !(may_hold && r->more_may_follow);
+    int hold = !run_here && may_hold && hold_job(b, held, j);
     int k = run_here ? take_instance(b) : -1;
     if (hold) {
         *was_held = 1;
