@@ -23,14 +23,44 @@ static const tp_io_desc fuzz_inputs[] = {
 static const tp_kserve_model fuzz_model = {.name = "m", .version = "1", .inputs = fuzz_inputs, .n_inputs = FUZZ_N_INPUTS,
                                            .outputs = fuzz_inputs, .n_outputs = FUZZ_N_INPUTS};
 
-/* Decodes body; when it is valid, encodes the decoded inputs back as the
- * outputs the request asked for (JSON or binary), as the server would. */
+/* Whether two decodes of one body gave the same request: the second
+ * reused the thread's kept document or request (kserve.c), and must not
+ * differ from a fresh parse in anything but where a JSON input's bytes
+ * were put. */
+static inline int fuzz_same_request(const tp_kserve_request *a, const tp_kserve_request *b)
+{
+    if ((!a->id != !b->id) || (a->id && strcmp(a->id, b->id) != 0) || a->timeout_us != b->timeout_us ||
+        a->n_inputs != b->n_inputs || a->n_outputs != b->n_outputs)
+        return 0;
+    for (int k = 0; k < a->n_inputs; k++) {
+        const tp_host_tensor *x = &a->inputs[k], *y = &b->inputs[k];
+        if (strcmp(x->name, y->name) != 0 || x->dtype != y->dtype || x->ndim != y->ndim ||
+            memcmp(x->shape, y->shape, sizeof x->shape) != 0 || x->nbytes != y->nbytes ||
+            (x->owner == TP_HOST_BORROWED) != (y->owner == TP_HOST_BORROWED) ||
+            (x->owner == TP_HOST_BORROWED && x->data != y->data) ||
+            (x->nbytes && memcmp(x->data, y->data, x->nbytes) != 0))
+            return 0;
+    }
+    return memcmp(a->outputs, b->outputs, (size_t)a->n_outputs * sizeof *a->outputs) == 0;
+}
+
+/* Decodes body twice (the second decode reuses what the first kept; both
+ * must give the same request or the same error); when it is valid,
+ * encodes the decoded inputs back as the outputs the request asked for
+ * (JSON or binary), as the server would. */
 static inline void fuzz_decode_encode(const char *body, size_t len, long long header_len)
 {
-    tp_kserve_request req;
-    tp_err err;
+    tp_kserve_request req, again;
+    tp_err err, err2;
     memset(&req, 0, sizeof req);
-    if (tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &req, &err) != TP_OK) {
+    tp_status st = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &req, &err);
+    tp_status st2 = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &again, &err2);
+    if (st != st2 || (st != TP_OK && strcmp(err.msg, err2.msg) != 0) ||
+        (st == TP_OK && !fuzz_same_request(&req, &again)))
+        abort();
+    if (st2 == TP_OK)
+        tp_kserve_request_free(&again);
+    if (st != TP_OK) {
         fuzz_check_error_line(&err);
         return;
     }

@@ -275,6 +275,89 @@ START_TEST(repeated_documents)
 }
 END_TEST
 
+/* A thread also keeps the request it made of an all-binary header, and a
+ * request with the same header over a binary section of the same length
+ * is a copy of it (kserve.c): each copy's inputs must point into its own
+ * body, own its id, and be judged against the model it is parsed for, even
+ * one built at the same address with another signature. */
+START_TEST(repeated_binary_headers)
+{
+    const char *hdr = "{\"id\":\"r1\",\"inputs\":[{\"name\":\"n\",\"shape\":[1,2],\"datatype\":\"INT64\","
+                      "\"parameters\":{\"binary_data_size\":16}},{\"name\":\"x\",\"shape\":[1,3],"
+                      "\"datatype\":\"FP32\",\"parameters\":{\"binary_data_size\":12}}],"
+                      "\"outputs\":[{\"name\":\"k\",\"parameters\":{\"binary_data\":true}},{\"name\":\"y\"}],"
+                      "\"parameters\":{\"timeout\":5000}}";
+    size_t n = strlen(hdr);
+    char *bodies[3];
+    tp_kserve_request r[3];
+    tp_err e;
+    for (int i = 0; i < 3; i++) {
+        const int64_t nv[2] = {10 + i, 20 + i};
+        const float xv[3] = {0.5f + (float)i, -1, 2};
+        bodies[i] = malloc(n + 28);
+        memcpy(bodies[i], hdr, n);
+        memcpy(bodies[i] + n, nv, 16);
+        memcpy(bodies[i] + n + 16, xv, 12);
+        ck_assert_int_eq(tp_kserve_parse_infer(&M, bodies[i], n + 28, (long long)n, &r[i], &e), TP_OK);
+    }
+    tp_kserve_request_free(&r[0]); /* copies share nothing with it */
+    free(bodies[0]);
+    for (int i = 1; i < 3; i++) {
+        ck_assert_str_eq(r[i].id, "r1");
+        ck_assert_int_eq(r[i].timeout_us, 5000);
+        ck_assert_ptr_eq(r[i].inputs[0].data, bodies[i] + n + 16); /* x, model order */
+        ck_assert_ptr_eq(r[i].inputs[1].data, bodies[i] + n);      /* n */
+        int64_t nv[2];
+        float xv[3];
+        memcpy(nv, r[i].inputs[1].data, 16);
+        memcpy(xv, r[i].inputs[0].data, 12);
+        ck_assert(nv[0] == 10 + i && nv[1] == 20 + i && xv[0] == 0.5f + (float)i && xv[2] == 2);
+        ck_assert_int_eq(r[i].inputs[0].ndim, 2);
+        ck_assert_int_eq(r[i].inputs[0].shape[1], 3);
+        ck_assert_int_eq(r[i].n_outputs, 2);
+        ck_assert_str_eq(r[i].outputs[0].name, "k");
+        ck_assert_int_eq(r[i].outputs[0].binary, 1);
+        ck_assert_str_eq(r[i].outputs[1].name, "y");
+        ck_assert_int_eq(r[i].outputs[1].binary, 0);
+    }
+    ck_assert_ptr_ne(r[1].id, r[2].id);
+    for (int i = 1; i < 3; i++) {
+        tp_kserve_request_free(&r[i]);
+        free(bodies[i]);
+    }
+
+    /* the same header over a section 4 bytes longer: parsed, and refused */
+    char *body = malloc(n + 32);
+    memcpy(body, hdr, n);
+    memset(body + n, 0, 32);
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, &r[0], &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "after the last input"));
+    free(body);
+
+    /* one model, then another at the same address: each judges the header */
+    const char *h1 = "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                     "\"parameters\":{\"binary_data_size\":16}}]}";
+    char b1[256];
+    const float t4[4] = {1, 2, 3, 4};
+    tp_kserve_model m = one_model(TP_F32);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_OK);
+        ck_assert_mem_eq(r[0].inputs[0].data, t4, 16);
+        tp_kserve_request_free(&r[0]);
+    }
+    m = one_model(TP_I32);
+    ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "datatype"));
+    one_in[0] = (tp_io_desc){"t", TP_F32, 2, {4, 1}};
+    m = (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL};
+    ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "shape"));
+    m = one_model(TP_F32);
+    ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_OK);
+    tp_kserve_request_free(&r[0]);
+}
+END_TEST
+
 START_TEST(binary_all_dtypes)
 {
     for (int d = 0; d < TP_DTYPE_COUNT; d++) {
@@ -931,6 +1014,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(p, int64_full_range);
     tcase_add_test(p, binary_fp16_and_mixed);
     tcase_add_test(p, repeated_documents);
+    tcase_add_test(p, repeated_binary_headers);
     tcase_add_test(p, binary_all_dtypes);
     tcase_add_test(p, outputs_selection);
     suite_add_tcase(s, p);
