@@ -735,7 +735,7 @@ static char *resize(tp_jbuf *b, size_t cap)
     return p;
 }
 
-char *tp_jbuf_grow(tp_jbuf *b, size_t n)
+char *tp_jbuf_grow_slow(tp_jbuf *b, size_t n)
 {
     if (b->oom)
         return NULL;
@@ -754,18 +754,6 @@ char *tp_jbuf_grow(tp_jbuf *b, size_t n)
     char *at_end = b->p + b->len;
     b->len += n;
     return at_end;
-}
-
-void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n)
-{
-    char *p = tp_jbuf_grow(b, n);
-    if (p)
-        memcpy(p, s, n);
-}
-
-void tp_jbuf_lit(tp_jbuf *b, const char *s)
-{
-    tp_jbuf_raw(b, s, strlen(s));
 }
 
 void tp_jbuf_strn(tp_jbuf *b, const char *s, size_t n)

@@ -15,6 +15,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "engine.h"
 #include "status.h"
@@ -80,13 +81,37 @@ void tp_jbuf_start_pooled(tp_jbuf *b);
 /* Frees a tp_jbuf's text p, which was pooled or not. */
 void tp_jbuf_free_text(char *p, int pooled);
 
-void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n);
-void tp_jbuf_lit(tp_jbuf *b, const char *s); /* NUL-terminated, no escaping */
+/* tp_jbuf_grow when the buffer has to grow first (or has failed). */
+char *tp_jbuf_grow_slow(tp_jbuf *b, size_t n);
+
+/* Reserves n more bytes and returns where they start (NULL: no memory).
+ * Inline, with tp_jbuf_raw and tp_jbuf_lit: an answer's header is some
+ * sixty appends, mostly literals whose lengths then fold to constants. */
+static inline char *tp_jbuf_grow(tp_jbuf *b, size_t n)
+{
+    if (b->cap - b->len < n || b->oom)
+        return tp_jbuf_grow_slow(b, n);
+    char *at_end = b->p + b->len;
+    b->len += n;
+    return at_end;
+}
+
+static inline void tp_jbuf_raw(tp_jbuf *b, const char *s, size_t n)
+{
+    char *p = tp_jbuf_grow(b, n);
+    if (p)
+        memcpy(p, s, n);
+}
+
+/* NUL-terminated, no escaping */
+static inline void tp_jbuf_lit(tp_jbuf *b, const char *s)
+{
+    tp_jbuf_raw(b, s, strlen(s));
+}
+
 void tp_jbuf_str(tp_jbuf *b, const char *s); /* as a quoted, escaped JSON string */
 void tp_jbuf_strn(tp_jbuf *b, const char *s, size_t n); /* the same, of n bytes (NULs escaped) */
 void tp_jbuf_i64(tp_jbuf *b, int64_t v);
-/* Reserves n more bytes and returns where they start (NULL: no memory). */
-char *tp_jbuf_grow(tp_jbuf *b, size_t n);
 
 /* t's elements as a flat JSON array. NaN and Inf have no JSON spelling:
  * TP_INTERNAL naming the element (ask for the output as binary). */

@@ -1,4 +1,5 @@
 #include "kserve.h"
+
 #include "classify.h"
 #include "json_kind.h"
 #include "json_tensor.h"
@@ -12,6 +13,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -623,6 +625,11 @@ static void sig_put(sig_sink *s, const void *v, size_t n)
     s->len += n;
 }
 
+/* dtype, ndim and shape are put as one run of bytes: no padding among them */
+#define IO_DESC_RUN (offsetof(tp_io_desc, shape) + sizeof(((tp_io_desc *)0)->shape) - offsetof(tp_io_desc, dtype))
+_Static_assert(IO_DESC_RUN == sizeof(tp_dtype) + sizeof(int) + sizeof(int64_t) * TP_MAX_DIMS,
+               "tp_io_desc has padding between dtype and shape");
+
 static void model_signature(const tp_kserve_model *m, sig_sink *s)
 {
     sig_put(s, &m->n_inputs, sizeof m->n_inputs);
@@ -631,9 +638,7 @@ static void model_signature(const tp_kserve_model *m, sig_sink *s)
         const tp_io_desc *io = pass ? m->outputs : m->inputs;
         for (int i = 0; i < (pass ? m->n_outputs : m->n_inputs); i++) {
             sig_put(s, io[i].name, strlen(io[i].name) + 1);
-            sig_put(s, &io[i].dtype, sizeof io[i].dtype);
-            sig_put(s, &io[i].ndim, sizeof io[i].ndim);
-            sig_put(s, io[i].shape, sizeof io[i].shape);
+            sig_put(s, &io[i].dtype, IO_DESC_RUN);
         }
     }
 }
