@@ -204,6 +204,22 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
 }
 
 /* out = reduction over ranks of each peer's workspace slot `rank`. */
+/* o = p0 + p1 (one pass for the first two peers, not a copy and an add),
+ * then += each further peer: the same order of additions as one peer at a
+ * time. Clones for AVX2 and AVX-512; o never overlaps a peer's slot. */
+OPS_SIMD_CLONES static void sum_peers_f32(float *restrict o, const float *restrict p0,
+                                          const float *restrict p1, int64_t n)
+{
+    for (int64_t e = 0; e < n; e++)
+        o[e] = p0[e] + p1[e];
+}
+
+OPS_SIMD_CLONES static void add_peer_f32(float *restrict o, const float *restrict p, int64_t n)
+{
+    for (int64_t e = 0; e < n; e++)
+        o[e] += p[e];
+}
+
 static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out, tp_err *err)
 {
     int d = cpu_comm_world(c);
@@ -211,13 +227,12 @@ static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *o
     if (out->dtype == TP_F32) { /* the common case, without per-element dispatch */
         float *o = out->data;
         const float *p0 = (const float *)cpu_comm_peer(c, 0).data + rank * n;
-        for (int64_t e = 0; e < n; e++)
-            o[e] = p0[e];
-        for (int r = 1; r < d; r++) {
-            const float *pr = (const float *)cpu_comm_peer(c, r).data + rank * n;
-            for (int64_t e = 0; e < n; e++)
-                o[e] += pr[e];
-        }
+        if (d == 1)
+            memcpy(o, p0, (size_t)n * sizeof *o);
+        else
+            sum_peers_f32(o, p0, (const float *)cpu_comm_peer(c, 1).data + rank * n, n);
+        for (int r = 2; r < d; r++)
+            add_peer_f32(o, (const float *)cpu_comm_peer(c, r).data + rank * n, n);
         if (red == TP_REDUCE_AVG)
             for (int64_t e = 0; e < n; e++)
                 o[e] /= (float)d;
