@@ -124,9 +124,11 @@ TP_HD_FLAT float tp_tanhf(float x)
 
 /* The piece of [0.85, 3.93) a is in: v0 below 1.6, v1 below 2.5, else v2
  * (selects, not branches, so a loop over tp_erff stays vectorized). */
+#define TP_ERF_PIECE0_END 1.6f
+
 TP_HD_FLAT float tp_erf_piece(float a, float v0, float v1, float v2)
 {
-    return a < 1.6f ? v0 : a < 2.5f ? v1 : v2;
+    return a < TP_ERF_PIECE0_END ? v0 : a < 2.5f ? v1 : v2;
 }
 
 /* Below TP_ERF_TAYLOR_END (0.85) the Taylor series 2/sqrt(pi) sum
@@ -151,22 +153,30 @@ TP_HD_FLAT float tp_erf_taylor(float x, float z)
     return x * tp_horner(z, c, 12);
 }
 
-/* erf(x) for |x| >= TP_ERF_TAYLOR_END (and NaN); a = |x|. */
-TP_HD_FLAT float tp_erf_pieces(float x, float a)
+/* erf(x) for |x| >= TP_ERF_TAYLOR_END (and NaN); a = |x|, its piece
+ * picked by at: a itself, or a constant under TP_ERF_PIECE0_END where a
+ * kernel knows a block of a is all below it (the selects then fold to the
+ * first piece's coefficients, with the same bits). */
+TP_HD_FLAT float tp_erf_pieces_at(float x, float a, float at)
 {
-    float u = (a - tp_erf_piece(a, 1.22500002f, 2.04999995f, 3.21499991f)) *
-              tp_erf_piece(a, 2.66666675f, 2.22222233f, 1.39860141f);
-    float p = tp_erf_piece(a, -2.17759498e-06f, 2.4155338e-06f, -6.078963e-06f);
-    p = fmaf(p, u, tp_erf_piece(a, 5.18827846e-06f, -1.05102972e-05f, 2.11005281e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, 5.70888478e-05f, -4.93475682e-06f, -4.12609807e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, -0.000373332936f, 0.000241164802f, 6.79987643e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, -1.23312111e-06f, -0.00127820217f, -9.05380075e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, 0.00885151792f, 0.00379637349f, 8.82264139e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, -0.0433451571f, -0.00700665871f, -6.01625616e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, 0.0943567902f, 0.0075953044f, 2.61328114e-05f));
-    p = fmaf(p, u, tp_erf_piece(a, 0.916799724f, 0.99625808f, 0.999994576f));
+    float u = (a - tp_erf_piece(at, 1.22500002f, 2.04999995f, 3.21499991f)) *
+              tp_erf_piece(at, 2.66666675f, 2.22222233f, 1.39860141f);
+    float p = tp_erf_piece(at, -2.17759498e-06f, 2.4155338e-06f, -6.078963e-06f);
+    p = fmaf(p, u, tp_erf_piece(at, 5.18827846e-06f, -1.05102972e-05f, 2.11005281e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, 5.70888478e-05f, -4.93475682e-06f, -4.12609807e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, -0.000373332936f, 0.000241164802f, 6.79987643e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, -1.23312111e-06f, -0.00127820217f, -9.05380075e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, 0.00885151792f, 0.00379637349f, 8.82264139e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, -0.0433451571f, -0.00700665871f, -6.01625616e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, 0.0943567902f, 0.0075953044f, 2.61328114e-05f));
+    p = fmaf(p, u, tp_erf_piece(at, 0.916799724f, 0.99625808f, 0.999994576f));
     /* NaN fails the comparison and stays NaN through p */
     return copysignf(a >= 3.93f ? 1.0f : p, x);
+}
+
+TP_HD_FLAT float tp_erf_pieces(float x, float a)
+{
+    return tp_erf_pieces_at(x, a, a);
 }
 
 TP_HD_FLAT float tp_erff(float x)
@@ -196,6 +206,22 @@ TP_HD_FLAT float tp_gelu_erf_taylor(float x)
 {
     float t = x * TP_SQRT1_2;
     return 0.5f * x * (1.0f + tp_erf_taylor(t, t * t));
+}
+
+/* Whether tp_gelu_erf(x) takes erf's Taylor range or its first piece;
+ * where it does, tp_gelu_erf_low(x) is its value, bit for bit, without
+ * picking among the pieces. */
+TP_HD_FLAT int tp_gelu_erf_is_low(float x)
+{
+    return fabsf(x * TP_SQRT1_2) < TP_ERF_PIECE0_END;
+}
+
+TP_HD_FLAT float tp_gelu_erf_low(float x)
+{
+    float t = x * TP_SQRT1_2, a = fabsf(t);
+    float small = tp_erf_taylor(t, t * t);
+    float large = tp_erf_pieces_at(t, a, 0.0f);
+    return 0.5f * x * (1.0f + (a < TP_ERF_TAYLOR_END ? small : large));
 }
 
 /* The tanh approximation (approximate="tanh"). */

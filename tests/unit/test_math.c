@@ -190,43 +190,48 @@ START_TEST(kernel_loops_give_the_scalar_bits)
 END_TEST
 
 /* The cpu GELU runs blocks whose every element is in erf's Taylor range
- * without the piecewise polynomials: rows of small activations, with one
- * element past the range (or at its edge, or NaN/inf) at each place of a
- * block, of every length to 3 blocks and a tail, out of place and in
+ * without the piecewise polynomials, and blocks all below the first
+ * piece's end without picking among pieces: rows of such activations, with
+ * one element past the range (or at either edge, or NaN/inf) at each place
+ * of a block, of every length to 3 blocks and a tail, out of place and in
  * place, give tp_gelu_erf's bits. A block check that missed an element
- * would run it through the Taylor series: 2 ulp off at x = 2 already
- * (the series' end), far off past 3. */
-START_TEST(gelu_taylor_blocks_give_the_scalar_bits)
+ * would run it through the Taylor series (2 ulp off at x = 2 already, far
+ * off past 3) or the first piece's polynomial (off past 2.3). */
+START_TEST(gelu_blocks_give_the_scalar_bits)
 {
     enum { N = 53 };
-    /* |x| / sqrt(2) just under and just over TP_ERF_TAYLOR_END */
-    float edge = TP_ERF_TAYLOR_END / TP_SQRT1_2;
-    const float odd[] = {2.0f, -1.5f, nextafterf(edge, 0.0f), nextafterf(edge, 10.0f), -edge,
-                         NAN, INFINITY, -INFINITY, 40.0f};
+    /* x where |x| / sqrt(2) is each range's end, and just either side */
+    float taylor_end = TP_ERF_TAYLOR_END / TP_SQRT1_2, piece0_end = TP_ERF_PIECE0_END / TP_SQRT1_2;
+    const float odd[] = {2.0f, -1.5f, nextafterf(taylor_end, 0.0f), nextafterf(taylor_end, 10.0f), -taylor_end,
+                         nextafterf(piece0_end, 0.0f), nextafterf(piece0_end, 10.0f), -piece0_end, 2.5f,
+                         -3.0f, NAN, INFINITY, -INFINITY, 40.0f};
+    enum { N_ODD = sizeof odd / sizeof odd[0] };
     static float x[N], y[N], want[N];
     tp_attrs a;
     memset(&a, 0, sizeof a);
     tp_err err;
-    for (size_t k = 0; k <= sizeof odd / sizeof odd[0]; k++)
-        for (int at = 0; at < N; at += (k == sizeof odd / sizeof odd[0] ? N : 7))
-            for (int n = 1; n <= N; n += 13)
-                for (int in_place = 0; in_place <= 1; in_place++) {
-                    for (int i = 0; i < N; i++)
-                        x[i] = (float)((i * 37) % 23 - 11) * 0.1f; /* |x| <= 1.1: Taylor */
-                    if (k < sizeof odd / sizeof odd[0])
-                        x[at] = odd[k];
-                    for (int i = 0; i < n; i++)
-                        want[i] = tp_gelu_erf(x[i]);
-                    int64_t shape[1] = {n};
-                    float *out = in_place ? x : y;
-                    tp_tensor tin = tp_tensor_make(x, TP_F32, 1, shape), tout = tp_tensor_make(out, TP_F32, 1, shape);
-                    ck_assert_int_eq(cpu_op_run(TP_OP_GELU, &a, &tin, 1, &tout, 0, 1, &err), TP_OK);
-                    for (int i = 0; i < n; i++)
-                        ck_assert_msg(memcmp(&want[i], &out[i], 4) == 0,
-                                      "gelu row of %d (odd value %zu at %d, %s), element %d: "
-                                      "kernel %a, scalar %a", n, k, at, in_place ? "in place" : "out of place",
-                                      i, (double)out[i], (double)want[i]);
-                }
+    /* rows all in the Taylor range (|x| <= 1.1), then all below the first piece's end (<= 2.2) */
+    for (int scale = 1; scale <= 2; scale++)
+        for (int k = 0; k <= N_ODD; k++)
+            for (int at = 0; at < N; at += (k == N_ODD ? N : 7))
+                for (int n = 1; n <= N; n += 13)
+                    for (int in_place = 0; in_place <= 1; in_place++) {
+                        for (int i = 0; i < N; i++)
+                            x[i] = (float)((i * 37) % 23 - 11) * 0.1f * (float)scale;
+                        if (k < N_ODD)
+                            x[at] = odd[k];
+                        for (int i = 0; i < n; i++)
+                            want[i] = tp_gelu_erf(x[i]);
+                        int64_t shape[1] = {n};
+                        float *out = in_place ? x : y;
+                        tp_tensor tin = tp_tensor_make(x, TP_F32, 1, shape), tout = tp_tensor_make(out, TP_F32, 1, shape);
+                        ck_assert_int_eq(cpu_op_run(TP_OP_GELU, &a, &tin, 1, &tout, 0, 1, &err), TP_OK);
+                        for (int i = 0; i < n; i++)
+                            ck_assert_msg(memcmp(&want[i], &out[i], 4) == 0,
+                                          "gelu row of %d (scale %d, odd value %d at %d, %s), element %d: "
+                                          "kernel %a, scalar %a", n, scale, k, at, in_place ? "in place" : "out of place",
+                                          i, (double)out[i], (double)want[i]);
+                    }
 }
 END_TEST
 
@@ -283,7 +288,7 @@ static Suite *math_suite(void)
     tcase_add_loop_test(tc, within_bound_at_the_edges, 0, 3);
     tcase_add_test(tc, special_values_as_libm);
     tcase_add_test(tc, kernel_loops_give_the_scalar_bits);
-    tcase_add_test(tc, gelu_taylor_blocks_give_the_scalar_bits);
+    tcase_add_test(tc, gelu_blocks_give_the_scalar_bits);
     tcase_add_test(tc, row_kernels_give_the_scalar_bits);
     suite_add_tcase(s, tc);
     return s;
