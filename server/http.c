@@ -98,6 +98,7 @@ struct req_ctx {
     size_t len, cap;
     long long expect_len; /* Content-Length, or -1 when chunked */
     long long header_len; /* Inference-Header-Content-Length, or -1 */
+    const char *ihcl;     /* that header's text (NULL: absent), found by the header checks */
     /* tp_now_ms(): headers in, body in, body decoded, answer encoded (0:
      * not yet; send_response times the request by it instead of reading
      * the clock again) */
@@ -832,8 +833,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
 {
     if (!r->before_drain)
         return reply_error(h, r, 503, "server is shutting down");
-    const char *ihcl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                   "Inference-Header-Content-Length");
+    const char *ihcl = r->ihcl;
     r->header_len = -1;
     if (ihcl && parse_ll(ihcl, &r->header_len) != 0)
         return reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
@@ -1070,7 +1070,8 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         if (probes_only && r->route && !(r->route->flags & ROUTE_PROBE))
             r->route = NULL; /* 404 */
         tp_err e;
-        unsigned bad = tp_http_guard_check_headers(c, version, e.msg, sizeof e.msg);
+        unsigned bad = tp_http_guard_check_headers(c, version, "Inference-Header-Content-Length", &r->ihcl,
+                                                   e.msg, sizeof e.msg);
         return bad ? reply_refused(h, r, bad, e.msg) : begin_body(h, r);
     }
     switch (r->state) {

@@ -295,8 +295,10 @@ int tp_http_guard_max_connections(const tp_http_guard *g) { return g->max_connec
 /* ---- header checks ----------------------------------------------------- */
 
 typedef struct {
-    int n_cl, cl_differ, has_te;
+    int n_cl, cl_differ, has_te, has_host;
     const char *cl, *te;
+    const char *wanted;       /* the caller's header (NULL: none) */
+    const char **wanted_value; /* its first value */
 } header_scan;
 
 static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
@@ -310,13 +312,20 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
         s->has_te++;
         s->te = value ? value : "";
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
+        s->has_host = 1;
+    } else if (s->wanted && !*s->wanted_value && strcasecmp(key, s->wanted) == 0) {
+        *s->wanted_value = value ? value : "";
     }
     return MHD_YES;
 }
 
-unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, char *msg, size_t len)
+unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, const char *wanted,
+                                     const char **wanted_value, char *msg, size_t len)
 {
-    header_scan s = {0};
+    header_scan s = {.wanted = wanted, .wanted_value = wanted_value};
+    if (wanted)
+        *wanted_value = NULL;
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &s);
     if (s.cl_differ) {
         snprintf(msg, len, "two different Content-Length headers: the body's end is ambiguous");
@@ -330,8 +339,7 @@ unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *versi
         snprintf(msg, len, "Transfer-Encoding '%.100s' is not supported (only chunked)", s.te);
         return 501;
     }
-    if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 &&
-        !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
+    if (strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && !s.has_host) {
         snprintf(msg, len, "HTTP/1.1 request without a Host header");
         return 400;
     }

@@ -157,6 +157,12 @@ cases = [
      % g.encode(), (b" 501 ", b" 400 "), (b"gzip", b"Unsupported Transfer-Encoding")),
     ("%00 in the path", b"GET /v2/models/%s%%00evil/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % g.encode(), b" 404 ", b"%00evil"),
     ("HTTP/1.1 without Host", b"GET /v2/health/ready HTTP/1.1\r\n\r\n", b" 400 ", b"Host"),
+    # header names in any case (the header checks find Host and the binary
+    # extension's length in one walk over them)
+    ("Host in lower case", b"GET /v2/health/ready HTTP/1.1\r\nhost: x\r\nConnection: close\r\n\r\n", b" 200 ", b"HTTP"),
+    ("inference-header-content-length not a number", b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
+     b"inference-header-content-length: 1x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}" % g.encode(),
+     b" 400 ", b"Inference-Header-Content-Length '1x'"),
 ]
 bad = 0
 for name, req, status, word in cases:
