@@ -766,7 +766,6 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     tp_kserve_buf buf = {0};
     tp_kserve_piece *tail = tp_zalloc((size_t)r->req.n_outputs + 1, sizeof *tail);
     int n_tail = 0;
-    double t0 = tp_now_ms();
     if (st == TP_OK && !tail)
         st = tp_fail(err, TP_NOMEM, "out of memory encoding the answer");
     else if (st == TP_OK)
@@ -775,7 +774,12 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     else if (st != TP_TIMEOUT && st != TP_UNAVAILABLE)
         tp_err_prefix(err, "inference failed: ");
     r->t_encoded = tp_now_ms();
-    r->times.output = (r->t_encoded - t0) / 1e3;
+    /* compute_output: from the engine's end for its batch (t_decoded is
+     * when it was queued) to this answer encoded, as Triton counts a
+     * batch's responses (splitting the outputs, the answers before this
+     * one, this one), and without a clock read of its own */
+    if (st == TP_OK)
+        r->times.output = (r->t_encoded - r->t_decoded) / 1e3 - r->times.queue - r->times.infer;
     release_request(r);
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)

@@ -4,7 +4,9 @@
  * Per request (as Triton counts them): success and fail (count, and time
  * from the request's arrival to its answer), queue (waiting for its batch),
  * compute_input (decoding the request into tensors), compute_infer (the
- * engine run of its batch) and compute_output (encoding its answer). Per
+ * engine run of its batch) and compute_output (from that run's end to its
+ * answer encoded: the batch's outputs split, and the batch's answers
+ * encoded up to its own, as Triton's backends count a batch's responses). Per
  * engine execution, by batch size (rows): compute_input (0: the engine run
  * stages the requests' rows itself, counted in compute_infer),
  * compute_infer and compute_output (splitting the outputs back). inference_count counts rows, execution_count engine runs.

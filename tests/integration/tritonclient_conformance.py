@@ -130,6 +130,11 @@ def check_stats(c, g, before, r):
     r.check(done >= 6, "statistics: %d successful requests counted (>= 6 sent)" % done)
     for k in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
         r.check(inf[k]["count"] >= done and inf[k]["ns"] > 0, "statistics %s: %s" % (k, inf[k]))
+    # the phases tile each request from its body in to its answer encoded
+    # (nanoseconds rounded per request: a count's worth of slack)
+    parts = sum(inf[k]["ns"] for k in ("queue", "compute_input", "compute_infer", "compute_output"))
+    r.check(parts <= inf["success"]["ns"] + 4 * inf["success"]["count"],
+            "statistics: queue + compute phases %d ns within success %d ns" % (parts, inf["success"]["ns"]))
     per_batch = sum(b["compute_infer"]["count"] for b in s["batch_stats"])
     r.check(s["execution_count"] >= 1 and per_batch == s["execution_count"]
             and s["inference_count"] >= s["execution_count"] and s["last_inference"] > 0,
