@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,8 +93,6 @@ struct req_ctx {
     const route_def *route; /* NULL: no route has this path */
     tp_route_args args;     /* what the route's pattern captured */
     int for_model;          /* an infer that reached the served model (statistics) */
-    char method[16];
-    char url[256];
     char *body;
     size_t len, cap;
     long long expect_len; /* Content-Length, or -1 when chunked */
@@ -109,14 +108,21 @@ struct req_ctx {
     tp_status st;
     tp_host_tensor *outs;
     int n_outs;
-    tp_err err;
     int64_t timeout_us;
-    char timeout_what[64];
     _Atomic int handoff; /* handoff.h */
     tp_request_times times; /* for the statistics extension */
     int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
     char *trace_rid;
+    /* From here on, written before they are read whatever the request, so
+     * a reused record keeps the last request's (take_record: 1.4 KiB
+     * fewer to clear a request): */
+    char method[16];       /* new_request */
+    char url[256];         /* new_request */
+    char timeout_what[64]; /* set_timeout, before it is submitted */
+    tp_err err;            /* on_batch_done, when the batch failed (only then read) */
 };
+
+#define REQ_CTX_CLEARED offsetof(req_ctx, method)
 
 struct tp_http {
     /* One daemon per HTTP thread, none with a listening socket: the
@@ -993,7 +999,7 @@ static req_ctx *take_record(void)
     s->body_bytes -= r->cap;
     char *body = r->body;
     size_t cap = r->cap;
-    memset(r, 0, sizeof *r);
+    memset(r, 0, REQ_CTX_CLEARED);
     r->body = body;
     r->cap = cap;
     return r;
