@@ -770,7 +770,12 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     tp_err *err = &r->err; /* the batch's error, if any; ours from here (not copied: 1 KiB) */
     tp_status st = r->st;
     tp_kserve_buf buf = {0};
-    tp_kserve_piece *tail = tp_zalloc((size_t)r->req.n_outputs + 1, sizeof *tail);
+    /* the answer's pieces: on the stack for the usual few outputs */
+    tp_kserve_piece tail_here[8];
+    size_t n_pieces = (size_t)r->req.n_outputs + 1;
+    tp_kserve_piece *tail = n_pieces <= sizeof tail_here / sizeof *tail_here
+                                ? memset(tail_here, 0, sizeof tail_here)
+                                : tp_zalloc(n_pieces, sizeof *tail);
     int n_tail = 0;
     if (st == TP_OK && !tail)
         st = tp_fail(err, TP_NOMEM, "out of memory encoding the answer");
@@ -794,7 +799,8 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
         resp = make_response(buf.body, buf.len, buf.pooled,
                              buf.header_len ? "application/octet-stream" : "application/json",
                              buf.header_len);
-    free(tail);
+    if (tail != tail_here)
+        free(tail);
     tp_host_tensors_free(r->outs, r->n_outs);
     r->outs = NULL;
     atomic_fetch_sub(&h->in_engine, 1);
