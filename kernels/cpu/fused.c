@@ -228,7 +228,7 @@ static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *o
         float *o = out->data;
         const float *p0 = (const float *)cpu_comm_peer(c, 0).data + rank * n;
         if (d == 1)
-            memcpy(o, p0, (size_t)n * sizeof *o);
+            memmove(o, p0, (size_t)n * sizeof *o);
         else
             sum_peers_f32(o, p0, (const float *)cpu_comm_peer(c, 1).data + rank * n, n);
         for (int r = 2; r < d; r++)
