@@ -174,25 +174,33 @@ TP_HD_FLAT float tp_erf_pieces_at(float x, float a, float at)
     return copysignf(a >= 3.93f ? 1.0f : p, x);
 }
 
-TP_HD_FLAT float tp_erf_pieces(float x, float a)
+/* erf(x), the pieces' coefficients picked by at (tp_erf_pieces_at) */
+TP_HD_FLAT float tp_erf_at(float x, float at)
 {
-    return tp_erf_pieces_at(x, a, a);
+    float a = fabsf(x);
+    float small = tp_erf_taylor(x, x * x);
+    float large = tp_erf_pieces_at(x, a, at);
+    return a < TP_ERF_TAYLOR_END ? small : large;
 }
 
 TP_HD_FLAT float tp_erff(float x)
 {
-    float a = fabsf(x);
-    float small = tp_erf_taylor(x, x * x);
-    float large = tp_erf_pieces(x, a);
-    return a < TP_ERF_TAYLOR_END ? small : large;
+    return tp_erf_at(x, fabsf(x));
 }
 
 /* ---- activations ---- */
 
+/* x * Phi(x) given e = erf(x / sqrt(2)): the one spelling of it, so every
+ * GELU below rounds the same way. */
+TP_HD_FLAT float tp_gelu_from_erf(float x, float e)
+{
+    return 0.5f * x * (1.0f + e);
+}
+
 /* x * Phi(x), Phi the standard normal CDF. */
 TP_HD_FLAT float tp_gelu_erf(float x)
 {
-    return 0.5f * x * (1.0f + tp_erff(x * TP_SQRT1_2));
+    return tp_gelu_from_erf(x, tp_erff(x * TP_SQRT1_2));
 }
 
 /* Whether tp_gelu_erf(x) takes erf's Taylor range; where it does,
@@ -205,7 +213,7 @@ TP_HD_FLAT int tp_gelu_erf_is_taylor(float x)
 TP_HD_FLAT float tp_gelu_erf_taylor(float x)
 {
     float t = x * TP_SQRT1_2;
-    return 0.5f * x * (1.0f + tp_erf_taylor(t, t * t));
+    return tp_gelu_from_erf(x, tp_erf_taylor(t, t * t));
 }
 
 /* Whether tp_gelu_erf(x) takes erf's Taylor range or its first piece;
@@ -218,10 +226,7 @@ TP_HD_FLAT int tp_gelu_erf_is_low(float x)
 
 TP_HD_FLAT float tp_gelu_erf_low(float x)
 {
-    float t = x * TP_SQRT1_2, a = fabsf(t);
-    float small = tp_erf_taylor(t, t * t);
-    float large = tp_erf_pieces_at(t, a, 0.0f);
-    return 0.5f * x * (1.0f + (a < TP_ERF_TAYLOR_END ? small : large));
+    return tp_gelu_from_erf(x, tp_erf_at(x * TP_SQRT1_2, 0.0f));
 }
 
 /* The tanh approximation (approximate="tanh"). */
