@@ -203,23 +203,23 @@ static tp_status ag_mm(cpu_comm *c, int rank, const tp_attrs *attrs, const tp_te
     return release(c, rank, st, err);
 }
 
-/* out = reduction over ranks of each peer's workspace slot `rank`. */
 /* o = p0 + p1 (one pass for the first two peers, not a copy and an add),
  * then += each further peer: the same order of additions as one peer at a
- * time. Clones for AVX2 and AVX-512; o never overlaps a peer's slot. */
-OPS_SIMD_CLONES static void sum_peers_f32(float *restrict o, const float *restrict p0,
-                                          const float *restrict p1, int64_t n)
+ * time. Clones for AVX2 and AVX-512; element by element, so o may be one
+ * of its operands. */
+OPS_SIMD_CLONES static void sum_peers_f32(float *o, const float *p0, const float *p1, int64_t n)
 {
     for (int64_t e = 0; e < n; e++)
         o[e] = p0[e] + p1[e];
 }
 
-OPS_SIMD_CLONES static void add_peer_f32(float *restrict o, const float *restrict p, int64_t n)
+OPS_SIMD_CLONES static void add_peer_f32(float *o, const float *p, int64_t n)
 {
     for (int64_t e = 0; e < n; e++)
         o[e] += p[e];
 }
 
+/* out = reduction over ranks of each peer's workspace slot `rank`. */
 static tp_status reduce_slots(cpu_comm *c, int rank, tp_reduce red, tp_tensor *out, tp_err *err)
 {
     int d = cpu_comm_world(c);
