@@ -333,7 +333,7 @@ tp_status tp_exec_run(tp_exec *x, const tp_tensor *inputs, tp_tensor *outputs, t
     x->run_in = inputs;
     x->run_out = outputs;
     x->stats = stats;
-    tp_status st = tp_rank_group_run(x->rg, run_rank, x, &x->hooks, err);
+    tp_status st = tp_rank_group_run_rows(x->rg, x->batch, run_rank, x, &x->hooks, err);
     x->b->iface->reset(x->b);
     x->stats = NULL;
     return st;

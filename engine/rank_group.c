@@ -65,8 +65,8 @@ struct tp_rank_group {
 
     /* Serial steps: every local rank a fiber of the caller's thread. */
     tp_fibers *fibers;        /* NULL: never */
-    tp_serial_policy policy;  /* the stepping thread's */
-    _Atomic int serial;       /* the next step's mode, for prewake on other threads */
+    tp_serial_policies policies; /* the stepping thread's */
+    _Atomic int serial;       /* the mode the last step's size class runs next, for prewake */
     _Atomic uint64_t serial_steps;
 
     /* The step in flight: written by the caller before it bumps gen. */
@@ -403,13 +403,16 @@ tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err)
     tp_status st = tp_fibers_create(g->hi - g->lo, 0, &g->fibers, err);
     if (st != TP_OK)
         return st;
-    tp_serial_policy_init(&g->policy, (int64_t)max_us * 1000, g->hi - g->lo);
-    atomic_store(&g->serial, tp_serial_policy_peek(&g->policy));
+    tp_serial_policies_init(&g->policies, (int64_t)max_us * 1000, g->hi - g->lo);
+    atomic_store(&g->serial, tp_serial_policy_peek(tp_serial_policies_for(&g->policies, 0)));
     return TP_OK;
 }
 
 uint64_t tp_rank_group_serial_steps(const tp_rank_group *g) { return atomic_load(&g->serial_steps); }
-int tp_rank_group_serial_max_us(const tp_rank_group *g) { return g->fibers ? (int)(g->policy.max_ns / 1000) : 0; }
+int tp_rank_group_serial_max_us(const tp_rank_group *g)
+{
+    return g->fibers ? (int)(g->policies.by_class[0].max_ns / 1000) : 0;
+}
 
 /* Publishes the step: the watchdog sees it once in_step is set, the rank
  * threads once gen moves (not for a serial step: they sit it out). */
@@ -441,6 +444,12 @@ static void run_serial(tp_rank_group *g)
 
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err)
 {
+    return tp_rank_group_run_rows(g, 0, fn, ctx, hooks, err);
+}
+
+tp_status tp_rank_group_run_rows(tp_rank_group *g, int64_t rows, tp_rank_fn fn, void *ctx,
+                                 const tp_rank_hooks *hooks, tp_err *err)
+{
     tp_err tmp;
     err = err ? err : &tmp;
     if (g->procs) {
@@ -453,8 +462,9 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         if (st != TP_OK)
             return st;
     }
-    int serial = g->fibers && tp_serial_policy_next(&g->policy);
-    int64_t t0 = g->fibers ? tp_now_ns() : 0;
+    tp_serial_policy *policy = g->fibers ? tp_serial_policies_for(&g->policies, rows) : NULL;
+    int serial = policy && tp_serial_policy_next(policy);
+    int64_t t0 = policy ? tp_now_ns() : 0;
     begin_step(g, fn, ctx, hooks, serial);
     if (serial) {
         run_serial(g);
@@ -462,9 +472,9 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
         run_local(g, g->lo);
         wait_ranks(g);
     }
-    if (g->fibers) {
-        tp_serial_policy_took(&g->policy, serial, tp_now_ns() - t0);
-        atomic_store(&g->serial, tp_serial_policy_peek(&g->policy));
+    if (policy) {
+        tp_serial_policy_took(policy, serial, tp_now_ns() - t0);
+        atomic_store(&g->serial, tp_serial_policy_peek(policy));
     }
     if (!g->procs) {
         if (g->status != TP_OK)

@@ -103,6 +103,11 @@ const char *tp_rank_group_lost(const tp_rank_group *g);
  * callers serialize. hooks may be NULL; they may be called on another
  * thread (a failing rank's, the watchdog's), never after run returns. */
 tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp_rank_hooks *hooks, tp_err *err);
+/* The same for a batch step of `rows` rows: whether it runs serially is
+ * decided among steps of its size (engine/serial_policy.h's classes);
+ * tp_rank_group_run is a step of 0 rows (not a batch: loading, capture). */
+tp_status tp_rank_group_run_rows(tp_rank_group *g, int64_t rows, tp_rank_fn fn, void *ctx,
+                                 const tp_rank_hooks *hooks, tp_err *err);
 
 /* Lets a thread group run a step's ranks in turn on the calling thread,
  * as fibers (util/fiber.h), instead of on its threads, whenever that has
@@ -110,7 +115,8 @@ tp_status tp_rank_group_run(tp_rank_group *g, tp_rank_fn fn, void *ctx, const tp
  * the other mode is probed now and then); a step that would take over
  * max_us serially never runs so. Only for a backend whose ranks' waits for
  * each other yield to fibers (the cpu backend's collectives); max_us 0
- * leaves it off (the default). A no-op in a process group and for a
+ * leaves it off (the default). Each step size class decides on its own
+ * (tp_rank_group_run_rows). A no-op in a process group and for a
  * single rank. */
 tp_status tp_rank_group_set_serial(tp_rank_group *g, int max_us, tp_err *err);
 /* Steps run serially so far; the limit in effect (0: no serial steps). */
@@ -141,7 +147,8 @@ tp_status tp_rank_group_next(tp_rank_group *g, void *cmd, size_t cap, size_t *le
 /* A step is about to be run (a request arrived at an idle server): wakes
  * the sleeping rank threads now, so their wake-up (tens of microseconds on
  * a virtual machine) overlaps the caller's work before tp_rank_group_run
- * instead of the step's first collective. A hint: harmless when no step
+ * instead of the step's first collective (only when the size class of the
+ * last step would run its next one on the threads). A hint: harmless when no step
  * follows (the ranks spin their budget and sleep again); a no-op where
  * ranks may not spin. In a process group the leader wakes the workers'
  * processes waiting for its next message. */

@@ -85,3 +85,22 @@ void tp_serial_policy_took(tp_serial_policy *p, int serial, int64_t ns)
     *a = *a ? (7 * *a + ns) / 8 : ns; /* an eighth of the way per step */
     p->serial = faster_mode(p);
 }
+
+void tp_serial_policies_init(tp_serial_policies *ps, int64_t max_ns, int ranks)
+{
+    for (int c = 0; c < TP_SERIAL_CLASSES; c++)
+        tp_serial_policy_init(&ps->by_class[c], max_ns, ranks);
+}
+
+int tp_serial_class(int64_t rows)
+{
+    int c = 0;
+    while (c < TP_SERIAL_CLASSES - 1 && rows > ((int64_t)1 << c))
+        c++;
+    return c;
+}
+
+tp_serial_policy *tp_serial_policies_for(tp_serial_policies *ps, int64_t rows)
+{
+    return &ps->by_class[tp_serial_class(rows)];
+}

@@ -21,6 +21,16 @@
  * average, or the threads' average times the ranks while it has none or
  * is stale): a long model never pays a serial probe.
  *
+ * The answer depends on the step's size, so a group keeps one policy per
+ * size class (tp_serial_policies: steps of 1 row, 2, 3-4, 5-8, ...). One
+ * policy for every size compared a probe at one batch size with an
+ * average over all of them: under a mixed load a threads probe of a
+ * 1-row step beat the serial average of larger steps and sent every size
+ * to the threads until their own times brought it back (on the example
+ * graph at 32 connections, ~1% of the steps ran on threads where 0.2%
+ * are probes), and a model that is faster serially at batch 1 and on
+ * threads at batch 8 ran one mode at both.
+ *
  * Pure bookkeeping, no clock and no threads: the caller times the steps.
  * Used by one thread at a time. */
 #ifndef TP_SERIAL_POLICY_H
@@ -50,5 +60,18 @@ int tp_serial_policy_next(tp_serial_policy *p);
 int tp_serial_policy_peek(const tp_serial_policy *p);
 /* The step next() chose took ns (wall clock). */
 void tp_serial_policy_took(tp_serial_policy *p, int serial, int64_t ns);
+
+/* One policy per size class: class 0 holds steps of at most one row (and
+ * steps that are not a batch: loading, capture), class c > 0 steps of
+ * 2^(c-1)+1 .. 2^c rows, the last class everything larger. */
+#define TP_SERIAL_CLASSES 8
+typedef struct {
+    tp_serial_policy by_class[TP_SERIAL_CLASSES];
+} tp_serial_policies;
+
+void tp_serial_policies_init(tp_serial_policies *ps, int64_t max_ns, int ranks);
+/* The policy of a step of `rows` rows (0: not a batch step). */
+tp_serial_policy *tp_serial_policies_for(tp_serial_policies *ps, int64_t rows);
+int tp_serial_class(int64_t rows);
 
 #endif

@@ -688,6 +688,30 @@ START_TEST(long_steps_go_to_the_threads_and_short_ones_are_probed)
 }
 END_TEST
 
+/* Each step size decides on its own: 8-row steps over the limit go to
+ * the rank threads, while the 1-row steps between them, short, stay
+ * serial (one policy for both sent them to the threads with the long
+ * ones). */
+START_TEST(step_sizes_choose_their_mode_apart)
+{
+    serial_ctx s = {0};
+    tp_rank_group *g = serial_group(5 * 1000, &s);
+    tp_err err;
+    for (int k = 0; k < 10; k++) {
+        s.slow_us = 20 * 1000;
+        ck_assert(tp_rank_group_run_rows(g, 8, barriers_and_tids, &s, NULL, &err) == TP_OK);
+        ck_assert_int_eq(ran_on_caller(&s), k == 0); /* the first measures */
+        s.slow_us = 0;
+        ck_assert(tp_rank_group_run_rows(g, 1, barriers_and_tids, &s, NULL, &err) == TP_OK);
+        ck_assert(ran_on_caller(&s));
+    }
+    ck_assert_uint_eq(tp_rank_group_serial_steps(g), 11);
+    ck_assert_int_eq(s.bad, 0);
+    tp_rank_group_free(g);
+    cpu_comm_free(s.c);
+}
+END_TEST
+
 /* Rank 1 fails while ranks 0 and 2 wait for it in a barrier: the abort
  * (the group's fail hook) ends their waits, as with threads. */
 START_TEST(a_failing_rank_fails_a_serial_step)
@@ -879,6 +903,7 @@ static Suite *rank_group_suite(void)
     tcase_set_timeout(se, 60);
     tcase_add_test(se, serial_steps_run_every_rank_on_the_caller);
     tcase_add_test(se, long_steps_go_to_the_threads_and_short_ones_are_probed);
+    tcase_add_test(se, step_sizes_choose_their_mode_apart);
     tcase_add_test(se, a_failing_rank_fails_a_serial_step);
     tcase_add_test(se, ranks_that_disagree_fail_a_serial_step_instead_of_hanging);
     tcase_add_test(se, a_single_rank_never_runs_serially);

@@ -112,6 +112,40 @@ START_TEST(long_steps_never_probe_serial)
 }
 END_TEST
 
+/* Size classes: 1 row, 2, 3-4, 5-8, ... and everything past 64 in the last. */
+START_TEST(rows_map_to_size_classes)
+{
+    static const struct { int64_t rows; int cls; } want[] = {
+        {0, 0}, {1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {8, 3}, {9, 4}, {16, 4},
+        {17, 5}, {32, 5}, {33, 6}, {64, 6}, {65, 7}, {1 << 20, 7},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        ck_assert_msg(tp_serial_class(want[i].rows) == want[i].cls, "rows %lld: class %d, want %d",
+                      (long long)want[i].rows, tp_serial_class(want[i].rows), want[i].cls);
+}
+END_TEST
+
+/* A mixed load: 1-row steps faster serially (10 us against 40 on the
+ * threads), 8-row steps faster on the threads (300 against 600), in
+ * turn. Each size settles on its own mode; the threads' 1-row probes
+ * (40 us) no longer beat the serial average of 8-row steps (600 us), which
+ * sent every size to the threads with one policy for all. */
+START_TEST(step_sizes_settle_apart)
+{
+    tp_serial_policies ps;
+    tp_serial_policies_init(&ps, 2000 * US, 2);
+    int serial1 = 0, serial8 = 0;
+    for (int i = 0; i < 4000; i++) {
+        serial1 += run_steps(tp_serial_policies_for(&ps, 1), 1, 10 * US, 40 * US);
+        serial8 += run_steps(tp_serial_policies_for(&ps, 8), 1, 600 * US, 300 * US);
+    }
+    ck_assert_int_ge(serial1, 4000 - 8 * TP_SERIAL_PROBE_STEPS);
+    ck_assert_int_le(serial8, TP_SERIAL_PROBE_FIRST + 8 * TP_SERIAL_PROBE_STEPS);
+    ck_assert_int_eq(tp_serial_policies_for(&ps, 1)->serial, 1);
+    ck_assert_int_eq(tp_serial_policies_for(&ps, 5)->serial, 0);
+}
+END_TEST
+
 static Suite *serial_policy_suite(void)
 {
     Suite *s = suite_create("serial_policy");
@@ -122,6 +156,8 @@ static Suite *serial_policy_suite(void)
     tcase_add_test(tc, a_probe_measures_its_second_step);
     tcase_add_test(tc, close_times_do_not_flip);
     tcase_add_test(tc, long_steps_never_probe_serial);
+    tcase_add_test(tc, rows_map_to_size_classes);
+    tcase_add_test(tc, step_sizes_settle_apart);
     suite_add_tcase(s, tc);
     return s;
 }
