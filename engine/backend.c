@@ -52,6 +52,15 @@ const char *tp_backend_names(void)
     return names;
 }
 
+int tp_backends_prepare_exec(void)
+{
+    int changed = 0;
+    for (int i = 0; i < N_KINDS; i++)
+        if (registry[i]->prepare_exec)
+            changed |= registry[i]->prepare_exec();
+    return changed;
+}
+
 static tp_status unknown(const char *name, tp_err *err)
 {
     return tp_fail(err, TP_INVALID, "unknown backend '%s' (expected %s or auto)", name, tp_backend_names());

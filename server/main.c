@@ -2,7 +2,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "backend.h"
 #include "cli.h"
 #include "serve.h"
 #include "signals.h"
@@ -24,8 +26,13 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (strcmp(argv[1], "run") == 0)
+    if (strcmp(argv[1], "run") == 0) {
+        /* the kernels serve picks too (kernels/cpu/blas_pick.h); a failed
+         * exec keeps OpenBLAS's own */
+        if (tp_backends_prepare_exec())
+            execv("/proc/self/exe", argv);
         return tp_cli_run(argc - 1, argv + 1);
+    }
     if (strcmp(argv[1], "plan") == 0)
         return tp_cli_plan(argc - 1, argv + 1);
     if (strcmp(argv[1], "worker") == 0)
@@ -38,7 +45,10 @@ int main(int argc, char **argv)
          * inherit it) can spare the idle pool thread it would start, which
          * spins on sched_yield at times. A user's own setting wins. */
         setenv("OPENBLAS_NUM_THREADS", "1", 0);
-        if (tp_signals_block_everywhere(argv, &err) != TP_OK)
+        /* and the kernels: OpenBLAS's table may predate this CPU
+         * (kernels/cpu/blas_pick.h) */
+        int env_changed = tp_backends_prepare_exec();
+        if (tp_signals_block_everywhere(argv, env_changed, &err) != TP_OK)
             fprintf(stderr, "tpserve serve: warning: %s\n", err.msg);
         return tp_serve_main(argc - 1, argv + 1);
     }

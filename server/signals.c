@@ -26,15 +26,16 @@ static int all_blocked(const sigset_t *want)
     return 1;
 }
 
-tp_status tp_signals_block_everywhere(char **argv, tp_err *err)
+tp_status tp_signals_block_everywhere(char **argv, int env_changed, tp_err *err)
 {
     sigset_t set;
     tp_signals_set(&set);
-    if (all_blocked(&set))
+    if (all_blocked(&set) && !env_changed)
         return TP_OK; /* inherited blocked (a re-exec, or a parent's choice) */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     /* A signal arriving from here on stays pending across the exec. */
     execv("/proc/self/exe", argv);
-    return tp_fail(err, TP_INTERNAL, "cannot re-execute /proc/self/exe to block signals in library threads: %s "
-                   "(a SIGTERM may kill the process instead of draining it)", strerror(errno));
+    return tp_fail(err, TP_INTERNAL, "cannot re-execute /proc/self/exe to block signals in library threads "
+                   "and apply the environment set for them: %s (a SIGTERM may kill the process instead of "
+                   "draining it, and OpenBLAS keeps the kernels it detected)", strerror(errno));
 }

@@ -27,8 +27,10 @@ int tp_signals_stop(int sig);
  * calling thread does not have the set blocked yet, this blocks it and
  * re-executes /proc/self/exe with argv: the signal mask survives execve, so
  * every thread of the new image, library threads included, starts with the
- * set blocked. Returns TP_OK once the set is blocked in the process; on a
- * failed exec, the set is blocked in this thread only and err says why. */
-tp_status tp_signals_block_everywhere(char **argv, tp_err *err);
+ * set blocked. env_changed: re-execute even when the set is already
+ * blocked (the caller set environment a library reads as it loads).
+ * Returns TP_OK once the set is blocked in the process; on a failed exec,
+ * the set is blocked in this thread only and err says why. */
+tp_status tp_signals_block_everywhere(char **argv, int env_changed, tp_err *err);
 
 #endif

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_pick.h"
 #include "collectives.h"
 #include "cpu_ops.h"
 #include "fused.h"
@@ -446,14 +447,22 @@ static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp
  * can force another CPU's with OPENBLAS_CORETYPE, and the difference is
  * large: Haswell's AVX2 kernels where OpenBLAS would pick Cooperlake's
  * AVX-512 ones made this VM's example step 3.0 us instead of 2.3 and
- * imported GPT-2's at batch 8 0.40 ms instead of 0.29 (graphs/README.md). */
+ * imported GPT-2's at batch 8 0.40 ms instead of 0.29 (graphs/README.md).
+ * tpserve serve forces them itself where OpenBLAS's table predates the CPU
+ * (blas_pick.h), and says what OpenBLAS had detected. */
 static void note_blas_kernels(tp_backend *b)
 {
-    const char *forced = getenv("OPENBLAS_CORETYPE");
+    const char *forced = getenv("OPENBLAS_CORETYPE"), *detected = getenv(TP_BLAS_DETECTED_ENV);
     int by_env = forced && *forced;
+    char how[160];
+    if (by_env && detected)
+        snprintf(how, sizeof how, ", picked by tpserve for this CPU (OpenBLAS detected %.40s, older kernels)",
+                 detected);
+    else
+        snprintf(how, sizeof how, "%s%.64s", by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)",
+                 by_env ? forced : "");
     small_sgemm_use use = small_sgemm_init();
-    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s%s%s%s", openblas_get_corename(),
-             by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)", by_env ? forced : "",
+    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s%s%s", openblas_get_corename(), how,
              use ? "; " : "", use ? small_sgemm_use_name(use) : "",
              use ? (small_sgemm_avx512_supported() ? ": tpserve's AVX-512 kernel" : ": tpserve's AVX2 kernel") : "",
              use ? " (kernels/cpu/small_gemm.h)" : "");
@@ -553,4 +562,5 @@ const tp_backend_kind tp_cpu_backend_kind = {
     .create = cpu_create_threads,
     .group_message = cpu_group_message,
     .group_join = cpu_group_join,
+    .prepare_exec = tp_blas_pick_for_exec,
 };

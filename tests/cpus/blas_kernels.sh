@@ -9,5 +9,5 @@ got=$("$1")
 if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
     echo "OpenBLAS kernels $got, forced by OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the environment (this CPU's own: $(env -u OPENBLAS_CORETYPE "$1"))."
 else
-    echo "OpenBLAS kernels $got (this CPU's own pick)."
+    echo "OpenBLAS kernels $got (what OpenBLAS detects here)."
 fi

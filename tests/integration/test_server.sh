@@ -488,9 +488,20 @@ export OPENBLAS_CORETYPE=Sandybridge
 start overload --graph "$TP_GRAPHS/$G.json" --max-queue 1 --max-queue-delay-us 1000000 || exit 1
 if [ "$blas_env" = unset ]; then unset OPENBLAS_CORETYPE; else OPENBLAS_CORETYPE=$blas_env; fi
 grep -q "cpu backend: OpenBLAS kernels Sandybridge, forced by OPENBLAS_CORETYPE=Sandybridge" "$TMP/overload.log" &&
-    grep -q "cpu backend: OpenBLAS kernels [A-Za-z0-9]*\( (detected)\|, forced by OPENBLAS_CORETYPE=\)" "$TMP/main.log" &&
+    grep -q "cpu backend: OpenBLAS kernels [A-Za-z0-9]*\( (detected)\|, forced by OPENBLAS_CORETYPE=\|, picked by tpserve for this CPU (OpenBLAS detected [A-Za-z0-9_]*, older kernels)\)" "$TMP/main.log" &&
     pass "startup log names the OpenBLAS kernels: $(grep -o 'OpenBLAS kernels.*' "$TMP/main.log")" ||
     fail "startup log lacks the OpenBLAS kernels line: $(grep -i blas "$TMP/overload.log" "$TMP/main.log")"
+# Where OpenBLAS's table predates the CPU (0.3.21 on an Emerald Rapids runs
+# Prescott's SSE3 kernels) tpserve forces newer ones and re-executes itself
+# (kernels/cpu/blas_pick.h): the kernels named are the ones OpenBLAS then
+# runs (openblas_get_corename), not the ones it detected, and the main
+# server's answers above came from them.
+picked=$(sed -n 's/.*OpenBLAS kernels \([A-Za-z0-9]*\), picked by tpserve for this CPU (OpenBLAS detected \([A-Za-z0-9_]*\),.*/\1 \2/p' "$TMP/main.log")
+if [ -n "$picked" ]; then
+    set -- $picked
+    [ "$1" != "$2" ] && pass "tpserve runs OpenBLAS's $1 kernels where OpenBLAS detected $2" ||
+        fail "picked kernels are the detected ones: $picked"
+fi
 LIGHT_HL=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --binary --binary-out --out "$TMP/light")
 i=0
 jobs_=""

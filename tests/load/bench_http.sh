@@ -347,14 +347,20 @@ done
 # the HTTP stack plus one engine step a request and nothing else, so the
 # ratio to it shows what tpserve's own serving path (codec, checks,
 # batching) costs or, under load, gains.
+# It runs the OpenBLAS kernels tpserve picked where OpenBLAS's own table
+# predates the CPU (kernels/cpu/blas_pick.h; bare_http does not re-execute).
+PICKED=$(sed -n 's/.*OpenBLAS kernels \([A-Za-z0-9]*\), picked by tpserve.*/\1/p' "$TMP/tpserve.log" | head -n 1)
 for load in json binary; do
     PORT=$(free_port)
     BASE="http://127.0.0.1:$PORT"
+    # shellcheck disable=SC2046 # the assignment is a word or nothing
     if [ $load = json ]; then
-        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" --graph "$TP_GRAPHS/$G.json" \
+        env $([ -z "$PICKED" ] || echo "OPENBLAS_CORETYPE=$PICKED") \
+            "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" --graph "$TP_GRAPHS/$G.json" \
             >"$TMP/bare_model.log" 2>&1 &
     else
-        "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
+        env $([ -z "$PICKED" ] || echo "OPENBLAS_CORETYPE=$PICKED") \
+            "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
             --graph "$TP_GRAPHS/$G.json" >"$TMP/bare_model.log" 2>&1 &
     fi
     PID=$!
@@ -533,6 +539,7 @@ echo "noted. Cells are medians over the rounds; a ratio is the median of the rou
 if [ -x "${BLAS_CORE:-}" ]; then
     sh "$HERE/../cpus/blas_kernels.sh" "$BLAS_CORE"
 fi
+echo "tpserve's startup log: $(grep -o 'OpenBLAS kernels[^;]*' "$TMP/tpserve.log" | head -n 1)${PICKED:+ (bare + model runs them too)}."
 echo
 echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | bare + model req/s | tpserve / (bare + model) | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"

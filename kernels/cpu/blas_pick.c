@@ -1,0 +1,81 @@
+/* blas_pick.c — see blas_pick.h. */
+#include "blas_pick.h"
+
+#include <stdlib.h>
+#include <strings.h>
+
+char *openblas_get_corename(void);
+
+unsigned tp_cpu_blas_features(void)
+{
+    __builtin_cpu_init();
+    unsigned f = 0;
+    if (__builtin_cpu_supports("avx"))
+        f |= TP_CPU_AVX;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        f |= TP_CPU_AVX2_FMA;
+    /* libgcc answers avx512f only when the OS saves the AVX-512 state */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+        f |= TP_CPU_AVX512;
+    if (__builtin_cpu_supports("avx512bf16"))
+        f |= TP_CPU_AVX512_BF16;
+    return f;
+}
+
+/* OpenBLAS 0.3.21's x86-64 core names (driver/others/dynamic.c) by the
+ * newest instructions their kernels use: 1 SSE, 2 AVX, 3 AVX2, 4 AVX-512,
+ * 5 AVX-512 with BF16. */
+static const struct {
+    const char *name;
+    int level;
+} cores[] = {
+    {"Unknown", 1},     {"Katmai", 1},      {"Coppermine", 1}, {"Northwood", 1},    {"Prescott", 1},
+    {"Banias", 1},      {"Atom", 1},        {"Core2", 1},      {"Penryn", 1},       {"Dunnington", 1},
+    {"Nehalem", 1},     {"Athlon", 1},      {"Opteron", 1},    {"Opteron_SSE3", 1}, {"Barcelona", 1},
+    {"Nano", 1},        {"Bobcat", 1},      {"Sandybridge", 2}, {"Bulldozer", 2},   {"Piledriver", 2},
+    {"Steamroller", 2}, {"Haswell", 3},     {"Excavator", 3},  {"Zen", 3},          {"SkylakeX", 4},
+    {"Cooperlake", 5},  {"SapphireRapids", 5},
+};
+
+static int level_of(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof cores / sizeof cores[0]; i++)
+        if (strcasecmp(name, cores[i].name) == 0)
+            return cores[i].level;
+    return 0;
+}
+
+const char *tp_blas_core_upgrade(const char *detected, unsigned features)
+{
+    int have = level_of(detected);
+    if (!have)
+        return NULL; /* a name this table does not know: a newer OpenBLAS, trust it */
+    const char *best = NULL;
+    int level = 0;
+    if ((features & TP_CPU_AVX512) && (features & TP_CPU_AVX512_BF16))
+        best = "Cooperlake", level = 5;
+    else if (features & TP_CPU_AVX512)
+        best = "SkylakeX", level = 4;
+    else if (features & TP_CPU_AVX2_FMA)
+        best = "Haswell", level = 3;
+    else if (features & TP_CPU_AVX)
+        best = "Sandybridge", level = 2;
+    return level > have ? best : NULL;
+}
+
+int tp_blas_pick_for_exec(void)
+{
+    if (getenv("OPENBLAS_CORETYPE"))
+        return 0;
+    const char *detected = openblas_get_corename();
+    const char *pick = tp_blas_core_upgrade(detected, tp_cpu_blas_features());
+    if (!pick || setenv(TP_BLAS_DETECTED_ENV, detected, 1) != 0)
+        return 0;
+    if (setenv("OPENBLAS_CORETYPE", pick, 1) != 0) {
+        unsetenv(TP_BLAS_DETECTED_ENV);
+        return 0;
+    }
+    return 1;
+}
