@@ -12,6 +12,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -43,7 +44,7 @@ def free_port():
 def start_server(tpserve, graph, log):
     port = free_port()
     p = subprocess.Popen([tpserve, "serve", "--graph", graph, "--port", str(port), "--backend", "cpu",
-                          "--threads", "1", "--log-level", "warn"], stdout=log, stderr=log)
+                          "--threads", "1", "--log-level", "info"], stdout=log, stderr=log)
     for _ in range(300):
         if p.poll() is not None:
             raise SystemExit("bench_import: tpserve exited at startup (see %s)" % log.name)
@@ -130,6 +131,7 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench_import.")
     rows = []
+    kernels = ""  # what tpserve's startup log says it runs (it may force newer ones: blas_pick.h)
     try:
         for m in a.models.split(","):
             src = os.path.join(ROOT, "tests", "onnx", m + ".onnx")
@@ -140,6 +142,9 @@ def main():
                                 "--world-size", str(ws), "--out", g], check=True)
                 with open(os.path.join(tmp, "%s_tp%d.log" % (m, ws)), "w") as log:
                     proc, port = start_server(a.tpserve, g, log)
+                    with open(log.name) as text:
+                        found = re.search(r"OpenBLAS kernels [^;\n]*", text.read())
+                    kernels = kernels or (found.group(0) if found else "")
                     try:
                         for b in (1, 8):
                             feeds = reference.make_feeds(model, b, {}, seed=b)
@@ -155,7 +160,8 @@ def main():
     print("\nper request, median of %d (ms); onnxruntime in-process, tpserve over HTTP (binary, keep-alive)"
           % a.iters)
     print("and its engine alone (statistics' compute_infer, mean: no HTTP, codec or Python client)")
-    print(blas_kernels(a.blas_core) + "\n")
+    print(blas_kernels(a.blas_core))
+    print("tpserve's startup log: %s.\n" % (kernels or "no OpenBLAS kernels line"))
     print("| model | batch | threads = world size | onnxruntime | tpserve | tpserve / ort | tpserve engine"
           " | engine / ort |")
     print("|---|---|---|---|---|---|---|---|")
