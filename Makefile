@@ -265,8 +265,9 @@ test-libmicrohttpd: $(TEST_BINS) $(BUILD)/tpserve $(GRAPHS)
 	@[ -n "$(MHD_SRC)" ] || { echo "set MHD_SRC to a libmicrohttpd source tree"; exit 1; }
 	BUILD=$(BUILD) PYTHON=$(PYTHON) sh scripts/test_libmicrohttpd.sh $(MHD_SRC)
 
-bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http $(BUILD)/tools/blas_core
+bench-http: $(BUILD)/tpserve $(GRAPHS) $(BUILD)/bench/bare_http $(BUILD)/tools/blas_core $(BUILD)/bench/wake_cost
 	TPSERVE=$(BUILD)/tpserve BARE_HTTP=$(BUILD)/bench/bare_http TP_GRAPHS=$(BUILD)/graphs \
+	  WAKE_COST=$(BUILD)/bench/wake_cost \
 	  BLAS_CORE=$(BUILD)/tools/blas_core PYTHON=$(PYTHON) sh tests/load/bench_http.sh
 
 # Per thread and per request at one connection: context switches and CPU,

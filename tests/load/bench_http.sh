@@ -13,6 +13,7 @@
 # rank workers count too).
 #
 # env: TPSERVE (build/tpserve), BARE_HTTP (build/bench/bare_http),
+#      WAKE_COST (build/bench/wake_cost: a line on what a wake-up costs here),
 #      TP_GRAPHS (build/graphs), PYTHON (python3), GRAPH (mlp_sp_tp2),
 #      DURATION (seconds per run, 4), ROUNDS (3), CONNS (connection counts, "1 8 32"),
 #      THREADS (server threads for every server; default tpserve's own
@@ -62,6 +63,10 @@ BENCH_NAME=bench_http
 # shellcheck source=tests/load/bench_lib.sh
 . "$HERE/bench_lib.sh"
 [ -x "$BARE_HTTP" ] || die "no bare_http binary at $BARE_HTTP (make build/bench/bare_http)"
+# What a wake-up costs here (tests/bench/wake_cost.c), measured before any
+# server runs: the ratios below move with it from one machine to another.
+WAKE_LINE=""
+[ -x "${WAKE_COST:-}" ] && WAKE_LINE=$("$WAKE_COST")
 
 free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -540,6 +545,7 @@ if [ -x "${BLAS_CORE:-}" ]; then
     sh "$HERE/../cpus/blas_kernels.sh" "$BLAS_CORE"
 fi
 echo "tpserve's startup log: $(grep -o 'OpenBLAS kernels[^;]*' "$TMP/tpserve.log" | head -n 1)${PICKED:+ (bare + model runs them too)}."
+[ -z "$WAKE_LINE" ] || echo "$WAKE_LINE."
 echo
 echo "| load | conns | tpserve req/s | p50 ms | p99 ms | avg batch | CPU us/req | ctx sw/req | bare HTTP req/s | bare p50 ms | bare p99 ms | bare CPU us/req | bare ctx sw/req | tpserve / bare | bare + model req/s | tpserve / (bare + model) | Triton req/s | Triton p50 ms | Triton p99 ms | Triton avg batch | Triton CPU us/req | Triton ctx sw/req | tpserve / Triton |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
