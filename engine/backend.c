@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "graph.h"
 #include "rank_group.h"
 
@@ -52,7 +53,7 @@ const char *tp_backend_names(void)
     return names;
 }
 
-int tp_backends_prepare_exec(void)
+int tp_engine_prepare_exec(void)
 {
     int changed = 0;
     for (int i = 0; i < N_KINDS; i++)

@@ -141,8 +141,8 @@ typedef struct tp_backend_kind {
                             tp_backend **out, tp_err *err);
     /* Before the server re-executes itself at startup: sets what the
      * backend's libraries read from the environment as they load (cpu:
-     * OPENBLAS_CORETYPE, kernels/cpu/blas_pick.h). 1 when it changed the
-     * environment. NULL: nothing to set. */
+     * OPENBLAS_CORETYPE, kernels/cpu/blas_pick.h; tp_engine_prepare_exec
+     * calls them). 1 when it changed the environment. NULL: nothing to set. */
     int (*prepare_exec)(void);
 } tp_backend_kind;
 
@@ -155,9 +155,6 @@ const tp_backend_kind *tp_backend_find(const char *name);
 tp_status tp_backend_pick(const char *name, int world, const tp_backend_kind **out, tp_err *err);
 /* "cpu, cuda": the registered names, for messages. */
 const char *tp_backend_names(void);
-/* Every registered kind's prepare_exec; 1 when any changed the
- * environment (the process must re-execute itself for it to apply). */
-int tp_backends_prepare_exec(void);
 
 /* Creates a backend by name: a registered one, or "auto" (the first that
  * can drive world ranks here, else cpu, saying why in note). Fails with a

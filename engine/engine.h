@@ -153,6 +153,13 @@ tp_status tp_engine_infer_parts(tp_engine *e, const tp_host_tensor *const *piece
  * wake-up overlaps the caller's decoding (tp_rank_group_prewake). A hint,
  * thread-safe, harmless when no run follows. */
 void tp_engine_prewake(tp_engine *e);
+
+/* Before a process re-executes itself at startup: every backend sets what
+ * its libraries read from the environment as they load (cpu: the OpenBLAS
+ * kernels, kernels/cpu/blas_pick.h). 1 when the environment changed: the
+ * process must re-execute itself for it to apply. Defined with the backend
+ * registry (backend.c). */
+int tp_engine_prepare_exec(void);
 /* Whether requests can be concatenated along dim 0 into one run: every
  * input and output has the batch as dim 0 and no op mixes rows. */
 int tp_engine_batchable(const tp_engine *e);

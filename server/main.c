@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
 #include "cli.h"
+#include "engine.h"
 #include "serve.h"
 #include "signals.h"
 #include "worker.h"
@@ -26,7 +26,7 @@ static void usage(FILE *out)
  * started) has nothing to change and does not re-execute. */
 static void reexec_for_backends(char **argv)
 {
-    if (tp_backends_prepare_exec())
+    if (tp_engine_prepare_exec())
         execv("/proc/self/exe", argv);
 }
 
@@ -57,7 +57,7 @@ int main(int argc, char **argv)
         setenv("OPENBLAS_NUM_THREADS", "1", 0);
         /* and the kernels: OpenBLAS's table may predate this CPU
          * (kernels/cpu/blas_pick.h) */
-        int env_changed = tp_backends_prepare_exec();
+        int env_changed = tp_engine_prepare_exec();
         if (tp_signals_block_everywhere(argv, env_changed, &err) != TP_OK)
             fprintf(stderr, "tpserve serve: warning: %s\n", err.msg);
         return tp_serve_main(argc - 1, argv + 1);
