@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "blas_pick.h"
 #include "collectives.h"
@@ -455,9 +456,12 @@ static void note_blas_kernels(tp_backend *b)
     const char *forced = getenv("OPENBLAS_CORETYPE"), *detected = getenv(TP_BLAS_DETECTED_ENV);
     int by_env = forced && *forced;
     char how[160];
-    if (by_env && detected)
+    /* picked and applied: the re-exec that applies it could have failed */
+    if (by_env && detected && strcasecmp(openblas_get_corename(), forced) == 0)
         snprintf(how, sizeof how, ", picked by tpserve for this CPU (OpenBLAS detected %.40s, older kernels)",
                  detected);
+    else if (by_env && detected)
+        snprintf(how, sizeof how, " (tpserve's pick of %.40s did not apply: no re-execution)", forced);
     else
         snprintf(how, sizeof how, "%s%.64s", by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)",
                  by_env ? forced : "");
