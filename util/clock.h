@@ -31,6 +31,7 @@ static inline int64_t tp_now_ms_coarse(void)
 }
 
 /* A double keeps nanoseconds exact for over 100 days of uptime. */
+static inline double tp_now_us(void) { return (double)tp_now_ns() / 1e3; }
 static inline double tp_now_ms(void) { return (double)tp_now_ns() / 1e6; }
 static inline double tp_now_s(void) { return (double)tp_now_ns() / 1e9; }
 

@@ -12,22 +12,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "cpu/cpu_ops.h"
 #include "engine.h"
 #include "graph.h"
 #include "passes.h"
 #include "plan.h"
 #include "safetensors.h"
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
 
 static void fill(float *p, int64_t n, unsigned seed)
 {
@@ -55,13 +48,13 @@ static double time_request(tp_engine *e, tp_host_tensor *in, int n_in, int reps)
         tp_host_tensor *out;
         int n;
         tp_err err;
-        double t0 = now_us();
+        double t0 = tp_now_us();
         if (tp_engine_infer(e, in, n_in, &out, &n, &err) != TP_OK) {
             fprintf(stderr, "bench: %s\n", err.msg);
             exit(1);
         }
         if (r >= 0)
-            t[r] = now_us() - t0;
+            t[r] = tp_now_us() - t0;
         tp_host_tensors_free(out, n);
     }
     for (int i = 1; i < reps; i++) /* insertion sort: reps is small */
@@ -377,12 +370,12 @@ static void bench_activations(void)
         double best = 1e30;
         for (int r = 0; r < 20; r++) {
             tp_err err;
-            double t0 = now_us();
+            double t0 = tp_now_us();
             if (cpu_op_run(fns[f].op, &a, &in, 1, &out, 0, 1, &err) != TP_OK) {
                 fprintf(stderr, "bench: %s: %s\n", fns[f].name, err.msg);
                 exit(1);
             }
-            double t = (now_us() - t0) * 1000.0 / N;
+            double t = (tp_now_us() - t0) * 1000.0 / N;
             best = t < best ? t : best;
         }
         printf("| %s | %.2f |\n", fns[f].name, best);

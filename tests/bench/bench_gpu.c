@@ -19,8 +19,8 @@
 
 #ifdef TP_HAVE_CUDA
 #include <spawn.h>
-#include <time.h>
 
+#include "clock.h"
 #include "cuda/cuda_backend.h"
 
 extern char **environ;
@@ -33,13 +33,6 @@ typedef struct {
     void *tiny;      /* for the rank barrier */
     tp_tensor tiny_t;
 } bench;
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
 
 static void die(bench *c, const char *what, const tp_err *err)
 {
@@ -85,11 +78,11 @@ static double time_it(bench *c, step_fn fn, void *arg, int warm, int iters)
     for (int i = 0; i < warm; i++)
         fn(c, arg);
     barrier(c);
-    double t0 = now_us();
+    double t0 = tp_now_us();
     for (int i = 0; i < iters; i++)
         fn(c, arg);
     sync_rank(c);
-    return (now_us() - t0) / iters;
+    return (tp_now_us() - t0) / iters;
 }
 
 static void op(bench *c, tp_op o, const tp_attrs *a, tp_tensor *ins, int n, tp_tensor *out)

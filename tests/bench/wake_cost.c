@@ -21,8 +21,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 #define TRIPS 20000
 #define RUNS 5
@@ -33,13 +34,6 @@ typedef struct {
     _Atomic uint32_t *turn;  /* futex: whose turn (0 or 1) */
     int me;
 } side;
-
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
 
 static void pin(int cpu)
 {
@@ -115,14 +109,14 @@ static double one_run(int tcp, int cpu0, int cpu1)
         return -1;
     side s[2] = {{cpu0, fd[0], &turn, 0}, {cpu1, fd[1], &turn, 1}};
     pthread_t t[2];
-    double t0 = now_us();
+    double t0 = tp_now_us();
     int ok = pthread_create(&t[0], NULL, tcp ? tcp_side : futex_side, &s[0]) == 0;
     ok = ok && pthread_create(&t[1], NULL, tcp ? tcp_side : futex_side, &s[1]) == 0;
     if (ok) {
         pthread_join(t[0], NULL);
         pthread_join(t[1], NULL);
     }
-    double us = (now_us() - t0) / TRIPS;
+    double us = (tp_now_us() - t0) / TRIPS;
     if (tcp) {
         close(fd[0]);
         close(fd[1]);
