@@ -52,17 +52,12 @@ const char *tp_blas_core_upgrade(const char *detected, unsigned features)
     int have = level_of(detected);
     if (!have)
         return NULL; /* a name this table does not know: a newer OpenBLAS, trust it */
-    const char *best = NULL;
-    int level = 0;
-    if ((features & TP_CPU_AVX512) && (features & TP_CPU_AVX512_BF16))
-        best = "Cooperlake", level = 5;
-    else if (features & TP_CPU_AVX512)
-        best = "SkylakeX", level = 4;
-    else if (features & TP_CPU_AVX2_FMA)
-        best = "Haswell", level = 3;
-    else if (features & TP_CPU_AVX)
-        best = "Sandybridge", level = 2;
-    return level > have ? best : NULL;
+    const char *best = (features & TP_CPU_AVX512) && (features & TP_CPU_AVX512_BF16) ? "Cooperlake"
+                       : features & TP_CPU_AVX512                                    ? "SkylakeX"
+                       : features & TP_CPU_AVX2_FMA                                  ? "Haswell"
+                       : features & TP_CPU_AVX                                       ? "Sandybridge"
+                                                                                     : NULL;
+    return level_of(best) > have ? best : NULL;
 }
 
 int tp_blas_pick_for_exec(void)

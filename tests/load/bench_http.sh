@@ -355,18 +355,17 @@ done
 # It runs the OpenBLAS kernels tpserve picked where OpenBLAS's own table
 # predates the CPU (kernels/cpu/blas_pick.h; bare_http does not re-execute).
 PICKED=$(sed -n 's/.*OpenBLAS kernels \([A-Za-z0-9]*\), picked by tpserve.*/\1/p' "$TMP/tpserve.log" | head -n 1)
+KERNELS_ENV=${PICKED:+OPENBLAS_CORETYPE=$PICKED}
 for load in json binary; do
     PORT=$(free_port)
     BASE="http://127.0.0.1:$PORT"
-    # shellcheck disable=SC2046 # the assignment is a word or nothing
+    # shellcheck disable=SC2086 # KERNELS_ENV is one word or nothing
     if [ $load = json ]; then
-        env $([ -z "$PICKED" ] || echo "OPENBLAS_CORETYPE=$PICKED") \
-            "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" --graph "$TP_GRAPHS/$G.json" \
-            >"$TMP/bare_model.log" 2>&1 &
-    else
-        env $([ -z "$PICKED" ] || echo "OPENBLAS_CORETYPE=$PICKED") \
-            "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" --header-len "$BIN_HL" \
+        env $KERNELS_ENV "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.json" \
             --graph "$TP_GRAPHS/$G.json" >"$TMP/bare_model.log" 2>&1 &
+    else
+        env $KERNELS_ENV "$BARE_HTTP" --port "$PORT" --threads "$THREADS" --body "$TMP/ans.bin" \
+            --header-len "$BIN_HL" --graph "$TP_GRAPHS/$G.json" >"$TMP/bare_model.log" 2>&1 &
     fi
     PID=$!
     wait_up "$BASE/" bare_model || die "$WHY"
