@@ -82,19 +82,24 @@ static void *tcp_side(void *p)
     return NULL;
 }
 
-/* A connected loopback TCP pair, Nagle off; 0 on success. */
+/* A connected loopback TCP pair, Nagle off; 0 on success (nothing left
+ * open on failure). */
 static int tcp_pair(int fd[2])
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 1) != 0 ||
-        getsockname(l, (struct sockaddr *)&a, &len) != 0)
+    fd[0] = fd[1] = -1;
+    int ok = l >= 0 && bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 1) == 0 &&
+             getsockname(l, (struct sockaddr *)&a, &len) == 0 && (fd[0] = socket(AF_INET, SOCK_STREAM, 0)) >= 0 &&
+             connect(fd[0], (struct sockaddr *)&a, sizeof a) == 0 && (fd[1] = accept(l, NULL, NULL)) >= 0;
+    if (l >= 0)
+        close(l);
+    if (!ok) {
+        if (fd[0] >= 0)
+            close(fd[0]);
         return -1;
-    fd[0] = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd[0] < 0 || connect(fd[0], (struct sockaddr *)&a, sizeof a) != 0 || (fd[1] = accept(l, NULL, NULL)) < 0)
-        return -1;
-    close(l);
+    }
     setsockopt(fd[0], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return 0;
