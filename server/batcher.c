@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "spin_wait.h"
 #include "text.h"
 #include "zalloc.h"
 
@@ -34,7 +35,11 @@ struct tp_batcher {
      * one batch at a time, on whichever thread claimed it. */
     tp_engine *inst[TP_BATCHER_MAX_INSTANCES];
     int n_inst;
-    unsigned busy; /* bit k: instance k runs a batch, on the batcher thread or a submitter's (mu) */
+    /* bit k: instance k runs a batch, on the batcher thread or a
+     * submitter's (written under mu; read without it by a thread spinning
+     * for an idle instance, tp_batcher_run_held) */
+    _Atomic unsigned busy;
+    int64_t engine_spin_ns; /* how long a held batch spins for a busy engine */
     tp_engine_stats snap[TP_BATCHER_MAX_INSTANCES]; /* each instance's after its last batch (mu) */
     tp_batcher_opts o;
     int batchable;
@@ -46,6 +51,7 @@ struct tp_batcher {
     int queued, stopping;
     int held;           /* requests held by submitters, not yet running */
     int engine_waiters; /* threads waiting on engine_cv */
+    uint64_t engine_waits[2]; /* held batches that found the engine busy: [0] spun, [1] slept (mu) */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
     double recent_serial; /* moving average of "the batch ran as serial steps" (mu) */
     uint64_t serial_steps_seen[TP_BATCHER_MAX_INSTANCES]; /* each instance's serial step count
@@ -413,10 +419,13 @@ static int take_instance(tp_batcher *b)
     return k;
 }
 
-/* Waits until an instance is idle, then takes it. b->mu held. */
-static int claim_engine(tp_batcher *b)
+/* Waits until an instance is idle, then takes it; *slept says whether it
+ * had to sleep for one. b->mu held. */
+static int claim_engine(tp_batcher *b, int *slept)
 {
+    *slept = 0;
     while (running(b) == b->n_inst) {
+        *slept = 1;
         b->engine_waiters++;
         pthread_cond_wait(&b->engine_cv, &b->mu);
         b->engine_waiters--;
@@ -482,6 +491,10 @@ tp_status tp_batcher_create_instances(tp_engine *const *inst, int n_inst, const 
         b->o.max_batch = largest_bucket(e);
     if (b->o.max_queue <= 0)
         b->o.max_queue = DEFAULT_MAX_QUEUE;
+    /* the thread whose batch is in the engine and the one waiting for it */
+    b->engine_spin_ns = b->o.engine_spin_us > 0   ? b->o.engine_spin_us * 1000
+                        : b->o.engine_spin_us < 0 ? 0
+                                                  : tp_spin_budget(2, tp_spin_cores());
     b->delay_s = b->o.max_queue_delay_us > 0 ? (double)b->o.max_queue_delay_us / 1e6 : 0;
     b->batchable = tp_engine_batchable(e);
     pthread_condattr_t ca;
@@ -630,6 +643,26 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
                    "for the engine (max_queue)", b->o.max_queue);
 }
 
+static int engine_idle(const void *arg)
+{
+    const tp_batcher *b = arg;
+    return running(b) < b->n_inst;
+}
+
+/* A thread that finds every instance busy when its held batch is due (the
+ * other HTTP thread's batch is in the engine, a few microseconds of
+ * serial steps) polls for an idle one before it sleeps on engine_cv: the
+ * sleep and the wake-up cost two context switches, and tens of
+ * microseconds of wake-up latency on a VM whose idle vCPU halts
+ * (server/README.md, "Waiting for the engine"), for a wait shorter than
+ * either. Each thread learns whether its spins pay (tp_spin_site): they
+ * stop while most run out (the other batch long, or its thread preempted). */
+static void spin_for_engine(tp_batcher *b)
+{
+    static _Thread_local tp_spin_site site;
+    tp_spin_site_until(&site, engine_idle, b, b->engine_spin_ns);
+}
+
 int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
 {
     if (!held)
@@ -637,10 +670,17 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
     int n = held->n;
     job *list = held->head, *tail, *expired = NULL;
     free(held);
+    int waited = running(b) == b->n_inst, slept;
+    if (waited)
+        spin_for_engine(b);
     pthread_mutex_lock(&b->mu);
-    int k = claim_engine(b);
+    int k = claim_engine(b, &slept);
     b->held -= n;
+    if (waited || slept)
+        b->engine_waits[slept]++;
     pthread_mutex_unlock(&b->mu);
+    if ((waited || slept) && b->o.metrics)
+        tp_metrics_engine_wait(b->o.metrics, slept);
     double now = tp_now_s();
     cut_expired(&list, &tail, now, &expired);
     answer_expired(expired, now);
@@ -669,6 +709,14 @@ void tp_batcher_engine_stats(tp_batcher *b, tp_engine_stats *out)
     for (int k = 0; k < b->n_inst; k++)
         tp_engine_get_stats(b->inst[k], &now[k]);
     sum_stats(now, b->n_inst, out);
+}
+
+void tp_batcher_engine_waits(tp_batcher *b, uint64_t *spun, uint64_t *slept)
+{
+    pthread_mutex_lock(&b->mu);
+    *spun = b->engine_waits[0];
+    *slept = b->engine_waits[1];
+    pthread_mutex_unlock(&b->mu);
 }
 
 int tp_batcher_instances(const tp_batcher *b) { return b->n_inst; }

@@ -37,6 +37,11 @@ typedef struct {
      * been piling up behind its recent batches (under load, batches on the
      * batcher thread serve more); 0: no limit, < 0: never. */
     int64_t inline_max_us;
+    /* How long a thread whose held batch finds every instance busy polls
+     * for one before it sleeps (tp_batcher_run_held); 0: the spin budget
+     * of two busy threads on this process's cores (spin_wait.h), < 0:
+     * never. */
+    int64_t engine_spin_us;
 } tp_batcher_opts;
 
 /* How a finished request ran. */
@@ -124,11 +129,16 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
                                  int *was_held, tp_err *err);
 
 /* Runs every request of held on the calling thread, in batches of at most
- * max_batch rows, once no other batch is in the engine (it waits for one),
+ * max_batch rows, once no other batch is in the engine (it waits for one:
+ * polling for a few tens of microseconds while that pays, then asleep),
  * and frees held: done has been called for each of them (TP_TIMEOUT for
  * those past their deadline) when it returns. Returns how many there were
  * (0 for NULL). Every held request must be run before tp_batcher_free. */
 int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held);
+/* Held batches that found every instance busy: how many got one while
+ * polling (the other batch ended within the spin budget) and how many
+ * slept for one (o->metrics counts them too). */
+void tp_batcher_engine_waits(tp_batcher *b, uint64_t *spun, uint64_t *slept);
 
 /* Blocking form of submit: the request's outputs, or why not. info may be
  * NULL. */

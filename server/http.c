@@ -1369,7 +1369,8 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
     tp_engine *e = inst[0];
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
                          h->metrics, h->stats,
-                         h->cfg.inline_run_max_us > 0 ? h->cfg.inline_run_max_us : -1};
+                         h->cfg.inline_run_max_us > 0 ? h->cfg.inline_run_max_us : -1,
+                         0 /* engine_spin_us: the budget for this process's cores */};
     tp_status st = tp_batcher_create_instances(inst, n, &o, &h->batcher, err);
     if (st != TP_OK)
         return st;

@@ -16,6 +16,7 @@ struct tp_metrics {
     _Atomic uint64_t success;
     _Atomic uint64_t failure[CODE_MAX - CODE_MIN + 1];
     _Atomic uint64_t inference_rows, batches;
+    _Atomic uint64_t engine_waits[2]; /* [0] polled, [1] slept */
     _Atomic long inflight, queued;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
@@ -90,6 +91,11 @@ void tp_metrics_batch(tp_metrics *m, int64_t rows)
 {
     atomic_fetch_add_explicit(&m->batches, 1, memory_order_relaxed);
     tp_hist_observe(&m->batch_rows, (double)rows);
+}
+
+void tp_metrics_engine_wait(tp_metrics *m, int slept)
+{
+    atomic_fetch_add_explicit(&m->engine_waits[slept != 0], 1, memory_order_relaxed);
 }
 
 void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double compute_s)
@@ -227,6 +233,13 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
     counter(b, "tpserve_batch_count_total", "Batches the batcher sent to the engine.",
             atomic_load(&m->batches));
     histogram(b, "tpserve_batch_size", "Rows per batch sent to the engine.", &m->batch_rows);
+    family(b, "tpserve_engine_wait_total", "counter",
+           "Batches held by an HTTP thread that found the engine running another thread's "
+           "batch, by how the wait ended: polling (spin) or asleep (sleep).");
+    sb_printf(b, "tpserve_engine_wait_total{ended=\"spin\"} %llu\n",
+              (unsigned long long)atomic_load(&m->engine_waits[0]));
+    sb_printf(b, "tpserve_engine_wait_total{ended=\"sleep\"} %llu\n",
+              (unsigned long long)atomic_load(&m->engine_waits[1]));
     histogram(b, "tpserve_queue_duration_seconds",
               "Time a request waited in the batcher queue before its batch ran.", &m->queue_s);
     histogram(b, "tpserve_compute_duration_seconds",

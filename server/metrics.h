@@ -42,6 +42,9 @@ void tp_metrics_batch(tp_metrics *m, int64_t rows);
 /* One request inferred successfully: its rows, its wait in the batcher
  * queue and the engine time of the batch it ran in. */
 void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double compute_s);
+/* A held batch found the engine busy and waited for it: by polling
+ * (slept 0) or asleep (1). */
+void tp_metrics_engine_wait(tp_metrics *m, int slept);
 /* Gauges, set by the HTTP layer before rendering. */
 void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
 /* The engine's counters since load (copied). */

@@ -51,7 +51,7 @@ static tp_engine *open_mlp_serial(void)
 static tp_batcher *new_batcher(tp_engine *e, int64_t max_batch, int64_t delay_us, int max_queue,
                                tp_metrics *m)
 {
-    tp_batcher_opts o = {max_batch, delay_us, max_queue, m, NULL, 0};
+    tp_batcher_opts o = {max_batch, delay_us, max_queue, m, NULL, 0, 0};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
@@ -332,7 +332,7 @@ static int ran_on_submitter(tp_batcher *b, tp_host_tensor *x)
 /* A batcher of 16 rows, no queue delay, the given inline_max_us. */
 static tp_batcher *inline_batcher(tp_engine *e, int64_t inline_max_us)
 {
-    tp_batcher_opts o = {16, 0, 0, NULL, NULL, inline_max_us};
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, inline_max_us, 0};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
@@ -451,7 +451,7 @@ START_TEST(second_instance_runs_while_the_first_is_busy)
 {
     tp_engine *e[2] = {open_mlp(), open_mlp()};
     tp_host_tensor x = make_x(1, 9);
-    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0};
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0, 0};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_int_eq(tp_batcher_create_instances(e, 0, &o, &b, &err), TP_INVALID);
@@ -502,7 +502,7 @@ START_TEST(concurrent_clients_on_two_instances)
         for (int r = 0; r < MAX_REQ; r++)
             c[i].in[r] = make_x(1 + (i + r) % 3, (unsigned)(100 * i + r));
     }
-    tp_batcher_opts o = {0, 0, 0, NULL, NULL, 0};
+    tp_batcher_opts o = {0, 0, 0, NULL, NULL, 0, 0};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
@@ -629,6 +629,87 @@ START_TEST(held_requests_run_together_on_their_thread)
     tp_batcher_free(b);
     free(x0.data);
     tp_engine_free(e);
+}
+END_TEST
+
+/* A second HTTP thread whose held batch is due while the first thread's
+ * batch is in the engine: it runs them (held_runner, on its own thread)
+ * while the busy request's done callback (busy_then_release) keeps the
+ * engine for BUSY_MS. */
+#define BUSY_MS 200
+
+typedef struct {
+    holder h;
+    pthread_t runner;
+    _Atomic int running;
+    int ran;
+} busy_engine;
+
+static void *held_runner(void *arg)
+{
+    busy_engine *be = arg;
+    atomic_store(&be->running, 1);
+    be->ran = tp_batcher_run_held(be->h.b, be->h.held);
+    return NULL;
+}
+
+static void busy_then_release(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                              const tp_err *err, const tp_batch_info *info)
+{
+    busy_engine *be = ctx;
+    hold_while_busy(&be->h, st, outs, n_outs, err, info);
+    ck_assert_int_eq(pthread_create(&be->runner, NULL, held_runner, be), 0);
+    while (!atomic_load(&be->running))
+        sched_yield();
+    nanosleep(&(struct timespec){0, BUSY_MS * 1000000L}, NULL); /* the runner finds the engine busy */
+}
+
+/* Runs the scenario under a spin budget; *spun and *slept: how the
+ * runner's wait for the engine ended. Every held request is answered on
+ * the runner's thread, in one batch. */
+static void wait_for_busy_engine(int64_t engine_spin_us, uint64_t *spun, uint64_t *slept)
+{
+    tp_engine *e = open_mlp_serial();
+    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0, engine_spin_us};
+    tp_batcher *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
+    busy_engine be = {.h = {.b = b}};
+    for (int i = 0; i < N_HELD; i++)
+        be.h.x[i] = make_x(1, (unsigned)(80 + i));
+    tp_host_tensor x0 = make_x(1, 7);
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, busy_then_release, &be, 0, 0, 0};
+    ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
+    ck_assert_int_eq(pthread_join(be.runner, NULL), 0);
+    ck_assert_int_eq(be.ran, N_HELD);
+    for (int i = 0; i < N_HELD; i++) {
+        held_slot *s = &be.h.s[i];
+        ck_assert_msg(be.h.was_held[i] && s->done && s->st == TP_OK, "request %d: %s", i, s->msg);
+        ck_assert(pthread_equal(s->thread, be.runner) && s->batch_requests == N_HELD);
+        tp_host_tensors_free(s->outs, s->n_outs);
+        free(be.h.x[i].data);
+    }
+    tp_batcher_engine_waits(b, spun, slept);
+    tp_batcher_free(b);
+    free(x0.data);
+    tp_engine_free(e);
+}
+
+/* A thread whose held batch finds the engine busy polls for it before it
+ * sleeps (two context switches and a wake-up, which cost more than the
+ * short batch it waits for): with a budget longer than the other batch
+ * the wait ends polling, with none it ends asleep; either way the
+ * requests run, on their thread, once the engine is free. The runner
+ * gets BUSY_MS to reach its wait; it needs microseconds. */
+START_TEST(held_batch_polls_for_a_busy_engine)
+{
+    uint64_t spun, slept;
+    wait_for_busy_engine(10 * BUSY_MS * 1000, &spun, &slept);
+    ck_assert_msg(spun == 1 && slept == 0, "polling for %d ms: %llu polled, %llu slept", 10 * BUSY_MS,
+                  (unsigned long long)spun, (unsigned long long)slept);
+    wait_for_busy_engine(-1, &spun, &slept);
+    ck_assert_msg(spun == 0 && slept == 1, "no polling: %llu polled, %llu slept",
+                  (unsigned long long)spun, (unsigned long long)slept);
 }
 END_TEST
 
@@ -1120,6 +1201,7 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, second_instance_runs_while_the_first_is_busy);
     tcase_add_test(tc, concurrent_clients_on_two_instances);
     tcase_add_test(tc, held_requests_run_together_on_their_thread);
+    tcase_add_test(tc, held_batch_polls_for_a_busy_engine);
     tcase_add_test(tc, held_only_serial_steps_without_queue_delay);
     tcase_add_test(tc, more_may_follow_holds_on_an_idle_engine);
     tcase_add_test(tc, queue_overflow_then_drain);

@@ -197,6 +197,9 @@ START_TEST(requests_by_code_and_gauges)
     tp_metrics_batch(m, 3);
     tp_metrics_batch(m, 16);
     tp_metrics_set_gauges(m, 7, 5);
+    tp_metrics_engine_wait(m, 0);
+    tp_metrics_engine_wait(m, 0);
+    tp_metrics_engine_wait(m, 1);
     char *text = tp_metrics_render(m, NULL);
     check_format(text);
     ck_assert_double_eq(sample(text, "tpserve_request_success_total"), 3);
@@ -210,6 +213,8 @@ START_TEST(requests_by_code_and_gauges)
     ck_assert_double_eq(sample(text, "tpserve_batch_size_bucket{le=\"4\"}"), 1);
     ck_assert_double_eq(sample(text, "tpserve_batch_size_bucket{le=\"16\"}"), 2);
     ck_assert_double_eq(sample(text, "tpserve_batch_size_sum"), 19);
+    ck_assert_double_eq(sample(text, "tpserve_engine_wait_total{ended=\"spin\"}"), 2);
+    ck_assert_double_eq(sample(text, "tpserve_engine_wait_total{ended=\"sleep\"}"), 1);
     ck_assert_double_eq(sample(text, "tpserve_inflight_requests"), 7);
     ck_assert_double_eq(sample(text, "tpserve_queue_size"), 5);
     free(text);
