@@ -49,6 +49,11 @@ typedef struct {
     double spans, jansson, read;
 } read_cost;
 
+/* Many short rounds: on a noisy VM the best of a few long ones still
+ * held a preemption or two, and runs of one build differed by a third. */
+#define ROUNDS 100
+#define REPS 50
+
 /* ns per request for each stage, best of `rounds` rounds of `reps`. */
 static read_cost time_read(const char *b, size_t len, int rounds, int reps)
 {
@@ -121,17 +126,17 @@ int main(void)
         {"6 digits (%.6g, the wrk scripts' spelling)", "%.6g"},
         {"short (%.3f)", "%.3f"},
     };
-    printf("JSON tensor codec, %d FP32 numbers per array, best of 5 rounds (ns per request / per number):\n\n", N);
+    printf("JSON tensor codec, %d FP32 numbers per array, best of %d rounds of %d (ns per request / per number):\n\n", N, ROUNDS, REPS);
     printf("| numbers in | body bytes | find arrays | jansson (rest) | decode array | total in | per number |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (size_t k = 0; k < sizeof spellings / sizeof spellings[0]; k++) {
         size_t len = body(buf, sizeof buf, v, spellings[k].fmt);
-        read_cost c = time_read(buf, len, 5, 2000);
+        read_cost c = time_read(buf, len, ROUNDS, REPS);
         double total = c.spans + c.jansson + c.read;
         printf("| %s | %zu | %.0f | %.0f | %.0f | %.0f | %.1f |\n", spellings[k].what, len, c.spans, c.jansson,
                c.read, total, total / N);
     }
-    double w = time_write(v, 5, 2000);
+    double w = time_write(v, ROUNDS, REPS);
     printf("\n| numbers out | total out | per number |\n| --- | ---: | ---: |\n");
     printf("| FP32, shortest round-trip spelling | %.0f | %.1f |\n", w, w / N);
     return 0;
