@@ -39,6 +39,17 @@ tp_status tp_acceptor_start(int listen_fd, struct MHD_Daemon *const *d, int n, c
  * its place, and its address's, are free again. */
 void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c);
 
+/* Routes each new connection to the daemon whose thread runs on the CPU
+ * its packets arrive on (SO_INCOMING_CPU: for a client on this machine,
+ * the CPU it sent from), when that daemon has room: cpu_of_daemon[i] is
+ * the CPU daemon d[i]'s thread is pinned to (-1: none). Everything else
+ * goes by load, as before the call. A client and the thread serving it
+ * then share a CPU, and each wakes the other there: on a VM whose idle
+ * vCPUs halt, a wake-up across CPUs cost 45 us against 1-2 on the same
+ * one (server/README.md, "HTTP threads pinned, connections by CPU"). */
+#define TP_ACCEPTOR_MAX_CPUS 1024
+void tp_acceptor_route_by_cpu(tp_acceptor *a, const int *cpu_of_daemon);
+
 /* The connections daemon d[i] holds now, by the acceptor's count (a
  * relaxed read from any thread: a hint, e.g. whether the daemon's thread
  * serves more than one client). */

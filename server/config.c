@@ -37,6 +37,11 @@ static const key_desc keys[] = {
     STR_KEY(backend, "cpu|cuda|auto", "engine backend"),
     INT_KEY(threads, 0, 256, "HTTP threads (they decode, encode, and run short idle steps themselves); 0: one per "
                              "core this process may use (affinity, cgroup CPU quota), 2 to 16"),
+    INT_KEY(pin_threads, 0, 1,
+            "1: HTTP thread i runs only on the i-th CPU this process may use, and each new connection "
+            "goes to the thread on the CPU its packets arrive on (SO_INCOMING_CPU), so a client on this "
+            "machine and the thread serving it wake each other on one CPU; for servers that have their "
+            "CPUs to themselves (a thread cannot move off a CPU another task keeps busy)"),
     I64_KEY(max_body_bytes, 1, INT64_C(1) << 40, "largest request body; bigger gets 413"),
     INT_KEY(request_timeout_ms, 0, 86400000,
             "idle-connection timeout, and longest queue wait before 504 (0: none)"),

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -165,6 +166,7 @@ struct tp_http {
      * on its next pass: so in epoll mode (it keeps such connections on its
      * ready list); held requests need that (REQ_HELD) */
     int may_hold;
+    int *cpu_of_daemon; /* pin_threads: the CPU each daemon's thread runs on; NULL: unpinned */
 };
 
 /* ---- replies ------------------------------------------------------------ */
@@ -652,6 +654,18 @@ static void run_held(tp_http *h)
  * or for a daemon the acceptor does not feed. */
 static _Thread_local int thread_daemon = -1;
 
+/* thread_daemon, found from c (a connection this thread serves). */
+static int find_thread_daemon(tp_http *h, struct MHD_Connection *c)
+{
+    if (thread_daemon < 0 && h->acceptor) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_DAEMON);
+        for (int i = 0; ci && i < h->n_daemons; i++)
+            if (h->d[i] == ci->daemon)
+                thread_daemon = i;
+    }
+    return thread_daemon;
+}
+
 /* Whether r's thread serves other connections too, whose requests may be
  * waiting for it unread: then r is held even on an idle engine (where
  * holding is allowed), so what the thread reads meanwhile joins its batch
@@ -661,13 +675,28 @@ static _Thread_local int thread_daemon = -1;
  * 113k at 8.8 us in batches of 4.9 with this. */
 static int thread_serves_others(tp_http *h, const req_ctx *r)
 {
-    if (thread_daemon < 0 && h->acceptor) {
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_DAEMON);
-        for (int i = 0; ci && i < h->n_daemons; i++)
-            if (h->d[i] == ci->daemon)
-                thread_daemon = i;
-    }
+    find_thread_daemon(h, r->conn);
     return thread_daemon >= 0 && tp_acceptor_live(h->acceptor, thread_daemon) > 1;
+}
+
+/* pin_threads: the thread of the daemon serving c takes its CPU
+ * (h->cpu_of_daemon) on its first request; the acceptor already routes
+ * connections as though it had. */
+static void pin_thread_once(tp_http *h, struct MHD_Connection *c)
+{
+    static _Thread_local int pinned;
+    if (pinned || !h->cpu_of_daemon)
+        return;
+    pinned = 1;
+    if (find_thread_daemon(h, c) < 0)
+        return; /* the health port's thread */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(h->cpu_of_daemon[thread_daemon], &set);
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (rc != 0)
+        TP_LOG_W("pin_threads: HTTP thread %d stays unpinned: CPU %d: %s", thread_daemon,
+                 h->cpu_of_daemon[thread_daemon], strerror(rc));
 }
 
 /* Submits r: its batch may run right here, or r is held by this thread
@@ -1080,6 +1109,7 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
 {
     req_ctx *r = *con_cls;
     if (!r) {
+        pin_thread_once(h, c);
         if (!(r = new_request(h, c, url, method)))
             return MHD_NO;
         *con_cls = r;
@@ -1295,6 +1325,34 @@ static tp_status start_probe_listener(tp_http *h, tp_err *err)
     return st;
 }
 
+/* pin_threads: daemon i's thread goes to the i-th CPU this process may
+ * use (round the list again past its end), and the acceptor sends each
+ * connection to the daemon on the CPU its packets arrive on. */
+static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return tp_fail(err, TP_INTERNAL, "pin_threads: the CPUs this process may use: %s", strerror(errno));
+    int cpus[CPU_SETSIZE], n_cpus = 0;
+    for (int c = 0; c < CPU_SETSIZE && c < TP_ACCEPTOR_MAX_CPUS; c++)
+        if (CPU_ISSET(c, &set))
+            cpus[n_cpus++] = c;
+    if (n_cpus == 0)
+        return tp_fail(err, TP_INTERNAL, "pin_threads: no CPU below %d to pin to", TP_ACCEPTOR_MAX_CPUS);
+    if (!(h->cpu_of_daemon = malloc((size_t)h->n_daemons * sizeof *h->cpu_of_daemon)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    char list[256] = "";
+    for (int i = 0; i < h->n_daemons; i++) {
+        h->cpu_of_daemon[i] = cpus[i % n_cpus];
+        size_t at = strlen(list);
+        snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", h->cpu_of_daemon[i]);
+    }
+    tp_acceptor_route_by_cpu(h->acceptor, h->cpu_of_daemon);
+    TP_LOG_I("pin_threads: HTTP threads on CPUs %s; each connection goes to the thread on the CPU its "
+             "packets arrive on", list);
+    return TP_OK;
+}
+
 /* The main port: its socket, a daemon per HTTP thread, each with an even
  * share of max_connections (so no more daemons than connections), and the
  * acceptor feeding them. */
@@ -1318,6 +1376,8 @@ static tp_status start_main_listener(tp_http *h, tp_err *err)
     if (st == TP_OK)
         st = tp_acceptor_start(h->listen_fd, h->d, n, share, h->cfg.max_connections_per_ip, &h->acceptor, err);
     free(share);
+    if (st == TP_OK && h->cfg.pin_threads)
+        st = pin_threads_by_cpu(h, err);
     return st;
 }
 
@@ -1518,6 +1578,7 @@ void tp_http_stop(tp_http *h)
             MHD_stop_daemon(h->d[i]);
     tp_acceptor_free(h->acceptor); /* after the daemons: they report closes to it */
     free(h->d);
+    free(h->cpu_of_daemon);
     if (h->probe_d)
         MHD_stop_daemon(h->probe_d);
     tp_http_guard_free(h->guard);

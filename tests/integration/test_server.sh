@@ -617,6 +617,31 @@ else
 fi
 grep -q "drained: every accepted request was answered" "$TMP/load.log" && pass "drain logged" || fail "no drain line in the log"
 
+# pin_threads: each HTTP thread keeps to one CPU, and a client's connection
+# goes to the thread on the CPU it sent from (two CPUs needed to see it)
+cpus=$(taskset -pc $$ 2>/dev/null | sed 's/.*: //' | tr ',' '\n' | awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}' | head -n 2 | tr '\n' ' ')
+set -- $cpus
+if [ $# -lt 2 ]; then
+    echo "pin_threads: skipped: one CPU"
+else
+    start pinned --graph "$TP_GRAPHS/$G.json" --threads 2 --pin-threads 1 --log-level info || exit 1
+    $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/pin_req" >/dev/null
+    ok=1
+    for c in "$1" "$2" "$1" "$2"; do
+        code=$(taskset -c "$c" curl -s -o "$TMP/pin_out.$c" -w '%{http_code}' --data-binary @"$TMP/pin_req" "$URL/v2/models/$G/infer")
+        [ "$code" = 200 ] && cmp -s "$TMP/pin_out.$1" "$TMP/pin_out.$c" || ok=0
+    done
+    pinned=$(for t in /proc/$PID/task/*; do [ "$(cat "$t/comm")" = MHD-single ] && taskset -pc "${t##*/}" | sed 's/.*: //'; done | sort | tr '\n' ' ')
+    want=$(printf '%s\n%s\n' "$1" "$2" | sort | tr '\n' ' ')
+    if [ $ok = 1 ] && [ "$pinned" = "$want" ] && grep -q "pin_threads: HTTP threads on CPUs $1,$2; each connection goes to the thread on the CPU" "$TMP/pinned.log"; then
+        pass "pin_threads: the HTTP threads run on CPUs $want(one each), requests from either CPU answered alike"
+    else
+        fail "pin_threads: answers ok=$ok, HTTP threads' CPUs '$pinned' (want '$want'): $(grep -a pin_threads "$TMP/pinned.log")"
+    fi
+    kill "$PID"
+    wait "$PID"
+fi
+
 # a client that stalls mid-upload cannot hold the shutdown past drain_timeout_ms
 start stall --graph "$TP_GRAPHS/$G.json" --drain-timeout-ms 1000 || exit 1
 $PYTHON - "$PORT" "$PID" <<'EOF' >"$TMP/o" 2>&1

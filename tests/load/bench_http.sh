@@ -393,6 +393,19 @@ if [ -n "$PIN_CPUS" ]; then
     keep_server bare_pin
 fi
 
+# ---- pin_threads: HTTP threads one per CPU, connections by CPU ------------------
+# A third tpserve, started with --pin-threads 1, runs the JSON and binary
+# rows at the top connection count: its threads keep to their CPUs and each
+# connection goes to the thread on the CPU the client sent from, so wrk
+# and the thread serving it wake each other on one CPU.
+if [ -n "$PIN_CPUS" ]; then
+    args_before=$TPSERVE_ARGS
+    TPSERVE_ARGS="$TPSERVE_ARGS --pin-threads 1"
+    start_more_tpserve tpserve_cpu "$TP_GRAPHS/$G.json"
+    TPSERVE_ARGS=$args_before
+    keep_server tpserve_cpu
+fi
+
 # ---- the rounds ---------------------------------------------------------------
 # Every server stays up and each row's runs follow each other, round after
 # round: a machine whose speed drifts (a VM's neighbours, turbo) moves all of
@@ -425,6 +438,8 @@ while [ $r -le "$ROUNDS" ]; do
         WRK_BATCH=1 run_row bare_binary counts_none "$TMP/bareb.res" $r binary "$TOP_CONNS"
     fi
     if [ -n "$PIN_CPUS" ]; then
+        run_row tpserve_cpu counts_tpserve "$TMP/tpc.res" $r json "$TOP_CONNS"
+        run_row tpserve_cpu counts_tpserve "$TMP/tpc.res" $r binary "$TOP_CONNS"
         WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row tpserve_pin counts_tpserve "$TMP/tpp.res" $r binary "$TOP_CONNS"
         WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row bare_pin counts_none "$TMP/barep.res" $r binary "$TOP_CONNS"
     fi
@@ -524,10 +539,12 @@ model_cols() {
     echo "${rps:-—} | $(ratio_cell "$TMP/model.ratio" "$1" "$2" 100 "%.1f%%")"
 }
 touch "$TMP/bare.res" "$TMP/model.res" "$TMP/triton.res" "$TMP/own.res" "$TMP/sp.res" "$TMP/tpb.res" "$TMP/bareb.res" \
-    "$TMP/tpp.res" "$TMP/barep.res"
-for f in tp bare model triton own sp tpb bareb tpp barep; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
+    "$TMP/tpp.res" "$TMP/barep.res" "$TMP/tpc.res"
+for f in tp bare model triton own sp tpb bareb tpp barep tpc; do medians "$TMP/$f.res" >"$TMP/$f.med"; done
 ratios "$TMP/tpb.res" "$TMP/bareb.res" >"$TMP/tpb_bare.ratio"
 ratios "$TMP/tpp.res" "$TMP/barep.res" >"$TMP/tpp_bare.ratio"
+ratios "$TMP/tpc.res" "$TMP/bare.res" >"$TMP/tpc_bare.ratio"
+ratios "$TMP/tpc.res" "$TMP/tp.res" >"$TMP/tpc_tp.ratio"
 ratios "$TMP/sp.res" "$TMP/bare.res" >"$TMP/sp_bare.ratio"
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
 ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
@@ -627,6 +644,18 @@ echo "waking: what a client on cores of its own, or another machine, costs the s
 echo
 versus_bare "$TMP/tpb.med" "$TMP/tpb_bare.ratio" "$TMP/bareb.med" "bare HTTP with wrk as SCHED_BATCH" \
     "no chrt" "$BATCH_WRK"
+echo "HTTP threads pinned (--pin-threads 1): the JSON and binary rows at $TOP_CONNS connections again, in the same"
+echo "rounds, against a tpserve whose HTTP threads keep one to a CPU and give each connection to the thread on the"
+echo "CPU its client sent from, so the client and the thread serving it wake each other on one CPU (server/README.md,"
+echo "\"HTTP threads pinned, connections by CPU\"); its ratio to bare and to the unpinned tpserve of the same round."
+echo
+if [ -n "$PIN_CPUS" ]; then
+    side_table "$TMP/tpc.med" "tpserve / bare | pinned / unpinned tpserve" \
+        "$TMP/tpc_bare.ratio" 100 "%.1f%%" "$TMP/tpc_tp.ratio" 1 "%.2fx"
+else
+    echo "(not run: no taskset, or fewer than two CPUs)"
+    echo
+fi
 echo "A server on one core, wrk on another: the binary row at $TOP_CONNS connections again, in the same rounds,"
 echo "against a tpserve and a bare started for it and confined (taskset, every thread) to one CPU with the same"
 echo "$THREADS threads, wrk (one thread) confined to another. No client shares the server's core: what a client"

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -187,6 +189,58 @@ START_TEST(spreads_evenly)
 }
 END_TEST
 
+/* n connections dialled from a thread running on cpu, one at a time. */
+static void dial_from_cpu(rig *r, int cpu, int n, int *fd, int *n_fd)
+{
+    cpu_set_t was, one;
+    ck_assert_int_eq(pthread_getaffinity_np(pthread_self(), sizeof was, &was), 0);
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    for (int i = 0; i < n; i++) {
+        fd[*n_fd] = dial(r, "127.0.0.1");
+        wait_held(r, (unsigned)++*n_fd);
+    }
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof was, &was), 0);
+}
+
+/* With tp_acceptor_route_by_cpu a connection goes to the daemon whose
+ * thread runs on the CPU it came from (a client on this machine: the CPU
+ * it sent from), until that daemon holds 2 + half the average more than
+ * the least loaded: then by load, so a client whose connections all come
+ * from one CPU still has both threads serving it. */
+START_TEST(routes_by_incoming_cpu)
+{
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    int cpu[2], n_cpu = 0;
+    for (int c = 0; c < CPU_SETSIZE && n_cpu < 2; c++)
+        if (CPU_ISSET(c, &set))
+            cpu[n_cpu++] = c;
+    if (n_cpu < 2) {
+        printf("routes_by_incoming_cpu: skipped: one CPU\n");
+        return;
+    }
+    static const unsigned limit[] = {100, 100};
+    rig r;
+    rig_start(&r, 2, limit, 0);
+    tp_acceptor_route_by_cpu(r.a, cpu);
+    int fd[16], n = 0;
+    dial_from_cpu(&r, cpu[1], 3, fd, &n);
+    ck_assert_uint_eq(tp_acceptor_live(r.a, 1), 3);
+    dial_from_cpu(&r, cpu[0], 3, fd, &n);
+    ck_assert_uint_eq(tp_acceptor_live(r.a, 0), 3);
+    dial_from_cpu(&r, cpu[0], 10, fd, &n);
+    unsigned on0 = tp_acceptor_live(r.a, 0), on1 = tp_acceptor_live(r.a, 1);
+    ck_assert_msg(on0 == 11 && on1 == 5, "10 more from CPU %d: %u and %u (11 and 5: the bound)", cpu[0], on0, on1);
+    expect(fd[15], "HTTP/1.1 200");
+    for (int i = 0; i < n; i++)
+        close(fd[i]);
+    wait_held(&r, 0);
+    rig_stop(&r);
+}
+END_TEST
+
 START_TEST(per_address_limit)
 {
     static const unsigned limit[] = {100, 100};
@@ -330,6 +384,7 @@ static Suite *acceptor_suite(void)
     TCase *tc = tcase_create("loopback");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, spreads_evenly);
+    tcase_add_test(tc, routes_by_incoming_cpu);
     tcase_add_test(tc, per_address_limit);
     tcase_add_test(tc, full_waits_in_backlog);
     tcase_add_test(tc, lost_close_is_reconciled);
