@@ -51,7 +51,6 @@ struct tp_batcher {
     int queued, stopping;
     int held;           /* requests held by submitters, not yet running */
     int engine_waiters; /* threads waiting on engine_cv */
-    uint64_t engine_waits[2]; /* held batches that found the engine busy: [0] spun, [1] slept (mu) */
     double recent_step_s; /* moving average of engine time per batch (under mu) */
     double recent_serial; /* moving average of "the batch ran as serial steps" (mu) */
     uint64_t serial_steps_seen[TP_BATCHER_MAX_INSTANCES]; /* each instance's serial step count
@@ -676,8 +675,6 @@ int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held)
     pthread_mutex_lock(&b->mu);
     int k = claim_engine(b, &slept);
     b->held -= n;
-    if (waited || slept)
-        b->engine_waits[slept]++;
     pthread_mutex_unlock(&b->mu);
     if ((waited || slept) && b->o.metrics)
         tp_metrics_engine_wait(b->o.metrics, slept);
@@ -709,14 +706,6 @@ void tp_batcher_engine_stats(tp_batcher *b, tp_engine_stats *out)
     for (int k = 0; k < b->n_inst; k++)
         tp_engine_get_stats(b->inst[k], &now[k]);
     sum_stats(now, b->n_inst, out);
-}
-
-void tp_batcher_engine_waits(tp_batcher *b, uint64_t *spun, uint64_t *slept)
-{
-    pthread_mutex_lock(&b->mu);
-    *spun = b->engine_waits[0];
-    *slept = b->engine_waits[1];
-    pthread_mutex_unlock(&b->mu);
 }
 
 int tp_batcher_instances(const tp_batcher *b) { return b->n_inst; }

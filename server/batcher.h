@@ -29,7 +29,7 @@ typedef struct {
     int64_t max_batch;          /* rows per engine run; 0: the engine's largest bucket */
     int64_t max_queue_delay_us; /* longest the oldest request waits for more rows */
     int max_queue;              /* queued requests before submit refuses; 0: 1024 */
-    tp_metrics *metrics;        /* optional: batch sizes, queue and compute times */
+    tp_metrics *metrics;        /* optional: batch sizes, queue and compute times, engine waits */
     tp_model_stats *stats;      /* optional: Triton statistics per engine execution */
     /* An idle batcher runs a request on the submitting thread only while
      * its recent engine steps averaged at most this long (a slow model
@@ -135,10 +135,6 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
  * those past their deadline) when it returns. Returns how many there were
  * (0 for NULL). Every held request must be run before tp_batcher_free. */
 int tp_batcher_run_held(tp_batcher *b, tp_batch_held *held);
-/* Held batches that found every instance busy: how many got one while
- * polling (the other batch ended within the spin budget) and how many
- * slept for one (o->metrics counts them too). */
-void tp_batcher_engine_waits(tp_batcher *b, uint64_t *spun, uint64_t *slept);
 
 /* Blocking form of submit: the request's outputs, or why not. info may be
  * NULL. */

@@ -664,13 +664,22 @@ static void busy_then_release(void *ctx, tp_status st, tp_host_tensor *outs, int
     nanosleep(&(struct timespec){0, BUSY_MS * 1000000L}, NULL); /* the runner finds the engine busy */
 }
 
+/* The counter `name` of a /metrics text (it must be there). */
+static uint64_t counter_in(const char *text, const char *name)
+{
+    const char *at = strstr(text, name);
+    ck_assert_msg(at != NULL, "no %s in /metrics", name);
+    return strtoull(at + strlen(name), NULL, 10);
+}
+
 /* Runs the scenario under a spin budget; *spun and *slept: how the
- * runner's wait for the engine ended. Every held request is answered on
- * the runner's thread, in one batch. */
+ * runner's wait for the engine ended, as /metrics counts it. Every held
+ * request is answered on the runner's thread, in one batch. */
 static void wait_for_busy_engine(int64_t engine_spin_us, uint64_t *spun, uint64_t *slept)
 {
     tp_engine *e = open_mlp_serial();
-    tp_batcher_opts o = {16, 0, 0, NULL, NULL, 0, engine_spin_us};
+    tp_metrics *m = tp_metrics_create();
+    tp_batcher_opts o = {16, 0, 0, m, NULL, 0, engine_spin_us};
     tp_batcher *b;
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_create(e, &o, &b, &err) == TP_OK, "%s", err.msg);
@@ -689,8 +698,12 @@ static void wait_for_busy_engine(int64_t engine_spin_us, uint64_t *spun, uint64_
         tp_host_tensors_free(s->outs, s->n_outs);
         free(be.h.x[i].data);
     }
-    tp_batcher_engine_waits(b, spun, slept);
+    char *text = tp_metrics_render(m, NULL);
+    *spun = counter_in(text, "\ntpserve_engine_wait_total{ended=\"spin\"} ");
+    *slept = counter_in(text, "\ntpserve_engine_wait_total{ended=\"sleep\"} ");
+    free(text);
     tp_batcher_free(b);
+    tp_metrics_free(m);
     free(x0.data);
     tp_engine_free(e);
 }
