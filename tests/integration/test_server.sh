@@ -16,6 +16,7 @@ CLIENT="$PYTHON $HERE/kserve_client.py"
 G=mlp_sp_tp2
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_it.XXXXXX")
 . "$HERE/lib/server.sh"
+. "$HERE/lib/cpus.sh"
 
 # req METHOD PATH [curl args...]: sets CODE; body in $TMP/body, headers in $TMP/hdr.
 req() {
@@ -619,11 +620,12 @@ grep -q "drained: every accepted request was answered" "$TMP/load.log" && pass "
 
 # pin_threads: each HTTP thread keeps to one CPU, and a client's connection
 # goes to the thread on the CPU it sent from (two CPUs needed to see it)
-cpus=$(taskset -pc $$ 2>/dev/null | sed 's/.*: //' | tr ',' '\n' | awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}' | head -n 2 | tr '\n' ' ')
-set -- $cpus
-if [ $# -lt 2 ]; then
-    echo "pin_threads: skipped: one CPU"
+cpus=$(two_cpus)
+if [ -z "$cpus" ]; then
+    echo "pin_threads: skipped: one CPU (or no taskset)"
 else
+    # shellcheck disable=SC2086 # the two CPUs become $1 and $2
+    set -- $cpus
     start pinned --graph "$TP_GRAPHS/$G.json" --threads 2 --pin-threads 1 --log-level info || exit 1
     $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/pin_req" >/dev/null
     ok=1

@@ -48,17 +48,14 @@ CONNS=${CONNS:-"1 8 32"}
 TOP_CONNS=$(echo "$CONNS" | tr ' ' '\n' | sort -n | tail -n 1)
 # the client-without-preemption rows: chrt (util-linux) runs wrk as SCHED_BATCH
 BATCH_WRK=$(command -v chrt || true)
-# the server-on-one-core rows: taskset (util-linux) and two CPUs to split
-PIN_CPUS=""
-if command -v taskset >/dev/null 2>&1; then
-    PIN_CPUS=$(taskset -c -p $$ 2>/dev/null | sed 's/.*: //' | tr ',' '\n' |
-        awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }' | head -n 2 | tr '\n' ' ')
-    [ "$(echo "$PIN_CPUS" | wc -w)" -eq 2 ] || PIN_CPUS=""
-fi
 THREADS=${THREADS:-0}
 TPSERVE_ARGS=${TPSERVE_ARGS:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+# the server-on-one-core and pinned rows: taskset (util-linux) and two CPUs to split
+# shellcheck source=tests/integration/lib/cpus.sh
+. "$ROOT/tests/integration/lib/cpus.sh"
+PIN_CPUS=$(two_cpus)
 BENCH_NAME=bench_http
 # shellcheck source=tests/load/bench_lib.sh
 . "$HERE/bench_lib.sh"
