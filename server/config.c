@@ -40,8 +40,8 @@ static const key_desc keys[] = {
     INT_KEY(pin_threads, 0, 1,
             "1: HTTP thread i runs only on the i-th CPU this process may use, and each new connection "
             "goes to the thread on the CPU its packets arrive on (SO_INCOMING_CPU), so a client on this "
-            "machine and the thread serving it wake each other on one CPU; for servers that have their "
-            "CPUs to themselves (a thread cannot move off a CPU another task keeps busy)"),
+            "machine and the thread serving it wake each other on one CPU; a thread its CPU starves "
+            "while another idles is unpinned for 1-64 s. 0: the scheduler places the threads"),
     I64_KEY(max_body_bytes, 1, INT64_C(1) << 40, "largest request body; bigger gets 413"),
     INT_KEY(request_timeout_ms, 0, 86400000,
             "idle-connection timeout, and longest queue wait before 504 (0: none)"),

@@ -19,6 +19,7 @@
 #include "batcher.h"
 #include "buf_pool.h"
 #include "clock.h"
+#include "cpu_pin.h"
 #include "handoff.h"
 #include "http_guard.h"
 #include "io_check.h"
@@ -167,6 +168,7 @@ struct tp_http {
      * ready list); held requests need that (REQ_HELD) */
     int may_hold;
     int *cpu_of_daemon; /* pin_threads: the CPU each daemon's thread runs on; NULL: unpinned */
+    tp_cpu_pin **pins;  /* pin_threads: each daemon's thread's pin, ticked by that thread only */
 };
 
 /* ---- replies ------------------------------------------------------------ */
@@ -680,23 +682,26 @@ static int thread_serves_others(tp_http *h, const req_ctx *r)
 }
 
 /* pin_threads: the thread of the daemon serving c takes its CPU
- * (h->cpu_of_daemon) on its first request; the acceptor already routes
- * connections as though it had. */
-static void pin_thread_once(tp_http *h, struct MHD_Connection *c)
+ * (h->cpu_of_daemon) on its first request, and later lets it go while the
+ * CPU starves it (cpu_pin.h); the acceptor routes connections as though
+ * it stayed. */
+static void watch_pin(tp_http *h, struct MHD_Connection *c)
 {
-    static _Thread_local int pinned;
-    if (pinned || !h->cpu_of_daemon)
-        return;
-    pinned = 1;
-    if (find_thread_daemon(h, c) < 0)
-        return; /* the health port's thread */
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(h->cpu_of_daemon[thread_daemon], &set);
-    int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-    if (rc != 0)
-        TP_LOG_W("pin_threads: HTTP thread %d stays unpinned: CPU %d: %s", thread_daemon,
-                 h->cpu_of_daemon[thread_daemon], strerror(rc));
+    if (!h->pins || find_thread_daemon(h, c) < 0)
+        return; /* unpinned, or the health port's thread */
+    char why[256];
+    switch (tp_cpu_pin_tick(h->pins[thread_daemon], tp_now_ms_coarse(), why, sizeof why)) {
+    case TP_PIN_SAME:
+        break;
+    case TP_PIN_UNPINNED:
+        TP_LOG_W("pin_threads: HTTP thread %d unpinned: %s", thread_daemon, why);
+        tp_metrics_pin_change(h->metrics, 0);
+        break;
+    case TP_PIN_PINNED:
+        TP_LOG_I("pin_threads: HTTP thread %d %s", thread_daemon, why);
+        tp_metrics_pin_change(h->metrics, 1);
+        break;
+    }
 }
 
 /* Submits r: its batch may run right here, or r is held by this thread
@@ -1109,7 +1114,7 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
 {
     req_ctx *r = *con_cls;
     if (!r) {
-        pin_thread_once(h, c);
+        watch_pin(h, c);
         if (!(r = new_request(h, c, url, method)))
             return MHD_NO;
         *con_cls = r;
@@ -1327,7 +1332,9 @@ static tp_status start_probe_listener(tp_http *h, tp_err *err)
 
 /* pin_threads: daemon i's thread goes to the i-th CPU this process may
  * use (round the list again past its end), and the acceptor sends each
- * connection to the daemon on the CPU its packets arrive on. */
+ * connection to the daemon on the CPU its packets arrive on. Nothing is
+ * pinned on one CPU, or where a thread's waiting time cannot be read (a
+ * pin nobody watches could starve). */
 static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
 {
     cpu_set_t set;
@@ -1337,19 +1344,32 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
     for (int c = 0; c < CPU_SETSIZE && c < TP_ACCEPTOR_MAX_CPUS; c++)
         if (CPU_ISSET(c, &set))
             cpus[n_cpus++] = c;
-    if (n_cpus == 0)
-        return tp_fail(err, TP_INTERNAL, "pin_threads: no CPU below %d to pin to", TP_ACCEPTOR_MAX_CPUS);
-    if (!(h->cpu_of_daemon = malloc((size_t)h->n_daemons * sizeof *h->cpu_of_daemon)))
+    char why[160];
+    if (n_cpus < 2) {
+        TP_LOG_I("pin_threads: HTTP threads left unpinned: this process may use %s CPU below %d",
+                 n_cpus ? "one" : "no", TP_ACCEPTOR_MAX_CPUS);
+        return TP_OK;
+    }
+    if (!tp_cpu_pin_watchable(why, sizeof why)) {
+        TP_LOG_W("pin_threads: HTTP threads left unpinned: cannot watch them for starvation: %s", why);
+        return TP_OK;
+    }
+    h->cpu_of_daemon = malloc((size_t)h->n_daemons * sizeof *h->cpu_of_daemon);
+    h->pins = calloc((size_t)h->n_daemons, sizeof *h->pins);
+    if (!h->cpu_of_daemon || !h->pins)
         return tp_fail(err, TP_NOMEM, "out of memory");
     char list[256] = "";
     for (int i = 0; i < h->n_daemons; i++) {
         h->cpu_of_daemon[i] = cpus[i % n_cpus];
+        if (!(h->pins[i] = tp_cpu_pin_create(h->cpu_of_daemon[i], &set)))
+            return tp_fail(err, TP_NOMEM, "out of memory");
         size_t at = strlen(list);
         snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", h->cpu_of_daemon[i]);
     }
     tp_acceptor_route_by_cpu(h->acceptor, h->cpu_of_daemon);
     TP_LOG_I("pin_threads: HTTP threads on CPUs %s; each connection goes to the thread on the CPU its "
-             "packets arrive on", list);
+             "packets arrive on; a thread its CPU starves while another idles is unpinned for a while",
+             list);
     return TP_OK;
 }
 
@@ -1579,6 +1599,9 @@ void tp_http_stop(tp_http *h)
     tp_acceptor_free(h->acceptor); /* after the daemons: they report closes to it */
     free(h->d);
     free(h->cpu_of_daemon);
+    for (int i = 0; h->pins && i < h->n_daemons; i++)
+        tp_cpu_pin_free(h->pins[i]);
+    free(h->pins);
     if (h->probe_d)
         MHD_stop_daemon(h->probe_d);
     tp_http_guard_free(h->guard);

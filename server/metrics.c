@@ -17,6 +17,7 @@ struct tp_metrics {
     _Atomic uint64_t failure[CODE_MAX - CODE_MIN + 1];
     _Atomic uint64_t inference_rows, batches;
     _Atomic uint64_t engine_waits[2]; /* [0] polled, [1] slept */
+    _Atomic uint64_t pin_changes[2];  /* [0] unpinned, [1] pinned again */
     _Atomic long inflight, queued;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
@@ -96,6 +97,11 @@ void tp_metrics_batch(tp_metrics *m, int64_t rows)
 void tp_metrics_engine_wait(tp_metrics *m, int slept)
 {
     atomic_fetch_add_explicit(&m->engine_waits[slept != 0], 1, memory_order_relaxed);
+}
+
+void tp_metrics_pin_change(tp_metrics *m, int pinned)
+{
+    atomic_fetch_add_explicit(&m->pin_changes[pinned != 0], 1, memory_order_relaxed);
 }
 
 void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double compute_s)
@@ -240,6 +246,13 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
               (unsigned long long)atomic_load(&m->engine_waits[0]));
     sb_printf(b, "tpserve_engine_wait_total{ended=\"sleep\"} %llu\n",
               (unsigned long long)atomic_load(&m->engine_waits[1]));
+    family(b, "tpserve_http_thread_pin_changes_total", "counter",
+           "pin_threads: HTTP threads unpinned because their CPU starved them while another "
+           "idled (to=\"unpinned\"), and pinned again after their time away (to=\"pinned\").");
+    sb_printf(b, "tpserve_http_thread_pin_changes_total{to=\"unpinned\"} %llu\n",
+              (unsigned long long)atomic_load(&m->pin_changes[0]));
+    sb_printf(b, "tpserve_http_thread_pin_changes_total{to=\"pinned\"} %llu\n",
+              (unsigned long long)atomic_load(&m->pin_changes[1]));
     histogram(b, "tpserve_queue_duration_seconds",
               "Time a request waited in the batcher queue before its batch ran.", &m->queue_s);
     histogram(b, "tpserve_compute_duration_seconds",

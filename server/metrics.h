@@ -45,6 +45,9 @@ void tp_metrics_inferred(tp_metrics *m, int64_t rows, double queue_s, double com
 /* A held batch found the engine busy and waited for it: by polling
  * (slept 0) or asleep (1). */
 void tp_metrics_engine_wait(tp_metrics *m, int slept);
+/* pin_threads let an HTTP thread go from its CPU (pinned 0), or pinned it
+ * again (1). */
+void tp_metrics_pin_change(tp_metrics *m, int pinned);
 /* Gauges, set by the HTTP layer before rendering. */
 void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
 /* The engine's counters since load (copied). */

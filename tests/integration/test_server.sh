@@ -640,6 +640,40 @@ else
     else
         fail "pin_threads: answers ok=$ok, HTTP threads' CPUs '$pinned' (want '$want'): $(grep -a pin_threads "$TMP/pinned.log")"
     fi
+    # A client that connects from CPU $1 and then moves to $2, while two
+    # busy loops keep $1: the thread pinned there waits for its CPU while
+    # $2 idles, so the guard lets it go (cpu_pin.h), logged and counted.
+    $PYTHON - "$PORT" "$G" "$TMP/pin_req" "$TMP/pinned.log" "$1" "$2" <<'EOF' >"$TMP/o" 2>&1
+import http.client, os, subprocess, sys, time
+port, model, req, log, a, b = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+body = open(req, "rb").read()
+os.sched_setaffinity(0, {a})
+c = http.client.HTTPConnection("127.0.0.1", int(port), timeout=10)
+def infer():
+    c.request("POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200, r.status
+infer()  # connected from CPU a: the thread pinned there serves it
+os.sched_setaffinity(0, {b})
+hogs = [subprocess.Popen(["taskset", "-c", str(a), "sh", "-c", "while :; do :; done"]) for _ in range(2)]
+n, seen, start = 0, False, time.time()
+try:
+    while not seen and time.time() - start < 15:
+        infer()
+        n += 1
+        seen = n % 100 == 0 and "unpinned: in" in open(log, errors="replace").read()
+finally:
+    for h in hogs:
+        h.kill()
+print(f"{n} requests in {time.time() - start:.1f} s, unpinned: {seen}")
+EOF
+    unpins=$(curl -s "$URL/metrics" | sed -n 's/^tpserve_http_thread_pin_changes_total{to="unpinned"} //p')
+    if grep -q "unpinned: True" "$TMP/o" && [ "${unpins:-0}" -ge 1 ]; then
+        pass "pin_threads: a thread its CPU starves while another idles is unpinned ($(cat "$TMP/o"); $(grep -a -m1 'unpinned: in' "$TMP/pinned.log" | sed 's/.*unpinned: //'))"
+    else
+        fail "pin_threads: no unpin beside two busy loops (metrics: ${unpins:-none}): $(cat "$TMP/o")"
+    fi
     kill "$PID"
     wait "$PID"
 fi

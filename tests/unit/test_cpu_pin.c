@@ -1,0 +1,193 @@
+/* test_cpu_pin.c — pin_threads' guard (cpu_pin.h): the starvation verdict
+ * on windows measured on this project's VMs, the policy's strikes and
+ * doubling holds on a clock of the test's own, /proc/stat's parsing, and
+ * a real thread pinned to a CPU two busy threads share, unpinned once the
+ * guard sees it starve while another CPU idles, then pinned again. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "check_main.h"
+#include "clock.h"
+#include "cpu_pin.h"
+
+#define MS(x) ((int64_t)(x) * 1000000)
+
+/* Windows read off tpserve's HTTP threads (wall, run, wait, idlest other
+ * CPU's idle; server/README.md, "A pinned thread its CPU starves"). */
+START_TEST(starved_only_waiting_as_long_as_running_while_another_cpu_idles)
+{
+    /* one connection, client and server sharing a CPU: the other idles,
+     * but the thread waits less than it runs */
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(2000), MS(1278), MS(788), MS(2000)}));
+    /* 32 connections: both CPUs busy */
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(2000), MS(1171), MS(791), MS(30)}));
+    /* a busy loop on the thread's CPU under full load: waits, nothing idles */
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(2000), MS(742), MS(1012), MS(110)}));
+    /* a busy loop on its CPU, its client moved to the other CPU */
+    ck_assert(tp_pin_window_starved(&(tp_pin_window){MS(252), MS(81), MS(83), MS(160)}));
+    /* an idle thread waits for nothing */
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(250), 0, 0, MS(250)}));
+    /* the quarter bounds, each just missed */
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(400), MS(90), MS(99), MS(100)}));
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){MS(400), MS(90), MS(100), MS(99)}));
+    ck_assert(tp_pin_window_starved(&(tp_pin_window){MS(400), MS(90), MS(100), MS(100)}));
+    ck_assert(!tp_pin_window_starved(&(tp_pin_window){0, 0, 0, 0}));
+}
+END_TEST
+
+/* Unpins on the TP_PIN_STRIKES-th starved window in a row at now; pinned
+ * again exactly hold ms later. Returns that time. */
+static int64_t starve_and_wait(tp_pin_policy *pp, int64_t now, int64_t hold)
+{
+    for (int i = 1; i < TP_PIN_STRIKES; i++)
+        ck_assert_int_eq(tp_pin_policy_window(pp, 1, now), TP_PIN_SAME);
+    ck_assert_int_eq(tp_pin_policy_window(pp, 1, now), TP_PIN_UNPINNED);
+    ck_assert(!pp->pinned);
+    ck_assert_int_eq(tp_pin_policy_window(pp, 1, now), TP_PIN_SAME); /* unpinned: no windows */
+    ck_assert_int_eq(tp_pin_policy_poll(pp, now + hold - 1), TP_PIN_SAME);
+    ck_assert_int_eq(tp_pin_policy_poll(pp, now + hold), TP_PIN_PINNED);
+    ck_assert_int_eq(tp_pin_policy_poll(pp, now + hold + 1), TP_PIN_SAME);
+    return now + hold;
+}
+
+START_TEST(policy_unpins_on_strikes_for_doubling_holds)
+{
+    tp_pin_policy pp;
+    tp_pin_policy_init(&pp, 0);
+    ck_assert(pp.pinned);
+    /* a calm window between starved ones starts the count again */
+    ck_assert_int_eq(tp_pin_policy_window(&pp, 1, 250), TP_PIN_SAME);
+    ck_assert_int_eq(tp_pin_policy_window(&pp, 0, 500), TP_PIN_SAME);
+    int64_t now = starve_and_wait(&pp, 750, 1000);
+    int64_t hold = 2000;
+    for (; hold < TP_PIN_HOLD_MAX_MS; hold *= 2)
+        now = starve_and_wait(&pp, now + 10, hold);
+    now = starve_and_wait(&pp, now + 10, TP_PIN_HOLD_MAX_MS);
+    now = starve_and_wait(&pp, now + 10, TP_PIN_HOLD_MAX_MS); /* the cap holds */
+    /* pinned and calm a whole longest hold: the next spell is the shortest */
+    ck_assert_int_eq(tp_pin_policy_window(&pp, 0, now + TP_PIN_HOLD_MAX_MS), TP_PIN_SAME);
+    now = starve_and_wait(&pp, now + TP_PIN_HOLD_MAX_MS, 1000);
+    starve_and_wait(&pp, now + 10, 2000);
+}
+END_TEST
+
+START_TEST(parse_idle_reads_each_cpus_line)
+{
+    const char *stat = "cpu  900 1 2 300000 7 0 0 0 0 0\n"
+                       "cpu0 400 0 1 100000 3 0 0 0 0 0\n"
+                       "cpu1 500 1 1 200000 4 0 0 0 0 0\n"
+                       "cpu10 5 0 0 42 8 0 0 0 0 0\n"
+                       "intr 12345 1 2 3\n";
+    uint64_t idle[3];
+    ck_assert_int_eq(tp_cpu_pin_parse_idle(stat, (int[]){10, 1}, 2, idle), 0);
+    ck_assert_uint_eq(idle[0], 50);     /* 42 idle + 8 iowait */
+    ck_assert_uint_eq(idle[1], 200004);
+    ck_assert_int_eq(tp_cpu_pin_parse_idle(stat, (int[]){0, 3}, 2, idle), -1); /* no cpu3 */
+    ck_assert_int_eq(tp_cpu_pin_parse_idle("cpu0 1 2 3\n", (int[]){0}, 1, idle), -1); /* too short */
+    ck_assert_int_eq(tp_cpu_pin_parse_idle("", (int[]){0}, 1, idle), -1);
+    ck_assert_int_eq(tp_cpu_pin_parse_idle(stat, NULL, 0, idle), 0);
+}
+END_TEST
+
+static int affinity_is(const cpu_set_t *want)
+{
+    cpu_set_t now;
+    CPU_ZERO(&now);
+    return pthread_getaffinity_np(pthread_self(), sizeof now, &now) == 0 && CPU_EQUAL(&now, want);
+}
+
+typedef struct {
+    int cpu;
+    atomic_int stop;
+} hog_args;
+
+static void *hog(void *arg)
+{
+    hog_args *h = arg;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(h->cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    while (!atomic_load_explicit(&h->stop, memory_order_relaxed))
+        ;
+    return NULL;
+}
+
+/* Ticks p as a busy thread would (on every "request") until it reports
+ * want or deadline_ms passes; what the last tick reported. */
+static tp_pin_change tick_until(tp_cpu_pin *p, tp_pin_change want, int64_t deadline_ms, char *why, size_t len)
+{
+    tp_pin_change got = TP_PIN_SAME;
+    while (got != want && tp_now_ms_int() < deadline_ms)
+        got = tp_cpu_pin_tick(p, tp_now_ms_int(), why, len);
+    return got;
+}
+
+START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
+{
+    cpu_set_t allowed;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+    char why[256] = "";
+    if (CPU_COUNT(&allowed) < 2 || !tp_cpu_pin_watchable(why, sizeof why)) {
+        printf("a_starved_thread_is_unpinned_then_pinned_again: skipped: %s\n",
+               CPU_COUNT(&allowed) < 2 ? "one CPU" : why);
+        return;
+    }
+    int cpu = 0;
+    while (!CPU_ISSET(cpu, &allowed))
+        cpu++;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    tp_cpu_pin *p = tp_cpu_pin_create(cpu, &allowed);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(tp_cpu_pin_tick(p, tp_now_ms_int(), why, sizeof why), TP_PIN_SAME);
+    ck_assert_msg(affinity_is(&one), "the first tick pins the thread to CPU %d", cpu);
+
+    /* Two busy threads on its CPU: the thread runs a third of the time and
+     * waits the rest, while the other CPUs have nothing to do. */
+    hog_args h = {.cpu = cpu};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&t[i], NULL, hog, &h), 0);
+    int64_t start = tp_now_ms_int();
+    tp_pin_change got = tick_until(p, TP_PIN_UNPINNED, start + 40 * TP_PIN_WINDOW_MS, why, sizeof why);
+    int64_t took = tp_now_ms_int() - start;
+    atomic_store(&h.stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    ck_assert_msg(got == TP_PIN_UNPINNED, "not unpinned in %lld ms beside two busy threads", (long long)took);
+    printf("unpinned after %lld ms: %s\n", (long long)took, why);
+    ck_assert_msg(strstr(why, "for CPU") && strstr(why, "unpinned for 1000 ms"), "why: %s", why);
+    ck_assert_msg(affinity_is(&allowed), "unpinned, the thread may use every CPU again");
+
+    /* the hold over (the clock is the caller's), the next tick pins it */
+    int64_t later = tp_now_ms_int() + TP_PIN_HOLD_MIN_MS;
+    ck_assert_int_eq(tp_cpu_pin_tick(p, later - 1, why, sizeof why), TP_PIN_SAME);
+    ck_assert_msg(affinity_is(&allowed), "still unpinned before its hold is over");
+    ck_assert_int_eq(tp_cpu_pin_tick(p, later, why, sizeof why), TP_PIN_PINNED);
+    ck_assert_msg(affinity_is(&one), "pinned again: %s", why);
+    tp_cpu_pin_free(p);
+    /* the test thread's own CPUs back as they were */
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed), 0);
+}
+END_TEST
+
+static Suite *cpu_pin_suite(void)
+{
+    Suite *s = suite_create("cpu_pin");
+    TCase *t = tcase_create("core");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, starved_only_waiting_as_long_as_running_while_another_cpu_idles);
+    tcase_add_test(t, policy_unpins_on_strikes_for_doubling_holds);
+    tcase_add_test(t, parse_idle_reads_each_cpus_line);
+    tcase_add_test(t, a_starved_thread_is_unpinned_then_pinned_again);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+TP_CHECK_MAIN(cpu_pin_suite)
