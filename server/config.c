@@ -38,7 +38,7 @@ static const key_desc keys[] = {
     INT_KEY(threads, 0, 256, "HTTP threads (they decode, encode, and run short idle steps themselves); 0: one per "
                              "core this process may use (affinity, cgroup CPU quota), 2 to 16"),
     INT_KEY(pin_threads, 0, 1,
-            "1: HTTP thread i runs only on the i-th CPU this process may use, and each new connection "
+            "1 (two CPUs or more, a thread for each): HTTP thread i runs only on the i-th CPU this process may use, and each new connection "
             "goes to the thread on the CPU its packets arrive on (SO_INCOMING_CPU), so a client on this "
             "machine and the thread serving it wake each other on one CPU; a thread its CPU starves "
             "while another idles is unpinned for 1-64 s. 0: the scheduler places the threads"),
@@ -117,6 +117,7 @@ void tp_config_defaults(tp_config *c)
     c->port = 8000;
     snprintf(c->backend, sizeof c->backend, "cpu");
     c->threads = 0;
+    c->pin_threads = 1; /* measured: server/README.md, "HTTP threads pinned, connections by CPU" */
     c->max_body_bytes = INT64_C(64) << 20;
     c->request_timeout_ms = 30000;
     c->drain_timeout_ms = 10000;

@@ -18,7 +18,7 @@ typedef struct {
     char graph[4096];        /* graph JSON path, relative to the working dir */
     char backend[16];        /* cpu | cuda | auto */
     int threads;             /* HTTP thread pool size; 0: tp_config_http_threads picks */
-    int pin_threads;         /* 1: HTTP threads pinned one per CPU, connections routed by CPU */
+    int pin_threads;         /* 1 (default): HTTP threads pinned one per CPU, connections routed by CPU */
     int64_t max_body_bytes;  /* larger request bodies get 413 */
     int request_timeout_ms;  /* idle connection / queue wait limit; 0 = none */
     int drain_timeout_ms;    /* SIGTERM: longest wait for in-flight requests */

@@ -244,6 +244,24 @@ static int end_window(tp_cpu_pin *p, int64_t now_ms, tp_pin_window *w, int *idle
     return 0;
 }
 
+/* The thread may still use the CPUs it was created for: someone who moved
+ * it since (taskset -p on a running server) chose its CPUs, and a pin
+ * must not undo that. Otherwise it is left as it is, for good. */
+static int still_allowed(tp_cpu_pin *p, char *why, size_t why_len)
+{
+    cpu_set_t now;
+    CPU_ZERO(&now);
+    int rc = pthread_getaffinity_np(pthread_self(), sizeof now, &now);
+    if (rc == 0 && CPU_EQUAL(&now, &p->allowed))
+        return 1;
+    p->gave_up = 1;
+    if (rc != 0)
+        snprintf(why, why_len, "its CPUs: %s; left as they are", strerror(rc));
+    else
+        snprintf(why, why_len, "its CPUs changed since startup (taskset?); left as they are");
+    return 0;
+}
+
 /* Something failed: a thread nobody watches must not stay pinned. */
 static tp_pin_change give_up(tp_cpu_pin *p, char *why, size_t why_len)
 {
@@ -262,6 +280,8 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
     if (!p->started) {
         p->started = 1;
         tp_pin_policy_init(&p->policy, now_ms);
+        if (!still_allowed(p, why, why_len))
+            return TP_PIN_UNPINNED;
         if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
             return give_up(p, why, why_len);
         return TP_PIN_SAME;

@@ -1333,8 +1333,8 @@ static tp_status start_probe_listener(tp_http *h, tp_err *err)
 /* pin_threads: daemon i's thread goes to the i-th CPU this process may
  * use (round the list again past its end), and the acceptor sends each
  * connection to the daemon on the CPU its packets arrive on. Nothing is
- * pinned on one CPU, or where a thread's waiting time cannot be read (a
- * pin nobody watches could starve). */
+ * pinned on one CPU, with fewer threads than CPUs, or where a thread's
+ * waiting time cannot be read (a pin nobody watches could starve). */
 static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
 {
     cpu_set_t set;
@@ -1348,6 +1348,15 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
     if (n_cpus < 2) {
         TP_LOG_I("pin_threads: HTTP threads left unpinned: this process may use %s CPU below %d",
                  n_cpus ? "one" : "no", TP_ACCEPTOR_MAX_CPUS);
+        return TP_OK;
+    }
+    /* Fewer threads than CPUs (a CPU quota, threads capped at 16): the
+     * CPUs would be an arbitrary few, the same in every tpserve on the
+     * machine, and most clients' CPUs would have no thread to route to. */
+    if (h->n_daemons < n_cpus) {
+        TP_LOG_I("pin_threads: HTTP threads left unpinned: %d threads for the %d CPUs this process may use "
+                 "(each CPU needs one: --threads %d, or fewer CPUs by taskset or a cpuset)",
+                 h->n_daemons, n_cpus, n_cpus);
         return TP_OK;
     }
     if (!tp_cpu_pin_watchable(why, sizeof why)) {

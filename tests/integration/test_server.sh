@@ -618,15 +618,20 @@ else
 fi
 grep -q "drained: every accepted request was answered" "$TMP/load.log" && pass "drain logged" || fail "no drain line in the log"
 
-# pin_threads: each HTTP thread keeps to one CPU, and a client's connection
-# goes to the thread on the CPU it sent from (two CPUs needed to see it)
+# pin_threads (the default): each HTTP thread keeps to one CPU, and a
+# client's connection goes to the thread on the CPU it sent from (two CPUs
+# needed to see it)
 cpus=$(two_cpus)
 if [ -z "$cpus" ]; then
     echo "pin_threads: skipped: one CPU (or no taskset)"
 else
     # shellcheck disable=SC2086 # the two CPUs become $1 and $2
     set -- $cpus
-    start pinned --graph "$TP_GRAPHS/$G.json" --threads 2 --pin-threads 1 --log-level info || exit 1
+    # on these two CPUs only: pin_threads wants a thread for each CPU
+    shell_cpus=$(taskset -c -p $$ | sed 's/.*: //')
+    taskset -c -p "$1,$2" $$ >/dev/null
+    start pinned --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level info || exit 1
+    taskset -c -p "$shell_cpus" $$ >/dev/null
     $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/pin_req" >/dev/null
     ok=1
     for c in "$1" "$2" "$1" "$2"; do

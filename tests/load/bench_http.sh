@@ -31,7 +31,7 @@
 # With perf_analyzer installed (scripts/install_perf_analyzer.sh; it lives in
 # build/venv-perf), a second table: Triton's own load generator against
 # tpserve with binary tensors, JSON tensors and system shared memory, in its
-# 0.5 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
+# 0.25 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
 # away in perf_analyzer's own bookkeeping, server/README.md).
 # When the environment forces OpenBLAS's kernel set (OPENBLAS_CORETYPE), a
 # third table: a second tpserve started without it, in the same rounds.
@@ -250,6 +250,15 @@ start_more_tpserve() {
     wait_up "$BASE/v2/health/ready" "$name" || die "$WHY"
 }
 
+# start_more_tpserve with more tpserve flags: FLAGS NAME GRAPH [VAR=VALUE...]
+start_more_tpserve_with() {
+    args_before=$TPSERVE_ARGS
+    TPSERVE_ARGS="$TPSERVE_ARGS $1"
+    shift
+    start_more_tpserve "$@"
+    TPSERVE_ARGS=$args_before
+}
+
 # ---- tpserve with this CPU's own OpenBLAS kernels --------------------------------
 # When the environment forces a kernel set (OPENBLAS_CORETYPE; this project's
 # VMs set Haswell's AVX2 kernels on an AVX-512 CPU), a second tpserve
@@ -377,7 +386,8 @@ done
 # is what a container given one CPU gets.
 if [ -n "$PIN_CPUS" ]; then
     SERVER_CPU=${PIN_CPUS%% *}
-    start_more_tpserve tpserve_pin "$TP_GRAPHS/$G.json"
+    # unpinned, as in a container given one CPU (pin_threads needs two)
+    start_more_tpserve_with "--pin-threads 0" tpserve_pin "$TP_GRAPHS/$G.json"
     taskset -a -c -p "$SERVER_CPU" "$PID" >/dev/null || die "taskset on tpserve failed"
     keep_server tpserve_pin
     PORT=$(free_port)
@@ -390,16 +400,14 @@ if [ -n "$PIN_CPUS" ]; then
     keep_server bare_pin
 fi
 
-# ---- pin_threads: HTTP threads one per CPU, connections by CPU ------------------
-# A third tpserve, started with --pin-threads 1, runs the JSON and binary
-# rows at the top connection count: its threads keep to their CPUs and each
-# connection goes to the thread on the CPU the client sent from, so wrk
-# and the thread serving it wake each other on one CPU.
+# ---- pin_threads off: the scheduler places the HTTP threads ----------------------
+# tpserve pins its HTTP threads one per CPU and gives each connection to
+# the thread on the CPU the client sent from (pin_threads, on by default
+# with two CPUs). A third tpserve, started with --pin-threads 0, runs the
+# JSON and binary rows at the top connection count right after tpserve's
+# own: what pinning is worth, round by round.
 if [ -n "$PIN_CPUS" ]; then
-    args_before=$TPSERVE_ARGS
-    TPSERVE_ARGS="$TPSERVE_ARGS --pin-threads 1"
-    start_more_tpserve tpserve_cpu "$TP_GRAPHS/$G.json"
-    TPSERVE_ARGS=$args_before
+    start_more_tpserve_with "--pin-threads 0" tpserve_cpu "$TP_GRAPHS/$G.json"
     keep_server tpserve_cpu
 fi
 
@@ -423,6 +431,9 @@ while [ $r -le "$ROUNDS" ]; do
     for load in json binary mixed; do
         for c in $CONNS; do
             run_row tpserve counts_tpserve "$TMP/tp.res" $r $load "$c"
+            if [ -n "$PIN_CPUS" ] && [ $load != mixed ] && [ "$c" = "$TOP_CONNS" ]; then
+                run_row tpserve_cpu counts_tpserve "$TMP/tpc.res" $r $load "$c"
+            fi
             [ -z "$OWN_KERNELS" ] || run_row tpserve_own counts_tpserve "$TMP/own.res" $r $load "$c"
             [ $load = mixed ] || run_row bare_$load counts_none "$TMP/bare.res" $r $load "$c"
             [ $load = mixed ] || run_row model_$load counts_none "$TMP/model.res" $r $load "$c"
@@ -435,8 +446,6 @@ while [ $r -le "$ROUNDS" ]; do
         WRK_BATCH=1 run_row bare_binary counts_none "$TMP/bareb.res" $r binary "$TOP_CONNS"
     fi
     if [ -n "$PIN_CPUS" ]; then
-        run_row tpserve_cpu counts_tpserve "$TMP/tpc.res" $r json "$TOP_CONNS"
-        run_row tpserve_cpu counts_tpserve "$TMP/tpc.res" $r binary "$TOP_CONNS"
         WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row tpserve_pin counts_tpserve "$TMP/tpp.res" $r binary "$TOP_CONNS"
         WRK_CPU=${PIN_CPUS#* } WRK_THREADS=1 run_row bare_pin counts_none "$TMP/barep.res" $r binary "$TOP_CONNS"
     fi
@@ -541,7 +550,7 @@ for f in tp bare model triton own sp tpb bareb tpp barep tpc; do medians "$TMP/$
 ratios "$TMP/tpb.res" "$TMP/bareb.res" >"$TMP/tpb_bare.ratio"
 ratios "$TMP/tpp.res" "$TMP/barep.res" >"$TMP/tpp_bare.ratio"
 ratios "$TMP/tpc.res" "$TMP/bare.res" >"$TMP/tpc_bare.ratio"
-ratios "$TMP/tpc.res" "$TMP/tp.res" >"$TMP/tpc_tp.ratio"
+ratios "$TMP/tp.res" "$TMP/tpc.res" >"$TMP/tp_tpc.ratio"
 ratios "$TMP/sp.res" "$TMP/bare.res" >"$TMP/sp_bare.ratio"
 ratios "$TMP/tp.res" "$TMP/bare.res" >"$TMP/bare.ratio"
 ratios "$TMP/own.res" "$TMP/bare.res" >"$TMP/own_bare.ratio"
@@ -641,14 +650,15 @@ echo "waking: what a client on cores of its own, or another machine, costs the s
 echo
 versus_bare "$TMP/tpb.med" "$TMP/tpb_bare.ratio" "$TMP/bareb.med" "bare HTTP with wrk as SCHED_BATCH" \
     "no chrt" "$BATCH_WRK"
-echo "HTTP threads pinned (--pin-threads 1): the JSON and binary rows at $TOP_CONNS connections again, in the same"
-echo "rounds, against a tpserve whose HTTP threads keep one to a CPU and give each connection to the thread on the"
-echo "CPU its client sent from, so the client and the thread serving it wake each other on one CPU (server/README.md,"
-echo "\"HTTP threads pinned, connections by CPU\"); its ratio to bare and to the unpinned tpserve of the same round."
+echo "HTTP threads unpinned (--pin-threads 0): the JSON and binary rows at $TOP_CONNS connections again, each"
+echo "right after tpserve's, against a tpserve whose HTTP threads the scheduler places. By default each HTTP thread"
+echo "keeps to a CPU and takes the connections its clients open from there, so a client and the thread serving it"
+echo "wake each other on one CPU (server/README.md, \"HTTP threads pinned, connections by CPU\"); the last column is"
+echo "tpserve's gain from it: the pinned tpserve's requests/s over this one's, round by round."
 echo
 if [ -n "$PIN_CPUS" ]; then
-    side_table "$TMP/tpc.med" "tpserve / bare | pinned / unpinned tpserve" \
-        "$TMP/tpc_bare.ratio" 100 "%.1f%%" "$TMP/tpc_tp.ratio" 1 "%.2fx"
+    side_table "$TMP/tpc.med" "unpinned / bare | pinned / unpinned" \
+        "$TMP/tpc_bare.ratio" 100 "%.1f%%" "$TMP/tp_tpc.ratio" 1 "%.2fx"
 else
     echo "(not run: no taskset, or fewer than two CPUs)"
     echo
@@ -662,7 +672,7 @@ versus_bare "$TMP/tpp.med" "$TMP/tpp_bare.ratio" "$TMP/barep.med" "bare HTTP on 
     "no taskset, or fewer than two CPUs" "$PIN_CPUS"
 if [ -f "$TMP/pa.res" ]; then
     echo
-    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.5 s (longer ones run away: server/README.md):"
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.25 s (longer ones run away: server/README.md):"
     echo
     echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
     echo "| --- | ---: | ---: | ---: |"

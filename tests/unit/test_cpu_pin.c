@@ -2,7 +2,8 @@
  * on windows measured on this project's VMs, the policy's strikes and
  * doubling holds on a clock of the test's own, /proc/stat's parsing, and
  * a real thread pinned to a CPU two busy threads share, unpinned once the
- * guard sees it starve while another CPU idles, then pinned again. */
+ * guard sees it starve while another CPU idles, then pinned again; and a
+ * thread moved by someone else before its first tick left where it is. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -118,12 +119,13 @@ static void *hog(void *arg)
 }
 
 /* Ticks p as a busy thread would (on every "request") until it reports
- * want or deadline_ms passes; what the last tick reported. */
-static tp_pin_change tick_until(tp_cpu_pin *p, tp_pin_change want, int64_t deadline_ms, char *why, size_t len)
+ * want or deadline_ms passes; what the last tick reported, at *at. */
+static tp_pin_change tick_until(tp_cpu_pin *p, tp_pin_change want, int64_t deadline_ms, int64_t *at, char *why,
+                                size_t len)
 {
     tp_pin_change got = TP_PIN_SAME;
-    while (got != want && tp_now_ms_int() < deadline_ms)
-        got = tp_cpu_pin_tick(p, tp_now_ms_int(), why, len);
+    while (got != want && (*at = tp_now_ms_int()) < deadline_ms)
+        got = tp_cpu_pin_tick(p, *at, why, len);
     return got;
 }
 
@@ -155,8 +157,9 @@ START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
     for (int i = 0; i < 2; i++)
         ck_assert_int_eq(pthread_create(&t[i], NULL, hog, &h), 0);
     int64_t start = tp_now_ms_int();
-    tp_pin_change got = tick_until(p, TP_PIN_UNPINNED, start + 40 * TP_PIN_WINDOW_MS, why, sizeof why);
-    int64_t took = tp_now_ms_int() - start;
+    int64_t at;
+    tp_pin_change got = tick_until(p, TP_PIN_UNPINNED, start + 40 * TP_PIN_WINDOW_MS, &at, why, sizeof why);
+    int64_t took = at - start;
     atomic_store(&h.stop, 1);
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
@@ -166,13 +169,45 @@ START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
     ck_assert_msg(affinity_is(&allowed), "unpinned, the thread may use every CPU again");
 
     /* the hold over (the clock is the caller's), the next tick pins it */
-    int64_t later = tp_now_ms_int() + TP_PIN_HOLD_MIN_MS;
+    int64_t later = at + TP_PIN_HOLD_MIN_MS;
     ck_assert_int_eq(tp_cpu_pin_tick(p, later - 1, why, sizeof why), TP_PIN_SAME);
     ck_assert_msg(affinity_is(&allowed), "still unpinned before its hold is over");
     ck_assert_int_eq(tp_cpu_pin_tick(p, later, why, sizeof why), TP_PIN_PINNED);
     ck_assert_msg(affinity_is(&one), "pinned again: %s", why);
     tp_cpu_pin_free(p);
     /* the test thread's own CPUs back as they were */
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed), 0);
+}
+END_TEST
+
+/* A thread moved by someone else (taskset -p) before its first request
+ * keeps the CPUs it was given. */
+START_TEST(a_thread_moved_since_startup_is_left_where_it_was_put)
+{
+    cpu_set_t allowed;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+    if (CPU_COUNT(&allowed) < 2) {
+        printf("a_thread_moved_since_startup_is_left_where_it_was_put: skipped: one CPU\n");
+        return;
+    }
+    int first = 0, second;
+    while (!CPU_ISSET(first, &allowed))
+        first++;
+    for (second = first + 1; !CPU_ISSET(second, &allowed); second++)
+        ;
+    cpu_set_t moved;
+    CPU_ZERO(&moved);
+    CPU_SET(second, &moved);
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof moved, &moved), 0);
+    tp_cpu_pin *p = tp_cpu_pin_create(first, &allowed);
+    ck_assert_ptr_nonnull(p);
+    char why[256] = "";
+    ck_assert_int_eq(tp_cpu_pin_tick(p, tp_now_ms_int(), why, sizeof why), TP_PIN_UNPINNED);
+    ck_assert_msg(strstr(why, "changed since startup"), "why: %s", why);
+    ck_assert_msg(affinity_is(&moved), "left on CPU %d, where it was moved", second);
+    ck_assert_int_eq(tp_cpu_pin_tick(p, tp_now_ms_int() + 100000, why, sizeof why), TP_PIN_SAME);
+    ck_assert_msg(affinity_is(&moved), "and never pinned later");
+    tp_cpu_pin_free(p);
     ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed), 0);
 }
 END_TEST
@@ -186,6 +221,7 @@ static Suite *cpu_pin_suite(void)
     tcase_add_test(t, policy_unpins_on_strikes_for_doubling_holds);
     tcase_add_test(t, parse_idle_reads_each_cpus_line);
     tcase_add_test(t, a_starved_thread_is_unpinned_then_pinned_again);
+    tcase_add_test(t, a_thread_moved_since_startup_is_left_where_it_was_put);
     suite_add_tcase(s, t);
     return s;
 }
