@@ -1331,8 +1331,9 @@ static tp_status start_probe_listener(tp_http *h, tp_err *err)
 }
 
 /* pin_threads: daemon i's thread goes to the i-th CPU this process may
- * use (round the list again past its end), and the acceptor sends each
- * connection to the daemon on the CPU its packets arrive on. Nothing is
+ * use (round the list again past its end; h->pins, set before any daemon
+ * runs a request), and the acceptor will send each connection to the
+ * daemon on the CPU its packets arrive on (h->cpu_of_daemon). Nothing is
  * pinned on one CPU, with fewer threads than CPUs, or where a thread's
  * waiting time cannot be read (a pin nobody watches could starve). */
 static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
@@ -1375,7 +1376,6 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
         size_t at = strlen(list);
         snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", h->cpu_of_daemon[i]);
     }
-    tp_acceptor_route_by_cpu(h->acceptor, h->cpu_of_daemon);
     TP_LOG_I("pin_threads: HTTP threads on CPUs %s; each connection goes to the thread on the CPU its "
              "packets arrive on; a thread its CPU starves while another idles is unpinned for a while",
              list);
@@ -1396,7 +1396,9 @@ static tp_status start_main_listener(tp_http *h, tp_err *err)
         return tp_fail(err, TP_NOMEM, "out of memory");
     }
     h->n_daemons = n;
-    tp_status st = open_listener(h->cfg.host, h->cfg.port, &h->listen_fd, &h->port, err);
+    tp_status st = h->cfg.pin_threads ? pin_threads_by_cpu(h, err) : TP_OK;
+    if (st == TP_OK)
+        st = open_listener(h->cfg.host, h->cfg.port, &h->listen_fd, &h->port, err);
     for (int i = 0; st == TP_OK && i < n; i++) {
         share[i] = (unsigned)(total / n + (i < total % n));
         if (!(h->d[i] = start_daemon(h, -1, h->port, err)))
@@ -1405,8 +1407,8 @@ static tp_status start_main_listener(tp_http *h, tp_err *err)
     if (st == TP_OK)
         st = tp_acceptor_start(h->listen_fd, h->d, n, share, h->cfg.max_connections_per_ip, &h->acceptor, err);
     free(share);
-    if (st == TP_OK && h->cfg.pin_threads)
-        st = pin_threads_by_cpu(h, err);
+    if (st == TP_OK && h->cpu_of_daemon)
+        tp_acceptor_route_by_cpu(h->acceptor, h->cpu_of_daemon);
     return st;
 }
 
