@@ -1347,16 +1347,18 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
             cpus[n_cpus++] = c;
     char why[160];
     if (n_cpus < 2) {
-        TP_LOG_I("pin_threads: HTTP threads left unpinned: this process may use %s CPU below %d",
-                 n_cpus ? "one" : "no", TP_ACCEPTOR_MAX_CPUS);
+        if (n_cpus)
+            TP_LOG_I("pin_threads: HTTP threads left unpinned: this process may use one CPU");
+        else
+            TP_LOG_I("pin_threads: HTTP threads left unpinned: no CPU below %d", TP_ACCEPTOR_MAX_CPUS);
         return TP_OK;
     }
     /* Fewer threads than CPUs (a CPU quota, threads capped at 16): the
      * CPUs would be an arbitrary few, the same in every tpserve on the
      * machine, and most clients' CPUs would have no thread to route to. */
     if (h->n_daemons < n_cpus) {
-        TP_LOG_I("pin_threads: HTTP threads left unpinned: %d threads for the %d CPUs this process may use "
-                 "(each CPU needs one: --threads %d, or fewer CPUs by taskset or a cpuset)",
+        TP_LOG_I("pin_threads: HTTP threads left unpinned: %d for the %d CPUs this process may use (pinning "
+                 "needs one for each: --threads %d, or fewer CPUs by taskset or a cpuset)",
                  h->n_daemons, n_cpus, n_cpus);
         return TP_OK;
     }

@@ -692,6 +692,24 @@ EOF
     fi
     kill "$PID"
     wait "$PID"
+    # left unpinned: when asked, and with fewer HTTP threads than CPUs
+    taskset -c -p "$1,$2" $$ >/dev/null
+    for args in "--pin-threads 0" "--threads 1"; do
+        # shellcheck disable=SC2086 # args splits into flags on purpose
+        start unpinned --graph "$TP_GRAPHS/$G.json" --log-level info $args || exit 1
+        code=$(curl -s -o /dev/null -w '%{http_code}' --data-binary @"$TMP/pin_req" "$URL/v2/models/$G/infer")
+        one_cpu=$(for t in /proc/$PID/task/*; do [ "$(cat "$t/comm")" = MHD-single ] && taskset -pc "${t##*/}" | sed 's/.*: //'; done | grep -cv '[,-]')
+        said=yes
+        [ "$args" = "--threads 1" ] && ! grep -q "pin_threads: HTTP threads left unpinned: 1 for the 2 CPUs" "$TMP/unpinned.log" && said=no
+        if [ "$code" = 200 ] && [ "$one_cpu" = 0 ] && [ $said = yes ]; then
+            pass "pin_threads: $args leaves every HTTP thread free to use both CPUs"
+        else
+            fail "pin_threads: $args: answer $code, $one_cpu HTTP threads on one CPU, log said it: $said"
+        fi
+        kill "$PID"
+        wait "$PID"
+    done
+    taskset -c -p "$shell_cpus" $$ >/dev/null
 fi
 
 # a client that stalls mid-upload cannot hold the shutdown past drain_timeout_ms
