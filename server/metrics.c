@@ -174,6 +174,16 @@ static void counter(sbuf *b, const char *name, const char *help, uint64_t v)
     sb_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
+/* A counter of two series told apart by one label: label="value0" and
+ * label="value1" (e.g. ended="spin" and ended="sleep"). */
+static void counter_pair(sbuf *b, const char *name, const char *help, const char *label, const char *value0,
+                         const char *value1, _Atomic uint64_t *v)
+{
+    family(b, name, "counter", help);
+    sb_printf(b, "%s{%s=\"%s\"} %llu\n", name, label, value0, (unsigned long long)atomic_load(&v[0]));
+    sb_printf(b, "%s{%s=\"%s\"} %llu\n", name, label, value1, (unsigned long long)atomic_load(&v[1]));
+}
+
 static void gauge(sbuf *b, const char *name, const char *help, long long v)
 {
     family(b, name, "gauge", help);
@@ -239,20 +249,15 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
     counter(b, "tpserve_batch_count_total", "Batches the batcher sent to the engine.",
             atomic_load(&m->batches));
     histogram(b, "tpserve_batch_size", "Rows per batch sent to the engine.", &m->batch_rows);
-    family(b, "tpserve_engine_wait_total", "counter",
-           "Batches held by an HTTP thread that found the engine running another thread's "
-           "batch, by how the wait ended: polling (spin) or asleep (sleep).");
-    sb_printf(b, "tpserve_engine_wait_total{ended=\"spin\"} %llu\n",
-              (unsigned long long)atomic_load(&m->engine_waits[0]));
-    sb_printf(b, "tpserve_engine_wait_total{ended=\"sleep\"} %llu\n",
-              (unsigned long long)atomic_load(&m->engine_waits[1]));
-    family(b, "tpserve_http_thread_pin_changes_total", "counter",
-           "pin_threads: HTTP threads unpinned because their CPU starved them while another "
-           "idled (to=\"unpinned\"), and pinned again after their time away (to=\"pinned\").");
-    sb_printf(b, "tpserve_http_thread_pin_changes_total{to=\"unpinned\"} %llu\n",
-              (unsigned long long)atomic_load(&m->pin_changes[0]));
-    sb_printf(b, "tpserve_http_thread_pin_changes_total{to=\"pinned\"} %llu\n",
-              (unsigned long long)atomic_load(&m->pin_changes[1]));
+    counter_pair(b, "tpserve_engine_wait_total",
+                 "Batches held by an HTTP thread that found the engine running another thread's "
+                 "batch, by how the wait ended: polling (spin) or asleep (sleep).",
+                 "ended", "spin", "sleep", m->engine_waits);
+    counter_pair(b, "tpserve_http_thread_pin_changes_total",
+                 "pin_threads: HTTP threads unpinned because their CPU starved them while another "
+                 "idled, or whose CPUs changed since startup (to=\"unpinned\"), and pinned again after "
+                 "their time away (to=\"pinned\").",
+                 "to", "unpinned", "pinned", m->pin_changes);
     histogram(b, "tpserve_queue_duration_seconds",
               "Time a request waited in the batcher queue before its batch ran.", &m->queue_s);
     histogram(b, "tpserve_compute_duration_seconds",
