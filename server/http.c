@@ -167,8 +167,7 @@ struct tp_http {
      * on its next pass: so in epoll mode (it keeps such connections on its
      * ready list); held requests need that (REQ_HELD) */
     int may_hold;
-    int *cpu_of_daemon; /* pin_threads: the CPU each daemon's thread runs on; NULL: unpinned */
-    tp_cpu_pin **pins;  /* pin_threads: each daemon's thread's pin, ticked by that thread only */
+    tp_cpu_pin **pins; /* pin_threads: each daemon's thread's pin, ticked by that thread only; NULL: unpinned */
 };
 
 /* ---- replies ------------------------------------------------------------ */
@@ -682,7 +681,7 @@ static int thread_serves_others(tp_http *h, const req_ctx *r)
 }
 
 /* pin_threads: the thread of the daemon serving c takes its CPU
- * (h->cpu_of_daemon) on its first request, and later lets it go while the
+ * (its pin's) on its first request, and later lets it go while the
  * CPU starves it (cpu_pin.h); the acceptor routes connections as though
  * it stayed. */
 static void watch_pin(tp_http *h, struct MHD_Connection *c)
@@ -1333,10 +1332,11 @@ static tp_status start_probe_listener(tp_http *h, tp_err *err)
 /* pin_threads: daemon i's thread goes to the i-th CPU this process may
  * use (round the list again past its end; h->pins, set before any daemon
  * runs a request), and the acceptor will send each connection to the
- * daemon on the CPU its packets arrive on (h->cpu_of_daemon). Nothing is
+ * daemon on the CPU its packets arrive on (cpu_of_daemon[i], n_daemons
+ * of them, for the caller to hand to the acceptor). Nothing is
  * pinned on one CPU, with fewer threads than CPUs, or where a thread's
  * waiting time cannot be read (a pin nobody watches could starve). */
-static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
+static tp_status pin_threads_by_cpu(tp_http *h, int *cpu_of_daemon, tp_err *err)
 {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) != 0)
@@ -1366,17 +1366,15 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
         TP_LOG_W("pin_threads: HTTP threads left unpinned: cannot watch them for starvation: %s", why);
         return TP_OK;
     }
-    h->cpu_of_daemon = malloc((size_t)h->n_daemons * sizeof *h->cpu_of_daemon);
-    h->pins = calloc((size_t)h->n_daemons, sizeof *h->pins);
-    if (!h->cpu_of_daemon || !h->pins)
+    if (!(h->pins = calloc((size_t)h->n_daemons, sizeof *h->pins)))
         return tp_fail(err, TP_NOMEM, "out of memory");
     char list[256] = "";
     for (int i = 0; i < h->n_daemons; i++) {
-        h->cpu_of_daemon[i] = cpus[i % n_cpus];
-        if (!(h->pins[i] = tp_cpu_pin_create(h->cpu_of_daemon[i], &set)))
+        cpu_of_daemon[i] = cpus[i % n_cpus];
+        if (!(h->pins[i] = tp_cpu_pin_create(cpu_of_daemon[i], &set)))
             return tp_fail(err, TP_NOMEM, "out of memory");
         size_t at = strlen(list);
-        snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", h->cpu_of_daemon[i]);
+        snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", cpu_of_daemon[i]);
     }
     TP_LOG_I("pin_threads: HTTP threads on CPUs %s; each connection goes to the thread on the CPU its "
              "packets arrive on; a thread its CPU starves while another idles is unpinned for a while",
@@ -1386,19 +1384,21 @@ static tp_status pin_threads_by_cpu(tp_http *h, tp_err *err)
 
 /* The main port: its socket, a daemon per HTTP thread, each with an even
  * share of max_connections (so no more daemons than connections), and the
- * acceptor feeding them. */
+ * acceptor feeding them (routing by CPU when pin_threads pinned them). */
 static tp_status start_main_listener(tp_http *h, tp_err *err)
 {
     int total = tp_http_guard_max_connections(h->guard);
     int n = h->cfg.threads < total ? h->cfg.threads : total;
     unsigned *share = malloc((size_t)n * sizeof *share);
+    int *cpu_of_daemon = malloc((size_t)n * sizeof *cpu_of_daemon);
     h->d = calloc((size_t)n, sizeof *h->d);
-    if (!h->d || !share) {
+    if (!h->d || !share || !cpu_of_daemon) {
         free(share);
+        free(cpu_of_daemon);
         return tp_fail(err, TP_NOMEM, "out of memory");
     }
     h->n_daemons = n;
-    tp_status st = h->cfg.pin_threads ? pin_threads_by_cpu(h, err) : TP_OK;
+    tp_status st = h->cfg.pin_threads ? pin_threads_by_cpu(h, cpu_of_daemon, err) : TP_OK;
     if (st == TP_OK)
         st = open_listener(h->cfg.host, h->cfg.port, &h->listen_fd, &h->port, err);
     for (int i = 0; st == TP_OK && i < n; i++) {
@@ -1409,8 +1409,9 @@ static tp_status start_main_listener(tp_http *h, tp_err *err)
     if (st == TP_OK)
         st = tp_acceptor_start(h->listen_fd, h->d, n, share, h->cfg.max_connections_per_ip, &h->acceptor, err);
     free(share);
-    if (st == TP_OK && h->cpu_of_daemon)
-        tp_acceptor_route_by_cpu(h->acceptor, h->cpu_of_daemon);
+    if (st == TP_OK && h->pins)
+        tp_acceptor_route_by_cpu(h->acceptor, cpu_of_daemon); /* copied */
+    free(cpu_of_daemon);
     return st;
 }
 
@@ -1611,7 +1612,6 @@ void tp_http_stop(tp_http *h)
             MHD_stop_daemon(h->d[i]);
     tp_acceptor_free(h->acceptor); /* after the daemons: they report closes to it */
     free(h->d);
-    free(h->cpu_of_daemon);
     for (int i = 0; h->pins && i < h->n_daemons; i++)
         tp_cpu_pin_free(h->pins[i]);
     free(h->pins);
