@@ -627,11 +627,11 @@ if [ -z "$cpus" ]; then
 else
     # shellcheck disable=SC2086 # the two CPUs become $1 and $2
     set -- $cpus
-    # on these two CPUs only: pin_threads wants a thread for each CPU
+    # servers and clients on these two CPUs only, until this check ends:
+    # pin_threads wants a thread for each CPU
     shell_cpus=$(taskset -c -p $$ | sed 's/.*: //')
     taskset -c -p "$1,$2" $$ >/dev/null
     start pinned --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level info || exit 1
-    taskset -c -p "$shell_cpus" $$ >/dev/null
     $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/pin_req" >/dev/null
     ok=1
     for c in "$1" "$2" "$1" "$2"; do
@@ -693,7 +693,6 @@ EOF
     kill "$PID"
     wait "$PID"
     # left unpinned: when asked, and with fewer HTTP threads than CPUs
-    taskset -c -p "$1,$2" $$ >/dev/null
     for args in "--pin-threads 0" "--threads 1"; do
         # shellcheck disable=SC2086 # args splits into flags on purpose
         start unpinned --graph "$TP_GRAPHS/$G.json" --log-level info $args || exit 1

@@ -119,32 +119,39 @@ static void *hog(void *arg)
     return NULL;
 }
 
-/* Each CPU's idle time so far, ms (/proc/stat; 0 for a CPU it lacks). */
-static void idle_ms(double *ms)
+/* The CPUs of allowed but cpu (what a pin of cpu watches), their idle
+ * ticks so far in idle[] (/proc/stat, parsed as the pin parses it), n of them. */
+typedef struct {
+    int n, cpus[CPU_SETSIZE];
+    uint64_t idle[CPU_SETSIZE];
+} other_cpus;
+
+static void read_other_cpus(other_cpus *o, int cpu, const cpu_set_t *allowed)
 {
     static char stat[1 << 16];
+    o->n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (c != cpu && CPU_ISSET(c, allowed))
+            o->cpus[o->n++] = c;
     FILE *f = fopen("/proc/stat", "r");
     ck_assert_ptr_nonnull(f);
     size_t len = fread(stat, 1, sizeof stat - 1, f);
     fclose(f);
     stat[len] = '\0';
-    for (int c = 0; c < CPU_SETSIZE; c++) {
-        uint64_t idle;
-        ms[c] = tp_cpu_pin_parse_idle(stat, &c, 1, &idle) == 0 ? idle * 1000.0 / (double)sysconf(_SC_CLK_TCK) : 0;
-    }
+    ck_assert_int_eq(tp_cpu_pin_parse_idle(stat, o->cpus, o->n, o->idle), 0);
 }
 
-/* The fraction of ms that the idlest CPU in allowed but cpu idled since
- * before (idle_ms). */
-static double idlest_other_cpu(const double *before, int cpu, const cpu_set_t *allowed, int64_t ms)
+/* The fraction of ms that the idlest of before's CPUs idled since it was
+ * read. */
+static double idlest_since(const other_cpus *before, int cpu, const cpu_set_t *allowed, int64_t ms)
 {
-    static double after[CPU_SETSIZE];
-    idle_ms(after);
-    double most = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (c != cpu && CPU_ISSET(c, allowed) && after[c] - before[c] > most)
-            most = after[c] - before[c];
-    return most / (double)(ms > 0 ? ms : 1);
+    static other_cpus after;
+    read_other_cpus(&after, cpu, allowed);
+    uint64_t most = 0;
+    for (int i = 0; i < before->n; i++)
+        if (after.idle[i] - before->idle[i] > most)
+            most = after.idle[i] - before->idle[i];
+    return (double)most * 1000.0 / (double)sysconf(_SC_CLK_TCK) / (double)(ms > 0 ? ms : 1);
 }
 
 /* Ticks p as a busy thread would (on every "request") until it reports
@@ -186,8 +193,8 @@ START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
     for (int i = 0; i < 2; i++)
         ck_assert_int_eq(pthread_create(&t[i], NULL, hog, &h), 0);
     int64_t start = tp_now_ms_int();
-    static double idle0[CPU_SETSIZE];
-    idle_ms(idle0);
+    static other_cpus idle0;
+    read_other_cpus(&idle0, cpu, &allowed);
     int64_t at;
     tp_pin_change got = tick_until(p, TP_PIN_UNPINNED, start + 40 * TP_PIN_WINDOW_MS, &at, why, sizeof why);
     int64_t took = at - start;
@@ -196,7 +203,7 @@ START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
         pthread_join(t[i], NULL);
     /* Starvation needs another CPU that idles: on a machine whose other
      * CPUs were busy with other work all along, keeping the pin was right. */
-    double idle = idlest_other_cpu(idle0, cpu, &allowed, took);
+    double idle = idlest_since(&idle0, cpu, &allowed, took);
     if (got != TP_PIN_UNPINNED && idle < 0.25) {
         printf("a_starved_thread_is_unpinned_then_pinned_again: skipped: the other CPUs were busy "
                "(the idlest idled %.0f%% of %lld ms)\n", 100 * idle, (long long)took);
