@@ -200,12 +200,19 @@ static int read_idle(tp_cpu_pin *p, uint64_t *idle, char *why, size_t why_len)
     return 0;
 }
 
-static int set_cpus(tp_cpu_pin *p, int pinned, char *why, size_t why_len)
+/* The CPUs the thread has while pinned (pinned) or unpinned. */
+static cpu_set_t cpus_of(const tp_cpu_pin *p, int pinned)
 {
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(p->cpu, &one);
-    int rc = pthread_setaffinity_np(pthread_self(), sizeof one, pinned ? &one : &p->allowed);
+    return pinned ? one : p->allowed;
+}
+
+static int set_cpus(tp_cpu_pin *p, int pinned, char *why, size_t why_len)
+{
+    cpu_set_t want = cpus_of(p, pinned);
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof want, &want);
     if (rc != 0)
         snprintf(why, why_len, "%s CPU %d: %s", pinned ? "pinning to" : "unpinning from", p->cpu, strerror(rc));
     return rc == 0 ? 0 : -1;
@@ -244,21 +251,23 @@ static int end_window(tp_cpu_pin *p, int64_t now_ms, tp_pin_window *w, int *idle
     return 0;
 }
 
-/* The thread may still use the CPUs it was created for: someone who moved
- * it since (taskset -p on a running server) chose its CPUs, and a pin
- * must not undo that. Otherwise it is left as it is, for good. */
-static int still_allowed(tp_cpu_pin *p, char *why, size_t why_len)
+/* The thread still has the CPUs this pin last gave it (or, before its
+ * first tick, those it was created for): someone who moved it since
+ * (taskset -p on a running server) chose its CPUs, and a pin must not undo
+ * that. Otherwise it is left as it is, for good. */
+static int still_ours(tp_cpu_pin *p, int pinned, char *why, size_t why_len)
 {
-    cpu_set_t now;
+    cpu_set_t now, want = cpus_of(p, pinned);
     CPU_ZERO(&now);
     int rc = pthread_getaffinity_np(pthread_self(), sizeof now, &now);
-    if (rc == 0 && CPU_EQUAL(&now, &p->allowed))
+    if (rc == 0 && CPU_EQUAL(&now, &want))
         return 1;
     p->gave_up = 1;
     if (rc != 0)
         snprintf(why, why_len, "its CPUs: %s; left as they are", strerror(rc));
     else
-        snprintf(why, why_len, "its CPUs changed since startup (taskset?); left as they are");
+        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are",
+                 !p->started ? "startup" : pinned ? "it was pinned" : "it was unpinned");
     return 0;
 }
 
@@ -278,9 +287,10 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
     if (p->gave_up)
         return TP_PIN_SAME;
     if (!p->started) {
-        p->started = 1;
         tp_pin_policy_init(&p->policy, now_ms);
-        if (!still_allowed(p, why, why_len))
+        int ours = still_ours(p, 0, why, why_len);
+        p->started = 1;
+        if (!ours)
             return TP_PIN_UNPINNED;
         if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
             return give_up(p, why, why_len);
@@ -289,6 +299,8 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
     if (!p->policy.pinned) {
         if (tp_pin_policy_poll(&p->policy, now_ms) != TP_PIN_PINNED)
             return TP_PIN_SAME;
+        if (!still_ours(p, 0, why, why_len))
+            return TP_PIN_UNPINNED;
         if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
             return give_up(p, why, why_len);
         snprintf(why, why_len, "pinned to CPU %d again: its time unpinned is over", p->cpu);
@@ -296,6 +308,8 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
     }
     if (now_ms - p->window_ms < TP_PIN_WINDOW_MS)
         return TP_PIN_SAME;
+    if (!still_ours(p, 1, why, why_len))
+        return TP_PIN_UNPINNED;
     tp_pin_window w;
     int idlest;
     if (end_window(p, now_ms, &w, &idlest, why, why_len) != 0)

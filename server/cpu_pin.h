@@ -85,8 +85,10 @@ void tp_cpu_pin_free(tp_cpu_pin *p);
  * window and pin or unpin it. Returns what changed, and why in why.
  * A failed system call unpins the thread for good (TP_PIN_UNPINNED with
  * the error): a thread nobody watches must not stay pinned. A thread
- * whose CPUs are no longer allowed at its first tick (moved since by
- * taskset) is left on them, for good (TP_PIN_UNPINNED). */
+ * whose CPUs are not those the pin last gave it (or, at its first tick,
+ * those it was created with) when a window ends or a change is due was
+ * moved by someone else (taskset -p): it is left on them, for good
+ * (TP_PIN_UNPINNED). */
 tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t why_len);
 
 #endif

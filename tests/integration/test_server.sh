@@ -692,6 +692,25 @@ EOF
     fi
     kill "$PID"
     wait "$PID"
+    # A pinned thread that someone moves (taskset -p) stays where it was
+    # put: the guard sees its CPUs changed when its window ends.
+    start moved --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level info || exit 1
+    taskset -c "$1" curl -s -o /dev/null --data-binary @"$TMP/pin_req" "$URL/v2/models/$G/infer"
+    tid=$(for t in /proc/$PID/task/*; do [ "$(cat "$t/comm")" = MHD-single ] && [ "$(taskset -pc "${t##*/}" | sed 's/.*: //')" = "$1" ] && echo "${t##*/}"; done | head -n 1)
+    if [ -n "$tid" ] && taskset -c -p "$2" "$tid" >/dev/null; then
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            taskset -c "$1" curl -s -o /dev/null --data-binary @"$TMP/pin_req" "$URL/v2/models/$G/infer"
+            sleep 0.1
+        done
+    fi
+    now=$(taskset -pc "${tid:-0}" 2>/dev/null | sed 's/.*: //')
+    if [ -n "$tid" ] && [ "$now" = "$2" ] && grep -q "unpinned: its CPUs changed since it was pinned (taskset?); left as they are" "$TMP/moved.log"; then
+        pass "pin_threads: a pinned thread moved by taskset stays on CPU $2, where it was put, and the log says so"
+    else
+        fail "pin_threads: thread '${tid:-none}' moved to CPU $2 is on '$now': $(grep -a pin_threads "$TMP/moved.log")"
+    fi
+    kill "$PID"
+    wait "$PID"
     # left unpinned: when asked, and with fewer HTTP threads than CPUs
     for args in "--pin-threads 0" "--threads 1"; do
         # shellcheck disable=SC2086 # args splits into flags on purpose

@@ -3,7 +3,8 @@
  * doubling holds on a clock of the test's own, /proc/stat's parsing, and
  * a real thread pinned to a CPU two busy threads share, unpinned once the
  * guard sees it starve while another CPU idles, then pinned again; and a
- * thread moved by someone else before its first tick left where it is. */
+ * thread moved by someone else, before its first tick or once pinned, left
+ * where it is. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -229,14 +230,14 @@ START_TEST(a_starved_thread_is_unpinned_then_pinned_again)
 }
 END_TEST
 
-/* A thread moved by someone else (taskset -p) before its first request
- * keeps the CPUs it was given. */
-START_TEST(a_thread_moved_since_startup_is_left_where_it_was_put)
+/* A thread moved by someone else (taskset -p), before its first request or
+ * once pinned, keeps the CPUs it was given. */
+START_TEST(a_thread_moved_by_someone_else_is_left_where_it_was_put)
 {
     cpu_set_t allowed;
     ck_assert_int_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
     if (CPU_COUNT(&allowed) < 2) {
-        printf("a_thread_moved_since_startup_is_left_where_it_was_put: skipped: one CPU\n");
+        printf("a_thread_moved_by_someone_else_is_left_where_it_was_put: skipped: one CPU\n");
         return;
     }
     int first = 0, second;
@@ -257,6 +258,21 @@ START_TEST(a_thread_moved_since_startup_is_left_where_it_was_put)
     ck_assert_int_eq(tp_cpu_pin_tick(p, tp_now_ms_int() + 100000, why, sizeof why), TP_PIN_SAME);
     ck_assert_msg(affinity_is(&moved), "and never pinned later");
     tp_cpu_pin_free(p);
+
+    /* pinned first, then moved: left there when its window ends, and for good */
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed), 0);
+    p = tp_cpu_pin_create(first, &allowed);
+    ck_assert_ptr_nonnull(p);
+    int64_t now = tp_now_ms_int();
+    ck_assert_int_eq(tp_cpu_pin_tick(p, now, why, sizeof why), TP_PIN_SAME);
+    ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof moved, &moved), 0);
+    ck_assert_int_eq(tp_cpu_pin_tick(p, now + TP_PIN_WINDOW_MS, why, sizeof why), TP_PIN_UNPINNED);
+    ck_assert_msg(strstr(why, "changed since it was pinned"), "why: %s", why);
+    ck_assert_msg(affinity_is(&moved), "left on CPU %d, where it was moved after its pin", second);
+    for (int k = 2; k < 8; k++)
+        ck_assert_int_eq(tp_cpu_pin_tick(p, now + k * TP_PIN_HOLD_MAX_MS, why, sizeof why), TP_PIN_SAME);
+    ck_assert_msg(affinity_is(&moved), "and never pinned or unpinned later");
+    tp_cpu_pin_free(p);
     ck_assert_int_eq(pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed), 0);
 }
 END_TEST
@@ -270,7 +286,7 @@ static Suite *cpu_pin_suite(void)
     tcase_add_test(t, policy_unpins_on_strikes_for_doubling_holds);
     tcase_add_test(t, parse_idle_reads_each_cpus_line);
     tcase_add_test(t, a_starved_thread_is_unpinned_then_pinned_again);
-    tcase_add_test(t, a_thread_moved_since_startup_is_left_where_it_was_put);
+    tcase_add_test(t, a_thread_moved_by_someone_else_is_left_where_it_was_put);
     suite_add_tcase(s, t);
     return s;
 }
