@@ -263,11 +263,13 @@ static int still_ours(tp_cpu_pin *p, int pinned, char *why, size_t why_len)
     if (rc == 0 && CPU_EQUAL(&now, &want))
         return 1;
     p->gave_up = 1;
+    const char *since = !p->started ? "startup" : pinned ? "it was pinned" : "it was unpinned";
     if (rc != 0)
         snprintf(why, why_len, "its CPUs: %s; left as they are", strerror(rc));
+    else if (pinned)
+        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are", since);
     else
-        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are",
-                 !p->started ? "startup" : pinned ? "it was pinned" : "it was unpinned");
+        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are, not pinned", since);
     return 0;
 }
 
@@ -291,7 +293,7 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
         int ours = still_ours(p, 0, why, why_len);
         p->started = 1;
         if (!ours)
-            return TP_PIN_UNPINNED;
+            return TP_PIN_LEFT;
         if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
             return give_up(p, why, why_len);
         return TP_PIN_SAME;
@@ -300,7 +302,7 @@ tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t w
         if (tp_pin_policy_poll(&p->policy, now_ms) != TP_PIN_PINNED)
             return TP_PIN_SAME;
         if (!still_ours(p, 0, why, why_len))
-            return TP_PIN_UNPINNED;
+            return TP_PIN_LEFT;
         if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
             return give_up(p, why, why_len);
         snprintf(why, why_len, "pinned to CPU %d again: its time unpinned is over", p->cpu);

@@ -43,7 +43,10 @@ typedef struct {
  * waits as long as it runs; under full load no CPU idles. */
 int tp_pin_window_starved(const tp_pin_window *w);
 
-typedef enum { TP_PIN_SAME, TP_PIN_PINNED, TP_PIN_UNPINNED } tp_pin_change;
+/* TP_PIN_LEFT: someone else set the thread's CPUs while this guard was
+ * not holding them (before its first pin, or while it was unpinned); they
+ * are left as they are, for good, and nothing changed. */
+typedef enum { TP_PIN_SAME, TP_PIN_PINNED, TP_PIN_UNPINNED, TP_PIN_LEFT } tp_pin_change;
 
 /* When to pin and unpin, from the windows' verdicts: kept apart from the
  * system calls so a test can drive it with its own clock. */
@@ -88,7 +91,7 @@ void tp_cpu_pin_free(tp_cpu_pin *p);
  * whose CPUs are not those the pin last gave it (or, at its first tick,
  * those it was created with) when a window ends or a change is due was
  * moved by someone else (taskset -p): it is left on them, for good
- * (TP_PIN_UNPINNED). */
+ * (TP_PIN_UNPINNED when it was pinned, else TP_PIN_LEFT). */
 tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t why_len);
 
 #endif

@@ -700,6 +700,9 @@ static void watch_pin(tp_http *h, struct MHD_Connection *c)
         TP_LOG_I("pin_threads: HTTP thread %d %s", thread_daemon, why);
         tp_metrics_pin_change(h->metrics, 1);
         break;
+    case TP_PIN_LEFT:
+        TP_LOG_W("pin_threads: HTTP thread %d: %s", thread_daemon, why);
+        break;
     }
 }
 

@@ -255,8 +255,8 @@ static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)
                  "ended", "spin", "sleep", m->engine_waits);
     counter_pair(b, "tpserve_http_thread_pin_changes_total",
                  "pin_threads: HTTP threads unpinned because their CPU starved them while another "
-                 "idled, or whose CPUs changed since startup (to=\"unpinned\"), and pinned again after "
-                 "their time away (to=\"pinned\").",
+                 "idled, or moved by someone else while pinned (to=\"unpinned\"), and pinned again "
+                 "after their time away (to=\"pinned\").",
                  "to", "unpinned", "pinned", m->pin_changes);
     histogram(b, "tpserve_queue_duration_seconds",
               "Time a request waited in the batcher queue before its batch ran.", &m->queue_s);
