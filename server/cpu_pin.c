@@ -263,13 +263,11 @@ static int still_ours(tp_cpu_pin *p, int pinned, char *why, size_t why_len)
     if (rc == 0 && CPU_EQUAL(&now, &want))
         return 1;
     p->gave_up = 1;
-    const char *since = !p->started ? "startup" : pinned ? "it was pinned" : "it was unpinned";
     if (rc != 0)
         snprintf(why, why_len, "its CPUs: %s; left as they are", strerror(rc));
-    else if (pinned)
-        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are", since);
     else
-        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are, not pinned", since);
+        snprintf(why, why_len, "its CPUs changed since %s (taskset?); left as they are%s",
+                 !p->started ? "startup" : pinned ? "it was pinned" : "it was unpinned", pinned ? "" : ", not pinned");
     return 0;
 }
 
@@ -284,29 +282,35 @@ static tp_pin_change give_up(tp_cpu_pin *p, char *why, size_t why_len)
     return TP_PIN_UNPINNED;
 }
 
+/* The unpinned thread pinned, and its first window begun: TP_PIN_PINNED;
+ * TP_PIN_LEFT when someone else set its CPUs meanwhile; give_up's answer
+ * when a call failed. */
+static tp_pin_change pin(tp_cpu_pin *p, int64_t now_ms, char *why, size_t why_len)
+{
+    if (!still_ours(p, 0, why, why_len))
+        return TP_PIN_LEFT;
+    if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
+        return give_up(p, why, why_len);
+    return TP_PIN_PINNED;
+}
+
 tp_pin_change tp_cpu_pin_tick(tp_cpu_pin *p, int64_t now_ms, char *why, size_t why_len)
 {
     if (p->gave_up)
         return TP_PIN_SAME;
     if (!p->started) {
         tp_pin_policy_init(&p->policy, now_ms);
-        int ours = still_ours(p, 0, why, why_len);
-        p->started = 1;
-        if (!ours)
-            return TP_PIN_LEFT;
-        if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
-            return give_up(p, why, why_len);
-        return TP_PIN_SAME;
+        tp_pin_change c = pin(p, now_ms, why, why_len);
+        p->started = 1; /* after pin: until now a move dates from startup */
+        return c == TP_PIN_PINNED ? TP_PIN_SAME : c;
     }
     if (!p->policy.pinned) {
         if (tp_pin_policy_poll(&p->policy, now_ms) != TP_PIN_PINNED)
             return TP_PIN_SAME;
-        if (!still_ours(p, 0, why, why_len))
-            return TP_PIN_LEFT;
-        if (set_cpus(p, 1, why, why_len) != 0 || start_window(p, now_ms, why, why_len) != 0)
-            return give_up(p, why, why_len);
-        snprintf(why, why_len, "pinned to CPU %d again: its time unpinned is over", p->cpu);
-        return TP_PIN_PINNED;
+        tp_pin_change c = pin(p, now_ms, why, why_len);
+        if (c == TP_PIN_PINNED)
+            snprintf(why, why_len, "pinned to CPU %d again: its time unpinned is over", p->cpu);
+        return c;
     }
     if (now_ms - p->window_ms < TP_PIN_WINDOW_MS)
         return TP_PIN_SAME;
