@@ -68,6 +68,8 @@ struct tp_engine {
     const char *_Atomic lost;
     char dead_reason[sizeof ((tp_err *)0)->msg + 64];
     pthread_mutex_t mu;
+    void (*on_lost)(void *arg); /* tp_engine_opts' */
+    void *on_lost_arg;
 };
 
 /* Output dims that change with the batch are reported as -1: found by
@@ -211,6 +213,10 @@ static tp_status create_group(tp_engine *e, const tp_engine_opts *o, tp_err *err
     tp_rank_group_opts go = {.mode = TP_GROUP_THREADS};
     if (o && o->group)
         go = *o->group;
+    if (!go.on_lost) {
+        go.on_lost = e->on_lost;
+        go.on_lost_arg = e->on_lost_arg;
+    }
     if (go.mode == TP_GROUP_WORKER && go.world != e->g->world_size)
         return tp_fail(err, TP_INVALID, "worker: WORLD_SIZE %d, but graph '%s' has world_size %d", go.world,
                        e->g->name, e->g->world_size);
@@ -307,6 +313,10 @@ static tp_status engine_new(const char *graph_path, const tp_engine_opts *opts, 
         return tp_fail(err, TP_NOMEM, "engine: out of memory");
     pthread_mutex_init(&(*out)->mu, NULL);
     (*out)->xopts.eager = opts && opts->eager;
+    if (opts) {
+        (*out)->on_lost = opts->on_lost;
+        (*out)->on_lost_arg = opts->on_lost_arg;
+    }
     return tp_graph_load(graph_path, &(*out)->g, err);
 }
 
@@ -843,12 +853,18 @@ static void note_lost(tp_engine *e, const tp_err *step_err)
         lost = e->dead_reason;
     }
     atomic_store(&e->lost, lost);
+    if (lost && e->on_lost)
+        e->on_lost(e->on_lost_arg);
 }
 
 const char *tp_engine_lost(tp_engine *e)
 {
-    /* a running batch holds mu and notes a loss itself: never wait for it */
-    if (!atomic_load(&e->lost) && pthread_mutex_trylock(&e->mu) == 0) {
+    /* a running batch holds mu and notes a loss itself: never wait for it,
+     * but say what the group knows (its peer watcher may have found a
+     * dead process the batch has not met yet) */
+    if (!atomic_load(&e->lost)) {
+        if (pthread_mutex_trylock(&e->mu) != 0)
+            return e->rg ? tp_rank_group_lost_known(e->rg) : NULL;
         note_lost(e, NULL);
         pthread_mutex_unlock(&e->mu);
     }

@@ -39,6 +39,13 @@ typedef struct {
      * has been faster, for steps up to this long (tp_rank_group_set_serial),
      * where the backend allows it; 0: never. */
     int serial_step_max_us;
+    /* Called when the engine has just become lost (tp_engine_lost turns
+     * non-NULL, or is about to: a rank's process was found gone between
+     * steps), on whichever thread found it: it should only signal (write
+     * an eventfd) and return. So a server need not poll tp_engine_lost to
+     * turn unready. NULL: nobody is told. */
+    void (*on_lost)(void *arg);
+    void *on_lost_arg;
 } tp_engine_opts;
 
 /* Counters since load, for /metrics and tests. */
@@ -172,7 +179,8 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
  * a step failed in a way that left the backend dead for good (a sticky CUDA
  * error, an NCCL error), naming the rank and the failure. Once lost, every
  * request fails at once with TP_UNAVAILABLE and this message. Safe
- * to call from any thread at any time; never waits for a running batch. */
+ * to call from any thread at any time; never waits for a running batch
+ * (during one it reports what the group already knows). */
 const char *tp_engine_lost(tp_engine *e);
 
 /* A worker process's whole life after tp_engine_create: runs every step the

@@ -387,6 +387,10 @@ void tp_rank_group_local(const tp_rank_group *g, int *lo, int *hi)
 int tp_rank_group_leads(const tp_rank_group *g) { return g->lo == 0; }
 const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g) { return g->procs ? tp_rank_procs_shared(g->procs) : NULL; }
 const char *tp_rank_group_lost(const tp_rank_group *g) { return g->procs ? tp_rank_procs_lost(g->procs) : NULL; }
+const char *tp_rank_group_lost_known(const tp_rank_group *g)
+{
+    return g->procs ? tp_rank_procs_lost_known(g->procs) : NULL;
+}
 
 /* A lost group fails every later step at once, with the same message
  * (a death not found yet fails the step in its first wait). */

@@ -59,6 +59,12 @@ typedef struct {
      * outnumber `cores` (0: the cores this process may use). */
     int64_t spin_ns;
     int cores;
+    /* PROCESSES, WORKER: called once when the group is found lost by its
+     * peer watcher (a peer process ended, between steps or inside one), on
+     * that thread, which then goes on waking waiters: it should only
+     * signal (write an eventfd) and return. NULL: nobody is told. */
+    void (*on_lost)(void *arg);
+    void *on_lost_arg;
 } tp_rank_group_opts;
 
 /* Where the group's shared memory is, in this process's address space.
@@ -94,6 +100,8 @@ const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
 /* NULL while every rank is alive, else "rank group lost: why" (a string
  * that lives as long as the group and never changes once set). */
 const char *tp_rank_group_lost(const tp_rank_group *g);
+/* The same without looking: what a check already found (any thread). */
+const char *tp_rank_group_lost_known(const tp_rank_group *g);
 
 /* Runs fn(ctx, r) on every local rank (the first on the calling thread,
  * the others on the group's threads; all on the calling thread in a serial

@@ -9,16 +9,28 @@
  *
  * Synchronization is C11 atomics plus futexes on shared words rather than
  * process-shared mutexes: a process that dies mid-step cannot leave a lock
- * held, and every wait has a timeout so the waiter can look for the dead.
+ * held, and a wait inside a step has a timeout so the waiter can look for
+ * the dead (and for a hung step).
  * A wait spins for the group's budget first (util/spin_wait.h): inside a
  * step the peer is usually microseconds away. Each wait site learns on its
  * own whether spinning pays (tp_spin_site): a run follows its command at
  * once, while the next command, at one request at a time, is a whole HTTP
  * round trip away.
  *
- * The liveness check (check_peers) runs on the step's caller and on the
- * group's watchdog thread (rank_group.c), so it holds live_mu; the lost
- * message is published through lost_set and never changes after.
+ * The liveness check (check_peers) runs on the step's caller, on the
+ * group's watchdog thread (rank_group.c) and on the peer watcher below, so
+ * it holds live_mu; the lost message is published through lost_set and
+ * never changes after.
+ *
+ * Between steps nothing polls. Each process holds a pidfd of every process
+ * it depends on (the leader: its workers; a worker: its leader), and a
+ * watcher thread sleeps in poll on them: a peer that exits makes its pidfd
+ * readable, the watcher loses the group at once and tells opts->on_lost,
+ * and a worker waiting for its next command sleeps without a timeout. An
+ * idle server used to wake 50 times a second in each process to call
+ * kill(pid, 0), which also took a reused pid for the dead peer alive.
+ * Where a pidfd cannot be had (a kernel before 5.3, another pid
+ * namespace), the watcher looks every WAIT_SLICE_MS instead, as before.
  *
  * Messages go through a ring of RING slots: the leader never overwrites a
  * slot some worker has not read yet (each worker publishes how many it has
@@ -37,7 +49,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -122,6 +136,15 @@ struct tp_rank_procs {
     pthread_mutex_t live_mu;       /* check_peers */
     _Atomic int lost_set;          /* lost[] is written and final */
     char lost[512];
+    /* The peer watcher: pidfds of the peers (-1: none), an eventfd that
+     * wakes it (set_lost, and its stop), whether every peer has a pidfd
+     * (then idle waits need no timeout), and whom it tells of a loss. */
+    int peer_fd[TP_GROUP_MAX_PROCESSES];
+    int watch_fd, watched, has_watcher;
+    _Atomic int watch_quit;
+    pthread_t watcher;
+    void (*on_lost)(void *arg);
+    void *on_lost_arg;
 };
 
 /* ------------------------------------------------------------ waiting */
@@ -147,6 +170,10 @@ static void set_lost(tp_rank_procs *p, const char *fmt, ...)
     /* wake everyone so they notice now, not at their next time slice */
     tp_futex_wake(&p->ctl->seq, 1);
     tp_futex_wake(&p->ctl->result, 1);
+    if (p->watch_fd >= 0) {
+        uint64_t one = 1;
+        (void)!write(p->watch_fd, &one, sizeof one);
+    }
 }
 
 static void describe_exit(tp_rank_procs *p, int r, int ws)
@@ -160,6 +187,16 @@ static void describe_exit(tp_rank_procs *p, int r, int ws)
 
 static int process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
+/* Whether peer r (pid) has ended: its pidfd is readable once it exits, or,
+ * without one, kill finds no such process. */
+static int peer_ended(const tp_rank_procs *p, int r, pid_t pid)
+{
+    if (p->peer_fd[r] < 0)
+        return process_gone(pid);
+    struct pollfd pf = {p->peer_fd[r], POLLIN, 0};
+    return poll(&pf, 1, 0) == 1;
+}
+
 /* The leader looks at its workers; a worker at the leader. live_mu held. */
 static void check_peers(tp_rank_procs *p)
 {
@@ -172,7 +209,7 @@ static void check_peers(tp_rank_procs *p)
     }
     if (p->rank != 0) {
         pid_t leader = atomic_load(&p->ctl->leader_pid);
-        if (process_gone(leader) || (p->spawned && getppid() != leader))
+        if (peer_ended(p, 0, leader) || (p->spawned && getppid() != leader))
             set_lost(p, "the leader (rank 0, pid %d) is gone", (int)leader);
         return;
     }
@@ -193,7 +230,7 @@ static void check_peers(tp_rank_procs *p)
         if (p->child[r] > 0 && waitpid(p->child[r], &ws, WNOHANG) == p->child[r]) {
             p->child[r] = 0;
             describe_exit(p, r, ws);
-        } else if (p->child[r] <= 0 && process_gone(p->pid[r])) {
+        } else if (p->child[r] <= 0 && peer_ended(p, r, p->pid[r])) {
             set_lost(p, "rank %d (pid %d) is gone", r, (int)p->pid[r]);
         }
     }
@@ -232,8 +269,10 @@ static int reached(const void *a)
 }
 
 /* Waits until *r->w >= r->target, or the group is lost: spins (per the
- * site), then sleeps in slices, looking for the dead between them. */
-static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, tp_err *err)
+ * site), then sleeps in slices of slice_ms, looking for the dead between
+ * them; -1, no timeout, only on a word set_lost wakes while the peer
+ * watcher looks for the dead. */
+static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, int slice_ms, tp_err *err)
 {
     tp_spin_site_until(site, reached, &r, spin_ns);
     for (;;) {
@@ -244,12 +283,110 @@ static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t
             return lost_error(p, err);
         uint32_t poked = r.pokes ? atomic_load(r.pokes) : 0;
         if (r.sleepers)
-            tp_futex_sleep(r.w, v, r.sleepers, WAIT_SLICE_MS, 1);
+            tp_futex_sleep(r.w, v, r.sleepers, slice_ms, 1);
         else
-            tp_futex_wait(r.w, v, WAIT_SLICE_MS, 1);
+            tp_futex_wait(r.w, v, slice_ms, 1);
         if (r.pokes && atomic_load(r.pokes) != poked)
             tp_spin_until(reached, &r, p->spin_ns);
     }
+}
+
+/* ------------------------------------------------------------ peer watcher */
+
+static int open_pidfd(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+#else
+    (void)pid;
+    return -1;
+#endif
+}
+
+/* Sleeps until a peer's pidfd is readable, or watch_fd is written
+ * (set_lost, the stop), or timeout_ms passes. */
+static void watch_wait(tp_rank_procs *p, struct pollfd *pf, int n, int timeout_ms)
+{
+    if (poll(pf, n, timeout_ms) > 0 && pf[0].revents) {
+        uint64_t v;
+        (void)!read(p->watch_fd, &v, sizeof v);
+    }
+}
+
+/* check_peers, and a peer whose pidfd poll found readable is gone whatever
+ * else it says (a child someone else reaped). pf[i], i >= 1, is rank[i]'s. */
+static void look_at_peers(tp_rank_procs *p, const struct pollfd *pf, const int *rank, int n)
+{
+    pthread_mutex_lock(&p->live_mu);
+    check_peers(p);
+    for (int i = 1; i < n && !atomic_load(&p->lost_set); i++)
+        if (pf[i].revents)
+            set_lost(p, "rank %d's process ended", rank[i]);
+    pthread_mutex_unlock(&p->live_mu);
+}
+
+static void *watch_peers(void *arg)
+{
+    tp_rank_procs *p = arg;
+    pthread_setname_np(pthread_self(), "rank peers");
+    struct pollfd pf[TP_GROUP_MAX_PROCESSES + 1];
+    int rank[TP_GROUP_MAX_PROCESSES + 1], n = 1;
+    pf[0] = (struct pollfd){p->watch_fd, POLLIN, 0};
+    for (int r = 0; r < p->world; r++)
+        if (p->peer_fd[r] >= 0) {
+            rank[n] = r;
+            pf[n++] = (struct pollfd){p->peer_fd[r], POLLIN, 0};
+        }
+    while (!atomic_load(&p->watch_quit) && !atomic_load(&p->lost_set)) {
+        watch_wait(p, pf, n, p->watched ? -1 : WAIT_SLICE_MS);
+        if (!atomic_load(&p->watch_quit))
+            look_at_peers(p, pf, rank, n);
+    }
+    if (atomic_load(&p->watch_quit))
+        return NULL;
+    if (p->on_lost)
+        p->on_lost(p->on_lost_arg);
+    /* A waiter that looked just before the loss may sleep on a word that
+     * did not change (set_lost's wake came first), without a timeout:
+     * wake the waits on those words until the group is torn down. */
+    while (!atomic_load(&p->watch_quit)) {
+        tp_futex_wake(&p->ctl->seq, 1);
+        tp_futex_wake(&p->ctl->result, 1);
+        watch_wait(p, pf, 1, WAIT_SLICE_MS);
+    }
+    return NULL;
+}
+
+/* The peers' pidfds (the leader's workers, a worker's leader) and the
+ * watcher on them. A peer already gone has none: check_peers finds it. */
+static tp_status start_watcher(tp_rank_procs *p, tp_err *err)
+{
+    int all = 1;
+    for (int r = 0; r < p->world; r++) {
+        if (r == p->rank || (p->rank != 0 && r != 0))
+            continue;
+        p->peer_fd[r] = open_pidfd(r == 0 ? atomic_load(&p->ctl->leader_pid) : p->pid[r]);
+        all &= p->peer_fd[r] >= 0;
+    }
+    p->watched = all;
+    p->watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (p->watch_fd < 0)
+        return tp_fail(err, TP_IO, "rank group: eventfd: %s", strerror(errno));
+    if (pthread_create(&p->watcher, NULL, watch_peers, p) != 0)
+        return tp_fail(err, TP_INTERNAL, "rank group: cannot start the peer watcher thread");
+    p->has_watcher = 1;
+    return TP_OK;
+}
+
+static void stop_watcher(tp_rank_procs *p)
+{
+    if (!p->has_watcher)
+        return;
+    atomic_store(&p->watch_quit, 1);
+    uint64_t one = 1;
+    (void)!write(p->watch_fd, &one, sizeof one);
+    pthread_join(p->watcher, NULL);
+    p->has_watcher = 0;
 }
 
 /* ------------------------------------------------------------ memory */
@@ -608,7 +745,14 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_
     p->step_timeout_ms = o->step_timeout_ms;
     p->join_timeout_ms = o->timeout_ms ? o->timeout_ms : 60000;
     p->fd = -1;
+    p->watch_fd = -1;
+    for (int r = 0; r < TP_GROUP_MAX_PROCESSES; r++)
+        p->peer_fd[r] = -1;
+    p->on_lost = o->on_lost;
+    p->on_lost_arg = o->on_lost_arg;
     tp_status st = leader ? create_leader(p, o, err) : create_worker(p, o, err);
+    if (st == TP_OK)
+        st = start_watcher(p, err);
     if (st != TP_OK) {
         tp_rank_procs_free(p);
         return st;
@@ -637,6 +781,7 @@ void tp_rank_procs_stop(tp_rank_procs *p)
 {
     if (p->rank != 0 || !p->ctl || p->stopped)
         return;
+    stop_watcher(p); /* workers quitting are not a loss */
     tp_err e;
     if (!tp_rank_procs_lost(p))
         tp_rank_procs_send(p, TP_MSG_QUIT, NULL, 0, &e);
@@ -649,10 +794,16 @@ void tp_rank_procs_free(tp_rank_procs *p)
     if (!p)
         return;
     tp_rank_procs_stop(p);
+    stop_watcher(p);
     if (p->base)
         munmap(p->base, p->total);
     if (p->fd >= 0)
         close(p->fd);
+    if (p->watch_fd >= 0)
+        close(p->watch_fd);
+    for (int r = 0; r < TP_GROUP_MAX_PROCESSES; r++)
+        if (p->peer_fd[r] >= 0)
+            close(p->peer_fd[r]);
     pthread_mutex_destroy(&p->live_mu);
     free(p);
 }
@@ -675,7 +826,8 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     /* the slot we reuse must have been read by every worker */
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
         /* nobody wakes it: a worker this far behind is rare */
-        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site, p->spin_ns, err);
+        tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site,
+                                p->spin_ns, WAIT_SLICE_MS, err);
         if (st != TP_OK)
             return st;
     }
@@ -705,8 +857,9 @@ tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, 
 {
     *quit = 0;
     int64_t spin = kind == TP_MSG_CMD ? p->spin_ns * CMD_SPIN_FACTOR : p->spin_ns;
+    /* the next command may be hours away: sleep until it or a loss comes */
     tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1, &p->ctl->pokes},
-                            &p->recv_site[kind], spin, err);
+                            &p->recv_site[kind], spin, p->watched ? -1 : WAIT_SLICE_MS, err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -758,7 +911,8 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     if (p->rank != 0) {
         atomic_store(&c->rank[p->rank].done, step);
         tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
-        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site, p->spin_ns, err);
+        tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site,
+                               p->spin_ns, WAIT_SLICE_MS, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -767,7 +921,8 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     }
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
-        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL}, &p->finish_site, p->spin_ns, err);
+        tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL},
+                               &p->finish_site, p->spin_ns, WAIT_SLICE_MS, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);

@@ -141,7 +141,11 @@ static void *watch_main(void *arg)
         int open = g->head.next != &g->head;
         int64_t wait = done_left ? CLIENT_DONE_GRACE_MS / 2 : open && tick > LATE_PEEK_MS ? LATE_PEEK_MS : tick;
         struct timespec ts = in_ms(wait);
-        if (!g->done_pending)
+        /* with no connection there is nothing to look at until one opens
+         * (on_connection signals): an idle server does not wake */
+        if (!g->done_pending && !open)
+            pthread_cond_wait(&g->cv, &g->mu);
+        else if (!g->done_pending)
             pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     pthread_mutex_unlock(&g->mu);

@@ -1,12 +1,18 @@
 #include "serve.h"
 
+#include <errno.h>
 #include <malloc.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "batcher.h"
 #include "clock.h"
@@ -128,26 +134,72 @@ static tp_status load_config(int argc, char **argv, tp_config *cfg, int *help, t
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-/* The server's signals are blocked in every thread (main() made sure of it
- * before any thread existed, see signals.h; threads started here inherit
- * the mask) and taken synchronously with sigwait. */
-static void block_signals(sigset_t *set)
+/* What the main thread sleeps on: the server's signals, blocked in every
+ * thread (main() made sure of it before any thread existed, see signals.h;
+ * threads started here inherit the mask) and read from a signalfd, and an
+ * eventfd an engine writes when it becomes lost (tp_engine_opts.on_lost).
+ * So an idle server's main thread sleeps until one of them comes; it used
+ * to wake every 20 ms to ask the engines. */
+typedef struct {
+    int sig_fd, event_fd;
+    /* a detached loader, or engines left running at exit, may still write
+     * event_fd: it then stays open (the process is exiting) */
+    int event_fd_held;
+} main_wait;
+
+static int open_main_wait(main_wait *w)
 {
-    tp_signals_set(set);
-    pthread_sigmask(SIG_BLOCK, set, NULL);
+    sigset_t set;
+    tp_signals_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
     /* a client closing early must not kill the server mid-write */
     signal(SIGPIPE, SIG_IGN);
+    w->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    w->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (w->sig_fd >= 0 && w->event_fd >= 0)
+        return 1;
+    TP_LOG_E("cannot create the main thread's %s: %s", w->sig_fd < 0 ? "signalfd" : "eventfd", strerror(errno));
+    return 0;
 }
 
-/* Returns the stop signal taken (SIGTERM, SIGINT), or -1 when timeout_ms
- * passed; the other signals of the set are logged and waited through. */
-static int wait_signal(const sigset_t *set, int timeout_ms)
+static void close_main_wait(main_wait *w)
 {
-    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-    int sig;
-    while ((sig = sigtimedwait(set, NULL, &ts)) > 0 && !tp_signals_stop(sig))
-        TP_LOG_I("received %s: ignored, serving goes on (SIGTERM or SIGINT stops the server)", strsignal(sig));
-    return sig;
+    if (w->sig_fd >= 0)
+        close(w->sig_fd);
+    if (w->event_fd >= 0 && !w->event_fd_held)
+        close(w->event_fd);
+}
+
+/* tp_engine_opts.on_lost: arg is the main thread's event_fd. */
+static void wake_main(void *arg)
+{
+    uint64_t one = 1;
+    (void)!write((int)(intptr_t)arg, &one, sizeof one);
+}
+
+/* The stop signal taken (SIGTERM, SIGINT) if one came within timeout_ms
+ * (-1: no limit), else 0 for an event (wake_main), -1 when the time
+ * passed; the other signals of the set are logged and waited through. */
+static int wait_main(main_wait *w, int timeout_ms)
+{
+    for (;;) {
+        struct pollfd pf[2] = {{w->sig_fd, POLLIN, 0}, {w->event_fd, POLLIN, 0}};
+        int n = poll(pf, 2, timeout_ms);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        struct signalfd_siginfo si;
+        if (pf[0].revents && read(w->sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+            if (tp_signals_stop((int)si.ssi_signo))
+                return (int)si.ssi_signo;
+            TP_LOG_I("received %s: ignored, serving goes on (SIGTERM or SIGINT stops the server)",
+                     strsignal((int)si.ssi_signo));
+        }
+        uint64_t v;
+        if (pf[1].revents && read(w->event_fd, &v, sizeof v) == (ssize_t)sizeof v)
+            return 0;
+    }
 }
 
 /* A request sent on a keep-alive connection may sit unread in a socket
@@ -164,7 +216,7 @@ static int wait_signal(const sigset_t *set, int timeout_ms)
  * yet, and their requests may not have arrived, so "no connection left"
  * only ends the drain early when there were none (otherwise the quiet
  * period does). */
-static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned adopted)
+static int drain(tp_http *h, const tp_config *cfg, main_wait *w, unsigned adopted)
 {
     double start = tp_now_ms(), deadline = start + cfg->drain_timeout_ms, quiet_since = -1;
     for (;;) {
@@ -182,7 +234,7 @@ static int drain(tp_http *h, const tp_config *cfg, const sigset_t *set, unsigned
                      cfg->drain_timeout_ms, tp_http_in_flight(h));
             return 0;
         }
-        if (wait_signal(set, 10) > 0 && tp_now_ms() - start >= SIGNAL_BURST_MS) {
+        if (wait_main(w, 10) > 0 && tp_now_ms() - start >= SIGNAL_BURST_MS) {
             TP_LOG_W("second signal: ending the drain with %ld requests in flight",
                      tp_http_in_flight(h));
             return 0;
@@ -227,8 +279,7 @@ static const char *any_lost(tp_engine *const *inst, int n)
     return NULL;
 }
 
-static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_config *cfg,
-                              const sigset_t *set)
+static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_config *cfg, main_wait *w)
 {
     tp_err err;
     char hb[300];
@@ -249,8 +300,9 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
              cfg->ranks, serial, tp_engine_backend_name(e), url_host(cfg->host, hb, sizeof hb), tp_http_port(h),
              tp_http_threads(h), cfg->instances, (long long)cfg->max_body_bytes);
     int sig;
-    /* 20 ms: readiness turns 503 well within 100 ms of a rank's death */
-    while ((sig = wait_signal(set, 20)) <= 0) {
+    /* woken by an engine that became lost (a step failed for good, or a
+     * rank's process ended): readiness turns 503 at once */
+    while ((sig = wait_main(w, -1)) <= 0) {
         const char *lost = any_lost(inst, cfg->instances);
         if (lost && tp_http_set_broken(h, lost))
             TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);
@@ -258,7 +310,7 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
     TP_LOG_I("received %s: draining (readiness 503, no new connections, up to %d ms for %ld "
              "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,
              tp_http_in_flight(h));
-    if (drain(h, cfg, set, tp_http_begin_drain(h))) {
+    if (drain(h, cfg, w, tp_http_begin_drain(h))) {
         TP_LOG_I("drained: every accepted request was answered; exiting");
         return 0;
     }
@@ -273,6 +325,7 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
  * graph is still loading (a rollout must not wait for weights to map). */
 typedef struct {
     tp_config cfg; /* a copy: a detached loader may outlive the caller's frame */
+    int event_fd;  /* the main thread's (main_wait), for the engines' on_lost */
     tp_engine *e[TP_BATCHER_MAX_INSTANCES]; /* cfg.instances of them (config.c caps it so) */
     tp_status st;
     tp_err err;
@@ -299,7 +352,8 @@ static void *load_main(void *arg)
     const tp_config *c = &j->cfg;
     int64_t buckets[TP_MAX_BUCKETS];
     tp_engine_opts opts = {.backend = c->backend, .settings = &c->backend_settings, .buckets = buckets,
-                           .serial_step_max_us = c->serial_step_max_us};
+                           .serial_step_max_us = c->serial_step_max_us, .on_lost = wake_main,
+                           .on_lost_arg = (void *)(intptr_t)j->event_fd};
     tp_worker_spec ws = {.graph = c->graph, .backend = c->backend, .buckets = c->buckets};
     char **argv = strcmp(c->ranks, "processes") == 0 ? tp_worker_argv(&ws) : NULL;
     tp_rank_group_opts go = group_opts(c, argv);
@@ -319,10 +373,10 @@ static void *load_main(void *arg)
 /* Returns 1 when the load finished (successfully or not), 0 when a signal
  * came first; then the loader is left running (it cannot be interrupted)
  * and the caller exits without serving. */
-static int wait_load(load_job *j, pthread_t th, const sigset_t *set)
+static int wait_load(load_job *j, pthread_t th, main_wait *w)
 {
     while (!atomic_load(&j->done)) {
-        int sig = wait_signal(set, 20);
+        int sig = wait_main(w, 20);
         if (sig > 0) {
             TP_LOG_I("received %s while loading: exiting without serving",
                      sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -340,22 +394,25 @@ static void free_instances(tp_engine **inst, int n)
         tp_engine_free(inst[k]);
 }
 
-static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
+static int load_and_serve(tp_http *h, const tp_config *cfg, main_wait *w)
 {
     load_job *j = calloc(1, sizeof *j);
     pthread_t th;
-    if (j)
+    if (j) {
         j->cfg = *cfg;
+        j->event_fd = w->event_fd;
+    }
     if (!j || pthread_create(&th, NULL, load_main, j) != 0) {
         free(j);
         TP_LOG_E("cannot start the graph loader thread");
         tp_http_stop(h);
         return 1;
     }
-    if (!wait_load(j, th, set)) {
+    if (!wait_load(j, th, w)) {
         /* nothing was served: the drain only answers stragglers (503) */
-        drain(h, cfg, set, tp_http_begin_drain(h));
+        drain(h, cfg, w, tp_http_begin_drain(h));
         tp_http_stop(h);
+        w->event_fd_held = 1;
         return 0; /* j stays with the detached loader, which may still write it */
     }
     tp_engine *inst[TP_BATCHER_MAX_INSTANCES];
@@ -369,12 +426,13 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, const sigset_t *set)
         free_instances(inst, cfg->instances);
         return 1;
     }
-    int rc = serve_until_signal(h, inst, cfg, set);
+    int rc = serve_until_signal(h, inst, cfg, w);
     if (rc < 0) {
         /* Requests are still running inside the engine; stopping the daemon
          * or freeing the engine under them is undefined, and the process is
          * about to exit, which releases everything. */
         TP_LOG_E("exiting with %ld requests still inside the engine", tp_http_in_engine(h));
+        w->event_fd_held = 1;
         return 1;
     }
     tp_http_stop(h);
@@ -420,16 +478,21 @@ int tp_serve_main(int argc, char **argv)
     tp_log_level_from_name(cfg.log_level, &lvl);
     tp_log_set_level(lvl);
     keep_freed_memory();
-    sigset_t set;
-    block_signals(&set);
-
+    main_wait w = {-1, -1, 0};
+    if (!open_main_wait(&w)) {
+        close_main_wait(&w);
+        return 1;
+    }
     tp_http *h;
     char hb[300];
     if (tp_http_start(&cfg, &h, &err) != TP_OK) {
         TP_LOG_E("cannot start the HTTP server: %s", err.msg);
+        close_main_wait(&w);
         return 1;
     }
     TP_LOG_I("listening on http://%s:%d, loading graph %s (backend %s)",
              url_host(cfg.host, hb, sizeof hb), tp_http_port(h), cfg.graph, cfg.backend);
-    return load_and_serve(h, &cfg, &set);
+    int rc = load_and_serve(h, &cfg, &w);
+    close_main_wait(&w);
+    return rc;
 }

@@ -1,6 +1,6 @@
 /* signals.h — the signals `tpserve serve` takes: blocked in every thread of
  * the process from the first instruction on, taken synchronously by the
- * main thread with sigwait (so no work ever happens in a handler).
+ * main thread from a signalfd (so no work ever happens in a handler).
  *
  * SIGTERM, SIGINT: drain and exit (server/README.md, "Signals").
  * SIGHUP, SIGUSR1, SIGUSR2: logged and otherwise ignored; serving goes on.

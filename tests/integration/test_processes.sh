@@ -2,9 +2,10 @@
 # test_processes.sh — one process per rank (ranks=processes), on the cpu
 # backend: every example graph gives its reference numbers with the ranks in
 # separate processes (tpserve run); the server spawns world_size-1 workers
-# and answers correctly; SIGKILL of a worker turns readiness and liveness
-# 503 with a log line naming the rank and signal, requests get 503 naming
-# it, and SIGTERM still exits at once; a normal SIGTERM leaves no worker
+# and answers correctly; an idle server (ranks as threads or processes)
+# does not wake; SIGKILL of a worker is logged at once, naming the rank and
+# signal, with no request made, turns readiness and liveness 503, requests
+# get 503 naming it, and SIGTERM still exits at once; a normal SIGTERM leaves no worker
 # behind; external ranks (`tpserve worker --rendezvous`, RANK/WORLD_SIZE)
 # join a leader, and a rank started with other options or another world size
 # is refused with a message saying so; buckets beyond the shared staging are
@@ -67,11 +68,33 @@ if start procs --graph "$TP_GRAPHS/$G.json" --ranks processes; then
         fail "SIGTERM: exit $rc, $left of the workers ($ws) still running"
 fi
 
-# 3. a worker killed under load: not ready, not live, 503 naming it, no hang
+# 3. an idle server sleeps, in both rank modes: no thread of the server or
+# of its workers polls (it used to wake 50 times a second per process).
+# Past the first second after a request, when the step watchdogs sleep too.
 G=mlp_sp_tp2
+for mode in threads processes; do
+    if start "idle_$mode" --graph "$TP_GRAPHS/$G.json" --ranks "$mode"; then
+        sleep 1.5
+        n=$(switches_over "$PID" 2)
+        [ "$n" -le 10 ] && pass "idle, ranks $mode: $n context switches in 2 s over every thread" ||
+            fail "idle, ranks $mode: $n context switches in 2 s (a thread polls)"
+        kill "$PID"
+        wait "$PID" 2>/dev/null
+    fi
+done
+
+# 3. a worker killed: the server notices with no request made (its peer
+# watcher), not ready, not live, 503 naming it, no hang
 if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     w=$(workers "$PID" | awk '{print $1}')
     kill -9 "$w"
+    i=0
+    while [ $i -lt 50 ] && ! grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log"; do
+        sleep 0.1; i=$((i + 1))
+    done
+    grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log" &&
+        pass "worker SIGKILL on an idle server: logged within $((i * 100)) ms, no request needed" ||
+        fail "worker SIGKILL on an idle server: not logged within 5 s: $(tail -2 "$TMP/dead.log")"
     i=0
     while [ $i -lt 50 ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" != 503 ]; do
         sleep 0.1; i=$((i + 1))
@@ -88,8 +111,6 @@ if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
         fail "infer after the death: $code $(cat "$TMP/resp")"
     up=$(curl -s "$URL/metrics" | awk '$1 == "tpserve_rank_group_up" { print $2 }')
     [ "$up" = 0 ] && pass "/metrics: tpserve_rank_group_up 0" || fail "/metrics: tpserve_rank_group_up '$up'"
-    grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log" &&
-        pass "log line names the dead rank" || fail "no log line: $(tail -3 "$TMP/dead.log")"
     kill "$PID"
     i=0
     while kill -0 "$PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done

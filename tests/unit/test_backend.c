@@ -138,6 +138,16 @@ static const char *dying_dead(tp_backend *b)
     return broken ? "dying: revoked" : NULL;
 }
 
+/* tp_engine_opts.on_lost: counts the calls */
+static int told_lost;
+static void count_lost(void *arg)
+{
+    (void)arg;
+    told_lost++;
+}
+
+/* The failed step makes the engine lost and tells on_lost itself, once:
+ * a server learns of it without polling tp_engine_lost. */
 START_TEST(dead_backend_makes_the_engine_lost)
 {
     char path[512], in_path[512];
@@ -145,7 +155,8 @@ START_TEST(dead_backend_makes_the_engine_lost)
     snprintf(in_path, sizeof in_path, "%s/mlp_sp_tp2.inputs.safetensors", graphs_dir());
     tp_engine *e;
     tp_err err = {{0}};
-    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    tp_engine_opts opts = {.on_lost = count_lost};
+    ck_assert_msg(tp_engine_create(path, &opts, &e, &err) == TP_OK, "%s", err.msg);
     tp_backend *b = tp_engine_backend(e);
     cpu_iface = b->iface;
     dying_iface = *cpu_iface;
@@ -160,12 +171,15 @@ START_TEST(dead_backend_makes_the_engine_lost)
     ck_assert_ptr_null(tp_engine_lost(e));
 
     broken = 1;
+    ck_assert_int_eq(told_lost, 0);
     ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_BACKEND);
+    ck_assert_int_eq(told_lost, 1);
     const char *lost = tp_engine_lost(e);
     ck_assert_msg(lost && strstr(lost, "backend 'cpu' failed for good: rank ") && strstr(lost, "failed: injected"),
                   "lost: %s", lost ? lost : "(null)");
     ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_UNAVAILABLE);
     ck_assert_str_eq(err.msg, lost);
+    ck_assert_int_eq(told_lost, 1);
 
     broken = 0; /* the cpu teardown runs unhindered */
     tp_host_tensors_free(in, n_in);

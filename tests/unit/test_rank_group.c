@@ -4,7 +4,8 @@
  * a failure anywhere is the same error everywhere; a dead worker makes the
  * step fail naming its rank and signal, without hanging a rank that waits
  * for it; external ranks join over the rendezvous socket and bad ones are
- * refused; each process's caller runs its rank itself.
+ * refused; each process's caller runs its rank itself; an idle group sleeps
+ * and hears of a death at once.
  *
  * The thread rank group: steps back to back from several callers, a rank
  * failing mid-step, an abort reaching ranks that sleep or spin in a
@@ -83,12 +84,21 @@ static int worker_main(const char *scenario)
 
 static char *argv_worker[] = {"/proc/self/exe", "worker", "plain", NULL};
 
+/* on_lost of the groups leader() makes: counts the calls */
+static _Atomic int told_lost;
+static void count_lost(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&told_lost, 1);
+}
+
 static tp_rank_group *leader(int world, const char *scenario)
 {
     argv_worker[2] = (char *)scenario;
     tp_rank_group_opts o = {.mode = TP_GROUP_PROCESSES, .world = world, .worker_argv = argv_worker,
                             .staging_bytes = 1 << 20, .heap_bytes = 1 << 20, .timeout_ms = 20000,
-                            .step_timeout_ms = strcmp(scenario, "hang") == 0 ? 500 : 0};
+                            .step_timeout_ms = strcmp(scenario, "hang") == 0 ? 500 : 0, .on_lost = count_lost};
+    atomic_store(&told_lost, 0);
     tp_rank_group *g;
     tp_err err;
     ck_assert_msg(tp_rank_group_create(&o, &g, &err) == TP_OK, "%s", err.msg);
@@ -182,6 +192,55 @@ START_TEST(a_dead_worker_fails_the_step_and_the_group)
     ck_assert_int_eq(tp_rank_group_run(g, write_rank, &c, NULL, &err), TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "killed by signal 9"), "%s", err.msg);
     tp_rank_group_free(g);
+}
+END_TEST
+
+/* Context switches so far of every thread of process pid. */
+static long process_switches(int pid)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd,
+             "cat /proc/%d/task/*/status 2>/dev/null | awk '/ctxt_switches/ { s += $2 } END { print s }'", pid);
+    FILE *f = popen(cmd, "r");
+    long n = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = -1;
+        pclose(f);
+    }
+    return n;
+}
+
+/* Between steps nothing polls: the worker waiting for its next command and
+ * both processes' peer watchers sleep until something happens (a 20 ms
+ * poll woke each process 50 times a second). A worker killed while the
+ * group idles is found at once by the leader's watcher, which loses the
+ * group and tells on_lost without anyone asking (lost_known: no look). */
+START_TEST(an_idle_group_sleeps_and_hears_of_a_death_at_once)
+{
+    tp_rank_group *g = leader(2, "plain");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "plain", .step = 1};
+    tp_err err;
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    int worker = words(c.sh)[192 + 1];
+    ck_assert_msg(tu_thread_reaches(worker, 'S', 5000), "the worker never sleeps between steps");
+    usleep(1200 * 1000); /* past the step watchdogs' IDLE_MS (rank_group.c): they sleep too */
+    long before = process_switches(worker);
+    usleep(500 * 1000);
+    long woke = process_switches(worker) - before;
+    ck_assert_msg(before >= 0 && woke <= 3, "an idle worker woke %ld times in 500 ms", woke);
+    ck_assert_int_eq(atomic_load(&told_lost), 0);
+    kill(worker, SIGKILL);
+    for (int i = 0; i < 10000 && !atomic_load(&told_lost); i++)
+        usleep(1000);
+    ck_assert_int_eq(atomic_load(&told_lost), 1);
+    const char *lost = tp_rank_group_lost_known(g);
+    ck_assert_msg(lost && strstr(lost, "rank 1 (pid") && strstr(lost, "killed by signal 9"), "%s", lost ? lost : "");
+    c.step = 2; /* the next step fails at once, naming it */
+    ck_assert_int_eq(tp_rank_group_run(g, write_rank, &c, NULL, &err), TP_UNAVAILABLE);
+    ck_assert_msg(strstr(err.msg, "killed by signal 9"), "%s", err.msg);
+    tp_rank_group_free(g);
+    ck_assert_int_eq(atomic_load(&told_lost), 1); /* once */
 }
 END_TEST
 
@@ -881,6 +940,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, steps_reach_every_process_in_lockstep);
     tcase_add_test(t, a_failure_is_the_same_error_in_every_process);
     tcase_add_test(t, a_dead_worker_fails_the_step_and_the_group);
+    tcase_add_test(t, an_idle_group_sleeps_and_hears_of_a_death_at_once);
     tcase_add_test(t, a_hung_worker_loses_the_group_at_the_step_deadline);
     tcase_add_test(t, a_worker_that_exits_before_joining_is_an_error);
     tcase_add_test(t, external_ranks_join_at_the_rendezvous);

@@ -16,6 +16,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
+# switches_over PID SECONDS: the context switches of every thread of PID
+# and of its child processes (rank workers) over SECONDS.
+switches_over() {
+    count() {
+        for p in "$1" $(cat /proc/"$1"/task/*/children 2>/dev/null); do cat /proc/"$p"/task/*/status 2>/dev/null; done |
+            awk '/ctxt_switches/ { s += $2 } END { print s + 0 }'
+    }
+    a=$(count "$1")
+    sleep "$2"
+    echo $(($(count "$1") - a))
+}
+
 free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
