@@ -125,7 +125,9 @@ struct tp_rank_procs {
     ctl_block *ctl;
     tp_rank_shared shared;
     pid_t child[TP_GROUP_MAX_PROCESSES]; /* leader: spawned workers not yet reaped */
-    int32_t pid[TP_GROUP_MAX_PROCESSES];  /* leader: every worker's pid */
+    /* The leader: every worker's pid; a worker: [0], its leader's. Numbers
+     * in this process's pid namespace (0: the peer has none here). */
+    int32_t pid[TP_GROUP_MAX_PROCESSES];
     uint32_t seen; /* leader: messages sent; worker: consumed */
     int step_timeout_ms, join_timeout_ms;
     int64_t spin_ns;
@@ -140,6 +142,10 @@ struct tp_rank_procs {
      * wakes it (set_lost, and its stop), whether every peer has a pidfd
      * (then idle waits need no timeout), and whom it tells of a loss. */
     int peer_fd[TP_GROUP_MAX_PROCESSES];
+    /* A rank that joined at the rendezvous, and a worker that joined its
+     * leader there: the join connection, kept open. It ends (EOF) when the
+     * peer does, whatever its pid namespace. -1: none. */
+    int peer_sock[TP_GROUP_MAX_PROCESSES];
     int watch_fd, watched, has_watcher;
     _Atomic int watch_quit;
     pthread_t watcher;
@@ -187,14 +193,37 @@ static void describe_exit(tp_rank_procs *p, int r, int ws)
 
 static int process_gone(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
-/* Whether peer r (pid) has ended: its pidfd is readable once it exits, or,
- * without one, kill finds no such process. */
-static int peer_ended(const tp_rank_procs *p, int r, pid_t pid)
+static int readable(int fd)
 {
-    if (p->peer_fd[r] < 0)
-        return process_gone(pid);
-    struct pollfd pf = {p->peer_fd[r], POLLIN, 0};
+    struct pollfd pf = {fd, POLLIN, 0};
     return poll(&pf, 1, 0) == 1;
+}
+
+/* Whether peer r has ended: its pidfd is readable once it exits, its join
+ * connection once it closes (nothing else is ever sent on it), or,
+ * without either, kill finds no process r's pid. */
+static int peer_ended(const tp_rank_procs *p, int r)
+{
+    if (p->peer_fd[r] >= 0)
+        return readable(p->peer_fd[r]);
+    if (p->peer_sock[r] >= 0)
+        return readable(p->peer_sock[r]);
+    return process_gone(p->pid[r]);
+}
+
+/* A hung rank holding a GPU: killed to free it for the restart. Through
+ * its pidfd when there is one (a pid can be reused once the process is
+ * gone); never a pid this namespace has no number for. */
+static void kill_peer(const tp_rank_procs *p, int r)
+{
+#ifdef SYS_pidfd_send_signal
+    if (p->peer_fd[r] >= 0) {
+        (void)syscall(SYS_pidfd_send_signal, p->peer_fd[r], SIGKILL, NULL, 0);
+        return;
+    }
+#endif
+    if (p->peer_fd[r] < 0 && p->pid[r] > 0)
+        kill(p->pid[r], SIGKILL);
 }
 
 /* The leader looks at its workers; a worker at the leader. live_mu held. */
@@ -208,9 +237,8 @@ static void check_peers(tp_rank_procs *p)
         return;
     }
     if (p->rank != 0) {
-        pid_t leader = atomic_load(&p->ctl->leader_pid);
-        if (peer_ended(p, 0, leader) || (p->spawned && getppid() != leader))
-            set_lost(p, "the leader (rank 0, pid %d) is gone", (int)leader);
+        if (peer_ended(p, 0) || (p->spawned && getppid() != p->pid[0]))
+            set_lost(p, "the leader (rank 0, pid %d) is gone", (int)atomic_load(&p->ctl->leader_pid));
         return;
     }
     int64_t deadline = atomic_load(&p->step_deadline);
@@ -219,7 +247,7 @@ static void check_peers(tp_rank_procs *p)
             if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - atomic_load(&p->step)) < 0) {
                 set_lost(p, "rank %d (pid %d) did not finish a step within %d ms (step_timeout_ms)", r,
                          (int)p->pid[r], p->step_timeout_ms);
-                kill(p->pid[r], SIGKILL); /* stuck holding a GPU: free it for the restart */
+                kill_peer(p, r);
             }
         if (!atomic_load(&p->lost_set)) /* the workers are done: rank 0 itself is stuck */
             set_lost(p, "rank 0 did not finish a step within %d ms (step_timeout_ms)", p->step_timeout_ms);
@@ -230,8 +258,11 @@ static void check_peers(tp_rank_procs *p)
         if (p->child[r] > 0 && waitpid(p->child[r], &ws, WNOHANG) == p->child[r]) {
             p->child[r] = 0;
             describe_exit(p, r, ws);
-        } else if (p->child[r] <= 0 && peer_ended(p, r, p->pid[r])) {
-            set_lost(p, "rank %d (pid %d) is gone", r, (int)p->pid[r]);
+        } else if (p->child[r] <= 0 && peer_ended(p, r)) {
+            if (p->pid[r] > 0)
+                set_lost(p, "rank %d (pid %d) is gone", r, (int)p->pid[r]);
+            else
+                set_lost(p, "rank %d is gone (its rendezvous connection closed)", r);
         }
     }
 }
@@ -313,8 +344,8 @@ static void watch_wait(tp_rank_procs *p, struct pollfd *pf, int n, int timeout_m
     }
 }
 
-/* check_peers, and a peer whose pidfd poll found readable is gone whatever
- * else it says (a child someone else reaped). pf[i], i >= 1, is rank[i]'s. */
+/* check_peers, and a peer whose pidfd or connection poll found readable is
+ * gone whatever else it says (a child someone else reaped). */
 static void look_at_peers(tp_rank_procs *p, const struct pollfd *pf, const int *rank, int n)
 {
     pthread_mutex_lock(&p->live_mu);
@@ -330,13 +361,15 @@ static void *watch_peers(void *arg)
     tp_rank_procs *p = arg;
     pthread_setname_np(pthread_self(), "rank peers");
     struct pollfd pf[TP_GROUP_MAX_PROCESSES + 1];
-    int rank[TP_GROUP_MAX_PROCESSES + 1], n = 1;
+    int rank[TP_GROUP_MAX_PROCESSES + 1], n = 1; /* pf[i], i >= 1: rank[i]'s pidfd or join connection */
     pf[0] = (struct pollfd){p->watch_fd, POLLIN, 0};
-    for (int r = 0; r < p->world; r++)
-        if (p->peer_fd[r] >= 0) {
+    for (int r = 0; r < p->world; r++) {
+        int fd = p->peer_fd[r] >= 0 ? p->peer_fd[r] : p->peer_sock[r];
+        if (fd >= 0) {
             rank[n] = r;
-            pf[n++] = (struct pollfd){p->peer_fd[r], POLLIN, 0};
+            pf[n++] = (struct pollfd){fd, POLLIN, 0};
         }
+    }
     while (!atomic_load(&p->watch_quit) && !atomic_load(&p->lost_set)) {
         watch_wait(p, pf, n, p->watched ? -1 : WAIT_SLICE_MS);
         if (!atomic_load(&p->watch_quit))
@@ -358,15 +391,17 @@ static void *watch_peers(void *arg)
 }
 
 /* The peers' pidfds (the leader's workers, a worker's leader) and the
- * watcher on them. A peer already gone has none: check_peers finds it. */
+ * watcher on them and on the join connections. A peer already gone, or
+ * without a pid here, has no pidfd: its connection, or check_peers, finds
+ * it. */
 static tp_status start_watcher(tp_rank_procs *p, tp_err *err)
 {
     int all = 1;
     for (int r = 0; r < p->world; r++) {
         if (r == p->rank || (p->rank != 0 && r != 0))
             continue;
-        p->peer_fd[r] = open_pidfd(r == 0 ? atomic_load(&p->ctl->leader_pid) : p->pid[r]);
-        all &= p->peer_fd[r] >= 0;
+        p->peer_fd[r] = open_pidfd(p->pid[r]);
+        all &= p->peer_fd[r] >= 0 || p->peer_sock[r] >= 0;
     }
     p->watched = all;
     p->watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -544,7 +579,7 @@ static tp_status listen_unix(const char *path, int *out, tp_err *err)
 
 static void reply(int s, const char *text, int fd)
 {
-    char buf[256];
+    char buf[256] = ""; /* all of it is sent: no stack bytes after the text */
     snprintf(buf, sizeof buf, "%s", text);
     struct iovec iov = {buf, sizeof buf};
     union {
@@ -564,7 +599,20 @@ static void reply(int s, const char *text, int fd)
     (void)!sendmsg(s, &m, MSG_NOSIGNAL);
 }
 
-/* One joining rank: checks what it says it is, then hands it the memory. */
+/* The pid of the process at the other end of unix socket s, as the kernel
+ * numbers it in our pid namespace (0: it has no number here), whatever it
+ * says about itself. */
+static pid_t peer_pid(int s)
+{
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    return getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 ? cr.pid : 0;
+}
+
+/* One joining rank: checks what it says it is, then hands it the memory
+ * and keeps the connection (peer_sock). Its pid is the kernel's, not its
+ * hello's: it is what a hung rank's SIGKILL goes to, and h.pid (the
+ * joiner's getpid()) may be a lie, or a number in another namespace. */
 static int admit(tp_rank_procs *p, int s)
 {
     hello h;
@@ -578,13 +626,14 @@ static int admit(tp_rank_procs *p, int s)
         snprintf(why, sizeof why, "error: WORLD_SIZE %d, but the graph has world_size %d", h.world, p->world);
     else if (h.rank < 1 || h.rank >= p->world)
         snprintf(why, sizeof why, "error: RANK %d out of range 1..%d (rank 0 is the leader)", h.rank, p->world - 1);
-    else if (p->pid[h.rank])
+    else if (p->peer_sock[h.rank] >= 0)
         snprintf(why, sizeof why, "error: rank %d already joined (pid %d)", h.rank, (int)p->pid[h.rank]);
     if (why[0]) {
         reply(s, why, -1);
         return 0;
     }
-    p->pid[h.rank] = h.pid;
+    p->pid[h.rank] = peer_pid(s);
+    p->peer_sock[h.rank] = s;
     reply(s, "ok", p->fd);
     return 1;
 }
@@ -609,10 +658,10 @@ static tp_status accept_ranks(tp_rank_procs *p, const char *path, tp_err *err)
         if (!(pf.revents & POLLIN))
             continue;
         int s = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
-        if (s >= 0) {
-            joined += admit(p, s);
+        if (s >= 0 && admit(p, s))
+            joined++;
+        else if (s >= 0)
             close(s);
-        }
     }
     if (ls >= 0) {
         close(ls);
@@ -640,13 +689,17 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
             struct iovec iov = {buf, sizeof buf};
             struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
             ssize_t n = send(s, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h ? recvmsg(s, &m, MSG_WAITALL) : -1;
-            close(s);
             struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
             buf[sizeof buf - 1] = 0;
-            if (n <= 0 || strcmp(buf, "ok") != 0 || !c || c->cmsg_type != SCM_RIGHTS)
+            if (n <= 0 || strcmp(buf, "ok") != 0 || !c || c->cmsg_type != SCM_RIGHTS) {
+                close(s);
                 return tp_fail(err, TP_UNAVAILABLE, "rendezvous '%s': the leader refused rank %d: %s", path, o->rank,
                                n > 0 ? buf : "no answer");
+            }
             memcpy(fd, CMSG_DATA(c), sizeof *fd);
+            /* kept: it closes when the leader ends, in any pid namespace */
+            p->peer_sock[0] = s;
+            p->pid[0] = peer_pid(s);
             return TP_OK;
         }
         if (s >= 0)
@@ -722,6 +775,8 @@ static tp_status create_worker(tp_rank_procs *p, const tp_rank_group_opts *o, tp
         return tp_fail(err, TP_INVALID, "worker rank %d: WORLD_SIZE %d, but the leader's group has %d ranks", o->rank,
                        o->world, c->world);
     fill_shared(p);
+    if (p->spawned) /* forked by the leader: one pid namespace */
+        p->pid[0] = atomic_load(&c->leader_pid);
     atomic_store(&c->rank[o->rank].pid, getpid());
     return TP_OK;
 }
@@ -747,7 +802,7 @@ tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_
     p->fd = -1;
     p->watch_fd = -1;
     for (int r = 0; r < TP_GROUP_MAX_PROCESSES; r++)
-        p->peer_fd[r] = -1;
+        p->peer_fd[r] = p->peer_sock[r] = -1;
     p->on_lost = o->on_lost;
     p->on_lost_arg = o->on_lost_arg;
     tp_status st = leader ? create_leader(p, o, err) : create_worker(p, o, err);
@@ -801,9 +856,12 @@ void tp_rank_procs_free(tp_rank_procs *p)
         close(p->fd);
     if (p->watch_fd >= 0)
         close(p->watch_fd);
-    for (int r = 0; r < TP_GROUP_MAX_PROCESSES; r++)
+    for (int r = 0; r < TP_GROUP_MAX_PROCESSES; r++) {
         if (p->peer_fd[r] >= 0)
             close(p->peer_fd[r]);
+        if (p->peer_sock[r] >= 0)
+            close(p->peer_sock[r]);
+    }
     pthread_mutex_destroy(&p->live_mu);
     free(p);
 }

@@ -7,7 +7,8 @@
 # signal, with no request made, turns readiness and liveness 503, requests
 # get 503 naming it, and SIGTERM still exits at once; a normal SIGTERM leaves no worker
 # behind; external ranks (`tpserve worker --rendezvous`, RANK/WORLD_SIZE)
-# join a leader, and a rank started with other options or another world size
+# join a leader, also from a pid namespace of their own, and a rank started
+# with other options or another world size
 # is refused with a message saying so; buckets beyond the shared staging are
 # a clear load error; a stopped worker loses the group at step_timeout_ms.
 #
@@ -191,6 +192,47 @@ if start ext --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK"
     kill "$PID"
     wait "$PID" 2>/dev/null
     wait "$W1" 2>/dev/null && pass "the external rank exits 0 when the leader stops" || fail "external rank: $(cat "$TMP/w1.log")"
+fi
+
+# 4b. an external rank in a pid namespace of its own (a container of its
+# own): its pid here is the kernel's (SO_PEERCRED), not the 1 it sees for
+# itself, and each end watches the other through the join connection. A
+# rank that says pid 1 used to be taken at its word, and its leader, whose
+# pid it cannot see, for gone at its first step.
+if ! unshare --pid --fork true 2>/dev/null; then
+    echo "SKIP: a rank in another pid namespace: skipped: unshare --pid is not permitted here"
+else
+    for dies in rank leader; do
+        SOCK3="$TMP/rdzv3_$dies.sock"
+        RANK=1 WORLD_SIZE=2 unshare --pid --fork "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$SOCK3" \
+            >"$TMP/ns_$dies.log" 2>&1 &
+        U=$!
+        PIDS="$PIDS $U"
+        start "ns_$dies" --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK3" || continue
+        W=$(pgrep -P "$U")
+        if [ $dies = rank ]; then
+            $PYTHON "$HERE/kserve_client.py" infer --url "$URL" --graphs "$TP_GRAPHS" --graph "$G" >"$TMP/c" 2>&1 &&
+                pass "a rank in its own pid namespace joins and infer matches" || fail "namespaced rank: $(tail -3 "$TMP/c")"
+            kill -9 "$W"
+            i=0
+            while [ $i -lt 50 ] && ! grep -q "rank group lost: rank 1 (pid $W) is gone" "$TMP/ns_rank.log"; do
+                sleep 0.1; i=$((i + 1))
+            done
+            grep -q "rank group lost: rank 1 (pid $W) is gone" "$TMP/ns_rank.log" &&
+                pass "the namespaced rank killed: logged within $((i * 100)) ms with its pid here ($W)" ||
+                fail "the namespaced rank killed: $(grep -m1 'lost' "$TMP/ns_rank.log")"
+            kill "$PID"
+            wait "$PID" 2>/dev/null
+        else
+            kill -9 "$PID"
+            i=0
+            while [ $i -lt 50 ] && kill -0 "$W" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+            ! kill -0 "$W" 2>/dev/null && grep -q "the leader (rank 0, pid $PID) is gone" "$TMP/ns_leader.log" &&
+                pass "its leader killed: the namespaced rank exits within $((i * 100)) ms, saying why" ||
+                fail "its leader killed: the namespaced rank $(kill -0 "$W" 2>/dev/null && echo runs on): $(tail -1 "$TMP/ns_leader.log")"
+        fi
+        wait "$U" 2>/dev/null
+    done
 fi
 
 # 5. a rank with other options, or another world size, is refused
