@@ -187,6 +187,10 @@ static int wait_main(main_wait *w, int timeout_ms)
         int n = poll(pf, 2, timeout_ms);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0) { /* cannot happen with valid fds; never spin on it */
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         if (n <= 0)
             return -1;
         struct signalfd_siginfo si;
