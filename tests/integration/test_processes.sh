@@ -89,12 +89,8 @@ done
 if start dead --graph "$TP_GRAPHS/$G.json" --ranks processes; then
     w=$(workers "$PID" | awk '{print $1}')
     kill -9 "$w"
-    i=0
-    while [ $i -lt 50 ] && ! grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log"; do
-        sleep 0.1; i=$((i + 1))
-    done
-    grep -q "rank group lost: rank 1 (pid $w) was killed by signal 9" "$TMP/dead.log" &&
-        pass "worker SIGKILL on an idle server: logged within $((i * 100)) ms, no request needed" ||
+    wait_log "$TMP/dead.log" "rank group lost: rank 1 (pid $w) was killed by signal 9" &&
+        pass "worker SIGKILL on an idle server: logged within $WAITED_MS ms, no request needed" ||
         fail "worker SIGKILL on an idle server: not logged within 5 s: $(tail -2 "$TMP/dead.log")"
     i=0
     while [ $i -lt 50 ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v2/health/ready")" != 503 ]; do
@@ -214,12 +210,8 @@ else
             $PYTHON "$HERE/kserve_client.py" infer --url "$URL" --graphs "$TP_GRAPHS" --graph "$G" >"$TMP/c" 2>&1 &&
                 pass "a rank in its own pid namespace joins and infer matches" || fail "namespaced rank: $(tail -3 "$TMP/c")"
             kill -9 "$W"
-            i=0
-            while [ $i -lt 50 ] && ! grep -q "rank group lost: rank 1 (pid $W) is gone" "$TMP/ns_rank.log"; do
-                sleep 0.1; i=$((i + 1))
-            done
-            grep -q "rank group lost: rank 1 (pid $W) is gone" "$TMP/ns_rank.log" &&
-                pass "the namespaced rank killed: logged within $((i * 100)) ms with its pid here ($W)" ||
+            wait_log "$TMP/ns_rank.log" "rank group lost: rank 1 (pid $W) is gone" &&
+                pass "the namespaced rank killed: logged within $WAITED_MS ms with its pid here ($W)" ||
                 fail "the namespaced rank killed: $(grep -m1 'lost' "$TMP/ns_rank.log")"
             kill "$PID"
             wait "$PID" 2>/dev/null

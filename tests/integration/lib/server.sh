@@ -28,6 +28,16 @@ switches_over() {
     echo $(($(count "$1") - a))
 }
 
+# wait_log FILE TEXT: until FILE has a line with TEXT (5 s at most); 1 if
+# it never came. WAITED_MS: how long it took.
+wait_log() {
+    WAITED_MS=0
+    while [ $WAITED_MS -lt 5000 ] && ! grep -q "$2" "$1"; do
+        sleep 0.1; WAITED_MS=$((WAITED_MS + 100))
+    done
+    grep -q "$2" "$1"
+}
+
 free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
