@@ -199,16 +199,17 @@ static int readable(int fd)
     return poll(&pf, 1, 0) == 1;
 }
 
-/* Whether peer r has ended: its pidfd is readable once it exits, its join
- * connection once it closes (nothing else is ever sent on it), or,
- * without either, kill finds no process r's pid. */
+/* What says peer r has ended by turning readable: its pidfd (once it
+ * exits), else its join connection (once it closes: nothing else is ever
+ * sent on it); -1 when neither exists. */
+static int liveness_fd(const tp_rank_procs *p, int r) { return p->peer_fd[r] >= 0 ? p->peer_fd[r] : p->peer_sock[r]; }
+
+/* Whether peer r has ended: its liveness_fd is readable, or, without one,
+ * kill finds no process r's pid. */
 static int peer_ended(const tp_rank_procs *p, int r)
 {
-    if (p->peer_fd[r] >= 0)
-        return readable(p->peer_fd[r]);
-    if (p->peer_sock[r] >= 0)
-        return readable(p->peer_sock[r]);
-    return process_gone(p->pid[r]);
+    int fd = liveness_fd(p, r);
+    return fd >= 0 ? readable(fd) : process_gone(p->pid[r]);
 }
 
 /* A hung rank holding a GPU: killed to free it for the restart. Through
@@ -364,7 +365,7 @@ static void *watch_peers(void *arg)
     int rank[TP_GROUP_MAX_PROCESSES + 1], n = 1; /* pf[i], i >= 1: rank[i]'s pidfd or join connection */
     pf[0] = (struct pollfd){p->watch_fd, POLLIN, 0};
     for (int r = 0; r < p->world; r++) {
-        int fd = p->peer_fd[r] >= 0 ? p->peer_fd[r] : p->peer_sock[r];
+        int fd = liveness_fd(p, r);
         if (fd >= 0) {
             rank[n] = r;
             pf[n++] = (struct pollfd){fd, POLLIN, 0};
@@ -401,7 +402,7 @@ static tp_status start_watcher(tp_rank_procs *p, tp_err *err)
         if (r == p->rank || (p->rank != 0 && r != 0))
             continue;
         p->peer_fd[r] = open_pidfd(p->pid[r]);
-        all &= p->peer_fd[r] >= 0 || p->peer_sock[r] >= 0;
+        all &= liveness_fd(p, r) >= 0;
     }
     p->watched = all;
     p->watch_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

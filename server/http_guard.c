@@ -139,14 +139,16 @@ static void *watch_main(void *arg)
         if (n)
             TP_LOG_D("request_deadline_ms %d passed: closed %d connections", g->deadline_ms, n);
         int open = g->head.next != &g->head;
-        int64_t wait = done_left ? CLIENT_DONE_GRACE_MS / 2 : open && tick > LATE_PEEK_MS ? LATE_PEEK_MS : tick;
-        struct timespec ts = in_ms(wait);
+        if (g->done_pending)
+            continue;
         /* with no connection there is nothing to look at until one opens
          * (on_connection signals): an idle server does not wake */
-        if (!g->done_pending && !open)
+        if (!open) {
             pthread_cond_wait(&g->cv, &g->mu);
-        else if (!g->done_pending)
-            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+            continue;
+        }
+        struct timespec ts = in_ms(done_left ? CLIENT_DONE_GRACE_MS / 2 : tick > LATE_PEEK_MS ? LATE_PEEK_MS : tick);
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
