@@ -125,6 +125,7 @@ static void wait_ranks(tp_rank_group *g)
         return;
     for (uint32_t v; (v = atomic_load(&g->running)) != 0;)
         tp_futex_sleep(&g->running, v, &g->running_sleepers, -1, 0);
+    tp_spin_site_ended(&g->caller_site);
 }
 
 /* A rank thread: until gen moves past seen. Woken without a step (a
@@ -139,6 +140,7 @@ static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
         tp_futex_sleep(&g->gen, seen, &g->gen_sleepers, -1, 0);
         tp_spin_until(word_moved, &moved, g->spin_ns);
     }
+    tp_spin_site_ended(site);
 }
 
 void tp_rank_group_prewake(tp_rank_group *g)

@@ -309,8 +309,10 @@ static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t
     tp_spin_site_until(site, reached, &r, spin_ns);
     for (;;) {
         uint32_t v = atomic_load(r.w);
-        if ((int32_t)(v - r.target) >= 0)
+        if ((int32_t)(v - r.target) >= 0) {
+            tp_spin_site_ended(site);
             return TP_OK;
+        }
         if (tp_rank_procs_lost(p))
             return lost_error(p, err);
         uint32_t poked = r.pokes ? atomic_load(r.pokes) : 0;

@@ -87,7 +87,18 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
         site->skip--;
         return 0;
     }
-    int ok = tp_spin_until(done, arg, budget_ns);
+    int64_t budget = budget_ns << site->stretch, t0 = tp_now_ns();
+    int ok = tp_spin_until(done, arg, budget);
+    int64_t t1 = tp_now_ns();
+    if (ok && site->stretch > 0 && t1 - t0 <= budget_ns)
+        site->stretch--;
+    if (!ok) { /* tp_spin_site_ended may take this miss back */
+        site->before[0] = site->misses;
+        site->before[1] = site->backoff;
+        site->before[2] = site->skip;
+        site->ran_out = t1;
+        site->spun = budget;
+    }
     int m = site->misses;
     site->misses = (uint16_t)(m + ((ok ? 0 : MISS_ONE) - m) / MISS_WEIGHT);
     if (site->misses <= MISS_ONE / 2)
@@ -98,6 +109,21 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
         site->backoff = SPIN_SKIP_MAX;
     site->skip = site->backoff;
     return ok;
+}
+
+void tp_spin_site_ended(tp_spin_site *site)
+{
+    if (!site->ran_out)
+        return;
+    int64_t late = tp_now_ns() - site->ran_out;
+    site->ran_out = 0;
+    if (late > site->spun)
+        return;
+    site->misses = site->before[0];
+    site->backoff = site->before[1];
+    site->skip = site->before[2];
+    if (site->stretch < TP_SPIN_STRETCH_MAX)
+        site->stretch++;
 }
 
 void tp_futex_wait(_Atomic uint32_t *w, uint32_t expected, int timeout_ms, int shared)

@@ -47,10 +47,34 @@ typedef struct {
     uint16_t misses;  /* recent share of spins that ran out, of 1024 (moving average) */
     uint16_t backoff; /* waits skipped after the last probe */
     uint16_t skip;    /* waits left that sleep at once */
+    uint16_t stretch; /* spins last budget_ns << stretch (tp_spin_site_ended) */
+    uint16_t before[3]; /* misses, backoff and skip before the last spin ran out */
+    int64_t ran_out;    /* tp_now_ns() when the last spin ran out; 0: it did not */
+    int64_t spun;       /* how long that spin was */
 } tp_spin_site;
+
+/* A site's spins stretch to at most budget_ns << TP_SPIN_STRETCH_MAX. */
+#define TP_SPIN_STRETCH_MAX 2
 
 /* tp_spin_until under the site's history (budget_ns <= 0: no spin). */
 int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const void *arg, int64_t budget_ns);
+
+/* The caller's wait is over, after tp_spin_site_until said no and it slept.
+ * A wait that ended within one more spin of the spin running out met a
+ * peer that was on its way: a spin too short, not a peer too slow. On a
+ * VM whose idle vCPUs halt, a sleeping peer takes ~50 us to wake (more
+ * than TP_SPIN_NS) and comes a little after the spin gave up. Counted as
+ * misses, such waits turned spinning off at every wait site of a rank
+ * group, after which every wait slept and woke its peer from a halt: a
+ * group of processes at one connection served 1-8k requests/s instead of
+ * 28-38k, until chance brought it back (server/README.md, "Spins that
+ * stretch to meet a waking peer"). So such a wait is not a miss, and the
+ * site's spins double (up to TP_SPIN_STRETCH_MAX), to halve again after
+ * each spin that paid within budget_ns itself. A wait that ended later
+ * stays a miss. Call it after every wait whose spin ran out; a site whose
+ * caller never does keeps the plain budget and counts every spin that ran
+ * out as a miss. */
+void tp_spin_site_ended(tp_spin_site *site);
 
 /* futex(2) on a 32-bit word: sleeps while *w == expected (timeout_ms < 0:
  * no timeout); wakes every sleeper. shared: the word lies in memory other

@@ -1,6 +1,7 @@
 /* test_spin_wait.c — bounded spinning: the budget is time, not a count;
  * no spin when the parties outnumber the cores; a wait site stops spinning
- * where spins run out and comes back once they pay again. */
+ * where spins run out and comes back once they pay again; a site whose
+ * peer comes just after its spins run out stretches them instead. */
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -103,6 +104,56 @@ START_TEST(a_site_stops_spinning_where_spins_run_out)
 }
 END_TEST
 
+/* A peer that arrives at a set time (tp_now_ns). */
+static int arrived(const void *p) { return tp_now_ns() >= *(const int64_t *)p; }
+
+/* One wait at the site for a peer arriving `after` ns from now: spins
+ * under the site, then "sleeps" until the peer is there (the caller's
+ * futex sleep, here a nap) and tells the site it is over. 1 when the
+ * spin met the peer. */
+static int wait_for_peer(tp_spin_site *s, int64_t budget, int64_t after)
+{
+    int64_t at = tp_now_ns() + after;
+    int met = tp_spin_site_until(s, arrived, &at, budget);
+    while (!arrived(&at))
+        usleep(200);
+    tp_spin_site_ended(s);
+    return met;
+}
+
+/* The budget is long against this machine's preemptions (a waker arriving
+ * at 1.25 budgets must be measured as such, within a quarter budget), so
+ * the timings below hold on a loaded machine; the test takes ~1 s. */
+START_TEST(a_spin_that_ends_just_before_its_peer_stretches)
+{
+    const int64_t B = 20 * 1000 * 1000;
+    tp_spin_site s = {0};
+    /* the peer comes a quarter budget after the spin gave up (a halted
+     * vCPU waking up): not a miss; the next spin is twice as long */
+    ck_assert_int_eq(wait_for_peer(&s, B, B + B / 4), 0);
+    ck_assert_int_eq(s.stretch, 1);
+    ck_assert_int_eq(s.misses, 0);
+    ck_assert_int_eq(s.skip, 0);
+    /* and meets it, every time: the site never stops spinning */
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(wait_for_peer(&s, B, B + B / 4), 1);
+        ck_assert_int_eq(s.stretch, 1);
+    }
+    /* a peer that comes within the plain budget: the stretch goes */
+    ck_assert_int_eq(wait_for_peer(&s, B, B / 4), 1);
+    ck_assert_int_eq(s.stretch, 0);
+    /* never more than TP_SPIN_STRETCH_MAX doublings */
+    for (int i = 0; i <= TP_SPIN_STRETCH_MAX; i++)
+        wait_for_peer(&s, B, (1 << i) * B + B / 4);
+    ck_assert_int_eq(s.stretch, TP_SPIN_STRETCH_MAX);
+    ck_assert_int_eq(s.misses, 0);
+    /* a peer later than the longest spin again after it ran out (9
+     * budgets against 4 + 4) is a miss, as without tp_spin_site_ended */
+    ck_assert_int_eq(wait_for_peer(&s, B, 9 * B), 0);
+    ck_assert_int_gt(s.misses, 0);
+}
+END_TEST
+
 static _Atomic uint32_t word;
 
 static void *bump_later(void *p)
@@ -137,6 +188,7 @@ static Suite *spin_wait_suite(void)
     tcase_add_test(t, budget_only_when_every_party_has_a_core);
     tcase_add_test(t, a_spin_is_bounded_by_time);
     tcase_add_test(t, a_site_stops_spinning_where_spins_run_out);
+    tcase_add_test(t, a_spin_that_ends_just_before_its_peer_stretches);
     tcase_add_test(t, futex_wait_and_wake);
     suite_add_tcase(s, t);
     return s;
