@@ -125,12 +125,13 @@ static void wait_ranks(tp_rank_group *g)
         return;
     for (uint32_t v; (v = atomic_load(&g->running)) != 0;)
         tp_futex_sleep(&g->running, v, &g->running_sleepers, -1, 0);
-    tp_spin_site_ended(&g->caller_site);
 }
 
 /* A rank thread: until gen moves past seen. Woken without a step (a
  * pre-wake: tp_rank_group_prewake), it spins for the step that is on its
- * way before it sleeps again. */
+ * way before it sleeps again. A wait between steps: its site may stretch
+ * its spins (tp_spin_site_ended; rank_procs.c's wait for the next command
+ * says why only such waits). */
 static void wait_step(tp_rank_group *g, uint32_t seen, tp_spin_site *site)
 {
     word_is moved = {&g->gen, seen};

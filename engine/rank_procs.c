@@ -303,14 +303,27 @@ static int reached(const void *a)
 /* Waits until *r->w >= r->target, or the group is lost: spins (per the
  * site), then sleeps in slices of slice_ms, looking for the dead between
  * them; -1, no timeout, only on a word set_lost wakes while the peer
- * watcher looks for the dead. */
-static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, int slice_ms, tp_err *err)
+ * watcher looks for the dead.
+ *
+ * stretch: the site may stretch its spins to meet a peer that comes just
+ * after they run out (tp_spin_site_ended). Only the worker's wait for the
+ * next command does. There it holds one connection's good mode: the
+ * worker that keeps spinning between commands keeps its CPU from halting
+ * and the client on the HTTP thread's CPU (one-connection rounds with
+ * p50 over 60 us: 5 of 24 -> 0 of 24). Inside a step it does harm: a worker whose leader sleeps (its
+ * sites skip their spins under sparse traffic) spun ~200 us a request for
+ * the leader's wake-up, on the core the client needed (a request every
+ * 0.5 ms: p50 463 -> 540-740 us, the worker's CPU 90 -> 250 us a
+ * request). server/README.md, "Spins that stretch to meet a waking peer". */
+static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, int slice_ms, int stretch,
+                          tp_err *err)
 {
     tp_spin_site_until(site, reached, &r, spin_ns);
     for (;;) {
         uint32_t v = atomic_load(r.w);
         if ((int32_t)(v - r.target) >= 0) {
-            tp_spin_site_ended(site);
+            if (stretch)
+                tp_spin_site_ended(site);
             return TP_OK;
         }
         if (tp_rank_procs_lost(p))
@@ -888,7 +901,7 @@ tp_status tp_rank_procs_send(tp_rank_procs *p, int kind, const void *buf, size_t
     for (int r = 1; p->seen >= RING && r < p->world; r++) {
         /* nobody wakes it: a worker this far behind is rare */
         tp_status st = wait_for(p, (reach){p, &p->ctl->rank[r].seen, NULL, p->seen - RING + 1, NULL}, &p->ring_site,
-                                p->spin_ns, WAIT_SLICE_MS, err);
+                                p->spin_ns, WAIT_SLICE_MS, 0, err);
         if (st != TP_OK)
             return st;
     }
@@ -920,7 +933,7 @@ tp_status tp_rank_procs_recv(tp_rank_procs *p, int kind, void *buf, size_t cap, 
     int64_t spin = kind == TP_MSG_CMD ? p->spin_ns * CMD_SPIN_FACTOR : p->spin_ns;
     /* the next command may be hours away: sleep until it or a loss comes */
     tp_status st = wait_for(p, (reach){p, &p->ctl->seq, &p->ctl->seq_sleepers, p->seen + 1, &p->ctl->pokes},
-                            &p->recv_site[kind], spin, p->watched ? -1 : WAIT_SLICE_MS, err);
+                            &p->recv_site[kind], spin, p->watched ? -1 : WAIT_SLICE_MS, kind == TP_MSG_CMD, err);
     if (st != TP_OK)
         return st;
     const ctl_msg *m = &p->ctl->ring[p->seen % RING];
@@ -973,7 +986,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
         atomic_store(&c->rank[p->rank].done, step);
         tp_futex_wake_sleepers(&c->rank[p->rank].done, &c->rank[p->rank].done_sleepers, 1);
         tp_status w = wait_for(p, (reach){p, &c->result, &c->result_sleepers, step, NULL}, &p->finish_site,
-                               p->spin_ns, WAIT_SLICE_MS, err);
+                               p->spin_ns, WAIT_SLICE_MS, 0, err);
         if (w != TP_OK)
             return w;
         if (c->result_status != TP_OK)
@@ -983,7 +996,7 @@ tp_status tp_rank_procs_finish(tp_rank_procs *p, tp_status st, const tp_err *e, 
     int first = st == TP_OK ? -1 : 0;
     for (int r = 1; r < p->world; r++) {
         tp_status w = wait_for(p, (reach){p, &c->rank[r].done, &c->rank[r].done_sleepers, step, NULL},
-                               &p->finish_site, p->spin_ns, WAIT_SLICE_MS, err);
+                               &p->finish_site, p->spin_ns, WAIT_SLICE_MS, 0, err);
         if (w != TP_OK) {
             atomic_store(&c->result, step); /* release whoever still waits */
             tp_futex_wake(&c->result, 1);

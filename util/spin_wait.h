@@ -62,18 +62,19 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
 /* The caller's wait is over, after tp_spin_site_until said no and it slept.
  * A wait that ended within one more spin of the spin running out met a
  * peer that was on its way: a spin too short, not a peer too slow. On a
- * VM whose idle vCPUs halt, a sleeping peer takes ~50 us to wake (more
- * than TP_SPIN_NS) and comes a little after the spin gave up. Counted as
- * misses, such waits turned spinning off at every wait site of a rank
- * group, after which every wait slept and woke its peer from a halt: a
- * group of processes at one connection served 1-8k requests/s instead of
- * 28-38k, until chance brought it back (server/README.md, "Spins that
- * stretch to meet a waking peer"). So such a wait is not a miss, and the
- * site's spins double (up to TP_SPIN_STRETCH_MAX), to halve again after
- * each spin that paid within budget_ns itself. A wait that ended later
- * stays a miss. Call it after every wait whose spin ran out; a site whose
- * caller never does keeps the plain budget and counts every spin that ran
- * out as a miss. */
+ * VM whose idle vCPUs halt, a sleeping peer takes ~50 us to wake, and a
+ * client's round trip at one connection grows past the spin whenever a
+ * CPU has halted. Counted as misses, such waits turned off the spin of a
+ * worker waiting for its next command, which let its CPU halt, which made
+ * the next round trips longer still: a group of processes at one
+ * connection served 1-10k requests/s instead of 28-38k, until chance
+ * brought it back (server/README.md, "Spins that stretch to meet a waking
+ * peer"). So such a wait is not a miss, and the site's spins double (up
+ * to TP_SPIN_STRETCH_MAX), to halve again after each spin that paid
+ * within budget_ns itself. A wait that ended later stays a miss. Callers
+ * choose: a site whose caller never calls this keeps the plain budget and
+ * counts every spin that ran out; waits between steps call it, waits
+ * inside a step do not (rank_procs.c, wait_for, says why). */
 void tp_spin_site_ended(tp_spin_site *site);
 
 /* futex(2) on a 32-bit word: sleeps while *w == expected (timeout_ms < 0:

@@ -386,10 +386,8 @@ static tp_status barrier_wait(cpu_comm *c, int rank, int abortable, tp_err *err)
     for (;;) {
         uint32_t q = atomic_load(&h->seq);
         s = atomic_load(&h->state);
-        if (GEN_OF(s) != g) {
-            tp_spin_site_ended(site);
+        if (GEN_OF(s) != g)
             return TP_OK; /* completed, even if an abort came after */
-        }
         tp_status st = check_flags(s, abortable, err);
         if (st != TP_OK)
             return st;
