@@ -309,12 +309,13 @@ static int reached(const void *a)
  * after they run out (tp_spin_site_ended). Only the worker's wait for the
  * next command does. There it holds one connection's good mode: the
  * worker that keeps spinning between commands keeps its CPU from halting
- * and the client on the HTTP thread's CPU (one-connection rounds with
- * p50 over 60 us: 5 of 24 -> 0 of 24). Inside a step it does harm: a worker whose leader sleeps (its
- * sites skip their spins under sparse traffic) spun ~200 us a request for
- * the leader's wake-up, on the core the client needed (a request every
- * 0.5 ms: p50 463 -> 540-740 us, the worker's CPU 90 -> 250 us a
- * request). server/README.md, "Spins that stretch to meet a waking peer". */
+ * and the client on the HTTP thread's CPU (one-connection rounds with a
+ * p50 over 60 us: 5 of 24 -> 0 of 24). Inside a step it does harm: a
+ * worker whose leader sleeps (its sites skip their spins under sparse
+ * traffic) spun ~200 us a request for the leader's wake-up, on the core
+ * the client needed (a request every 0.5 ms: p50 463 -> 540-740 us, the
+ * worker's CPU 90 -> 250 us a request). server/README.md, "Spins that
+ * stretch to meet a waking peer". */
 static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, int slice_ms, int stretch,
                           tp_err *err)
 {
