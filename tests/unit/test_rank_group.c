@@ -12,6 +12,7 @@
  * collective, and no spinning when the ranks outnumber the cores. */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -241,6 +242,55 @@ START_TEST(an_idle_group_sleeps_and_hears_of_a_death_at_once)
     ck_assert_msg(strstr(err.msg, "killed by signal 9"), "%s", err.msg);
     tp_rank_group_free(g);
     ck_assert_int_eq(atomic_load(&told_lost), 1); /* once */
+}
+END_TEST
+
+/* Commands a little further apart than the worker's spin for them (a
+ * client's round trip at one connection when a CPU has halted): the spins
+ * stretch to meet them (tp_spin_site_ended) and the worker keeps spinning,
+ * where it used to count each as a miss, stop spinning after a few and
+ * sleep between all later steps (server/README.md, "Spins that stretch to
+ * meet a waking peer"). The gap is 1.5x the command spin, against the 4x
+ * a stretched spin reaches. Measured, context switches of the worker's
+ * threads over the 200 steps: 36-51 with the stretch (its watchdog's ticks
+ * among them), 388-417 without. */
+START_TEST(a_worker_keeps_spinning_for_commands_a_little_slower_than_its_spin)
+{
+    if (tp_spin_cores() < 2)
+        return; /* ranks may not spin here */
+    tp_rank_group *g = leader(2, "plain");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "plain", .step = 1};
+    tp_err err;
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    int worker = words(c.sh)[192 + 1];
+    /* a CPU each, as the server's pinned HTTP thread and its worker have:
+     * spawned from this thread, the worker starts on its CPU and two
+     * spinning threads there would take turns instead */
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    int cpu[2], n = 0;
+    for (int i = 0; i < CPU_SETSIZE && n < 2; i++)
+        if (CPU_ISSET(i, &all))
+            cpu[n++] = i;
+    CPU_ZERO(&one);
+    CPU_SET(cpu[0], &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    CPU_ZERO(&one);
+    CPU_SET(cpu[1], &one);
+    ck_assert_int_eq(sched_setaffinity(worker, sizeof one, &one), 0);
+    const int steps = 200;
+    const int64_t gap_ns = 6 * TP_SPIN_NS; /* the command spin is 4x TP_SPIN_NS (rank_procs.c) */
+    long before = process_switches(worker);
+    for (int i = 0; i < steps; i++) {
+        for (int64_t end = tp_now_ns() + gap_ns; tp_now_ns() < end;)
+            ;
+        c.step = 2 + i;
+        ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    }
+    long slept = process_switches(worker) - before;
+    sched_setaffinity(0, sizeof all, &all);
+    ck_assert_msg(before >= 0 && slept <= steps * 3 / 4, "the worker slept %ld times in %d steps", slept, steps);
+    tp_rank_group_free(g);
 }
 END_TEST
 
@@ -948,6 +998,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
     tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
     tcase_add_test(t, a_prewake_spins_the_workers_for_the_next_message);
+    tcase_add_test(t, a_worker_keeps_spinning_for_commands_a_little_slower_than_its_spin);
     suite_add_tcase(s, t);
     TCase *th = tcase_create("threads");
     tcase_set_timeout(th, 60);
