@@ -567,6 +567,7 @@ typedef struct {
     uint32_t magic;
     int32_t rank, world, pid;
 } hello;
+_Static_assert(sizeof(hello) == TP_RANK_HELLO_BYTES, "the hello is part of the rendezvous protocol");
 
 static tp_status unix_addr(const char *path, struct sockaddr_un *a, tp_err *err)
 {
@@ -626,6 +627,24 @@ static pid_t peer_pid(int s)
     return getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 ? cr.pid : 0;
 }
 
+int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, char *why, size_t cap)
+{
+    hello h;
+    if (n != sizeof h || (memcpy(&h, bytes, sizeof h), h.magic != CTL_MAGIC)) {
+        snprintf(why, cap, "error: not a tpserve rank");
+        return 0;
+    }
+    if (h.world != world)
+        snprintf(why, cap, "error: WORLD_SIZE %d, but the graph has world_size %d", (int)h.world, world);
+    else if (h.rank < 1 || h.rank >= world)
+        snprintf(why, cap, "error: RANK %d out of range 1..%d (rank 0 is the leader)", (int)h.rank, world - 1);
+    else if (joined[h.rank] >= 0)
+        snprintf(why, cap, "error: rank %d already joined (pid %d)", (int)h.rank, (int)joined[h.rank]);
+    else
+        return h.rank;
+    return 0;
+}
+
 /* One joining rank: checks what it says it is, then hands it the memory
  * and keeps the connection (peer_sock). Its pid is the kernel's, not its
  * hello's: it is what a hung rank's SIGKILL goes to, and h.pid (the
@@ -634,23 +653,18 @@ static int admit(tp_rank_procs *p, int s)
 {
     hello h;
     struct pollfd pf = {s, POLLIN, 0};
-    if (poll(&pf, 1, 2000) != 1 || recv(s, &h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h || h.magic != CTL_MAGIC) {
-        reply(s, "error: not a tpserve rank", -1);
-        return 0;
-    }
-    char why[200] = "";
-    if (h.world != p->world)
-        snprintf(why, sizeof why, "error: WORLD_SIZE %d, but the graph has world_size %d", h.world, p->world);
-    else if (h.rank < 1 || h.rank >= p->world)
-        snprintf(why, sizeof why, "error: RANK %d out of range 1..%d (rank 0 is the leader)", h.rank, p->world - 1);
-    else if (p->peer_sock[h.rank] >= 0)
-        snprintf(why, sizeof why, "error: rank %d already joined (pid %d)", h.rank, (int)p->pid[h.rank]);
-    if (why[0]) {
+    ssize_t n = poll(&pf, 1, 2000) == 1 ? recv(s, &h, sizeof h, MSG_WAITALL) : -1;
+    int32_t joined[TP_GROUP_MAX_PROCESSES];
+    for (int r = 0; r < p->world; r++)
+        joined[r] = p->peer_sock[r] >= 0 ? p->pid[r] : -1;
+    char why[200];
+    int rank = tp_rank_hello_check(&h, n > 0 ? (size_t)n : 0, p->world, joined, why, sizeof why);
+    if (!rank) {
         reply(s, why, -1);
         return 0;
     }
-    p->pid[h.rank] = peer_pid(s);
-    p->peer_sock[h.rank] = s;
+    p->pid[rank] = peer_pid(s);
+    p->peer_sock[rank] = s;
     reply(s, "ok", p->fd);
     return 1;
 }

@@ -4,6 +4,7 @@
 #ifndef TP_RANK_PROCS_H
 #define TP_RANK_PROCS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rank_group.h"
@@ -17,6 +18,14 @@ enum { TP_POLL_ABORT = 1, TP_POLL_LOST = 2 };
  * once all have joined. Worker: joins from TP_GROUP_FD or the rendezvous.
  * Its waits inside a step spin for spin_ns before they sleep. */
 tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_rank_procs **out, tp_err *err);
+/* The rendezvous. A joining rank's first bytes: its hello. The leader
+ * checks the n bytes it got against a group of `world` processes, where
+ * joined[r] is rank r's pid once it is in (0: it has no number in this pid
+ * namespace) and -1 before: returns the rank to admit, or 0 with why, a
+ * terminated line ("error: ...") sent back to the joiner as it is. The
+ * pid a hello names is never used (the leader asks the kernel). */
+enum { TP_RANK_HELLO_BYTES = 16 };
+int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, char *why, size_t cap);
 /* Leader: tells the workers to quit and reaps them (killing stragglers). */
 void tp_rank_procs_stop(tp_rank_procs *p);
 void tp_rank_procs_free(tp_rank_procs *p);

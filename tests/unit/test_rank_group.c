@@ -25,6 +25,7 @@
 #include "clock.h"
 #include "cpu/collectives.h"
 #include "rank_group.h"
+#include "rank_procs.h"
 #include "spin_wait.h"
 #include "testutil.h"
 
@@ -291,6 +292,50 @@ START_TEST(a_worker_keeps_spinning_for_commands_a_little_slower_than_its_spin)
     sched_setaffinity(0, sizeof all, &all);
     ck_assert_msg(before >= 0 && slept <= steps * 3 / 4, "the worker slept %ld times in %d steps", slept, steps);
     tp_rank_group_free(g);
+}
+END_TEST
+
+/* A rendezvous hello, as the bytes a joining rank sends. */
+static size_t hello_bytes(unsigned char *b, uint32_t magic, int32_t rank, int32_t world, int32_t pid)
+{
+    int32_t f[3] = {rank, world, pid};
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, f, sizeof f);
+    return TP_RANK_HELLO_BYTES;
+}
+
+/* What the leader admits at its rendezvous, and what it answers the rest
+ * (the fuzz_rendezvous seeds are these hellos). */
+START_TEST(the_leader_checks_each_hello)
+{
+    unsigned char b[TP_RANK_HELLO_BYTES];
+    int32_t joined[4] = {100, -1, 4242, -1}; /* rank 2 is in already */
+    char why[200];
+    const uint32_t magic = 0x74707267u;
+    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 1, 4, 777), 4, joined, why, sizeof why), 1);
+    /* the pid it names is not used: a false one (1, or another namespace's) changes nothing */
+    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 3, 4, 1), 4, joined, why, sizeof why), 3);
+    struct {
+        uint32_t magic;
+        int32_t rank, world;
+        size_t n;
+        const char *why;
+    } refused[] = {
+        {0xdeadbeef, 1, 4, TP_RANK_HELLO_BYTES, "error: not a tpserve rank"},
+        {magic, 1, 4, TP_RANK_HELLO_BYTES - 1, "error: not a tpserve rank"}, /* short */
+        {magic, 1, 4, 0, "error: not a tpserve rank"},                         /* nothing */
+        {magic, 1, 3, TP_RANK_HELLO_BYTES, "error: WORLD_SIZE 3, but the graph has world_size 4"},
+        {magic, 0, 4, TP_RANK_HELLO_BYTES, "error: RANK 0 out of range 1..3 (rank 0 is the leader)"},
+        {magic, 4, 4, TP_RANK_HELLO_BYTES, "error: RANK 4 out of range 1..3 (rank 0 is the leader)"},
+        {magic, -2147483647 - 1, 4, TP_RANK_HELLO_BYTES, "error: RANK -2147483648 out of range 1..3 (rank 0 is the leader)"},
+        {magic, 2, 4, TP_RANK_HELLO_BYTES, "error: rank 2 already joined (pid 4242)"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        hello_bytes(b, refused[i].magic, refused[i].rank, refused[i].world, 5);
+        why[0] = 'x';
+        ck_assert_int_eq(tp_rank_hello_check(b, refused[i].n, 4, joined, why, sizeof why), 0);
+        ck_assert_str_eq(why, refused[i].why);
+    }
 }
 END_TEST
 
@@ -994,6 +1039,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, a_hung_worker_loses_the_group_at_the_step_deadline);
     tcase_add_test(t, a_worker_that_exits_before_joining_is_an_error);
     tcase_add_test(t, external_ranks_join_at_the_rendezvous);
+    tcase_add_test(t, the_leader_checks_each_hello);
     tcase_add_test(t, threads_are_the_same_interface);
     tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
     tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
