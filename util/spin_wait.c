@@ -87,16 +87,17 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
         site->skip--;
         return 0;
     }
-    int64_t budget = budget_ns << site->stretch, t0 = tp_now_ns();
+    /* the clock only where the stretch needs it: most sites (in-step
+     * waits) never stretch, and most of their spins pay */
+    int64_t budget = budget_ns << site->stretch, t0 = site->stretch ? tp_now_ns() : 0;
     int ok = tp_spin_until(done, arg, budget);
-    int64_t t1 = tp_now_ns();
-    if (ok && site->stretch > 0 && t1 - t0 <= budget_ns)
+    if (ok && site->stretch > 0 && tp_now_ns() - t0 <= budget_ns)
         site->stretch--;
     if (!ok) { /* tp_spin_site_ended may take this miss back */
         site->before[0] = site->misses;
         site->before[1] = site->backoff;
         site->before[2] = site->skip;
-        site->ran_out = t1;
+        site->ran_out = tp_now_ns();
         site->spun = budget;
     }
     int m = site->misses;
