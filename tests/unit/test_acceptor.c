@@ -18,6 +18,7 @@
 
 #include "acceptor.h"
 #include "check_main.h"
+#include "testutil.h"
 
 enum { MAX_D = 3 };
 
@@ -211,13 +212,8 @@ static void dial_from_cpu(rig *r, int cpu, int n, int *fd, int *n_fd)
  * from one CPU still has both threads serving it. */
 START_TEST(routes_by_incoming_cpu)
 {
-    cpu_set_t set;
-    ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
-    int cpu[2], n_cpu = 0;
-    for (int c = 0; c < CPU_SETSIZE && n_cpu < 2; c++)
-        if (CPU_ISSET(c, &set))
-            cpu[n_cpu++] = c;
-    if (n_cpu < 2) {
+    int cpu[2];
+    if (tu_allowed_cpus(cpu, 2) < 2) {
         printf("routes_by_incoming_cpu: skipped: one CPU\n");
         return;
     }

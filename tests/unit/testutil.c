@@ -3,6 +3,7 @@
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,4 +244,15 @@ int tu_thread_stays(int tid, char state, int ms)
         usleep(1000);
     }
     return 1;
+}
+
+int tu_allowed_cpus(int *cpu, int max)
+{
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, &set))
+            cpu[n++] = c;
+    return n;
 }

@@ -74,4 +74,7 @@ char tu_thread_state(int tid);
 int tu_thread_reaches(int tid, char state, int timeout_ms);
 int tu_thread_stays(int tid, char state, int ms);
 
+/* The first (at most max) CPUs this thread may run on, in cpu[]; how many. */
+int tu_allowed_cpus(int *cpu, int max);
+
 #endif
