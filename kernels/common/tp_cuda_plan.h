@@ -405,10 +405,16 @@ static inline uint32_t tp_gemm_alignment(uintptr_t addr, int64_t ld_bytes, int64
  * that batch dim and a and out step over it exactly like over M, it is
  * folded into M (one GEMM for [B, S, K] x [K, N]). */
 
+/* cuBLASLt takes a strided batch's count as an int32_t
+ * (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT): a larger batch (2^48 elements are
+ * allowed) goes in several calls of at most this many entries each. */
+#define TP_MM_BATCH_MAX INT32_MAX
+
 typedef struct {
     int64_t M, N, K;
     int64_t sam, sak, sbk, sbn, sdm, sdn;
     int64_t batch, bsa, bsb, bsd;   /* strided batch: count and per-operand strides */
+    int64_t batch_max;              /* entries one call may take (TP_MM_BATCH_MAX; tests lower it) */
     tp_layout loop;                 /* outer batch dims: operand 0 a, 1 b, 2 out */
     int64_t n_loop;                 /* GEMM calls */
 } tp_mm_problem;
@@ -433,6 +439,7 @@ static inline int tp_mm_problem_make(const tp_tensor *a, const tp_tensor *b, int
     if (na < 2 || nbd < 2 || no < 2)
         return -1;
     memset(p, 0, sizeof *p);
+    p->batch_max = TP_MM_BATCH_MAX;
     p->M = a->shape[na - 2];
     p->K = a->shape[na - 1];
     p->N = tb ? b->shape[nbd - 2] : b->shape[nbd - 1];
@@ -492,18 +499,31 @@ static inline int tp_mm_unrolled(const tp_mm_problem *p)
 }
 
 /* GEMM calls of the problem: tp_mm_n_calls() of them, call c has batch
- * count tp_mm_call_batch() and starts at these element offsets of a, b and
- * out. */
-static inline int64_t tp_mm_n_calls(const tp_mm_problem *p)
+ * count tp_mm_call_batch(c) and starts at these element offsets of a, b
+ * and out. Each outer loop index takes the strided batch in calls of
+ * tp_mm_per_call() entries (1 when unrolled), the last one the rest. */
+static inline int64_t tp_mm_per_call(const tp_mm_problem *p)
 {
-    return p->n_loop * (tp_mm_unrolled(p) ? p->batch : 1);
+    return tp_mm_unrolled(p) ? 1 : p->batch_max;
 }
 
-static inline int64_t tp_mm_call_batch(const tp_mm_problem *p) { return tp_mm_unrolled(p) ? 1 : p->batch; }
+static inline int64_t tp_mm_inner_calls(const tp_mm_problem *p)
+{
+    int64_t per = tp_mm_per_call(p);
+    return (p->batch + per - 1) / per;
+}
+
+static inline int64_t tp_mm_n_calls(const tp_mm_problem *p) { return p->n_loop * tp_mm_inner_calls(p); }
+
+static inline int64_t tp_mm_call_batch(const tp_mm_problem *p, int64_t c)
+{
+    int64_t per = tp_mm_per_call(p), rest = p->batch - c % tp_mm_inner_calls(p) * per;
+    return rest < per ? rest : per;
+}
 
 static inline void tp_mm_call_offsets(const tp_mm_problem *p, int64_t c, int64_t *oa, int64_t *ob, int64_t *od)
 {
-    int64_t inner = tp_mm_unrolled(p) ? p->batch : 1, i = c / inner, j = c % inner;
+    int64_t inner = tp_mm_inner_calls(p), i = c / inner, j = c % inner * tp_mm_per_call(p);
     *oa = tp_layout_offset(&p->loop, 0, i) + j * p->bsa;
     *ob = tp_layout_offset(&p->loop, 1, i) + j * p->bsb;
     *od = tp_layout_offset(&p->loop, 2, i) + j * p->bsd;

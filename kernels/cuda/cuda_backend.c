@@ -147,6 +147,24 @@ tp_status cu_fail_blas(cu_ctx *x, tp_err *err, cublasStatus_t s, const char *cal
     return fail_with(x, err, msg, s == CUBLAS_STATUS_EXECUTION_FAILED);
 }
 
+int cu_warn_cuda(const cu_ctx *x, cudaError_t e, const char *call)
+{
+    if (e == cudaSuccess)
+        return 1;
+    TP_LOG_W("cuda rank %d: %s failed: %s (%s)", x ? x->rank : -1, call, cudaGetErrorName(e), cudaGetErrorString(e));
+    (void)cudaGetLastError(); /* handled: not left pending for the next launch to report */
+    return 0;
+}
+
+int cu_warn_blas(const cu_ctx *x, cublasStatus_t s, const char *call)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 1;
+    TP_LOG_W("cuda rank %d: %s failed: %s (%s)", x ? x->rank : -1, call, cublasLtGetStatusName(s),
+             cublasLtGetStatusString(s));
+    return 0;
+}
+
 /* Every iface entry: right rank, not dead, this thread on our device (the
  * current device is per host thread, and rank threads are not the creator). */
 static tp_status cu_enter(cu_ctx *x, int rank, const char *what, tp_err *err)
@@ -196,19 +214,24 @@ static long env_long(const char *name, long dflt, long lo, long hi)
 
 /* --------------------------------------------------------- allocations */
 
-static tp_status mem_add(cu_ctx *x, const cu_alloc *a, tp_err *err)
+/* Room in the allocation table for one more, taken before the device
+ * memory: memory once allocated must always be tracked (a symmetric one
+ * may only be freed in teardown order, cu_ctx_free). */
+static tp_status mem_reserve(cu_ctx *x, tp_err *err)
 {
-    if (x->n_mem == x->cap_mem) {
-        int cap = x->cap_mem ? 2 * x->cap_mem : 32;
-        cu_alloc *nm = realloc(x->mem, (size_t)cap * sizeof *nm);
-        if (!nm)
-            return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory for the allocation table", x->rank);
-        x->mem = nm;
-        x->cap_mem = cap;
-    }
-    x->mem[x->n_mem++] = *a;
+    if (x->n_mem < x->cap_mem)
+        return TP_OK;
+    int cap = x->cap_mem ? 2 * x->cap_mem : 32;
+    cu_alloc *nm = realloc(x->mem, (size_t)cap * sizeof *nm);
+    if (!nm)
+        return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory for the allocation table", x->rank);
+    x->mem = nm;
+    x->cap_mem = cap;
     return TP_OK;
 }
+
+/* After mem_reserve: cannot fail. */
+static void mem_add(cu_ctx *x, const cu_alloc *a) { x->mem[x->n_mem++] = *a; }
 
 cu_alloc *cu_find_alloc(cu_ctx *x, const void *p)
 {
@@ -304,7 +327,7 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
  * communicator's kernels return early and ncclCommGetAsyncError then says
  * ncclInProgress (or, once quiescent, ncclSuccess): the results are
  * garbage, so the dead state decides, then the async error. */
-static tp_status check_comm(cu_ctx *x, const char *what, tp_err *err)
+tp_status cu_check_comm(cu_ctx *x, const char *what, tp_err *err)
 {
     if (atomic_load(&x->dead))
         return tp_fail(err, TP_BACKEND, "cuda rank %d: %s did not complete: %s", x->rank, what, dead_reason(x));
@@ -329,7 +352,7 @@ tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *e
     NCCL_TRY(x, err, ncclAllReduce(x->xchg, x->xchg, 2, ncclInt64, ncclMax, x->comm, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(pair, x->xchg, sizeof pair, cudaMemcpyDeviceToHost, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
-    TP_TRY(check_comm(x, "a cross-rank agreement", err));
+    TP_TRY(cu_check_comm(x, "a cross-rank agreement", err));
     *mx = pair[0];
     *mn = -pair[1];
     return TP_OK;
@@ -414,7 +437,10 @@ static tp_status open_ipc_peers(cu_ctx *x, char *p, cu_alloc *a, int *ok, tp_err
 {
     cudaIpcMemHandle_t h, all[TP_CUDA_MAX_WORLD];
     int all_ok = 0;
-    TP_TRY(agree_all(x, cudaIpcGetMemHandle(&h, p) == cudaSuccess, &all_ok, err));
+    /* a failure is answered by the fallback, not left pending for the next
+     * launch to report as its own */
+    int got = cu_warn_cuda(x, cudaIpcGetMemHandle(&h, p), "cudaIpcGetMemHandle (symmetric memory falls back)");
+    TP_TRY(agree_all(x, got, &all_ok, err));
     *ok = 0;
     if (!all_ok)
         return TP_OK;
@@ -426,8 +452,8 @@ static tp_status open_ipc_peers(cu_ctx *x, char *p, cu_alloc *a, int *ok, tp_err
     int mine = 1;
     for (int q = 0; q < x->world && mine; q++)
         if (q != x->rank)
-            mine = cudaIpcOpenMemHandle((void **)&a->peer[q], all[q], cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
-    (void)cudaGetLastError(); /* a failed open is reported by the agreement, not left pending */
+            mine = cu_warn_cuda(x, cudaIpcOpenMemHandle((void **)&a->peer[q], all[q], cudaIpcMemLazyEnablePeerAccess),
+                                "cudaIpcOpenMemHandle (symmetric memory falls back)");
     TP_TRY(agree_all(x, mine, ok, err));
     if (!*ok)
         close_peers(x, a);
@@ -539,12 +565,9 @@ static tp_status cuda_alloc(tp_backend *b, int rank, size_t bytes, void **out, t
     memset(&a, 0, sizeof a);
     a.bytes = bytes;
     a.kind = CU_MEM_DEVICE;
+    TP_TRY(mem_reserve(x, err));
     CU_TRY(x, err, cudaMalloc((void **)&a.base, bytes ? bytes : 1)); /* 256-byte aligned */
-    tp_status st = mem_add(x, &a, err);
-    if (st != TP_OK) {
-        cudaFree(a.base);
-        return st;
-    }
+    mem_add(x, &a);
     TP_TRY(zero_alloc(x, &a, err));
     *out = a.base;
     return TP_OK;
@@ -557,21 +580,35 @@ static tp_status cuda_alloc_symmetric(tp_backend *b, int rank, size_t bytes, voi
     TP_TRY(refuse_in_capture(x, "symmetric allocation", err));
     cu_alloc a;
     memset(&a, 0, sizeof a);
+    TP_TRY(mem_reserve(x, err));
     tp_status st = sym_alloc(x, bytes, &a, err);
-    /* A failed allocation's memory (and window) is released by cu_ctx_free
-     * in teardown order; freed here it could race a peer's collective. */
-    if (st != TP_OK) {
-        if (a.base && mem_add(x, &a, err) != TP_OK)
-            TP_LOG_E("cuda rank %d: leaking a failed symmetric allocation (no host memory to track it)", x->rank);
+    /* Even a failed allocation's memory (and window) is tracked, to be
+     * released by cu_ctx_free in teardown order: freed here it could race a
+     * peer's collective. */
+    if (a.base)
+        mem_add(x, &a);
+    if (st != TP_OK)
         return st;
-    }
-    if (mem_add(x, &a, err) != TP_OK) {
-        mem_release(x, &a);
-        return TP_NOMEM;
-    }
     TP_TRY(zero_alloc(x, &a, err));
     *out = a.base;
     return TP_OK;
+}
+
+/* Waits for every stream; a failure kills the backend when sticky, and is
+ * logged either way. */
+static int streams_idle(cu_ctx *x)
+{
+    cudaStream_t st[] = {x->compute, x->side, x->copy};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        cudaError_t e = cudaStreamSynchronize(st[i]);
+        if (e != cudaSuccess) {
+            tp_err tmp;
+            cu_fail_cuda(x, &tmp, (int)e, "cudaStreamSynchronize", __FILE__, __LINE__);
+            TP_LOG_E("%s", tmp.msg);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static void cuda_free(tp_backend *b, int rank, void *p)
@@ -601,9 +638,10 @@ static void cuda_free(tp_backend *b, int rank, void *p)
             return;
         }
         /* a graph or op still in flight may use it (capture_free does not wait) */
-        cudaStreamSynchronize(x->compute);
-        cudaStreamSynchronize(x->side);
-        cudaStreamSynchronize(x->copy);
+        if (!streams_idle(x)) {
+            TP_LOG_E("cuda rank %d: free(%p): kept (leaked): work that may use it did not finish", x->rank, p);
+            return;
+        }
         mem_release(x, &x->mem[i]);
         x->mem[i] = x->mem[--x->n_mem];
         return;
@@ -624,12 +662,12 @@ static tp_status pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err)
         off = 0;
         if (bytes > x->pinned_bytes) {
             size_t grow = bytes > 2 * x->pinned_bytes ? bytes : 2 * x->pinned_bytes;
-            char *n = NULL;
+            char *n = NULL, *old = x->pinned;
             CU_TRY(x, err, cudaHostAlloc((void **)&n, grow, cudaHostAllocPortable));
-            if (x->pinned)
-                CU_TRY(x, err, cudaFreeHost(x->pinned));
-            x->pinned = n;
+            x->pinned = n; /* held before the old block goes: nothing leaks or is freed twice */
             x->pinned_bytes = grow;
+            if (old)
+                cu_warn_cuda(x, cudaFreeHost(old), "cudaFreeHost(old pinned staging)");
         }
     }
     *p = x->pinned + off;
@@ -714,6 +752,10 @@ static tp_status cuda_copy_out(tp_backend *b, int rank, tp_tensor *dst, const tp
                                    cudaMemcpyDeviceToHost, x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
     CU_TRY(x, err, cudaStreamSynchronize(x->copy));
+    /* before the device's data errors: a step whose copy_out reports one
+     * (TP_INVALID) is benign and skips synchronize, so an NCCL failure
+     * under it would go unseen */
+    TP_TRY(cu_check_comm(x, "this step's NCCL work", err));
     TP_TRY(check_device_errors(x, err));
     tp_tensor view = *src;
     view.data = stage - lo * (int64_t)es;
@@ -788,7 +830,7 @@ static tp_status new_capture(cu_ctx *x, cudaGraphExec_t exec, tp_capture **out, 
     if (!c || !refs) {
         free(c);
         free(refs);
-        cudaGraphExecDestroy(exec);
+        cu_warn_cuda(x, cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
         return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory ending a capture", x->rank);
     }
     memcpy(refs, x->cap_refs, (size_t)x->n_cap_refs * sizeof *refs);
@@ -814,7 +856,7 @@ static tp_status cuda_end_capture(tp_backend *b, int rank, tp_capture **out, tp_
     x->capturing = 0;
     if (x->capture_failed || e != cudaSuccess) {
         if (graph)
-            cudaGraphDestroy(graph);
+            cu_warn_cuda(x, cudaGraphDestroy(graph), "cudaGraphDestroy(discarded capture)");
         if (e != cudaSuccess)
             return cu_fail_cuda(x, err, (int)e, "cudaStreamEndCapture(compute, &graph)", __FILE__, __LINE__);
         return tp_fail(err, TP_BACKEND, "cuda rank %d: capture discarded: an op failed while it was recorded",
@@ -822,7 +864,7 @@ static tp_status cuda_end_capture(tp_backend *b, int rank, tp_capture **out, tp_
     }
     cudaGraphExec_t exec = NULL;
     e = cudaGraphInstantiate(&exec, graph, 0); /* CUDA 13: three arguments */
-    cudaGraphDestroy(graph);                   /* the exec is independent of it */
+    cu_warn_cuda(x, cudaGraphDestroy(graph), "cudaGraphDestroy"); /* the exec is independent of it */
     if (e != cudaSuccess)
         return cu_fail_cuda(x, err, (int)e, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
     return new_capture(x, exec, out, err);
@@ -903,7 +945,7 @@ static tp_status cuda_synchronize(tp_backend *b, int rank, tp_err *err)
     CU_TRY(x, err, cudaStreamSynchronize(x->side));
     CU_TRY(x, err, cudaStreamSynchronize(x->compute));
     x->pinned_used = 0;
-    TP_TRY(check_comm(x, "this step's NCCL work", err));
+    TP_TRY(cu_check_comm(x, "this step's NCCL work", err));
     return check_device_errors(x, err);
 }
 
@@ -937,8 +979,8 @@ static void destroy_captures(cu_ctx *x)
 {
     if (x->capturing) {
         cudaGraph_t g = NULL;
-        if (cudaStreamEndCapture(x->compute, &g) == cudaSuccess && g)
-            cudaGraphDestroy(g);
+        if (cu_warn_cuda(x, cudaStreamEndCapture(x->compute, &g), "cudaStreamEndCapture (teardown)") && g)
+            cu_warn_cuda(x, cudaGraphDestroy(g), "cudaGraphDestroy (teardown)");
         x->capturing = 0;
     }
     while (x->live) {
@@ -955,28 +997,24 @@ static void destroy_streams(cu_ctx *x)
                          &x->ev_gemm[1]};
     for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
         if (*ev[i])
-            cudaEventDestroy(*ev[i]);
+            cu_warn_cuda(x, cudaEventDestroy(*ev[i]), "cudaEventDestroy");
     cudaStream_t *st[] = {&x->compute, &x->copy, &x->side};
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
         if (*st[i])
-            cudaStreamDestroy(*st[i]);
+            cu_warn_cuda(x, cudaStreamDestroy(*st[i]), "cudaStreamDestroy");
 }
 
 static void destroy_buffers(cu_ctx *x)
 {
     for (int i = 0; i < x->n_retired; i++)
-        cudaFree(x->retired[i]);
+        cu_warn_cuda(x, cudaFree(x->retired[i]), "cudaFree(retired scratch)");
     free(x->retired);
-    if (x->scratch)
-        cudaFree(x->scratch);
+    void *dev[] = {x->scratch, x->xchg, x->errw, x->lt_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i])
+            cu_warn_cuda(x, cudaFree(dev[i]), "cudaFree (teardown)");
     if (x->pinned)
-        cudaFreeHost(x->pinned);
-    if (x->xchg)
-        cudaFree(x->xchg);
-    if (x->errw)
-        cudaFree(x->errw);
-    if (x->lt_ws)
-        cudaFree(x->lt_ws);
+        cu_warn_cuda(x, cudaFreeHost(x->pinned), "cudaFreeHost(pinned staging)");
 }
 
 static void release_memory(cu_ctx *x)
@@ -1005,12 +1043,17 @@ static void cu_ctx_free(cu_ctx *x)
     if (!x)
         return;
     if (x->device >= 0)
-        cudaSetDevice(x->device);
-    if (x->compute && !x->capturing)
-        cudaDeviceSynchronize();
+        cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (teardown: what follows may free on another device)");
+    /* A capture in progress cannot be waited for (the wait would
+     * invalidate it): the device is idle only once it has ended. */
+    int capturing = x->capturing;
+    if (x->compute && !capturing)
+        cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown)");
     destroy_captures(x);
-    if (x->registered && cudaHostUnregister(x->registered) != cudaSuccess)
-        (void)cudaGetLastError(); /* the process is tearing down; nothing else holds it */
+    if (x->compute && capturing)
+        cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown, after the capture)");
+    if (x->registered) /* the process is tearing down; nothing else holds it */
+        cu_warn_cuda(x, cudaHostUnregister(x->registered), "cudaHostUnregister (teardown)");
     if (atomic_load(&x->comm_ready)) {
         int revoked = atomic_load(&x->comm_revoked);
         ncclResult_t r = revoked ? ncclCommAbort(x->comm) : ncclCommDestroy(x->comm);
@@ -1021,7 +1064,7 @@ static void cu_ctx_free(cu_ctx *x)
     release_memory(x);
     cu_gemm_free(x);
     if (x->lt)
-        cublasLtDestroy(x->lt);
+        cu_warn_blas(x, cublasLtDestroy(x->lt), "cublasLtDestroy");
     destroy_buffers(x);
     destroy_streams(x);
     free(x->cap_refs);
@@ -1183,7 +1226,7 @@ static tp_status probe_symmetric(cu_ctx *x, tp_err *err)
 {
     int s = x->world > 1 ? tp_cuda_nccl_symmetric_support(x->comm) : 0;
     if (s < 0)
-        return cu_fail_nccl(x, err, (ncclResult_t)-s, "ncclDevCommCreate (symmetric-memory probe)", __FILE__,
+        return cu_fail_nccl(x, err, (ncclResult_t)-s, "ncclDevCommCreate/ncclDevCommDestroy (symmetric-memory probe)", __FILE__,
                             __LINE__);
     return x->world > 1 ? agree_all(x, s == 1, &x->sym_support, err) : TP_OK;
 }

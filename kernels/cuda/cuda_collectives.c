@@ -373,7 +373,9 @@ tp_status cu_warm_up(cu_ctx *x, tp_err *err)
     e = cudaStreamSynchronize(x->compute);
     if (st == TP_OK && e != cudaSuccess)
         st = cu_fail_cuda(x, err, (int)e, "cudaStreamSynchronize(warm-up)", __FILE__, __LINE__);
-    cudaFree(buf);
+    cu_warn_cuda(x, cudaFree(buf), "cudaFree(warm-up buffer)");
+    if (st == TP_OK) /* the collectives ran: did NCCL complete them? */
+        st = cu_check_comm(x, "the warm-up's collectives", err);
     if (st == TP_OK) {
         tp_cuda_error w;
         e = cudaMemcpy(&w, x->errw, sizeof w, cudaMemcpyDeviceToHost);

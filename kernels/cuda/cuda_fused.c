@@ -213,10 +213,21 @@ static tp_status ag_mm(cu_ctx *x, const tp_attrs *at, const tp_tensor *ins, int 
     cu_note_signature(x, "fused_all_gather_matmul", fused_sig(TP_OP_FUSED_AG_MM, xs, out), tp_tensor_numel(out));
     ag_src s;
     TP_TRY(ag_sources(x, xs, &s, err));
-    TP_TRY(fork_side(x, err));
-    tp_status st = rejoin(x, ag_steps(x, at, &s, ins, n_ins, out, err), err);
-    if (st == TP_OK && s.al) /* peers may reuse their x only after every pull */
-        KERNEL_TRY(x, err, tp_cuda_barrier(&x->sync, TP_CUDA_SLOT_FUSED_OUT, x->compute));
+    tp_status st = fork_side(x, err);
+    if (st == TP_OK)
+        st = rejoin(x, ag_steps(x, at, &s, ins, n_ins, out, err), err);
+    /* Peers may reuse their x only after every pull. Once the entry barrier
+     * is queued (s.al) the exit one follows whatever failed: skipped, it
+     * would leave this rank's epoch on the slot one behind its peers' for
+     * good, and them waiting in it until the barrier timeout. */
+    if (s.al) {
+        int k = tp_cuda_barrier(&x->sync, TP_CUDA_SLOT_FUSED_OUT, x->compute);
+        if (k != 0 && st == TP_OK)
+            return cu_fail_cuda(x, err, k, "tp_cuda_barrier(&x->sync, TP_CUDA_SLOT_FUSED_OUT, x->compute)", __FILE__,
+                                __LINE__);
+        if (k != 0)
+            cu_warn_cuda(x, (cudaError_t)k, "tp_cuda_barrier(FUSED_OUT) after a failed step");
+    }
     return st;
 }
 

@@ -44,16 +44,14 @@ tp_status cu_gemm_create(cu_ctx *x, tp_err *err)
     return TP_OK;
 }
 
-static void entry_free(gemm_entry *g)
+static void entry_free(const cu_ctx *x, gemm_entry *g)
 {
-    if (g->la)
-        cublasLtMatrixLayoutDestroy(g->la);
-    if (g->lb)
-        cublasLtMatrixLayoutDestroy(g->lb);
-    if (g->ld)
-        cublasLtMatrixLayoutDestroy(g->ld);
+    cublasLtMatrixLayout_t l[] = {g->la, g->lb, g->ld};
+    for (size_t i = 0; i < sizeof l / sizeof l[0]; i++)
+        if (l[i])
+            cu_warn_blas(x, cublasLtMatrixLayoutDestroy(l[i]), "cublasLtMatrixLayoutDestroy");
     if (g->desc)
-        cublasLtMatmulDescDestroy(g->desc);
+        cu_warn_blas(x, cublasLtMatmulDescDestroy(g->desc), "cublasLtMatmulDescDestroy");
 }
 
 void cu_gemm_free(cu_ctx *x)
@@ -61,7 +59,7 @@ void cu_gemm_free(cu_ctx *x)
     if (!x->gemm)
         return;
     for (int i = 0; i < x->gemm->n; i++)
-        entry_free(&x->gemm->e[i]);
+        entry_free(x, &x->gemm->e[i]);
     free(x->gemm->e);
     free(x->gemm);
     x->gemm = NULL;
@@ -78,6 +76,9 @@ static tp_status make_layout(cu_ctx *x, cublasLtMatrixLayout_t *l, tp_dtype dt, 
 {
     BLAS_TRY(x, err, cublasLtMatrixLayoutCreate(l, lt_type(dt), (uint64_t)m->rows, (uint64_t)m->cols, m->ld));
     if (batch > 1) {
+        if (batch > TP_MM_BATCH_MAX) /* tp_mm_call_batch never asks for more */
+            return tp_fail(err, TP_INTERNAL, "cuda rank %d: a GEMM call's batch of %lld is over cuBLASLt's int32 count",
+                           x->rank, (long long)batch);
         int32_t count = (int32_t)batch;
         BLAS_TRY(x, err, cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                                           sizeof count));
@@ -109,15 +110,25 @@ static tp_status pick_algo(cu_ctx *x, gemm_entry *g, tp_err *err)
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+    const char *call = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
+    static const char *const set_alignment[4] = {
+        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)",
+        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)",
+        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)",
+        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)"};
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++) {
+        call = set_alignment[i];
         s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+    }
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (s == CUBLAS_STATUS_SUCCESS)
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        call = "cublasLtMatmulAlgoGetHeuristic";
         s = cublasLtMatmulAlgoGetHeuristic(x->lt, g->desc, g->la, g->lb, g->ld, g->ld, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    }
+    cu_warn_blas(x, cublasLtMatmulPreferenceDestroy(pref), "cublasLtMatmulPreferenceDestroy");
     if (s != CUBLAS_STATUS_SUCCESS)
-        return cu_fail_blas(x, err, s, "cublasLtMatmulAlgoGetHeuristic / preferences", __FILE__, __LINE__);
+        return cu_fail_blas(x, err, s, call, __FILE__, __LINE__);
     if (found < 1)
         return tp_fail(err, TP_BACKEND,
                        "cuda rank %d: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s, ld %lld/%lld/%lld, "
@@ -161,7 +172,7 @@ static tp_status lookup(cu_ctx *x, const gemm_key *k, const tp_gemm_plan *p, gem
     g->key = *k;
     tp_status st = entry_init(x, g, p, err);
     if (st != TP_OK) {
-        entry_free(g);
+        entry_free(x, g);
         return st;
     }
     c->n++;
@@ -273,7 +284,7 @@ tp_status cu_matmul(cu_ctx *x, const tp_tensor *a_in, const tp_tensor *b_in, int
             .a = (const char *)a.data + oa * es,
             .b = (const char *)b.data + ob * es,
             .d = (char *)out->data + od * es,
-            .batch = tp_mm_call_batch(&p),
+            .batch = tp_mm_call_batch(&p, i),
             .bsa = p.bsa,
             .bsb = p.bsb,
             .bsd = p.bsd,

@@ -119,6 +119,11 @@ struct tp_capture {
 tp_status cu_fail_cuda(cu_ctx *x, tp_err *err, int code, const char *call, const char *file, int line);
 tp_status cu_fail_nccl(cu_ctx *x, tp_err *err, ncclResult_t r, const char *call, const char *file, int line);
 tp_status cu_fail_blas(cu_ctx *x, tp_err *err, cublasStatus_t s, const char *call, const char *file, int line);
+/* A call whose failure changes nothing for the caller (teardown, a free, a
+ * fallback already decided): logged, naming the call, and a CUDA error
+ * cleared so the next launch does not report it as its own. 1 on success. */
+int cu_warn_cuda(const cu_ctx *x, cudaError_t e, const char *call);
+int cu_warn_blas(const cu_ctx *x, cublasStatus_t s, const char *call);
 
 /* Each returns tp_fail(...) from the enclosing function, naming the call,
  * the code's name and string, the rank and the source line. */
@@ -163,6 +168,9 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err);
 tp_status cu_check_tensor(cu_ctx *x, const tp_tensor *t, const char *what, tp_err *err);
 /* The live allocation containing p, or NULL. */
 cu_alloc *cu_find_alloc(cu_ctx *x, const void *p);
+/* After a wait on NCCL work: TP_OK, or the backend is dead or NCCL reports
+ * an async error (the backend is then marked dead). */
+tp_status cu_check_comm(cu_ctx *x, const char *what, tp_err *err);
 /* min and max of v over every rank (eager only: NCCL all_reduce + sync). */
 tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *err);
 

@@ -41,7 +41,8 @@
  *                       at `point` fail on process rank `rank` ($TP_RANK,
  *                       0 for the leader); points: alloc, window, comm_init,
  *                       capture, replay, nccl_async, embed_id, die
- *                       (_exit(9) at a graph launch)
+ *                       (_exit(9) at a graph launch); up to 4 of them,
+ *                       comma-separated (two failures in one step)
  *  TP_DOUBLE_LOG        a file every process appends rule breaches to
  *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang */
 #ifndef TP_CUDA_DOUBLE_H

@@ -15,8 +15,15 @@ static const char *const point_names[DBL_FAIL_POINTS] = {
     "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die",
 };
 
+/* Up to this many injections at once (TP_DOUBLE_FAIL, comma-separated):
+ * two failures in one step, say. */
+#define MAX_FAILS 4
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int fail_point = -1, fail_rank = -1, fail_nth = 1;
+static struct {
+    int point, rank, nth;
+} fails[MAX_FAILS];
+static int n_fails;
 static atomic_int calls[DBL_FAIL_POINTS];
 static atomic_int breaches;
 
@@ -28,32 +35,53 @@ int dbl_env_int(const char *name, int dflt)
 
 int dbl_process_rank(void) { return dbl_env_int("TP_RANK", 0); }
 
-static void parse_fail(void)
+/* One "point:rank[:nth]" of TP_DOUBLE_FAIL. */
+static void parse_one(const char *v)
 {
-    const char *v = getenv("TP_DOUBLE_FAIL");
-    if (!v || !*v)
-        return;
     char name[32] = "";
-    int rank = 0, nth = 1;
+    int rank = 0, nth = 1, point = -1;
     if (sscanf(v, "%31[a-z_]:%d:%d", name, &rank, &nth) < 2) {
-        fprintf(stderr, "cuda double: ignoring TP_DOUBLE_FAIL=%s (expected point:rank[:nth])\n", v);
+        fprintf(stderr, "cuda double: ignoring TP_DOUBLE_FAIL entry '%s' (expected point:rank[:nth])\n", v);
         return;
     }
     for (int p = 0; p < DBL_FAIL_POINTS; p++)
         if (strcmp(name, point_names[p]) == 0)
-            fail_point = p;
-    if (fail_point < 0)
-        fprintf(stderr, "cuda double: unknown failure point '%s'\n", name);
-    fail_rank = rank;
-    fail_nth = nth > 0 ? nth : 1;
+            point = p;
+    if (point < 0 || n_fails == MAX_FAILS) {
+        fprintf(stderr, "cuda double: ignoring TP_DOUBLE_FAIL entry '%s' (%s)\n", v,
+                point < 0 ? "unknown point" : "too many entries");
+        return;
+    }
+    fails[n_fails].point = point;
+    fails[n_fails].rank = rank;
+    fails[n_fails].nth = nth > 0 ? nth : 1;
+    n_fails++;
+}
+
+static void parse_fail(void)
+{
+    const char *v = getenv("TP_DOUBLE_FAIL");
+    char buf[256];
+    if (!v || !*v || strlen(v) >= sizeof buf)
+        return;
+    strcpy(buf, v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        parse_one(t);
 }
 
 int dbl_inject(dbl_fail_point point)
 {
     pthread_once(&once, parse_fail);
-    if ((int)point != fail_point || dbl_process_rank() != fail_rank)
-        return 0;
-    return atomic_fetch_add(&calls[point], 1) + 1 == fail_nth;
+    int me = dbl_process_rank(), hit = 0, counted = 0;
+    for (int i = 0; i < n_fails; i++) {
+        if (fails[i].point != (int)point || fails[i].rank != me)
+            continue;
+        if (!counted) { /* one count per call, however many entries name the point */
+            counted = atomic_fetch_add(&calls[point], 1) + 1;
+        }
+        hit |= counted == fails[i].nth;
+    }
+    return hit;
 }
 
 void dbl_rule(const char *fmt, ...)

@@ -245,10 +245,15 @@ static const injection injections[] = {
     {"capture:1:1", "mlp_sp_tp2", "end of capture", TP_BACKEND, 0, 0},
     {"replay:1:1", "megatron_block_tp2", "graph launch", TP_BACKEND, 1, 0},
     {"nccl_async:1:12", "mlp_sp_tp2", "NCCL async error (setup)", TP_BACKEND, 0, 0},
-    {"nccl_async:1:39", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 1, 0},
+    {"nccl_async:1:40", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 1, 0},
     {"die:1:1", "mlp_sp_tp2", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"die:3:1", "megatron_block_tp4", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"embed_id:1:1", "vocab_embed_i32_tp2", "bad id (benign)", TP_INVALID, 0, 1},
+    /* A bad id makes the step benign only if nothing else failed: an NCCL
+     * error in the same step (rank 1's 28th look, its first of the run) is
+     * found by copy_out, since a benign step skips synchronize, and loses
+     * the engine. */
+    {"embed_id:1:1,nccl_async:1:28", "vocab_embed_i32_tp2", "bad id + NCCL async error", TP_BACKEND, 1, 0},
 };
 
 static void example_paths(const char *name, char *path, char *in, char *ref, size_t cap)

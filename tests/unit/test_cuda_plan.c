@@ -140,12 +140,19 @@ static tp_tensor contiguous_copy(const tp_tensor *t)
  * (packing what the plan refuses), then every call of the problem through
  * the emulation.
  * Returns how many operands had to be packed. */
+/* Entries one call may take, when a test lowers TP_MM_BATCH_MAX (0: not) to
+ * reach the split of a batch over cuBLASLt's int32 count without 2^31
+ * matrices. */
+static int64_t test_batch_max;
+
 static int lt_matmul(const tp_tensor *a0, const tp_tensor *b0, int tb, tp_tensor *out, float beta, int64_t *n_calls)
 {
     tp_tensor a = *a0, b = *b0, ca = {0}, cb = {0};
     tp_mm_problem p;
     tp_gemm_plan g;
     ck_assert_int_eq(tp_mm_problem_make(&a, &b, tb, out, &p), 0);
+    if (test_batch_max)
+        p.batch_max = test_batch_max;
     int bad = tp_gemm_plan_make(p.M, p.N, p.K, p.sam, p.sak, p.sbk, p.sbn, p.sdm, p.sdn, &g), packed = 0;
     ck_assert_int_eq(bad & 4, 0);
     if (bad & 1) {
@@ -158,13 +165,16 @@ static int lt_matmul(const tp_tensor *a0, const tp_tensor *b0, int tb, tp_tensor
     }
     if (bad) {
         ck_assert_int_eq(tp_mm_problem_make(&a, &b, tb, out, &p), 0);
+        if (test_batch_max)
+            p.batch_max = test_batch_max;
         ck_assert_int_eq(tp_gemm_plan_make(p.M, p.N, p.K, p.sam, p.sak, p.sbk, p.sbn, p.sdm, p.sdn, &g), 0);
     }
     *n_calls = tp_mm_n_calls(&p);
     for (int64_t c = 0; c < tp_mm_n_calls(&p); c++) {
         int64_t oa, ob, od;
         tp_mm_call_offsets(&p, c, &oa, &ob, &od);
-        int64_t nb = tp_mm_call_batch(&p);
+        int64_t nb = tp_mm_call_batch(&p, c);
+        ck_assert(nb >= 1 && nb <= p.batch_max);
         /* cuBLASLt's A is the graph's B: operands and batch strides swap */
         lt_emulate(&g, (float *)b.data + ob, (float *)a.data + oa, (float *)out->data + od, nb, p.bsb, p.bsa, p.bsd,
                    beta);
@@ -360,6 +370,34 @@ START_TEST(gemm_broadcast_batch)
     free(ab);
     free(bb);
     free(cb);
+}
+END_TEST
+
+/* A strided batch over the entries one call may take (cuBLASLt's int32
+ * count, lowered here to 2) goes in several calls, the last with the rest:
+ * every entry computed once, none past the end. */
+START_TEST(gemm_batch_split_at_the_count_limit)
+{
+    float *ab, *bb, *pb;
+    int64_t as[3] = {5, 4, 3}, bs[3] = {5, 3, 2}, os[3] = {5, 4, 2};
+    tp_tensor a = make_view(3, as, ID, NULL, &ab), b = make_view(3, bs, ID, NULL, &bb);
+    ck_assert_int_eq(run_case(&a, &b, 0, 3, os, 0, NULL), 1);
+    test_batch_max = 2;
+    ck_assert_int_eq(run_case(&a, &b, 0, 3, os, 0, NULL), 3); /* 2 + 2 + 1 */
+    test_batch_max = 5;
+    ck_assert_int_eq(run_case(&a, &b, 0, 3, os, 0, NULL), 1);
+    /* with an outer loop too: [B, H, S, D] from a permuted view, H batched */
+    int64_t qs[4] = {2, 3, 4, 5}, ks[4] = {2, 3, 5, 6}, qos[4] = {2, 3, 4, 6};
+    int q_perm[4] = {0, 2, 1, 3}, k_perm[4] = {0, 3, 1, 2};
+    float *kb;
+    tp_tensor q = make_view(4, qs, q_perm, NULL, &pb), k = make_view(4, ks, k_perm, NULL, &kb);
+    test_batch_max = 2;
+    ck_assert_int_eq(run_case(&q, &k, 0, 4, qos, 0, NULL), 4); /* B 2 x H in calls of 2 + 1 */
+    test_batch_max = 0;
+    free(ab);
+    free(bb);
+    free(pb);
+    free(kb);
 }
 END_TEST
 
@@ -1000,6 +1038,7 @@ static Suite *cuda_plan_suite(void)
     tcase_add_test(g, gemm_batch_folds_into_m);
     tcase_add_test(g, gemm_batched_permuted);
     tcase_add_test(g, gemm_broadcast_batch);
+    tcase_add_test(g, gemm_batch_split_at_the_count_limit);
     tcase_add_test(g, gemm_packs_unusable_operands);
     tcase_add_test(g, gemm_degenerate_sizes);
     tcase_add_test(g, gemm_random_views);
