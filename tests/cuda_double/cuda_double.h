@@ -32,7 +32,10 @@
  *    the window otherwise);
  *  - host memory is unregistered only once the device is idle;
  *  - new device memory is filled with 0xa5, so reading it before writing
- *    (a warm-up on uninitialised ids) shows.
+ *    (a warm-up on uninitialised ids) shows;
+ *  - a failed runtime call's error stays pending until cudaGetLastError,
+ *    and a kernel launch reports it as its own (a real launcher returns
+ *    cudaGetLastError()): an error handled but not cleared shows.
  *
  * Configuration (environment, read once per process):
  *  TP_DOUBLE_DEVICES    devices per process (default 8)
@@ -41,7 +44,8 @@
  *                       at `point` fail on process rank `rank` ($TP_RANK,
  *                       0 for the leader); points: alloc, window, comm_init,
  *                       capture, replay, nccl_async, embed_id, die
- *                       (_exit(9) at a graph launch); up to 4 of them,
+ *                       (_exit(9) at a graph launch), ipc_handle
+ *                       (cudaIpcGetMemHandle); up to 4 of them,
  *                       comma-separated (two failures in one step)
  *  TP_DOUBLE_LOG        a file every process appends rule breaches to
  *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang */
@@ -66,6 +70,7 @@ typedef enum {
     DBL_FAIL_NCCL_ASYNC,
     DBL_FAIL_EMBED_ID,
     DBL_FAIL_DIE,
+    DBL_FAIL_IPC_HANDLE,
     DBL_FAIL_POINTS
 } dbl_fail_point;
 

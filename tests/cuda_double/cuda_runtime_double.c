@@ -254,6 +254,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
  * windows or is not peer-mapped at all). */
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
+    if (dbl_inject(DBL_FAIL_IPC_HANDLE))
+        return fail(cudaErrorInvalidValue);
     memset(handle, 0, sizeof *handle);
     memcpy(handle->reserved, &devPtr, sizeof devPtr);
     return cudaSuccess;
@@ -460,9 +462,15 @@ static int run_launch(const void *name)
     return 0;
 }
 
+/* What a real launcher returns: cudaGetLastError() after the launch, which
+ * also reports (and clears) an earlier call's failure that nobody cleared.
+ * So an error the backend handled but left pending fails the next launch,
+ * as on a GPU. */
 int dbl_launch(struct CUstream_st *s, const char *name)
 {
-    return dbl_enqueue(s, name, run_launch, &name, sizeof name, NULL);
+    int e = dbl_enqueue(s, name, run_launch, &name, sizeof name, NULL);
+    cudaError_t pending = cudaGetLastError();
+    return e ? e : (int)pending;
 }
 
 /* ------------------------------------------------------------- copies */

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 static const char *const point_names[DBL_FAIL_POINTS] = {
-    "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die",
+    "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die", "ipc_handle",
 };
 
 /* Up to this many injections at once (TP_DOUBLE_FAIL, comma-separated):

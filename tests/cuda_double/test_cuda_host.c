@@ -264,6 +264,23 @@ static void example_paths(const char *name, char *path, char *in, char *ref, siz
     snprintf(ref, cap, "%s/%s.ref.safetensors", dir, name);
 }
 
+/* A failed cudaIpcGetMemHandle on one rank sends every rank to the
+ * fallback; the failure is handled there, so it must not stay pending for
+ * the next kernel launch to report as its own (the double's launches
+ * return the pending error, as cudaGetLastError after a real launch). The
+ * second handle: the first is the control block's, taken on the creating
+ * thread, and CUDA's last error is per host thread; the second is a
+ * buffer's, taken on the thread that then runs the steps. */
+START_TEST(a_failed_ipc_handle_falls_back_and_leaves_no_error)
+{
+    setenv("TP_DOUBLE_SYMMETRIC", "0", 1); /* the CUDA IPC path */
+    setenv("TP_DOUBLE_FAIL", "ipc_handle:1:2", 1);
+    char path[512], in[512], ref[512];
+    example_paths("mlp_sp_tp2", path, in, ref, sizeof path);
+    run_example(path, in, ref, 0);
+}
+END_TEST
+
 /* A lost engine names the failing rank, and every later request fails at
  * once (no step runs) with TP_UNAVAILABLE and that same reason. */
 static void assert_lost_for_good(tp_engine *e, const char *fail, const char *want_rank, const tp_host_tensor *in,
@@ -481,6 +498,7 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(ex, allocations_start_zeroed);
     tcase_add_test(ex, examples_on_2_and_4_ranks);
     tcase_add_test(ex, examples_without_symmetric_memory);
+    tcase_add_test(ex, a_failed_ipc_handle_falls_back_and_leaves_no_error);
     tcase_add_loop_test(add_case(s, "failures", 120), injected_failure, 0,
                         (int)(sizeof injections / sizeof injections[0]));
     return s;
