@@ -62,8 +62,12 @@ static void parse_fail(void)
 {
     const char *v = getenv("TP_DOUBLE_FAIL");
     char buf[256];
-    if (!v || !*v || strlen(v) >= sizeof buf)
+    if (!v || !*v)
         return;
+    if (strlen(v) >= sizeof buf) {
+        fprintf(stderr, "cuda double: ignoring TP_DOUBLE_FAIL (over %zu characters)\n", sizeof buf - 1);
+        return;
+    }
     strcpy(buf, v);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
         parse_one(t);
@@ -76,9 +80,8 @@ int dbl_inject(dbl_fail_point point)
     for (int i = 0; i < n_fails; i++) {
         if (fails[i].point != (int)point || fails[i].rank != me)
             continue;
-        if (!counted) { /* one count per call, however many entries name the point */
+        if (!counted) /* one count per call, however many entries name the point */
             counted = atomic_fetch_add(&calls[point], 1) + 1;
-        }
         hit |= counted == fails[i].nth;
     }
     return hit;
