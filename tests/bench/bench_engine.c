@@ -387,13 +387,24 @@ static void bench_activations(void)
 
 int main(int argc, char **argv)
 {
+    /* The OpenBLAS kernels tpserve serve runs, which OpenBLAS reads as it
+     * loads (kernels/cpu/blas_pick.h): without them, a CPU newer than
+     * OpenBLAS's table gets its oldest kernels here (the mlp_sp h=256 row
+     * took 8.3 ms a request on an Intel Xeon OpenBLAS took for a Prescott,
+     * 2.0 ms with the kernels tpserve picks). */
+    if (tp_engine_prepare_exec()) {
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "bench_engine: re-executing for the OpenBLAS kernels failed; OpenBLAS's own run\n");
+    }
     char dir[] = "/tmp/tp_bench_XXXXXX";
     if (argc != 2 || !mkdtemp(dir)) {
         fprintf(stderr, "usage: bench_engine replay|passes|ranks\n");
         return 2;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("cpu backend, 2 ranks, %ld cores, median of repeated requests\n\n", cores);
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    printf("cpu backend, 2 ranks, %ld cores, median of repeated requests; OpenBLAS kernels: %s\n\n", cores,
+           core ? core : "OpenBLAS's own choice");
     if (strcmp(argv[1], "replay") == 0) {
         bench_activations();
         bench_replay(dir);
