@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "graph.h"
@@ -60,6 +61,14 @@ int tp_engine_prepare_exec(void)
         if (registry[i]->prepare_exec)
             changed |= registry[i]->prepare_exec();
     return changed;
+}
+
+int tp_engine_reexec_for_backends(char **argv)
+{
+    if (!tp_engine_prepare_exec())
+        return 0;
+    execv("/proc/self/exe", argv);
+    return -1;
 }
 
 static tp_status unknown(const char *name, tp_err *err)

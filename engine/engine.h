@@ -167,6 +167,12 @@ void tp_engine_prewake(tp_engine *e);
  * process must re-execute itself for it to apply. Defined with the backend
  * registry (backend.c). */
 int tp_engine_prepare_exec(void);
+/* tp_engine_prepare_exec, then, when it changed the environment, this
+ * process re-executed (/proc/self/exe with argv). Returns only when there
+ * was nothing to apply (0) or the exec failed (-1: the process goes on with
+ * what its libraries detected). A process that inherited the settings (one
+ * re-executed, or a rank process serve started) has nothing to apply. */
+int tp_engine_reexec_for_backends(char **argv);
 /* Whether requests can be concatenated along dim 0 into one run: every
  * input and output has the batch as dim 0 and no op mixes rows. */
 int tp_engine_batchable(const tp_engine *e);

@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "engine.h"
@@ -19,17 +18,6 @@ static void usage(FILE *out)
     tp_serve_usage(out);
 }
 
-/* The environment the backends' libraries read as they load (the OpenBLAS
- * kernels: kernels/cpu/blas_pick.h), applied by re-executing; serve does
- * it with its own re-exec (signals.h). A failed exec keeps what was
- * detected. A process that inherited the setting (a rank process serve
- * started) has nothing to change and does not re-execute. */
-static void reexec_for_backends(char **argv)
-{
-    if (tp_engine_prepare_exec())
-        execv("/proc/self/exe", argv);
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
@@ -37,14 +25,17 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    /* The environment the backends' libraries read as they load (the
+     * OpenBLAS kernels: kernels/cpu/blas_pick.h); serve applies it with its
+     * own re-exec (signals.h). */
     if (strcmp(argv[1], "run") == 0) {
-        reexec_for_backends(argv);
+        tp_engine_reexec_for_backends(argv);
         return tp_cli_run(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "plan") == 0)
         return tp_cli_plan(argc - 1, argv + 1);
     if (strcmp(argv[1], "worker") == 0) {
-        reexec_for_backends(argv); /* one started by hand, not by serve */
+        tp_engine_reexec_for_backends(argv); /* one started by hand, not by serve */
         return tp_worker_main(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "serve") == 0) {

@@ -392,10 +392,8 @@ int main(int argc, char **argv)
      * OpenBLAS's table gets its oldest kernels here (the mlp_sp h=256 row
      * took 8.3 ms a request on an Intel Xeon OpenBLAS took for a Prescott,
      * 2.0 ms with the kernels tpserve picks). */
-    if (tp_engine_prepare_exec()) {
-        execv("/proc/self/exe", argv);
+    if (tp_engine_reexec_for_backends(argv) != 0)
         fprintf(stderr, "bench_engine: re-executing for the OpenBLAS kernels failed; OpenBLAS's own run\n");
-    }
     char dir[] = "/tmp/tp_bench_XXXXXX";
     if (argc != 2 || !mkdtemp(dir)) {
         fprintf(stderr, "usage: bench_engine replay|passes|ranks\n");
