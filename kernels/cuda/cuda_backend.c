@@ -425,9 +425,7 @@ static void close_peers(cu_ctx *x, cu_alloc *a)
 {
     for (int q = 0; q < x->world; q++)
         if (q != x->rank && a->peer[q]) {
-            cudaError_t e = cudaIpcCloseMemHandle(a->peer[q]);
-            if (e != cudaSuccess)
-                TP_LOG_W("cuda rank %d: cudaIpcCloseMemHandle(peer %d): %s", x->rank, q, cudaGetErrorName(e));
+            cu_warn_cuda(x, cudaIpcCloseMemHandle(a->peer[q]), "cudaIpcCloseMemHandle(a peer's mapping)");
             a->peer[q] = NULL;
         }
 }
@@ -621,9 +619,7 @@ static void cuda_free(tp_backend *b, int rank, void *p)
                  x->capturing ? " during capture" : "");
         return;
     }
-    cudaError_t e = cudaSetDevice(x->device); /* even when dead: memory goes back */
-    if (e != cudaSuccess)
-        TP_LOG_W("cuda rank %d: free: cudaSetDevice(%d): %s", x->rank, x->device, cudaGetErrorName(e));
+    cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (free)"); /* even when dead: memory goes back */
     for (int i = 0; i < x->n_mem; i++) {
         if (x->mem[i].base != p || x->mem[i].released)
             continue;
@@ -881,9 +877,7 @@ static tp_status cuda_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err
 
 static void capture_release(cu_ctx *x, tp_capture *c)
 {
-    cudaError_t e = cudaGraphExecDestroy(c->exec);
-    if (e != cudaSuccess)
-        TP_LOG_W("cuda rank %d: cudaGraphExecDestroy: %s", x->rank, cudaGetErrorName(e));
+    cu_warn_cuda(x, cudaGraphExecDestroy(c->exec), "cudaGraphExecDestroy");
     for (int i = 0; i < c->n_refs; i++) {
         cu_alloc *a = cu_find_alloc(x, c->refs[i]);
         if (a && a->capture_refs > 0)
@@ -1029,7 +1023,9 @@ static void release_memory(cu_ctx *x)
 
 /* Order matters:
  *  - the device is idle before the host staging is unregistered (A9: a
- *    copy_in DMA may still read it) and before anything is freed;
+ *    copy_in DMA may still read it) and before any memory is freed (graph
+ *    execs go first: ending a capture must precede the wait, and an exec
+ *    destroyed in flight completes);
  *  - graphs holding NCCL work are destroyed before the communicator is
  *    destroyed or aborted, which in NCCL 2.28 wait for them (A1);
  *  - no collective at teardown: every process tears down on its own (a
@@ -1044,14 +1040,11 @@ static void cu_ctx_free(cu_ctx *x)
         return;
     if (x->device >= 0)
         cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (teardown: what follows may free on another device)");
-    /* A capture in progress cannot be waited for (the wait would
-     * invalidate it): the device is idle only once it has ended. */
-    int capturing = x->capturing;
-    if (x->compute && !capturing)
-        cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown)");
+    /* first: a capture in progress cannot be waited for (the wait would
+     * invalidate it); an exec destroyed in flight completes first (CUDA) */
     destroy_captures(x);
-    if (x->compute && capturing)
-        cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown, after the capture)");
+    if (x->compute)
+        cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown)");
     if (x->registered) /* the process is tearing down; nothing else holds it */
         cu_warn_cuda(x, cudaHostUnregister(x->registered), "cudaHostUnregister (teardown)");
     if (atomic_load(&x->comm_ready)) {

@@ -107,18 +107,18 @@ static tp_status pick_algo(cu_ctx *x, gemm_entry *g, tp_err *err)
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                             sizeof ws);
     const uint32_t al[4] = {g->key.al_a, g->key.al_b, g->key.al_d, g->key.al_d};
-    const cublasLtMatmulPreferenceAttributes_t which[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    static const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const char *call;
+    } align[4] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)"}};
     const char *call = "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)";
-    static const char *const set_alignment[4] = {
-        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)",
-        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)",
-        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)",
-        "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)"};
     for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++) {
-        call = set_alignment[i];
-        s = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+        call = align[i].call;
+        s = cublasLtMatmulPreferenceSetAttribute(pref, align[i].attr, &al[i], sizeof al[i]);
     }
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
