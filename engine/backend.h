@@ -73,6 +73,14 @@ typedef struct tp_backend_iface {
      * communicator), else NULL; the string lives as long as the backend.
      * Thread-safe: the engine asks it after a failed step. */
     const char *(*dead)(tp_backend *b);
+    /* Optional (NULL: the backend learns of every failure in its own
+     * calls). Asked from the rank group's watchdog thread while a step is in
+     * flight (tp_rank_hooks.fault): an error reported asynchronously that
+     * the step's waits would not return with (cuda: ncclCommGetAsyncError
+     * while the rank blocks on a collective that will never complete). It
+     * leaves the backend dead with that error and returns it (the abort
+     * that follows then wakes the waits); NULL when there is none. */
+    const char *(*fault)(tp_backend *b);
     void (*destroy)(tp_backend *b);
 } tp_backend_iface;
 
@@ -179,6 +187,12 @@ tp_status tp_backend_check_graph(const tp_backend_kind *k, const struct tp_graph
 static inline const char *tp_backend_dead(tp_backend *b)
 {
     return b && b->iface->dead ? b->iface->dead(b) : NULL;
+}
+
+/* NULL, or the asynchronous error iface fault found (and failed b for). */
+static inline const char *tp_backend_fault(tp_backend *b)
+{
+    return b && b->iface->fault ? b->iface->fault(b) : NULL;
 }
 
 static inline void tp_backend_destroy(tp_backend *b)

@@ -218,6 +218,7 @@ static tp_status run_rank(void *ctx, int rank, tp_err *err)
 
 static void abort_backend(void *b) { ((tp_backend *)b)->iface->abort(b); }
 static void lose_backend(void *b) { ((tp_backend *)b)->iface->peer_lost(b); }
+static const char *backend_fault(void *b) { return tp_backend_fault(b); }
 
 static tp_status build_output_descs(tp_exec *x, tp_err *err)
 {
@@ -278,7 +279,7 @@ tp_status tp_exec_create(const tp_graph *g0, int64_t batch, tp_backend *b, tp_ra
         return tp_fail(err, TP_NOMEM, "out of memory");
     }
     *x = (tp_exec){.g = g, .b = b, .rg = rg, .w = w, .batch = batch, .world = g->world_size,
-                   .hooks = {abort_backend, lose_backend, b}};
+                   .hooks = {.fail = abort_backend, .lost = lose_backend, .ctx = b, .fault = backend_fault}};
     if (o)
         x->opts = *o;
     st = tp_plan_build(g, &x->plan, err);

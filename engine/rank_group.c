@@ -27,9 +27,11 @@
  *
  * Process groups: while a step is in flight, a watchdog thread looks every
  * POLL_MS for a failure in another process (our rank may be blocked in a
- * collective waiting for the failed one: hooks->fail) or a dead or hung
- * process (hooks->lost) — what the caller did itself when it only waited
- * for a rank thread, now off the step's path. It sleeps for good once no
+ * collective waiting for the failed one: hooks->fail), a dead or hung
+ * process (hooks->lost), or an error the backend learnt of asynchronously
+ * while our rank waits (hooks->fault, then hooks->fail) — what the caller
+ * did itself when it only waited for a rank thread, now off the step's
+ * path. It sleeps for good once no
  * step has run for IDLE_MS, so steps back to back never wake it and an idle
  * server is not woken 50 times a second. */
 #include "rank_group.h"
@@ -230,10 +232,13 @@ static tp_status start_threads(tp_rank_group *g, tp_err *err)
 
 /* ------------------------------------------------------------ watchdog */
 
-/* Tells the hooks what poll reports and they were not told yet. */
+/* Tells the hooks what poll reports, or the backend's own fault, and they
+ * were not told yet. */
 static int tell_hooks(tp_rank_group *g, const tp_rank_hooks *hooks, int told)
 {
     int f = tp_rank_procs_poll(g->procs) & ~told;
+    if (!(told & TP_POLL_ABORT) && hooks && hooks->fault && hooks->fault(hooks->ctx))
+        f |= TP_POLL_ABORT;
     if (f & TP_POLL_ABORT)
         call_hook(hooks, 0);
     if (f & TP_POLL_LOST)
@@ -253,7 +258,7 @@ static void watch_idle(tp_rank_group *g, uint32_t seen)
 static void *watch_main(void *p)
 {
     tp_rank_group *g = p;
-    pthread_setname_np(pthread_self(), "rank watchdog");
+    pthread_setname_np(pthread_self(), "rank watchdog"); /* the cuda test double knows it by this name */
     uint32_t seen = atomic_load(&g->steps);
     int64_t quiet_since = tp_now_ns();
     while (!atomic_load(&g->quit)) {

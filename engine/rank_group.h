@@ -77,11 +77,17 @@ typedef struct {
 } tp_rank_shared;
 
 /* What a run does when a rank fails (wake peers blocked in a collective)
- * and when a rank's process is gone (fail even waits that must complete). */
+ * and when a rank's process is gone (fail even waits that must complete).
+ * fault (optional) is asked by a process group's watchdog every tick of a
+ * step in flight: an error this process's backend was told of
+ * asynchronously, which the step's own waits would not return with (NCCL's
+ * async error: a collective that will never complete), or NULL. When it
+ * names one, the watchdog calls fail, as for a rank that failed. */
 typedef struct {
     void (*fail)(void *ctx);
     void (*lost)(void *ctx);
     void *ctx;
+    const char *(*fault)(void *ctx);
 } tp_rank_hooks;
 
 tp_status tp_rank_group_create(const tp_rank_group_opts *o, tp_rank_group **out, tp_err *err);

@@ -128,12 +128,20 @@ tp_status cu_fail_cuda(cu_ctx *x, tp_err *err, int code, const char *call, const
     return fail_with(x, err, msg, cuda_sticky(e));
 }
 
+/* NCCL 2.28 keeps its last error per host thread: on another thread than
+ * the failing call's it is only that thread's (often empty). */
+static void nccl_message(const cu_ctx *x, ncclResult_t r, const char *call, const char *file, int line, char *msg,
+                         size_t cap)
+{
+    const char *last = ncclGetLastError(x ? x->comm : NULL);
+    snprintf(msg, cap, "cuda rank %d: %s failed: NCCL error %d (%s)%s%s [%s:%d]", x ? x->rank : -1, call, (int)r,
+             ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "", base_name(file), line);
+}
+
 tp_status cu_fail_nccl(cu_ctx *x, tp_err *err, ncclResult_t r, const char *call, const char *file, int line)
 {
     char msg[768];
-    const char *last = ncclGetLastError(x ? x->comm : NULL);
-    snprintf(msg, sizeof msg, "cuda rank %d: %s failed: NCCL error %d (%s)%s%s [%s:%d]", x ? x->rank : -1, call,
-             (int)r, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "", base_name(file), line);
+    nccl_message(x, r, call, file, line, msg, sizeof msg);
     /* argument errors leave the communicator sound; the others may not */
     int sticky = r != ncclInvalidArgument && r != ncclInvalidUsage && r != ncclInProgress;
     return fail_with(x, err, msg, sticky);
@@ -955,6 +963,31 @@ static void cuda_peer_lost(tp_backend *b)
     revoke_comm(ctx_of(b), "NCCL communicator revoked: a rank's process is gone");
 }
 
+/* The rank group's watchdog, every tick of a step in flight (A12): a
+ * collective whose peer or transport failed may never complete, and the
+ * rank thread then waits in it (or in cudaStreamSynchronize) until a
+ * revoke; NCCL says so only through the communicator's async error, which
+ * ncclCommGetAsyncError reads with an atomic load (init.cc), so any thread
+ * may ask. ncclInProgress is not a fault: it is what a revoked
+ * communicator, or a group call still being issued, reports. Only marks
+ * the backend dead (the rank thread may be capturing: its capture state is
+ * its own); the watchdog's abort then revokes. */
+static const char *poll_fault(cu_ctx *x)
+{
+    if (!x || atomic_load(&x->dead) || !atomic_load(&x->comm_ready))
+        return NULL;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(x->comm, &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress)
+        return NULL;
+    char msg[768];
+    nccl_message(x, async, "a collective (ncclCommGetAsyncError, asked while the step waited)", __FILE__, __LINE__,
+                 msg, sizeof msg);
+    mark_dead(x, msg);
+    return dead_reason(x);
+}
+
+static const char *cuda_fault(tp_backend *b) { return poll_fault(ctx_of(b)); }
+
 /* Nothing to clear: a benign failure leaves the backend as it was, and a
  * revoked communicator is never usable again. */
 static void cuda_reset(tp_backend *b) { (void)b; }
@@ -1106,6 +1139,7 @@ static const tp_backend_iface cuda_iface = {
     .peer_lost = cuda_peer_lost,
     .reset = cuda_reset,
     .dead = cuda_dead,
+    .fault = cuda_fault,
     .destroy = cuda_destroy,
 };
 
@@ -1383,12 +1417,15 @@ static void creation_failed(void *ctx)
         revoke_comm(x, "NCCL communicator revoked: a rank failed while the group was created");
 }
 
+/* The warm-up's collectives can stall as a run's can. */
+static const char *creation_fault(void *ctx) { return poll_fault(atomic_load(&((group_create *)ctx)->x)); }
+
 tp_status tp_cuda_backend_create_in_group(tp_rank_group *rg, const char *nccl_id, const tp_backend_settings *s,
                                           tp_backend **out, tp_err *err)
 {
     group_create gc = {.rg = rg, .id = nccl_id, .s = s, .world = tp_rank_group_world(rg)};
     atomic_init(&gc.x, NULL);
-    tp_rank_hooks hooks = {creation_failed, creation_failed, &gc};
+    tp_rank_hooks hooks = {.fail = creation_failed, .lost = creation_failed, .ctx = &gc, .fault = creation_fault};
     tp_status st = tp_rank_group_run(rg, local_step, &gc, &hooks, err);
     if (st == TP_OK)
         st = tp_rank_group_run(rg, join_step, &gc, &hooks, err);

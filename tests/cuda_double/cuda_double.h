@@ -45,8 +45,15 @@
  *                       0 for the leader); points: alloc, window, comm_init,
  *                       capture, replay, nccl_async, embed_id, die
  *                       (_exit(9) at a graph launch), ipc_handle
- *                       (cudaIpcGetMemHandle); up to 4 of them,
- *                       comma-separated (two failures in one step)
+ *                       (cudaIpcGetMemHandle), nccl_stall (the nth NCCL
+ *                       exchange of the process never arrives: the
+ *                       communicator takes an async error and the call
+ *                       waits until revoked, as a kernel whose peer's
+ *                       transport failed); up to 4 of them,
+ *                       comma-separated (two failures in one step).
+ *                       nccl_async counts the looks of the ranks' own
+ *                       threads, not those of the rank group's watchdog
+ *                       (its thread name), which come at timed ticks
  *  TP_DOUBLE_LOG        a file every process appends rule breaches to
  *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang */
 #ifndef TP_CUDA_DOUBLE_H
@@ -71,6 +78,7 @@ typedef enum {
     DBL_FAIL_EMBED_ID,
     DBL_FAIL_DIE,
     DBL_FAIL_IPC_HANDLE,
+    DBL_FAIL_NCCL_STALL,
     DBL_FAIL_POINTS
 } dbl_fail_point;
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 static const char *const point_names[DBL_FAIL_POINTS] = {
-    "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die", "ipc_handle",
+    "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die", "ipc_handle", "nccl_stall",
 };
 
 /* Up to this many injections at once (TP_DOUBLE_FAIL, comma-separated):

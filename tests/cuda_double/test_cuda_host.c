@@ -254,6 +254,13 @@ static const injection injections[] = {
      * found by copy_out, since a benign step skips synchronize, and loses
      * the engine. */
     {"embed_id:1:1,nccl_async:1:28", "vocab_embed_i32_tp2", "bad id + NCCL async error", TP_BACKEND, 1, 0},
+    /* A collective that never completes, NCCL's async error set: only the
+     * watchdog's look at it (ncclCommGetAsyncError every tick) ends the
+     * wait, within a tick, not at the double's hang limit or the step
+     * timeout. The 10th exchange is the warm-up's reduce-scatter at
+     * creation, the 38th the run's. */
+    {"nccl_stall:1:10", "mlp_sp_tp2", "NCCL stall at creation", TP_BACKEND, 0, 0},
+    {"nccl_stall:1:38", "mlp_sp_tp2", "NCCL stall in a run", TP_BACKEND, 1, 0},
 };
 
 static void example_paths(const char *name, char *path, char *in, char *ref, size_t cap)

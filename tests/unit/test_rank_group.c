@@ -183,7 +183,7 @@ START_TEST(a_dead_worker_fails_the_step_and_the_group)
 {
     tp_rank_group *g = leader(2, "die");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "die", .step = 1};
-    tp_rank_hooks hooks = {NULL, release, NULL};
+    tp_rank_hooks hooks = {.lost = release};
     tp_err err;
     tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
@@ -408,7 +408,7 @@ START_TEST(a_failure_elsewhere_wakes_a_blocked_rank)
 {
     tp_rank_group *g = leader(2, "fail_at_once");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "fail_at_once", .step = 1};
-    tp_rank_hooks hooks = {release_fail, NULL, NULL};
+    tp_rank_hooks hooks = {.fail = release_fail};
     tp_err err;
     atomic_store(&released, 0);
     tp_status st = guarded_step(g, &c, wait_for_abort, &hooks, &err);
@@ -421,11 +421,56 @@ START_TEST(a_failure_elsewhere_wakes_a_blocked_rank)
 }
 END_TEST
 
+/* A fault only this process's backend can see (NCCL's async error while
+ * our rank waits in a collective that will never complete): the watchdog
+ * asks hooks->fault every tick of the step, and a fault it names gets
+ * hooks->fail (once from the watchdog), as a failed rank would. Rank 0
+ * here waits until fail is called, so the step ends only through it.
+ * Never asked outside a step. */
+static _Atomic int faults_asked;
+static const char *fault_on_second_look(void *p)
+{
+    (void)p;
+    return atomic_fetch_add(&faults_asked, 1) >= 1 ? "async error" : NULL;
+}
+
+static _Atomic int fails_told;
+static void count_fail_release(void *p)
+{
+    atomic_fetch_add(&fails_told, 1);
+    release_fail(p);
+}
+
+START_TEST(a_backend_fault_wakes_the_blocked_rank)
+{
+    tp_rank_group *g = leader(2, "plain");
+    step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "plain", .step = 1};
+    tp_rank_hooks hooks = {.fail = count_fail_release, .fault = fault_on_second_look};
+    tp_err err;
+    atomic_store(&released, 0);
+    atomic_store(&faults_asked, 0);
+    atomic_store(&fails_told, 0);
+    tp_status st = guarded_step(g, &c, wait_for_abort, &hooks, &err);
+    ck_assert_int_eq(st, TP_BACKEND);
+    ck_assert_msg(strcmp(err.msg, "rank 0: collective aborted") == 0, "%s", err.msg);
+    /* the watchdog's, once, then the one rank 0's own failure makes */
+    ck_assert_int_eq(atomic_load(&fails_told), 2);
+    int asked = atomic_load(&faults_asked);
+    ck_assert_int_ge(asked, 2);
+    usleep(100 * 1000); /* five ticks: nobody asks between steps */
+    ck_assert_int_eq(atomic_load(&faults_asked), asked);
+    c.step = 2; /* the group goes on (the backend's state is the backend's) */
+    ck_assert_msg(leader_step(g, &c, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(words(c.sh)[1], 2001);
+    tp_rank_group_free(g);
+}
+END_TEST
+
 START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
 {
     tp_rank_group *g = leader(2, "hang");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "hang", .step = 1};
-    tp_rank_hooks hooks = {NULL, release, NULL};
+    tp_rank_hooks hooks = {.lost = release};
     tp_err err;
     atomic_store(&released, 0);
     tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
@@ -622,7 +667,7 @@ START_TEST(a_failing_rank_fails_the_step_once)
     tp_rank_group *g = thread_group(3, 0, 0);
     fail_group = g;
     fail_ctx f = {0};
-    tp_rank_hooks hooks = {count_hook, NULL, &f};
+    tp_rank_hooks hooks = {.fail = count_hook, .ctx = &f};
     struct {
         int fail, benign;
         tp_status want;
@@ -686,7 +731,7 @@ static void abort_comm(void *p) { cpu_comm_abort(((abort_ctx *)p)->c); }
 static void *run_abort_step(void *p)
 {
     abort_ctx *a = p;
-    tp_rank_hooks hooks = {abort_comm, NULL, a};
+    tp_rank_hooks hooks = {.fail = abort_comm, .ctx = a};
     a->run_st = tp_rank_group_run(a->g, barrier_or_fail, a, &hooks, &a->run_err);
     return NULL;
 }
@@ -1041,6 +1086,7 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, threads_are_the_same_interface);
     tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
     tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
+    tcase_add_test(t, a_backend_fault_wakes_the_blocked_rank);
     tcase_add_test(t, a_prewake_spins_the_workers_for_the_next_message);
     tcase_add_test(t, a_worker_keeps_spinning_for_commands_a_little_slower_than_its_spin);
     suite_add_tcase(s, t);
