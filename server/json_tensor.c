@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "buf_pool.h"
+#include "grow.h"
 #include "numtext.h"
 #include "tensor.h"
 
@@ -140,14 +141,8 @@ typedef struct {
 
 static int add_span(span_list *l, int input, size_t start, size_t end)
 {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 4;
-        tp_json_span *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (TP_GROW(l->v, l->cap, l->n, 4) != 0)
+        return -1;
     l->v[l->n++] = (tp_json_span){input, start, end};
     return 0;
 }

@@ -29,6 +29,7 @@
 #include "collectives.h"
 #include "cpu_ops.h"
 #include "fused.h"
+#include "grow.h"
 #include "heap.h"
 #include "small_gemm.h"
 
@@ -79,15 +80,9 @@ static void cpu_capture_free(tp_backend *b, tp_capture *c);
 static int registry_add(cpu_registry *r, void *p, size_t bytes)
 {
     pthread_mutex_lock(&r->mu);
-    if (r->n == r->cap) {
-        int cap = r->cap ? 2 * r->cap : 64;
-        cpu_alloc_rec *nr = realloc(r->rec, (size_t)cap * sizeof *nr);
-        if (!nr) {
-            pthread_mutex_unlock(&r->mu);
-            return -1;
-        }
-        r->rec = nr;
-        r->cap = cap;
+    if (TP_GROW(r->rec, r->cap, r->n, 64) != 0) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
     }
     r->rec[r->n++] = (cpu_alloc_rec){p, bytes};
     pthread_mutex_unlock(&r->mu);
@@ -228,14 +223,8 @@ static tp_status cpu_copy(tp_backend *b, int rank, tp_tensor *dst, const tp_tens
 static tp_status record(tp_capture *c, tp_op op, int collective, const tp_attrs *a,
                         const tp_tensor *ins, int n_ins, const tp_tensor *out, tp_err *err)
 {
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 32;
-        cpu_cmd *nc = realloc(c->cmds, (size_t)cap * sizeof *nc);
-        if (!nc)
-            return tp_fail(err, TP_NOMEM, "capture: out of memory");
-        c->cmds = nc;
-        c->cap = cap;
-    }
+    if (TP_GROW(c->cmds, c->cap, c->n, 32) != 0)
+        return tp_fail(err, TP_NOMEM, "capture: out of memory");
     cpu_cmd *cmd = &c->cmds[c->n];
     cmd->ins = malloc((size_t)n_ins * sizeof *cmd->ins);
     if (!cmd->ins)

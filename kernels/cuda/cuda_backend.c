@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "grow.h"
 #include "log.h"
 #include "rank_group.h"
 
@@ -227,14 +228,8 @@ static long env_long(const char *name, long dflt, long lo, long hi)
  * may only be freed in teardown order, cu_ctx_free). */
 static tp_status mem_reserve(cu_ctx *x, tp_err *err)
 {
-    if (x->n_mem < x->cap_mem)
-        return TP_OK;
-    int cap = x->cap_mem ? 2 * x->cap_mem : 32;
-    cu_alloc *nm = realloc(x->mem, (size_t)cap * sizeof *nm);
-    if (!nm)
+    if (TP_GROW(x->mem, x->cap_mem, x->n_mem, 32) != 0)
         return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory for the allocation table", x->rank);
-    x->mem = nm;
-    x->cap_mem = cap;
     return TP_OK;
 }
 
@@ -257,15 +252,9 @@ static tp_status remember_ref(cu_ctx *x, char *base, tp_err *err)
     for (int i = 0; i < x->n_cap_refs; i++)
         if (x->cap_refs[i] == base)
             return TP_OK;
-    if (x->n_cap_refs == x->cap_cap_refs) {
-        int cap = x->cap_cap_refs ? 2 * x->cap_cap_refs : 16;
-        char **nr = realloc(x->cap_refs, (size_t)cap * sizeof *nr);
-        if (!nr) {
-            x->capture_failed = 1;
-            return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory recording a capture", x->rank);
-        }
-        x->cap_refs = nr;
-        x->cap_cap_refs = cap;
+    if (TP_GROW(x->cap_refs, x->cap_cap_refs, x->n_cap_refs, 16) != 0) {
+        x->capture_failed = 1;
+        return tp_fail(err, TP_NOMEM, "cuda rank %d: out of host memory recording a capture", x->rank);
     }
     x->cap_refs[x->n_cap_refs++] = base;
     return TP_OK;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "grow.h"
 #include "log.h"
 
 int cu_nccl_type(tp_dtype t, ncclDataType_t *out)
@@ -62,15 +63,8 @@ void cu_note_signature(cu_ctx *x, const char *what, uint64_t sig, int64_t count)
         TP_LOG_W("cuda rank %d: %s of %lld elements is captured without having run eagerly first; NCCL may set up "
                  "its connections inside the capture (exec should run each partition once before capturing it)",
                  x->rank, what, (long long)count);
-    if (x->n_warm == x->cap_warm) {
-        int cap = x->cap_warm ? 2 * x->cap_warm : 32;
-        uint64_t *nw = realloc(x->warm, (size_t)cap * sizeof *nw);
-        if (!nw)
-            return; /* only a diagnostic is lost */
-        x->warm = nw;
-        x->cap_warm = cap;
-    }
-    x->warm[x->n_warm++] = sig;
+    if (TP_GROW(x->warm, x->cap_warm, x->n_warm, 32) == 0) /* else only a diagnostic is lost */
+        x->warm[x->n_warm++] = sig;
 }
 
 /* cuda_check_collectives: every rank must be issuing the same call

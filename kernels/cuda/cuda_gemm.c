@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cuda/cuda_internal.h"
+#include "grow.h"
 
 typedef struct {
     int dtype, ta, tb;
@@ -159,14 +160,8 @@ static tp_status lookup(cu_ctx *x, const gemm_key *k, const tp_gemm_plan *p, gem
             *out = &c->e[i];
             return TP_OK;
         }
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 32;
-        gemm_entry *ne = realloc(c->e, (size_t)cap * sizeof *ne);
-        if (!ne)
-            return tp_fail(err, TP_NOMEM, "cuda rank %d: out of memory for the GEMM cache", x->rank);
-        c->e = ne;
-        c->cap = cap;
-    }
+    if (TP_GROW(c->e, c->cap, c->n, 32) != 0)
+        return tp_fail(err, TP_NOMEM, "cuda rank %d: out of memory for the GEMM cache", x->rank);
     gemm_entry *g = &c->e[c->n];
     memset(g, 0, sizeof *g);
     g->key = *k;
