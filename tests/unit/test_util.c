@@ -8,6 +8,7 @@
 
 #include "check_main.h"
 #include "clock.h"
+#include "grow.h"
 #include "zalloc.h"
 
 START_TEST(zalloc_zeroes_reused_memory)
@@ -38,6 +39,34 @@ START_TEST(zalloc_refuses_overflow)
 }
 END_TEST
 
+/* From nothing to `first`, then doubling; each element kept across moves. */
+START_TEST(grow_doubles_from_first_and_keeps_elements)
+{
+    int *v = NULL, cap = 0, n = 0;
+    int caps[] = {4, 4, 4, 4, 8, 8, 8, 8, 16};
+    for (int i = 0; i < 9; i++) {
+        ck_assert_int_eq(TP_GROW(v, cap, n, 4), 0);
+        ck_assert_int_eq(cap, caps[i]);
+        v[n++] = 100 + i;
+    }
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(v[i], 100 + i);
+    free(v);
+}
+END_TEST
+
+/* A capacity that would double past INT_MAX is refused, the array kept. */
+START_TEST(grow_refuses_past_int_max)
+{
+    char *v = malloc(1), *before = v;
+    int cap = INT_MAX / 2 + 1, n = cap;
+    ck_assert_int_eq(TP_GROW(v, cap, n, 4), -1);
+    ck_assert_ptr_eq(v, before);
+    ck_assert_int_eq(cap, INT_MAX / 2 + 1);
+    free(v);
+}
+END_TEST
+
 START_TEST(clock_units_agree)
 {
     int64_t a = tp_now_ns();
@@ -64,6 +93,8 @@ static Suite *util_suite(void)
     TCase *t = tcase_create("core");
     tcase_add_test(t, zalloc_zeroes_reused_memory);
     tcase_add_test(t, zalloc_refuses_overflow);
+    tcase_add_test(t, grow_doubles_from_first_and_keeps_elements);
+    tcase_add_test(t, grow_refuses_past_int_max);
     tcase_add_test(t, clock_units_agree);
     suite_add_tcase(s, t);
     return s;
