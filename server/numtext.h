@@ -65,6 +65,11 @@ int tp_numtext_short_f32_swar(const char *s, size_t len, float *out);
  * which tp_numtext_scan and the library then take. tp_numtext_parse_f32
  * tries it first. Reads nothing past s[len - 1]. */
 int tp_numtext_wide_f32(const char *s, size_t len, float *out);
+/* The same reader byte by byte and on 8-byte words, which CPUs without
+ * SSE4.1 run (tp_numtext_wide_f32 reads a long token's last 16 digits as
+ * one vector where it can): the same tokens, the same bits; tests compare
+ * the two. */
+int tp_numtext_wide_f32_scalar(const char *s, size_t len, float *out);
 
 /* The JSON number token at s (no leading blanks), at most len bytes: its
  * length, or 0 when s does not start with one. *is_int is 1 when it has no

@@ -46,11 +46,14 @@ static void read_token(const uint8_t *data, size_t size)
     float want = strtof(tok, NULL), f;
     if (number)
         check(bits_of(tp_numtext_parse_f32(tok, len)) == bits_of(want), "parse_f32 differs from strtof", tok);
-    if (tp_numtext_wide_f32(tok, len, &f)) {
+    float g;
+    int wide = tp_numtext_wide_f32(tok, len, &f);
+    check(wide == tp_numtext_wide_f32_scalar(tok, len, &g), "the two wide readers disagree on taking", tok);
+    if (wide) {
         check(number, "wide reader took what the scan refuses", tok);
         check(bits_of(f) == bits_of(want), "wide reader differs from strtof", tok);
+        check(bits_of(g) == bits_of(want), "scalar wide reader differs from strtof", tok);
     }
-    float g;
     int took = len > 0 && tp_numtext_short_f32(padded, len, &f);
     check(took == (len > 0 && tp_numtext_short_f32_swar(padded, len, &g)), "the two short readers disagree on taking",
           tok);

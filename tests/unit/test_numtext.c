@@ -285,14 +285,20 @@ START_TEST(f32_reader_matches_strtof)
 }
 END_TEST
 
-/* tp_numtext_wide_f32 on tok: 1 with strtof's bits, or 0 (declined). */
+/* tp_numtext_wide_f32 on tok: 1 with strtof's bits, or 0 (declined); the
+ * scalar reader (what CPUs without SSE4.1 run, and every token not of the
+ * vector reader's shape) takes the same tokens with the same bits. */
 static int wide_read(const char *tok)
 {
-    float f = -1234.5f, want = strtof(tok, NULL);
-    ck_assert_msg(f32_bits(tp_numtext_parse_f32(tok, strlen(tok))) == f32_bits(want), "'%s': %a, strtof %a",
-                  tok, tp_numtext_parse_f32(tok, strlen(tok)), want);
-    if (!tp_numtext_wide_f32(tok, strlen(tok), &f))
+    float f = -1234.5f, g = -1234.5f, want = strtof(tok, NULL);
+    size_t len = strlen(tok);
+    ck_assert_msg(f32_bits(tp_numtext_parse_f32(tok, len)) == f32_bits(want), "'%s': %a, strtof %a", tok,
+                  tp_numtext_parse_f32(tok, len), want);
+    int took = tp_numtext_wide_f32(tok, len, &f);
+    ck_assert_msg(tp_numtext_wide_f32_scalar(tok, len, &g) == took, "'%s': the two wide readers disagree", tok);
+    if (!took)
         return 0;
+    ck_assert_msg(f32_bits(f) == f32_bits(g), "'%s': %a, scalar reader %a", tok, f, g);
     ck_assert_msg(f32_bits(f) == f32_bits(want), "'%s': %a, strtof %a", tok, f, want);
     return 1;
 }
@@ -315,9 +321,20 @@ START_TEST(f32_wide_reader)
     ck_assert(!wide_read("16777217"));     /* exactly between 2^24 and 2^24 + 2 */
     ck_assert(!wide_read("3.4028235e38")); /* next to FLT_MAX */
     ck_assert(!wide_read("0e999"));
+    /* the vector reader's shape (17-32 bytes, the last 16 digits) and its edges */
+    ck_assert(wide_read("0.65515398979187012") && wide_read("-0.65515398979187012"));
+    ck_assert(wide_read("0.0012345678901234567") && wide_read("-123.4567890123456789"));
+    ck_assert(!wide_read("0.00000000000000000000000000001")); /* q -29: the library's */
+    ck_assert(wide_read("999.9999999999999999") && !wide_read("1000.0000000000000001")); /* 19, 20 digits */
+    ck_assert(wide_read("12345678901234567") && wide_read("1234567890123456.7")); /* no point, point in the 16 */
+    ck_assert(wide_read("1.2345678901234567e-05"));
     /* text that is no JSON number is declined (scan and the library judge it) */
     static const char *not_numbers[] = {"01", "-01", "1.", ".5", "-", "", "1e", "1e+", "1.5x", "--1",
-                                        "1 2", "+1", "0x10", "1.2.3", "1e5e5", "1.e5", "-.5"};
+                                        "1 2", "+1", "0x10", "1.2.3", "1e5e5", "1.e5", "-.5",
+                                        /* the vector reader's shape, but no JSON number */
+                                        "00.1234567890123456", ".12345678901234567", "-.12345678901234567",
+                                        "1..1234567890123456", "0.1.1234567890123456", "+0.1234567890123456",
+                                        "--0.1234567890123456", "0x.1234567890123456", "1.23456789012345x7"};
     for (size_t k = 0; k < sizeof not_numbers / sizeof not_numbers[0]; k++) {
         float f;
         ck_assert_msg(!tp_numtext_wide_f32(not_numbers[k], strlen(not_numbers[k]), &f), "'%s'",
