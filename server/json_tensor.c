@@ -496,9 +496,14 @@ static int element_f32(const char *s, size_t a, size_t b, size_t len, float *f)
     int is_int;
     if (a == b)
         return -1;
-    if (len - a >= TP_NUMTEXT_READ_AHEAD && tp_numtext_short_f32(s + a, b - a, f))
+    /* without scanning the token first: the readers check the grammar. The
+     * short reader first, and past a sign and 16 bytes the wide one: on
+     * their own tokens each measured a few percent faster than
+     * tp_numtext_read_f32, which takes them too. */
+    int ahead = len - a >= TP_NUMTEXT_READ_AHEAD;
+    if (ahead && tp_numtext_short_f32(s + a, b - a, f))
         return 1;
-    if (tp_numtext_wide_f32(s + a, b - a, f)) /* longer: without scanning it first */
+    if (ahead && b - a <= 17 ? tp_numtext_read_f32(s + a, b - a, f) : tp_numtext_wide_f32(s + a, b - a, f))
         return 1;
     if (tp_numtext_scan(s + a, b - a, &is_int) != b - a)
         return 0;

@@ -711,22 +711,37 @@ int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* The same token read with one 16-byte vector, which CPUs with SSE4.1 run:
- * the digits and the point are classified lane by lane, the point's lane
- * squeezed out and the digits moved to the top lanes by two byte shuffles
- * (their index vectors computed, not looked up), and the up to 14 digits
- * combined pairwise in four multiply-adds (simdjson's and fast_float's
- * 16-digit step). It takes exactly the tokens the SWAR reader takes, and m
- * and k are the same, so the same product rounds the same way
- * (test_numtext and fuzz_numtext compare the two); it has half the
- * instructions and no chain from the first word's digit count to the
- * second word's load: 6.4 -> 3.4 ns a "%.6g" number alone. */
-__attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size_t len, float *out)
+/* The 16 lanes of x (each a digit's value, 0..9; the first the most
+ * significant) as one number, pairwise in four multiply-adds (simdjson's
+ * and fast_float's 16-digit step). */
+__attribute__((target("sse4.1"))) static inline uint64_t digits16_value(__m128i x)
 {
-    int neg = s[0] == '-';
-    const char *p = s + neg;
-    size_t n = len - (size_t)neg;
-    if (n - 1 >= 15) /* none, or longer than 7 + 1 + 7 */
+    x = _mm_maddubs_epi16(x, _mm_setr_epi8(10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1));
+    x = _mm_madd_epi16(x, _mm_setr_epi16(100, 1, 100, 1, 100, 1, 100, 1));
+    x = _mm_packus_epi32(x, x);
+    x = _mm_madd_epi16(x, _mm_setr_epi16(10000, 1, 10000, 1, 10000, 1, 10000, 1));
+    return (uint64_t)(uint32_t)_mm_cvtsi128_si32(x) * 100000000u + (uint32_t)_mm_extract_epi32(x, 1);
+}
+
+/* The short readers' conversion: 1..7 digits before the point and none or
+ * 1..7 after it, m < 2^24, one product (see NEG_POW10D); 0 otherwise. */
+static inline int short_product(int neg, uint64_t m, unsigned whole, unsigned k, float *out)
+{
+    if (whole > 7 || k > 7 || m >= 1u << 24)
+        return 0;
+    float f = (float)((double)m * NEG_POW10D[k]);
+    *out = neg ? -f : f;
+    return 1;
+}
+
+/* p[0..n) (1 <= n <= 16; 16 bytes readable at p) when it is digits with at
+ * most one point between two of them and no leading zero ("01"): 1, with
+ * *m all its digits' value (< 10^16), *whole the digits before the point
+ * and *k those after it (0 without one). 0 for any other text. */
+__attribute__((target("sse4.1"))) static inline int decimal16_sse41(const char *p, size_t n, uint64_t *m,
+                                                                     unsigned *whole, unsigned *k)
+{
+    if (n - 1 >= 16)
         return 0;
     __m128i v = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)p), _mm_set1_epi8('0'));
     unsigned digit = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v));
@@ -734,26 +749,34 @@ __attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size
     unsigned dot = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('.' - '0'))) & mask;
     if (((digit | dot) & mask) != mask || (dot & (dot - 1))) /* not digits and at most one point */
         return 0;
-    unsigned whole = dot ? (unsigned)__builtin_ctz(dot) : (unsigned)n, k = dot ? (unsigned)n - 1 - whole : 0;
-    /* 1..7 digits before the point, none or 1..7 after it, no leading zero */
-    if (whole - 1 >= 7 || (dot && k - 1 >= 7) || (p[0] == '0' && whole > 1))
+    *whole = dot ? (unsigned)__builtin_ctz(dot) : (unsigned)n;
+    *k = dot ? (unsigned)n - 1 - *whole : 0;
+    if (*whole == 0 || (dot && *k == 0) || (p[0] == '0' && *whole > 1))
         return 0;
     __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     /* lane i takes lane i + 1 from the point on (i itself without one) */
-    __m128i squeeze = _mm_sub_epi8(iota, _mm_cmpgt_epi8(iota, _mm_set1_epi8((char)(whole - 1))));
+    __m128i squeeze = _mm_sub_epi8(iota, _mm_cmpgt_epi8(iota, _mm_set1_epi8((char)(*whole - 1))));
     /* then the whole + k digits to the top lanes; a negative index gives 0 */
-    __m128i top = _mm_add_epi8(iota, _mm_set1_epi8((char)((int)(whole + k) - 16)));
-    __m128i x = _mm_shuffle_epi8(_mm_shuffle_epi8(v, squeeze), top);
-    x = _mm_maddubs_epi16(x, _mm_setr_epi8(10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1));
-    x = _mm_madd_epi16(x, _mm_setr_epi16(100, 1, 100, 1, 100, 1, 100, 1));
-    x = _mm_packus_epi32(x, x);
-    x = _mm_madd_epi16(x, _mm_setr_epi16(10000, 1, 10000, 1, 10000, 1, 10000, 1));
-    uint64_t m = (uint64_t)(uint32_t)_mm_cvtsi128_si32(x) * 100000000u + (uint32_t)_mm_extract_epi32(x, 1);
-    if (m >= 1u << 24)
-        return 0;
-    float f = (float)((double)m * NEG_POW10D[k]);
-    *out = neg ? -f : f;
+    __m128i top = _mm_add_epi8(iota, _mm_set1_epi8((char)((int)(*whole + *k) - 16)));
+    *m = digits16_value(_mm_shuffle_epi8(_mm_shuffle_epi8(v, squeeze), top));
     return 1;
+}
+
+/* The same token read with one 16-byte vector, which CPUs with SSE4.1 run
+ * (decimal16_sse41): the digits and the point are classified lane by lane,
+ * the point's lane squeezed out and the digits moved to the top lanes by
+ * two byte shuffles (their index vectors computed, not looked up), and the
+ * up to 14 digits combined in four multiply-adds. It takes exactly the tokens the SWAR reader takes, and m
+ * and k are the same, so the same product rounds the same way
+ * (test_numtext and fuzz_numtext compare the two); it has half the
+ * instructions and no chain from the first word's digit count to the
+ * second word's load: 6.4 -> 3.4 ns a "%.6g" number alone. */
+__attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size_t len, float *out)
+{
+    int neg = s[0] == '-';
+    uint64_t m;
+    unsigned whole, k;
+    return decimal16_sse41(s + neg, len - (size_t)neg, &m, &whole, &k) && short_product(neg, m, whole, k, out);
 }
 #define HAVE_SHORT_F32_SSE41 1
 #endif
@@ -805,7 +828,7 @@ static int read_digits(const char *s, size_t len, size_t *i, uint64_t *w)
 
 /* w * 10^q (w < 10^19) as the nearest float, signed: 1, or 0 when the
  * library must decide (|q| > 22, near FLT_MAX, or too near a midpoint). */
-static int f32_of_decimal(int neg, uint64_t w, int q, float *out)
+__attribute__((always_inline)) static inline int f32_of_decimal(int neg, uint64_t w, int q, float *out)
 {
     if (w == 0) {
         *out = neg ? -0.0f : 0.0f;
@@ -866,14 +889,44 @@ __attribute__((target("sse4.1"))) static int wide_f32_sse41(const char *s, size_
     /* an integer, a leading zero ("01.5"), or over 19 digits: the scalar reader's */
     if (point == head || (p[0] == '0' && point > 1) || hi >= 1000)
         return -1;
-    v = _mm_maddubs_epi16(v, _mm_setr_epi8(10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1, 10, 1));
-    v = _mm_madd_epi16(v, _mm_setr_epi16(100, 1, 100, 1, 100, 1, 100, 1));
-    v = _mm_packus_epi32(v, v);
-    v = _mm_madd_epi16(v, _mm_setr_epi16(10000, 1, 10000, 1, 10000, 1, 10000, 1));
-    uint64_t lo = (uint64_t)(uint32_t)_mm_cvtsi128_si32(v) * 100000000u + (uint32_t)_mm_extract_epi32(v, 1);
-    return f32_of_decimal(neg, hi * POW10_U64[16] + lo, -(int)(n - 1 - point), out);
+    return f32_of_decimal(neg, hi * POW10_U64[16] + digits16_value(v), -(int)(n - 1 - point), out);
+}
+
+/* tp_numtext_read_f32 on CPUs with SSE4.1: a token of up to 16 bytes
+ * after the sign is read once, by decimal16_sse41, and converted as the
+ * short reader converts it when it is of the short reader's kind, else as
+ * the scalar wide reader converts its w and q (FP32's 9-digit round-trip
+ * spellings, "-0.65515399", had been read twice, by the short reader and
+ * then the wide one); a longer one goes to wide_f32_sse41, and a token of
+ * neither shape to the scalar wide reader. */
+__attribute__((target("sse4.1"), noinline)) static int read_long_f32_sse41(const char *s, size_t len, float *out)
+{
+    int took = len >= 17 ? wide_f32_sse41(s, len, out) : -1;
+    return took >= 0 ? took : tp_numtext_wide_f32_scalar(s, len, out);
+}
+
+/* Only tail calls leave it, so the short token's path saves no register. */
+__attribute__((target("sse4.1"))) static int read_f32_sse41(const char *s, size_t len, float *out)
+{
+    int neg = s[0] == '-'; /* readable even when len is 0 (read ahead) */
+    uint64_t m;
+    unsigned whole, k;
+    if (!decimal16_sse41(s + neg, len - (size_t)neg, &m, &whole, &k))
+        return read_long_f32_sse41(s, len, out);
+    if (short_product(neg, m, whole, k, out))
+        return 1;
+    return f32_of_decimal(neg, m, -(int)k, out);
 }
 #endif
+
+int tp_numtext_read_f32(const char *s, size_t len, float *out)
+{
+#ifdef HAVE_SHORT_F32_SSE41
+    if (__builtin_cpu_supports("sse4.1"))
+        return read_f32_sse41(s, len, out);
+#endif
+    return tp_numtext_short_f32_swar(s, len, out) || tp_numtext_wide_f32_scalar(s, len, out);
+}
 
 int tp_numtext_wide_f32(const char *s, size_t len, float *out)
 {

@@ -70,6 +70,11 @@ int tp_numtext_wide_f32(const char *s, size_t len, float *out);
  * one vector where it can): the same tokens, the same bits; tests compare
  * the two. */
 int tp_numtext_wide_f32_scalar(const char *s, size_t len, float *out);
+/* Every token tp_numtext_short_f32 or tp_numtext_wide_f32 takes, with
+ * their bits, where s has TP_NUMTEXT_READ_AHEAD readable bytes (an array's
+ * element): a token of up to 16 bytes after the sign is read once, as one
+ * vector where the CPU has SSE4.1, whichever of the two would take it. */
+int tp_numtext_read_f32(const char *s, size_t len, float *out);
 
 /* The JSON number token at s (no leading blanks), at most len bytes: its
  * length, or 0 when s does not start with one. *is_int is 1 when it has no

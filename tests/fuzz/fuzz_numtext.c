@@ -54,6 +54,12 @@ static void read_token(const uint8_t *data, size_t size)
         check(bits_of(f) == bits_of(want), "wide reader differs from strtof", tok);
         check(bits_of(g) == bits_of(want), "scalar wide reader differs from strtof", tok);
     }
+    float h, sh;
+    int short_swar = len > 0 && tp_numtext_short_f32_swar(padded, len, &sh);
+    int read = tp_numtext_read_f32(padded, len, &h);
+    check(read == (short_swar || wide), "the array's reader disagrees with the short and wide ones on taking", tok);
+    if (read)
+        check(bits_of(h) == bits_of(want), "the array's reader differs from strtof", tok);
     int took = len > 0 && tp_numtext_short_f32(padded, len, &f);
     check(took == (len > 0 && tp_numtext_short_f32_swar(padded, len, &g)), "the two short readers disagree on taking",
           tok);

@@ -285,20 +285,39 @@ START_TEST(f32_reader_matches_strtof)
 }
 END_TEST
 
-/* tp_numtext_wide_f32 on tok: 1 with strtof's bits, or 0 (declined); the
- * scalar reader (what CPUs without SSE4.1 run, and every token not of the
- * vector reader's shape) takes the same tokens with the same bits. */
+/* tp_numtext_wide_f32 on tok: whether it took it (and *out); the scalar
+ * reader (what CPUs without SSE4.1 run, and every token not of the vector
+ * reader's shape) takes the same tokens with the same bits, and the
+ * array's reader (on a padded copy) what it or the short reader takes. */
+static int wide_take(const char *tok, float *out)
+{
+    float g = -1234.5f, h = -1234.5f;
+    size_t len = strlen(tok);
+    char padded[128];
+    ck_assert(len + TP_NUMTEXT_READ_AHEAD < sizeof padded);
+    memset(padded, ' ', sizeof padded);
+    memcpy(padded, tok, len);
+    int took = tp_numtext_wide_f32(tok, len, out);
+    ck_assert_msg(tp_numtext_wide_f32_scalar(tok, len, &g) == took, "'%s': the two wide readers disagree", tok);
+    ck_assert_msg(!took || f32_bits(*out) == f32_bits(g), "'%s': %a, scalar reader %a", tok, *out, g);
+    /* the array's reader takes what the short or the wide reader takes */
+    float sh = -1234.5f;
+    int short_took = tp_numtext_short_f32_swar(padded, len, &sh);
+    ck_assert_msg(tp_numtext_read_f32(padded, len, &h) == (short_took || took), "'%s': the array's reader disagrees",
+                  tok);
+    ck_assert_msg(!(short_took || took) || f32_bits(h) == f32_bits(short_took ? sh : g), "'%s': %a, the others %a",
+                  tok, h, short_took ? sh : g);
+    return took;
+}
+
+/* The wide readers on the number tok: 1 with strtof's bits, or 0 (declined). */
 static int wide_read(const char *tok)
 {
-    float f = -1234.5f, g = -1234.5f, want = strtof(tok, NULL);
-    size_t len = strlen(tok);
-    ck_assert_msg(f32_bits(tp_numtext_parse_f32(tok, len)) == f32_bits(want), "'%s': %a, strtof %a", tok,
-                  tp_numtext_parse_f32(tok, len), want);
-    int took = tp_numtext_wide_f32(tok, len, &f);
-    ck_assert_msg(tp_numtext_wide_f32_scalar(tok, len, &g) == took, "'%s': the two wide readers disagree", tok);
-    if (!took)
+    float f = -1234.5f, want = strtof(tok, NULL);
+    ck_assert_msg(f32_bits(tp_numtext_parse_f32(tok, strlen(tok))) == f32_bits(want), "'%s': %a, strtof %a", tok,
+                  tp_numtext_parse_f32(tok, strlen(tok)), want);
+    if (!wide_take(tok, &f))
         return 0;
-    ck_assert_msg(f32_bits(f) == f32_bits(g), "'%s': %a, scalar reader %a", tok, f, g);
     ck_assert_msg(f32_bits(f) == f32_bits(want), "'%s': %a, strtof %a", tok, f, want);
     return 1;
 }
@@ -328,6 +347,11 @@ START_TEST(f32_wide_reader)
     ck_assert(wide_read("999.9999999999999999") && !wide_read("1000.0000000000000001")); /* 19, 20 digits */
     ck_assert(wide_read("12345678901234567") && wide_read("1234567890123456.7")); /* no point, point in the 16 */
     ck_assert(wide_read("1.2345678901234567e-05"));
+    /* the reader ahead's shape (up to 16 bytes after the sign) and its edges */
+    ck_assert(wide_read("0.65515399") && wide_read("-0.65515399") && wide_read("5") && wide_read("-0.0"));
+    ck_assert(wide_read("1234567890123456") && wide_read("-1234567890123456")); /* 16 digits, no point */
+    ck_assert(wide_read("123456789.012345") && wide_read("0.00000000000001"));
+    ck_assert(!wide_read("16777217.0") && wide_read("16777217.01"));
     /* text that is no JSON number is declined (scan and the library judge it) */
     static const char *not_numbers[] = {"01", "-01", "1.", ".5", "-", "", "1e", "1e+", "1.5x", "--1",
                                         "1 2", "+1", "0x10", "1.2.3", "1e5e5", "1.e5", "-.5",
@@ -337,8 +361,7 @@ START_TEST(f32_wide_reader)
                                         "--0.1234567890123456", "0x.1234567890123456", "1.23456789012345x7"};
     for (size_t k = 0; k < sizeof not_numbers / sizeof not_numbers[0]; k++) {
         float f;
-        ck_assert_msg(!tp_numtext_wide_f32(not_numbers[k], strlen(not_numbers[k]), &f), "'%s'",
-                      not_numbers[k]);
+        ck_assert_msg(!wide_take(not_numbers[k], &f), "'%s'", not_numbers[k]);
     }
     /* a midpoint spelled with one digit fewer or more lands on its sides */
     ck_assert(wide_read("16777217.00001") && wide_read("16777216.99999"));
