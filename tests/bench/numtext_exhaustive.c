@@ -6,7 +6,8 @@
  * nearest such decimal. tpserve writes FP32 with its own Schubfach
  * (server/numtext.c); this is what holds it to the library. (3) The list
  * writer (tp_numtext_f32_list, what JSON answers use) spells every run of
- * 256 finite patterns as the single-value writer does. Split over all
+ * 256 finite patterns as the single-value writer does. (4) The array
+ * reader (tp_numtext_read_f32) reads back bit-identical whatever it takes. Split over all
  * cores; prints the count and the time. Exits 1 at the first failure.
  * Optional argument: how many patterns (from 0), for a quick partial run. */
 #include <pthread.h>
@@ -94,6 +95,16 @@ static void *run_slice(void *arg)
         memcpy(&f, &u, 4);
         size_t n = tp_numtext_f32(f, buf);
         back = tp_numtext_parse_f32(buf, n);
+        /* the array's reader, which may read ahead (buf has the room), on
+         * what it takes: the short, vector and wide readers' paths */
+        float fast;
+        if (n + TP_NUMTEXT_READ_AHEAD > sizeof buf ||
+            (tp_numtext_read_f32(buf, n, &fast) && memcmp(&fast, &f, 4) != 0)) {
+            buf[n] = '\0';
+            fprintf(stderr, "FAIL: %08x -> '%s': no room to read ahead, or reads back as %a through "
+                    "tp_numtext_read_f32\n", u, buf, fast);
+            s->failed = 1;
+        }
         char got[TP_NUMTEXT_MAX], want[TP_NUMTEXT_MAX] = "0";
         int got_exp, want_exp = 0, want_n = 1;
         int got_n = text_digits(buf, n, got, &got_exp);
