@@ -31,9 +31,8 @@
  * process (hooks->lost), or an error the backend learnt of asynchronously
  * while our rank waits (hooks->fault, then hooks->fail) — what the caller
  * did itself when it only waited for a rank thread, now off the step's
- * path. It sleeps for good once no
- * step has run for IDLE_MS, so steps back to back never wake it and an idle
- * server is not woken 50 times a second. */
+ * path. It sleeps for good once no step has run for IDLE_MS, so steps back
+ * to back never wake it and an idle server is not woken 50 times a second. */
 #include "rank_group.h"
 
 #include <pthread.h>

@@ -97,7 +97,7 @@ static void *run_slice(void *arg)
         back = tp_numtext_parse_f32(buf, n);
         /* the array's reader, which may read ahead (buf has the room), on
          * what it takes: the short, vector and wide readers' paths */
-        float fast;
+        float fast = 0;
         if (n + TP_NUMTEXT_READ_AHEAD > sizeof buf ||
             (tp_numtext_read_f32(buf, n, &fast) && memcmp(&fast, &f, 4) != 0)) {
             buf[n] = '\0';
