@@ -766,11 +766,12 @@ __attribute__((target("sse4.1"))) static inline int decimal16_sse41(const char *
  * (decimal16_sse41): the digits and the point are classified lane by lane,
  * the point's lane squeezed out and the digits moved to the top lanes by
  * two byte shuffles (their index vectors computed, not looked up), and the
- * up to 14 digits combined in four multiply-adds. It takes exactly the tokens the SWAR reader takes, and m
- * and k are the same, so the same product rounds the same way
- * (test_numtext and fuzz_numtext compare the two); it has half the
- * instructions and no chain from the first word's digit count to the
- * second word's load: 6.4 -> 3.4 ns a "%.6g" number alone. */
+ * up to 14 digits combined in four multiply-adds. It takes exactly the
+ * tokens the SWAR reader takes, and m and k are the same, so the same
+ * product rounds the same way (test_numtext and fuzz_numtext compare the
+ * two); it has half the instructions and no chain from the first word's
+ * digit count to the second word's load: 6.4 -> 3.4 ns a "%.6g" number
+ * alone. */
 __attribute__((target("sse4.1"))) static int short_f32_sse41(const char *s, size_t len, float *out)
 {
     int neg = s[0] == '-';
@@ -892,20 +893,21 @@ __attribute__((target("sse4.1"))) static int wide_f32_sse41(const char *s, size_
     return f32_of_decimal(neg, hi * POW10_U64[16] + digits16_value(v), -(int)(n - 1 - point), out);
 }
 
-/* tp_numtext_read_f32 on CPUs with SSE4.1: a token of up to 16 bytes
- * after the sign is read once, by decimal16_sse41, and converted as the
- * short reader converts it when it is of the short reader's kind, else as
- * the scalar wide reader converts its w and q (FP32's 9-digit round-trip
- * spellings, "-0.65515399", had been read twice, by the short reader and
- * then the wide one); a longer one goes to wide_f32_sse41, and a token of
- * neither shape to the scalar wide reader. */
+/* read_f32_sse41's tokens of more than 16 bytes after the sign, or of no
+ * shape it knows (exponents): out of line, so that it calls nothing. */
 __attribute__((target("sse4.1"), noinline)) static int read_long_f32_sse41(const char *s, size_t len, float *out)
 {
     int took = len >= 17 ? wide_f32_sse41(s, len, out) : -1;
     return took >= 0 ? took : tp_numtext_wide_f32_scalar(s, len, out);
 }
 
-/* Only tail calls leave it, so the short token's path saves no register. */
+/* tp_numtext_read_f32 on CPUs with SSE4.1: a token of up to 16 bytes
+ * after the sign is read once, by decimal16_sse41, and converted as the
+ * short reader converts it when it is of the short reader's kind, else as
+ * the scalar wide reader converts its w and q (FP32's 9-digit round-trip
+ * spellings, "-0.65515399", which the short reader declines, had gone to
+ * the wide reader's loops). Only tail calls leave it, so the short token's
+ * path saves no register. */
 __attribute__((target("sse4.1"))) static int read_f32_sse41(const char *s, size_t len, float *out)
 {
     int neg = s[0] == '-'; /* readable even when len is 0 (read ahead) */
