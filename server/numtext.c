@@ -654,6 +654,17 @@ static const double NEG_POW10D[] = {1e0,   1e-1,  1e-2,  1e-3,  1e-4,  1e-5,  1e
  * the product to float rounds m / 10^k correctly; test_numtext checks all
  * 7 * 2^24 cases against the division. */
 
+/* The short readers' conversion: 1..7 digits before the point and none or
+ * 1..7 after it, m < 2^24, one product (see NEG_POW10D); 0 otherwise. */
+static inline int short_product(int neg, uint64_t m, unsigned whole, unsigned k, float *out)
+{
+    if (whole > 7 || k > 7 || m >= 1u << 24)
+        return 0;
+    float f = (float)((double)m * NEG_POW10D[k]);
+    *out = neg ? -f : f;
+    return 1;
+}
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 /* Eight bytes from p, the first in the lowest byte, each XORed with '0', so
  * a digit's byte holds its value (0..9) and no other byte is below 10. */
@@ -703,11 +714,7 @@ int tp_numtext_short_f32_swar(const char *s, size_t len, float *out)
             return 0;
         m = m * POW10_U64[k2] + digits_value(frac, k2); /* < 10^14 */
     }
-    if (m >= 1u << 24)
-        return 0;
-    float f = (float)((double)m * NEG_POW10D[k2]);
-    *out = neg ? -f : f;
-    return 1;
+    return short_product(neg, m, (unsigned)k1, (unsigned)k2, out);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -723,15 +730,13 @@ __attribute__((target("sse4.1"))) static inline uint64_t digits16_value(__m128i 
     return (uint64_t)(uint32_t)_mm_cvtsi128_si32(x) * 100000000u + (uint32_t)_mm_extract_epi32(x, 1);
 }
 
-/* The short readers' conversion: 1..7 digits before the point and none or
- * 1..7 after it, m < 2^24, one product (see NEG_POW10D); 0 otherwise. */
-static inline int short_product(int neg, uint64_t m, unsigned whole, unsigned k, float *out)
+/* The 16 bytes at p less '0' (a digit's lane holds its value), and in
+ * *digit a bit for each lane that holds a digit. */
+__attribute__((target("sse4.1"))) static inline __m128i load16_digits(const char *p, unsigned *digit)
 {
-    if (whole > 7 || k > 7 || m >= 1u << 24)
-        return 0;
-    float f = (float)((double)m * NEG_POW10D[k]);
-    *out = neg ? -f : f;
-    return 1;
+    __m128i v = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)p), _mm_set1_epi8('0'));
+    *digit = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v));
+    return v;
 }
 
 /* p[0..n) (1 <= n <= 16; 16 bytes readable at p) when it is digits with at
@@ -743,8 +748,8 @@ __attribute__((target("sse4.1"))) static inline int decimal16_sse41(const char *
 {
     if (n - 1 >= 16)
         return 0;
-    __m128i v = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)p), _mm_set1_epi8('0'));
-    unsigned digit = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v));
+    unsigned digit;
+    __m128i v = load16_digits(p, &digit);
     unsigned mask = (1u << n) - 1;
     unsigned dot = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('.' - '0'))) & mask;
     if (((digit | dot) & mask) != mask || (dot & (dot - 1))) /* not digits and at most one point */
@@ -872,10 +877,11 @@ __attribute__((target("sse4.1"))) static int wide_f32_sse41(const char *s, size_
     int neg = len > 0 && s[0] == '-';
     const char *p = s + neg;
     size_t n = len - (size_t)neg, head = n - 16, point = head;
-    if (len == 0 || n - 17 > 15)
+    if (n - 17 > 15) /* also len 0 */
         return -1;
-    __m128i v = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + head)), _mm_set1_epi8('0'));
-    if (_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(9)), v)) != 0xffff)
+    unsigned digit;
+    __m128i v = load16_digits(p + head, &digit);
+    if (digit != 0xffff)
         return -1; /* the point or an exponent among the last 16 */
     uint64_t hi = 0;
     for (size_t i = 0; i < head; i++) {
@@ -894,11 +900,11 @@ __attribute__((target("sse4.1"))) static int wide_f32_sse41(const char *s, size_
 }
 
 /* read_f32_sse41's tokens of more than 16 bytes after the sign, or of no
- * shape it knows (exponents): out of line, so that it calls nothing. */
+ * shape it knows (exponents): the wide reader, out of line, so that
+ * read_f32_sse41 calls nothing. */
 __attribute__((target("sse4.1"), noinline)) static int read_long_f32_sse41(const char *s, size_t len, float *out)
 {
-    int took = len >= 17 ? wide_f32_sse41(s, len, out) : -1;
-    return took >= 0 ? took : tp_numtext_wide_f32_scalar(s, len, out);
+    return tp_numtext_wide_f32(s, len, out);
 }
 
 /* tp_numtext_read_f32 on CPUs with SSE4.1: a token of up to 16 bytes

@@ -7,8 +7,9 @@
  * (server/numtext.c); this is what holds it to the library. (3) The list
  * writer (tp_numtext_f32_list, what JSON answers use) spells every run of
  * 256 finite patterns as the single-value writer does. (4) The array
- * reader (tp_numtext_read_f32) reads back bit-identical whatever it takes. Split over all
- * cores; prints the count and the time. Exits 1 at the first failure.
+ * reader (tp_numtext_read_f32) reads back bit-identical whatever it
+ * takes. Split over all cores; prints the count and the time. Exits 1 at
+ * the first failure.
  * Optional argument: how many patterns (from 0), for a quick partial run. */
 #include <pthread.h>
 #include <stdint.h>

@@ -180,14 +180,9 @@ static ncclResult_t stall(ncclComm_t c, const char *what)
 {
     snprintf(c->last, sizeof c->last, "injected: %s stalled, its transport failed (TP_DOUBLE_FAIL)", what);
     atomic_store(&c->async, ncclSystemError);
-    int hang_ms = dbl_env_int("TP_DOUBLE_HANG_MS", 20000);
-    for (int64_t limit = now_ms() + hang_ms; !atomic_load(&c->revoked); usleep(200))
-        if (now_ms() > limit) {
-            dbl_rule("NCCL %s on rank %d stalled with an async error and nobody revoked the communicator in %d "
-                     "ms (a hang on a GPU: nothing asked ncclCommGetAsyncError while the step waited)",
-                     what, c->rank, hang_ms);
-            break;
-        }
+    char stalled[64];
+    snprintf(stalled, sizeof stalled, "%s (stalled, its async error set)", what);
+    wait_all(c, c->sh->arrive, UINT64_MAX, stalled); /* no rank gets there: until revoked, or a hang */
     return ncclRemoteError;
 }
 
