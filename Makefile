@@ -49,7 +49,9 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(patsubst %.cc,$(BUILD)/obj/%.o,$
 ifneq ($(NVCC),)
 LIB_OBJS  += $(CU_OBJS)
 endif
-NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --compiler-options -Wall,-Werror \
+# nvcc's own warnings (its front end's, e.g. an unknown pragma) are errors
+# as the host compiler's are: without --Werror they scrolled past in every build.
+NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --Werror all-warnings --compiler-options -Wall,-Werror \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps

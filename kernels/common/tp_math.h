@@ -64,10 +64,15 @@ TP_HD_FLAT float tp_f32_bits(uint32_t u)
 #endif
 }
 
-/* nvcc's device pass, clang, GCC (also nvcc's host pass, which has no
- * "unroll" pragma of its own) */
+/* nvcc's device pass, clang, GCC. nvcc's host pass gets none: its front
+ * end knows neither GCC's pragma (warning 1675, "unrecognized GCC pragma",
+ * in every build's output) nor one of its own for host code, and no hot
+ * loop runs that host copy: the cpu backend's copy is built by GCC or
+ * clang from .c files. */
 #if defined(__CUDA_ARCH__)
 #define TP_UNROLL_ALL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define TP_UNROLL_ALL
 #elif defined(__clang__)
 #define TP_UNROLL_ALL _Pragma("clang loop unroll(full)")
 #else
