@@ -174,13 +174,25 @@ int dispatch(tp_dtype dt, F &&f)
     return (int)cudaGetLastError();
 }
 
+// What a row kernel's sizes and buffers allow: cudaErrorInvalidValue for a
+// negative size or a missing buffer with work to do, cudaSuccess when there
+// is nothing to do, kLaunch to launch.
+constexpr int kLaunch = -1;
+int row_launch_check(const void *x, const void *y, int64_t rows, int64_t n)
+{
+    if (rows < 0 || n < 0)
+        return (int)cudaErrorInvalidValue;
+    if (rows == 0 || n == 0)
+        return (int)cudaSuccess;
+    return x && y ? kLaunch : (int)cudaErrorInvalidValue;
+}
+
 template <int FN>
 int launch_unary(const void *x, void *y, int64_t n, tp_dtype dt, float p, void *stream)
 {
-    if (n < 0 || (n > 0 && (!x || !y)))
-        return (int)cudaErrorInvalidValue;
-    if (n == 0)
-        return (int)cudaSuccess;
+    int check = row_launch_check(x, y, 1, n);
+    if (check != kLaunch)
+        return check;
     int grid = blocks_for((n + kThreads - 1) / kThreads);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     return dispatch(dt, [&](auto d) {
@@ -204,13 +216,12 @@ extern "C" int tp_cuda_unary(tp_unary_fn fn, const void *x, void *y, int64_t n, 
 extern "C" int tp_cuda_softmax(const void *x, void *y, int64_t outer, int64_t n, int64_t inner,
                                tp_dtype dtype, void *stream)
 {
-    if (outer < 0 || n < 0 || inner < 0)
+    if (outer < 0 || inner < 0)
         return (int)cudaErrorInvalidValue;
     int64_t rows = outer * inner;
-    if (rows == 0 || n == 0)
-        return (int)cudaSuccess;
-    if (!x || !y)
-        return (int)cudaErrorInvalidValue;
+    int check = row_launch_check(x, y, rows, n);
+    if (check != kLaunch)
+        return check;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int grid = blocks_for(rows);
     return dispatch(dtype, [&](auto d) {
@@ -222,12 +233,9 @@ extern "C" int tp_cuda_layer_norm(const void *x, const void *weight, const void 
                                   int64_t rows, int64_t n, float eps, tp_dtype dtype,
                                   void *stream)
 {
-    if (rows < 0 || n < 0)
-        return (int)cudaErrorInvalidValue;
-    if (rows == 0 || n == 0)
-        return (int)cudaSuccess;
-    if (!x || !y)
-        return (int)cudaErrorInvalidValue;
+    int check = row_launch_check(x, y, rows, n);
+    if (check != kLaunch)
+        return check;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int grid = blocks_for(rows);
     return dispatch(dtype, [&](auto d) {
@@ -239,12 +247,9 @@ extern "C" int tp_cuda_layer_norm(const void *x, const void *weight, const void 
 extern "C" int tp_cuda_rms_norm(const void *x, const void *weight, void *y, int64_t rows,
                                 int64_t n, float eps, tp_dtype dtype, void *stream)
 {
-    if (rows < 0 || n < 0)
-        return (int)cudaErrorInvalidValue;
-    if (rows == 0 || n == 0)
-        return (int)cudaSuccess;
-    if (!x || !y)
-        return (int)cudaErrorInvalidValue;
+    int check = row_launch_check(x, y, rows, n);
+    if (check != kLaunch)
+        return check;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     int grid = blocks_for(rows);
     return dispatch(dtype, [&](auto d) {
