@@ -75,7 +75,7 @@ static tp_status parse_shape(const json_t *js, const char *input, tp_host_tensor
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return tp_fail(err, TP_INVALID,
                            "input '%s': shape[%d] must be a non-negative integer, got %s", input,
-                           i, json_is_integer(d) ? "a negative integer" : tp_json_kind(d));
+                           i, tp_json_kind(d));
         t->shape[i] = (int64_t)json_integer_value(d);
     }
     return TP_OK;

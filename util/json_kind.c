@@ -8,7 +8,9 @@ const char *tp_json_kind(const json_t *v)
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
     case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
+    /* the sign too: most integers refused are refused for it, and "must
+     * be a non-negative integer, got an integer" says nothing */
+    case JSON_INTEGER: return json_integer_value(v) < 0 ? "a negative integer" : "an integer";
     case JSON_REAL: return "a real number";
     case JSON_TRUE:
     case JSON_FALSE: return "a boolean";

@@ -794,6 +794,10 @@ START_TEST(errors_binary)
                      "input 't': binary data needs 16 bytes at offset 0 of the binary section, "
                      "but only 12 remain");
     expect_bin_error(&m, hdr, v, 24, -2, "binary section has 8 bytes after the last input's data");
+    expect_bin_error(&m, "{\"inputs\":[{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\","
+                     "\"parameters\":{\"binary_data_size\":-16}}]}", v, 16, -2,
+                     "input 't': parameters.binary_data_size must be a non-negative integer, "
+                     "got a negative integer");
     expect_bin_error(&m, hdr, v, 0, -1, "input 't' has parameters.binary_data_size but the "
                                          "request has no Inference-Header-Content-Length header");
     expect_bin_error(&m, hdr, v, 16, 100000, "Inference-Header-Content-Length 100000 exceeds the "

@@ -96,7 +96,7 @@ START_TEST(refusals_change_nothing)
         {"{\"log_format\": \"default\"}", "log_format 'default' is not offered"},
         {"{\"log_file\": 3}", "log_file must be a string, not an integer"},
         {"{\"log_info\": \"yes\"}", "log_info must be true or false, not a string"},
-        {"{\"log_verbose_level\": -1}", "log_verbose_level must be a non-negative integer, not an integer"},
+        {"{\"log_verbose_level\": -1}", "log_verbose_level must be a non-negative integer, not a negative integer"},
         {"{\"log_verbose_level\": true}", "log_verbose_level must be a non-negative integer, not a boolean"},
         {"{\"verbose\": 1}", "unknown log setting 'verbose'"},
         {"[]", "log settings must be a JSON object, got an array"},
