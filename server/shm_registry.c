@@ -112,7 +112,10 @@ static tp_status check_object(tp_shm_region *r, tp_err *err)
         return tp_fail(err, TP_INVALID, "shared memory region '%s': key '%s' is not a shared "
                        "memory object", r->name, r->key);
     uint64_t size = (uint64_t)st.st_size;
-    if (r->byte_size == 0 || r->offset > size || r->byte_size > size - r->offset)
+    if (r->byte_size == 0)
+        return tp_fail(err, TP_INVALID, "shared memory region '%s': byte_size 0 (a region holds "
+                       "at least one byte)", r->name);
+    if (r->offset > size || r->byte_size > size - r->offset)
         return tp_fail(err, TP_INVALID, "shared memory region '%s': offset %llu + byte_size %llu "
                        "does not fit in key '%s' of %llu bytes", r->name,
                        (unsigned long long)r->offset, (unsigned long long)r->byte_size, r->key,

@@ -48,7 +48,7 @@ START_TEST(register_checks)
            "cannot open");
     expect(tp_shm_register(g, "r", key, 8000, 200, &e), TP_INVALID, &e, "does not fit");
     expect(tp_shm_register(g, "r", key, UINT64_MAX, 2, &e), TP_INVALID, &e, "does not fit");
-    expect(tp_shm_register(g, "r", key, 0, 0, &e), TP_INVALID, &e, "does not fit");
+    expect(tp_shm_register(g, "r", key, 0, 0, &e), TP_INVALID, &e, "byte_size 0 (a region holds at least one byte)");
     /* an offset that is not page aligned: offsets count from the region */
     ck_assert_int_eq(tp_shm_register(g, "r", key, 4100, 100, &e), TP_OK);
     expect(tp_shm_register(g, "r", key, 0, 8, &e), TP_INVALID, &e, "already registered");
