@@ -9,7 +9,7 @@ CC      ?= gcc
 PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
-PKGS    := jansson libmicrohttpd openblas
+PKGS    := jansson libmicrohttpd openblas zlib
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread $(SAN)
 # Layers, enforced by what each directory may include: util/ (status, log,
 # JSON helpers) depends on nothing; engine/ on util/; kernels/ on util/ and

@@ -2,7 +2,7 @@
 # Installs what tpserve needs to build and test on a fresh Debian machine.
 # Idempotent: checks each package first, so `make` can call it cheaply.
 set -e
-PKGS="build-essential pkg-config python3 python3-pip python3-venv libmicrohttpd-dev libjansson-dev check libopenblas-dev libcurl4-openssl-dev curl wrk clang"
+PKGS="build-essential pkg-config python3 python3-pip python3-venv libmicrohttpd-dev libjansson-dev zlib1g-dev check libopenblas-dev libcurl4-openssl-dev curl wrk clang"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

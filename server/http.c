@@ -17,6 +17,7 @@
 
 #include "acceptor.h"
 #include "batcher.h"
+#include "body_codec.h"
 #include "buf_pool.h"
 #include "clock.h"
 #include "cpu_pin.h"
@@ -100,6 +101,7 @@ struct req_ctx {
     long long expect_len; /* Content-Length, or -1 when chunked */
     long long header_len; /* Inference-Header-Content-Length, or -1 */
     const char *ihcl;     /* that header's text (NULL: absent), found by the header checks */
+    tp_body_encoding encoding; /* Content-Encoding: inflated once the body is in */
     /* tp_now_ms(): headers in, body in, body decoded, answer encoded (0:
      * not yet; send_response times the request by it instead of reading
      * the clock again) */
@@ -554,17 +556,20 @@ static enum MHD_Result discard_body(tp_http *h, req_ctx *r, size_t n)
     return MHD_YES;
 }
 
-/* Only infer keeps its body; other routes count it against the limit and
- * drop it. */
+/* Only a POST route (infer and the settings and registrations) keeps its
+ * body; other routes count it against the limit and drop it. */
+static int keeps_body(const req_ctx *r)
+{
+    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
+}
+
 static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, size_t *size)
 {
     size_t n = *size;
     *size = 0;
     if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
         return discard_body(h, r, n);
-    int keep = r->route && strcmp(r->method, "POST") == 0 &&
-               tp_route_method_allowed(r->route->methods, "POST");
-    if (!keep) {
+    if (!keeps_body(r)) {
         r->len += n;
         return MHD_YES;
     }
@@ -1099,6 +1104,27 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
     return r->route->handler(h, r);
 }
 
+/* A compressed body (body_codec.h), all in: replaced by its inflated bytes,
+ * then routed as if it had come so. Only a kept body (keeps_body) is
+ * inflated: the other routes never read theirs, and an empty one stays
+ * empty. */
+static enum MHD_Result inflate_body(tp_http *h, req_ctx *r)
+{
+    char *plain;
+    size_t n;
+    int too_large;
+    tp_err e;
+    tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg.max_body_bytes, &plain, &n,
+                                  &too_large, &e);
+    if (st != TP_OK)
+        return reply_error(h, r, too_large ? 413 : (unsigned)tp_status_http(st), "%s", e.msg);
+    free(r->body);
+    r->body = plain;
+    r->len = r->cap = n;
+    r->encoding = TP_BODY_IDENTITY;
+    return route_request(h, r);
+}
+
 /* Refused by the guard: answered, then the connection is closed, so
  * nothing after these headers is ever parsed as another request. */
 static enum MHD_Result reply_refused(tp_http *h, req_ctx *r, unsigned code, const char *msg)
@@ -1123,8 +1149,12 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         if (probes_only && r->route && !(r->route->flags & ROUTE_PROBE))
             r->route = NULL; /* 404 */
         tp_err e;
-        unsigned bad = tp_http_guard_check_headers(c, version, "Inference-Header-Content-Length", &r->ihcl,
-                                                   e.msg, sizeof e.msg);
+        static const char *const noted[] = {"Inference-Header-Content-Length", "Content-Encoding"};
+        const char *values[2];
+        unsigned bad = tp_http_guard_check_headers(c, version, noted, values, 2, e.msg, sizeof e.msg);
+        r->ihcl = values[0];
+        if (!bad && tp_body_encoding_parse(values[1], &r->encoding, e.msg, sizeof e.msg) != 0)
+            bad = 415;
         return bad ? reply_refused(h, r, bad, e.msg) : begin_body(h, r);
     }
     switch (r->state) {
@@ -1136,6 +1166,8 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         if (r->state == REQ_TOO_LARGE)
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
+        if (r->encoding != TP_BODY_IDENTITY && r->len && keeps_body(r))
+            return inflate_body(h, r);
         return route_request(h, r);
     case REQ_HELD:
         /* libmicrohttpd's next pass: the first held request called runs them all */

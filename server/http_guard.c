@@ -303,8 +303,9 @@ int tp_http_guard_max_connections(const tp_http_guard *g) { return g->max_connec
 typedef struct {
     int n_cl, cl_differ, has_te, has_host;
     const char *cl, *te;
-    const char *wanted;       /* the caller's header (NULL: none) */
-    const char **wanted_value; /* its first value */
+    const char *const *wanted; /* the caller's headers */
+    const char **values;       /* their first values */
+    int n_wanted;
 } header_scan;
 
 static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
@@ -320,18 +321,20 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
         s->te = value ? value : "";
     } else if (strcasecmp(key, MHD_HTTP_HEADER_HOST) == 0) {
         s->has_host = 1;
-    } else if (s->wanted && !*s->wanted_value && strcasecmp(key, s->wanted) == 0) {
-        *s->wanted_value = value ? value : "";
+    } else {
+        for (int i = 0; i < s->n_wanted; i++)
+            if (!s->values[i] && strcasecmp(key, s->wanted[i]) == 0)
+                s->values[i] = value ? value : "";
     }
     return MHD_YES;
 }
 
-unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, const char *wanted,
-                                     const char **wanted_value, char *msg, size_t len)
+unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, const char *const *wanted,
+                                     const char **values, int n_wanted, char *msg, size_t len)
 {
-    header_scan s = {.wanted = wanted, .wanted_value = wanted_value};
-    if (wanted)
-        *wanted_value = NULL;
+    header_scan s = {.wanted = wanted, .values = values, .n_wanted = n_wanted};
+    for (int i = 0; i < n_wanted; i++)
+        values[i] = NULL;
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &s);
     if (s.cl_differ) {
         snprintf(msg, len, "two different Content-Length headers: the body's end is ambiguous");

@@ -57,11 +57,11 @@ void tp_http_guard_answered(struct MHD_Connection *c);
 /* Header checks for a request whose headers just arrived: 0 when it may
  * proceed, else the HTTP status to answer (then close the connection) with
  * a one-line reason in msg. The same walk over the headers finds the first
- * value of header wanted (any case; NULL: none wanted; not one the checks
- * read themselves: Content-Length, Transfer-Encoding, Host) for the
- * caller, in *wanted_value (NULL: absent; valid while the request lasts),
- * sparing it a second walk. */
-unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, const char *wanted,
-                                     const char **wanted_value, char *msg, size_t len);
+ * value of each of the n_wanted headers wanted[] (any case; not ones the
+ * checks read themselves: Content-Length, Transfer-Encoding, Host) for the
+ * caller, in values[] (NULL: absent; valid while the request lasts),
+ * sparing it more walks. */
+unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *version, const char *const *wanted,
+                                     const char **values, int n_wanted, char *msg, size_t len);
 
 #endif

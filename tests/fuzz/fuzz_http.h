@@ -168,6 +168,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     c.request_timeout_ms = REQUEST_TIMEOUT_MS;
     c.request_deadline_ms = REQUEST_TIMEOUT_MS;
     c.allow_client_shm = 1;
+    /* a compressed body that inflates past this (corpus infer_gzip_bomb)
+     * reaches the 413 in one step, not after 64 MiB of zeros an input */
+    c.max_body_bytes = 1 << 20;
     snprintf(trace_dir, sizeof trace_dir, "/tmp/tpfuzz_trace_XXXXXX");
     if (!mkdtemp(trace_dir))
         die("trace directory", strerror(errno));

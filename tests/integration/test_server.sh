@@ -127,15 +127,28 @@ else
 fi
 
 # ---- infer: JSON, nested, binary, versions, outputs, id --------------------
+# ENCODING=gzip or deflate: the body is sent compressed (Content-Encoding),
+# its Inference-Header-Content-Length still the plain header's, as in Triton.
+compress_body() { # ENCODING FILE: FILE compressed in place
+    $PYTHON -c 'import gzip, sys, zlib
+p = sys.argv[2]
+b = open(p, "rb").read()
+open(p, "wb").write(gzip.compress(b) if sys.argv[1] == "gzip" else zlib.compress(b))' "$1" "$2"
+}
 infer_curl() { # DESC PATH MAKE-OPTS...
     desc=$1
     path=$2
     shift 2
     hl=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/req" "$@") || { fail "$desc: make"; return; }
+    ce=""
+    if [ -n "${ENCODING:-}" ]; then
+        compress_body "$ENCODING" "$TMP/req"
+        ce="Content-Encoding: $ENCODING"
+    fi
     if [ "$hl" -ge 0 ]; then
-        req POST "$path" -H "Inference-Header-Content-Length: $hl" -H 'Content-Type: application/octet-stream' --data-binary @"$TMP/req"
+        req POST "$path" -H "Inference-Header-Content-Length: $hl" -H 'Content-Type: application/octet-stream' ${ce:+-H} ${ce:+"$ce"} --data-binary @"$TMP/req"
     else
-        req POST "$path" -H 'Content-Type: application/json' --data-binary @"$TMP/req"
+        req POST "$path" -H 'Content-Type: application/json' ${ce:+-H} ${ce:+"$ce"} --data-binary @"$TMP/req"
     fi
     rhl=$(header Inference-Header-Content-Length)
     [ -n "$rhl" ] || rhl=-1
@@ -158,6 +171,27 @@ infer_curl "infer JSON in, binary out (binary_data_output)" /v2/models/$G/infer 
 # they go out from the engine's outputs: both must carry the same bytes.
 infer_curl "infer binary out of 80 rows (over 64 KiB, sent from the outputs)" /v2/models/$G/infer --binary --binary-out --repeat 80
 infer_curl "infer versioned path, requested output, id echoed" /v2/models/$G/versions/1/infer --outputs y --id req-42
+ENCODING=gzip infer_curl "infer JSON sent gzip-compressed" /v2/models/$G/infer
+ENCODING=deflate infer_curl "infer JSON sent deflate-compressed" /v2/models/$G/infer
+ENCODING=gzip infer_curl "infer binary in and out sent gzip-compressed" /v2/models/$G/infer --binary --binary-out
+ENCODING=deflate infer_curl "infer binary sent deflate-compressed, 80 rows" /v2/models/$G/infer --binary --repeat 80
+$CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/plain" >/dev/null
+expect "Content-Encoding br refused" 415 "Content-Encoding 'br' is not supported" POST /v2/models/$G/infer \
+    -H 'Content-Encoding: br' --data-binary @"$TMP/plain"
+expect "a body declared gzip that is not" 400 "gzip body is not valid gzip data" POST /v2/models/$G/infer \
+    -H 'Content-Encoding: gzip' --data-binary @"$TMP/plain"
+cp "$TMP/plain" "$TMP/cut" && compress_body gzip "$TMP/cut" && head -c 40 "$TMP/cut" >"$TMP/cut40"
+expect "a gzip body cut short" 400 "gzip body is truncated" POST /v2/models/$G/infer \
+    -H 'Content-Encoding: gzip' --data-binary @"$TMP/cut40"
+head -c 200000000 /dev/zero >"$TMP/bomb" && compress_body gzip "$TMP/bomb"
+expect "a gzip bomb (200 MB of zeros in $(wc -c <"$TMP/bomb") bytes) stops at max_body_bytes" 413 \
+    "gzip body inflates past max_body_bytes" POST /v2/models/$G/infer -H 'Content-Encoding: gzip' \
+    --data-binary @"$TMP/bomb"
+rm -f "$TMP/bomb"
+printf '{"log_info":true}' >"$TMP/settings" && compress_body gzip "$TMP/settings"
+expect "other POST routes take compressed bodies too (/v2/logging)" 200 '"log_info":true' POST /v2/logging \
+    -H 'Content-Encoding: gzip' --data-binary @"$TMP/settings"
+expect "ready after the compressed bodies" 200 '"ready":true' GET /v2/health/ready
 if [ "$(header Content-Type)" = application/json ]; then pass "JSON answer has Content-Type application/json"; else fail "Content-Type $(header Content-Type)"; fi
 hl=$($CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/req" --binary --binary-out)
 req POST /v2/models/$G/infer -H "Inference-Header-Content-Length: $hl" --data-binary @"$TMP/req"

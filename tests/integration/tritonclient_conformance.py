@@ -183,6 +183,19 @@ def infer_modes(c, g, inputs, ref, rtol, r):
         ins.append(i)
     res = c.infer(g, ins, model_version="1")
     compare_outputs(res, ref, rtol, sorted(ref), r, "infer (version 1, all outputs by default)")
+    # tritonclient's compressed requests (Content-Encoding), binary and JSON
+    # tensors; its answers asked compressed too (Accept-Encoding), which
+    # tpserve answers uncompressed, as HTTP allows and tritonclient reads
+    for algo in ("gzip", "deflate"):
+        for binary in (True, False):
+            cins = []
+            for name, (st, a) in inputs.items():
+                i = httpclient.InferInput(name, list(a.shape), ST_TO_KSERVE[st])
+                i.set_data_from_numpy(client_array(st, a), binary_data=binary or st == "BF16")
+                cins.append(i)
+            res = c.infer(g, cins, request_compression_algorithm=algo, response_compression_algorithm=algo)
+            compare_outputs(res, ref, rtol, sorted(ref), r,
+                            "infer sent %s-compressed (%s tensors)" % (algo, "binary" if binary else "JSON"))
     first = sorted(ref)[0]
     res = c.infer(g, ins, outputs=[httpclient.InferRequestedOutput(first)])
     names = [o["name"] for o in res.get_response()["outputs"]]
