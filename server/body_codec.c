@@ -18,7 +18,7 @@ int tp_body_encoding_parse(const char *value, tp_body_encoding *enc, char *msg, 
         b--;
     const char *v = value + a;
     size_t n = b - a;
-    if ((n == 8 && strncasecmp(v, "identity", 8) == 0))
+    if (n == 8 && strncasecmp(v, "identity", 8) == 0)
         return 0;
     if ((n == 4 && strncasecmp(v, "gzip", 4) == 0) || (n == 6 && strncasecmp(v, "x-gzip", 6) == 0)) {
         *enc = TP_BODY_GZIP;
@@ -56,15 +56,19 @@ static int grow_output(z_stream *z, char **buf, size_t *cap, size_t max)
     return 0;
 }
 
+static tp_status refuse_too_large(int *too_large, const char *name, size_t max, tp_err *err)
+{
+    *too_large = 1;
+    return tp_fail(err, TP_INVALID, "%s body inflates past max_body_bytes %zu", name, max);
+}
+
 static tp_status inflate_all(z_stream *z, size_t max, char **buf, size_t *cap, int *too_large,
                              const char *name, tp_err *err)
 {
     for (;;) {
         if (z->avail_out == 0) {
-            if (written(z, *buf) == max + 1) {
-                *too_large = 1;
-                return tp_fail(err, TP_INVALID, "%s body inflates past max_body_bytes %zu", name, max);
-            }
+            if (written(z, *buf) == max + 1)
+                return refuse_too_large(too_large, name, max, err);
             if (grow_output(z, buf, cap, max) != 0)
                 return tp_fail(err, TP_NOMEM, "out of memory inflating a %s body", name);
         }
@@ -82,11 +86,8 @@ static tp_status inflate_all(z_stream *z, size_t max, char **buf, size_t *cap, i
     if (z->avail_in)
         return tp_fail(err, TP_INVALID, "%s body has %u bytes after the end of its compressed "
                        "data", name, z->avail_in);
-    if (z->total_out > max) {
-        *too_large = 1;
-        return tp_fail(err, TP_INVALID, "%s body inflates past max_body_bytes %zu", name, max);
-    }
-    return TP_OK;
+    /* the stream can end on the byte past max, in the room kept to see it */
+    return z->total_out > max ? refuse_too_large(too_large, name, max, err) : TP_OK;
 }
 
 tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_t max, char **out,

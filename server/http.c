@@ -1150,8 +1150,9 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
             r->route = NULL; /* 404 */
         tp_err e;
         static const char *const noted[] = {"Inference-Header-Content-Length", "Content-Encoding"};
-        const char *values[2];
-        unsigned bad = tp_http_guard_check_headers(c, version, noted, values, 2, e.msg, sizeof e.msg);
+        const char *values[sizeof noted / sizeof *noted];
+        unsigned bad = tp_http_guard_check_headers(c, version, noted, values, (int)(sizeof noted / sizeof *noted),
+                                                   e.msg, sizeof e.msg);
         r->ihcl = values[0];
         if (!bad && tp_body_encoding_parse(values[1], &r->encoding, e.msg, sizeof e.msg) != 0)
             bad = 415;

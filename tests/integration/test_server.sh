@@ -183,7 +183,7 @@ expect "a body declared gzip that is not" 400 "gzip body is not valid gzip data"
 cp "$TMP/plain" "$TMP/cut" && compress_body gzip "$TMP/cut" && head -c 40 "$TMP/cut" >"$TMP/cut40"
 expect "a gzip body cut short" 400 "gzip body is truncated" POST /v2/models/$G/infer \
     -H 'Content-Encoding: gzip' --data-binary @"$TMP/cut40"
-head -c 200000000 /dev/zero >"$TMP/bomb" && compress_body gzip "$TMP/bomb"
+head -c 200000000 /dev/zero | gzip -c >"$TMP/bomb"
 expect "a gzip bomb (200 MB of zeros in $(wc -c <"$TMP/bomb") bytes) stops at max_body_bytes" 413 \
     "gzip body inflates past max_body_bytes" POST /v2/models/$G/infer -H 'Content-Encoding: gzip' \
     --data-binary @"$TMP/bomb"
