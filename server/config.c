@@ -68,6 +68,11 @@ static const key_desc keys[] = {
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
     STR_KEY(rendezvous, NULL, "ranks=processes: unix socket path where externally started ranks join "
                               "(`tpserve worker --rendezvous`); empty: start them here"),
+    STR_KEY(rendezvous_secret_file, NULL, "ranks=processes with rendezvous: a file (mode 0600, owner only) holding "
+                                          "the group secret a joining rank must present; empty: the leader writes a "
+                                          "new one to RENDEZVOUS.secret"),
+    INT_KEY(rendezvous_uid, -1, INT32_MAX, "ranks=processes: the uid a joining rank must run as (SO_PEERCRED); "
+                                           "-1: the leader's own"),
     INT_KEY(staging_mb, 1, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs"),
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
@@ -78,6 +83,14 @@ static const key_desc keys[] = {
             "after every request: smaller is faster); headers that do not fit get 431"),
     INT_KEY(max_connections, 16, 1 << 20, "open HTTP connections in total; beyond it new ones wait in the "
                                           "kernel's backlog (RLIMIT_NOFILE is raised to fit)"),
+    INT_KEY(max_memory_mb, 0, 1 << 24, "memory the server may hold for requests at once (bodies as received "
+                                       "and inflated, decoded tensors, queued rows, answers not yet sent): a "
+                                       "request that would pass it gets 503 and Retry-After, one that alone "
+                                       "never fits 413; 0: the cgroup's memory limit less the model, at least 64"),
+    INT_KEY(max_json_values, 16, 1 << 24, "JSON values a request may hold outside its tensors' data arrays "
+                                          "(parameters, names, shapes); more gets 400"),
+    INT_KEY(stuck_step_ms, 0, 86400000, "an engine step running this long turns readiness 503 until it ends "
+                                        "(logged with the rank); 0: never"),
     INT_KEY(max_connections_per_ip, 0, 1 << 20, "open HTTP connections per client address (0: no limit; in a "
                                                 "sidecar every client is the pod's 127.0.0.1)"),
     INT_KEY(request_deadline_ms, 0, 86400000, "longest a client may take to send one whole request (headers "
@@ -89,6 +102,8 @@ static const key_desc keys[] = {
     /* Triton protocol extensions */
     INT_KEY(allow_client_shm, 0, 1, "1: clients may register system shared memory regions (POSIX "
                                     "shm objects this process can open) for inputs and outputs"),
+    INT_KEY(max_shm_regions, 1, 1 << 20, "system shared memory regions registered at once (each holds an "
+                                         "open file); more get 400"),
     STR_KEY(labels, NULL, "class labels for the classification extension (Triton's label_filename): "
                           "OUTPUT=FILE[,OUTPUT=FILE...]; line k of FILE names class k of OUTPUT"),
     STR_KEY(trace_file, NULL, "Triton's trace extension: the file traces go to (set here only: the API cannot "
@@ -99,6 +114,8 @@ static const key_desc keys[] = {
     I64_KEY(trace_count, -1, INT64_MAX, "trace extension: traces to take, then stop (-1: no limit)"),
     INT_KEY(trace_log_frequency, 0, 1 << 30, "trace extension: 0: traces written to trace_file at exit; N: "
                                               "every N traces to trace_file.0, .1, ..."),
+    INT_KEY(trace_max_pending, 1, 1 << 20, "trace extension: traces held in memory; past it the oldest are "
+                                           "written (or dropped, counted, with no trace_log_frequency)"),
     BACKEND_KEY(verify_replay, 0, 1, "cpu backend: before every replay, check each recorded pointer still lies in a "
                                      "live allocation (debugging; 1: on)"),
     BACKEND_KEY(cuda_gemm_workspace_mb, 0, 4096, "cuda backend: cuBLASLt workspace per rank"),
@@ -146,6 +163,14 @@ void tp_config_defaults(tp_config *c)
     c->trace_rate = 1000; /* Triton's defaults */
     c->trace_count = -1;
     c->health_port = -1;
+    c->max_memory_mb = 0;
+    c->max_json_values = 65536;
+    /* far above a bucket's warm-up (seconds at most on the cpu backend),
+     * far below step_timeout_ms: a probe sees a stuck rank within a minute */
+    c->stuck_step_ms = 60000;
+    c->max_shm_regions = 256;
+    c->trace_max_pending = 1024;
+    c->rendezvous_uid = -1;
     tp_backend_settings_default(&c->backend_settings);
 }
 

@@ -32,16 +32,22 @@ typedef struct {
     char log_level[8];       /* error | warn | info | debug */
     char ranks[16];          /* threads | processes (one process per rank, as on GPUs) */
     char rendezvous[108];    /* processes: unix socket where external ranks join; empty: spawn them */
+    char rendezvous_secret_file[4096]; /* 0600 file with the group secret external ranks present */
+    int rendezvous_uid;      /* uid a joining rank must run as; -1: the leader's */
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
     int connection_memory_bytes; /* per connection: headers and read buffer (431 beyond) */
     int max_connections;     /* open HTTP connections in total */
+    int max_memory_mb;       /* request memory budget; 0: from the cgroup limit (tp_mem_budget) */
+    int max_json_values;     /* JSON values outside tensor data a request may hold (400 beyond) */
+    int stuck_step_ms;       /* a step running this long turns readiness 503 (0: never) */
     int max_connections_per_ip; /* per client address; 0: no limit */
     int request_deadline_ms; /* whole request (or idle gap) per connection; 0: none */
     int health_port;         /* probes-only listener; -1: none, 0: any free port */
     /* Triton protocol extensions */
     int allow_client_shm;    /* 1: clients may register system shared memory regions */
+    int max_shm_regions;     /* registered regions at once (each holds an fd); 400 beyond */
     char labels[4096];       /* classification labels: "OUTPUT=FILE[,OUTPUT=FILE...]"; empty: none */
     /* Triton's trace extension at startup (the API changes all but the file) */
     char trace_file[4096];   /* where traces go; empty: no tracing */
@@ -49,6 +55,7 @@ typedef struct {
     int trace_rate;          /* every N-th inference */
     int64_t trace_count;     /* traces to take; -1: no limit */
     int trace_log_frequency; /* 0: written at exit; N: every N traces to trace_file.IDX */
+    int trace_max_pending;   /* traces held before writing; the oldest go to the file first */
     tp_backend_settings backend_settings; /* verify_replay, cuda_* keys */
 } tp_config;
 
