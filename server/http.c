@@ -305,6 +305,7 @@ static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
 {
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
+    tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
     size_t len = 0;
     char *text = tp_metrics_render(h->metrics, &len);
     if (!text)
@@ -1470,7 +1471,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     pthread_cond_init(&h->cv, NULL);
     h->metrics = tp_metrics_create();
     h->stats = tp_model_stats_create();
-    h->shm = tp_shm_registry_create();
+    h->shm = tp_shm_registry_create(cfg->max_shm_regions);
     tp_status st = h->metrics && h->stats && h->shm ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     tp_trace_init ti = {cfg->trace_file, strcmp(cfg->trace_level, "TIMESTAMPS") == 0, cfg->trace_rate,

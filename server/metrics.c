@@ -19,6 +19,7 @@ struct tp_metrics {
     _Atomic uint64_t engine_waits[2]; /* [0] polled, [1] slept */
     _Atomic uint64_t pin_changes[2];  /* [0] unpinned, [1] pinned again */
     _Atomic long inflight, queued;
+    _Atomic long shm_regions;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
     tp_engine_stats es;
@@ -115,6 +116,11 @@ void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued)
 {
     atomic_store(&m->inflight, inflight);
     atomic_store(&m->queued, queued);
+}
+
+void tp_metrics_set_shm_regions(tp_metrics *m, long regions)
+{
+    atomic_store(&m->shm_regions, regions);
 }
 
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s)
@@ -234,6 +240,9 @@ static void render_requests(sbuf *b, tp_metrics *m)
           atomic_load(&m->inflight));
     gauge(b, "tpserve_queue_size", "Requests waiting in the batcher queue.",
           atomic_load(&m->queued));
+    gauge(b, "tpserve_shm_regions",
+          "System shared memory regions registered (each holds one open fd; max_shm_regions caps them).",
+          atomic_load(&m->shm_regions));
 }
 
 static void render_batching(sbuf *b, tp_metrics *m, const tp_engine_stats *es)

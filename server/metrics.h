@@ -50,6 +50,8 @@ void tp_metrics_engine_wait(tp_metrics *m, int slept);
 void tp_metrics_pin_change(tp_metrics *m, int pinned);
 /* Gauges, set by the HTTP layer before rendering. */
 void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
+/* System shared memory regions registered (each holds an open fd). */
+void tp_metrics_set_shm_regions(tp_metrics *m, long regions);
 /* The engine's counters since load (copied). */
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
 

@@ -27,14 +27,31 @@ struct tp_shm_region {
 struct tp_shm_registry {
     pthread_mutex_t mu;
     tp_shm_region *head;
+    int max_regions;
+    /* Registered regions plus registrations under way: a slot is taken
+     * before the object is opened, so the server never holds more than
+     * max_regions objects open for registered names. */
+    int used;
 };
 
-tp_shm_registry *tp_shm_registry_create(void)
+tp_shm_registry *tp_shm_registry_create(int max_regions)
 {
     tp_shm_registry *g = calloc(1, sizeof *g);
-    if (g)
+    if (g) {
         pthread_mutex_init(&g->mu, NULL);
+        g->max_regions = max_regions;
+    }
     return g;
+}
+
+int tp_shm_count(tp_shm_registry *g)
+{
+    pthread_mutex_lock(&g->mu);
+    int n = 0;
+    for (const tp_shm_region *r = g->head; r; r = r->next)
+        n++;
+    pthread_mutex_unlock(&g->mu);
+    return n;
 }
 
 static void region_destroy(tp_shm_region *r)
@@ -75,21 +92,78 @@ static int key_ok(const char *s)
            strcmp(s, "/.") != 0 && strcmp(s, "/..") != 0;
 }
 
+/* What a key that is not a regular file names, from its st_mode. */
+static const char *kind_of_mode(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : "not a regular file";
+}
+
+/* What open's errno says the key names, when it says it is no shared
+ * memory object at all; NULL for any other error. */
+static const char *kind_of_errno(int e)
+{
+    return e == ELOOP ? "a symbolic link" /* O_NOFOLLOW on the last component */
+         /* O_RDWR on a directory; glibc's shm_open turns that EISDIR into
+          * EINVAL, which nothing else gives a key that passed key_ok */
+         : e == EISDIR || e == EINVAL ? "a directory"
+         : e == ENXIO ? "a socket or a device with nothing behind it"
+         : e == ENODEV || e == EOPNOTSUPP ? "a device or special file"
+         : NULL;
+}
+
+static tp_status fail_kind(const tp_shm_region *r, const char *kind, tp_err *err)
+{
+    return tp_fail(err, TP_INVALID, "shared memory region '%s': key '%s' is %s, not a shared "
+                   "memory object", r->name, r->key, kind);
+}
+
+/* O_NONBLOCK: opening a FIFO read-only waits for a writer, and the client
+ * decides whether one ever comes; with it the open returns at once and the
+ * fstat below refuses the FIFO (a device is not waited on either). */
+static int open_key(const char *key, int mode)
+{
+    return shm_open(key, mode | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+}
+
 /* Read-write if the object allows it, else read-only. */
 static tp_status open_object(tp_shm_region *r, tp_err *err)
 {
     r->writable = 1;
-    r->fd = shm_open(r->key, O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+    r->fd = open_key(r->key, O_RDWR);
     if (r->fd < 0 && (errno == EACCES || errno == EROFS)) {
         r->writable = 0;
-        r->fd = shm_open(r->key, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+        r->fd = open_key(r->key, O_RDONLY);
     }
     if (r->fd >= 0)
         return TP_OK;
     int e = errno;
+    const char *kind = kind_of_errno(e);
+    if (kind)
+        return fail_kind(r, kind, err);
     return tp_fail(err, e == ENOENT ? TP_NOT_FOUND : e == EACCES ? TP_INVALID : TP_IO,
                    "shared memory region '%s': cannot open key '%s': %s", r->name, r->key,
                    strerror(e));
+}
+
+/* Before anything else reads the fd: only a regular file (what shm_open
+ * creates) may back a region. Then O_NONBLOCK goes again: it was for the
+ * open only, and pread/pwrite on the object should behave as on any file. */
+static tp_status check_regular(tp_shm_region *r, uint64_t *size, tp_err *err)
+{
+    struct stat st;
+    if (fstat(r->fd, &st) != 0)
+        return tp_fail(err, TP_IO, "shared memory region '%s': fstat of key '%s': %s", r->name,
+                       r->key, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return fail_kind(r, kind_of_mode(st.st_mode), err);
+    int fl = fcntl(r->fd, F_GETFL);
+    if (fl < 0 || fcntl(r->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return tp_fail(err, TP_IO, "shared memory region '%s': fcntl of key '%s': %s", r->name,
+                       r->key, strerror(errno));
+    *size = (uint64_t)st.st_size;
+    return TP_OK;
 }
 
 /* The object's size now (it is the client's: it may change at any time). */
@@ -105,13 +179,10 @@ static tp_status object_size(const tp_shm_region *r, uint64_t *size, tp_err *err
 
 static tp_status check_object(tp_shm_region *r, tp_err *err)
 {
-    struct stat st;
-    if (fstat(r->fd, &st) != 0)
-        return tp_fail(err, TP_IO, "shared memory region '%s': fstat: %s", r->name, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return tp_fail(err, TP_INVALID, "shared memory region '%s': key '%s' is not a shared "
-                       "memory object", r->name, r->key);
-    uint64_t size = (uint64_t)st.st_size;
+    uint64_t size = 0;
+    tp_status st = check_regular(r, &size, err);
+    if (st != TP_OK)
+        return st;
     if (r->byte_size == 0)
         return tp_fail(err, TP_INVALID, "shared memory region '%s': byte_size 0 (a region holds "
                        "at least one byte)", r->name);
@@ -131,6 +202,71 @@ static tp_shm_region *find_locked(tp_shm_registry *g, const char *name)
     return NULL;
 }
 
+static tp_status fail_taken(const char *name, tp_err *err)
+{
+    return tp_fail(err, TP_INVALID, "shared memory region '%s' is already registered (unregister "
+                   "it first)", name);
+}
+
+/* One of the max_regions slots for name, taken before its object is opened:
+ * a client registering regions without end (each holds an fd) would
+ * otherwise run the server out of descriptors for everyone. A name already
+ * registered is refused as it always was, whatever the count. */
+static tp_status take_slot(tp_shm_registry *g, const char *name, const char *key, tp_err *err)
+{
+    tp_status st = TP_OK;
+    pthread_mutex_lock(&g->mu);
+    if (find_locked(g, name))
+        st = fail_taken(name, err);
+    else if (g->used >= g->max_regions)
+        st = tp_fail(err, TP_INVALID, "shared memory region '%s' (key '%s'): the server's limit "
+                     "of %d registered regions (max_shm_regions) is reached: unregister one "
+                     "first", name, key, g->max_regions);
+    else
+        g->used++;
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+static void give_slot(tp_shm_registry *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->used--;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Links r in, in the slot taken for it; a registration of the same name
+ * that raced past take_slot and finished first keeps the name. */
+static tp_status insert_region(tp_shm_registry *g, tp_shm_region *r, tp_err *err)
+{
+    tp_status st = TP_OK;
+    pthread_mutex_lock(&g->mu);
+    if (find_locked(g, r->name)) {
+        st = fail_taken(r->name, err);
+        g->used--;
+    } else {
+        r->next = g->head;
+        g->head = r;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+static tp_shm_region *region_new(const char *name, const char *key, uint64_t offset,
+                                 uint64_t byte_size)
+{
+    tp_shm_region *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    atomic_init(&r->refs, 1);
+    r->fd = -1;
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->key, sizeof r->key, "%s", key);
+    r->offset = offset;
+    r->byte_size = byte_size;
+    return r;
+}
+
 tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key, uint64_t offset,
                           uint64_t byte_size, tp_err *err)
 {
@@ -141,30 +277,18 @@ tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key,
         return tp_fail(err, TP_INVALID, "shared memory region '%s': key '%s' is not a shm_open "
                        "name ('/' then up to %d characters, no other '/')", name, key,
                        KEY_MAX_LEN - 1);
-    tp_shm_region *r = calloc(1, sizeof *r);
-    if (!r)
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    atomic_init(&r->refs, 1);
-    r->fd = -1;
-    snprintf(r->name, sizeof r->name, "%s", name);
-    snprintf(r->key, sizeof r->key, "%s", key);
-    r->offset = offset;
-    r->byte_size = byte_size;
-    tp_status st = open_object(r, err);
+    tp_status st = take_slot(g, name, key, err);
+    if (st != TP_OK)
+        return st;
+    tp_shm_region *r = region_new(name, key, offset, byte_size);
+    st = r ? open_object(r, err) : tp_fail(err, TP_NOMEM, "out of memory");
     if (st == TP_OK)
         st = check_object(r, err);
-    if (st == TP_OK) {
-        pthread_mutex_lock(&g->mu);
-        if (find_locked(g, name)) {
-            st = tp_fail(err, TP_INVALID, "shared memory region '%s' is already registered "
-                         "(unregister it first)", name);
-        } else {
-            r->next = g->head;
-            g->head = r;
-        }
-        pthread_mutex_unlock(&g->mu);
-    }
     if (st != TP_OK)
+        give_slot(g);
+    else
+        st = insert_region(g, r, err); /* gives the slot back itself when refused */
+    if (st != TP_OK && r)
         region_destroy(r);
     return st;
 }
@@ -172,6 +296,7 @@ tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key,
 tp_status tp_shm_unregister(tp_shm_registry *g, const char *name, tp_err *err)
 {
     tp_shm_region *gone = NULL;
+    int n = 0;
     pthread_mutex_lock(&g->mu);
     for (tp_shm_region **p = &g->head; *p;) {
         tp_shm_region *r = *p;
@@ -182,7 +307,9 @@ tp_status tp_shm_unregister(tp_shm_registry *g, const char *name, tp_err *err)
         *p = r->next;
         r->next = gone;
         gone = r;
+        n++;
     }
+    g->used -= n;
     pthread_mutex_unlock(&g->mu);
     if (name && !gone)
         return tp_fail(err, TP_NOT_FOUND, "no shared memory region '%s' is registered", name);

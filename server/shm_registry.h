@@ -6,7 +6,12 @@
  * of [A-Za-z0-9_.-]), the key (a shm_open name: "/" then 1..254 characters,
  * no other "/"), that the object is a regular shared memory object this
  * process may open read-write (or read-only: then outputs may not go there),
- * and that offset + byte_size lies inside it. Every use checks its span
+ * and that offset + byte_size lies inside it. The key is opened without
+ * following a symbolic link and without waiting (a FIFO would block a
+ * read-only open until the client chose to write), and anything but a
+ * regular file (FIFO, directory, socket, device, symbolic link) is refused
+ * before the server reads it. At most max_regions are registered at once:
+ * each holds its object open (one fd). Every use checks its span
  * against the region. Bytes are copied with pread/pwrite, never through a
  * mapping, so nothing a client does to its object (shrinking it while a
  * request reads or writes it) can fault the server: a short object is a
@@ -26,17 +31,23 @@
 typedef struct tp_shm_registry tp_shm_registry;
 typedef struct tp_shm_region tp_shm_region;
 
-tp_shm_registry *tp_shm_registry_create(void);
+/* max_regions (>= 1): registrations past it are refused until one is
+ * unregistered. */
+tp_shm_registry *tp_shm_registry_create(int max_regions);
 /* Unregisters everything; regions still held are unmapped by their last
  * release. NULL is a no-op. */
 void tp_shm_registry_free(tp_shm_registry *g);
 
-/* TP_INVALID with the reason (bad name or key, already registered, out of
- * bounds), TP_NOT_FOUND when the key names no object, TP_IO otherwise. */
+/* TP_INVALID with the reason (bad name or key, already registered, max_regions
+ * reached, not a regular file, out of bounds), TP_NOT_FOUND when the key
+ * names no object, TP_IO otherwise. */
 tp_status tp_shm_register(tp_shm_registry *g, const char *name, const char *key, uint64_t offset,
                           uint64_t byte_size, tp_err *err);
 /* name NULL: every region. TP_NOT_FOUND for an unknown name. */
 tp_status tp_shm_unregister(tp_shm_registry *g, const char *name, tp_err *err);
+/* Regions registered now (each holds one open fd; one unregistered while a
+ * request holds it keeps its fd until then, uncounted). */
+int tp_shm_count(tp_shm_registry *g);
 
 /* [{"name","key","offset","byte_size"}, ...] for one region (name) or all
  * (NULL); malloc'ed. NULL with err set: unknown name (TP_NOT_FOUND) or no

@@ -847,7 +847,7 @@ START_TEST(shm_shrunk_under_requests)
     char key[64];
     snprintf(key, sizeof key, "/tp_test_kserve_%d", (int)getpid());
     set_object_size(key, 64);
-    tp_shm_registry *g = tp_shm_registry_create();
+    tp_shm_registry *g = tp_shm_registry_create(4);
     tp_err e = {{0}};
     ck_assert_int_eq(tp_shm_register(g, "io", key, 0, 64, &e), TP_OK);
     tp_kserve_model m = one_model(TP_F32);

@@ -1,13 +1,21 @@
 /* test_shm_registry.c — system shared memory regions: what registration
  * checks, spans within bounds, read-only objects, an object shrunk (and
- * grown back) under a registered region, and unregistering a region a
- * request still holds. */
+ * grown back) under a registered region, unregistering a region a request
+ * still holds, keys that are no shared memory object (FIFO, directory,
+ * symbolic link, socket) and the cap on registered regions. */
+#include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_main.h"
@@ -39,7 +47,7 @@ static void expect(tp_status got, tp_status want, const tp_err *e, const char *w
 START_TEST(register_checks)
 {
     make_object(8192, 0600);
-    tp_shm_registry *g = tp_shm_registry_create();
+    tp_shm_registry *g = tp_shm_registry_create(16);
     tp_err e = {{0}};
     expect(tp_shm_register(g, "a/b", key, 0, 8, &e), TP_INVALID, &e, "region name");
     expect(tp_shm_register(g, "r", "no_slash", 0, 8, &e), TP_INVALID, &e, "not a shm_open name");
@@ -70,7 +78,7 @@ END_TEST
 START_TEST(status_and_unregister_in_use)
 {
     make_object(4096, 0600);
-    tp_shm_registry *g = tp_shm_registry_create();
+    tp_shm_registry *g = tp_shm_registry_create(16);
     tp_err e = {{0}};
     tp_status st;
     ck_assert_int_eq(tp_shm_register(g, "one", key, 0, 4096, &e), TP_OK);
@@ -129,7 +137,7 @@ static void resize_object(off_t size)
 START_TEST(shrunk_object)
 {
     make_object(8192, 0600);
-    tp_shm_registry *g = tp_shm_registry_create();
+    tp_shm_registry *g = tp_shm_registry_create(16);
     tp_err e = {{0}};
     ck_assert_int_eq(tp_shm_register(g, "r", key, 4096, 4096, &e), TP_OK);
     tp_shm_region *r = tp_shm_acquire(g, "r", &e);
@@ -166,7 +174,7 @@ START_TEST(read_only_object)
         return;
     }
     make_object(4096, 0400);
-    tp_shm_registry *g = tp_shm_registry_create();
+    tp_shm_registry *g = tp_shm_registry_create(16);
     tp_err e = {{0}};
     ck_assert_int_eq(tp_shm_register(g, "ro", key, 0, 4096, &e), TP_OK);
     tp_shm_region *r = tp_shm_acquire(g, "ro", &e);
@@ -174,6 +182,150 @@ START_TEST(read_only_object)
     ck_assert_int_eq(tp_shm_read(r, 0, buf, 16, &e), TP_OK);
     expect(tp_shm_write(r, 0, buf, 16, &e), TP_INVALID, &e, "read-only");
     tp_shm_release(r);
+    tp_shm_registry_free(g);
+    shm_unlink(key);
+}
+END_TEST
+
+/* The path under /dev/shm that shm_open uses for the key "/NAME_pid", which
+ * goes to k. */
+static void odd_key(const char *name, char *k, size_t ksize, char *path, size_t psize)
+{
+    snprintf(k, ksize, "/tp_test_%s_%d", name, (int)getpid());
+    snprintf(path, psize, "/dev/shm%s", k);
+    unlink(path);
+    rmdir(path);
+}
+
+/* Registers k in a child process that is not root (root becomes nobody
+ * first), so that read-write is refused and the read-only open is tried:
+ * on a FIFO that open used to wait for a writer for ever. A hang is caught
+ * by Check's timeout (the child dies with the test: PR_SET_PDEATHSIG). The
+ * child's status and message come back through a pipe. */
+static tp_status register_unprivileged(const char *k, tp_err *e)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        tp_err ce = {{0}};
+        tp_status st = TP_INTERNAL;
+        if (geteuid() != 0 || (setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
+                               setresuid(65534, 65534, 65534) == 0)) {
+            tp_shm_registry *g = tp_shm_registry_create(4);
+            st = tp_shm_register(g, "odd", k, 0, 8, &ce);
+            tp_shm_registry_free(g);
+        } else {
+            snprintf(ce.msg, sizeof ce.msg, "cannot become nobody: %s", strerror(errno));
+        }
+        int ok = write(p[1], &st, sizeof st) == sizeof st &&
+                 write(p[1], ce.msg, sizeof ce.msg) == sizeof ce.msg;
+        _exit(ok ? 0 : 1);
+    }
+    close(p[1]);
+    tp_status st = TP_INTERNAL;
+    ck_assert_int_eq(read(p[0], &st, sizeof st), sizeof st);
+    ck_assert_int_eq(read(p[0], e->msg, sizeof e->msg), sizeof e->msg);
+    close(p[0]);
+    int ws = 0;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child status %d", ws);
+    return st;
+}
+
+/* A FIFO key: refused at once naming it, whether the server may open it
+ * read-write (root: the open succeeds, fstat refuses) or only read-only
+ * (mode 0444, opened by a non-root process: the open that used to block
+ * until a writer came, which hung the HTTP thread, its probes and
+ * SIGTERM). */
+START_TEST(fifo_key)
+{
+    char k[64], path[96];
+    odd_key("fifo", k, sizeof k, path, sizeof path);
+    ck_assert_int_eq(mkfifo(path, 0444), 0);
+    ck_assert_int_eq(chmod(path, 0444), 0); /* whatever the umask */
+    tp_err e = {{0}};
+    const char *want = "is a FIFO, not a shared memory object";
+    expect(register_unprivileged(k, &e), TP_INVALID, &e, want);
+    ck_assert_msg(strstr(e.msg, "region 'odd'") && strstr(e.msg, k), "%s", e.msg);
+    tp_shm_registry *g = tp_shm_registry_create(4);
+    expect(tp_shm_register(g, "f", k, 0, 8, &e), TP_INVALID, &e, want);
+    ck_assert_int_eq(tp_shm_count(g), 0);
+    tp_shm_registry_free(g);
+    unlink(path);
+}
+END_TEST
+
+/* A directory, a symbolic link (even to a good object) and a socket are
+ * refused as the client's error (400), naming what the key is; a symbolic
+ * link and a directory used to be TP_IO (500). */
+START_TEST(other_non_objects)
+{
+    char k[64], path[96];
+    tp_err e = {{0}};
+    tp_shm_registry *g = tp_shm_registry_create(4);
+    odd_key("dir", k, sizeof k, path, sizeof path);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    expect(tp_shm_register(g, "d", k, 0, 8, &e), TP_INVALID, &e,
+           "is a directory, not a shared memory object");
+    expect(register_unprivileged(k, &e), TP_INVALID, &e, "is a directory");
+    rmdir(path);
+
+    make_object(4096, 0644);
+    char target[96];
+    snprintf(target, sizeof target, "/dev/shm%s", key);
+    odd_key("link", k, sizeof k, path, sizeof path);
+    ck_assert_int_eq(symlink(target, path), 0);
+    expect(tp_shm_register(g, "l", k, 0, 8, &e), TP_INVALID, &e,
+           "is a symbolic link, not a shared memory object");
+    ck_assert_msg(strstr(e.msg, "region 'l'") && strstr(e.msg, k), "%s", e.msg);
+    unlink(path);
+    shm_unlink(key);
+
+    odd_key("sock", k, sizeof k, path, sizeof path);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    ck_assert_int_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    expect(tp_shm_register(g, "s", k, 0, 8, &e), TP_INVALID, &e, "is a socket");
+    close(s);
+    unlink(path);
+    ck_assert_int_eq(tp_shm_count(g), 0);
+    tp_shm_registry_free(g);
+}
+END_TEST
+
+/* At most max_regions are registered: one more is refused naming the limit
+ * and the key, a name already registered is still told so, a refused
+ * registration takes no slot, and unregistering frees one. */
+START_TEST(region_cap)
+{
+    make_object(4096, 0600);
+    tp_shm_registry *g = tp_shm_registry_create(3);
+    tp_err e = {{0}};
+    ck_assert_int_eq(tp_shm_register(g, "r0", key, 0, 8, &e), TP_OK);
+    expect(tp_shm_register(g, "r1", key, 4000, 200, &e), TP_INVALID, &e, "does not fit");
+    ck_assert_int_eq(tp_shm_register(g, "r1", key, 0, 8, &e), TP_OK);
+    ck_assert_int_eq(tp_shm_register(g, "r2", key, 0, 8, &e), TP_OK);
+    ck_assert_int_eq(tp_shm_count(g), 3);
+    expect(tp_shm_register(g, "r3", key, 0, 8, &e), TP_INVALID, &e,
+           "limit of 3 registered regions (max_shm_regions) is reached");
+    ck_assert_msg(strstr(e.msg, "'r3'") && strstr(e.msg, key), "%s", e.msg);
+    expect(tp_shm_register(g, "r0", key, 0, 8, &e), TP_INVALID, &e, "already registered");
+    ck_assert_int_eq(tp_shm_unregister(g, "r1", &e), TP_OK);
+    ck_assert_int_eq(tp_shm_count(g), 2);
+    ck_assert_int_eq(tp_shm_register(g, "r3", key, 0, 8, &e), TP_OK);
+    expect(tp_shm_register(g, "r4", key, 0, 8, &e), TP_INVALID, &e, "limit of 3");
+    ck_assert_int_eq(tp_shm_unregister(g, NULL, &e), TP_OK); /* all: every slot back */
+    ck_assert_int_eq(tp_shm_count(g), 0);
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "n%d", i);
+        ck_assert_int_eq(tp_shm_register(g, name, key, 0, 8, &e), TP_OK);
+    }
+    expect(tp_shm_register(g, "n3", key, 0, 8, &e), TP_INVALID, &e, "limit of 3");
     tp_shm_registry_free(g);
     shm_unlink(key);
 }
@@ -187,6 +339,9 @@ static Suite *shm_suite(void)
     tcase_add_test(t, status_and_unregister_in_use);
     tcase_add_test(t, shrunk_object);
     tcase_add_test(t, read_only_object);
+    tcase_add_test(t, fifo_key);
+    tcase_add_test(t, other_non_objects);
+    tcase_add_test(t, region_cap);
     suite_add_tcase(s, t);
     return s;
 }
