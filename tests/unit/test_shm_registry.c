@@ -321,7 +321,7 @@ START_TEST(region_cap)
     ck_assert_int_eq(tp_shm_unregister(g, NULL, &e), TP_OK); /* all: every slot back */
     ck_assert_int_eq(tp_shm_count(g), 0);
     for (int i = 0; i < 3; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "n%d", i);
         ck_assert_int_eq(tp_shm_register(g, name, key, 0, 8, &e), TP_OK);
     }
