@@ -46,6 +46,19 @@ typedef struct {
     /* PROCESSES without worker_argv: the unix socket path to listen on.
      * WORKER: the path to connect to (NULL: TP_GROUP_FD from the leader). */
     const char *rendezvous;
+    /* The rendezvous's group secret, which a joining rank's hello carries
+     * (spawned workers need none: they inherit the memory itself, never
+     * reaching a socket). PROCESSES: the file to read it from (64 hex
+     * digits; owned by this process's uid, no access for group or others),
+     * or NULL: a new one from getrandom, written to "<rendezvous>.secret"
+     * (created anew, mode 0600, removed once the rendezvous ends). WORKER:
+     * the file to read (NULL: "<rendezvous>.secret"). */
+    const char *secret_file;
+    /* PROCESSES with rendezvous: a joiner's uid (the kernel's, SO_PEERCRED)
+     * must be this process's effective uid or join_uid; -1: only the former.
+     * Mind that 0, a zeroed opts', is root (who could read this process's
+     * memory anyway). */
+    int join_uid;
     int rank;                 /* WORKER: this process's rank, 1..world-1 */
     size_t staging_bytes;     /* PROCESSES: request staging (0: 256 MiB) */
     size_t heap_bytes;        /* PROCESSES: per-rank heap for cpu (0: 4 GiB) */

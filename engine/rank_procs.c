@@ -5,7 +5,9 @@
  * sparse, so the defaults (256 MiB staging, 4 GiB per rank) cost address
  * space, not memory; a memfd also avoids /dev/shm, which containers often
  * cap at 64 MiB. Spawned workers inherit it as fd 3; external ranks get it
- * over the rendezvous unix socket (SCM_RIGHTS).
+ * over the rendezvous unix socket (SCM_RIGHTS), once the leader has checked
+ * who they are (their uid, from the kernel) and that they know the group's
+ * secret: that fd is every rank's memory, weights and requests included.
  *
  * Synchronization is C11 atomics plus futexes on shared words rather than
  * process-shared mutexes: a process that dies mid-step cannot leave a lock
@@ -37,6 +39,7 @@
  * consumed), so a command and the run that follows it cannot race. */
 #include "rank_procs.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <fcntl.h>
@@ -48,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -58,6 +62,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "log.h"
 #include "spin_wait.h"
 #include "text.h"
 
@@ -80,6 +85,14 @@
 #define CMD_SPIN_FACTOR 4
 #define GROUP_FD 3
 #define QUIT_GRACE_MS 5000
+/* How long the leader waits for a joiner's hello, from its connection.
+ * Joiners are admitted one at a time, so a silent one holds the others
+ * back this long; only a process of an admitted uid gets that far (a
+ * foreign one is refused before anything is read), and such a process
+ * could signal the leader anyway. The join timeout bounds the total. */
+#define HELLO_WAIT_MS 2000
+/* "<rendezvous>.secret": the rendezvous path fits a sun_path */
+#define SECRET_PATH_BYTES (sizeof(((struct sockaddr_un *)0)->sun_path) + sizeof ".secret")
 
 extern char **environ;
 
@@ -151,6 +164,13 @@ struct tp_rank_procs {
     pthread_t watcher;
     void (*on_lost)(void *arg);
     void *on_lost_arg;
+    /* The leader at a rendezvous: the group secret, who may join (its own
+     * effective uid, and join_uid unless -1), and the secret file it wrote
+     * itself, removed when the rendezvous ends ("": none). */
+    char secret[TP_RANK_SECRET_CHARS];
+    uint32_t uid;
+    int join_uid;
+    char secret_written[SECRET_PATH_BYTES];
 };
 
 /* ------------------------------------------------------------ waiting */
@@ -566,8 +586,124 @@ static tp_status spawn_worker(tp_rank_procs *p, int r, char *const *argv, tp_err
 typedef struct {
     uint32_t magic;
     int32_t rank, world, pid;
+    char secret[TP_RANK_SECRET_CHARS]; /* hex digits, no terminator */
 } hello;
 _Static_assert(sizeof(hello) == TP_RANK_HELLO_BYTES, "the hello is part of the rendezvous protocol");
+
+/* ------------------------------------------------------------ the group secret
+ *
+ * 32 random bytes as 64 hex digits: text, so an operator can make one
+ * (`openssl rand -hex 32`) and hand the same file to leader and ranks. It
+ * never travels in argv or the environment (both readable in /proc by
+ * anyone): only in files of mode 0600 and in the hello. */
+
+static tp_status secret_path(const char *rendezvous, char *buf, size_t cap, tp_err *err)
+{
+    if ((size_t)snprintf(buf, cap, "%s.secret", rendezvous) >= cap)
+        return tp_fail(err, TP_INVALID, "rendezvous path '%s' is longer than %zu bytes", rendezvous,
+                       cap - sizeof ".secret");
+    return TP_OK;
+}
+
+static tp_status make_secret(char out[TP_RANK_SECRET_CHARS], tp_err *err)
+{
+    unsigned char raw[TP_RANK_SECRET_CHARS / 2];
+    for (size_t got = 0; got < sizeof raw;) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno != EINTR)
+            return tp_fail(err, TP_IO, "rendezvous: cannot make the group secret: getrandom: %s", strerror(errno));
+        got += n > 0 ? (size_t)n : 0;
+    }
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        out[2 * i] = digits[raw[i] >> 4];
+        out[2 * i + 1] = digits[raw[i] & 15];
+    }
+    return TP_OK;
+}
+
+/* The secret in a file of this process's uid that nobody else may read or
+ * write (one others could write would let them choose it): 64 hex digits,
+ * then at most whitespace. The checks are on the file opened (fstat), so a
+ * symlink to it (a Kubernetes secret volume's) is fine. */
+static tp_status read_secret(const char *path, char out[TP_RANK_SECRET_CHARS], tp_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return tp_fail(err, TP_IO, "rendezvous secret file '%s': cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    char buf[TP_RANK_SECRET_CHARS + 16];
+    ssize_t n = 0;
+    tp_status st = TP_OK;
+    if (fstat(fd, &sb) != 0)
+        st = tp_fail(err, TP_IO, "rendezvous secret file '%s': %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = tp_fail(err, TP_INVALID, "rendezvous secret file '%s' is not a regular file", path);
+    else if (sb.st_uid != geteuid())
+        st = tp_fail(err, TP_INVALID, "rendezvous secret file '%s' is owned by uid %u, not by this process's (%u)",
+                     path, (unsigned)sb.st_uid, (unsigned)geteuid());
+    else if (sb.st_mode & 077)
+        st = tp_fail(err, TP_INVALID, "rendezvous secret file '%s' is open to group or others (mode %04o): "
+                     "chmod 600 it", path, (unsigned)(sb.st_mode & 07777));
+    else if ((n = read(fd, buf, sizeof buf)) < 0)
+        st = tp_fail(err, TP_IO, "rendezvous secret file '%s': cannot read: %s", path, strerror(errno));
+    close(fd);
+    if (st != TP_OK)
+        return st;
+    int ok = n >= TP_RANK_SECRET_CHARS && n < (ssize_t)sizeof buf;
+    for (ssize_t i = 0; ok && i < n; i++)
+        ok = i < TP_RANK_SECRET_CHARS ? isxdigit((unsigned char)buf[i]) != 0 : isspace((unsigned char)buf[i]) != 0;
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "rendezvous secret file '%s' does not hold a secret of %d hex digits "
+                       "(make one with `openssl rand -hex 32`)", path, TP_RANK_SECRET_CHARS);
+    memcpy(out, buf, TP_RANK_SECRET_CHARS);
+    return TP_OK;
+}
+
+/* A new file at path, mode 0600, holding the secret. A stale one (a leader
+ * killed mid-rendezvous leaves it) is removed first; O_EXCL then makes sure
+ * the file written is ours: a file or symlink someone else left there
+ * where we cannot remove it (a sticky /tmp) fails the create. */
+static tp_status write_secret(const char *path, const char secret[TP_RANK_SECRET_CHARS], tp_err *err)
+{
+    if (unlink(path) != 0 && errno != ENOENT)
+        return tp_fail(err, TP_IO, "rendezvous secret file '%s' exists and cannot be removed: %s", path,
+                       strerror(errno));
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return tp_fail(err, TP_IO, "rendezvous secret file '%s': cannot create: %s", path, strerror(errno));
+    char line[TP_RANK_SECRET_CHARS + 1];
+    memcpy(line, secret, TP_RANK_SECRET_CHARS);
+    line[TP_RANK_SECRET_CHARS] = '\n';
+    int ok = write(fd, line, sizeof line) == (ssize_t)sizeof line;
+    int saved = errno;
+    if (close(fd) != 0 || !ok) {
+        unlink(path);
+        return tp_fail(err, TP_IO, "rendezvous secret file '%s': cannot write: %s", path,
+                       strerror(ok ? errno : saved));
+    }
+    return TP_OK;
+}
+
+/* The leader's secret: read from secret_file, or made and written to
+ * "<rendezvous>.secret" (logged: the ranks' operator needs to know where). */
+static tp_status leader_secret(tp_rank_procs *p, const tp_rank_group_opts *o, tp_err *err)
+{
+    if (o->secret_file)
+        return read_secret(o->secret_file, p->secret, err);
+    char path[SECRET_PATH_BYTES];
+    tp_status st = secret_path(o->rendezvous, path, sizeof path, err);
+    if (st == TP_OK)
+        st = make_secret(p->secret, err);
+    if (st == TP_OK)
+        st = write_secret(path, p->secret, err);
+    if (st != TP_OK)
+        return st;
+    snprintf(p->secret_written, sizeof p->secret_written, "%s", path);
+    TP_LOG_I("rendezvous '%s': group secret written to '%s' (mode 0600, removed once the ranks joined): "
+             "a rank joining must be able to read it", o->rendezvous, path);
+    return TP_OK;
+}
 
 static tp_status unix_addr(const char *path, struct sockaddr_un *a, tp_err *err)
 {
@@ -617,24 +753,66 @@ static void reply(int s, const char *text, int fd)
     (void)!sendmsg(s, &m, MSG_NOSIGNAL);
 }
 
-/* The pid of the process at the other end of unix socket s, as the kernel
- * numbers it in our pid namespace (0: it has no number here), whatever it
- * says about itself. */
+/* Who is at the other end of unix socket s, as the kernel says (as of its
+ * connect), whatever it says about itself: its pid as our pid namespace
+ * numbers it (0: it has no number here) and its effective uid. 0 when the
+ * kernel gives none. */
+static int peer_cred(int s, struct ucred *cr)
+{
+    socklen_t len = sizeof *cr;
+    return getsockopt(s, SOL_SOCKET, SO_PEERCRED, cr, &len) == 0 && len == sizeof *cr;
+}
+
 static pid_t peer_pid(int s)
 {
     struct ucred cr;
-    socklen_t len = sizeof cr;
-    return getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 ? cr.pid : 0;
+    return peer_cred(s, &cr) ? cr.pid : 0;
 }
 
-int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, char *why, size_t cap)
+int tp_rank_uid_check(uint32_t peer_uid, uint32_t own_uid, int join_uid, char *why, size_t cap)
+{
+    if (peer_uid == own_uid || (join_uid >= 0 && peer_uid == (uint32_t)join_uid))
+        return 1;
+    if (join_uid >= 0)
+        snprintf(why, cap, "error: uid %u may not join: only the leader's (%u) and rendezvous_uid %d may",
+                 (unsigned)peer_uid, (unsigned)own_uid, join_uid);
+    else
+        snprintf(why, cap, "error: uid %u may not join: only the leader's (%u) may (see rendezvous_uid)",
+                 (unsigned)peer_uid, (unsigned)own_uid);
+    return 0;
+}
+
+/* Whether a and b, n bytes each, are the same, in a time that does not
+ * depend on where they differ (nothing learns the secret byte by byte). */
+static int same_secret(const char *a, const char *b, size_t n)
+{
+    unsigned char d = 0;
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, const char *secret, char *why,
+                        size_t cap)
 {
     hello h;
-    if (n != sizeof h || (memcpy(&h, bytes, sizeof h), h.magic != CTL_MAGIC)) {
+    uint32_t magic = 0;
+    if (n >= sizeof magic)
+        memcpy(&magic, bytes, sizeof magic);
+    if (magic != CTL_MAGIC || n > sizeof h || n < offsetof(hello, secret)) {
         snprintf(why, cap, "error: not a tpserve rank");
         return 0;
     }
-    if (h.world != world)
+    /* before anything else: nobody without it learns the group's state */
+    if (n < sizeof h) {
+        snprintf(why, cap, "error: the hello has no whole group secret (%zu of its %d hex digits; "
+                 "a worker older than its leader?)", n - offsetof(hello, secret), TP_RANK_SECRET_CHARS);
+        return 0;
+    }
+    memcpy(&h, bytes, sizeof h);
+    if (!same_secret(h.secret, secret, TP_RANK_SECRET_CHARS))
+        snprintf(why, cap, "error: wrong group secret");
+    else if (h.world != world)
         snprintf(why, cap, "error: WORLD_SIZE %d, but the graph has world_size %d", (int)h.world, world);
     else if (h.rank < 1 || h.rank >= world)
         snprintf(why, cap, "error: RANK %d out of range 1..%d (rank 0 is the leader)", (int)h.rank, world - 1);
@@ -645,25 +823,58 @@ int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *j
     return 0;
 }
 
-/* One joining rank: checks what it says it is, then hands it the memory
- * and keeps the connection (peer_sock). Its pid is the kernel's, not its
- * hello's: it is what a hung rank's SIGKILL goes to, and h.pid (the
- * joiner's getpid()) may be a lie, or a number in another namespace. */
-static int admit(tp_rank_procs *p, int s)
+/* Up to sizeof *h bytes of a joiner's hello, waiting at most HELLO_WAIT_MS
+ * in all: a joiner that sends part of one and then nothing must not hold
+ * the rendezvous (a blocking recv with MSG_WAITALL waited for it forever). */
+static size_t read_hello(int s, hello *h)
 {
-    hello h;
-    struct pollfd pf = {s, POLLIN, 0};
-    ssize_t n = poll(&pf, 1, 2000) == 1 ? recv(s, &h, sizeof h, MSG_WAITALL) : -1;
-    int32_t joined[TP_GROUP_MAX_PROCESSES];
-    for (int r = 0; r < p->world; r++)
-        joined[r] = p->peer_sock[r] >= 0 ? p->pid[r] : -1;
+    size_t got = 0;
+    int64_t deadline = tp_now_ms_int() + HELLO_WAIT_MS;
+    while (got < sizeof *h) {
+        int64_t left = deadline - tp_now_ms_int();
+        struct pollfd pf = {s, POLLIN, 0};
+        int r = left > 0 ? poll(&pf, 1, (int)left) : 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        ssize_t n = r == 1 ? recv(s, (char *)h + got, sizeof *h - got, MSG_DONTWAIT) : -1;
+        if (n < 0 && r == 1 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got;
+}
+
+/* One joiner: who it is (the kernel's uid), then what it says (its hello,
+ * with the group secret); only then does it take a rank's slot, receive
+ * the memory and keep the connection (peer_sock). A refusal is logged with
+ * the kernel's pid and uid and answered with why. Its pid is the kernel's,
+ * not its hello's: it is what a hung rank's SIGKILL goes to, and h.pid (the
+ * joiner's getpid()) may be a lie, or a number in another namespace. */
+static int admit(tp_rank_procs *p, const char *path, int s)
+{
+    struct ucred cr;
     char why[200];
-    int rank = tp_rank_hello_check(&h, n > 0 ? (size_t)n : 0, p->world, joined, why, sizeof why);
+    int rank = 0;
+    if (!peer_cred(s, &cr)) {
+        cr = (struct ucred){0, (uid_t)-1, (gid_t)-1};
+        snprintf(why, sizeof why, "error: the kernel gives no credentials for this connection");
+    } else if (tp_rank_uid_check(cr.uid, p->uid, p->join_uid, why, sizeof why)) {
+        hello h;
+        size_t n = read_hello(s, &h);
+        int32_t joined[TP_GROUP_MAX_PROCESSES];
+        for (int r = 0; r < p->world; r++)
+            joined[r] = p->peer_sock[r] >= 0 ? p->pid[r] : -1;
+        rank = tp_rank_hello_check(&h, n, p->world, joined, p->secret, why, sizeof why);
+    }
     if (!rank) {
+        TP_LOG_W("rendezvous '%s': refused a joiner (pid %d, uid %d): %s", path, (int)cr.pid, (int)cr.uid,
+                 why + (strncmp(why, "error: ", 7) == 0 ? 7 : 0));
         reply(s, why, -1);
         return 0;
     }
-    p->pid[rank] = peer_pid(s);
+    p->pid[rank] = cr.pid;
     p->peer_sock[rank] = s;
     reply(s, "ok", p->fd);
     return 1;
@@ -689,7 +900,7 @@ static tp_status accept_ranks(tp_rank_procs *p, const char *path, tp_err *err)
         if (!(pf.revents & POLLIN))
             continue;
         int s = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
-        if (s >= 0 && admit(p, s))
+        if (s >= 0 && admit(p, path, s))
             joined++;
         else if (s >= 0)
             close(s);
@@ -698,6 +909,11 @@ static tp_status accept_ranks(tp_rank_procs *p, const char *path, tp_err *err)
         close(ls);
         unlink(path);
     }
+    /* nobody needs it once the socket is gone */
+    if (p->secret_written[0])
+        unlink(p->secret_written);
+    p->secret_written[0] = 0;
+    explicit_bzero(p->secret, sizeof p->secret);
     return st;
 }
 
@@ -711,7 +927,21 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
     for (;;) {
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) {
-            hello h = {CTL_MAGIC, o->rank, o->world, getpid()};
+            /* Read now, not before: a leader writes its secret file before
+             * it listens, so a rank started first finds it once it connects. */
+            hello h = {CTL_MAGIC, o->rank, o->world, getpid(), {0}};
+            char own_path[SECRET_PATH_BYTES];
+            const char *spath = o->secret_file;
+            tp_status st = spath ? TP_OK : secret_path(path, own_path, sizeof own_path, err);
+            if (st == TP_OK && !spath)
+                spath = own_path;
+            if (st == TP_OK)
+                st = read_secret(spath, h.secret, err);
+            if (st != TP_OK) {
+                close(s);
+                tp_err_prefix(err, "rendezvous '%s': rank %d: ", path, o->rank);
+                return st;
+            }
             char buf[256] = "";
             union {
                 char b[CMSG_SPACE(sizeof(int))];
@@ -719,7 +949,9 @@ static tp_status join_rendezvous(tp_rank_procs *p, const char *path, const tp_ra
             } u;
             struct iovec iov = {buf, sizeof buf};
             struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-            ssize_t n = send(s, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h ? recvmsg(s, &m, MSG_WAITALL) : -1;
+            int sent = send(s, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h;
+            explicit_bzero(h.secret, sizeof h.secret);
+            ssize_t n = sent ? recvmsg(s, &m, MSG_WAITALL) : -1;
             struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
             buf[sizeof buf - 1] = 0;
             if (n <= 0 || strcmp(buf, "ok") != 0 || !c || c->cmsg_type != SCM_RIGHTS) {
@@ -769,8 +1001,13 @@ static tp_status create_leader(tp_rank_procs *p, const tp_rank_group_opts *o, tp
     if (st == TP_OK && o->worker_argv)
         for (int r = 1; st == TP_OK && r < p->world; r++)
             st = spawn_worker(p, r, o->worker_argv, err);
-    else if (st == TP_OK && o->rendezvous)
-        st = accept_ranks(p, o->rendezvous, err);
+    else if (st == TP_OK && o->rendezvous) {
+        p->uid = (uint32_t)geteuid();
+        p->join_uid = o->join_uid;
+        st = leader_secret(p, o, err);
+        if (st == TP_OK)
+            st = accept_ranks(p, o->rendezvous, err);
+    }
     else if (st == TP_OK)
         st = tp_fail(err, TP_INVALID, "rank group: processes need worker argv or a rendezvous path");
     return st == TP_OK ? wait_joined(p, err) : st;

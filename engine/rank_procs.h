@@ -18,14 +18,27 @@ enum { TP_POLL_ABORT = 1, TP_POLL_LOST = 2 };
  * once all have joined. Worker: joins from TP_GROUP_FD or the rendezvous.
  * Its waits inside a step spin for spin_ns before they sleep. */
 tp_status tp_rank_procs_create(const tp_rank_group_opts *o, int64_t spin_ns, tp_rank_procs **out, tp_err *err);
-/* The rendezvous. A joining rank's first bytes: its hello. The leader
- * checks the n bytes it got against a group of `world` processes, where
- * joined[r] is rank r's pid once it is in (0: it has no number in this pid
- * namespace) and -1 before: returns the rank to admit, or 0 with why, a
- * terminated line ("error: ...") sent back to the joiner as it is. The
- * pid a hello names is never used (the leader asks the kernel). */
-enum { TP_RANK_HELLO_BYTES = 16 };
-int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, char *why, size_t cap);
+/* The rendezvous. Any local process that can reach the socket may
+ * connect, so the leader admits a joiner in two checks, each refusing with
+ * why, a terminated line ("error: ...") sent back to the joiner as it is,
+ * and neither taking a rank's slot unless both pass.
+ *
+ * First who it is: tp_rank_uid_check of the joiner's uid, the kernel's
+ * (SO_PEERCRED), before a byte is read from it: it must be own_uid (the
+ * leader's) or join_uid (-1: none). Returns 1 to go on, or 0 with why.
+ *
+ * Then what it says, its hello: its first TP_RANK_HELLO_BYTES bytes,
+ * carrying the group secret (TP_RANK_SECRET_CHARS hex digits, compared in
+ * constant time) before anything else is looked at. tp_rank_hello_check
+ * checks the n bytes it got against a group of `world` processes whose
+ * secret is `secret`, where joined[r] is rank r's pid once it is in (0: it
+ * has no number in this pid namespace) and -1 before: returns the rank to
+ * admit, or 0 with why. The pid a hello names is never used (the leader
+ * asks the kernel). */
+enum { TP_RANK_SECRET_CHARS = 64, TP_RANK_HELLO_BYTES = 16 + TP_RANK_SECRET_CHARS };
+int tp_rank_uid_check(uint32_t peer_uid, uint32_t own_uid, int join_uid, char *why, size_t cap);
+int tp_rank_hello_check(const void *bytes, size_t n, int world, const int32_t *joined, const char *secret, char *why,
+                        size_t cap);
 /* Leader: tells the workers to quit and reaps them (killing stragglers). */
 void tp_rank_procs_stop(tp_rank_procs *p);
 void tp_rank_procs_free(tp_rank_procs *p);

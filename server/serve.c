@@ -344,6 +344,8 @@ static tp_rank_group_opts group_opts(const tp_config *c, char *const *worker_arg
         .mode = TP_GROUP_PROCESSES,
         .worker_argv = c->rendezvous[0] ? NULL : worker_argv,
         .rendezvous = c->rendezvous[0] ? c->rendezvous : NULL,
+        .secret_file = c->rendezvous_secret_file[0] ? c->rendezvous_secret_file : NULL,
+        .join_uid = c->rendezvous_uid,
         .staging_bytes = (size_t)c->staging_mb << 20,
         .heap_bytes = (size_t)c->rank_heap_mb << 20,
         .step_timeout_ms = c->step_timeout_ms,

@@ -50,11 +50,12 @@ void tp_worker_argv_free(char **argv)
 void tp_worker_usage(FILE *out)
 {
     fprintf(out,
-            "  tpserve worker GRAPH.json [--rendezvous PATH] [--backend B] [--buckets LIST]\n"
-            "              [--no-passes] [--disable-pass NAME] [--eager]\n"
+            "  tpserve worker GRAPH.json [--rendezvous PATH [--rendezvous-secret-file F]]\n"
+            "              [--backend B] [--buckets LIST] [--no-passes] [--disable-pass NAME] [--eager]\n"
             "      one rank of a process group (RANK/WORLD_SIZE, or TP_RANK/TP_WORLD_SIZE\n"
             "      from a leader); started by `serve --ranks processes`, or by hand with\n"
-            "      --rendezvous to join a leader started with the same PATH\n");
+            "      --rendezvous to join a leader started with the same PATH, presenting the\n"
+            "      group secret from F (or TP_RENDEZVOUS_SECRET_FILE; default PATH.secret)\n");
 }
 
 static int env_int(const char *a, const char *b, int dflt)
@@ -73,8 +74,8 @@ static int fail(const char *msg, int rank)
 
 int tp_worker_main(int argc, char **argv)
 {
-    static const char usage[] = "usage: tpserve worker GRAPH.json [--rendezvous PATH] [--backend B] [--buckets LIST] "
-                                "[--no-passes] [--disable-pass NAME] [--eager]";
+    static const char usage[] = "usage: tpserve worker GRAPH.json [--rendezvous PATH [--rendezvous-secret-file F]] "
+                                "[--backend B] [--buckets LIST] [--no-passes] [--disable-pass NAME] [--eager]";
     tp_rank_group_opts go = {.mode = TP_GROUP_WORKER};
     go.rank = env_int("TP_RANK", "RANK", -1);
     go.world = env_int("TP_WORLD_SIZE", "WORLD_SIZE", -1);
@@ -93,6 +94,8 @@ int tp_worker_main(int argc, char **argv)
             buckets = argv[++i];
         else if (strcmp(argv[i], "--rendezvous") == 0 && i + 1 < argc)
             go.rendezvous = argv[++i];
+        else if (strcmp(argv[i], "--rendezvous-secret-file") == 0 && i + 1 < argc)
+            go.secret_file = argv[++i];
         else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
@@ -102,6 +105,10 @@ int tp_worker_main(int argc, char **argv)
         return fail(usage, go.rank);
     if (go.rank < 1 || go.world < 2)
         return fail("needs RANK (1..WORLD_SIZE-1) and WORLD_SIZE (>= 2) in the environment", go.rank);
+    /* the path only: the secret itself never goes in argv or the
+     * environment, which anyone may read in /proc */
+    if (!go.secret_file)
+        go.secret_file = getenv("TP_RENDEZVOUS_SECRET_FILE");
     /* A leader's blocked signals survive exec; this process obeys its own. */
     sigset_t none;
     sigemptyset(&none);

@@ -4,8 +4,9 @@
  * a failure anywhere is the same error everywhere; a dead worker makes the
  * step fail naming its rank and signal, without hanging a rank that waits
  * for it; external ranks join over the rendezvous socket and bad ones are
- * refused; each process's caller runs its rank itself; an idle group sleeps
- * and hears of a death at once.
+ * refused (a foreign uid, a wrong group secret: impostors take no rank's
+ * slot, and one that says nothing holds nobody up); each process's caller
+ * runs its rank itself; an idle group sleeps and hears of a death at once.
  *
  * The thread rank group: steps back to back from several callers, a rank
  * failing mid-step, an abort reaching ranks that sleep or spin in a
@@ -18,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,7 +66,8 @@ static tp_status write_rank(void *p, int rank, tp_err *err)
 static int worker_main(const char *scenario)
 {
     tp_rank_group_opts o = {.mode = TP_GROUP_WORKER, .rank = atoi(getenv("TP_RANK")),
-                            .world = atoi(getenv("TP_WORLD_SIZE")), .rendezvous = getenv("TEST_RENDEZVOUS")};
+                            .world = atoi(getenv("TP_WORLD_SIZE")), .rendezvous = getenv("TEST_RENDEZVOUS"),
+                            .secret_file = getenv("TEST_SECRET_FILE")};
     if (strcmp(scenario, "prewake") == 0)
         o.spin_ns = 300 * 1000000LL; /* long enough to see it spin */
     tp_rank_group *g;
@@ -293,47 +298,87 @@ START_TEST(a_worker_keeps_spinning_for_commands_a_little_slower_than_its_spin)
 }
 END_TEST
 
+/* The group secret these tests' hellos carry (the fuzz_rendezvous
+ * harness's too), and one that differs from it in its last digit only. */
+static const char group_secret[] = "00112233445566778899aabbccddeeff0123456789abcdef0123456789abcdef";
+static const char near_secret[] = "00112233445566778899aabbccddeeff0123456789abcdef0123456789abcdee";
+
 /* A rendezvous hello, as the bytes a joining rank sends. */
-static size_t hello_bytes(unsigned char *b, uint32_t magic, int32_t rank, int32_t world, int32_t pid)
+static size_t hello_bytes(unsigned char *b, uint32_t magic, int32_t rank, int32_t world, int32_t pid,
+                          const char *secret)
 {
     int32_t f[3] = {rank, world, pid};
     memcpy(b, &magic, 4);
     memcpy(b + 4, f, sizeof f);
+    memcpy(b + 16, secret, TP_RANK_SECRET_CHARS);
     return TP_RANK_HELLO_BYTES;
 }
 
 /* What the leader admits at its rendezvous, and what it answers the rest
- * (the fuzz_rendezvous seeds are these hellos). */
+ * (the fuzz_rendezvous seeds are these hellos). A hello without the
+ * group's secret learns nothing of the group: it is refused for that
+ * before its rank is looked at. */
 START_TEST(the_leader_checks_each_hello)
 {
+    ck_assert_int_eq((int)strlen(group_secret), TP_RANK_SECRET_CHARS);
     unsigned char b[TP_RANK_HELLO_BYTES];
     int32_t joined[4] = {100, -1, 4242, -1}; /* rank 2 is in already */
     char why[200];
     const uint32_t magic = 0x74707267u;
-    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 1, 4, 777), 4, joined, why, sizeof why), 1);
+    const char *s = group_secret;
+    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 1, 4, 777, s), 4, joined, s, why, sizeof why), 1);
     /* the pid it names is not used: a false one (1, or another namespace's) changes nothing */
-    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 3, 4, 1), 4, joined, why, sizeof why), 3);
+    ck_assert_int_eq(tp_rank_hello_check(b, hello_bytes(b, magic, 3, 4, 1, s), 4, joined, s, why, sizeof why), 3);
+    static const char zeros[TP_RANK_SECRET_CHARS];
     struct {
         uint32_t magic;
         int32_t rank, world;
         size_t n;
-        const char *why;
+        const char *secret, *why;
     } refused[] = {
-        {0xdeadbeef, 1, 4, TP_RANK_HELLO_BYTES, "error: not a tpserve rank"},
-        {magic, 1, 4, TP_RANK_HELLO_BYTES - 1, "error: not a tpserve rank"}, /* short */
-        {magic, 1, 4, 0, "error: not a tpserve rank"},                         /* nothing */
-        {magic, 1, 3, TP_RANK_HELLO_BYTES, "error: WORLD_SIZE 3, but the graph has world_size 4"},
-        {magic, 0, 4, TP_RANK_HELLO_BYTES, "error: RANK 0 out of range 1..3 (rank 0 is the leader)"},
-        {magic, 4, 4, TP_RANK_HELLO_BYTES, "error: RANK 4 out of range 1..3 (rank 0 is the leader)"},
-        {magic, -2147483647 - 1, 4, TP_RANK_HELLO_BYTES, "error: RANK -2147483648 out of range 1..3 (rank 0 is the leader)"},
-        {magic, 2, 4, TP_RANK_HELLO_BYTES, "error: rank 2 already joined (pid 4242)"},
+        {0xdeadbeef, 1, 4, TP_RANK_HELLO_BYTES, s, "error: not a tpserve rank"},
+        {magic, 1, 4, TP_RANK_HELLO_BYTES + 1, s, "error: not a tpserve rank"}, /* long */
+        {magic, 1, 4, 15, s, "error: not a tpserve rank"},                      /* not even a rank */
+        {magic, 1, 4, 0, s, "error: not a tpserve rank"},                       /* nothing */
+        {magic, 1, 4, TP_RANK_HELLO_BYTES - 1, s,                               /* a digit short */
+         "error: the hello has no whole group secret (63 of its 64 hex digits; a worker older than its leader?)"},
+        {magic, 1, 4, 16, s, /* the hello before secrets */
+         "error: the hello has no whole group secret (0 of its 64 hex digits; a worker older than its leader?)"},
+        {magic, 1, 4, TP_RANK_HELLO_BYTES, near_secret, "error: wrong group secret"},
+        {magic, 1, 4, TP_RANK_HELLO_BYTES, zeros, "error: wrong group secret"},
+        /* not "already joined (pid 4242)": an impostor learns nothing */
+        {magic, 2, 4, TP_RANK_HELLO_BYTES, near_secret, "error: wrong group secret"},
+        {magic, 1, 3, TP_RANK_HELLO_BYTES, s, "error: WORLD_SIZE 3, but the graph has world_size 4"},
+        {magic, 0, 4, TP_RANK_HELLO_BYTES, s, "error: RANK 0 out of range 1..3 (rank 0 is the leader)"},
+        {magic, 4, 4, TP_RANK_HELLO_BYTES, s, "error: RANK 4 out of range 1..3 (rank 0 is the leader)"},
+        {magic, -2147483647 - 1, 4, TP_RANK_HELLO_BYTES, s, "error: RANK -2147483648 out of range 1..3 (rank 0 is the leader)"},
+        {magic, 2, 4, TP_RANK_HELLO_BYTES, s, "error: rank 2 already joined (pid 4242)"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        hello_bytes(b, refused[i].magic, refused[i].rank, refused[i].world, 5);
+        unsigned char big[TP_RANK_HELLO_BYTES + 1] = {0};
+        hello_bytes(big, refused[i].magic, refused[i].rank, refused[i].world, 5, refused[i].secret);
         why[0] = 'x';
-        ck_assert_int_eq(tp_rank_hello_check(b, refused[i].n, 4, joined, why, sizeof why), 0);
+        ck_assert_int_eq(tp_rank_hello_check(big, refused[i].n, 4, joined, s, why, sizeof why), 0);
         ck_assert_str_eq(why, refused[i].why);
     }
+}
+END_TEST
+
+/* Who may join, by the uid the kernel gives for the connection: the
+ * leader's own, and rendezvous_uid when set (-1: nobody else). */
+START_TEST(the_leader_checks_each_joiners_uid)
+{
+    char why[200] = "";
+    ck_assert_int_eq(tp_rank_uid_check(1000, 1000, -1, why, sizeof why), 1);
+    ck_assert_int_eq(tp_rank_uid_check(1001, 1000, 1001, why, sizeof why), 1);
+    ck_assert_int_eq(tp_rank_uid_check(0, 0, 1001, why, sizeof why), 1);
+    ck_assert_int_eq(tp_rank_uid_check(65534, 1000, -1, why, sizeof why), 0);
+    ck_assert_str_eq(why, "error: uid 65534 may not join: only the leader's (1000) may (see rendezvous_uid)");
+    ck_assert_int_eq(tp_rank_uid_check(65534, 1000, 1001, why, sizeof why), 0);
+    ck_assert_str_eq(why, "error: uid 65534 may not join: only the leader's (1000) and rendezvous_uid 1001 may");
+    /* root is not anyone's by default */
+    ck_assert_int_eq(tp_rank_uid_check(0, 1000, -1, why, sizeof why), 0);
+    ck_assert_int_eq(tp_rank_uid_check(1000, 0, -1, why, sizeof why), 0);
 }
 END_TEST
 
@@ -544,6 +589,215 @@ START_TEST(external_ranks_join_at_the_rendezvous)
     ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
     ck_assert_int_eq(waitpid(w2, &ws, 0), w2);
     ck_assert(access(path, F_OK) != 0); /* the socket is removed once all joined */
+}
+END_TEST
+
+/* A process at the rendezvous socket, as anyone local may write one. */
+static int connect_rendezvous(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    for (int i = 0; i < 1000; i++) { /* the leader may not listen yet */
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0)
+            return s;
+        if (s >= 0)
+            close(s);
+        usleep(20 * 1000);
+    }
+    return -1;
+}
+
+/* An impostor: connects, sends n bytes of bytes, tells `ready` (a pipe)
+ * it is connected, and writes what the leader answers to answer_file. As
+ * uid 65534 (nobody) when as_nobody, once connected: the kernel keeps the
+ * uid of the connect, so it drops to nobody first. */
+static pid_t impostor(const char *path, const void *bytes, size_t n, int ready, const char *answer_file, int as_nobody)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    if (as_nobody && (setgid(65534) != 0 || setuid(65534) != 0))
+        _exit(4);
+    int s = connect_rendezvous(path);
+    if (s < 0)
+        _exit(5);
+    if (n && write(s, bytes, n) != (ssize_t)n)
+        _exit(6);
+    (void)!write(ready, "c", 1);
+    char buf[257] = "";
+    ssize_t got = recv(s, buf, 256, MSG_WAITALL);
+    FILE *f = fopen(answer_file, "w");
+    if (f) {
+        fprintf(f, "%s", got > 0 ? buf : "(no answer)");
+        fclose(f);
+    }
+    _exit(0);
+}
+
+static void read_text(const char *file, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *f = fopen(file, "r");
+    ck_assert_msg(f != NULL, "%s: missing", file);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+typedef struct {
+    tp_rank_group_opts o;
+    tp_rank_group *g;
+    tp_status st;
+    tp_err err;
+} leader_job;
+
+static void *create_leader_job(void *arg)
+{
+    leader_job *j = arg;
+    j->st = tp_rank_group_create(&j->o, &j->g, &j->err);
+    return NULL;
+}
+
+/* Impostors reach the rendezvous before the real rank 1: one that sends a
+ * few bytes and then nothing, one with a wrong group secret, and (as root,
+ * where the test can be someone else) one that knows the secret but runs
+ * as another uid. Each is refused, saying why, none takes rank 1's slot,
+ * and the real rank 1 then joins and runs a step. Before, the first held
+ * the leader in a recv for ever, and a hello without a secret (there was
+ * none) for rank 1 got the group's memory. */
+START_TEST(impostors_at_the_rendezvous_take_no_rank)
+{
+    char path[64], secret[80], ans[3][80];
+    snprintf(path, sizeof path, "/tmp/tp_rgi_%d.sock", (int)getpid());
+    snprintf(secret, sizeof secret, "%s.secret", path);
+    for (int i = 0; i < 3; i++)
+        snprintf(ans[i], sizeof ans[i], "/tmp/tp_rgi_%d.ans%d", (int)getpid(), i);
+    leader_job j = {.o = {.mode = TP_GROUP_PROCESSES, .world = 2, .rendezvous = path, .timeout_ms = 40000,
+                          .staging_bytes = 1 << 20, .heap_bytes = 1 << 20, .join_uid = -1}};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, create_leader_job, &j), 0);
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    char c;
+    pid_t partial = impostor(path, "\x67\x72\x70\x74\x01\0\0\0", 8, ready[1], ans[0], 0);
+    ck_assert_int_eq(read(ready[0], &c, 1), 1); /* connected first: admitted first */
+    /* the leader writes its secret before it listens, owner-only */
+    struct stat sb;
+    ck_assert_int_eq(stat(secret, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    unsigned char h[TP_RANK_HELLO_BYTES];
+    hello_bytes(h, 0x74707267u, 1, 2, 1, near_secret);
+    pid_t wrong = impostor(path, h, sizeof h, ready[1], ans[1], 0);
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    pid_t other = -1;
+    if (geteuid() == 0) {
+        /* it even has the secret (read as root here): its uid alone refuses it */
+        char real[TP_RANK_SECRET_CHARS + 1];
+        read_text(secret, real, sizeof real);
+        hello_bytes(h, 0x74707267u, 1, 2, 1, real);
+        chmod(path, 0777); /* nobody may connect; the leader must still refuse it */
+        other = impostor(path, h, sizeof h, ready[1], ans[2], 1);
+        ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    }
+    int ws;
+    pid_t waits[] = {partial, wrong, other};
+    for (int i = 0; i < 3; i++)
+        if (waits[i] > 0) {
+            ck_assert_int_eq(waitpid(waits[i], &ws, 0), waits[i]);
+            ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        }
+    pid_t w1 = start_external(path, "1", "2", 0, NULL);
+    pthread_join(th, NULL);
+    ck_assert_msg(j.st == TP_OK, "%s", j.err.msg);
+    char msg[300];
+    read_text(ans[0], msg, sizeof msg);
+    ck_assert_str_eq(msg, "error: not a tpserve rank");
+    read_text(ans[1], msg, sizeof msg);
+    ck_assert_str_eq(msg, "error: wrong group secret");
+    if (other > 0) {
+        read_text(ans[2], msg, sizeof msg);
+        ck_assert_str_eq(msg, "error: uid 65534 may not join: only the leader's (0) may (see rendezvous_uid)");
+    } else {
+        fprintf(stderr, "impostors_at_the_rendezvous_take_no_rank: another uid's impostor skipped: not root\n");
+    }
+    for (int i = 0; i < 3; i++)
+        unlink(ans[i]);
+    ck_assert(access(secret, F_OK) != 0); /* removed with the socket */
+    step_ctx sc = {.sh = tp_rank_group_shared(j.g), .scenario = "plain", .step = 5};
+    ck_assert_msg(leader_step(j.g, &sc, &j.err) == TP_OK, "%s", j.err.msg);
+    ck_assert_int_eq(words(sc.sh)[1], 5001);
+    tp_rank_group_free(j.g);
+    ck_assert_int_eq(waitpid(w1, &ws, 0), w1);
+    ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(ready[0]);
+    close(ready[1]);
+}
+END_TEST
+
+/* A leader given a secret file refuses to start on one anybody else may
+ * read (or write), or not its own, or not holding a secret; with a good
+ * one, a rank given the same file joins, and the file is left in place. */
+START_TEST(a_leader_checks_its_secret_file)
+{
+    char path[64], file[64];
+    snprintf(path, sizeof path, "/tmp/tp_rgs_%d.sock", (int)getpid());
+    snprintf(file, sizeof file, "/tmp/tp_rgs_%d.key", (int)getpid());
+    tp_rank_group_opts o = {.mode = TP_GROUP_PROCESSES, .world = 2, .rendezvous = path, .timeout_ms = 20000,
+                            .staging_bytes = 1 << 20, .heap_bytes = 1 << 20, .join_uid = -1, .secret_file = file};
+    tp_rank_group *g;
+    tp_err err;
+    struct {
+        const char *text;
+        int mode, uid;
+        const char *why;
+    } bad[] = {
+        {group_secret, 0644, -1, "is open to group or others (mode 0644): chmod 600 it"},
+        {group_secret, 0602, -1, "is open to group or others (mode 0602): chmod 600 it"},
+        {"0123456789abcdef\n", 0600, -1, "does not hold a secret of 64 hex digits"},
+        {"00112233445566778899aabbccddeeff0123456789abcdef0123456789abcdefX", 0600, -1, "does not hold a secret"},
+        {"", 0600, -1, "does not hold a secret"},
+        {group_secret, 0600, 65534, "is owned by uid 65534, not by this process's (0)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i].uid >= 0 && geteuid() != 0)
+            continue; /* only root can give a file away */
+        unlink(file);
+        FILE *f = fopen(file, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(bad[i].text, f);
+        fclose(f);
+        ck_assert_int_eq(chmod(file, (mode_t)bad[i].mode), 0);
+        if (bad[i].uid >= 0)
+            ck_assert_int_eq(chown(file, (uid_t)bad[i].uid, (gid_t)-1), 0);
+        ck_assert_int_ne(tp_rank_group_create(&o, &g, &err), TP_OK);
+        ck_assert_msg(strstr(err.msg, file) && strstr(err.msg, bad[i].why), "%zu: %s", i, err.msg);
+        ck_assert(access(path, F_OK) != 0); /* refused before it listens */
+    }
+    unlink(file);
+    o.secret_file = "/nonexistent/tp.key";
+    ck_assert_int_ne(tp_rank_group_create(&o, &g, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "rendezvous secret file '/nonexistent/tp.key': cannot open: No such file"), "%s",
+                  err.msg);
+    o.secret_file = file;
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s\n", group_secret);
+    fclose(f);
+    ck_assert_int_eq(chmod(file, 0600), 0);
+    setenv("TEST_SECRET_FILE", file, 1); /* the rank's: inherited by start_external's child */
+    pid_t w1 = start_external(path, "1", "2", 0, NULL);
+    unsetenv("TEST_SECRET_FILE");
+    ck_assert_msg(tp_rank_group_create(&o, &g, &err) == TP_OK, "%s", err.msg);
+    char own[80];
+    snprintf(own, sizeof own, "%s.secret", path);
+    ck_assert(access(own, F_OK) != 0); /* given a file, the leader writes none */
+    tp_rank_group_free(g);
+    int ws;
+    ck_assert_int_eq(waitpid(w1, &ws, 0), w1);
+    ck_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    ck_assert_int_eq(access(file, F_OK), 0); /* the operator's, left alone */
+    unlink(file);
 }
 END_TEST
 
@@ -1083,6 +1337,9 @@ static Suite *rank_group_suite(void)
     tcase_add_test(t, a_worker_that_exits_before_joining_is_an_error);
     tcase_add_test(t, external_ranks_join_at_the_rendezvous);
     tcase_add_test(t, the_leader_checks_each_hello);
+    tcase_add_test(t, the_leader_checks_each_joiners_uid);
+    tcase_add_test(t, impostors_at_the_rendezvous_take_no_rank);
+    tcase_add_test(t, a_leader_checks_its_secret_file);
     tcase_add_test(t, threads_are_the_same_interface);
     tcase_add_test(t, every_process_runs_its_rank_on_the_caller);
     tcase_add_test(t, a_failure_elsewhere_wakes_a_blocked_rank);
