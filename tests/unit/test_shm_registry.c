@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +198,18 @@ static void odd_key(const char *name, char *k, size_t ksize, char *path, size_t 
     rmdir(path);
 }
 
+/* Root becomes nobody, so that permissions apply; 0 if it cannot (a user
+ * namespace without 65534 mapped, say), said on stderr. */
+static int drop_root(void)
+{
+    if (geteuid() != 0 || (setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
+                           setresuid(65534, 65534, 65534) == 0))
+        return 1;
+    fprintf(stderr, "register_unprivileged: cannot become nobody (%s): registering as root, "
+            "which opens the key read-write\n", strerror(errno));
+    return 0;
+}
+
 /* Registers k in a child process that is not root (root becomes nobody
  * first), so that read-write is refused and the read-only open is tried:
  * on a FIFO that open used to wait for a writer for ever. A hang is caught
@@ -211,15 +224,10 @@ static tp_status register_unprivileged(const char *k, tp_err *e)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         tp_err ce = {{0}};
-        tp_status st = TP_INTERNAL;
-        if (geteuid() != 0 || (setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
-                               setresuid(65534, 65534, 65534) == 0)) {
-            tp_shm_registry *g = tp_shm_registry_create(4);
-            st = tp_shm_register(g, "odd", k, 0, 8, &ce);
-            tp_shm_registry_free(g);
-        } else {
-            snprintf(ce.msg, sizeof ce.msg, "cannot become nobody: %s", strerror(errno));
-        }
+        drop_root();
+        tp_shm_registry *g = tp_shm_registry_create(4);
+        tp_status st = tp_shm_register(g, "odd", k, 0, 8, &ce);
+        tp_shm_registry_free(g);
         int ok = write(p[1], &st, sizeof st) == sizeof st &&
                  write(p[1], ce.msg, sizeof ce.msg) == sizeof ce.msg;
         _exit(ok ? 0 : 1);
@@ -292,6 +300,16 @@ START_TEST(other_non_objects)
     expect(tp_shm_register(g, "s", k, 0, 8, &e), TP_INVALID, &e, "is a socket");
     close(s);
     unlink(path);
+
+    /* a device (root may make one): /dev/null's numbers; refused as one,
+     * or, where /dev/shm is mounted nodev, because it cannot be opened */
+    odd_key("dev", k, sizeof k, path, sizeof path);
+    if (mknod(path, S_IFCHR | 0666, makedev(1, 3)) == 0) {
+        ck_assert_int_eq(tp_shm_register(g, "c", k, 0, 8, &e), TP_INVALID);
+        ck_assert_msg(strstr(e.msg, "is a character device") || strstr(e.msg, "cannot open"),
+                      "%s", e.msg);
+        unlink(path);
+    }
     ck_assert_int_eq(tp_shm_count(g), 0);
     tp_shm_registry_free(g);
 }
