@@ -306,6 +306,7 @@ static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
     tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
+    tp_metrics_set_trace_dropped(h->metrics, tp_trace_dropped(h->trace));
     size_t len = 0;
     char *text = tp_metrics_render(h->metrics, &len);
     if (!text)
@@ -857,7 +858,9 @@ static void begin_trace(tp_http *h, req_ctx *r)
 {
     r->trace_id = tp_trace_sample(h->trace);
     if (r->trace_id && r->req.id)
-        r->trace_rid = strdup(r->req.id); /* NULL without memory: traced without it */
+        /* as much as the trace records: the id is the client's, of any size
+         * (NULL without memory: traced without it) */
+        r->trace_rid = strndup(r->req.id, tp_trace_request_id_len(r->req.id));
 }
 
 static int64_t ms_to_ns(double ms) { return (int64_t)(ms * 1e6); }
@@ -1475,7 +1478,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     tp_status st = h->metrics && h->stats && h->shm ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     tp_trace_init ti = {cfg->trace_file, strcmp(cfg->trace_level, "TIMESTAMPS") == 0, cfg->trace_rate,
-                        cfg->trace_count, cfg->trace_log_frequency};
+                        cfg->trace_count, cfg->trace_log_frequency, cfg->trace_max_pending};
     if (st == TP_OK)
         st = tp_trace_create(&ti, &h->trace, err);
     if (st == TP_OK)

@@ -19,6 +19,7 @@ struct tp_metrics {
     _Atomic uint64_t engine_waits[2]; /* [0] polled, [1] slept */
     _Atomic uint64_t pin_changes[2];  /* [0] unpinned, [1] pinned again */
     _Atomic long inflight, queued;
+    _Atomic uint64_t trace_dropped; /* the trace's own count, copied before rendering */
     _Atomic long shm_regions;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
@@ -122,6 +123,8 @@ void tp_metrics_set_shm_regions(tp_metrics *m, long regions)
 {
     atomic_store(&m->shm_regions, regions);
 }
+
+void tp_metrics_set_trace_dropped(tp_metrics *m, uint64_t dropped) { atomic_store(&m->trace_dropped, dropped); }
 
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s)
 {
@@ -240,6 +243,10 @@ static void render_requests(sbuf *b, tp_metrics *m)
           atomic_load(&m->inflight));
     gauge(b, "tpserve_queue_size", "Requests waiting in the batcher queue.",
           atomic_load(&m->queued));
+    counter(b, "tpserve_trace_dropped_total",
+            "Traces taken and never written: past trace_max_pending with trace_log_frequency 0 (the oldest), "
+            "or for want of memory or a writable trace_file.",
+            atomic_load(&m->trace_dropped));
     gauge(b, "tpserve_shm_regions",
           "System shared memory regions registered (each holds one open fd; max_shm_regions caps them).",
           atomic_load(&m->shm_regions));

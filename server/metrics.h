@@ -52,6 +52,8 @@ void tp_metrics_pin_change(tp_metrics *m, int pinned);
 void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
 /* System shared memory regions registered (each holds an open fd). */
 void tp_metrics_set_shm_regions(tp_metrics *m, long regions);
+/* Traces taken and never written (tp_trace_dropped), set before rendering. */
+void tp_metrics_set_trace_dropped(tp_metrics *m, uint64_t dropped);
 /* The engine's counters since load (copied). */
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
 

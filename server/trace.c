@@ -2,6 +2,7 @@
 #include "trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -36,8 +37,17 @@ struct tp_trace {
     _Atomic int64_t rate; /* the model's trace_rate */
     _Atomic uint64_t seen;
     int64_t next_id;
-    tp_jbuf pending; /* traces taken and not yet written: objects, comma-separated */
-    int64_t n_pending, file_index;
+    /* Traces taken and not yet written, oldest first: a ring of at most
+     * max_pending JSON objects, one allocation each, so that dropping the
+     * oldest costs no copy of the rest. It grows to max_pending only as
+     * traces come (head stays 0 until it is full: only a full ring drops). */
+    struct pending {
+        char *p;
+        size_t len;
+    } *ring;
+    int64_t ring_cap, head, n_pending, max_pending, file_index;
+    _Atomic uint64_t dropped; /* taken, never written (tp_trace_dropped) */
+    int warned_full;          /* the drops past max_pending were logged */
 };
 
 /* The model's settings: its own (o) where set, else the global ones (g). */
@@ -77,11 +87,56 @@ tp_status tp_trace_create(const tp_trace_init *init, tp_trace **out, tp_err *err
         return tp_fail(err, TP_NOMEM, "out of memory");
     }
     pthread_mutex_init(&t->mu, NULL);
+    t->max_pending = init->max_pending > 0 ? init->max_pending : TP_TRACE_MAX_PENDING_DEFAULT;
     t->global = (settings){init->timestamps, init->rate, init->count, init->log_frequency};
     t->own = t->global;
     publish(t);
     *out = t;
     return TP_OK;
+}
+
+/* The i-th oldest pending trace. mu held. */
+static struct pending *pending_at(tp_trace *t, int64_t i) { return &t->ring[(t->head + i) % t->ring_cap]; }
+
+/* Frees the pending traces; lost (not written): counted as dropped. mu held. */
+static void clear_pending(tp_trace *t, int lost)
+{
+    for (int64_t i = 0; i < t->n_pending; i++)
+        free(pending_at(t, i)->p);
+    if (lost)
+        atomic_fetch_add(&t->dropped, (uint64_t)t->n_pending);
+    t->head = 0;
+    t->n_pending = 0;
+}
+
+/* The pending traces as a JSON array into path: written to a temporary
+ * of its own beside it, then renamed over it, so a reader never sees half
+ * a file. mkostemp creates the temporary (O_EXCL, 0600) under a name no
+ * one can know: a fixed name (path.tmp) opened with fopen would follow a
+ * symlink planted there and overwrite whatever it points to with the
+ * server's rights. rename replaces path itself, never what a symlink at
+ * path points to. 0, or -1 with errno. mu held. */
+static int write_file(tp_trace *t, const char *path, char *tmp, size_t cap)
+{
+    snprintf(tmp, cap, "%s.tmp.XXXXXX", path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    FILE *f = fdopen(fd, "w");
+    int ok = f && fputc('[', f) != EOF;
+    for (int64_t i = 0; ok && i < t->n_pending; i++) {
+        const struct pending *e = pending_at(t, i);
+        ok = (!i || fputs(",\n", f) != EOF) && fwrite(e->p, 1, e->len, f) == e->len;
+    }
+    ok = ok && fputs("]\n", f) != EOF;
+    if (f ? fclose(f) != 0 : close(fd) != 0)
+        ok = 0;
+    if (ok && rename(tmp, path) == 0)
+        return 0;
+    int saved = errno;
+    unlink(tmp);
+    errno = saved;
+    return -1;
 }
 
 /* Writes the pending traces where e says (a JSON array): trace_file, or
@@ -90,38 +145,23 @@ static void write_pending(tp_trace *t, const settings *e)
 {
     if (!t->n_pending)
         return;
-    size_t cap = strlen(t->file) + 32;
+    size_t cap = strlen(t->file) + 48; /* ".<int64>" and ".tmp.XXXXXX" */
     char *path = malloc(cap), *tmp = malloc(cap);
     if (!path || !tmp) {
-        free(path);
-        free(tmp);
         TP_LOG_W("trace: out of memory writing %" PRId64 " traces: dropped", t->n_pending);
-        t->pending.len = 0;
-        t->n_pending = 0;
-        return;
-    }
-    if (e->log_frequency > 0)
-        snprintf(path, cap, "%s.%" PRId64, t->file, t->file_index++);
-    else
-        snprintf(path, cap, "%s", t->file);
-    /* written aside, then renamed: a reader never sees half a file */
-    snprintf(tmp, cap, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    int ok = f && fputc('[', f) != EOF && fwrite(t->pending.p, 1, t->pending.len, f) == t->pending.len &&
-             fputs("]\n", f) != EOF;
-    if (f && fclose(f) != 0)
-        ok = 0;
-    if (ok && rename(tmp, path) != 0)
-        ok = 0;
-    if (!ok) {
-        TP_LOG_W("trace: cannot write %" PRId64 " traces to %s: %s", t->n_pending, path, strerror(errno));
-        if (f)
-            unlink(tmp);
+    } else {
+        if (e->log_frequency > 0)
+            snprintf(path, cap, "%s.%" PRId64, t->file, t->file_index++);
+        else
+            snprintf(path, cap, "%s", t->file);
+        if (write_file(t, path, tmp, cap) != 0)
+            TP_LOG_W("trace: cannot write %" PRId64 " traces to %s: %s", t->n_pending, path, strerror(errno));
+        else
+            clear_pending(t, 0);
     }
     free(path);
     free(tmp);
-    t->pending.len = 0;
-    t->n_pending = 0;
+    clear_pending(t, 1); /* whatever is left was not written */
 }
 
 void tp_trace_free(tp_trace *t)
@@ -130,7 +170,7 @@ void tp_trace_free(tp_trace *t)
         return;
     settings e = effective(t);
     write_pending(t, &e);
-    tp_jbuf_free_text(t->pending.p, 0);
+    free(t->ring);
     pthread_mutex_destroy(&t->mu);
     free(t->file);
     free(t);
@@ -324,45 +364,95 @@ static void stamp(tp_jbuf *b, int *first, const char *name, int64_t ns)
     *first = 0;
 }
 
+size_t tp_trace_request_id_len(const char *id)
+{
+    size_t n = strnlen(id, TP_TRACE_REQUEST_ID_MAX + 1);
+    if (n <= TP_TRACE_REQUEST_ID_MAX)
+        return n;
+    n = TP_TRACE_REQUEST_ID_MAX;
+    /* id[n] continuing a character (10xxxxxx): that character starts
+     * before n and would be cut; at most 3 bytes back in valid UTF-8 */
+    for (int back = 0; back < 3 && n > 0 && ((unsigned char)id[n] & 0xc0) == 0x80; back++)
+        n--;
+    return n;
+}
+
+uint64_t tp_trace_dropped(tp_trace *t) { return atomic_load(&t->dropped); }
+
+/* Room for one more pending trace, as e says: a full ring is written out
+ * (log_frequency N: early, to the next file) or loses its oldest trace
+ * (log_frequency 0: written at the end, nothing to write it to before).
+ * 0: no memory for the ring. mu held. */
+static int make_room(tp_trace *t, const settings *e)
+{
+    if (t->n_pending == t->max_pending && e->log_frequency > 0)
+        write_pending(t, e);
+    if (t->n_pending == t->max_pending) {
+        free(pending_at(t, 0)->p);
+        t->head = (t->head + 1) % t->ring_cap;
+        t->n_pending--;
+        atomic_fetch_add(&t->dropped, 1);
+        if (!t->warned_full) {
+            t->warned_full = 1;
+            TP_LOG_W("trace: %" PRId64 " traces held (trace_max_pending) with trace_log_frequency 0, which "
+                     "writes them only at exit: the oldest are dropped from now on (tpserve_trace_dropped_total "
+                     "counts them; a trace_log_frequency writes them as they come)", t->max_pending);
+        }
+    }
+    if (t->n_pending < t->ring_cap)
+        return 1;
+    /* not full, so head is 0: the ring grows in place */
+    int64_t cap = t->ring_cap ? t->ring_cap * 2 : 16;
+    if (cap > t->max_pending)
+        cap = t->max_pending;
+    struct pending *ring = realloc(t->ring, (size_t)cap * sizeof *ring);
+    if (!ring)
+        return 0;
+    t->ring = ring;
+    t->ring_cap = cap;
+    return 1;
+}
+
 void tp_trace_record(tp_trace *t, int64_t id, const char *model, const char *version, const char *request_id,
                      const tp_trace_stamps *s)
 {
-    pthread_mutex_lock(&t->mu);
-    tp_jbuf *b = &t->pending;
-    tp_jbuf_lit(b, t->n_pending ? ",\n{\"id\":" : "{\"id\":");
-    tp_jbuf_i64(b, id);
-    tp_jbuf_lit(b, ",\"model_name\":");
-    tp_jbuf_str(b, model);
-    tp_jbuf_lit(b, ",\"model_version\":");
-    tp_jbuf_str(b, version);
+    /* the trace's text is made before taking the lock: other threads
+     * record and sample meanwhile */
+    tp_jbuf b = {0};
+    tp_jbuf_lit(&b, "{\"id\":");
+    tp_jbuf_i64(&b, id);
+    tp_jbuf_lit(&b, ",\"model_name\":");
+    tp_jbuf_str(&b, model);
+    tp_jbuf_lit(&b, ",\"model_version\":");
+    tp_jbuf_str(&b, version);
     if (request_id) {
-        tp_jbuf_lit(b, ",\"request_id\":");
-        tp_jbuf_str(b, request_id);
+        tp_jbuf_lit(&b, ",\"request_id\":");
+        tp_jbuf_strn(&b, request_id, tp_trace_request_id_len(request_id));
     }
-    tp_jbuf_lit(b, ",\"timestamps\":[");
+    tp_jbuf_lit(&b, ",\"timestamps\":[");
     int first = 1;
-    stamp(b, &first, "HTTP_RECV_START", s->recv_start);
-    stamp(b, &first, "HTTP_RECV_END", s->recv_end);
-    stamp(b, &first, "REQUEST_START", s->queued);
-    stamp(b, &first, "QUEUE_START", s->queued);
-    stamp(b, &first, "COMPUTE_START", s->compute_start);
-    stamp(b, &first, "COMPUTE_INPUT_END", s->compute_start);
-    stamp(b, &first, "COMPUTE_OUTPUT_START", s->compute_end);
-    stamp(b, &first, "COMPUTE_END", s->compute_end);
-    stamp(b, &first, "REQUEST_END", s->encoded);
-    stamp(b, &first, "HTTP_SEND_START", s->encoded);
-    stamp(b, &first, "HTTP_SEND_END", s->sent);
-    tp_jbuf_lit(b, "]}");
-    if (b->oom) { /* the traces held are lost; later ones start a new buffer */
-        TP_LOG_W("trace: out of memory holding %" PRId64 " traces: dropped", t->n_pending + 1);
-        tp_jbuf_free_text(b->p, 0);
-        *b = (tp_jbuf){0};
-        t->n_pending = 0;
-    } else {
-        t->n_pending++;
-    }
+    stamp(&b, &first, "HTTP_RECV_START", s->recv_start);
+    stamp(&b, &first, "HTTP_RECV_END", s->recv_end);
+    stamp(&b, &first, "REQUEST_START", s->queued);
+    stamp(&b, &first, "QUEUE_START", s->queued);
+    stamp(&b, &first, "COMPUTE_START", s->compute_start);
+    stamp(&b, &first, "COMPUTE_INPUT_END", s->compute_start);
+    stamp(&b, &first, "COMPUTE_OUTPUT_START", s->compute_end);
+    stamp(&b, &first, "COMPUTE_END", s->compute_end);
+    stamp(&b, &first, "REQUEST_END", s->encoded);
+    stamp(&b, &first, "HTTP_SEND_START", s->encoded);
+    stamp(&b, &first, "HTTP_SEND_END", s->sent);
+    tp_jbuf_lit(&b, "]}");
+    pthread_mutex_lock(&t->mu);
     settings e = effective(t);
-    if (e.log_frequency > 0 && t->n_pending >= e.log_frequency)
-        write_pending(t, &e);
+    if (b.oom || !make_room(t, &e)) {
+        TP_LOG_W("trace: out of memory holding trace %" PRId64 ": dropped", id);
+        atomic_fetch_add(&t->dropped, 1);
+        free(b.p);
+    } else {
+        t->ring[(t->head + t->n_pending++) % t->ring_cap] = (struct pending){b.p, b.len};
+        if (e.log_frequency > 0 && t->n_pending >= e.log_frequency)
+            write_pending(t, &e);
+    }
     pthread_mutex_unlock(&t->mu);
 }

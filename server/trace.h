@@ -34,7 +34,16 @@
  *
  * While tracing is off, sampling a request costs one atomic load. The
  * file is written on the thread whose trace completes a batch of
- * log_frequency (or at the end): tracing is for looking, not for load. */
+ * log_frequency (or at the end): tracing is for looking, not for load.
+ *
+ * What a client can make the server hold is bounded: at most max_pending
+ * traces wait in memory (past it, with log_frequency N the ones held go to
+ * the next numbered file early; with 0 the oldest is dropped, counted in
+ * tp_trace_dropped and warned of once), and a request id is kept to its
+ * first TP_TRACE_REQUEST_ID_MAX bytes. Each file is written to a new
+ * temporary of its own (mkostemp: O_EXCL, mode 0600, never through a
+ * symlink someone planted) in the target's directory and renamed over
+ * the target. */
 #ifndef TP_TRACE_H
 #define TP_TRACE_H
 
@@ -56,7 +65,16 @@ typedef struct {
     const char *file; /* NULL or "": no tracing */
     int timestamps;   /* trace_level TIMESTAMPS */
     int64_t rate, count, log_frequency;
+    int64_t max_pending; /* traces held unwritten at most; <= 0: TP_TRACE_MAX_PENDING_DEFAULT */
 } tp_trace_init;
+
+/* trace_max_pending's default (config.c): 1024 traces of a few hundred
+ * bytes each, ids at most TP_TRACE_REQUEST_ID_MAX, well under 1 MiB. */
+#define TP_TRACE_MAX_PENDING_DEFAULT 1024
+/* A request id is recorded up to this many bytes (cut back to a UTF-8
+ * character's start): the id is the client's, of any size, and a trace is
+ * held until written. Triton's clients send short ids (a counter, a UUID). */
+#define TP_TRACE_REQUEST_ID_MAX 256
 
 /* TP_INVALID: TIMESTAMPS without a file. */
 tp_status tp_trace_create(const tp_trace_init *init, tp_trace **out, tp_err *err);
@@ -75,8 +93,17 @@ tp_status tp_trace_update(tp_trace *t, int model, const char *body, size_t len, 
  * trace, else 0. */
 int64_t tp_trace_sample(tp_trace *t);
 /* The stamps of trace id (from tp_trace_sample), for the model named;
- * request_id may be NULL. Written to the file as log_frequency says. */
+ * request_id may be NULL (recorded up to TP_TRACE_REQUEST_ID_MAX bytes).
+ * Written to the file as log_frequency says. */
 void tp_trace_record(tp_trace *t, int64_t id, const char *model, const char *version, const char *request_id,
                      const tp_trace_stamps *s);
+/* The bytes of id a trace records: strlen(id) up to TP_TRACE_REQUEST_ID_MAX,
+ * less the bytes of a UTF-8 character the limit would cut. A caller holding
+ * an id until tp_trace_record copies this much. */
+size_t tp_trace_request_id_len(const char *id);
+/* Traces taken and never written (over max_pending with log_frequency 0,
+ * out of memory, a file that could not be written): /metrics'
+ * tpserve_trace_dropped_total. */
+uint64_t tp_trace_dropped(tp_trace *t);
 
 #endif

@@ -2,11 +2,15 @@
  * (defaults, updates, the model's own over the global ones, every
  * refusal, the file never changed by an update), sampling by rate and
  * count, and the files written (numbered by log_frequency, at the end,
- * when log_frequency changes). */
+ * when log_frequency changes); what a client can make it hold (traces
+ * past max_pending, long request ids) and a symlink planted where the
+ * temporary file used to be. */
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check_main.h"
@@ -23,14 +27,21 @@ static void make_dir(void)
     snprintf(file, sizeof file, "%s/t.json", dir);
 }
 
-/* A trace writing to path (NULL: none), settings as at startup. */
-static tp_trace *create(const char *path, int timestamps, int64_t rate, int64_t log_frequency)
+/* A trace writing to path (NULL: none), settings as at startup, holding
+ * max_pending traces at most (0: the default). */
+static tp_trace *create_max(const char *path, int timestamps, int64_t rate, int64_t log_frequency,
+                            int64_t max_pending)
 {
-    tp_trace_init init = {path, timestamps, rate, -1, log_frequency};
+    tp_trace_init init = {path, timestamps, rate, -1, log_frequency, max_pending};
     tp_trace *t;
     tp_err err;
     ck_assert_int_eq(tp_trace_create(&init, &t, &err), TP_OK);
     return t;
+}
+
+static tp_trace *create(const char *path, int timestamps, int64_t rate, int64_t log_frequency)
+{
+    return create_max(path, timestamps, rate, log_frequency, 0);
 }
 
 /* POSTs body; returns the status, the answer checked against GET's. */
@@ -61,7 +72,7 @@ START_TEST(defaults_and_refusals)
 {
     tp_trace *t;
     tp_err err;
-    tp_trace_init no_file = {NULL, 1, 1000, -1, 0};
+    tp_trace_init no_file = {NULL, 1, 1000, -1, 0, 0};
     ck_assert_int_eq(tp_trace_create(&no_file, &t, &err), TP_INVALID);
     ck_assert_str_eq(err.msg, "trace_level TIMESTAMPS needs a trace_file to write to");
     t = create(NULL, 0, 1000, 0);
@@ -226,6 +237,160 @@ START_TEST(request_id_escaped)
 }
 END_TEST
 
+/* n traces, sampled and recorded, stamped as read_ids wants them */
+static void record_n(tp_trace *t, int n)
+{
+    tp_trace_stamps full = {100, 200, 300, 400, 500, 600, 700}, failed = {100, 200, 300, 0, 0, 600, 700};
+    for (int i = 0; i < n; i++) {
+        int64_t id = tp_trace_sample(t);
+        tp_trace_record(t, id, "m", "1", NULL, id == 2 ? &failed : &full);
+    }
+}
+
+/* A symlink planted where the file used to be written aside (path.tmp,
+ * and the numbered file's path.0.tmp) to a file the server may write: the
+ * old fopen(tmp, "w") followed it and overwrote the victim with the
+ * traces. The victim stays as it was, the links stay links, and the
+ * traces still reach their files. */
+START_TEST(planted_symlink_left_alone)
+{
+    make_dir();
+    char victim[160], link0[160], link[160], path[160];
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    FILE *f = fopen(victim, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("precious\n", f);
+    fclose(f);
+    snprintf(link0, sizeof link0, "%s.0.tmp", file);
+    snprintf(link, sizeof link, "%s.tmp", file);
+    ck_assert_int_eq(symlink(victim, link0), 0);
+    ck_assert_int_eq(symlink(victim, link), 0);
+    tp_trace *t = create(file, 1, 1, 1); /* log_frequency 1: file.0 */
+    record_n(t, 1);
+    tp_err err;
+    ck_assert_int_eq(update(t, 0, "{\"log_frequency\":\"0\"}", &err), TP_OK); /* then file, at the end */
+    record_n(t, 1);
+    tp_trace_free(t);
+    int64_t ids[4];
+    snprintf(path, sizeof path, "%s.0", file);
+    ck_assert_int_eq(read_ids(path, ids, 4), 1);
+    ck_assert_int_eq(read_ids(file, ids, 4), 1);
+    ck_assert_int_eq(ids[0], 2);
+    char got[64] = {0};
+    f = fopen(victim, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    fclose(f);
+    ck_assert_uint_eq(n, 9);
+    ck_assert_str_eq(got, "precious\n");
+    struct stat st;
+    ck_assert_int_eq(lstat(link0, &st), 0);
+    ck_assert(S_ISLNK(st.st_mode));
+    ck_assert_int_eq(lstat(link, &st), 0);
+    ck_assert(S_ISLNK(st.st_mode));
+    /* only the server's user reads the traces (request ids) */
+    ck_assert_int_eq(stat(file, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+    /* no temporary left behind: the dir holds victim, the two links, file, file.0 */
+    int entries = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *de; (de = readdir(d));)
+        entries += de->d_name[0] != '.';
+    closedir(d);
+    ck_assert_int_eq(entries, 5);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* log_frequency 0 writes at exit only: past max_pending the oldest traces
+ * are dropped, and counted; the newest max_pending reach the file. */
+START_TEST(max_pending_drops_oldest_at_exit)
+{
+    make_dir();
+    tp_trace *t = create_max(file, 1, 1, 0, 4);
+    record_n(t, 11);
+    ck_assert_uint_eq(tp_trace_dropped(t), 7);
+    ck_assert_int_ne(access(file, F_OK), 0); /* still nothing written */
+    tp_trace_free(t);
+    int64_t ids[8];
+    ck_assert_int_eq(read_ids(file, ids, 8), 4);
+    int64_t want[4] = {8, 9, 10, 11};
+    ck_assert_mem_eq(ids, want, sizeof want);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* log_frequency 10 over max_pending 3: every 3 traces go to the next
+ * file early, none dropped. */
+START_TEST(max_pending_writes_early_with_log_frequency)
+{
+    make_dir();
+    char path[160];
+    tp_trace *t = create_max(file, 1, 1, 10, 3);
+    record_n(t, 7);
+    int64_t ids[8];
+    snprintf(path, sizeof path, "%s.0", file);
+    ck_assert_int_eq(read_ids(path, ids, 8), 3);
+    ck_assert(ids[0] == 1 && ids[2] == 3);
+    snprintf(path, sizeof path, "%s.1", file);
+    ck_assert_int_eq(read_ids(path, ids, 8), 3);
+    ck_assert(ids[0] == 4 && ids[2] == 6);
+    snprintf(path, sizeof path, "%s.2", file);
+    ck_assert_int_ne(access(path, F_OK), 0); /* the 7th is held */
+    tp_trace_free(t);
+    ck_assert_int_eq(read_ids(path, ids, 8), 1);
+    ck_assert_int_eq(ids[0], 7);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* The stored request_id of a trace recorded with id. */
+static char *recorded_id(const char *id)
+{
+    make_dir();
+    tp_trace *t = create(file, 1, 1, 0);
+    tp_trace_stamps s = {1, 2, 3, 4, 5, 6, 7};
+    tp_trace_record(t, tp_trace_sample(t), "m", "1", id, &s);
+    tp_trace_free(t);
+    json_t *doc = json_load_file(file, 0, NULL);
+    ck_assert_ptr_nonnull(doc);
+    char *got = strdup(json_string_value(json_object_get(json_array_get(doc, 0), "request_id")));
+    json_decref(doc);
+    tu_rmdir(dir);
+    return got;
+}
+
+/* A 512 KiB request id is kept to its first TP_TRACE_REQUEST_ID_MAX
+ * bytes, cut before a UTF-8 character the limit would split. */
+START_TEST(long_request_id_truncated)
+{
+    size_t big = 512 * 1024;
+    char *id = malloc(big + 1);
+    memset(id, 'a', big);
+    id[big] = '\0';
+    char *got = recorded_id(id);
+    ck_assert_uint_eq(strlen(got), TP_TRACE_REQUEST_ID_MAX);
+    ck_assert(memcmp(got, id, TP_TRACE_REQUEST_ID_MAX) == 0);
+    free(got);
+    ck_assert_uint_eq(tp_trace_request_id_len(id), TP_TRACE_REQUEST_ID_MAX);
+    /* "é" (c3 a9) across the limit: cut before it, not inside */
+    id[TP_TRACE_REQUEST_ID_MAX - 1] = (char)0xc3;
+    id[TP_TRACE_REQUEST_ID_MAX] = (char)0xa9;
+    got = recorded_id(id);
+    ck_assert_uint_eq(strlen(got), TP_TRACE_REQUEST_ID_MAX - 1);
+    free(got);
+    /* one of TP_TRACE_REQUEST_ID_MAX bytes, ending in "é", is whole */
+    memset(id, 'a', TP_TRACE_REQUEST_ID_MAX);
+    id[TP_TRACE_REQUEST_ID_MAX - 2] = (char)0xc3;
+    id[TP_TRACE_REQUEST_ID_MAX - 1] = (char)0xa9;
+    id[TP_TRACE_REQUEST_ID_MAX] = '\0';
+    got = recorded_id(id);
+    ck_assert_str_eq(got, id);
+    free(got);
+    free(id);
+}
+END_TEST
+
 static Suite *trace_suite(void)
 {
     Suite *s = suite_create("trace");
@@ -235,6 +400,10 @@ static Suite *trace_suite(void)
     tcase_add_test(t, rate_and_count);
     tcase_add_test(t, files_by_log_frequency);
     tcase_add_test(t, request_id_escaped);
+    tcase_add_test(t, planted_symlink_left_alone);
+    tcase_add_test(t, max_pending_drops_oldest_at_exit);
+    tcase_add_test(t, max_pending_writes_early_with_log_frequency);
+    tcase_add_test(t, long_request_id_truncated);
     suite_add_tcase(s, t);
     return s;
 }
