@@ -42,23 +42,50 @@ static int format_time(char *buf, size_t len)
     return (int)n + snprintf(buf + n, len - n, ".%03dZ", (int)(tv.tv_usec / 1000));
 }
 
+/* Copies msg[0..n) to out (room for cap bytes) with every control byte but
+ * tab written \xHH: a message quotes what clients sent (the URL, ids), and
+ * a raw ESC would drive the terminal or log viewer of whoever reads it
+ * (colours, a cleared screen, a rewritten line), a CR or LF would forge a
+ * line of its own. An escape is never cut in half. Returns the bytes
+ * written. */
+static size_t escape_controls(char *out, size_t cap, const char *msg, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)msg[i];
+        if ((ch >= 0x20 && ch != 0x7f) || ch == '\t') {
+            if (w + 1 > cap)
+                break;
+            out[w++] = (char)ch;
+        } else {
+            if (w + 4 > cap)
+                break;
+            out[w++] = '\\';
+            out[w++] = 'x';
+            out[w++] = hex[ch >> 4];
+            out[w++] = hex[ch & 15];
+        }
+    }
+    return w;
+}
+
 void tp_logv(tp_log_level level, const char *fmt, va_list ap)
 {
     if (!tp_log_enabled(level))
         return;
-    char line[2048];
-    int off = format_time(line, sizeof line);
-    off += snprintf(line + off, sizeof line - (size_t)off, " %-5s ", tp_log_level_name(level));
-    int n = vsnprintf(line + off, sizeof line - (size_t)off, fmt, ap);
-    size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
-    if (len > sizeof line - 2)
-        len = sizeof line - 2; /* truncated: keep the line whole */
-    /* Newlines inside a message would split one event across lines. */
-    for (size_t i = (size_t)off; i < len; i++)
-        if (line[i] == '\n' || line[i] == '\r')
-            line[i] = ' ';
-    line[len++] = '\n';
-    ssize_t w = write(STDERR_FILENO, line, len);
+    char msg[2048], line[2048];
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1; /* truncated */
+    /* a message's own line end (libmicrohttpd ends its messages with one)
+     * is the line's, not a byte to show */
+    while (len && (msg[len - 1] == '\n' || msg[len - 1] == '\r'))
+        len--;
+    size_t off = (size_t)format_time(line, sizeof line);
+    off += (size_t)snprintf(line + off, sizeof line - off, " %-5s ", tp_log_level_name(level));
+    off += escape_controls(line + off, sizeof line - 1 - off, msg, len); /* keep the line whole */
+    line[off++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, off);
     (void)w; /* nowhere left to report a failed log write */
 }
 
