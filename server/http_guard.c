@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,6 +283,19 @@ static size_t unescape_keep_nul(void *cls, struct MHD_Connection *c, char *s)
     return (size_t)(w - s);
 }
 
+/* libmicrohttpd 1.0's MHD_OPTION_CLIENT_DISCIPLINE_LVL: not in 0.9's
+ * header, and 0.9 refuses to start a daemon given an option it does not
+ * know, so it is named by number and given only to 1.0 */
+#define MHD_CLIENT_DISCIPLINE_LVL 38
+
+/* The libmicrohttpd loaded, not the one built against: Debian 13's 1.0.1
+ * keeps 0.9.75's ABI and is loaded in its place. */
+static int mhd_at_least_1_0(void)
+{
+    const char *v = MHD_get_version();
+    return v && atoi(v) >= 1;
+}
+
 int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts,
                           void (*on_closed)(void *arg, struct MHD_Connection *c), void *arg)
 {
@@ -293,6 +307,13 @@ int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts,
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION,
                                         (intptr_t)(on_closed ? on_main_connection : on_connection), g};
     opts[n++] = (struct MHD_OptionItem){MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape_keep_nul, NULL};
+    /* 1.0 unfolds obs-fold lines into spaces at its default discipline (0),
+     * where the header walk cannot tell (folded_or_spaced); at 1, "more
+     * strict, within the limits RFCs set for servers", it answers them 400
+     * and closes the connection itself, as it does a bare LF line end,
+     * whitespace in the URL or Content-Length with Transfer-Encoding */
+    if (mhd_at_least_1_0())
+        opts[n++] = (struct MHD_OptionItem){(enum MHD_OPTION)MHD_CLIENT_DISCIPLINE_LVL, 1, NULL};
     return n;
 }
 
@@ -302,16 +323,52 @@ int tp_http_guard_max_connections(const tp_http_guard *g) { return g->max_connec
 
 typedef struct {
     int n_cl, cl_differ, has_te, has_host;
+    const char *folded; /* the first header folded or with whitespace in its name */
     const char *cl, *te;
     const char *const *wanted; /* the caller's headers */
     const char **values;       /* their first values */
     int n_wanted;
 } header_scan;
 
+/* Was this header's line folded onto the next one (obs-fold: a line
+ * beginning with a space or tab continues the previous header, RFC 9112
+ * 5.2), or is there whitespace in or before its name? A server must
+ * refuse either (or unfold it, which libmicrohttpd 0.9 gets wrong).
+ *
+ * libmicrohttpd (0.9 and 1.0) parses a header in place in the connection's
+ * read buffer: its name, a NUL where the colon was, optional spaces and
+ * tabs, its value. 0.9.75-0.9.77 take a continuation line by appending it
+ * to the header's *name*, moved to a new block of the connection's pool
+ * ("Transfer-Encoding: chunked\r\n gzip" becomes a header
+ * "Transfer-Encodinggzip: chunked", and Transfer-Encoding is gone), so a
+ * folded header is one whose value does not follow its name. The header
+ * walk never sees the raw lines, and this is where the fold shows.
+ * libmicrohttpd 1.0 refuses folds itself at the discipline
+ * tp_http_guard_options gives it (at its default it unfolds them into
+ * spaces, name and value staying adjacent: never a false alarm here). A
+ * first header line beginning with whitespace (RFC 9112 2.2) comes as a
+ * name beginning with it. */
+static int folded_or_spaced(const char *key, const char *value)
+{
+    size_t n = strcspn(key, " \t");
+    if (key[n] || !value)
+        return key[n] != 0;
+    const char *p = key + n + 1;
+    /* bounded: no client needs a kilobyte of spaces before a value */
+    if ((uintptr_t)value < (uintptr_t)p || (uintptr_t)value - (uintptr_t)p > 1024)
+        return 1;
+    for (; p < value; p++)
+        if (*p != ' ' && *p != '\t')
+            return 1;
+    return 0;
+}
+
 static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
     (void)kind;
     header_scan *s = cls;
+    if (!s->folded && folded_or_spaced(key, value))
+        s->folded = key;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
         if (s->n_cl++ && strcmp(s->cl, value ? value : "") != 0)
             s->cl_differ = 1;
@@ -336,6 +393,13 @@ unsigned tp_http_guard_check_headers(struct MHD_Connection *c, const char *versi
     for (int i = 0; i < n_wanted; i++)
         values[i] = NULL;
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &s);
+    if (s.folded) {
+        /* the header it was meant to be is not among those read: answering
+         * as if the rest were all there is would read the body wrongly */
+        snprintf(msg, len, "a header line continued on a line beginning with a space or tab (obs-fold, RFC 9112 "
+                 "5.2), or whitespace in a header's name ('%.60s' as read): refused", s.folded);
+        return 400;
+    }
     if (s.cl_differ) {
         snprintf(msg, len, "two different Content-Length headers: the body's end is ambiguous");
         return 400;

@@ -17,7 +17,9 @@
  *   would not).
  * - protocol strictness: HTTP/1.1 without Host, two different
  *   Content-Length headers (request smuggling), a Transfer-Encoding other
- *   than chunked, and %00 in the path are refused.
+ *   than chunked, obs-fold (a header line continued on the next, RFC 9112
+ *   5.2) or whitespace in a header's name, and %00 in the path are
+ *   refused.
  *
  * http.c owns the daemon; it adds tp_http_guard_options to its option list
  * and reports each request's progress with the two calls below. */
@@ -39,11 +41,11 @@ tp_status tp_http_guard_create(const tp_config *cfg, tp_http_guard **out, tp_err
 void tp_http_guard_free(tp_http_guard *g);
 
 /* Appends the guard's libmicrohttpd options (the connection notifier, the
- * URL unescaper) to opts; returns how many, at most
- * TP_HTTP_GUARD_N_OPTIONS. on_closed (non-NULL for the main port's
- * daemons, the same for all of them) is called with arg when one of the
- * daemon's connections ends. */
-#define TP_HTTP_GUARD_N_OPTIONS 2
+ * URL unescaper, with libmicrohttpd 1.0 its stricter client discipline)
+ * to opts; returns how many, at most TP_HTTP_GUARD_N_OPTIONS. on_closed
+ * (non-NULL for the main port's daemons, the same for all of them) is
+ * called with arg when one of the daemon's connections ends. */
+#define TP_HTTP_GUARD_N_OPTIONS 3
 int tp_http_guard_options(tp_http_guard *g, struct MHD_OptionItem *opts,
                           void (*on_closed)(void *arg, struct MHD_Connection *c), void *arg);
 /* max_connections, lowered to what RLIMIT_NOFILE allows */
