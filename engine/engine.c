@@ -871,6 +871,16 @@ const char *tp_engine_lost(tp_engine *e)
     return atomic_load(&e->lost);
 }
 
+int tp_engine_steps_may_stall(const tp_engine *e)
+{
+    return (e->rg && tp_rank_group_shared(e->rg) != NULL) || e->b->kind->caps->dma_input_copies;
+}
+
+int tp_engine_step_pending(tp_engine *e, int *ranks, int cap)
+{
+    return e->rg ? tp_rank_group_pending(e->rg, ranks, cap) : -1;
+}
+
 tp_status tp_engine_follow(tp_engine *e, tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;

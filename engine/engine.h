@@ -189,6 +189,18 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
  * (during one it reports what the group already knows). */
 const char *tp_engine_lost(tp_engine *e);
 
+/* Whether a step may wait on something outside this process's own
+ * threads: other processes (ranks as processes) or a device (a backend
+ * whose input copies are DMA into device memory). Such a step can stall
+ * for as long as a stopped worker or a hung GPU does, so a server must not
+ * run one on a thread other clients are waiting for. */
+int tp_engine_steps_may_stall(const tp_engine *e);
+/* The ranks that have not finished the step in flight, up to cap of them
+ * in ranks[] (tp_rank_group_pending): how many (0: no step in flight), or
+ * -1 when the engine cannot tell (ranks as threads). Any thread, any time;
+ * never waits for the running step. */
+int tp_engine_step_pending(tp_engine *e, int *ranks, int cap);
+
 /* A worker process's whole life after tp_engine_create: runs every step the
  * leader posts until it shuts the group down (TP_OK) or goes away (an
  * error saying how). */

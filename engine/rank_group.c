@@ -399,6 +399,11 @@ const char *tp_rank_group_lost_known(const tp_rank_group *g)
     return g->procs ? tp_rank_procs_lost_known(g->procs) : NULL;
 }
 
+int tp_rank_group_pending(const tp_rank_group *g, int *ranks, int cap)
+{
+    return g->procs ? tp_rank_procs_pending(g->procs, ranks, cap) : -1;
+}
+
 /* A lost group fails every later step at once, with the same message
  * (a death not found yet fails the step in its first wait). */
 static tp_status fail_if_lost(tp_rank_group *g, tp_err *err)

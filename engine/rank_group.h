@@ -121,6 +121,12 @@ const tp_rank_shared *tp_rank_group_shared(const tp_rank_group *g);
 const char *tp_rank_group_lost(const tp_rank_group *g);
 /* The same without looking: what a check already found (any thread). */
 const char *tp_rank_group_lost_known(const tp_rank_group *g);
+/* Which ranks have not finished the step in flight, for a probe asking
+ * why a step takes so long (any thread; never waits, changes nothing):
+ * up to cap of them in ranks[], ascending, and how many there are (0: no
+ * step in flight). Only a process group's leader can tell (its control
+ * block has each worker's done word); -1 elsewhere. */
+int tp_rank_group_pending(const tp_rank_group *g, int *ranks, int cap);
 
 /* Runs fn(ctx, r) on every local rank (the first on the calling thread,
  * the others on the group's threads; all on the calling thread in a serial

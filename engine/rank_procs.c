@@ -1135,6 +1135,30 @@ void tp_rank_procs_free(tp_rank_procs *p)
 }
 
 int tp_rank_procs_rank(const tp_rank_procs *p) { return p->rank; }
+
+/* Read-only, from any thread of the leader (a readiness probe): nothing
+ * here waits or changes the step. A run step is in flight from its RUN
+ * message until the leader publishes its merged result; a worker has
+ * finished it once its done word reaches the step (one it never received,
+ * say while SIGSTOPped, counts as not finished). */
+int tp_rank_procs_pending(tp_rank_procs *p, int *ranks, int cap)
+{
+    if (p->rank != 0)
+        return -1;
+    uint32_t step = atomic_load(&p->step);
+    if ((int32_t)(atomic_load(&p->ctl->result) - step) >= 0)
+        return 0; /* no run step in flight */
+    int n = 0;
+    for (int r = 1; r < p->world; r++)
+        if ((int32_t)(atomic_load(&p->ctl->rank[r].done) - step) < 0) {
+            if (n < cap)
+                ranks[n] = r;
+            n++;
+        }
+    if (n == 0 && cap > 0) /* every worker is done: rank 0 (this process) is not */
+        ranks[n++] = 0;
+    return n;
+}
 const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p) { return &p->shared; }
 
 /* ------------------------------------------------------------ messages */

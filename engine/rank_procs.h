@@ -44,6 +44,10 @@ void tp_rank_procs_stop(tp_rank_procs *p);
 void tp_rank_procs_free(tp_rank_procs *p);
 int tp_rank_procs_rank(const tp_rank_procs *p);
 const tp_rank_shared *tp_rank_procs_shared(const tp_rank_procs *p);
+/* Leader: the ranks that have not finished the run step in flight (up to
+ * cap of them in ranks[], ascending; rank 0 when only the leader itself is
+ * left); returns how many (0: no step in flight), -1 in a worker. */
+int tp_rank_procs_pending(tp_rank_procs *p, int *ranks, int cap);
 /* NULL while every process is alive, else "rank group lost: why" (set once,
  * never changed after). Checks, so it can turn non-NULL. */
 const char *tp_rank_procs_lost(tp_rank_procs *p);

@@ -51,6 +51,10 @@ struct tp_acceptor {
     pthread_mutex_t mu;
     ip_count *by_ip[IP_BUCKETS]; /* under mu */
     _Atomic int stop, waiting_for_room;
+    /* The daemon whose thread runs a step that may stall while serving
+     * no one else (tp_acceptor_claim_alone), -1: none. New connections
+     * avoid it. */
+    _Atomic int alone;
     pthread_t th;
     int running, drained;
     /* tp_acceptor_route_by_cpu: the daemon whose thread runs on CPU c
@@ -114,14 +118,14 @@ static void count_ip_out(tp_acceptor *a, const ip_key *k)
 }
 
 /* Under mu: the daemon holding the fewest connections among those below
- * their limits, searched from a rotating start so equals take turns; -1
- * when all are full. */
-static int least_loaded(tp_acceptor *a)
+ * their limits, other than skip (-1: none), searched from a rotating start
+ * so equals take turns; -1 when all are full. */
+static int least_loaded(tp_acceptor *a, int skip)
 {
     int best = -1;
     for (int k = 0; k < a->n; k++) {
         int i = (int)((a->next + (unsigned)k) % (unsigned)a->n);
-        if (a->live[i] < a->limit[i] && (best < 0 || a->live[i] < a->live[best]))
+        if (i != skip && a->live[i] < a->limit[i] && (best < 0 || a->live[i] < a->live[best]))
             best = i;
     }
     a->next++;
@@ -148,9 +152,9 @@ static int all_full(tp_acceptor *a)
  * 88-98k when they connected from both CPUs; bounded, such a client gets
  * about two to one (64-67k). A bound of one connection split clients that
  * connect from both CPUs in bursts as though they had not. */
-static int daemon_for(tp_acceptor *a, int c)
+static int daemon_for(tp_acceptor *a, int c, int skip)
 {
-    int cpu = -1, best = least_loaded(a);
+    int cpu = -1, best = least_loaded(a, skip);
     socklen_t len = sizeof cpu;
     if (best >= 0 && a->n_cpu > 0 && getsockopt(c, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &len) == 0 &&
         cpu >= 0 && cpu < a->n_cpu) {
@@ -159,10 +163,37 @@ static int daemon_for(tp_acceptor *a, int c)
         for (int k = 0; k < a->n; k++)
             total += a->live[k];
         unsigned slack = 2 + total / (2u * (unsigned)a->n);
-        if (i >= 0 && a->live[i] < a->limit[i] && a->live[i] <= a->live[best] + slack)
+        if (i >= 0 && i != skip && a->live[i] < a->limit[i] && a->live[i] <= a->live[best] + slack)
             return i;
     }
     return best;
+}
+
+/* Under mu: the daemon for c, counted in (-1: all full). Never the one
+ * whose thread runs a step that may stall (tp_acceptor_claim_alone), whose
+ * connections could wait for minutes: the count goes up first, then the
+ * claim is looked at (both sequentially consistent), as the claimer sets
+ * its claim, then looks at the count; so either it sees this connection
+ * and gives the claim up, or this sees the claim and takes the connection
+ * elsewhere. Only when no other daemon has room does the connection go to
+ * the claimed one (it is answered once the step ends), as before claims. */
+static int place(tp_acceptor *a, int c)
+{
+    int skip = atomic_load(&a->alone);
+    for (int tries = 0; tries < 4; tries++) {
+        int i = daemon_for(a, c, skip);
+        if (i < 0)
+            i = daemon_for(a, c, -1);
+        if (i < 0)
+            return -1;
+        a->live[i]++;
+        int now = atomic_load(&a->alone);
+        if (now != i || tries == 3)
+            return i;
+        a->live[i]--; /* claimed meanwhile: try again without it */
+        skip = now;
+    }
+    return -1; /* not reached */
 }
 
 /* Counts c (just accepted from sa) in and hands it to a daemon. A
@@ -172,11 +203,9 @@ static void admit(tp_acceptor *a, int c, const struct sockaddr *sa, socklen_t sl
 {
     ip_key k = key_of(sa);
     pthread_mutex_lock(&a->mu);
-    int i = count_ip_in(a, &k) ? daemon_for(a, c) : -2;
+    int i = count_ip_in(a, &k) ? place(a, c) : -2;
     if (i == -1)
         count_ip_out(a, &k);
-    if (i >= 0)
-        a->live[i]++;
     pthread_mutex_unlock(&a->mu);
     if (i < 0) {
         close(c);
@@ -206,6 +235,27 @@ void tp_acceptor_route_by_cpu(tp_acceptor *a, const int *cpu_of_daemon)
 }
 
 unsigned tp_acceptor_live(tp_acceptor *a, int i) { return atomic_load_explicit(&a->live[i], memory_order_relaxed); }
+
+int tp_acceptor_claim_alone(tp_acceptor *a, int i)
+{
+    /* the relaxed look first: a thread serving several clients (the usual
+     * case under load) pays no more than that */
+    if (a->n < 2 || atomic_load_explicit(&a->live[i], memory_order_relaxed) != 1)
+        return 0;
+    int none = -1;
+    if (!atomic_compare_exchange_strong(&a->alone, &none, i))
+        return 0; /* another daemon's thread has the claim */
+    if (atomic_load(&a->live[i]) == 1)
+        return 1;
+    atomic_store(&a->alone, -1); /* a connection came meanwhile */
+    return 0;
+}
+
+void tp_acceptor_end_alone(tp_acceptor *a, int i)
+{
+    int mine = i;
+    atomic_compare_exchange_strong(&a->alone, &mine, -1);
+}
 
 void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c)
 {
@@ -320,6 +370,7 @@ tp_status tp_acceptor_start(int listen_fd, struct MHD_Daemon *const *d, int n, c
     a->limit = malloc((size_t)n * sizeof *a->limit);
     a->live = calloc((size_t)n, sizeof *a->live);
     a->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    atomic_init(&a->alone, -1);
     pthread_mutex_init(&a->mu, NULL);
     if (!a->d || !a->limit || !a->live) {
         tp_acceptor_free(a);

@@ -55,6 +55,20 @@ void tp_acceptor_route_by_cpu(tp_acceptor *a, const int *cpu_of_daemon);
  * serves more than one client). */
 unsigned tp_acceptor_live(tp_acceptor *a, int i);
 
+/* The calling thread, daemon i's, is about to run an engine step that may
+ * stall (a stopped rank process, a hung GPU: tp_engine_steps_may_stall)
+ * and must not leave anyone waiting behind it: returns 1 when daemon i
+ * holds one connection (the caller's own) and another daemon could take
+ * new ones; from then until tp_acceptor_end_alone(a, i), new connections
+ * go to the other daemons. 0 (and nothing changes) otherwise: run the
+ * step elsewhere. One daemon at a time may be claimed, so new connections
+ * always have another daemon to go to. Lock-free: a compare-exchange and a
+ * load (a store with tp_acceptor_end_alone), ~20-40 ns; the accept thread
+ * checks its choice against it (a Dekker handshake on the connection
+ * count, so neither can miss the other). */
+int tp_acceptor_claim_alone(tp_acceptor *a, int i);
+void tp_acceptor_end_alone(tp_acceptor *a, int i);
+
 /* Stops accepting and joins the thread; again is a no-op. Call before
  * stopping the daemons, so none is handed a connection while it stops. */
 void tp_acceptor_stop(tp_acceptor *a);

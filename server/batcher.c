@@ -1,6 +1,7 @@
 #include "batcher.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,14 @@ struct tp_batcher {
     uint64_t serial_steps_seen[TP_BATCHER_MAX_INSTANCES]; /* each instance's serial step count
                                  * after its last batch (only the thread running it touches it) */
     double recent_backlog; /* moving average of "requests were waiting when a batch ended" (mu) */
+    /* Steps may wait on other processes or a device (tp_engine_steps_may_stall):
+     * they run on a submitter only when it serves no one else (r->alone). */
+    int may_stall;
+    int thread_in_batch; /* the batcher thread runs a batch: its queue's deadlines are tp_batcher_expire's (mu) */
+    /* Instance k's running batch began at this tp_now_ns (0: none runs),
+     * for tp_batcher_oldest_step: written by the thread running it, read
+     * by probes, never under a lock. */
+    _Atomic int64_t step_t0[TP_BATCHER_MAX_INSTANCES];
     pthread_t th;
 };
 
@@ -160,7 +169,13 @@ static int next_batch(tp_batcher *b, job **batch, job **expired)
         if (*expired)
             return 1;
         if (running(b) == b->n_inst) { /* submitters run them inline; they signal when done */
-            pthread_cond_wait(&b->cv, &b->mu);
+            /* ...which may be never (a stuck step): queued requests still
+             * get their 504 at their deadline */
+            double dl = earliest_deadline(b);
+            if (dl > 0)
+                wait_until(b, dl);
+            else
+                pthread_cond_wait(&b->cv, &b->mu);
             continue;
         }
         if (!b->head) {
@@ -359,8 +374,13 @@ static void run_batch(tp_batcher *b, int k, job *batch)
         rows += j->rows;
     tp_host_tensor *outs = NULL;
     tp_err err = {{0}};
-    double t0 = tp_now_s(), split_s = 0;
+    int64_t t0_ns = tp_now_ns();
+    double t0 = (double)t0_ns / 1e9, split_s = 0;
+    /* relaxed: a probe reading a stale value misjudges a step's age by
+     * nanoseconds; a fence here would cost every batch */
+    atomic_store_explicit(&b->step_t0[k], t0_ns, memory_order_relaxed);
     tp_status st = infer_batch(b, k, batch, n, rows, &outs, &n_outs, &err);
+    atomic_store_explicit(&b->step_t0[k], 0, memory_order_relaxed);
     double t_end = tp_now_s();
     tp_batch_info info = {0, t_end - t0, rows, n};
     tp_engine_stats s;
@@ -441,6 +461,7 @@ static void *batcher_main(void *arg)
         pthread_mutex_lock(&b->mu);
         more = next_batch(b, &batch, &expired);
         int k = batch ? take_instance(b) : -1; /* next_batch waits for an idle one */
+        b->thread_in_batch = batch != NULL;
         pthread_mutex_unlock(&b->mu);
         /* callbacks run unlocked: they may take their own locks or submit */
         answer_expired(expired, tp_now_s());
@@ -449,6 +470,7 @@ static void *batcher_main(void *arg)
         pthread_mutex_lock(&b->mu);
         if (batch)
             batch_ended(b, k);
+        b->thread_in_batch = 0;
         pthread_mutex_unlock(&b->mu);
     }
     return NULL;
@@ -496,6 +518,7 @@ tp_status tp_batcher_create_instances(tp_engine *const *inst, int n_inst, const 
                                                   : tp_spin_budget(2, tp_spin_cores());
     b->delay_s = b->o.max_queue_delay_us > 0 ? (double)b->o.max_queue_delay_us / 1e6 : 0;
     b->batchable = tp_engine_batchable(e);
+    b->may_stall = tp_engine_steps_may_stall(e);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -550,7 +573,7 @@ static int would_run_on_submitter(const tp_batcher *b)
 static int would_hold(const tp_batcher *b)
 {
     return !b->stopping && b->delay_s == 0 && b->batchable && short_steps(b) &&
-           b->recent_serial >= 0.5;
+           b->recent_serial >= 0.5 && !b->may_stall;
 }
 
 static job *new_job(const tp_batch_req *r, int64_t rows)
@@ -613,8 +636,10 @@ tp_status tp_batcher_submit_held(tp_batcher *b, const tp_batch_req *r, tp_batch_
     int stopping = b->stopping, full = b->queued >= b->o.max_queue;
     int may_hold = held && would_hold(b);
     /* done is called before submit returns; not when the submitter holds
-     * requests already, or expects more (r->more_may_follow) and may hold */
-    int run_here = would_run_on_submitter(b) && !(held && *held) && !(may_hold && r->more_may_follow);
+     * requests already, or expects more (r->more_may_follow) and may hold,
+     * nor for a step that may stall on a submitter others depend on */
+    int run_here = would_run_on_submitter(b) && !(held && *held) && !(may_hold && r->more_may_follow) &&
+                   (!b->may_stall || r->alone);
     int hold = !run_here && may_hold && hold_job(b, held, j);
     int k = run_here ? take_instance(b) : -1;
     if (hold) {
@@ -709,6 +734,69 @@ void tp_batcher_engine_stats(tp_batcher *b, tp_engine_stats *out)
 }
 
 int tp_batcher_instances(const tp_batcher *b) { return b->n_inst; }
+
+int tp_batcher_oldest_step(tp_batcher *b, int64_t *t_start_ns, tp_engine **inst)
+{
+    int found = 0;
+    for (int k = 0; k < b->n_inst; k++) {
+        int64_t t = atomic_load_explicit(&b->step_t0[k], memory_order_relaxed);
+        if (t && (!found || t < *t_start_ns)) {
+            *t_start_ns = t;
+            *inst = b->inst[k];
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* "rank 1 has not finished", "ranks 1, 3 have not finished", or why
+ * no rank is named. */
+static void describe_pending(tp_engine *e, char *out, size_t cap)
+{
+    int ranks[8];
+    int n = tp_engine_step_pending(e, ranks, 8);
+    if (n < 0) {
+        snprintf(out, cap, "the engine cannot tell which rank (ranks as threads)");
+        return;
+    }
+    if (n == 0) {
+        snprintf(out, cap, "no rank step in flight (the batch is between steps)");
+        return;
+    }
+    size_t at = (size_t)snprintf(out, cap, "rank%s ", n > 1 ? "s" : "");
+    for (int i = 0; i < n && i < 8 && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%d", i ? ", " : "", ranks[i]);
+    if (at < cap)
+        snprintf(out + at, cap - at, "%s %s not finished", n > 8 ? ", ..." : "", n > 1 ? "have" : "has");
+}
+
+int tp_batcher_stuck(tp_batcher *b, int stuck_ms, int64_t now_ns, int64_t *t_start_ns, char *msg, size_t cap)
+{
+    tp_engine *inst = NULL;
+    if (stuck_ms <= 0 || !tp_batcher_oldest_step(b, t_start_ns, &inst))
+        return 0;
+    int64_t age_ms = (now_ns - *t_start_ns) / 1000000;
+    if (age_ms < stuck_ms)
+        return 0;
+    char who[160];
+    describe_pending(inst, who, sizeof who);
+    snprintf(msg, cap, "engine step running for %lld ms (stuck_step_ms %d): %s", (long long)age_ms, stuck_ms, who);
+    return 1;
+}
+
+double tp_batcher_expire(tp_batcher *b, double now)
+{
+    job *expired = NULL;
+    pthread_mutex_lock(&b->mu);
+    double next = 0;
+    if (b->thread_in_batch) {
+        take_expired(b, now, &expired);
+        next = earliest_deadline(b);
+    }
+    pthread_mutex_unlock(&b->mu);
+    answer_expired(expired, now);
+    return next;
+}
 
 int tp_batcher_queued(tp_batcher *b)
 {

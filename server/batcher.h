@@ -11,7 +11,8 @@
  * that cannot be batched (tp_engine_batchable) run one request at a time.
  *
  * A request that waits past its deadline is answered TP_TIMEOUT and never
- * runs. The queue is bounded (TP_UNAVAILABLE beyond it). Freeing the
+ * runs, also while every instance is busy (a stuck step; tp_batcher_expire
+ * when the batcher thread runs it). The queue is bounded (TP_UNAVAILABLE beyond it). Freeing the
  * batcher runs what is still queued first. */
 #ifndef TP_BATCHER_H
 #define TP_BATCHER_H
@@ -53,7 +54,8 @@ typedef struct {
 } tp_batch_info;
 
 /* Called exactly once per accepted request, from the batcher thread, the
- * thread calling tp_batcher_cancel or (a held request) tp_batcher_run_held, or — when the batcher was idle, nothing
+ * thread calling tp_batcher_cancel or tp_batcher_expire (TP_TIMEOUT) or (a
+ * held request) tp_batcher_run_held, or — when the batcher was idle, nothing
  * was queued, there is no queue delay and recent steps were short and
  * quiet (inline_max_us) — the submitting thread itself, before tp_batcher_submit
  * returns (it runs that request's batch). On TP_OK
@@ -88,6 +90,13 @@ typedef struct {
      * (where holding is allowed at all): what the thread reads meanwhile
      * joins its batch instead of each running alone. */
     int more_may_follow;
+    /* 1: the submitter serves no other client while this request runs
+     * (tp_acceptor_claim_alone: its only connection is this request's, and
+     * it is given no new one meanwhile). Without it a step that may stall
+     * (tp_engine_steps_may_stall: a stopped rank process, a hung GPU) never
+     * runs on the submitter: the connections it serves would wait as long
+     * as the step, probes included. */
+    int alone;
 } tp_batch_req;
 
 /* e is borrowed and must outlive the batcher. */
@@ -146,6 +155,30 @@ tp_status tp_batcher_infer(tp_batcher *b, const tp_host_tensor *inputs, int n_in
  * submitter, wake the engine's ranks now so their wake-up overlaps the
  * body and the decoding (tp_engine_prewake). A hint; thread-safe. */
 void tp_batcher_prewake(tp_batcher *b);
+
+/* The engine step (one batch's run, on whichever thread) that has been
+ * running longest: 1, with its start (tp_now_ns) in *t_start_ns and the
+ * instance running it in *inst; 0 while no batch runs. Lock-free: a probe
+ * asking never waits for the engine or the batcher. */
+int tp_batcher_oldest_step(tp_batcher *b, int64_t *t_start_ns, tp_engine **inst);
+
+/* Whether the engine looks stuck: the oldest running step has run
+ * stuck_ms or more at now_ns (tp_now_ns; stuck_ms 0: never). Then 1, the
+ * step's start in *t_start_ns (one value per step, so a caller can log
+ * each stuck step once) and why in msg, e.g. "engine step running for
+ * 61234 ms (stuck_step_ms 60000): rank 1 has not finished" (the ranks as
+ * tp_engine_step_pending names them). Lock-free, like
+ * tp_batcher_oldest_step. */
+int tp_batcher_stuck(tp_batcher *b, int stuck_ms, int64_t now_ns, int64_t *t_start_ns, char *msg, size_t cap);
+
+/* The batcher thread answers a queued request past its deadline
+ * (TP_TIMEOUT) as it waits for the next batch; while it runs one itself,
+ * which a stuck step can make last for minutes, nobody would: this answers
+ * them now (call it now and then: the server's main thread does, at least
+ * once a second). Returns the earliest deadline still queued while the
+ * batcher thread is in a batch (tp_now_s), else 0: when to look again. Any
+ * thread; the batcher's lock briefly, and the callbacks unlocked. */
+double tp_batcher_expire(tp_batcher *b, double now);
 
 int tp_batcher_queued(tp_batcher *b);
 int64_t tp_batcher_max_batch(const tp_batcher *b);

@@ -344,6 +344,12 @@ tp_status tp_config_validate(const tp_config *c, tp_err *err)
     if (c->instances > 1 && (strcmp(c->ranks, "threads") != 0 || strcmp(c->backend, "cpu") != 0))
         return tp_fail(err, TP_INVALID, "'instances' %d needs backend cpu and ranks threads (got backend '%s', "
                        "ranks '%s')", c->instances, c->backend, c->ranks);
+    /* A step stuck that long should turn readiness 503 (the pod leaves the
+     * service) before step_timeout_ms gives the rank group up for lost */
+    if (c->stuck_step_ms > 0 && c->step_timeout_ms > 0 && c->stuck_step_ms >= c->step_timeout_ms)
+        return tp_fail(err, TP_INVALID, "'stuck_step_ms' %d must be below 'step_timeout_ms' %d (a stuck step turns "
+                       "readiness 503 before the step timeout loses the rank group), or 0", c->stuck_step_ms,
+                       c->step_timeout_ms);
     tp_config copy = *c;
     tp_status st = TP_OK;
     /* Re-applying each value through the setters checks ranges and choices

@@ -169,6 +169,16 @@ struct tp_http {
      * on its next pass: so in epoll mode (it keeps such connections on its
      * ready list); held requests need that (REQ_HELD) */
     int may_hold;
+    /* The engine's steps may stall (tp_engine_steps_may_stall): one runs
+     * on an HTTP thread only while that thread serves no other connection
+     * (tp_acceptor_claim_alone), so nothing but its own client ever waits
+     * behind a stopped rank or a hung GPU */
+    int may_stall;
+    /* stuck_step_ms: the start (tp_now_ns) of the last stuck step logged,
+     * so each is logged and counted once; whether one is stuck now (for
+     * the log line when it ends) */
+    _Atomic int64_t stuck_logged;
+    _Atomic int stuck_now;
     tp_cpu_pin **pins; /* pin_threads: each daemon's thread's pin, ticked by that thread only; NULL: unpinned */
 };
 
@@ -300,9 +310,55 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
     return MHD_YES;
 }
 
+/* stuck_step_ms: 1 and why in msg while an engine step has run that long
+ * (tp_batcher_stuck); whoever sees a stuck step first logs it and counts
+ * it, once per step. Any thread; never waits for the engine. */
+static int engine_stuck(tp_http *h, char *msg, size_t cap)
+{
+    int64_t t0 = 0;
+    if (!h->cfg.stuck_step_ms || !atomic_load(&h->loaded) ||
+        !tp_batcher_stuck(h->batcher, h->cfg.stuck_step_ms, tp_now_ns(), &t0, msg, cap))
+        return 0;
+    int64_t last = atomic_load(&h->stuck_logged);
+    if (last != t0 && atomic_compare_exchange_strong(&h->stuck_logged, &last, t0)) {
+        atomic_store(&h->stuck_now, 1);
+        TP_LOG_W("%s: readiness 503 until it ends", msg);
+        tp_metrics_stuck_step(h->metrics);
+    }
+    return 1;
+}
+
+/* How often tp_http_watch wants to run at most: a queued request's 504
+ * is at most this late while the batcher thread is in a step, and an idle
+ * server wakes this often (once a second, against 50 times once) */
+#define WATCH_MS 1000
+
+int tp_http_watch(tp_http *h)
+{
+    char msg[512];
+    if (!engine_stuck(h, msg, sizeof msg) && atomic_exchange(&h->stuck_now, 0))
+        TP_LOG_I("the stuck engine step has ended: readiness 200 again");
+    int tick = WATCH_MS, stuck_tick = h->cfg.stuck_step_ms / 10 < 10 ? 10 : h->cfg.stuck_step_ms / 10;
+    if (h->cfg.stuck_step_ms > 0 && stuck_tick < tick) /* logged within a tenth of it */
+        tick = stuck_tick;
+    if (!atomic_load(&h->loaded))
+        return tick;
+    double now = tp_now_s(), next = tp_batcher_expire(h->batcher, now);
+    if (next > 0 && (next - now) * 1e3 + 1 < tick)
+        tick = (int)((next - now) * 1e3) + 1;
+    return tick;
+}
+
 /* Prometheus text format; served while loading and draining too. */
 static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
 {
+    int64_t t0 = 0;
+    tp_engine *busy = NULL;
+    char why[512];
+    engine_stuck(h, why, sizeof why); /* counted as soon as it is one */
+    tp_metrics_set_step_age(h->metrics, atomic_load(&h->loaded) && tp_batcher_oldest_step(h->batcher, &t0, &busy)
+                                            ? (double)(tp_now_ns() - t0) / 1e9
+                                            : 0);
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
     tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
@@ -327,9 +383,13 @@ static int is_ready(tp_http *h)
     return !atomic_load(&h->broken) && atomic_load(&h->state) == SRV_READY;
 }
 
-/* Server readiness; model readiness is the same (one model). */
+/* Server readiness; model readiness is the same (one model). A stuck
+ * engine step (stuck_step_ms) makes it 503 saying why, until it ends. */
 static enum MHD_Result get_ready(tp_http *h, req_ctx *r)
 {
+    char why[512];
+    if (is_ready(h) && engine_stuck(h, why, sizeof why))
+        return reply_error(h, r, 503, "not ready: %s", why);
     return reply_json(h, r, is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", is_ready(h)));
 }
 
@@ -723,13 +783,24 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
         end_submitting(h, 1);
         return tp_fail(err, TP_UNAVAILABLE, "server is shutting down");
     }
+    /* A step that may stall runs here only while this thread serves r's
+     * connection alone and is given no new one (acceptor.h): an HTTP
+     * thread stuck in a step otherwise left its other clients' requests,
+     * probes included, unanswered for as long as the step (a stopped rank:
+     * step_timeout_ms). Otherwise the batcher thread runs it and the
+     * connection is suspended meanwhile. Costs a relaxed load, and for a
+     * thread with one connection a compare-exchange, a load and a store. */
+    int alone = h->may_stall && find_thread_daemon(h, r->conn) >= 0 &&
+                tp_acceptor_claim_alone(h->acceptor, thread_daemon);
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
                        r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3,
-                       .more_may_follow = h->may_hold && thread_serves_others(h, r)};
+                       .more_may_follow = h->may_hold && thread_serves_others(h, r), .alone = alone};
     atomic_store(&r->handoff, TP_HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
                                : tp_batcher_submit(h->batcher, &br, err);
+    if (alone)
+        tp_acceptor_end_alone(h->acceptor, thread_daemon);
     if (st != TP_OK)
         atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK || !*held)
@@ -1573,6 +1644,7 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
     tp_status st = load_labels(h, no, err);
+    h->may_stall = tp_engine_steps_may_stall(e);
     if (st == TP_OK)
         st = start_batcher(h, inst, n, err);
     if (st != TP_OK)

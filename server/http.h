@@ -48,6 +48,14 @@ unsigned tp_http_begin_drain(tp_http *h);
  * the first time. Called by one thread (serve's main loop). */
 int tp_http_set_broken(tp_http *h, const char *why);
 
+/* The main thread's look at the engine, now and then: stuck_step_ms logs
+ * (once) a step that has run that long, and that it ended (readiness and
+ * /metrics look for themselves; this is for a server nobody probes), and
+ * queued requests past their deadline are answered 504 while the batcher
+ * thread, inside a step, cannot (tp_batcher_expire). Returns the ms until
+ * it wants to be called again. */
+int tp_http_watch(tp_http *h);
+
 /* Requests received but not yet answered; of those, the ones submitted to
  * the batcher (queued, inside the engine, or being answered); and open
  * connections. */

@@ -19,6 +19,8 @@ struct tp_metrics {
     _Atomic uint64_t engine_waits[2]; /* [0] polled, [1] slept */
     _Atomic uint64_t pin_changes[2];  /* [0] unpinned, [1] pinned again */
     _Atomic long inflight, queued;
+    _Atomic uint64_t stuck_steps; /* steps that ran past stuck_step_ms */
+    _Atomic double step_age;      /* the running step's age, copied before rendering */
     _Atomic uint64_t trace_dropped; /* the trace's own count, copied before rendering */
     _Atomic long shm_regions;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
@@ -125,6 +127,10 @@ void tp_metrics_set_shm_regions(tp_metrics *m, long regions)
 }
 
 void tp_metrics_set_trace_dropped(tp_metrics *m, uint64_t dropped) { atomic_store(&m->trace_dropped, dropped); }
+
+void tp_metrics_stuck_step(tp_metrics *m) { atomic_fetch_add(&m->stuck_steps, 1); }
+
+void tp_metrics_set_step_age(tp_metrics *m, double seconds) { atomic_store(&m->step_age, seconds); }
 
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s)
 {
@@ -243,6 +249,11 @@ static void render_requests(sbuf *b, tp_metrics *m)
           atomic_load(&m->inflight));
     gauge(b, "tpserve_queue_size", "Requests waiting in the batcher queue.",
           atomic_load(&m->queued));
+    family(b, "tpserve_engine_step_age_seconds", "gauge",
+           "How long the engine step running longest has run (0: none runs); past stuck_step_ms readiness is 503.");
+    sb_printf(b, "tpserve_engine_step_age_seconds %.3f\n", atomic_load(&m->step_age));
+    counter(b, "tpserve_stuck_steps_total", "Engine steps that ran past stuck_step_ms (each counted once).",
+            atomic_load(&m->stuck_steps));
     counter(b, "tpserve_trace_dropped_total",
             "Traces taken and never written: past trace_max_pending with trace_log_frequency 0 (the oldest), "
             "or for want of memory or a writable trace_file.",

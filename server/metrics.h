@@ -54,6 +54,11 @@ void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued);
 void tp_metrics_set_shm_regions(tp_metrics *m, long regions);
 /* Traces taken and never written (tp_trace_dropped), set before rendering. */
 void tp_metrics_set_trace_dropped(tp_metrics *m, uint64_t dropped);
+/* An engine step ran past stuck_step_ms (counted once per step). */
+void tp_metrics_stuck_step(tp_metrics *m);
+/* The running engine step's age in seconds (0: none runs), set before
+ * rendering. */
+void tp_metrics_set_step_age(tp_metrics *m, double seconds);
 /* The engine's counters since load (copied). */
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
 

@@ -305,8 +305,10 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
              tp_http_threads(h), cfg->instances, (long long)cfg->max_body_bytes);
     int sig;
     /* woken by an engine that became lost (a step failed for good, or a
-     * rank's process ended): readiness turns 503 at once */
-    while ((sig = wait_main(w, -1)) <= 0) {
+     * rank's process ended): readiness turns 503 at once; and now and then
+     * (tp_http_watch: a stuck step logged, queued requests' 504s while the
+     * batcher thread is inside a step) */
+    while ((sig = wait_main(w, tp_http_watch(h))) <= 0) {
         const char *lost = any_lost(inst, cfg->instances);
         if (lost && tp_http_set_broken(h, lost))
             TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);

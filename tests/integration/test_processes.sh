@@ -142,7 +142,7 @@ fi
 
 # 3c. a worker stopped (alive, never finishing): the step deadline loses the
 # group like a death, the request gets 503 naming it, the worker is killed
-if start hung --graph "$TP_GRAPHS/$G.json" --ranks processes --step-timeout-ms 3000; then
+if start hung --graph "$TP_GRAPHS/$G.json" --ranks processes --step-timeout-ms 3000 --stuck-step-ms 1000; then
     w=$(workers "$PID" | awk '{print $1}')
     kill -STOP "$w"
     $PYTHON "$HERE/kserve_client.py" make --graphs "$TP_GRAPHS" --graph "$G" --out "$TMP/hbody" >/dev/null

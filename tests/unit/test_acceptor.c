@@ -190,6 +190,49 @@ START_TEST(spreads_evenly)
 }
 END_TEST
 
+/* A daemon whose thread runs a step that may stall while serving its one
+ * connection alone (tp_acceptor_claim_alone) is given no new connection
+ * until the claim ends: they go to the others, so none waits behind the
+ * step. A claim needs that one connection, another daemon to take new
+ * ones, and no other claim. */
+START_TEST(claimed_daemon_gets_no_new_connections)
+{
+    static const unsigned limit[] = {100, 100};
+    rig r;
+    rig_start(&r, 2, limit, 0);
+    int first = dial(&r, "127.0.0.1");
+    wait_held(&r, 1);
+    int i = tp_acceptor_live(r.a, 0) == 1 ? 0 : 1, other = 1 - i;
+    ck_assert_int_eq(tp_acceptor_claim_alone(r.a, other), 0); /* it serves nobody: not its step */
+    ck_assert_int_eq(tp_acceptor_claim_alone(r.a, i), 1);
+    ck_assert_int_eq(tp_acceptor_claim_alone(r.a, i), 0); /* one claim at a time */
+    int fd[4];
+    for (int k = 0; k < 4; k++)
+        fd[k] = dial(&r, "127.0.0.1");
+    wait_held(&r, 5);
+    ck_assert_uint_eq(tp_acceptor_live(r.a, i), 1);
+    ck_assert_uint_eq(tp_acceptor_live(r.a, other), 4);
+    expect(fd[0], "HTTP/1.1 200");
+    tp_acceptor_end_alone(r.a, i);
+    int more = dial(&r, "127.0.0.1"); /* the least loaded again */
+    wait_held(&r, 6);
+    ck_assert_uint_eq(tp_acceptor_live(r.a, i), 2);
+    ck_assert_int_eq(tp_acceptor_claim_alone(r.a, i), 0); /* two connections now */
+    close(more);
+    for (int k = 0; k < 4; k++)
+        close(fd[k]);
+    close(first);
+    rig_stop(&r);
+    /* one daemon: new connections would have nowhere else to go */
+    rig_start(&r, 1, limit, 0);
+    first = dial(&r, "127.0.0.1");
+    wait_held(&r, 1);
+    ck_assert_int_eq(tp_acceptor_claim_alone(r.a, 0), 0);
+    close(first);
+    rig_stop(&r);
+}
+END_TEST
+
 /* n connections dialled from a thread running on cpu, one at a time. */
 static void dial_from_cpu(rig *r, int cpu, int n, int *fd, int *n_fd)
 {
@@ -380,6 +423,7 @@ static Suite *acceptor_suite(void)
     TCase *tc = tcase_create("loopback");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, spreads_evenly);
+    tcase_add_test(tc, claimed_daemon_gets_no_new_connections);
     tcase_add_test(tc, routes_by_incoming_cpu);
     tcase_add_test(tc, per_address_limit);
     tcase_add_test(tc, full_waits_in_backlog);

@@ -7,11 +7,14 @@
  * delay, so a batch forms only when it is full or the batcher stops. */
 #include <check.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "backend.h"
 #include "batcher.h"
 #include "check_main.h"
 #include "clock.h"
@@ -301,7 +304,7 @@ static slot new_slot(void) { return (slot){&g_mu, &g_cv, &g_done, 0, TP_OK, "", 
 static tp_status submit(tp_batcher *b, tp_host_tensor *x, slot *s, double t_arrival,
                         int64_t timeout_us, tp_err *err)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0, 0, 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", slot_done, s, 0, 0, 0, 0};
     return tp_batcher_submit(b, &r, err);
 }
 
@@ -396,7 +399,7 @@ START_TEST(inline_run_stops_while_requests_pile_up)
     ck_assert(ran_on_submitter(b, &x));
     slot queued = new_slot();
     chain c = {new_slot(), b, &x, &queued};
-    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", chain_done, &c, 0, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
     ck_assert(c.s.done && pthread_equal(c.s.thread, pthread_self())); /* ran inline */
     wait_done(&queued);
@@ -459,7 +462,7 @@ START_TEST(second_instance_runs_while_the_first_is_busy)
     ck_assert_msg(tp_batcher_create_instances(e, 2, &o, &b, &err) == TP_OK, "%s", err.msg);
     ck_assert_int_eq(tp_batcher_instances(b), 2);
     nested n = {new_slot(), new_slot(), b, &x, 0};
-    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", nested_done, &n, 0, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, "parameters.timeout", nested_done, &n, 0, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
     wait_done(&n.s);
     wait_done(&n.inner);
@@ -561,7 +564,7 @@ typedef struct {
 
 static void hold_req(holder *h, int i, tp_host_tensor *x, double t_arrival, int64_t timeout_us)
 {
-    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0, 0, 0};
+    tp_batch_req r = {x, 1, t_arrival, timeout_us, "parameters.timeout", held_done, &h->s[i], 0, 0, 0, 0};
     tp_err err = {{0}};
     ck_assert_msg(tp_batcher_submit_held(h->b, &r, &h->held, &h->was_held[i], &err) == TP_OK, "%s",
                   err.msg);
@@ -599,7 +602,7 @@ START_TEST(held_requests_run_together_on_their_thread)
         ref[i] = tu_infer(e, &h.x[i], 1, &n_ref);
     }
     tp_host_tensor x0 = make_x(1, 3);
-    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0};
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0, 0};
     tp_err err = {{0}};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
     for (int i = 0; i < N_HELD; i++)
@@ -687,7 +690,7 @@ static void wait_for_busy_engine(int64_t engine_spin_us, uint64_t *spun, uint64_
     for (int i = 0; i < N_HELD; i++)
         be.h.x[i] = make_x(1, (unsigned)(80 + i));
     tp_host_tensor x0 = make_x(1, 7);
-    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, busy_then_release, &be, 0, 0, 0};
+    tp_batch_req r0 = {&x0, 1, 0, 0, NULL, busy_then_release, &be, 0, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK); /* idle: runs here */
     ck_assert_int_eq(pthread_join(be.runner, NULL), 0);
     ck_assert_int_eq(be.ran, N_HELD);
@@ -739,7 +742,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     tp_batch_held *held = NULL;
     held_slot s = {0};
     int was_held = 1;
-    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0, 0, 0};
+    tp_batch_req r = {&x, 1, 0, 0, NULL, held_done, &s, 0, 0, 0, 0};
     tp_err err = {{0}};
     tp_batcher *b = new_batcher(e, 16, LONG_DELAY_US, 0, NULL);
     ck_assert_int_eq(tp_batcher_submit_held(b, &r, &held, &was_held, &err), TP_OK);
@@ -760,7 +763,7 @@ START_TEST(held_only_serial_steps_without_queue_delay)
     holder h = {.b = b};
     for (int i = 0; i < N_HELD; i++)
         h.x[i] = make_x(1, (unsigned)(60 + i));
-    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0};
+    tp_batch_req r0 = {&x, 1, 0, 0, NULL, hold_while_busy, &h, 0, 0, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &r0, &err), TP_OK);
     ck_assert_ptr_null(h.held);
     tp_batcher_free(b); /* runs the queued ones */
@@ -867,7 +870,7 @@ START_TEST(timeout_is_504_and_never_runs)
     ck_assert_int_eq(submit(b, &x, &late, 0, 20000, &err), TP_OK);     /* 20 ms */
     ck_assert_int_eq(submit(b, &x, &past, t0 - 1, 1000, &err), TP_OK); /* due 1 s ago */
     /* the caller's clock reading dates the submit, and the deadline with it */
-    tp_batch_req by_caller = {&x, 1, 0, 5000000, "parameters.timeout", slot_done, &dated, 0, t0 - 10, 0};
+    tp_batch_req by_caller = {&x, 1, 0, 5000000, "parameters.timeout", slot_done, &dated, 0, t0 - 10, 0, 0};
     ck_assert_int_eq(tp_batcher_submit(b, &by_caller, &err), TP_OK);
     wait_done(&dated);
     ck_assert_int_eq(dated.st, TP_TIMEOUT);
@@ -1201,6 +1204,252 @@ START_TEST(unbatchable_graph_runs_one_by_one)
 }
 END_TEST
 
+/* ---- steps that stall ------------------------------------------------------ */
+
+/* An engine whose steps block until the test opens the gate: a rank that
+ * stopped mid-step, as a SIGSTOPped worker or a hung GPU does. */
+static const tp_backend_iface *cpu_iface;
+static tp_backend_iface gated_iface;
+static _Atomic int gate_open;
+
+static void wait_gate(void)
+{
+    while (!atomic_load(&gate_open))
+        usleep(1000);
+}
+
+static tp_status gated_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
+{
+    wait_gate();
+    return cpu_iface->replay(b, rank, c, err);
+}
+
+static tp_status gated_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                              tp_tensor *out, tp_err *err)
+{
+    wait_gate();
+    return cpu_iface->run_op(b, rank, op, a, ins, n_ins, out, err);
+}
+
+static tp_engine *open_gated(void)
+{
+    tp_engine *e = open_mlp();
+    tp_backend *bk = tp_engine_backend(e);
+    cpu_iface = bk->iface;
+    gated_iface = *cpu_iface;
+    gated_iface.replay = gated_replay;
+    gated_iface.run_op = gated_run_op;
+    bk->iface = &gated_iface;
+    atomic_store(&gate_open, 0);
+    return e;
+}
+
+static void close_gated(tp_engine *e)
+{
+    atomic_store(&gate_open, 1);
+    tp_engine_backend(e)->iface = cpu_iface;
+    tp_engine_free(e);
+}
+
+/* Until the batcher reports a step running (a liveness bound, not a
+ * timing: 10 s). */
+static int64_t step_start(tp_batcher *b)
+{
+    int64_t t0 = 0;
+    tp_engine *inst = NULL;
+    for (int i = 0; i < 10000 && !tp_batcher_oldest_step(b, &t0, &inst); i++)
+        usleep(1000);
+    ck_assert_msg(t0 > 0, "no step reported running");
+    return t0;
+}
+
+/* A step that has run stuck_ms is stuck (readiness 503, with why), judged
+ * at the time the caller gives, so nothing here depends on timing; not
+ * before, never with stuck_ms 0, and no longer once it ends. Ranks as
+ * threads: the engine cannot say which rank is behind, and says so. */
+START_TEST(stuck_step_reported_until_it_ends)
+{
+    tp_engine *e = open_gated();
+    tp_batcher *b = inline_batcher(e, -1); /* on the batcher thread: submit returns */
+    tp_host_tensor x = make_x(1, 21);
+    slot s = new_slot();
+    tp_err err = {{0}};
+    int64_t t0 = 0;
+    tp_engine *inst = NULL;
+    char msg[512] = "";
+    ck_assert_int_eq(tp_batcher_oldest_step(b, &t0, &inst), 0);
+    ck_assert_int_eq(tp_batcher_stuck(b, 50, tp_now_ns(), &t0, msg, sizeof msg), 0);
+    ck_assert_int_eq(submit(b, &x, &s, 0, 0, &err), TP_OK);
+    int64_t start = step_start(b);
+    ck_assert_int_eq(tp_batcher_oldest_step(b, &t0, &inst), 1);
+    ck_assert(t0 == start && inst == e);
+    ck_assert_int_eq(tp_batcher_stuck(b, 50, start + 49999999, &t0, msg, sizeof msg), 0);
+    ck_assert_int_eq(tp_batcher_stuck(b, 0, start + 3600 * 1000000000LL, &t0, msg, sizeof msg), 0);
+    ck_assert_int_eq(tp_batcher_stuck(b, 50, start + 50000000, &t0, msg, sizeof msg), 1);
+    ck_assert(t0 == start); /* the step's identity: one log line per stuck step */
+    ck_assert_str_eq(msg, "engine step running for 50 ms (stuck_step_ms 50): the engine cannot tell which rank "
+                          "(ranks as threads)");
+    ck_assert_int_eq(tp_batcher_stuck(b, 60000, start + 61234000000LL, &t0, msg, sizeof msg), 1);
+    ck_assert_msg(strstr(msg, "engine step running for 61234 ms (stuck_step_ms 60000)"), "%s", msg);
+    ck_assert_int_eq(s.done, 0);
+    atomic_store(&gate_open, 1);
+    wait_done(&s);
+    ck_assert_int_eq(s.st, TP_OK);
+    ck_assert_int_eq(tp_batcher_oldest_step(b, &t0, &inst), 0);
+    ck_assert_int_eq(tp_batcher_stuck(b, 50, tp_now_ns() + 3600 * 1000000000LL, &t0, msg, sizeof msg), 0);
+    tp_batcher_free(b);
+    free(x.data);
+    close_gated(e);
+}
+END_TEST
+
+static int is_done(slot *s)
+{
+    pthread_mutex_lock(&g_mu);
+    int done = s->done;
+    pthread_mutex_unlock(&g_mu);
+    return done;
+}
+
+/* While the batcher thread is stuck in a step, a queued request still gets
+ * its 504 once past its deadline: tp_batcher_expire (the server's main
+ * thread calls it) answers what the batcher thread cannot. Before, nothing
+ * answered it until the step ended (a stopped rank: step_timeout_ms, 10
+ * minutes by default). */
+START_TEST(queued_request_times_out_behind_a_stuck_step)
+{
+    tp_engine *e = open_gated();
+    tp_batcher *b = inline_batcher(e, -1);
+    tp_host_tensor x = make_x(1, 22);
+    slot stuck = new_slot(), queued = new_slot();
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(b, &x, &stuck, 0, 0, &err), TP_OK);
+    step_start(b);
+    double t_submit = tp_now_s();
+    ck_assert_int_eq(submit(b, &x, &queued, 0, 20000, &err), TP_OK); /* 20 ms */
+    double next = tp_batcher_expire(b, t_submit - 1); /* nothing due yet: when to look again */
+    ck_assert_msg(next >= t_submit + 0.02 && next < t_submit + 1, "next look at %+.3f s", next - t_submit);
+    ck_assert_int_eq(is_done(&queued), 0);
+    /* a liveness bound (10 s), then the gate opens either way, so a
+     * failing run ends */
+    for (int i = 0; i < 10000 && !is_done(&queued); i++) {
+        tp_batcher_expire(b, tp_now_s());
+        usleep(1000);
+    }
+    int answered = is_done(&queued), stuck_done = is_done(&stuck);
+    atomic_store(&gate_open, 1);
+    wait_done(&queued);
+    wait_done(&stuck);
+    ck_assert_msg(answered, "the queued request was not answered while the step was stuck");
+    ck_assert_int_eq(stuck_done, 0);
+    ck_assert_int_eq(queued.st, TP_TIMEOUT);
+    ck_assert_msg(strstr(queued.msg, "in the queue, over parameters.timeout"), "%s", queued.msg);
+    ck_assert_int_eq(stuck.st, TP_OK);
+    ck_assert(tp_batcher_expire(b, tp_now_s()) == 0); /* the batcher thread is back: its business */
+    tp_batcher_free(b);
+    free(x.data);
+    close_gated(e);
+}
+END_TEST
+
+typedef struct {
+    tp_batcher *b;
+    tp_host_tensor *x;
+    slot s;
+} inline_run;
+
+static void *submit_inline(void *arg)
+{
+    inline_run *in = arg;
+    tp_err err = {{0}};
+    ck_assert_int_eq(submit(in->b, in->x, &in->s, 0, 0, &err), TP_OK);
+    return NULL;
+}
+
+/* The same when the stuck step runs on its submitter (the inline run): the
+ * batcher thread, waiting for the engine, wakes at the queued request's
+ * deadline to answer it, where it used to sleep until the step's end. */
+START_TEST(queued_request_times_out_behind_a_stuck_inline_step)
+{
+    tp_engine *e = open_gated();
+    tp_batcher *b = inline_batcher(e, 0);
+    tp_host_tensor x = make_x(1, 24);
+    inline_run in = {b, &x, new_slot()};
+    slot queued = new_slot();
+    tp_err err = {{0}};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, submit_inline, &in), 0);
+    step_start(b);
+    ck_assert_int_eq(submit(b, &x, &queued, 0, 20000, &err), TP_OK); /* 20 ms, queued: the engine is busy */
+    for (int i = 0; i < 10000 && !is_done(&queued); i++) /* a liveness bound, 10 s */
+        usleep(1000);
+    int answered = is_done(&queued), stuck_done = is_done(&in.s);
+    atomic_store(&gate_open, 1);
+    pthread_join(th, NULL);
+    wait_done(&queued);
+    ck_assert_msg(answered, "the queued request was not answered while the inline step was stuck");
+    ck_assert_int_eq(stuck_done, 0);
+    ck_assert_int_eq(queued.st, TP_TIMEOUT);
+    ck_assert_int_eq(in.s.st, TP_OK);
+    ck_assert(pthread_equal(in.s.thread, th)); /* it did run on its submitter */
+    tp_batcher_free(b);
+    free(x.data);
+    close_gated(e);
+}
+END_TEST
+
+/* A request whose step may stall (a device, rank processes:
+ * tp_engine_steps_may_stall) runs on its submitter only when the submitter
+ * serves no one else (r->alone): otherwise the batcher thread runs it, so
+ * an HTTP thread's other clients never wait behind a stopped rank. Steps
+ * that cannot stall keep running inline either way. */
+static tp_backend_kind stall_kind;
+static tp_backend_caps stall_caps;
+
+static int ran_here(tp_batcher *b, tp_host_tensor *x, int alone)
+{
+    slot s = new_slot();
+    tp_err err = {{0}};
+    tp_batch_req r = {x, 1, 0, 0, "parameters.timeout", slot_done, &s, 0, 0, 0, .alone = alone};
+    ck_assert_int_eq(tp_batcher_submit(b, &r, &err), TP_OK);
+    int here = s.done && pthread_equal(s.thread, pthread_self());
+    wait_done(&s);
+    ck_assert_int_eq(s.st, TP_OK);
+    return here;
+}
+
+START_TEST(step_that_may_stall_runs_inline_only_alone)
+{
+    tp_engine *e = open_mlp();
+    tp_host_tensor x = make_x(1, 23);
+    ck_assert_int_eq(tp_engine_steps_may_stall(e), 0); /* cpu, ranks as threads */
+    tp_batcher *b = inline_batcher(e, 0);
+    ck_assert(ran_here(b, &x, 0));
+    ck_assert(ran_here(b, &x, 1));
+    tp_batcher_free(b);
+    tp_backend *bk = tp_engine_backend(e); /* now as a device backend's would */
+    const tp_backend_kind *kind = bk->kind;
+    stall_kind = *kind;
+    stall_caps = *kind->caps;
+    stall_caps.dma_input_copies = 1;
+    stall_kind.caps = &stall_caps;
+    bk->kind = &stall_kind;
+    ck_assert_int_eq(tp_engine_steps_may_stall(e), 1);
+    b = inline_batcher(e, 0);
+    /* alone first: a run on the batcher thread leaves its instance busy
+     * for a moment after its answer, which would keep the next one off
+     * the submitter whatever it said */
+    for (int i = 0; i < 3; i++)
+        ck_assert(ran_here(b, &x, 1));
+    for (int i = 0; i < 3; i++)
+        ck_assert(!ran_here(b, &x, 0));
+    tp_batcher_free(b);
+    bk->kind = kind;
+    free(x.data);
+    tp_engine_free(e);
+}
+END_TEST
+
 Suite *batcher_suite(void)
 {
     Suite *s = suite_create("batcher");
@@ -1225,6 +1474,10 @@ Suite *batcher_suite(void)
     tcase_add_test(tc, unbatchable_graph_runs_one_by_one);
     tcase_add_test(tc, outputs_are_views_released_in_any_order);
     tcase_add_test(tc, binary_input_read_from_the_body);
+    tcase_add_test(tc, stuck_step_reported_until_it_ends);
+    tcase_add_test(tc, queued_request_times_out_behind_a_stuck_step);
+    tcase_add_test(tc, queued_request_times_out_behind_a_stuck_inline_step);
+    tcase_add_test(tc, step_that_may_stall_runs_inline_only_alone);
     suite_add_tcase(s, tc);
     return s;
 }

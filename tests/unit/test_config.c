@@ -161,6 +161,23 @@ START_TEST(file_errors)
         ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID);
         ck_assert_ptr_nonnull(strstr(e.msg, "got backend 'cuda', ranks 'threads'"));
     }
+    {   /* a stuck step turns readiness 503 before the step timeout loses the group */
+        tp_config r;
+        tp_config_defaults(&r);
+        snprintf(r.graph, sizeof r.graph, "g.json");
+        ck_assert_int_eq(tp_config_set(&r, "step_timeout_ms", "3000", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID); /* stuck_step_ms is still 60000 */
+        ck_assert_ptr_nonnull(strstr(e.msg, "'stuck_step_ms' 60000 must be below 'step_timeout_ms' 3000"));
+        ck_assert_int_eq(tp_config_set(&r, "stuck_step_ms", "3000", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_INVALID);
+        ck_assert_int_eq(tp_config_set(&r, "stuck_step_ms", "2999", &e), TP_OK);
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
+        ck_assert_int_eq(tp_config_set(&r, "stuck_step_ms", "0", &e), TP_OK); /* never */
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
+        ck_assert_int_eq(tp_config_set(&r, "stuck_step_ms", "5000", &e), TP_OK);
+        ck_assert_int_eq(tp_config_set(&r, "step_timeout_ms", "0", &e), TP_OK); /* no timeout */
+        ck_assert_int_eq(tp_config_validate(&r, &e), TP_OK);
+    }
     ck_assert_int_eq(load_text(&c, "[1]", &e, path), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "top level must be a JSON object, got an array"));
     ck_assert_int_eq(load_text(&c, "{\"port\": 1,}", &e, path), TP_PARSE);

@@ -511,18 +511,39 @@ START_TEST(a_backend_fault_wakes_the_blocked_rank)
 }
 END_TEST
 
+/* tp_rank_group_pending as rank 0 finds it inside the step (a readiness
+ * probe asks so, from another thread): how many, and the first */
+static tp_rank_group *pending_group;
+static int pending_n = -2, pending_first = -1;
+static tp_status note_pending(void *p, int rank, tp_err *err)
+{
+    if (rank == 0) {
+        int r[4] = {-1, -1, -1, -1};
+        pending_n = tp_rank_group_pending(pending_group, r, 4);
+        pending_first = r[0];
+    }
+    return wait_for_peer(p, rank, err);
+}
+
 START_TEST(a_hung_worker_loses_the_group_at_the_step_deadline)
 {
     tp_rank_group *g = leader(2, "hang");
     step_ctx c = {.sh = tp_rank_group_shared(g), .scenario = "hang", .step = 1};
     tp_rank_hooks hooks = {.lost = release};
     tp_err err;
+    int r[4];
     atomic_store(&released, 0);
-    tp_status st = guarded_step(g, &c, wait_for_peer, &hooks, &err);
+    ck_assert_int_eq(tp_rank_group_pending(g, r, 4), 0); /* no step in flight */
+    pending_group = g;
+    tp_status st = guarded_step(g, &c, note_pending, &hooks, &err);
     ck_assert_int_eq(st, TP_UNAVAILABLE);
     ck_assert_msg(strstr(err.msg, "rank 1 (pid") && strstr(err.msg, "did not finish a step within 500 ms"), "%s",
                   err.msg);
     ck_assert(atomic_load(&released));
+    /* inside the step, the worker (stopped, or about to) had not finished it */
+    ck_assert_int_eq(pending_n, 1);
+    ck_assert_int_eq(pending_first, 1);
+    ck_assert_int_eq(tp_rank_group_pending(g, r, 4), 0); /* the step is over */
     tp_rank_group_free(g); /* the stopped worker is killed, not waited for */
 }
 END_TEST
