@@ -39,21 +39,30 @@ static size_t written(const z_stream *z, const char *buf)
 }
 
 /* Room for the next inflate call: doubles, from a guess of 4x the input,
- * up to max + 1 bytes (the one past max is how an oversized body shows). */
-static int grow_output(z_stream *z, char **buf, size_t *cap, size_t max)
+ * up to max + 1 bytes (the one past max is how an oversized body shows),
+ * each growth taken from mem first (TP_UNAVAILABLE when it refuses). */
+static tp_status grow_output(z_stream *z, char **buf, size_t *cap, size_t max, tp_mem_hold *mem,
+                             const char *name, tp_err *err)
 {
     size_t used = written(z, *buf);
     size_t want = *cap ? *cap * 2 : 4 * (size_t)z->avail_in + 64;
     if (want > max + 1 || want < *cap)
         want = max + 1;
+    char what[48];
+    snprintf(what, sizeof what, "inflating a %s body", name);
+    if (mem && tp_mem_take_for(mem, (int64_t)(want - *cap), what, err) != TP_OK)
+        return TP_UNAVAILABLE;
     char *p = realloc(*buf, want + 1);
-    if (!p)
-        return -1;
+    if (!p) {
+        if (mem)
+            tp_mem_take(mem, -(int64_t)(want - *cap));
+        return tp_fail(err, TP_NOMEM, "out of memory inflating a %s body", name);
+    }
     *buf = p;
     *cap = want;
     z->next_out = (Bytef *)p + used;
     z->avail_out = (uInt)(want - used > UINT_MAX ? UINT_MAX : want - used);
-    return 0;
+    return TP_OK;
 }
 
 static tp_status refuse_too_large(int *too_large, const char *name, size_t max, tp_err *err)
@@ -62,15 +71,16 @@ static tp_status refuse_too_large(int *too_large, const char *name, size_t max, 
     return tp_fail(err, TP_INVALID, "%s body inflates past max_body_bytes %zu", name, max);
 }
 
-static tp_status inflate_all(z_stream *z, size_t max, char **buf, size_t *cap, int *too_large,
-                             const char *name, tp_err *err)
+static tp_status inflate_all(z_stream *z, size_t max, tp_mem_hold *mem, char **buf, size_t *cap,
+                             int *too_large, const char *name, tp_err *err)
 {
     for (;;) {
         if (z->avail_out == 0) {
             if (written(z, *buf) == max + 1)
                 return refuse_too_large(too_large, name, max, err);
-            if (grow_output(z, buf, cap, max) != 0)
-                return tp_fail(err, TP_NOMEM, "out of memory inflating a %s body", name);
+            tp_status st = grow_output(z, buf, cap, max, mem, name, err);
+            if (st != TP_OK)
+                return st;
         }
         int rc = inflate(z, Z_NO_FLUSH);
         if (rc == Z_STREAM_END)
@@ -90,8 +100,8 @@ static tp_status inflate_all(z_stream *z, size_t max, char **buf, size_t *cap, i
     return z->total_out > max ? refuse_too_large(too_large, name, max, err) : TP_OK;
 }
 
-tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_t max, char **out,
-                         size_t *out_len, int *too_large, tp_err *err)
+tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_t max, tp_mem_hold *mem,
+                         char **out, size_t *out_len, int *too_large, tp_err *err)
 {
     *out = NULL;
     *out_len = 0;
@@ -109,11 +119,13 @@ tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_
     z.avail_in = (uInt)len;
     char *buf = NULL;
     size_t cap = 0;
-    tp_status st = inflate_all(&z, max, &buf, &cap, too_large, name, err);
+    tp_status st = inflate_all(&z, max, mem, &buf, &cap, too_large, name, err);
     size_t n = z.total_out;
     inflateEnd(&z);
     if (st != TP_OK) {
         free(buf);
+        if (mem)
+            tp_mem_take(mem, -(int64_t)cap); /* what the buffer took, back */
         return st;
     }
     buf[n] = '\0';

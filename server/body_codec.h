@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "mem_budget.h"
 #include "status.h"
 
 typedef enum {
@@ -29,8 +30,12 @@ int tp_body_encoding_parse(const char *value, tp_body_encoding *enc, char *msg, 
 /* in[0..len) decoded per enc into *out (malloc'd, len + 1 with a NUL after
  * the bytes, the caller's to free) and *out_len. Never more than max bytes:
  * past them, TP_INVALID with *too_large set (answer 413). Corrupt,
- * truncated or trailing data: TP_INVALID saying which. TP_NOMEM. */
-tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_t max, char **out,
-                         size_t *out_len, int *too_large, tp_err *err);
+ * truncated or trailing data: TP_INVALID saying which. TP_NOMEM. The
+ * output buffer's every growth is taken from mem before it is made (NULL:
+ * not counted): a refusal is TP_UNAVAILABLE with mem->refused set. On
+ * success mem keeps what the buffer took (its capacity, at most max + 1);
+ * on failure it is given back. */
+tp_status tp_body_decode(tp_body_encoding enc, const char *in, size_t len, size_t max, tp_mem_hold *mem,
+                         char **out, size_t *out_len, int *too_large, tp_err *err);
 
 #endif

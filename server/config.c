@@ -164,7 +164,9 @@ void tp_config_defaults(tp_config *c)
     c->trace_count = -1;
     c->health_port = -1;
     c->max_memory_mb = 0;
-    c->max_json_values = 65536;
+    /* a KServe request has tens of values outside its data; 16384 bounds a
+     * parse's jansson nodes at 4 MiB (json_cap.h) */
+    c->max_json_values = 16384;
     /* far above a bucket's warm-up (seconds at most on the cpu backend),
      * far below step_timeout_ms: a probe sees a stuck rank within a minute */
     c->stuck_step_ms = 60000;

@@ -24,10 +24,12 @@
 #include "handoff.h"
 #include "http_guard.h"
 #include "io_check.h"
+#include "json_cap.h"
 #include "json_tensor.h"
 #include "kserve.h"
 #include "log.h"
 #include "log_settings.h"
+#include "mem_budget.h"
 #include "metrics.h"
 #include "model_stats.h"
 #include "numtext.h"
@@ -117,6 +119,8 @@ struct req_ctx {
     tp_request_times times; /* for the statistics extension */
     int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
     char *trace_rid;
+    tp_mem_hold mem;   /* what it holds of the memory budget, given back when it ends */
+    int64_t body_held; /* of that, the body buffer's (0: a spare buffer, not counted) */
     /* From here on, written before they are read whatever the request, so
      * a reused record keeps the last request's (take_record: 1.4 KiB
      * fewer to clear a request): */
@@ -155,6 +159,7 @@ struct tp_http {
     tp_model_stats *stats;
     tp_trace *trace; /* Triton's trace extension */
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
+    tp_mem_budget *mem;   /* max_memory_mb: what requests hold at once (mem_budget.h) */
     tp_batcher *batcher; /* created with the engine */
     /* Requests inside tp_batcher_submit (which may run a batch there) or
      * held by an HTTP thread: stopping waits for them before the batcher is
@@ -278,6 +283,19 @@ static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const 
     __attribute__((format(printf, 4, 5)));
 
 static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
+/* A refusal of the memory budget (mem_budget.h): 413 when the request
+ * alone would pass the whole budget, else 503 with Retry-After, as any
+ * momentary overload is answered. */
+static enum MHD_Result reply_budget(tp_http *h, req_ctx *r, const char *msg)
+{
+    unsigned code = r->mem.refused == TP_MEM_TOO_LARGE ? 413 : 503;
+    log_request(r, code, msg);
+    struct MHD_Response *resp = error_response(msg);
+    if (resp && code == 503)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    return send_response(h, r, code, resp);
+}
+
 {
     tp_err e;
     va_list ap;
@@ -307,6 +325,9 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
         return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
                            r->args.model, r->args.version, h->model.version);
     *handled = 0;
+    uint64_t full, too_large;
+    tp_mem_budget_refusals(h->mem, &full, &too_large);
+    tp_metrics_set_memory(h->metrics, tp_mem_budget_limit(h->mem), tp_mem_budget_used(h->mem), full, too_large);
     return MHD_YES;
 }
 
@@ -496,6 +517,13 @@ static enum MHD_Result get_shm_status(tp_http *h, req_ctx *r)
     if (!doc)
         return reply_error(h, r, shm_http_code(st), "%s", e.msg);
     return reply_json(h, r, 200, doc);
+/* Only a POST route (infer and the settings and registrations) keeps its
+ * body; other routes count it against the limit and drop it. */
+static int keeps_body(const req_ctx *r)
+{
+    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
+}
+
 }
 
 static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
@@ -506,6 +534,10 @@ static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
     if (!h->cfg.allow_client_shm)
         return reply_error(h, r, 400, "system shared memory is disabled on this server "
                            "(allow_client_shm 0)");
+    if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
+        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
+                           "(%lld MiB, max_memory_mb)", r->expect_len,
+                           (long long)(tp_mem_budget_limit(h->mem) >> 20));
     tp_status st = tp_kserve_parse_shm_register(r->body ? r->body : "", r->len, key, sizeof key,
                                                 &offset, &size, &e);
     if (st == TP_OK)
@@ -527,6 +559,9 @@ static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
         return reply_error(h, r, shm_http_code(st), "%s", e.msg);
     return reply_json(h, r, 200, strdup("{}"));
 }
+        if (tp_mem_take_for(&r->mem, (int64_t)cap - r->body_held, "request body", &r->err) != TP_OK)
+            return -2;
+        r->body_held = (int64_t)cap;
 
 /* CUDA shared memory is not offered (not listed in /v2's extensions), but
  * Triton's clients clean up both kinds (perf_analyzer unregisters all CUDA
@@ -550,6 +585,8 @@ static int parse_ll(const char *s, long long *out)
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
+        tp_mem_take(&r->mem, -r->body_held);
+        r->body_held = 0;
     if (!*s || *end || errno || v < 0)
         return -1;
     *out = v;
@@ -576,7 +613,9 @@ static enum MHD_Result begin_body(tp_http *h, req_ctx *r)
 }
 
 /* Grows the buffer geometrically rather than trusting Content-Length for one
- * big allocation: a client announcing 64 MiB and sending nothing costs 64 KiB. */
+ * big allocation: a client announcing 64 MiB and sending nothing costs 64 KiB.
+ * Each growth is taken from the memory budget first: -2 when it refuses
+ * (r->mem.refused says how, r->err why), -1 without memory. */
 static int append_body(req_ctx *r, const char *data, size_t n)
 {
     if (r->len + n > r->cap) {
@@ -618,13 +657,6 @@ static enum MHD_Result discard_body(tp_http *h, req_ctx *r, size_t n)
     return MHD_YES;
 }
 
-/* Only a POST route (infer and the settings and registrations) keeps its
- * body; other routes count it against the limit and drop it. */
-static int keeps_body(const req_ctx *r)
-{
-    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
-}
-
 static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, size_t *size)
 {
     size_t n = *size;
@@ -635,7 +667,10 @@ static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, si
         r->len += n;
         return MHD_YES;
     }
-    if (append_body(r, data, n) != 0)
+    int rc = append_body(r, data, n);
+    if (rc == -2) /* the memory budget refused it: dropped, answered when the upload ends */
+        return discard_body(h, r, n);
+    if (rc != 0)
         return reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
     return MHD_YES;
 }
@@ -805,6 +840,27 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
         atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK || !*held)
         end_submitting(h, 1);
+static int64_t outs_bytes(const req_ctx *r)
+{
+    int64_t n = 0;
+    for (int i = 0; i < r->n_outs; i++)
+        n += (int64_t)r->outs[i].nbytes;
+    return n;
+}
+
+/* The answer is made and the request's own bytes released: what it holds
+ * until sent is now known (answer bytes, the outputs a binary answer sends
+ * from, a spare body buffer), often far below what dispatch_infer took for
+ * it (JSON numbers spelled short). The difference goes back when it is
+ * worth an atomic add. */
+#define SETTLE_MIN ((int64_t)64 << 10)
+static void settle_answer(req_ctx *r, int64_t answer)
+{
+    int64_t keep = answer + (r->body ? r->body_held : 0);
+    if (r->mem.held - keep > SETTLE_MIN)
+        tp_mem_take(&r->mem, keep - r->mem.held);
+}
+
     return st;
 }
 
@@ -835,6 +891,8 @@ static void free_sent_answer(void *cls)
 
 /* The header and the outputs' own bytes as one response, without copying
  * them into a body: takes ownership of buf->body and r->outs. */
+    if (st == TP_OK)
+        settle_answer(r, (int64_t)buf.len + (n_tail ? outs_bytes(r) : 0));
 static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
                                             const tp_kserve_piece *tail, int n_tail)
 {
@@ -906,6 +964,12 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     if (st == TP_OK)
         r->times.output = (r->t_encoded - r->t_decoded) / 1e3 - r->times.queue - r->times.infer;
     release_request(r);
+    if (st == TP_OK) /* held until the answer is sent: taken now, while the request can still be refused */
+        st = tp_mem_take_for(&r->mem, tp_kserve_answer_bytes(&h->model, &r->req), "the answer", &err);
+    if (st != TP_OK && r->mem.refused) {
+        release_request(r);
+        return reply_budget(h, r, err.msg);
+    }
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
         resp = binary_response(r, &buf, tail, n_tail);
@@ -973,7 +1037,7 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     tp_err err;
     r->t_body = tp_now_ms();
     tp_status st = tp_kserve_parse_infer(&h->model, r->body ? r->body : "", r->len, r->header_len,
-                                         &r->req, &err);
+                                         &r->mem, &r->req, &err);
     r->t_decoded = tp_now_ms();
     r->times.input = (r->t_decoded - r->t_body) / 1e3;
     int held = 0;
@@ -1082,6 +1146,7 @@ static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
  * KB and a binary body often over 1 KB, both past malloc's per-thread
  * cache: allocating them anew for every request took malloc's slow path
  * (_int_malloc, consolidation, unlinking), about 3% of the server's CPU at
+    r->mem.b = h->mem;
  * 32 binary connections. One spare was not enough: a thread reads the
  * requests of all its connections that are ready before their batch ends,
  * and 0.42 records a request still came from calloc at 32 binary
@@ -1126,6 +1191,8 @@ static req_ctx *take_record(void)
     r->cap = cap;
     return r;
 }
+    tp_mem_take(&r->mem, -r->body_held); /* the compressed bytes, gone */
+    r->body_held = r->mem.held - held + r->body_held;
 
 /* r is released (release_request): only its body buffer is left, and
  * that only when it is at most SPARE_BODY_MAX */
@@ -1171,6 +1238,8 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
         return reply_bad_method(h, r);
     if (r->route->flags & ROUTE_MODEL) {
         int handled;
+        if (r->state == REQ_TOO_LARGE && r->mem.refused)
+            return reply_budget(h, r, r->err.msg);
         enum MHD_Result ok = check_model(h, r, &handled);
         if (handled)
             return ok;
@@ -1189,8 +1258,11 @@ static enum MHD_Result inflate_body(tp_http *h, req_ctx *r)
     size_t n;
     int too_large;
     tp_err e;
-    tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg.max_body_bytes, &plain, &n,
-                                  &too_large, &e);
+    int64_t held = r->mem.held;
+    tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg.max_body_bytes, &r->mem, &plain,
+                                  &n, &too_large, &e);
+    if (st != TP_OK && r->mem.refused)
+        return reply_budget(h, r, e.msg);
     if (st != TP_OK)
         return reply_error(h, r, too_large ? 413 : (unsigned)tp_status_http(st), "%s", e.msg);
     free(r->body);
@@ -1219,6 +1291,7 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
     if (!r) {
         watch_pin(h, c);
         if (!(r = new_request(h, c, url, method)))
+    tp_mem_release(&r->mem);
             return MHD_NO;
         *con_cls = r;
         if (probes_only && r->route && !(r->route->flags & ROUTE_PROBE))
@@ -1455,6 +1528,29 @@ static tp_status pin_threads_by_cpu(tp_http *h, int *cpu_of_daemon, tp_err *err)
     int cpus[CPU_SETSIZE], n_cpus = 0;
     for (int c = 0; c < CPU_SETSIZE && c < TP_ACCEPTOR_MAX_CPUS; c++)
         if (CPU_ISSET(c, &set))
+/* max_memory_mb, or by default the cgroup's limit (else the machine's
+ * memory) less what the process holds now less what the budget does not
+ * count: libmicrohttpd's connection pools, and per HTTP thread jansson's
+ * allowance (json_cap.h) and the spare request records. Logged once the
+ * model is loaded (log), when the default means something. */
+static int64_t memory_budget(const tp_http *h, int log)
+{
+    const tp_config *c = &h->cfg;
+    if (c->max_memory_mb)
+        return (int64_t)c->max_memory_mb << 20;
+    int64_t cgroup = tp_mem_cgroup_limit(NULL, NULL), resident = tp_mem_resident();
+    int64_t reserve = ((int64_t)32 << 20) + (int64_t)c->max_connections * c->connection_memory_bytes +
+                      (int64_t)c->threads * ((int64_t)c->max_json_values * TP_JSON_CAP_BYTES_PER_VALUE + (512 << 10));
+    int64_t b = tp_mem_default_budget(cgroup, resident, reserve);
+    if (log)
+        TP_LOG_I("memory budget for requests: %lld MiB (%s %lld MiB, less %lld MiB resident with the model and "
+                 "%lld MiB reserved; max_memory_mb sets it)", (long long)(b >> 20),
+                 cgroup >= 0 ? "cgroup limit" : "no cgroup limit: machine memory",
+                 (long long)((cgroup >= 0 ? cgroup : tp_mem_default_budget(-1, 0, 0)) >> 20),
+                 (long long)(resident >> 20), (long long)(reserve >> 20));
+    return b;
+}
+
             cpus[n_cpus++] = c;
     char why[160];
     if (n_cpus < 2) {
@@ -1463,6 +1559,7 @@ static tp_status pin_threads_by_cpu(tp_http *h, int *cpu_of_daemon, tp_err *err)
         else
             TP_LOG_I("pin_threads: HTTP threads left unpinned: no CPU below %d", TP_ACCEPTOR_MAX_CPUS);
         return TP_OK;
+    tp_json_cap_set_values(cfg->max_json_values); /* before any request's JSON is parsed */
     }
     /* Fewer threads than CPUs (a CPU quota, threads capped at 16): the
      * CPUs would be an arbitrary few, the same in every tpserve on the
@@ -1546,7 +1643,8 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     h->metrics = tp_metrics_create();
     h->stats = tp_model_stats_create();
     h->shm = tp_shm_registry_create(cfg->max_shm_regions);
-    tp_status st = h->metrics && h->stats && h->shm ? TP_OK
+    h->mem = tp_mem_budget_create(memory_budget(h, 0));
+    tp_status st = h->metrics && h->stats && h->shm && h->mem ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     tp_trace_init ti = {cfg->trace_file, strcmp(cfg->trace_level, "TIMESTAMPS") == 0, cfg->trace_rate,
                         cfg->trace_count, cfg->trace_log_frequency, cfg->trace_max_pending};
@@ -1586,6 +1684,8 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
                  h->cfg.max_queue);
     else
         TP_LOG_I("batching off, requests run one at a time: %s",
+    if (!h->cfg.max_memory_mb) /* the model is in: what is left of the limit is known */
+        tp_mem_budget_set_limit(h->mem, memory_budget(h, 1));
                  !tp_engine_padded(e, &why) ? why
                  : "an input or output has no batch dimension first");
     return TP_OK;
@@ -1654,7 +1754,7 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
                                                                  : 0,
                                  h->cfg.max_queue_delay_us, h->cfg.max_queue, n,
                                  h->cfg.allow_client_shm ? h->shm : NULL,
-                                 (const tp_labels *const *)h->labels};
+                                 (const tp_labels *const *)h->labels, h->cfg.max_json_values};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -1673,6 +1773,7 @@ int tp_http_set_broken(tp_http *h, const char *why)
     tp_engine_stats es; /* tpserve_rank_group_up 0 now, not after the next batch */
     tp_batcher_engine_stats(h->batcher, &es);
     tp_metrics_engine_stats(h->metrics, &es);
+    tp_mem_budget_free(h->mem);
     return 1;
 }
 

@@ -84,16 +84,6 @@ static int skip_string(cursor *c)
     return -1;
 }
 
-/* At '"': reads a key and says whether it is exactly `want` (1), another
- * key (0), or not a string (-1). */
-static int key_is(cursor *c, const char *want)
-{
-    size_t from = c->i + 1, n = strlen(want);
-    if (!at(c, '"') || skip_string(c) != 0)
-        return -1;
-    return c->i - from - 1 == n && memcmp(c->s + from, want, n) == 0;
-}
-
 /* Skips one value of any kind, brackets matched; -1 at what cannot be JSON
  * (c->i then says where). Deeper nesting than a tensor can have is refused
  * rather than tracked. */
@@ -137,6 +127,7 @@ static int skip_value(cursor *c)
 typedef struct {
     tp_json_span *v;
     int n, cap;
+    size_t values, max_values; /* values left to jansson; 0: no limit */
 } span_list;
 
 static int add_span(span_list *l, int input, size_t start, size_t end)
@@ -147,28 +138,196 @@ static int add_span(span_list *l, int input, size_t start, size_t end)
     return 0;
 }
 
-/* Walks the members of the object at c (at '{'); for each one whose key is
- * `key` and whose value starts with '[', on_array is called at the '['
- * instead of skipping the value. Returns 0 at the closing '}', 1 when the
- * text cannot be followed, -1 without memory. */
-typedef int (*array_fn)(cursor *c, span_list *l, int input);
+/* ---- checking what is skipped ----------------------------------------- *
+ *
+ * A member no route reads is left out of what jansson sees, so it must be
+ * judged here: a document jansson would refuse for its syntax is refused
+ * whatever member the fault is in. These follow RFC 8259's grammar; they do
+ * not check UTF-8 or a number's range (jansson's checks that no route
+ * needs for a value it never reads). */
 
-static int walk_object(cursor *c, const char *key, array_fn on_array, span_list *l, int input)
+/* jansson's own limit (JSON_PARSER_MAX_DEPTH): a deeper document fails there anyway */
+#define CHECKED_DEPTH_MAX 2048
+
+/* At '"': past a well-formed string, or -1. */
+static int check_string(cursor *c)
 {
-    int more = open_list(c, '}');
-    while (more == 2) {
-        int match = key_is(c, key);
-        skip_blanks(c);
-        if (match < 0 || !at(c, ':'))
-            return 1;
-        c->i++;
-        skip_blanks(c);
-        int rc = match && at(c, '[') ? on_array(c, l, input) : skip_value(c) ? 1 : 0;
-        if (rc)
-            return rc;
-        more = after_item(c, '}');
+    for (c->i++; c->i < c->len; c->i++) {
+        unsigned char ch = (unsigned char)c->s[c->i];
+        if (ch == '"')
+            return c->i++, 0;
+        if (ch < 0x20)
+            return -1;
+        if (ch != '\\')
+            continue;
+        if (++c->i >= c->len || !strchr("\"\\/bfnrtu", c->s[c->i]) || !c->s[c->i])
+            return -1;
+        if (c->s[c->i] == 'u') {
+            for (int k = 0; k < 4; k++)
+                if (++c->i >= c->len || !strchr("0123456789abcdefABCDEF", c->s[c->i]) || !c->s[c->i])
+                    return -1;
+        }
     }
-    return more;
+    return -1;
+}
+
+static size_t digits(cursor *c)
+{
+    size_t from = c->i;
+    while (c->i < c->len && c->s[c->i] >= '0' && c->s[c->i] <= '9')
+        c->i++;
+    return c->i - from;
+}
+
+/* A number, true, false or null, ending at a blank, structural character
+ * or the end; -1 otherwise. */
+static int check_scalar(cursor *c)
+{
+    static const char *const literals[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        size_t n = strlen(literals[k]);
+        if (c->len - c->i >= n && memcmp(c->s + c->i, literals[k], n) == 0) {
+            c->i += n;
+            return c->i < c->len && !ends_token(c->s[c->i]) ? -1 : 0;
+        }
+    }
+    if (at(c, '-'))
+        c->i++;
+    size_t lead = c->i;
+    size_t n = digits(c);
+    if (n == 0 || (n > 1 && c->s[lead] == '0'))
+        return -1;
+    if (at(c, '.') && (c->i++, digits(c) == 0))
+        return -1;
+    if (at(c, 'e') || at(c, 'E')) {
+        c->i++;
+        if (at(c, '+') || at(c, '-'))
+            c->i++;
+        if (digits(c) == 0)
+            return -1;
+    }
+    return c->i < c->len && !ends_token(c->s[c->i]) ? -1 : 0;
+}
+
+/* At a member's key: past the key and its ':' (counted as one value), or -1. */
+static int check_key(cursor *c, size_t *values)
+{
+    skip_blanks(c);
+    if (!at(c, '"') || check_string(c) != 0)
+        return -1;
+    skip_blanks(c);
+    if (!at(c, ':'))
+        return -1;
+    c->i++;
+    if (values)
+        ++*values;
+    return 0;
+}
+
+/* One value, whole and well-formed, without recursion (a bit per open
+ * container: 1 for an object); each value and member counted into
+ * *values when it is not NULL. 0, or -1 at what is not JSON. */
+static int skip_checked(cursor *c, size_t *values)
+{
+    unsigned char is_object[CHECKED_DEPTH_MAX / 8];
+    int depth = 0;
+    for (;;) {
+        skip_blanks(c); /* a value is next */
+        if (c->i >= c->len)
+            return -1;
+        char ch = c->s[c->i];
+        if (values)
+            ++*values;
+        if (ch == '[' || ch == '{') {
+            if (depth == CHECKED_DEPTH_MAX)
+                return -1;
+            is_object[depth / 8] = (unsigned char)((is_object[depth / 8] & ~(1u << depth % 8)) |
+                                                   (unsigned)(ch == '{') << depth % 8);
+            depth++;
+            c->i++;
+            skip_blanks(c);
+            if (!at(c, ch == '{' ? '}' : ']')) {
+                if (ch == '{' && check_key(c, values) != 0)
+                    return -1;
+                continue;
+            }
+            c->i++;
+            depth--;
+        } else if (ch == '"' ? check_string(c) != 0 : check_scalar(c) != 0) {
+            return -1;
+        }
+        for (;;) { /* after a value: close what it ends, or find the next */
+            if (depth == 0)
+                return 0;
+            int object = is_object[(depth - 1) / 8] >> (depth - 1) % 8 & 1;
+            skip_blanks(c);
+            if (at(c, object ? '}' : ']')) {
+                c->i++;
+                depth--;
+                continue;
+            }
+            if (!at(c, ','))
+                return -1;
+            c->i++;
+            if (object && check_key(c, values) != 0)
+                return -1;
+            break;
+        }
+    }
+}
+
+/* ---- the members a request is read for ---------------------------------- */
+
+typedef enum { M_KEEP, M_SKIP, M_DATA, M_INPUTS, M_OUTPUTS } member_kind;
+
+typedef struct {
+    const char *key;
+    member_kind kind;
+} member_rule;
+
+/* What each route reads of an infer request (kserve.c); anything else is
+ * skipped. NULL ends a list. */
+static const member_rule ROOT_RULES[] = {
+    {"id", M_KEEP}, {"parameters", M_KEEP}, {"inputs", M_INPUTS}, {"outputs", M_OUTPUTS}, {NULL, M_SKIP}};
+static const member_rule INPUT_RULES[] = {{"name", M_KEEP},       {"datatype", M_KEEP}, {"shape", M_KEEP},
+                                          {"parameters", M_KEEP}, {"data", M_DATA},     {NULL, M_SKIP}};
+static const member_rule OUTPUT_RULES[] = {{"name", M_KEEP}, {"parameters", M_KEEP}, {NULL, M_SKIP}};
+
+/* At '"': reads a key and says what it is by rules, or -1 when it is not a
+ * string. A key spelled with escapes is kept: jansson reads it as it means. */
+static int key_kind(cursor *c, const member_rule *rules)
+{
+    size_t from = c->i + 1;
+    if (!at(c, '"') || skip_string(c) != 0)
+        return -1;
+    size_t n = c->i - from - 1;
+    if (memchr(c->s + from, '\\', n))
+        return M_KEEP;
+    for (const member_rule *r = rules; r->key; r++)
+        if (strlen(r->key) == n && memcmp(c->s + from, r->key, n) == 0)
+            return r->kind;
+    return M_SKIP;
+}
+
+static int over_limit(const span_list *l) { return l->max_values && l->values > l->max_values; }
+
+/* A value jansson reads: counted (and checked: a fault ends the scan, and
+ * jansson reports it). */
+static int keep_value(cursor *c, span_list *l) { return skip_checked(c, &l->values) ? 1 : 0; }
+
+/* A member no route reads: left out, after its syntax is checked. A
+ * container or string becomes an empty one; a number or literal is only
+ * counted (it is one small node). */
+static int skip_member(cursor *c, span_list *l)
+{
+    size_t start = c->i;
+    char ch = c->s[c->i];
+    if (skip_checked(c, NULL) != 0)
+        return 1;
+    if (ch == '[' || ch == '{' || ch == '"')
+        return add_span(l, -1, start, c->i);
+    l->values++;
+    return 0;
 }
 
 /* At '[': past the array when it is flat (no '[', '{', '}' or '"' before
@@ -196,13 +355,16 @@ static int take_data(cursor *c, span_list *l, int input)
     return bad ? 1 : 0;
 }
 
-/* inputs: [ {..."data": [...]...}, ... ] */
-static int take_inputs(cursor *c, span_list *l, int unused)
+static int walk_members(cursor *c, const member_rule *rules, span_list *l, int input);
+
+/* inputs or outputs: [ {...}, ... ]; inputs' entries are numbered (their
+ * data spans say which), outputs' are not (-1). */
+static int take_list(cursor *c, span_list *l, const member_rule *rules, int numbered)
 {
-    (void)unused;
+    l->values++;
     int more = open_list(c, ']');
     for (int k = 0; more == 2; k++) {
-        int rc = at(c, '{') ? walk_object(c, "data", take_data, l, k) : skip_value(c) ? 1 : 0;
+        int rc = at(c, '{') ? walk_members(c, rules, l, numbered ? k : -1) : keep_value(c, l);
         if (rc)
             return rc;
         more = after_item(c, ']');
@@ -210,12 +372,51 @@ static int take_inputs(cursor *c, span_list *l, int unused)
     return more;
 }
 
-int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans)
+static int member_value(cursor *c, member_kind kind, span_list *l, int input)
+{
+    int list = at(c, '[');
+    switch (kind) {
+    case M_DATA: return list && input >= 0 ? take_data(c, l, input) : keep_value(c, l);
+    case M_INPUTS: return list ? take_list(c, l, INPUT_RULES, 1) : keep_value(c, l);
+    case M_OUTPUTS: return list ? take_list(c, l, OUTPUT_RULES, 0) : keep_value(c, l);
+    case M_SKIP: return skip_member(c, l);
+    case M_KEEP: break;
+    }
+    return keep_value(c, l);
+}
+
+/* The object at c (at '{'), member by member as rules say. Returns 0 at
+ * the closing '}', 1 when the text cannot be followed, 2 past the value
+ * limit, -1 without memory. */
+static int walk_members(cursor *c, const member_rule *rules, span_list *l, int input)
+{
+    l->values++;
+    int more = open_list(c, '}');
+    while (more == 2) {
+        int kind = key_kind(c, rules);
+        skip_blanks(c);
+        if (kind < 0 || !at(c, ':'))
+            return 1;
+        c->i++;
+        skip_blanks(c);
+        l->values++;
+        int rc = member_value(c, (member_kind)kind, l, input);
+        if (rc)
+            return rc;
+        if (over_limit(l))
+            return 2;
+        more = after_item(c, '}');
+    }
+    return more;
+}
+
+int tp_json_data_spans(const char *body, size_t len, size_t max_values, tp_json_span **spans, int *n_spans,
+                       size_t *values)
 {
     cursor c = {body, len, 0};
-    span_list l = {0};
+    span_list l = {.max_values = max_values};
     skip_blanks(&c);
-    int rc = at(&c, '{') ? walk_object(&c, "inputs", take_inputs, &l, 0) : 0;
+    int rc = at(&c, '{') ? walk_members(&c, ROOT_RULES, &l, -1) : 0;
     if (rc < 0) {
         free(l.v);
         l.v = NULL;
@@ -223,6 +424,7 @@ int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *
     }
     *spans = l.v;
     *n_spans = l.n;
+    *values = l.values;
     return rc < 0 ? -1 : 0;
 }
 
@@ -235,12 +437,13 @@ typedef struct {
     int n, k;
 } feed;
 
-/* What of span k jansson never sees: inside the brackets, or up to where
- * an open array was given up. */
+/* What of span k jansson never sees: inside the brackets or quotes, or up
+ * to where an open array was given up. */
 static void skipped_range(const char *s, const tp_json_span *sp, size_t *from, size_t *to)
 {
+    char closer = s[sp->start] == '{' ? '}' : s[sp->start] == '"' ? '"' : ']';
     *from = sp->start + 1;
-    *to = sp->end > *from && s[sp->end - 1] == ']' ? sp->end - 1 : sp->end;
+    *to = sp->end > *from && s[sp->end - 1] == closer ? sp->end - 1 : sp->end;
     if (*to < *from)
         *to = *from;
 }

@@ -27,14 +27,22 @@ typedef struct {
     size_t start, end;
 } tp_json_span;
 
-/* The data arrays of a body's top-level "inputs" (in body order). A body
- * the scan cannot follow (not JSON, unusual spellings) simply yields fewer
- * spans: what it does not blank, jansson parses and judges. An array the
- * scan entered but could not close ends where the scan gave up (the
- * document is malformed; blanking that much keeps jansson from building a
- * node per element before it says so). *spans is malloc'ed (free it), NULL
- * when there are none. Returns 0, or -1 without memory. */
-int tp_json_data_spans(const char *body, size_t len, tp_json_span **spans, int *n_spans);
+/* What of a request body jansson need not see: the data arrays of its
+ * top-level "inputs" (in body order, input = the input's index), and every
+ * member no route reads (input -1: an unknown member's container or string,
+ * which reads as an empty one, after its syntax is checked here), so a body
+ * of nested values in a member nobody reads costs no jansson nodes.
+ * *values counts the values and members left to jansson; the scan stops
+ * once it passes max_values (0: no limit), and the caller refuses the
+ * request. A body the scan cannot follow (not JSON, keys spelled with
+ * escapes) simply yields fewer spans: what it does not blank, jansson
+ * parses and judges (within json_cap.h's allowance). An array the scan
+ * entered but could not close ends where the scan gave up (the document is
+ * malformed; blanking that much keeps jansson from building a node per
+ * element before it says so). *spans is malloc'ed (free it), NULL when
+ * there are none. Returns 0, or -1 without memory. */
+int tp_json_data_spans(const char *body, size_t len, size_t max_values, tp_json_span **spans, int *n_spans,
+                       size_t *values);
 
 /* json_loadb on body without the inside of every span (each array reads as
  * empty), fed to jansson piecewise so the body is never copied. jerr's

@@ -1,7 +1,9 @@
 #include "kserve.h"
 #include "classify.h"
+#include "json_cap.h"
 #include "json_kind.h"
 #include "json_tensor.h"
+#include "numtext.h"
 #include "text.h"
 #include "io_check.h"
 #include "thread_slot.h"
@@ -89,7 +91,21 @@ typedef struct {
     const char *body;
     const tp_json_span *spans;
     int n_spans;
+    tp_mem_hold *mem; /* what decoded tensors take from the memory budget (NULL: not counted) */
 } data_text;
+
+/* The bytes tp_json_tensor_read allocates for t from text of len bytes
+ * (at most one element per two bytes of text), taken from the budget
+ * before it does. */
+static tp_status take_json_tensor(tp_mem_hold *mem, const tp_host_tensor *t, size_t len, tp_err *err)
+{
+    if (!mem)
+        return TP_OK;
+    int64_t n = numel_of(t->ndim, t->shape), most = (int64_t)(len / 2 + 1);
+    char what[160];
+    snprintf(what, sizeof what, "input '%s'", t->name);
+    return tp_mem_take_for(mem, (n < most ? n : most) * (int64_t)tp_dtype_size(t->dtype), what, err);
+}
 
 /* inputs[pos].data: the span the scan found, or (for spellings the scan does
  * not follow, e.g. an escaped key) the array as jansson parsed it, dumped
@@ -100,14 +116,19 @@ static tp_status decode_json_data(const json_t *data, const data_text *dt, size_
     if (!json_is_array(data))
         return tp_fail(err, TP_INVALID, "input '%s': 'data' must be an array, got %s", t->name,
                        tp_json_kind(data));
-    for (int k = 0; k < dt->n_spans; k++)
-        if ((size_t)dt->spans[k].input == pos)
-            return tp_json_tensor_read(dt->body + dt->spans[k].start,
-                                       dt->spans[k].end - dt->spans[k].start, t, err);
+    for (int k = 0; k < dt->n_spans; k++) {
+        if (dt->spans[k].input < 0 || (size_t)dt->spans[k].input != pos)
+            continue;
+        size_t len = dt->spans[k].end - dt->spans[k].start;
+        tp_status st = take_json_tensor(dt->mem, t, len, err);
+        return st == TP_OK ? tp_json_tensor_read(dt->body + dt->spans[k].start, len, t, err) : st;
+    }
     char *text = json_dumps(data, JSON_COMPACT);
     if (!text)
         return tp_fail(err, TP_NOMEM, "input '%s': out of memory", t->name);
-    tp_status st = tp_json_tensor_read(text, strlen(text), t, err);
+    tp_status st = take_json_tensor(dt->mem, t, strlen(text), err);
+    if (st == TP_OK)
+        st = tp_json_tensor_read(text, strlen(text), t, err);
     free(text);
     return st;
 }
@@ -205,7 +226,7 @@ static tp_status shm_params(const tp_kserve_model *m, const json_t *params, cons
  * shrinking its object is a 400 here, not a fault in the engine
  * (shm_registry.h). */
 static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_host_tensor *t,
-                            tp_err *err)
+                            tp_mem_hold *mem, tp_err *err)
 {
     char where[160], sh[128];
     snprintf(where, sizeof where, "input '%s'", t->name);
@@ -219,6 +240,8 @@ static tp_status decode_shm(const tp_kserve_model *m, const json_t *params, tp_h
         st = tp_fail(err, TP_INVALID, "input '%s': shared_memory_byte_size %llu does not match "
                      "shape %s of %s (%zu bytes)", t->name, (unsigned long long)size,
                      shape_str(sh, t->ndim, t->shape), tp_dtype_name(t->dtype), want);
+    if (st == TP_OK && mem)
+        st = tp_mem_take_for(mem, (int64_t)want, where, err);
     if (st == TP_OK && !(t->data = malloc(want ? want : 1)))
         st = tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name, want);
     if (st == TP_OK && (st = tp_shm_read(r, off, t->data, size, err)) != TP_OK)
@@ -270,7 +293,7 @@ static tp_status parse_input(const tp_kserve_model *m, const json_t *in, size_t 
     if (bsize)
         return decode_binary(bsize, t, tail, err);
     if (shm)
-        return decode_shm(m, params, t, err);
+        return decode_shm(m, params, t, text->mem, err);
     if (!data)
         return tp_fail(err, TP_INVALID, "input '%s' has no 'data', no "
                        "parameters.binary_data_size and no parameters.shared_memory_region",
@@ -575,12 +598,15 @@ static tp_status load_json(doc_cache *cache, const char *body, size_t len, long 
         return TP_OK;
     json_error_t jerr;
     size_t flags = JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK;
+    tp_json_cap_begin(doc_len);
     /* the outside text, when it was built whole above, is what jansson reads */
     json_t *root = doc == outside && doc_len <= sizeof outside
                        ? tp_json_load_outside_text(body, text->spans, text->n_spans, outside,
                                                    doc_len, flags, &jerr)
                        : tp_json_load_outside_spans(body, len, text->spans, text->n_spans, flags,
                                                     &jerr);
+    if (tp_json_cap_end() && !root)
+        return tp_json_cap_refusal("request", doc_len, err);
     if (!root && json_error_code(&jerr) == json_error_out_of_memory)
         return tp_fail(err, TP_NOMEM, "out of memory parsing a %zu-byte request", len);
     if (!root)
@@ -735,7 +761,8 @@ static int request_from_template(const doc_cache *c, const tp_kserve_model *m,
 }
 
 tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size_t len,
-                                long long header_len, tp_kserve_request *req, tp_err *err)
+                                long long header_len, tp_mem_hold *mem, tp_kserve_request *req,
+                                tp_err *err)
 {
     memset(req, 0, sizeof *req);
     bin_tail tail;
@@ -743,7 +770,7 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
     tp_status st = split_body(body, len, header_len, &tail, &json_len, err);
     if (st != TP_OK)
         return st;
-    data_text text = {body, NULL, 0};
+    data_text text = {body, NULL, 0, mem};
     tp_json_span *spans = NULL;
     doc_cache *cache = tp_thread_slot_get(&doc_cache_slot); /* this thread's; NULL without memory */
     json_t *root = cached_whole_doc(cache, body, json_len);
@@ -753,10 +780,15 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
         return made > 0 ? TP_OK : tp_fail(err, TP_NOMEM, "out of memory reading a %zu-byte request", len);
     }
     if (!root) {
-        if (tp_json_data_spans(body, json_len, &spans, &text.n_spans) != 0)
+        size_t values;
+        if (tp_json_data_spans(body, json_len, (size_t)m->max_json_values, &spans, &text.n_spans, &values) != 0)
             return tp_fail(err, TP_NOMEM, "out of memory scanning a %zu-byte request", json_len);
         text.spans = spans;
-        st = load_json(cache, body, json_len, header_len, &text, &root, err);
+        if (m->max_json_values && values > (size_t)m->max_json_values)
+            st = tp_fail(err, TP_INVALID, "request has more than %d JSON values outside its tensors' data "
+                         "(max_json_values)", m->max_json_values);
+        else
+            st = load_json(cache, body, json_len, header_len, &text, &root, err);
     }
     if (st == TP_OK && (st = parse_root(m, root, &text, &tail, req, err)) == TP_OK)
         keep_template(cache, root, m, &tail, req);
@@ -765,6 +797,29 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
     if (st != TP_OK)
         tp_kserve_request_free(req);
     return st;
+}
+
+int64_t tp_kserve_answer_bytes(const tp_kserve_model *m, const tp_kserve_request *req)
+{
+    int64_t rows = 1; /* the batch dimension: the first input's dynamic first dim */
+    for (int k = 0; k < req->n_inputs && k < m->n_inputs; k++)
+        if (m->inputs[k].ndim > 0 && m->inputs[k].shape[0] < 0) {
+            rows = req->inputs[k].shape[0];
+            break;
+        }
+    int64_t total = 0;
+    for (int k = 0; k < m->n_outputs; k++) { /* the engine hands back every output */
+        const tp_io_desc *d = &m->outputs[k];
+        int64_t numel = 1;
+        for (int j = 0; j < d->ndim; j++)
+            numel *= d->shape[j] < 0 ? rows : d->shape[j];
+        int64_t bytes = numel * (int64_t)tp_dtype_size(d->dtype);
+        total += bytes;
+        for (int i = 0; i < req->n_outputs; i++)
+            if (!req->outputs[i].shm && strcmp(req->outputs[i].name, d->name) == 0)
+                total += req->outputs[i].binary ? bytes : numel * (TP_NUMTEXT_MAX + 1);
+    }
+    return total;
 }
 
 void tp_kserve_request_free(tp_kserve_request *req)

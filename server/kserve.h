@@ -20,6 +20,7 @@
 
 #include "classify.h"
 #include "engine.h"
+#include "mem_budget.h"
 #include "shm_registry.h"
 
 /* What the codec validates requests against: the served graph's signature.
@@ -42,6 +43,9 @@ typedef struct {
     /* class labels per output (n_outputs entries, NULL where none), for
      * the classification extension; NULL: no output has labels */
     const tp_labels *const *labels;
+    /* JSON values (and members) a request may have outside its tensors'
+     * data (json_tensor.h counts them before jansson builds any); 0: no limit */
+    int max_json_values;
 } tp_kserve_model;
 
 /* One output to return, in response order. */
@@ -82,11 +86,22 @@ typedef struct {
 } tp_kserve_buf;
 
 /* header_len: the Inference-Header-Content-Length value, or -1 when the
- * request had none (then the whole body is JSON). On success *req is filled,
+ * request had none (then the whole body is JSON). The tensors decoded into
+ * buffers of the request's own (JSON and shared memory inputs) are taken
+ * from mem before they are allocated (NULL: not counted); a refusal is
+ * TP_UNAVAILABLE with mem->refused set. On success *req is filled,
  * its binary inputs borrowing from body (see tp_kserve_request); on failure
  * it is left empty and err says why (TP_PARSE or TP_INVALID). */
 tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size_t len,
-                                long long header_len, tp_kserve_request *req, tp_err *err);
+                                long long header_len, tp_mem_hold *mem, tp_kserve_request *req,
+                                tp_err *err);
+
+/* What req's answer will hold until it is sent, at most: every output
+ * tensor the engine hands back for its rows, and each requested output's
+ * bytes (binary) or text (JSON: TP_NUMTEXT_MAX + 1 bytes an element, the
+ * room the number writer is given; the answer, once made, is usually far
+ * smaller, and the server gives the difference back then). */
+int64_t tp_kserve_answer_bytes(const tp_kserve_model *m, const tp_kserve_request *req);
 void tp_kserve_request_free(tp_kserve_request *req);
 
 /* Encodes the outputs req asked for, taken by name from outs. */

@@ -182,6 +182,8 @@ int64_t tp_mem_default_budget(int64_t limit, int64_t resident, int64_t reserve)
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         limit = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
     }
-    int64_t b = limit - resident - reserve;
+    /* a quarter left for what no budget sees: the allocator's own overhead
+     * and free lists, socket buffers and page cache the cgroup also counts */
+    int64_t b = (limit - resident - reserve) / 4 * 3;
     return b > TP_MEM_BUDGET_FLOOR ? b : TP_MEM_BUDGET_FLOOR;
 }

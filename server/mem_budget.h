@@ -76,9 +76,9 @@ int64_t tp_mem_cgroup_limit(const char *self_cgroup, const char *cgroup_root);
 /* This process's resident memory now (bytes; 0 when unknown). */
 int64_t tp_mem_resident(void);
 
-/* The budget max_memory_mb 0 means: limit (the cgroup's, or the machine's
- * memory without one) less what the process holds now (the model) less
- * reserve (what the budget does not count), and at least
+/* The budget max_memory_mb 0 means: three quarters of limit (the cgroup's,
+ * or the machine's memory without one) less what the process holds now
+ * (the model) less reserve (what the budget does not count), and at least
  * TP_MEM_BUDGET_FLOOR. */
 #define TP_MEM_BUDGET_FLOOR ((int64_t)64 << 20)
 int64_t tp_mem_default_budget(int64_t limit, int64_t resident, int64_t reserve);

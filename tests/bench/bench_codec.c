@@ -63,8 +63,9 @@ static read_cost time_read(const char *b, size_t len, int rounds, int reps)
         for (int k = 0; k < reps; k++) {
             tp_json_span *sp;
             int n_sp;
+            size_t n_values;
             double a = now_ns();
-            tp_json_data_spans(b, len, &sp, &n_sp);
+            tp_json_data_spans(b, len, 0, &sp, &n_sp, &n_values);
             double c = now_ns();
             json_error_t jerr;
             json_t *doc = tp_json_load_outside_spans(b, len, sp, n_sp, 0, &jerr);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fuzz_error.h"
+#include "json_cap.h"
 #include "kserve.h"
 
 static const tp_io_desc fuzz_inputs[] = {
@@ -20,8 +21,12 @@ static const tp_io_desc fuzz_inputs[] = {
 };
 #define FUZZ_N_INPUTS ((int)(sizeof fuzz_inputs / sizeof *fuzz_inputs))
 
+/* The server's own bounds, smaller: the value count, jansson's allowance
+ * and a memory budget a large decoded tensor can pass (issue 50). */
+#define FUZZ_MAX_JSON_VALUES 4096
 static const tp_kserve_model fuzz_model = {.name = "m", .version = "1", .inputs = fuzz_inputs, .n_inputs = FUZZ_N_INPUTS,
-                                           .outputs = fuzz_inputs, .n_outputs = FUZZ_N_INPUTS};
+                                           .outputs = fuzz_inputs, .n_outputs = FUZZ_N_INPUTS,
+                                           .max_json_values = FUZZ_MAX_JSON_VALUES};
 
 /* Whether two decodes of one body gave the same request: the second
  * reused the thread's kept document or request (kserve.c), and must not
@@ -50,13 +55,25 @@ static inline int fuzz_same_request(const tp_kserve_request *a, const tp_kserve_
  * (JSON or binary), as the server would. */
 static inline void fuzz_decode_encode(const char *body, size_t len, long long header_len)
 {
+    static tp_mem_budget *budget;
+    if (!budget) {
+        budget = tp_mem_budget_create((int64_t)1 << 20);
+        tp_json_cap_set_values(FUZZ_MAX_JSON_VALUES);
+    }
     tp_kserve_request req, again;
     tp_err err, err2;
     memset(&req, 0, sizeof req);
-    tp_status st = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &req, &err);
-    tp_status st2 = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &again, &err2);
+    tp_mem_hold mem = {budget, 0, TP_MEM_OK}, mem2 = {budget, 0, TP_MEM_OK};
+    tp_status st = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &mem, &req, &err);
+    tp_status st2 = tp_kserve_parse_infer(&fuzz_model, body, len, header_len, &mem2, &again, &err2);
+    /* what a request holds is its own: a refusal says so, and nothing
+     * outlives the request */
     if (st != st2 || (st != TP_OK && strcmp(err.msg, err2.msg) != 0) ||
-        (st == TP_OK && !fuzz_same_request(&req, &again)))
+        (st == TP_OK && !fuzz_same_request(&req, &again)) || (st == TP_UNAVAILABLE) != (mem.refused != TP_MEM_OK))
+        abort();
+    tp_mem_release(&mem);
+    tp_mem_release(&mem2);
+    if (tp_mem_budget_used(budget) != 0)
         abort();
     if (st2 == TP_OK)
         tp_kserve_request_free(&again);

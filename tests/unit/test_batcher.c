@@ -1043,7 +1043,7 @@ START_TEST(binary_input_read_from_the_body)
     memcpy(body + hlen, x1.data, nbytes);
     tp_kserve_request r;
     tp_err err = {{0}};
-    ck_assert_msg(tp_kserve_parse_infer(&m, body, (size_t)hlen + nbytes, hlen, &r, &err) == TP_OK, "%s",
+    ck_assert_msg(tp_kserve_parse_infer(&m, body, (size_t)hlen + nbytes, hlen, NULL, &r, &err) == TP_OK, "%s",
                   err.msg);
     ck_assert_ptr_eq(r.inputs[0].data, body + hlen);
     ck_assert_ptr_eq(r.inputs[0].owner, TP_HOST_BORROWED);

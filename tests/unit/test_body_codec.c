@@ -72,7 +72,7 @@ START_TEST(gzip_and_deflate_inflate_to_what_was_compressed)
             size_t out_n;
             int big;
             tp_err err = {{0}};
-            tp_status st = tp_body_decode(gzip ? TP_BODY_GZIP : TP_BODY_DEFLATE, (const char *)c, cn, n,
+            tp_status st = tp_body_decode(gzip ? TP_BODY_GZIP : TP_BODY_DEFLATE, (const char *)c, cn, n, NULL,
                                           &out, &out_n, &big, &err);
             ck_assert_msg(st == TP_OK, "%zu bytes, gzip %d: %s", n, gzip, err.msg);
             ck_assert_uint_eq(out_n, n);
@@ -96,11 +96,11 @@ START_TEST(limit_is_exact_and_bombs_stop_there)
     size_t out_n;
     int big;
     tp_err err = {{0}};
-    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, n, &out, &out_n, &big, &err), TP_OK);
+    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, n, NULL, &out, &out_n, &big, &err), TP_OK);
     ck_assert(!big);
     free(out);
     out = (char *)1;
-    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, n - 1, &out, &out_n, &big, &err),
+    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, n - 1, NULL, &out, &out_n, &big, &err),
                      TP_INVALID);
     ck_assert(big);
     ck_assert_ptr_null(out);
@@ -112,10 +112,56 @@ START_TEST(limit_is_exact_and_bombs_stop_there)
     char *bomb_src = calloc(1, bomb_n);
     c = compress_as(0, bomb_src, bomb_n, &cn);
     free(bomb_src);
-    ck_assert_int_eq(tp_body_decode(TP_BODY_DEFLATE, (const char *)c, cn, 1 << 20, &out, &out_n, &big, &err),
+    ck_assert_int_eq(tp_body_decode(TP_BODY_DEFLATE, (const char *)c, cn, 1 << 20, NULL, &out, &out_n, &big, &err),
                      TP_INVALID);
     ck_assert(big);
     free(c);
+}
+END_TEST
+
+/* Inflating draws on the memory budget as the buffer grows: a body that
+ * would inflate past what is left is refused (503's verdict) before the
+ * growth that passes it, past the whole budget 413's, and what it took is
+ * given back; one that fits keeps its buffer's capacity taken. */
+START_TEST(inflating_draws_on_the_memory_budget)
+{
+    size_t n = (size_t)8 << 20;
+    char *zeros = calloc(1, n);
+    size_t cn;
+    unsigned char *c = compress_as(1, zeros, n, &cn);
+    free(zeros);
+    tp_mem_budget *b = tp_mem_budget_create((int64_t)4 << 20);
+    tp_mem_hold other = {b, 0, TP_MEM_OK}, h = {b, 0, TP_MEM_OK};
+    char *out = (char *)1;
+    size_t out_n;
+    int big;
+    tp_err err = {{0}};
+    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, (size_t)64 << 20, &h, &out, &out_n, &big, &err),
+                     TP_UNAVAILABLE);
+    ck_assert_int_eq(h.refused, TP_MEM_TOO_LARGE);
+    ck_assert_ptr_null(out);
+    ck_assert_int_eq(h.held, 0);
+    ck_assert_int_eq(tp_mem_budget_used(b), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "inflating a gzip body"));
+    /* with room for it alone, but another request holding most */
+    tp_mem_budget_set_limit(b, (int64_t)16 << 20);
+    ck_assert_int_eq(tp_mem_take(&other, (int64_t)12 << 20), TP_MEM_OK);
+    h.refused = TP_MEM_OK;
+    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, (size_t)64 << 20, &h, &out, &out_n, &big, &err),
+                     TP_UNAVAILABLE);
+    ck_assert_int_eq(h.refused, TP_MEM_FULL);
+    ck_assert_int_eq(tp_mem_budget_used(b), (int64_t)12 << 20);
+    tp_mem_release(&other);
+    h.refused = TP_MEM_OK;
+    ck_assert_int_eq(tp_body_decode(TP_BODY_GZIP, (const char *)c, cn, (size_t)64 << 20, &h, &out, &out_n, &big, &err),
+                     TP_OK);
+    ck_assert_uint_eq(out_n, n);
+    ck_assert_int_ge(h.held, (int64_t)n);
+    ck_assert_int_le(h.held, (int64_t)2 * n);
+    tp_mem_release(&h);
+    free(out);
+    free(c);
+    tp_mem_budget_free(b);
 }
 END_TEST
 
@@ -125,7 +171,7 @@ static void expect_refused(tp_body_encoding enc, const void *data, size_t n, con
     size_t out_n;
     int big = 1;
     tp_err err = {{0}};
-    ck_assert_int_eq(tp_body_decode(enc, data, n, 1 << 20, &out, &out_n, &big, &err), TP_INVALID);
+    ck_assert_int_eq(tp_body_decode(enc, data, n, 1 << 20, NULL, &out, &out_n, &big, &err), TP_INVALID);
     ck_assert(!big);
     ck_assert_ptr_null(out);
     ck_assert_msg(strstr(err.msg, want), "message '%s' lacks '%s'", err.msg, want);
@@ -163,6 +209,7 @@ static Suite *body_codec_suite(void)
     tcase_add_test(t, gzip_and_deflate_inflate_to_what_was_compressed);
     tcase_add_test(t, limit_is_exact_and_bombs_stop_there);
     tcase_add_test(t, corrupt_truncated_trailing_and_misdeclared_refused);
+    tcase_add_test(t, inflating_draws_on_the_memory_budget);
     suite_add_tcase(s, t);
     return s;
 }

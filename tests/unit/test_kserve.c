@@ -11,6 +11,8 @@
 
 #include "check_main.h"
 #include "testutil.h"
+#include "json_cap.h"
+#include "json_kind.h"
 #include "json_tensor.h"
 #include "kserve.h"
 
@@ -23,7 +25,7 @@ static const tp_io_desc m_out[] = {
     {"y", TP_F32, 2, {-1, 3}},
     {"k", TP_I32, 1, {-1}},
 };
-static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, 1, NULL, NULL};
+static const tp_kserve_model M = {"m", "1", m_in, 2, m_out, 2, 0, 0, 0, 1, NULL, NULL, 0};
 
 /* A one-input model of a given datatype: "t" [2, 2] -> "u" [2, 2]. */
 static tp_io_desc one_in[1], one_out[1];
@@ -31,14 +33,14 @@ static tp_kserve_model one_model(tp_dtype dt)
 {
     one_in[0] = (tp_io_desc){"t", dt, 2, {2, 2}};
     one_out[0] = (tp_io_desc){"u", dt, 2, {2, 2}};
-    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL};
+    return (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL, 0};
 }
 
 #define N_OK "{\"name\":\"n\",\"shape\":[2,2],\"datatype\":\"INT64\",\"data\":[1,2,3,4]}"
 
 static tp_status parse(const tp_kserve_model *m, const char *json, tp_kserve_request *r, tp_err *e)
 {
-    return tp_kserve_parse_infer(m, json, strlen(json), -1, r, e);
+    return tp_kserve_parse_infer(m, json, strlen(json), -1, NULL, r, e);
 }
 
 /* Expects a failure whose message contains want. */
@@ -62,7 +64,7 @@ static void expect_bin_error(const tp_kserve_model *m, const char *hdr, const vo
         memcpy(body + n, tail, tail_len);
     tp_kserve_request r;
     tp_err e = {{0}};
-    tp_status st = tp_kserve_parse_infer(m, body, n + tail_len, hlen < -1 ? (long long)n : hlen,
+    tp_status st = tp_kserve_parse_infer(m, body, n + tail_len, hlen < -1 ? (long long)n : hlen, NULL,
                                          &r, &e);
     free(body);
     ck_assert_msg(st == TP_INVALID, "status %s (msg: %s)", tp_status_name(st), e.msg);
@@ -178,7 +180,7 @@ START_TEST(binary_fp16_and_mixed)
     memcpy(body + n, h, 8);
     tp_kserve_request r;
     tp_err e;
-    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 8, (long long)n, &r, &e), TP_OK);
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 8, (long long)n, NULL, &r, &e), TP_OK);
     ck_assert_mem_eq(r.inputs[0].data, h, 8);
     ck_assert_int_eq(r.outputs[0].binary, 1);
     tp_kserve_request_free(&r);
@@ -192,7 +194,7 @@ START_TEST(binary_fp16_and_mixed)
     n = strlen(hdr2);
     memcpy(body, hdr2, n);
     memcpy(body + n, nv, 32);
-    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, &r, &e), TP_OK);
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, NULL, &r, &e), TP_OK);
     ck_assert_mem_eq(r.inputs[1].data, nv, 32);
     ck_assert_int_eq(r.outputs[0].binary, 1);
     ck_assert_int_eq(r.outputs[1].binary, 1);
@@ -221,7 +223,7 @@ static tp_status parse_binary(const tp_kserve_model *m, char *body, const char *
     size_t n = strlen(hdr);
     memcpy(body, hdr, n);
     memcpy(body + n, t, t_len);
-    return tp_kserve_parse_infer(m, body, n + t_len, (long long)n, r, e);
+    return tp_kserve_parse_infer(m, body, n + t_len, (long long)n, NULL, r, e);
 }
 
 START_TEST(repeated_documents)
@@ -259,13 +261,13 @@ START_TEST(repeated_documents)
      * same text as a plain JSON body (no tail) is judged as such */
     ck_assert_int_eq(parse_binary(&m, body, hdr, a, 16, &r, &e), TP_OK);
     tp_kserve_request_free(&r);
-    ck_assert_int_eq(tp_kserve_parse_infer(&m, hdr, strlen(hdr), -1, &r, &e), TP_INVALID);
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, hdr, strlen(hdr), -1, NULL, &r, &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "binary"));
     /* and with bytes after it but no header length: those bytes are named */
     size_t n = strlen(hdr);
     memcpy(body, hdr, n);
     memcpy(body + n, a, 16);
-    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 16, -1, &r, &e), TP_PARSE);
+    ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n + 16, -1, NULL, &r, &e), TP_PARSE);
     ck_assert_ptr_nonnull(strstr(e.msg, "after the JSON document"));
     /* a JSON body with data between two binary ones: each gets its own */
     check_x("{\"inputs\":[" N_OK ",{\"name\":\"x\",\"shape\":[2,3],\"datatype\":\"FP32\",\"data\":[3,2,3,4,5,9]}]}", 3, 9);
@@ -298,7 +300,7 @@ START_TEST(repeated_binary_headers)
         memcpy(bodies[i], hdr, n);
         memcpy(bodies[i] + n, nv, 16);
         memcpy(bodies[i] + n + 16, xv, 12);
-        ck_assert_int_eq(tp_kserve_parse_infer(&M, bodies[i], n + 28, (long long)n, &r[i], &e), TP_OK);
+        ck_assert_int_eq(tp_kserve_parse_infer(&M, bodies[i], n + 28, (long long)n, NULL, &r[i], &e), TP_OK);
     }
     tp_kserve_request_free(&r[0]); /* copies share nothing with it */
     free(bodies[0]);
@@ -330,7 +332,7 @@ START_TEST(repeated_binary_headers)
     char *body = malloc(n + 32);
     memcpy(body, hdr, n);
     memset(body + n, 0, 32);
-    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, &r[0], &e), TP_INVALID);
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, body, n + 32, (long long)n, NULL, &r[0], &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "after the last input"));
     free(body);
 
@@ -349,7 +351,7 @@ START_TEST(repeated_binary_headers)
     ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "datatype"));
     one_in[0] = (tp_io_desc){"t", TP_F32, 2, {4, 1}};
-    m = (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL};
+    m = (tp_kserve_model){"one", "1", one_in, 1, one_out, 1, 0, 0, 0, 1, NULL, NULL, 0};
     ck_assert_int_eq(parse_binary(&m, b1, h1, t4, 16, &r[0], &e), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "shape"));
     m = one_model(TP_F32);
@@ -374,7 +376,7 @@ START_TEST(binary_all_dtypes)
         memcpy(body + n, raw, 4 * es);
         tp_kserve_request r;
         tp_err e;
-        ck_assert_int_eq(tp_kserve_parse_infer(&m, body, (size_t)n + 4 * es, n, &r, &e), TP_OK);
+        ck_assert_int_eq(tp_kserve_parse_infer(&m, body, (size_t)n + 4 * es, n, NULL, &r, &e), TP_OK);
         ck_assert_mem_eq(r.inputs[0].data, raw, 4 * es);
         tp_kserve_request_free(&r);
     }
@@ -478,7 +480,7 @@ START_TEST(response_binary_round_trip)
 
     /* the response body parses back through the request codec's binary path */
     tp_io_desc yin = {"y", TP_F32, 2, {-1, 3}};
-    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, 1, NULL, NULL};
+    tp_kserve_model ym = {"ym", "1", &yin, 1, &yin, 1, 0, 0, 0, 1, NULL, NULL, 0};
     char hdr[256];
     int n = snprintf(hdr, sizeof hdr, "{\"inputs\":[{\"name\":\"y\",\"shape\":[2,3],\"datatype\":"
                      "\"FP32\",\"parameters\":{\"binary_data_size\":24}}]}");
@@ -486,7 +488,7 @@ START_TEST(response_binary_round_trip)
     memcpy(req_body, hdr, (size_t)n);
     memcpy(req_body + n, b.body + b.header_len, 24);
     tp_kserve_request r2;
-    ck_assert_int_eq(tp_kserve_parse_infer(&ym, req_body, (size_t)n + 24, n, &r2, &e), TP_OK);
+    ck_assert_int_eq(tp_kserve_parse_infer(&ym, req_body, (size_t)n + 24, n, NULL, &r2, &e), TP_OK);
     ck_assert_mem_eq(r2.inputs[0].data, y, 24);
     tp_kserve_request_free(&r2);
     free(req_body);
@@ -682,7 +684,7 @@ START_TEST(errors_document)
     memcpy(exact, bs_at_end, sizeof bs_at_end - 1);
     tp_kserve_request r;
     tp_err e = {{0}};
-    ck_assert_int_eq(tp_kserve_parse_infer(&M, exact, sizeof bs_at_end - 1, -1, &r, &e), TP_PARSE);
+    ck_assert_int_eq(tp_kserve_parse_infer(&M, exact, sizeof bs_at_end - 1, -1, NULL, &r, &e), TP_PARSE);
     free(exact);
     expect_error(&M, "{\"id\":5,\"inputs\":[]}", TP_INVALID, "'id' must be a string, got an integer");
     expect_error(&M, "{\"parameters\":[],\"inputs\":[]}", TP_INVALID, "'parameters' must be an object");
@@ -1008,6 +1010,158 @@ START_TEST(repository_index)
 }
 END_TEST
 
+/* ---- decoding without amplification (issue 50) ---------------------------- */
+
+/* text made of prefix, n copies of unit joined by ',', and suffix */
+static char *repeated(const char *prefix, const char *unit, size_t n, const char *suffix)
+{
+    size_t u = strlen(unit), p = strlen(prefix), q = strlen(suffix);
+    char *s = malloc(p + n * (u + 1) + q + 1), *w = s;
+    memcpy(w, prefix, p);
+    w += p;
+    for (size_t k = 0; k < n; k++) {
+        if (k)
+            *w++ = ',';
+        memcpy(w, unit, u);
+        w += u;
+    }
+    memcpy(w, suffix, q + 1);
+    return s;
+}
+
+/* expect_error for bodies too long to print */
+static void expect_long_error(const tp_kserve_model *m, const char *body, tp_status st, const char *want)
+{
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    tp_status got = parse(m, body, &r, &e);
+    ck_assert_msg(got == st, "status %s for a %zu-byte body (msg: %s)", tp_status_name(got), strlen(body), e.msg);
+    ck_assert_msg(strstr(e.msg, want), "message '%s' lacks '%s'", e.msg, want);
+}
+
+#define T_OK "{\"name\":\"t\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}"
+
+/* A member no route reads is skipped, not built: 200k empty objects in it
+ * (~50 MB of jansson nodes if built) decode under an allowance of 16
+ * values, and the request is served. Wherever the member is: top level,
+ * in an input, in an output. */
+START_TEST(unknown_members_are_not_built)
+{
+    tp_json_cap_set_values(16);
+    tp_kserve_model m = one_model(TP_F32);
+    m.max_json_values = 64;
+    static const char *const at[][2] = {
+        {"{\"junk\":[", "],\"inputs\":[" T_OK "]}"},
+        {"{\"inputs\":[{\"name\":\"t\",\"junk\":[", "],\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}]}"},
+        {"{\"inputs\":[" T_OK "],\"outputs\":[{\"name\":\"u\",\"junk\":{\"a\":[", "]}}]}"},
+    };
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        char *body = repeated(at[k][0], "{}", 200000, at[k][1]);
+        tp_kserve_request r;
+        tp_err e = {{0}};
+        tp_status st = parse(&m, body, &r, &e);
+        ck_assert_msg(st == TP_OK, "body %zu: %s", k, e.msg);
+        ck_assert_int_eq(r.inputs[0].nbytes, 16);
+        tp_kserve_request_free(&r);
+        free(body);
+    }
+    /* a skipped string and a skipped number */
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    ck_assert_int_eq(parse(&m, "{\"junk\":\"x\\\"y\",\"n\":-1.5e3,\"inputs\":[" T_OK "]}", &r, &e), TP_OK);
+    tp_kserve_request_free(&r);
+    tp_json_cap_set_values(0);
+}
+END_TEST
+
+/* What jansson would build is counted first: past max_json_values the
+ * request is refused before any node exists, naming the limit. */
+START_TEST(too_many_values_refused_before_building)
+{
+    tp_kserve_model m = one_model(TP_F32);
+    m.max_json_values = 1000;
+    char *body = repeated("{\"parameters\":{\"p\":[", "1", 2000, "]},\"inputs\":[" T_OK "]}");
+    expect_long_error(&m, body, TP_INVALID, "more than 1000 JSON values outside its tensors' data (max_json_values)");
+    free(body);
+    body = repeated("{\"inputs\":[" T_OK "],\"outputs\":[", "{\"name\":\"u\"}", 600, "]}");
+    expect_long_error(&m, body, TP_INVALID, "max_json_values");
+    free(body);
+    /* under the limit it is served */
+    body = repeated("{\"parameters\":{\"p\":[", "1", 500, "]},\"inputs\":[" T_OK "]}");
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    ck_assert_msg(parse(&m, body, &r, &e) == TP_OK, "%s", e.msg);
+    tp_kserve_request_free(&r);
+    free(body);
+}
+END_TEST
+
+/* A skipped member is still JSON: a fault in it is reported as jansson
+ * reports one anywhere else, at its place in the body. */
+START_TEST(skipped_members_are_checked)
+{
+    tp_kserve_model m = one_model(TP_F32);
+    static const char *const bad[] = {
+        "{\"junk\":[1 2],\"inputs\":[" T_OK "]}",
+        "{\"junk\":{\"a\" 1},\"inputs\":[" T_OK "]}",
+        "{\"junk\":{\"a\":1,},\"inputs\":[" T_OK "]}",
+        "{\"junk\":[01],\"inputs\":[" T_OK "]}",
+        "{\"junk\":[tru],\"inputs\":[" T_OK "]}",
+        "{\"junk\":\"a\\qb\",\"inputs\":[" T_OK "]}",
+        "{\"junk\":[1.],\"inputs\":[" T_OK "]}",
+        "{\"junk\":[}],\"inputs\":[" T_OK "]}",
+        "{\"junk\":[\"\x01\"],\"inputs\":[" T_OK "]}",
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        json_error_t je;
+        ck_assert_ptr_null(json_loadb(bad[k], strlen(bad[k]), 0, &je));
+        tp_kserve_request r;
+        tp_err e = {{0}};
+        ck_assert_msg(parse(&m, bad[k], &r, &e) == TP_PARSE, "body %zu accepted", k);
+        char want[64];
+        snprintf(want, sizeof want, "line %d column %d", je.line, je.column);
+        ck_assert_msg(strstr(e.msg, want), "body %zu: '%s' lacks '%s'", k, e.msg, want);
+    }
+    /* deep but within jansson's depth: skipped */
+    char deep[2 * 1000 + 256];
+    int n = snprintf(deep, sizeof deep, "{\"junk\":");
+    for (int i = 0; i < 1000; i++)
+        deep[n++] = '[';
+    for (int i = 0; i < 1000; i++)
+        deep[n++] = ']';
+    snprintf(deep + n, sizeof deep - (size_t)n, ",\"inputs\":[" T_OK "]}");
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    ck_assert_msg(parse(&m, deep, &r, &e) == TP_OK, "%s", e.msg);
+    tp_kserve_request_free(&r);
+}
+END_TEST
+
+/* jansson's allowance (json_cap.h) is the net under the scan's count:
+ * with no count (max_json_values 0 in the model) 200k empty objects in
+ * parameters are refused for the allowance, naming max_json_values,
+ * instead of built; and every other route's body is read within it. */
+START_TEST(jansson_allowance_holds_where_the_scan_stops)
+{
+    tp_json_cap_set_values(1000);
+    tp_kserve_model m = one_model(TP_F32);
+    char *body = repeated("{\"parameters\":{\"p\":[", "{}", 200000, "]},\"inputs\":[" T_OK "]}");
+    expect_long_error(&m, body, TP_INVALID, "max_json_values 1000");
+    free(body);
+    int n;
+    /* the other routes' bodies too */
+    body = repeated("{\"junk\":[", "{}", 200000, "]}");
+    json_t *doc;
+    tp_err e = {{0}};
+    ck_assert_int_eq(tp_kserve_parse_repository_index(body, strlen(body), &n, &e), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "max_json_values 1000"));
+    ck_assert_int_eq(tp_json_load_object("{\"a\":[{},{}]}", 13, "small", &doc, &e), TP_OK);
+    json_decref(doc);
+    free(body);
+    tp_json_cap_set_values(0);
+}
+END_TEST
+
 static Suite *kserve_suite(void)
 {
     Suite *s = suite_create("kserve");
@@ -1039,6 +1193,10 @@ static Suite *kserve_suite(void)
     tcase_add_test(e, errors_binary);
     tcase_add_test(e, errors_outputs);
     tcase_add_test(e, shm_shrunk_under_requests);
+    tcase_add_test(e, unknown_members_are_not_built);
+    tcase_add_test(e, too_many_values_refused_before_building);
+    tcase_add_test(e, skipped_members_are_checked);
+    tcase_add_test(e, jansson_allowance_holds_where_the_scan_stops);
     suite_add_tcase(s, e);
     return s;
 }

@@ -150,7 +150,7 @@ END_TEST
 START_TEST(default_budget)
 {
     int64_t mib = INT64_C(1) << 20;
-    ck_assert_int_eq(tp_mem_default_budget(2048 * mib, 300 * mib, 100 * mib), 1648 * mib);
+    ck_assert_int_eq(tp_mem_default_budget(2048 * mib, 300 * mib, 100 * mib), 1236 * mib);
     ck_assert_int_eq(tp_mem_default_budget(256 * mib, 300 * mib, 100 * mib), TP_MEM_BUDGET_FLOOR);
     ck_assert_int_gt(tp_mem_default_budget(-1, 0, 0), TP_MEM_BUDGET_FLOOR); /* the machine's memory */
     ck_assert_int_gt(tp_mem_resident(), 0);

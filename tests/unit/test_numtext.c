@@ -540,23 +540,25 @@ START_TEST(spans_and_parse_outside)
                        "{\"data\":{\"a\":[1]}},{\"name\":\"y\",\"data\": [ ]}],\"data\":[9]}";
     tp_json_span *sp;
     int n;
-    ck_assert_int_eq(tp_json_data_spans(body, strlen(body), &sp, &n), 0);
-    ck_assert_int_eq(n, 2);
+    size_t nv;
+    ck_assert_int_eq(tp_json_data_spans(body, strlen(body), 0, &sp, &n, &nv), 0);
+    ck_assert_int_eq(n, 3);
     ck_assert_int_eq(sp[0].input, 0);
     ck_assert(strncmp(body + sp[0].start, "[[1,2],\n[3,4]]", sp[0].end - sp[0].start) == 0);
     ck_assert_int_eq(sp[1].input, 2);
+    ck_assert_int_eq(sp[2].input, -1); /* the top-level "data": a member no route reads */
     json_error_t je;
     json_t *root = tp_json_load_outside_spans(body, strlen(body), sp, n, 0, &je);
     ck_assert_ptr_nonnull(root);
     json_t *d0 = json_object_get(json_array_get(json_object_get(root, "inputs"), 0), "data");
     ck_assert(json_is_array(d0) && json_array_size(d0) == 0);
-    ck_assert_int_eq(json_array_size(json_object_get(root, "data")), 1); /* not an input's */
+    ck_assert_int_eq(json_array_size(json_object_get(root, "data")), 0); /* skipped, not built */
     json_decref(root);
     free(sp);
     /* an array the scan cannot close is left out up to there: jansson
      * reports the error where it is, without parsing the numbers */
     const char *bad = "{\"inputs\":[{\"data\":[1,2,3}]}";
-    ck_assert_int_eq(tp_json_data_spans(bad, strlen(bad), &sp, &n), 0);
+    ck_assert_int_eq(tp_json_data_spans(bad, strlen(bad), 0, &sp, &n, &nv), 0);
     ck_assert_int_eq(n, 1);
     ck_assert_ptr_null(tp_json_load_outside_spans(bad, strlen(bad), sp, n, 0, &je));
     ck_assert_int_eq(je.column, 26);
@@ -572,7 +574,7 @@ START_TEST(spans_and_parse_outside)
         {"{\"inputs\":[{\"data\":[1,2},{\"data\":[3]}]}", "[1,2"},
     };
     for (size_t k = 0; k < sizeof flat / sizeof flat[0]; k++) {
-        ck_assert_int_eq(tp_json_data_spans(flat[k].body, strlen(flat[k].body), &sp, &n), 0);
+        ck_assert_int_eq(tp_json_data_spans(flat[k].body, strlen(flat[k].body), 0, &sp, &n, &nv), 0);
         ck_assert_int_ge(n, 1);
         ck_assert_msg(sp[0].end - sp[0].start == strlen(flat[k].span) &&
                           !strncmp(flat[k].body + sp[0].start, flat[k].span, strlen(flat[k].span)),
@@ -606,7 +608,8 @@ START_TEST(outside_parse_reports_body_positions)
             const char *body = bodies[b];
             tp_json_span *sp;
             int n;
-            ck_assert_int_eq(tp_json_data_spans(body, strlen(body), &sp, &n), 0);
+            size_t nv;
+            ck_assert_int_eq(tp_json_data_spans(body, strlen(body), 0, &sp, &n, &nv), 0);
             ck_assert_msg(n > 0, "body %zu: no span", b);
             json_error_t whole, outside;
             json_t *a = json_loadb(body, strlen(body), flags[f], &whole);
