@@ -283,6 +283,16 @@ static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const 
     __attribute__((format(printf, 4, 5)));
 
 static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
+{
+    tp_err e;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    log_request(r, code, e.msg);
+    return send_response(h, r, code, error_response(e.msg));
+}
+
 /* A refusal of the memory budget (mem_budget.h): 413 when the request
  * alone would pass the whole budget, else 503 with Retry-After, as any
  * momentary overload is answered. */
@@ -294,16 +304,6 @@ static enum MHD_Result reply_budget(tp_http *h, req_ctx *r, const char *msg)
     if (resp && code == 503)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     return send_response(h, r, code, resp);
-}
-
-{
-    tp_err e;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
-    va_end(ap);
-    log_request(r, code, e.msg);
-    return send_response(h, r, code, error_response(e.msg));
 }
 
 /* ---- model and server routes -------------------------------------------- */
@@ -325,9 +325,6 @@ static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
         return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
                            r->args.model, r->args.version, h->model.version);
     *handled = 0;
-    uint64_t full, too_large;
-    tp_mem_budget_refusals(h->mem, &full, &too_large);
-    tp_metrics_set_memory(h->metrics, tp_mem_budget_limit(h->mem), tp_mem_budget_used(h->mem), full, too_large);
     return MHD_YES;
 }
 
@@ -384,6 +381,9 @@ static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
     tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
     tp_metrics_set_trace_dropped(h->metrics, tp_trace_dropped(h->trace));
+    uint64_t full, too_large;
+    tp_mem_budget_refusals(h->mem, &full, &too_large);
+    tp_metrics_set_memory(h->metrics, tp_mem_budget_limit(h->mem), tp_mem_budget_used(h->mem), full, too_large);
     size_t len = 0;
     char *text = tp_metrics_render(h->metrics, &len);
     if (!text)
@@ -517,13 +517,6 @@ static enum MHD_Result get_shm_status(tp_http *h, req_ctx *r)
     if (!doc)
         return reply_error(h, r, shm_http_code(st), "%s", e.msg);
     return reply_json(h, r, 200, doc);
-/* Only a POST route (infer and the settings and registrations) keeps its
- * body; other routes count it against the limit and drop it. */
-static int keeps_body(const req_ctx *r)
-{
-    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
-}
-
 }
 
 static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
@@ -534,10 +527,6 @@ static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
     if (!h->cfg.allow_client_shm)
         return reply_error(h, r, 400, "system shared memory is disabled on this server "
                            "(allow_client_shm 0)");
-    if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
-        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
-                           "(%lld MiB, max_memory_mb)", r->expect_len,
-                           (long long)(tp_mem_budget_limit(h->mem) >> 20));
     tp_status st = tp_kserve_parse_shm_register(r->body ? r->body : "", r->len, key, sizeof key,
                                                 &offset, &size, &e);
     if (st == TP_OK)
@@ -559,9 +548,6 @@ static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
         return reply_error(h, r, shm_http_code(st), "%s", e.msg);
     return reply_json(h, r, 200, strdup("{}"));
 }
-        if (tp_mem_take_for(&r->mem, (int64_t)cap - r->body_held, "request body", &r->err) != TP_OK)
-            return -2;
-        r->body_held = (int64_t)cap;
 
 /* CUDA shared memory is not offered (not listed in /v2's extensions), but
  * Triton's clients clean up both kinds (perf_analyzer unregisters all CUDA
@@ -585,12 +571,17 @@ static int parse_ll(const char *s, long long *out)
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-        tp_mem_take(&r->mem, -r->body_held);
-        r->body_held = 0;
     if (!*s || *end || errno || v < 0)
         return -1;
     *out = v;
     return 0;
+}
+
+/* Only a POST route (infer and the settings and registrations) keeps its
+ * body; other routes count it against the limit and drop it. */
+static int keeps_body(const req_ctx *r)
+{
+    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
 }
 
 /* The 413 is decided from Content-Length before a byte of the body is read
@@ -603,6 +594,10 @@ static enum MHD_Result begin_body(tp_http *h, req_ctx *r)
     if (cl && parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg.max_body_bytes)
         return reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
                            r->expect_len, (long long)h->cfg.max_body_bytes);
+    if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
+        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
+                           "(%lld MiB, max_memory_mb)", r->expect_len,
+                           (long long)(tp_mem_budget_limit(h->mem) >> 20));
     r->state = REQ_RECEIVING;
     /* A thread that holds requests holds this one too: it never runs alone
      * on an idle engine, so there is nothing to wake (and under load this
@@ -624,6 +619,9 @@ static int append_body(req_ctx *r, const char *data, size_t n)
             cap *= 2;
         if (r->expect_len >= 0 && cap > (size_t)r->expect_len && (size_t)r->expect_len >= r->len + n)
             cap = (size_t)r->expect_len;
+        if (tp_mem_take_for(&r->mem, (int64_t)cap - r->body_held, "request body", &r->err) != TP_OK)
+            return -2;
+        r->body_held = (int64_t)cap;
         char *p = realloc(r->body, cap + 1);
         if (!p)
             return -1;
@@ -647,6 +645,8 @@ static enum MHD_Result discard_body(tp_http *h, req_ctx *r, size_t n)
         free(r->body);
         r->body = NULL;
         r->cap = 0;
+        tp_mem_take(&r->mem, -r->body_held);
+        r->body_held = 0;
     }
     r->len += n;
     long long over = (long long)r->len - (long long)h->cfg.max_body_bytes;
@@ -840,27 +840,6 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
         atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK || !*held)
         end_submitting(h, 1);
-static int64_t outs_bytes(const req_ctx *r)
-{
-    int64_t n = 0;
-    for (int i = 0; i < r->n_outs; i++)
-        n += (int64_t)r->outs[i].nbytes;
-    return n;
-}
-
-/* The answer is made and the request's own bytes released: what it holds
- * until sent is now known (answer bytes, the outputs a binary answer sends
- * from, a spare body buffer), often far below what dispatch_infer took for
- * it (JSON numbers spelled short). The difference goes back when it is
- * worth an atomic add. */
-#define SETTLE_MIN ((int64_t)64 << 10)
-static void settle_answer(req_ctx *r, int64_t answer)
-{
-    int64_t keep = answer + (r->body ? r->body_held : 0);
-    if (r->mem.held - keep > SETTLE_MIN)
-        tp_mem_take(&r->mem, keep - r->mem.held);
-}
-
     return st;
 }
 
@@ -891,8 +870,6 @@ static void free_sent_answer(void *cls)
 
 /* The header and the outputs' own bytes as one response, without copying
  * them into a body: takes ownership of buf->body and r->outs. */
-    if (st == TP_OK)
-        settle_answer(r, (int64_t)buf.len + (n_tail ? outs_bytes(r) : 0));
 static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
                                             const tp_kserve_piece *tail, int n_tail)
 {
@@ -934,6 +911,27 @@ static void release_request(req_ctx *r)
     }
 }
 
+static int64_t outs_bytes(const req_ctx *r)
+{
+    int64_t n = 0;
+    for (int i = 0; i < r->n_outs; i++)
+        n += (int64_t)r->outs[i].nbytes;
+    return n;
+}
+
+/* The answer is made and the request's own bytes released: what it holds
+ * until sent is now known (answer bytes, the outputs a binary answer sends
+ * from, a spare body buffer), often far below what dispatch_infer took for
+ * it (JSON numbers spelled short). The difference goes back when it is
+ * worth an atomic add. */
+#define SETTLE_MIN ((int64_t)64 << 10)
+static void settle_answer(req_ctx *r, int64_t answer)
+{
+    int64_t keep = answer + (r->body ? r->body_held : 0);
+    if (r->mem.held - keep > SETTLE_MIN)
+        tp_mem_take(&r->mem, keep - r->mem.held);
+}
+
 /* The batch result as a KServe answer, sent: on the thread that ran the
  * batch, or on the one that resumed the connection. Binary outputs go out
  * from the engine's buffers (no copy into a body). */
@@ -964,12 +962,8 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
     if (st == TP_OK)
         r->times.output = (r->t_encoded - r->t_decoded) / 1e3 - r->times.queue - r->times.infer;
     release_request(r);
-    if (st == TP_OK) /* held until the answer is sent: taken now, while the request can still be refused */
-        st = tp_mem_take_for(&r->mem, tp_kserve_answer_bytes(&h->model, &r->req), "the answer", &err);
-    if (st != TP_OK && r->mem.refused) {
-        release_request(r);
-        return reply_budget(h, r, err.msg);
-    }
+    if (st == TP_OK)
+        settle_answer(r, (int64_t)buf.len + (n_tail ? outs_bytes(r) : 0));
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
         resp = binary_response(r, &buf, tail, n_tail);
@@ -1041,6 +1035,12 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     r->t_decoded = tp_now_ms();
     r->times.input = (r->t_decoded - r->t_body) / 1e3;
     int held = 0;
+    if (st == TP_OK) /* held until the answer is sent: taken now, while the request can still be refused */
+        st = tp_mem_take_for(&r->mem, tp_kserve_answer_bytes(&h->model, &r->req), "the answer", &err);
+    if (st != TP_OK && r->mem.refused) {
+        release_request(r);
+        return reply_budget(h, r, err.msg);
+    }
     if (st == TP_OK) {
         begin_trace(h, r);
         set_timeout(h, r, r->req.timeout_us);
@@ -1146,7 +1146,6 @@ static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
  * KB and a binary body often over 1 KB, both past malloc's per-thread
  * cache: allocating them anew for every request took malloc's slow path
  * (_int_malloc, consolidation, unlinking), about 3% of the server's CPU at
-    r->mem.b = h->mem;
  * 32 binary connections. One spare was not enough: a thread reads the
  * requests of all its connections that are ready before their batch ends,
  * and 0.42 records a request still came from calloc at 32 binary
@@ -1191,8 +1190,6 @@ static req_ctx *take_record(void)
     r->cap = cap;
     return r;
 }
-    tp_mem_take(&r->mem, -r->body_held); /* the compressed bytes, gone */
-    r->body_held = r->mem.held - held + r->body_held;
 
 /* r is released (release_request): only its body buffer is left, and
  * that only when it is at most SPARE_BODY_MAX */
@@ -1220,6 +1217,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
         return NULL;
     r->h = h;
     r->conn = c;
+    r->mem.b = h->mem;
     r->t_start = tp_now_ms();
     tp_text_copy(r->method, sizeof r->method, method);
     tp_text_copy(r->url, sizeof r->url, url);
@@ -1238,8 +1236,6 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
         return reply_bad_method(h, r);
     if (r->route->flags & ROUTE_MODEL) {
         int handled;
-        if (r->state == REQ_TOO_LARGE && r->mem.refused)
-            return reply_budget(h, r, r->err.msg);
         enum MHD_Result ok = check_model(h, r, &handled);
         if (handled)
             return ok;
@@ -1266,6 +1262,8 @@ static enum MHD_Result inflate_body(tp_http *h, req_ctx *r)
     if (st != TP_OK)
         return reply_error(h, r, too_large ? 413 : (unsigned)tp_status_http(st), "%s", e.msg);
     free(r->body);
+    tp_mem_take(&r->mem, -r->body_held); /* the compressed bytes, gone */
+    r->body_held = r->mem.held - held + r->body_held;
     r->body = plain;
     r->len = r->cap = n;
     r->encoding = TP_BODY_IDENTITY;
@@ -1291,7 +1289,6 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
     if (!r) {
         watch_pin(h, c);
         if (!(r = new_request(h, c, url, method)))
-    tp_mem_release(&r->mem);
             return MHD_NO;
         *con_cls = r;
         if (probes_only && r->route && !(r->route->flags & ROUTE_PROBE))
@@ -1312,6 +1309,8 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
         if (*upload_size)
             return receive_body(h, r, upload_data, upload_size);
         tp_http_guard_request_complete(c);
+        if (r->state == REQ_TOO_LARGE && r->mem.refused)
+            return reply_budget(h, r, r->err.msg);
         if (r->state == REQ_TOO_LARGE)
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
@@ -1363,6 +1362,7 @@ static void end_request(tp_http *h, req_ctx *r, int ok, int in_engine)
     if (r->trace_id)
         end_trace(h, r, ok);
     release_request(r);
+    tp_mem_release(&r->mem);
     atomic_fetch_sub(&h->in_flight, 1);
 }
 
@@ -1528,29 +1528,6 @@ static tp_status pin_threads_by_cpu(tp_http *h, int *cpu_of_daemon, tp_err *err)
     int cpus[CPU_SETSIZE], n_cpus = 0;
     for (int c = 0; c < CPU_SETSIZE && c < TP_ACCEPTOR_MAX_CPUS; c++)
         if (CPU_ISSET(c, &set))
-/* max_memory_mb, or by default the cgroup's limit (else the machine's
- * memory) less what the process holds now less what the budget does not
- * count: libmicrohttpd's connection pools, and per HTTP thread jansson's
- * allowance (json_cap.h) and the spare request records. Logged once the
- * model is loaded (log), when the default means something. */
-static int64_t memory_budget(const tp_http *h, int log)
-{
-    const tp_config *c = &h->cfg;
-    if (c->max_memory_mb)
-        return (int64_t)c->max_memory_mb << 20;
-    int64_t cgroup = tp_mem_cgroup_limit(NULL, NULL), resident = tp_mem_resident();
-    int64_t reserve = ((int64_t)32 << 20) + (int64_t)c->max_connections * c->connection_memory_bytes +
-                      (int64_t)c->threads * ((int64_t)c->max_json_values * TP_JSON_CAP_BYTES_PER_VALUE + (512 << 10));
-    int64_t b = tp_mem_default_budget(cgroup, resident, reserve);
-    if (log)
-        TP_LOG_I("memory budget for requests: %lld MiB (%s %lld MiB, less %lld MiB resident with the model and "
-                 "%lld MiB reserved; max_memory_mb sets it)", (long long)(b >> 20),
-                 cgroup >= 0 ? "cgroup limit" : "no cgroup limit: machine memory",
-                 (long long)((cgroup >= 0 ? cgroup : tp_mem_default_budget(-1, 0, 0)) >> 20),
-                 (long long)(resident >> 20), (long long)(reserve >> 20));
-    return b;
-}
-
             cpus[n_cpus++] = c;
     char why[160];
     if (n_cpus < 2) {
@@ -1559,7 +1536,6 @@ static int64_t memory_budget(const tp_http *h, int log)
         else
             TP_LOG_I("pin_threads: HTTP threads left unpinned: no CPU below %d", TP_ACCEPTOR_MAX_CPUS);
         return TP_OK;
-    tp_json_cap_set_values(cfg->max_json_values); /* before any request's JSON is parsed */
     }
     /* Fewer threads than CPUs (a CPU quota, threads capped at 16): the
      * CPUs would be an arbitrary few, the same in every tpserve on the
@@ -1623,6 +1599,29 @@ static tp_status start_main_listener(tp_http *h, tp_err *err)
     return st;
 }
 
+/* max_memory_mb, or by default the cgroup's limit (else the machine's
+ * memory) less what the process holds now less what the budget does not
+ * count: libmicrohttpd's connection pools, and per HTTP thread jansson's
+ * allowance (json_cap.h) and the spare request records. Logged once the
+ * model is loaded (log), when the default means something. */
+static int64_t memory_budget(const tp_http *h, int log)
+{
+    const tp_config *c = &h->cfg;
+    if (c->max_memory_mb)
+        return (int64_t)c->max_memory_mb << 20;
+    int64_t cgroup = tp_mem_cgroup_limit(NULL, NULL), resident = tp_mem_resident();
+    int64_t reserve = ((int64_t)32 << 20) + (int64_t)c->max_connections * c->connection_memory_bytes +
+                      (int64_t)c->threads * ((int64_t)c->max_json_values * TP_JSON_CAP_BYTES_PER_VALUE + (512 << 10));
+    int64_t b = tp_mem_default_budget(cgroup, resident, reserve);
+    if (log)
+        TP_LOG_I("memory budget for requests: %lld MiB (%s %lld MiB, less %lld MiB resident with the model and "
+                 "%lld MiB reserved; max_memory_mb sets it)", (long long)(b >> 20),
+                 cgroup >= 0 ? "cgroup limit" : "no cgroup limit: machine memory",
+                 (long long)((cgroup >= 0 ? cgroup : tp_mem_default_budget(-1, 0, 0)) >> 20),
+                 (long long)(resident >> 20), (long long)(reserve >> 20));
+    return b;
+}
+
 tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
 {
     *out = NULL;
@@ -1631,6 +1630,7 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
         return tp_fail(err, TP_NOMEM, "out of memory");
     h->cfg = *cfg;
     h->cfg.threads = tp_config_http_threads(cfg); /* 0 resolved once: it reads the cgroup's quota */
+    tp_json_cap_set_values(cfg->max_json_values); /* before any request's JSON is parsed */
     snprintf(h->default_timeout_what, sizeof h->default_timeout_what, "request_timeout_ms %d",
              cfg->request_timeout_ms);
     h->listen_fd = h->probe_fd = -1;
@@ -1684,8 +1684,6 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
                  h->cfg.max_queue);
     else
         TP_LOG_I("batching off, requests run one at a time: %s",
-    if (!h->cfg.max_memory_mb) /* the model is in: what is left of the limit is known */
-        tp_mem_budget_set_limit(h->mem, memory_budget(h, 1));
                  !tp_engine_padded(e, &why) ? why
                  : "an input or output has no batch dimension first");
     return TP_OK;
@@ -1758,6 +1756,8 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
+    if (!h->cfg.max_memory_mb) /* the model is in: what is left of the limit is known */
+        tp_mem_budget_set_limit(h->mem, memory_budget(h, 1));
     atomic_store(&h->loaded, 1);
     int loading = SRV_LOADING;
     atomic_compare_exchange_strong(&h->state, &loading, SRV_READY);
@@ -1773,7 +1773,6 @@ int tp_http_set_broken(tp_http *h, const char *why)
     tp_engine_stats es; /* tpserve_rank_group_up 0 now, not after the next batch */
     tp_batcher_engine_stats(h->batcher, &es);
     tp_metrics_engine_stats(h->metrics, &es);
-    tp_mem_budget_free(h->mem);
     return 1;
 }
 
@@ -1846,5 +1845,6 @@ void tp_http_stop(tp_http *h)
     tp_model_stats_free(h->stats);
     tp_trace_free(h->trace); /* after the daemons: no request is traced any more */
     tp_shm_registry_free(h->shm);
+    tp_mem_budget_free(h->mem);
     free(h);
 }

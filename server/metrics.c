@@ -21,10 +21,10 @@ struct tp_metrics {
     _Atomic long inflight, queued;
     _Atomic uint64_t stuck_steps; /* steps that ran past stuck_step_ms */
     _Atomic double step_age;      /* the running step's age, copied before rendering */
-    _Atomic int64_t mem_limit, mem_used; /* the memory budget's, copied before rendering */
-    _Atomic uint64_t mem_refusals[2]; /* [0] 503 (full), [1] 413 (too large) */
     _Atomic uint64_t trace_dropped; /* the trace's own count, copied before rendering */
     _Atomic long shm_regions;
+    _Atomic int64_t mem_limit, mem_used; /* the memory budget's, copied before rendering */
+    _Atomic uint64_t mem_refusals[2]; /* [0] 503 (full), [1] 413 (too large) */
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
     tp_engine_stats es;
@@ -121,14 +121,14 @@ void tp_metrics_set_gauges(tp_metrics *m, long inflight, long queued)
 {
     atomic_store(&m->inflight, inflight);
     atomic_store(&m->queued, queued);
+}
+
 void tp_metrics_set_memory(tp_metrics *m, int64_t limit, int64_t used, uint64_t full, uint64_t too_large)
 {
     atomic_store(&m->mem_limit, limit);
     atomic_store(&m->mem_used, used);
     atomic_store(&m->mem_refusals[0], full);
     atomic_store(&m->mem_refusals[1], too_large);
-}
-
 }
 
 void tp_metrics_set_shm_regions(tp_metrics *m, long regions)
@@ -257,15 +257,6 @@ static void render_requests(sbuf *b, tp_metrics *m)
     gauge(b, "tpserve_inflight_requests",
           "Inference requests accepted and not yet answered (queued, in the engine, encoding).",
           atomic_load(&m->inflight));
-    gauge(b, "tpserve_memory_budget_bytes",
-          "Memory requests may hold at once (max_memory_mb, or the cgroup limit less the model).",
-          atomic_load(&m->mem_limit));
-    gauge(b, "tpserve_memory_held_bytes",
-          "Memory requests hold now: bodies, inflated bodies, decoded tensors, outputs and answers not yet sent.",
-          atomic_load(&m->mem_used));
-    counter_pair(b, "tpserve_memory_refusals_total",
-                 "Requests refused by the memory budget: 503 when it was full, 413 when one alone passed it.",
-                 "code", "503", "413", m->mem_refusals);
     gauge(b, "tpserve_queue_size", "Requests waiting in the batcher queue.",
           atomic_load(&m->queued));
     family(b, "tpserve_engine_step_age_seconds", "gauge",
@@ -277,6 +268,15 @@ static void render_requests(sbuf *b, tp_metrics *m)
             "Traces taken and never written: past trace_max_pending with trace_log_frequency 0 (the oldest), "
             "or for want of memory or a writable trace_file.",
             atomic_load(&m->trace_dropped));
+    gauge(b, "tpserve_memory_budget_bytes",
+          "Memory requests may hold at once (max_memory_mb, or the cgroup limit less the model).",
+          atomic_load(&m->mem_limit));
+    gauge(b, "tpserve_memory_held_bytes",
+          "Memory requests hold now: bodies, inflated bodies, decoded tensors, outputs and answers not yet sent.",
+          atomic_load(&m->mem_used));
+    counter_pair(b, "tpserve_memory_refusals_total",
+                 "Requests refused by the memory budget: 503 when it was full, 413 when one alone passed it.",
+                 "code", "503", "413", m->mem_refusals);
     gauge(b, "tpserve_shm_regions",
           "System shared memory regions registered (each holds one open fd; max_shm_regions caps them).",
           atomic_load(&m->shm_regions));

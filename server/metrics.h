@@ -58,16 +58,16 @@ void tp_metrics_set_trace_dropped(tp_metrics *m, uint64_t dropped);
 void tp_metrics_stuck_step(tp_metrics *m);
 /* The running engine step's age in seconds (0: none runs), set before
  * rendering. */
-/* The memory budget (mem_budget.h): its limit, what requests hold, and
- * its refusals (503: full, 413: a request alone too large), copied before
- * rendering. */
-void tp_metrics_set_memory(tp_metrics *m, int64_t limit, int64_t used, uint64_t full, uint64_t too_large);
-
 void tp_metrics_set_step_age(tp_metrics *m, double seconds);
 /* The engine's counters since load (copied). */
 void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
 
 /* The exposition text; malloc'ed (caller frees), NULL without memory. */
+/* The memory budget (mem_budget.h): its limit, what requests hold, and
+ * its refusals (503: full, 413: a request alone too large), copied before
+ * rendering. */
+void tp_metrics_set_memory(tp_metrics *m, int64_t limit, int64_t used, uint64_t full, uint64_t too_large);
+
 char *tp_metrics_render(tp_metrics *m, size_t *len);
 
 #endif
