@@ -594,8 +594,9 @@ _Static_assert(sizeof(hello) == TP_RANK_HELLO_BYTES, "the hello is part of the r
  *
  * 32 random bytes as 64 hex digits: text, so an operator can make one
  * (`openssl rand -hex 32`) and hand the same file to leader and ranks. It
- * never travels in argv or the environment (both readable in /proc by
- * anyone): only in files of mode 0600 and in the hello. */
+ * never travels in argv (anyone may read /proc/PID/cmdline) nor in the
+ * environment (the user's other processes may read it, and children
+ * inherit it): only in files of mode 0600 and in the hello. */
 
 static tp_status secret_path(const char *rendezvous, char *buf, size_t cap, tp_err *err)
 {

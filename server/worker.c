@@ -106,7 +106,7 @@ int tp_worker_main(int argc, char **argv)
     if (go.rank < 1 || go.world < 2)
         return fail("needs RANK (1..WORLD_SIZE-1) and WORLD_SIZE (>= 2) in the environment", go.rank);
     /* the path only: the secret itself never goes in argv or the
-     * environment, which anyone may read in /proc */
+     * environment, which other processes may read in /proc */
     if (!go.secret_file)
         go.secret_file = getenv("TP_RENDEZVOUS_SECRET_FILE");
     /* A leader's blocked signals survive exec; this process obeys its own. */
