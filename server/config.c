@@ -71,8 +71,8 @@ static const key_desc keys[] = {
     STR_KEY(rendezvous_secret_file, NULL, "ranks=processes with rendezvous: a file (mode 0600, owner only) holding "
                                           "the group secret a joining rank must present; empty: the leader writes a "
                                           "new one to RENDEZVOUS.secret"),
-    INT_KEY(rendezvous_uid, -1, INT32_MAX, "ranks=processes: the uid a joining rank must run as (SO_PEERCRED); "
-                                           "-1: the leader's own"),
+    INT_KEY(rendezvous_uid, -1, INT32_MAX, "ranks=processes: a uid, besides the leader's own, a joining rank may "
+                                           "run as (SO_PEERCRED); -1: the leader's only"),
     INT_KEY(staging_mb, 1, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs"),
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "

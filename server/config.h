@@ -33,7 +33,7 @@ typedef struct {
     char ranks[16];          /* threads | processes (one process per rank, as on GPUs) */
     char rendezvous[108];    /* processes: unix socket where external ranks join; empty: spawn them */
     char rendezvous_secret_file[4096]; /* 0600 file with the group secret external ranks present */
-    int rendezvous_uid;      /* uid a joining rank must run as; -1: the leader's */
+    int rendezvous_uid;      /* a uid besides the leader's a joining rank may run as; -1: none */
     int staging_mb;          /* processes: shared request staging */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
