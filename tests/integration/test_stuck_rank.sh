@@ -157,6 +157,7 @@ if start stuck --graph "$TP_GRAPHS/$G.json" --ranks processes --threads 2 --stuc
     kill -CONT "$W"
     wait_ready 200 && pass "SIGCONT: readiness 200 again within $WAITED_MS ms" ||
         fail "SIGCONT: readiness $(code_of /v2/health/ready) $(cat "$TMP/ready")"
+    # shellcheck disable=SC2086 # a list of pids
     wait $INFERS
     INFERS=""
     check_answers 1 2 3 4 && pass "SIGCONT: the 4 inferences sent meanwhile get their right answers" ||
@@ -185,6 +186,7 @@ if start stuck --graph "$TP_GRAPHS/$G.json" --ranks processes --threads 2 --stuc
     wait_ready 503 && pass "readiness 503 again for the second stuck step" || fail "second stuck step: readiness $(code_of /v2/health/ready)"
     kill -CONT "$W"
     wait_ready 200 && pass "SIGCONT: ready again" || fail "second SIGCONT: readiness $(code_of /v2/health/ready)"
+    # shellcheck disable=SC2086 # a list of pids
     wait $INFERS
     check_answers 5 && pass "SIGCONT: the inference sent while stopped gets its right answer" ||
         fail "second SIGCONT: inference wrong or failed:$bad"
