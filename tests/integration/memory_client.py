@@ -73,6 +73,25 @@ def bomb(a):
     return bad
 
 
+def held_within_budget(a, what):
+    """Prints what the server holds under load `what`; 1 when past its budget."""
+    held = int(metric(a.url, "tpserve_memory_held_bytes"))
+    limit = int(metric(a.url, "tpserve_memory_budget_bytes"))
+    print("%s: server holds %d MiB of a %d MiB budget, RSS %d MiB, 503s %s" % (
+        what, held >> 20, limit >> 20, vm(a.pid, "VmRSS"), metric(a.url, 'tpserve_memory_refusals_total{code="503"}')))
+    return int(held > limit)
+
+
+def given_back(a, socks):
+    """Closes the load's sockets; 1 unless the server then holds nothing."""
+    for s in socks:
+        s.close()
+    time.sleep(1)
+    after = int(metric(a.url, "tpserve_memory_held_bytes"))
+    print("%s closed: server holds %d bytes" % ("ok  " if after == 0 else "FAIL", after))
+    return int(after != 0)
+
+
 def stalled(a):
     n, size = a.n, a.mib << 20
     socks = []
@@ -86,22 +105,12 @@ def stalled(a):
         for s in socks:
             s.sendall(chunk)
     time.sleep(1)
-    held = int(metric(a.url, "tpserve_memory_held_bytes"))
-    limit = int(metric(a.url, "tpserve_memory_budget_bytes"))
-    print("%d uploads of %d MiB stalled %d MiB short: server holds %d MiB of a %d MiB budget, RSS %d MiB, "
-          "503s %s" % (n, a.mib, 8, held >> 20, limit >> 20, vm(a.pid, "VmRSS"),
-                      metric(a.url, 'tpserve_memory_refusals_total{code="503"}')))
+    over = held_within_budget(a, "%d uploads of %d MiB stalled 8 MiB short" % (n, a.mib))
     st, ra, ans = post(a.url, "/v2/models/mlp_sp_tp2/infer", json.dumps({"inputs": [X]}).encode(),
                        {"Content-Type": "application/json"})
     ok = (st == 200 and len(json.loads(ans)["outputs"][0]["data"]) == 256) or (st == 503 and ra)
     print("%s an infer meanwhile: %d" % ("ok  " if ok else "FAIL", st))
-    bad = (not ok) + (held > limit)
-    for s in socks:
-        s.close()
-    time.sleep(1)
-    after = int(metric(a.url, "tpserve_memory_held_bytes"))
-    print("%s closed: server holds %d bytes" % ("ok  " if after == 0 else "FAIL", after))
-    return bad + (after != 0)
+    return (not ok) + over + given_back(a, socks)
 
 
 def slow(a):
@@ -119,22 +128,12 @@ def slow(a):
         s.sendall(req)
         socks.append(s)
     time.sleep(2)
-    held = int(metric(a.url, "tpserve_memory_held_bytes"))
-    limit = int(metric(a.url, "tpserve_memory_budget_bytes"))
-    print("%d slow readers of %d-row answers (%d KB sent each): server holds %d MiB of a %d MiB budget, RSS %d MiB, "
-          "503s %s" % (a.n, b, len(req) // 1024, held >> 20, limit >> 20, vm(a.pid, "VmRSS"),
-                      metric(a.url, 'tpserve_memory_refusals_total{code="503"}')))
+    over = held_within_budget(a, "%d slow readers of %d-row answers (%d KB sent each)" % (a.n, b, len(req) // 1024))
     st, ra, _ = post(a.url, "/v2/models/vocab_embed_tp2/infer", req.split(b"\r\n\r\n", 1)[1],
                      {"Inference-Header-Content-Length": str(len(hdr))})
     ok = st == 200 or (st == 503 and ra == "1")
     print("%s one more meanwhile: %d (Retry-After %s)" % ("ok  " if ok else "FAIL", st, ra))
-    bad = (not ok) + (held > limit)
-    for s in socks:
-        s.close()
-    time.sleep(1)
-    after = int(metric(a.url, "tpserve_memory_held_bytes"))
-    print("%s closed: server holds %d bytes" % ("ok  " if after == 0 else "FAIL", after))
-    return bad + (after != 0)
+    return (not ok) + over + given_back(a, socks)
 
 
 def main():

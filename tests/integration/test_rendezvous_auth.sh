@@ -96,17 +96,6 @@ impostor() {
     IMP_SELF=$(cat "$TMP/imp/$1.ready" 2>/dev/null)
 }
 
-# serve_bg NAME ARGS...: `tpserve serve ARGS` in the background (not
-# waited for: it is ready only once its ranks joined); PID, PORT, URL.
-serve_bg() {
-    name=$1
-    shift
-    PORT=$(free_port)
-    URL="http://127.0.0.1:$PORT"
-    "$TPSERVE" serve --port "$PORT" "$@" >"$TMP/$name.log" 2>&1 &
-    PID=$!
-    PIDS="$PIDS $PID"
-}
 
 # wait_ready: until the server answers ready (60 s at most: the impostors
 # cost the rendezvous a few seconds); 1 if it never does or exits.
@@ -133,7 +122,7 @@ mkdir "$TMP/rdv" "$TMP/imp"
 chmod 711 "$TMP" "$TMP/rdv"
 chmod 1777 "$TMP/imp"
 SOCK="$TMP/rdv/tp.sock"
-serve_bg auth --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK"
+launch auth --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK"
 if wait_socket; then
     mode=$(stat -c %a "$SOCK.secret" 2>/dev/null)
     [ "$mode" = 600 ] && grep -q "group secret written to '$SOCK.secret' (mode 0600" "$TMP/auth.log" &&
@@ -197,7 +186,7 @@ rc=$?
     fail "secret file 0644: rc=$rc $(tail -2 "$TMP/key644.log")"
 chmod 600 "$KEY"
 SOCK="$TMP/k.sock"
-serve_bg key --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK" --rendezvous-secret-file "$KEY"
+launch key --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK" --rendezvous-secret-file "$KEY"
 # (bounded: a rank let in without the secret would serve until the leader ends)
 RANK=1 WORLD_SIZE=2 timeout 60 "$TPSERVE" worker "$TP_GRAPHS/$G.json" --rendezvous "$SOCK" >"$TMP/wk0.log" 2>&1
 grep -q "cannot open: No such file" "$TMP/wk0.log" && grep -q "$SOCK.secret" "$TMP/wk0.log" &&
@@ -225,7 +214,7 @@ if [ $NOBODY = 1 ] && as_nobody test -r "$TP_GRAPHS/$G.json" 2>/dev/null && as_n
     cp "$KEY" "$TMP/rdv/nobody.key"
     chown 65534 "$TMP/rdv/nobody.key"
     chmod 600 "$TMP/rdv/nobody.key"
-    serve_bg uid --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK" --rendezvous-secret-file "$KEY" \
+    launch uid --graph "$TP_GRAPHS/$G.json" --ranks processes --rendezvous "$SOCK" --rendezvous-secret-file "$KEY" \
         --rendezvous-uid 65534
     if wait_socket; then
         chmod 777 "$SOCK"

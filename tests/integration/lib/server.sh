@@ -42,9 +42,9 @@ free_port() {
     $PYTHON -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# start NAME ARGS...: `tpserve serve ARGS` on a fresh port, waited until
-# ready (30 s at most); sets PORT, PID, URL; the log is $TMP/NAME.log.
-start() {
+# launch NAME ARGS...: `tpserve serve ARGS` on a fresh port in the
+# background, not waited for; sets PORT, PID, URL; the log is $TMP/NAME.log.
+launch() {
     name=$1
     shift
     PORT=$(free_port)
@@ -52,6 +52,11 @@ start() {
     "$TPSERVE" serve --port "$PORT" "$@" >"$TMP/$name.log" 2>&1 &
     PID=$!
     PIDS="$PIDS $PID"
+}
+
+# start NAME ARGS...: launch, then wait until ready (30 s at most).
+start() {
+    launch "$@"
     i=0
     while [ $i -lt 300 ]; do
         if ! kill -0 "$PID" 2>/dev/null; then
