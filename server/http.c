@@ -1617,7 +1617,7 @@ static int64_t memory_budget(const tp_http *h, int log)
         TP_LOG_I("memory budget for requests: %lld MiB (%s %lld MiB, less %lld MiB resident with the model and "
                  "%lld MiB reserved; max_memory_mb sets it)", (long long)(b >> 20),
                  cgroup >= 0 ? "cgroup limit" : "no cgroup limit: machine memory",
-                 (long long)((cgroup >= 0 ? cgroup : tp_mem_default_budget(-1, 0, 0)) >> 20),
+                 (long long)((cgroup >= 0 ? cgroup : tp_mem_machine()) >> 20),
                  (long long)(resident >> 20), (long long)(reserve >> 20));
     return b;
 }

@@ -1,4 +1,5 @@
 #include "mem_budget.h"
+#include "sysfile.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -167,21 +168,20 @@ int64_t tp_mem_cgroup_limit(const char *self_cgroup, const char *cgroup_root)
 
 int64_t tp_mem_resident(void)
 {
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f)
-        return 0;
-    long long size = 0, resident = 0;
-    int n = fscanf(f, "%lld %lld", &size, &resident);
-    fclose(f);
-    return n == 2 ? (int64_t)resident * sysconf(_SC_PAGESIZE) : 0;
+    long long v[2]; /* size, resident (pages) */
+    return tp_sysfile_ints("/proc/self/statm", v, 2) == 2 ? (int64_t)v[1] * sysconf(_SC_PAGESIZE) : 0;
+}
+
+int64_t tp_mem_machine(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (int64_t)pages * page : 0;
 }
 
 int64_t tp_mem_default_budget(int64_t limit, int64_t resident, int64_t reserve)
 {
-    if (limit < 0) {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        limit = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
-    }
+    if (limit < 0)
+        limit = tp_mem_machine();
     /* a quarter left for what no budget sees: the allocator's own overhead
      * and free lists, socket buffers and page cache the cgroup also counts */
     int64_t b = (limit - resident - reserve) / 4 * 3;

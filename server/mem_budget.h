@@ -76,6 +76,9 @@ int64_t tp_mem_cgroup_limit(const char *self_cgroup, const char *cgroup_root);
 /* This process's resident memory now (bytes; 0 when unknown). */
 int64_t tp_mem_resident(void);
 
+/* The machine's physical memory (bytes; 0 when unknown). */
+int64_t tp_mem_machine(void);
+
 /* The budget max_memory_mb 0 means: three quarters of limit (the cgroup's,
  * or the machine's memory without one) less what the process holds now
  * (the model) less reserve (what the budget does not count), and at least

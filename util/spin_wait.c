@@ -1,5 +1,6 @@
 /* spin_wait.c — bounded spinning and futexes (see spin_wait.h). */
 #include "spin_wait.h"
+#include "sysfile.h"
 
 #include <limits.h>
 #include <linux/futex.h>
@@ -36,15 +37,10 @@ static void cpu_relax(void)
  * rounded up; 0 when there is no quota or no file. */
 static int quota_cores(void)
 {
-    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
-    if (!f)
+    long long v[2]; /* "max PERIOD" reads no integer */
+    if (tp_sysfile_ints("/sys/fs/cgroup/cpu.max", v, 2) != 2 || v[0] <= 0 || v[1] <= 0)
         return 0;
-    long long quota = 0, period = 0;
-    int n = fscanf(f, "%lld %lld", &quota, &period);
-    fclose(f);
-    if (n != 2 || quota <= 0 || period <= 0)
-        return 0;
-    return (int)((quota + period - 1) / period);
+    return (int)((v[0] + v[1] - 1) / v[1]);
 }
 
 int tp_spin_cores(void)
