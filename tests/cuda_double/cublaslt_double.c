@@ -1,7 +1,8 @@
 /* cublaslt_double.c — the cuBLASLt calls of the cuda backend: handles and
- * descriptors are host objects (leaks show under ASan), a heuristic always
- * offers one algorithm without workspace, and a matmul is a recorded launch
- * like any kernel. */
+ * descriptors are host objects (leaks show under ASan), a heuristic offers
+ * one algorithm without workspace unless TP_DOUBLE_FAIL blas_algo says it
+ * finds none (then, as cuBLASLt does, CUBLAS_STATUS_NOT_SUPPORTED and a
+ * count of 0), and a matmul is a recorded launch like any kernel. */
 #include <cublasLt.h>
 #include <stdlib.h>
 
@@ -27,7 +28,14 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
 
 const char *cublasLtGetStatusName(cublasStatus_t s)
 {
-    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_(cuda double)";
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default: return "CUBLAS_STATUS_(cuda double)";
+    }
 }
 
 const char *cublasLtGetStatusString(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? "success" : "failure"; }
@@ -93,6 +101,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     *got = 0;
     if (want < 1)
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (dbl_inject(DBL_FAIL_BLAS_ALGO))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     out[0] = (cublasLtMatmulHeuristicResult_t){.workspaceSize = 0, .state = CUBLAS_STATUS_SUCCESS};
     *got = 1;
     return CUBLAS_STATUS_SUCCESS;

@@ -1,14 +1,34 @@
 /* cuda_double.h — a test double of the CUDA runtime, NCCL and cuBLASLt
  * entry points the cuda backend calls (and of its kernel launchers), for a
- * test binary only: it is never linked into tpserve.
+ * test binary only: it is never linked into tpserve (test_cuda_host, and
+ * test_cuda_device_dbl: the device suite tests/unit/test_cuda_device.c
+ * built against it).
  *
- * What it is: host memory stands in for device memory, every stream runs
- * its work at once in the calling thread (so a stream never lags behind
- * the host), kernels are recorded and counted but never run (values are
- * not checked: the cpu backend proves the math), memory copies and NCCL
- * collectives really move bytes (between processes through one shared
- * memory segment per communicator), and a capture records every operation
- * into a graph that cudaGraphLaunch replays in order.
+ * What it is: host memory stands in for device memory; every stream is an
+ * ordered queue run by its own thread, asynchronously to the host (see
+ * "Streams" below); kernels are recorded and counted but never run (values
+ * are not checked: the cpu backend proves the math), memory copies and
+ * NCCL collectives really move bytes (between processes through one shared
+ * memory segment per communicator, and through CUDA IPC mappings), and a
+ * capture records every operation into a graph that cudaGraphLaunch
+ * enqueues, as one piece of work, on the launch stream.
+ *
+ * Streams: an operation enqueued outside a capture runs on the stream's
+ * thread, in stream order, only once something needs it (a
+ * cudaStreamSynchronize / cudaDeviceSynchronize, or another stream's
+ * cudaStreamWaitEvent reaching it) or TP_DOUBLE_STREAM_LAG_MS after it was
+ * enqueued, whichever comes first: so a host read before a sync, or a
+ * stream that uses another's result without cudaStreamWaitEvent, sees the
+ * old bytes. cudaEventRecord marks a stream's position, cudaStreamWaitEvent
+ * makes the waiting stream's later work wait until that position has run.
+ * Copies from or to pageable host memory are host-synchronous as CUDA
+ * documents them (pageable source: staged at the call; pageable
+ * destination: the call waits for the stream, then copies). cudaFree,
+ * cudaFreeHost and ncclMemFree wait for every stream (CUDA's cudaFree
+ * synchronises the device); cudaMemcpy/cudaMemset and the legacy stream
+ * wait for blocking streams only (the backend's are non-blocking). A failed
+ * operation's error is sticky on its stream and returned by every later
+ * synchronisation of it.
  *
  * What it enforces (each breach is a "rule" line on stderr and in
  * $TP_DOUBLE_LOG, and the call fails as CUDA/NCCL would):
@@ -21,8 +41,35 @@
  *    NCCL work on the communicator is alive would wait forever in NCCL
  *    2.28 (init.cc commDestroySync, localPersistentRefs): reported instead
  *    of hanging;
- *  - ncclCommRevoke wakes this rank's NCCL waits; a wait nobody wakes for
- *    TP_DOUBLE_HANG_MS (20000) is reported as a hang;
+ *  - ncclCommRevoke as NCCL 2.28.9 does it (init.cc commRevokeAsync): it
+ *    sets the communicator's abort flag, which ends every NCCL wait in
+ *    progress, blocks until the eager (uncaptured) NCCL work enqueued
+ *    before it has finished, then clears the flag again; later calls are
+ *    refused (ncclInvalidUsage, enqueue.cc), but NCCL work of a graph that
+ *    starts after the revoke returned (a replay queued behind other work,
+ *    or launched after it) runs normally and waits for its peers: against
+ *    a dead peer, that is a hang. A wait nobody ends for TP_DOUBLE_HANG_MS
+ *    (20000) is reported as a hang;
+ *  - ncclCommAbort / ncclCommDestroy after a revoke do not wait for graphs
+ *    (NCCL sets finalizeCalled): freeing a communicator while a graph that
+ *    captured NCCL work on it is alive, or its destructor has not run yet,
+ *    is reported (the destructor would touch freed memory); so is NCCL work
+ *    that runs on a freed communicator;
+ *  - graphs' user objects (NCCL's persistent references) are released by
+ *    destructors that run later, on another thread
+ *    (cudaUserObjectNoDestructorSync), TP_DOUBLE_DTOR_MS after the last
+ *    graph or exec holding them is gone and its launches finished; a
+ *    healthy ncclCommDestroy/Abort waits for them as NCCL's
+ *    commDestroySync does;
+ *  - waiting, from a stream being captured, on an event recorded outside
+ *    the capture is refused (cudaErrorStreamCaptureIsolation, the capture
+ *    invalidated) unless the wait passes cudaEventWaitExternal, which
+ *    records an external wait node (CUDA programming guide, "Prohibited
+ *    and unhandled operations");
+ *  - cudaIpcGetMemHandle turns the allocation into shared memory and
+ *    cudaIpcOpenMemHandle in another process maps it (real bytes, as
+ *    peer access over NVLink); opening a handle in the process that made
+ *    it is refused, as CUDA does;
  *  - two ranks of a communicator on one device are refused
  *    (ncclInvalidUsage on every rank), as NCCL does;
  *  - window registration is collective (same call, same order on every
@@ -45,7 +92,14 @@
  *                       0 for the leader); points: alloc, window, comm_init,
  *                       capture, replay, nccl_async, embed_id, die
  *                       (_exit(9) at a graph launch), ipc_handle
- *                       (cudaIpcGetMemHandle), nccl_stall (the nth NCCL
+ *                       (cudaIpcGetMemHandle), gather_id (the gather
+ *                       kernel reports an id out of range), devcomm
+ *                       (the symmetric-memory probe, ncclDevCommCreate,
+ *                       fails with ncclSystemError), ipc_open
+ *                       (cudaIpcOpenMemHandle: a node without peer
+ *                       access), blas_algo (the cuBLASLt heuristic finds
+ *                       no algorithm: CUBLAS_STATUS_NOT_SUPPORTED and a
+ *                       count of 0), nccl_stall (the nth NCCL
  *                       exchange of the process never arrives: the
  *                       communicator takes an async error and the call
  *                       waits until revoked, as a kernel whose peer's
@@ -55,7 +109,11 @@
  *                       threads, not those of the rank group's watchdog
  *                       (its thread name), which come at timed ticks
  *  TP_DOUBLE_LOG        a file every process appends rule breaches to
- *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang */
+ *  TP_DOUBLE_HANG_MS    how long an NCCL wait may last before it is a hang
+ *  TP_DOUBLE_STREAM_LAG_MS  how long enqueued work waits for a sync before
+ *                       it runs by itself (default 10; read per stream)
+ *  TP_DOUBLE_DTOR_MS    how late a released user object's destructor runs
+ *                       (default 5) */
 #ifndef TP_CUDA_DOUBLE_H
 #define TP_CUDA_DOUBLE_H
 
@@ -65,6 +123,10 @@
 int dbl_rule_breaches(void);
 long dbl_kernel_launches(void);
 long dbl_graph_launches(void);
+/* ncclMemAlloc allocations of this process not yet freed; NCCL windows
+ * registered and not yet deregistered or ended with their communicator. */
+int dbl_nccl_allocations(void);
+int dbl_nccl_windows(void);
 
 /* ---- shared by the double's own files ---- */
 
@@ -79,6 +141,10 @@ typedef enum {
     DBL_FAIL_DIE,
     DBL_FAIL_IPC_HANDLE,
     DBL_FAIL_NCCL_STALL,
+    DBL_FAIL_IPC_OPEN,
+    DBL_FAIL_BLAS_ALGO,
+    DBL_FAIL_DEVCOMM,
+    DBL_FAIL_GATHER_ID,
     DBL_FAIL_POINTS
 } dbl_fail_point;
 
@@ -116,8 +182,20 @@ int dbl_thread_capturing(void);
 /* A call the capturing thread must not make: breaks the rule, invalidates
  * the capture; returns nonzero when the caller must fail. */
 int dbl_refuse_in_capture(const char *call);
-/* Persistent references (graphs/execs holding NCCL work) on a comm. */
+/* Persistent references on a comm: +1 when a captured graph's user object
+ * for it is made, -1 when that user object's destructor runs. */
 void dbl_comm_ref(dbl_comm *c, int delta);
+/* Whether work enqueued on s now is recorded into a capture. */
+int dbl_stream_capturing(struct CUstream_st *s);
+/* Makes every stream of this process run its queued work now (no lag). */
+void dbl_kick_all(void);
+/* Waits for every stream of this process to finish its queued work. */
+void dbl_drain_all(void);
+/* Waits (up to TP_DOUBLE_HANG_MS) until every released user object's
+ * destructor has run; 0 when they all ran. */
+int dbl_destructors_wait(void);
+/* Test-facing: user-object destructors released but not yet run. */
+int dbl_destructors_pending(void);
 /* Counts one kernel launch (run by a stream: eagerly or in a replay). */
 void dbl_count_launch(void);
 /* Shared memory that stands for device memory: ncclMemAlloc's segments

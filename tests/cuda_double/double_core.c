@@ -13,6 +13,7 @@
 
 static const char *const point_names[DBL_FAIL_POINTS] = {
     "alloc", "window", "comm_init", "capture", "replay", "nccl_async", "embed_id", "die", "ipc_handle", "nccl_stall",
+    "ipc_open", "blas_algo", "devcomm", "gather_id",
 };
 
 /* Up to this many injections at once (TP_DOUBLE_FAIL, comma-separated):

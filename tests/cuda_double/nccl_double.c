@@ -1,15 +1,25 @@
 /* nccl_double.c — the NCCL calls of the cuda backend, across processes.
  *
  * A communicator is one POSIX shared memory segment named in the unique
- * id. Every collective (and window registration, and the symmetric-memory
- * probe) is one exchange: each rank waits until every peer has finished
- * the previous one, writes its signature and its bytes into its slot,
- * waits for every peer's, checks that all signatures agree (the same call
- * in the same order) and computes its result. Payloads beyond SLOT bytes
- * are not exchanged (the rest of the output keeps this rank's input:
- * values are not what the double checks). A wait ends when every peer
- * arrived, when this rank's communicator is revoked, or after
- * TP_DOUBLE_HANG_MS as a reported hang. */
+ * id, with two channels: the device one, for the collectives and p2p work
+ * streams run (the kernels' connections), and the host one, for the calls
+ * that are collective on the host (window registration, the
+ * symmetric-memory probe: NCCL's bootstrap). Every exchange on a channel
+ * is one round: each rank waits until every peer has finished the
+ * previous one, writes its signature and its bytes into its slot, waits
+ * for every peer's, checks that all signatures agree (the same call in the
+ * same order) and computes its result. Payloads beyond SLOT bytes are not
+ * exchanged (the rest of the output keeps this rank's input: values are
+ * not what the double checks). A wait ends when every peer arrived, when
+ * the communicator's abort flag is set (a revoke in progress), or after
+ * TP_DOUBLE_HANG_MS as a reported hang.
+ *
+ * Revoke follows NCCL 2.28.9 (init.cc ncclCommRevoke, commRevokeAsync):
+ * the abort flag is set, the call waits for the eager work enqueued before
+ * it and for every NCCL wait in progress to end, then the flag is cleared
+ * again. New calls are refused (enqueue.cc ncclEnqueueCheck), but work of
+ * a captured graph that starts later runs with the flag clear, and waits
+ * for its peers as any other. */
 #include <fcntl.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -39,11 +49,17 @@ typedef struct {
 } coll_sig;
 
 typedef struct {
-    atomic_int joined;
-    atomic_int device[MAX_RANKS]; /* device + 1 */
     _Atomic uint64_t arrive[MAX_RANKS], depart[MAX_RANKS];
     coll_sig sig[MAX_RANKS];
     char data[MAX_RANKS][SLOT];
+} chan_shared;
+
+enum { CHAN_HOST, CHAN_DEVICE, CHANS };
+
+typedef struct {
+    atomic_int joined;
+    atomic_int device[MAX_RANKS]; /* device + 1 */
+    chan_shared chan[CHANS];
 } comm_shared;
 
 struct ncclWindow_vidmem {
@@ -59,8 +75,12 @@ struct ncclWindow_vidmem {
 struct ncclComm {
     comm_shared *sh;
     int rank, world, symmetric;
-    uint64_t seq;
+    _Atomic uint64_t seq[CHANS];
     atomic_int revoked, refs, ended; /* ended: destroyed or aborted, freed with the last reference */
+    atomic_int abort_flag;           /* set by a revoke in progress: every NCCL wait ends */
+    atomic_int running;              /* exchanges in progress (any thread) */
+    atomic_int eager;                /* uncaptured work enqueued, not finished */
+    atomic_int freed_reported;       /* freed under a graph: reported once */
     _Atomic ncclResult_t async;
     char last[256];
     struct ncclWindow_vidmem *windows; /* registered, not yet deregistered */
@@ -69,8 +89,17 @@ struct ncclComm {
 static void comm_free(ncclComm_t c);
 static void unmap_peers(ncclComm_t c, struct ncclWindow_vidmem *w);
 
+/* A graph's user object made (+1) or its destructor run (-1). A
+ * destructor that runs after NCCL freed the communicator (a revoked one:
+ * ncclCommAbort did not wait for it) touches freed memory on a GPU. */
 void dbl_comm_ref(dbl_comm *c, int delta)
 {
+    if (delta < 0 && atomic_load(&c->ended) && atomic_load(&c->revoked) && !atomic_exchange(&c->freed_reported, 1))
+        dbl_rule("a CUDA graph's user-object destructor for NCCL work on rank %d's communicator ran after "
+                 "ncclCommAbort/Destroy freed it (after a revoke NCCL does not wait for graphs, init.cc "
+                 "finalizeCalled; the destructor is cudaUserObjectNoDestructorSync, enqueue.cc "
+                 "persistentDestructor): use after free",
+                 c->rank);
     if (atomic_fetch_add(&c->refs, delta) + delta == 0 && atomic_load(&c->ended))
         comm_free(c);
 }
@@ -141,7 +170,8 @@ static ncclResult_t refuse(ncclComm_t c, ncclResult_t r, const char *fmt, const 
 
 /* ------------------------------------------------------------- waits */
 
-/* Until every rank's counter reaches seq; 1 when revoked, 2 on a hang. */
+/* Until every rank's counter reaches seq; 1 when the abort flag is set, 2
+ * on a hang. */
 static int wait_all(ncclComm_t c, _Atomic uint64_t *counters, uint64_t seq, const char *what)
 {
     int64_t limit = now_ms() + dbl_env_int("TP_DOUBLE_HANG_MS", 20000);
@@ -151,7 +181,7 @@ static int wait_all(ncclComm_t c, _Atomic uint64_t *counters, uint64_t seq, cons
             all = atomic_load(&counters[q]) >= seq;
         if (all)
             return 0;
-        if (atomic_load(&c->revoked))
+        if (atomic_load(&c->abort_flag))
             return 1;
         if (now_ms() > limit) {
             dbl_rule("NCCL %s on rank %d waited %d ms for its peers and nobody revoked the communicator (a hang "
@@ -164,7 +194,7 @@ static int wait_all(ncclComm_t c, _Atomic uint64_t *counters, uint64_t seq, cons
 }
 
 typedef void (*fill_fn)(ncclComm_t c, const void *ctx, char *slot);
-typedef void (*consume_fn)(ncclComm_t c, const void *ctx);
+typedef void (*consume_fn)(ncclComm_t c, chan_shared *ch, const void *ctx);
 
 static int same_sig(const coll_sig *a, const coll_sig *b)
 {
@@ -176,45 +206,71 @@ static int same_sig(const coll_sig *a, const coll_sig *b)
  * arrives, and NCCL's host side sets the async error (what a proxy thread
  * whose connection broke does); like a kernel, the call returns only once
  * the communicator is revoked. Peers wait for it as for a real straggler. */
-static ncclResult_t stall(ncclComm_t c, const char *what)
+static ncclResult_t stall(ncclComm_t c, chan_shared *ch, const char *what)
 {
     snprintf(c->last, sizeof c->last, "injected: %s stalled, its transport failed (TP_DOUBLE_FAIL)", what);
     atomic_store(&c->async, ncclSystemError);
     char stalled[64];
     snprintf(stalled, sizeof stalled, "%s (stalled, its async error set)", what);
-    wait_all(c, c->sh->arrive, UINT64_MAX, stalled); /* no rank gets there: until revoked, or a hang */
+    wait_all(c, ch->arrive, UINT64_MAX, stalled); /* no rank gets there: until revoked, or a hang */
     return ncclRemoteError;
 }
 
-static ncclResult_t exchange(ncclComm_t c, coll_sig sig, fill_fn fill, consume_fn consume, const void *ctx)
+/* Unlinks the queued segment names once every peer has finished this
+ * rank's latest host exchange (a window registration: mapped what it had
+ * to). Either channel's exchange asks. */
+static void unlink_mapped(ncclComm_t c)
 {
-    if (atomic_load(&c->revoked))
-        return refuse(c, ncclInvalidUsage, "%s on a revoked communicator", sig.what);
+    uint64_t mine = atomic_load(&c->seq[CHAN_HOST]);
+    for (int q = 0; q < c->world; q++)
+        if (atomic_load(&c->sh->chan[CHAN_HOST].depart[q]) < mine)
+            return;
+    unlink_all();
+}
+
+static ncclResult_t exchange_on(ncclComm_t c, int chan, coll_sig sig, fill_fn fill, consume_fn consume,
+                                const void *ctx)
+{
+    chan_shared *ch = &c->sh->chan[chan];
+    if (atomic_load(&c->ended) && !atomic_exchange(&c->freed_reported, 1))
+        dbl_rule("NCCL work (%s) ran on rank %d's communicator after ncclCommAbort/Destroy freed it", sig.what,
+                 c->rank);
+    if (atomic_load(&c->abort_flag))
+        return refuse(c, ncclInvalidUsage, "%s: the communicator is being revoked", sig.what);
     if (dbl_inject(DBL_FAIL_NCCL_STALL))
-        return stall(c, sig.what);
-    comm_shared *sh = c->sh;
-    uint64_t seq = ++c->seq;
-    if (wait_all(c, sh->depart, seq - 1, sig.what) != 0)
+        return stall(c, ch, sig.what);
+    uint64_t seq = ++c->seq[chan];
+    if (wait_all(c, ch->depart, seq - 1, sig.what) != 0)
         return refuse(c, ncclRemoteError, "%s: stopped waiting for the peers", sig.what);
-    unlink_all(); /* every peer is past the previous exchange: mapped what it had to */
-    fill(c, ctx, sh->data[c->rank]);
+    unlink_mapped(c);
+    fill(c, ctx, ch->data[c->rank]);
     sig.seq = seq;
-    sh->sig[c->rank] = sig;
-    atomic_store(&sh->arrive[c->rank], seq);
-    if (wait_all(c, sh->arrive, seq, sig.what) != 0)
+    ch->sig[c->rank] = sig;
+    atomic_store(&ch->arrive[c->rank], seq);
+    if (wait_all(c, ch->arrive, seq, sig.what) != 0)
         return refuse(c, ncclRemoteError, "%s: stopped waiting for the peers", sig.what);
     ncclResult_t r = ncclSuccess;
     for (int q = 0; q < c->world && r == ncclSuccess; q++)
-        if (strcmp(sig.what, "p2p") != 0 && !same_sig(&sh->sig[q], &sig)) {
+        if (strcmp(sig.what, "p2p") != 0 && !same_sig(&ch->sig[q], &sig)) {
             dbl_rule("rank %d issued %s (count %llu) while rank %d issued %s (count %llu): collectives differ",
-                     c->rank, sig.what, (unsigned long long)sig.count, q, sh->sig[q].what,
-                     (unsigned long long)sh->sig[q].count);
+                     c->rank, sig.what, (unsigned long long)sig.count, q, ch->sig[q].what,
+                     (unsigned long long)ch->sig[q].count);
             r = ncclInvalidUsage;
             atomic_store(&c->async, r);
         }
     if (r == ncclSuccess)
-        consume(c, ctx);
-    atomic_store(&sh->depart[c->rank], seq);
+        consume(c, ch, ctx);
+    atomic_store(&ch->depart[c->rank], seq);
+    return r;
+}
+
+/* One exchange, counted as in progress (a revoke waits for it to end). */
+static ncclResult_t exchange(ncclComm_t c, int chan, coll_sig sig, fill_fn fill, consume_fn consume,
+                             const void *ctx)
+{
+    atomic_fetch_add(&c->running, 1);
+    ncclResult_t r = exchange_on(c, chan, sig, fill, consume, ctx);
+    atomic_fetch_sub(&c->running, 1);
     return r;
 }
 
@@ -256,9 +312,9 @@ static void fill_send(ncclComm_t c, const void *ctx, char *slot)
     do {                                                                             \
         T *o = (T *)out;                                                             \
         for (size_t i = 0; i < n; i++) {                                             \
-            T v = ((const T *)(c->sh->data[0] + off))[i];                            \
+            T v = ((const T *)(ch->data[0] + off))[i];                               \
             for (int q = 1; q < c->world; q++) {                                     \
-                T w = ((const T *)(c->sh->data[q] + off))[i];                        \
+                T w = ((const T *)(ch->data[q] + off))[i];                           \
                 v = op == ncclMax ? (w > v ? w : v) : op == ncclMin ? (w < v ? w : v) \
                     : op == ncclProd ? v * w : v + w;                                \
             }                                                                        \
@@ -268,55 +324,80 @@ static void fill_send(ncclComm_t c, const void *ctx, char *slot)
 
 /* out[i] = reduce over ranks of element i at byte offset off of every slot
  * (the types the backend reduces on the host side; others keep the input). */
-static void reduce_into(ncclComm_t c, void *out, size_t off, size_t n, ncclDataType_t t, ncclRedOp_t op)
+static void reduce_into(ncclComm_t c, chan_shared *ch, void *out, size_t off, size_t n, ncclDataType_t t,
+                        ncclRedOp_t op)
 {
     switch (t) {
     case ncclInt64: REDUCE(int64_t); break;
     case ncclInt32: REDUCE(int32_t); break;
     case ncclFloat32: REDUCE(float); break;
     case ncclFloat64: REDUCE(double); break;
-    default: memcpy(out, c->sh->data[c->rank] + off, n * type_size(t)); break;
+    default: memcpy(out, ch->data[c->rank] + off, n * type_size(t)); break;
     }
 }
 
-static void consume_coll(ncclComm_t c, const void *ctx)
+static void consume_coll(ncclComm_t c, chan_shared *ch, const void *ctx)
 {
     const coll_args *a = ctx;
     size_t es = type_size(a->type), n = a->count * es, fit = capped(n) / es;
     if (strcmp(a->what, "ncclAllReduce") == 0) {
         if (a->recv != a->send)
             memmove(a->recv, a->send, n);
-        reduce_into(c, a->recv, 0, fit, a->type, a->op);
+        reduce_into(c, ch, a->recv, 0, fit, a->type, a->op);
     } else if (strcmp(a->what, "ncclBroadcast") == 0) {
-        memcpy(a->recv, c->sh->data[a->root], capped(n));
+        memcpy(a->recv, ch->data[a->root], capped(n));
     } else if (strcmp(a->what, "ncclAllGather") == 0) {
         for (int q = 0; q < c->world; q++)
-            memcpy((char *)a->recv + (size_t)q * n, c->sh->data[q], capped(n));
+            memcpy((char *)a->recv + (size_t)q * n, ch->data[q], capped(n));
     } else { /* ncclReduceScatter: chunk `rank` of every rank's input */
         size_t off = (size_t)c->rank * n;
         if (off + n <= SLOT)
-            reduce_into(c, a->recv, off, a->count, a->type, a->op);
+            reduce_into(c, ch, a->recv, off, a->count, a->type, a->op);
         else
             memmove(a->recv, (const char *)a->send + off, n);
     }
 }
 
+/* A kernel's failure is the communicator's async error (set where it
+ * happens), never the stream's. */
 static int run_coll(const void *p)
 {
     const coll_args *a = p;
     coll_sig sig = {.count = a->count, .dtype = (int)a->type, .op = (int)a->op, .root = a->root};
     snprintf(sig.what, sizeof sig.what, "%s", a->what);
-    return (int)exchange(a->comm, sig, fill_send, consume_coll, a);
+    exchange(a->comm, CHAN_DEVICE, sig, fill_send, consume_coll, a);
+    return 0;
+}
+
+static int run_coll_eager(const void *p)
+{
+    run_coll(p);
+    atomic_fetch_sub(&((const coll_args *)p)->comm->eager, 1);
+    return 0;
+}
+
+/* Enqueues NCCL work on s (ncclEnqueueCheck refuses a revoked
+ * communicator); eager work is counted until it has run (a revoke waits
+ * for it), captured work is not (NCCL has no event for it). */
+static ncclResult_t enqueue_nccl(ncclComm_t c, cudaStream_t s, const char *what, dbl_run_fn run, dbl_run_fn eager,
+                                 const void *args, size_t bytes)
+{
+    if (atomic_load(&c->revoked))
+        return refuse(c, ncclInvalidUsage, "%s: communicator was revoked", what);
+    int captured = dbl_stream_capturing(s);
+    if (!captured)
+        atomic_fetch_add(&c->eager, 1);
+    int r = dbl_enqueue(s, what, captured ? run : eager, args, bytes, c);
+    if (r != 0 && !captured)
+        atomic_fetch_sub(&c->eager, 1);
+    return r == 0 ? ncclSuccess : ncclUnhandledCudaError;
 }
 
 static ncclResult_t enqueue_coll(coll_args a, cudaStream_t s)
 {
     if (!a.comm)
         return ncclInvalidArgument;
-    if (atomic_load(&a.comm->revoked))
-        return refuse(a.comm, ncclInvalidUsage, "%s on a revoked communicator", a.what);
-    int r = dbl_enqueue(s, a.what, run_coll, &a, sizeof a, a.comm);
-    return r == 0 ? ncclSuccess : (ncclResult_t)r;
+    return enqueue_nccl(a.comm, s, a.what, run_coll, run_coll_eager, &a, sizeof a);
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
@@ -373,12 +454,12 @@ static void fill_p2p(ncclComm_t c, const void *ctx, char *slot)
                    a->ops[i].bytes < section() ? a->ops[i].bytes : section());
 }
 
-static void consume_p2p(ncclComm_t c, const void *ctx)
+static void consume_p2p(ncclComm_t c, chan_shared *ch, const void *ctx)
 {
     const p2p_args *a = ctx;
     for (int i = 0; i < a->n; i++)
         if (!a->ops[i].send)
-            memcpy(a->ops[i].buf, c->sh->data[a->ops[i].peer] + (size_t)c->rank * section(),
+            memcpy(a->ops[i].buf, ch->data[a->ops[i].peer] + (size_t)c->rank * section(),
                    a->ops[i].bytes < section() ? a->ops[i].bytes : section());
 }
 
@@ -387,7 +468,15 @@ static int run_p2p(const void *p)
     const p2p_args *a = p;
     coll_sig sig = {.count = 0};
     snprintf(sig.what, sizeof sig.what, "p2p");
-    return (int)exchange(a->comm, sig, fill_p2p, consume_p2p, a);
+    exchange(a->comm, CHAN_DEVICE, sig, fill_p2p, consume_p2p, a);
+    return 0;
+}
+
+static int run_p2p_eager(const void *p)
+{
+    run_p2p(p);
+    atomic_fetch_sub(&((const p2p_args *)p)->comm->eager, 1);
+    return 0;
 }
 
 static ncclResult_t add_p2p(int send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
@@ -431,10 +520,7 @@ ncclResult_t ncclGroupEnd(void)
         return ncclSuccess;
     p2p_args a = pending;
     memset(&pending, 0, sizeof pending);
-    if (atomic_load(&a.comm->revoked))
-        return refuse(a.comm, ncclInvalidUsage, "%s on a revoked communicator", "ncclGroupEnd");
-    int r = dbl_enqueue(pending_stream, "p2p", run_p2p, &a, sizeof a, a.comm);
-    return r == 0 ? ncclSuccess : (ncclResult_t)r;
+    return enqueue_nccl(a.comm, pending_stream, "p2p", run_p2p, run_p2p_eager, &a, sizeof a);
 }
 
 /* ------------------------------------------------------- communicators */
@@ -458,6 +544,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
     return ncclSuccess;
 }
 
+static atomic_int live_windows; /* registered, not yet deregistered or ended with their comm */
+
+int dbl_nccl_windows(void) { return atomic_load(&live_windows); }
+
 static void comm_free(ncclComm_t c)
 {
     while (c->windows) {
@@ -465,6 +555,7 @@ static void comm_free(ncclComm_t c)
         c->windows = w->next;
         unmap_peers(c, w);
         free(w);
+        atomic_fetch_sub(&live_windows, 1);
     }
     if (c->sh)
         munmap(c->sh, sizeof *c->sh);
@@ -523,20 +614,55 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     return ncclSuccess;
 }
 
-/* NCCL 2.28 waits in both until the graphs holding NCCL work are gone. */
+/* Until no eager work and no wait is in progress on c (kicking this
+ * process's streams so queued work runs); 0 when it got there. */
+static int quiesce(ncclComm_t c, const char *what)
+{
+    int64_t limit = now_ms() + dbl_env_int("TP_DOUBLE_HANG_MS", 20000);
+    while (atomic_load(&c->eager) > 0 || atomic_load(&c->running) > 0) {
+        dbl_kick_all();
+        if (now_ms() > limit) {
+            dbl_rule("%s on rank %d: NCCL work never finished (%d eager, %d waiting): a hang on a GPU", what,
+                     c->rank, atomic_load(&c->eager), atomic_load(&c->running));
+            return -1;
+        }
+        usleep(200);
+    }
+    return 0;
+}
+
+/* NCCL 2.28 (init.cc commReclaim / commDestroySync): a healthy
+ * communicator waits for its eager work and until every graph holding NCCL
+ * work on it is destroyed and its destructor ran (a graph still alive:
+ * forever); a revoked one (finalizeCalled) waits for nothing and is freed,
+ * whatever graph or pending destructor still points at it. */
 static ncclResult_t comm_end(ncclComm_t c, const char *call)
 {
     if (!c)
         return ncclSuccess;
     if (dbl_refuse_in_capture(call))
         return ncclInvalidUsage;
+    if (atomic_load(&c->ended))
+        return ncclInvalidArgument;
+    int revoked = atomic_load(&c->revoked);
+    if (!revoked) {
+        quiesce(c, call);
+        if (atomic_load(&c->refs) > 0)
+            dbl_destructors_wait();
+    }
     int refs = atomic_load(&c->refs);
-    if (refs > 0)
+    if (refs > 0 && !revoked)
         dbl_rule("%s on rank %d while %d CUDA graph(s) that captured NCCL work on it are alive: NCCL 2.28 waits "
                  "for them to be destroyed (init.cc, localPersistentRefs) and would hang here",
                  call, c->rank, refs);
+    if (refs > 0 && revoked && !atomic_exchange(&c->freed_reported, 1))
+        dbl_rule("%s on rank %d frees a revoked communicator while %d CUDA graph(s) that captured NCCL work on it "
+                 "are alive or their user-object destructors have not run (NCCL does not wait after a revoke, "
+                 "init.cc finalizeCalled; the destructors run later, cudaUserObjectNoDestructorSync): they would "
+                 "touch freed memory",
+                 call, c->rank, refs);
     atomic_store(&c->ended, 1);
-    if (refs == 0) /* else the last graph holding it frees it */
+    if (refs == 0) /* else the last destructor frees it (kept here, reported above) */
         comm_free(c);
     return ncclSuccess;
 }
@@ -544,12 +670,18 @@ static ncclResult_t comm_end(ncclComm_t c, const char *call)
 ncclResult_t ncclCommDestroy(ncclComm_t c) { return comm_end(c, "ncclCommDestroy"); }
 ncclResult_t ncclCommAbort(ncclComm_t c) { return comm_end(c, "ncclCommAbort"); }
 
+/* NCCL 2.28.9: abort flags set, the eager work and the waits in progress
+ * end (they see the flag), the flags cleared again; revoked for good
+ * (later calls refused), destroy/abort no longer wait for graphs. */
 ncclResult_t ncclCommRevoke(ncclComm_t c, int flags)
 {
     if (!c)
         return ncclSuccess;
-    if (flags != NCCL_REVOKE_DEFAULT || atomic_exchange(&c->revoked, 1))
+    if (flags != NCCL_REVOKE_DEFAULT || atomic_load(&c->ended) || atomic_exchange(&c->revoked, 1))
         return ncclInvalidArgument;
+    atomic_store(&c->abort_flag, 1);
+    quiesce(c, "ncclCommRevoke");
+    atomic_store(&c->abort_flag, 0);
     return ncclSuccess;
 }
 
@@ -637,6 +769,16 @@ ncclResult_t ncclMemAlloc(void **p, size_t size)
     return ncclSuccess;
 }
 
+int dbl_nccl_allocations(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&seg_mu);
+    for (segment *s = segments; s; s = s->next)
+        n++;
+    pthread_mutex_unlock(&seg_mu);
+    return n;
+}
+
 static segment *find_segment(const void *p)
 {
     pthread_mutex_lock(&seg_mu);
@@ -663,6 +805,7 @@ ncclResult_t ncclMemFree(void *p)
         dbl_rule("ncclMemFree(%p): not an ncclMemAlloc allocation", p);
         return ncclInvalidArgument;
     }
+    dbl_drain_all(); /* no stream work may still use it */
     dbl_untrack_shared(s->p);
     munmap(s->p, s->bytes);
     if (!s->queued) /* else its name goes (went) with unlink_all */
@@ -693,7 +836,7 @@ static void fill_window(ncclComm_t c, const void *ctx, char *slot)
 
 /* Maps every peer's segment here (symmetric communicators only: without
  * symmetric memory a window is just a local registration). */
-static void consume_window(ncclComm_t c, const void *ctx)
+static void consume_window(ncclComm_t c, chan_shared *ch, const void *ctx)
 {
     const window_ctx *mine = ctx;
     struct ncclWindow_vidmem *w = mine->w;
@@ -704,7 +847,7 @@ static void consume_window(ncclComm_t c, const void *ctx)
             continue;
         }
         window_ctx peer;
-        memcpy(&peer, c->sh->data[q], sizeof peer);
+        memcpy(&peer, ch->data[q], sizeof peer);
         w->base[q] = map_segment(peer.name, peer.bytes, 0);
         if (w->base[q] && dbl_track_shared(w->base[q], peer.bytes, 1) != 0) {
             munmap(w->base[q], peer.bytes);
@@ -724,9 +867,10 @@ static void unmap_peers(ncclComm_t c, struct ncclWindow_vidmem *w)
         }
 }
 
-static void consume_nothing(ncclComm_t c, const void *ctx)
+static void consume_nothing(ncclComm_t c, chan_shared *ch, const void *ctx)
 {
     (void)c;
+    (void)ch;
     (void)ctx;
 }
 
@@ -756,7 +900,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
         snprintf(ctx.name, sizeof ctx.name, "%s", seg->name);
     coll_sig sig = {.count = size};
     snprintf(sig.what, sizeof sig.what, "window_register");
-    ncclResult_t r = exchange(c, sig, fill_window, consume_window, &ctx);
+    ncclResult_t r = exchange(c, CHAN_HOST, sig, fill_window, consume_window, &ctx);
     if (r != ncclSuccess) {
         unmap_peers(c, w);
         free(w);
@@ -768,6 +912,7 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
     }
     w->next = c->windows;
     c->windows = w;
+    atomic_fetch_add(&live_windows, 1);
     *win = w;
     return ncclSuccess;
 }
@@ -781,13 +926,14 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t w)
     coll_sig sig = {.count = 0};
     snprintf(sig.what, sizeof sig.what, "window_deregister");
     void *none = NULL;
-    ncclResult_t r = exchange(c, sig, fill_ptr, consume_nothing, &none);
+    ncclResult_t r = exchange(c, CHAN_HOST, sig, fill_ptr, consume_nothing, &none);
     for (struct ncclWindow_vidmem **p = &c->windows; *p; p = &(*p)->next)
         if (*p == w) {
             *p = w->next;
             unmap_peers(c, w);
             w->magic = 0;
             free(w);
+            atomic_fetch_sub(&live_windows, 1);
             break;
         }
     return r;
@@ -803,9 +949,15 @@ int tp_cuda_nccl_symmetric_support(void *comm)
     coll_sig sig = {.count = 0};
     snprintf(sig.what, sizeof sig.what, "devcomm_create");
     void *none = NULL;
-    ncclResult_t r = exchange(c, sig, fill_ptr, consume_nothing, &none);
+    ncclResult_t r = exchange(c, CHAN_HOST, sig, fill_ptr, consume_nothing, &none);
     if (r != ncclSuccess)
         return -(int)r;
+    /* TP_DOUBLE_FAIL devcomm: ncclDevCommCreate fails with another error
+     * than ncclInvalidUsage (across nodes NCCL activates GIN in it) */
+    if (dbl_inject(DBL_FAIL_DEVCOMM)) {
+        snprintf(c->last, sizeof c->last, "injected: ncclDevCommCreate failed (TP_DOUBLE_FAIL)");
+        return -(int)ncclSystemError;
+    }
     return c->symmetric;
 }
 

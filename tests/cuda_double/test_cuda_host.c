@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -405,6 +406,7 @@ START_TEST(double_refuses_unjoined_fork)
     ck_assert_int_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
     cudaGraphDestroy(g);
     ck_assert_int_eq(cudaGraphLaunch(x, a), cudaSuccess);
+    ck_assert_int_eq(cudaStreamSynchronize(a), cudaSuccess); /* the launch runs on the stream, later */
     ck_assert_int_eq(buf[0], 7);
     ck_assert_int_eq(dbl_rule_breaches(), 2);
     cudaGraphExecDestroy(x);
@@ -483,6 +485,267 @@ START_TEST(double_refuses_duplicate_device)
 }
 END_TEST
 
+/* ------------------------------------ issue 49: a more faithful double */
+
+/* Streams are queues run later, by their own threads: a host read before
+ * the sync sees the old bytes, and a stream that uses another's result
+ * without cudaStreamWaitEvent runs before it. (A lag of a minute: nothing
+ * runs unless something waits for it.) */
+START_TEST(double_streams_run_asynchronously)
+{
+    setenv("TP_DOUBLE_STREAM_LAG_MS", "60000", 1);
+    cudaStream_t a, b;
+    cudaEvent_t ev;
+    char *dev, *host;
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    ck_assert_int_eq(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    ck_assert_int_eq(cudaMalloc((void **)&dev, 64), cudaSuccess);
+    ck_assert_int_eq(cudaHostAlloc((void **)&host, 64, cudaHostAllocPortable), cudaSuccess);
+    memset(host, 1, 64);
+    ck_assert_int_eq(cudaMemsetAsync(dev, 7, 64, a), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpyAsync(host, dev, 64, cudaMemcpyDeviceToHost, a), cudaSuccess);
+    ck_assert_int_eq(host[0], 1); /* read before the sync */
+    ck_assert_int_eq(cudaStreamQuery(a), cudaErrorNotReady);
+    ck_assert_int_eq(cudaGetLastError(), cudaErrorNotReady); /* left pending, as CUDA does */
+    ck_assert_int_eq(cudaStreamSynchronize(a), cudaSuccess);
+    ck_assert_int_eq(host[0], 7);
+    /* b reads what a writes, without waiting for it: the old bytes */
+    ck_assert_int_eq(cudaMemsetAsync(dev, 9, 64, a), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpyAsync(host, dev, 64, cudaMemcpyDeviceToHost, b), cudaSuccess);
+    ck_assert_int_eq(cudaStreamSynchronize(b), cudaSuccess);
+    ck_assert_int_eq(host[0], 7);
+    /* with the event: a's work up to the record first */
+    ck_assert_int_eq(cudaMemsetAsync(dev, 3, 64, a), cudaSuccess);
+    ck_assert_int_eq(cudaEventRecord(ev, a), cudaSuccess);
+    ck_assert_int_eq(cudaMemsetAsync(dev, 4, 64, a), cudaSuccess); /* after the record: not waited for */
+    ck_assert_int_eq(cudaStreamWaitEvent(b, ev, 0), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpyAsync(host, dev, 64, cudaMemcpyDeviceToHost, b), cudaSuccess);
+    ck_assert_int_eq(cudaStreamSynchronize(b), cudaSuccess);
+    ck_assert_int_eq(host[0], 3);
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert_int_eq(dev[0], 4);
+    ck_assert_int_eq(dbl_rule_breaches(), 0);
+    cudaFreeHost(host);
+    cudaFree(dev);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+}
+END_TEST
+
+/* CUDA: a capturing stream may not wait on an event recorded outside the
+ * capture unless it asks for an external wait node. */
+START_TEST(double_refuses_outside_event_in_capture)
+{
+    cudaStream_t a, b;
+    cudaEvent_t ev;
+    char *dev;
+    cudaGraph_t g;
+    ck_assert_int_eq(cudaMalloc((void **)&dev, 64), cudaSuccess);
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    ck_assert_int_eq(cudaMemsetAsync(dev, 5, 64, a), cudaSuccess);
+    ck_assert_int_eq(cudaEventRecord(ev, a), cudaSuccess); /* outside any capture */
+    ck_assert_int_eq(cudaStreamBeginCapture(b, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ck_assert_int_eq(cudaStreamWaitEvent(b, ev, 0), cudaErrorStreamCaptureIsolation);
+    ck_assert_int_eq(cudaStreamEndCapture(b, &g), cudaErrorStreamCaptureInvalidated);
+    ck_assert_int_eq(dbl_rule_breaches(), 1);
+    (void)cudaGetLastError();
+    ck_assert_int_eq(cudaStreamBeginCapture(b, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ck_assert_int_eq(cudaStreamWaitEvent(b, ev, cudaEventWaitExternal), cudaSuccess);
+    ck_assert_int_eq(cudaMemsetAsync(dev, 6, 64, b), cudaSuccess);
+    ck_assert_int_eq(cudaStreamEndCapture(b, &g), cudaSuccess);
+    cudaGraphExec_t x;
+    ck_assert_int_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+    ck_assert_int_eq(cudaGraphLaunch(x, b), cudaSuccess);
+    ck_assert_int_eq(cudaStreamSynchronize(b), cudaSuccess);
+    ck_assert_int_eq(dev[0], 6);
+    ck_assert_int_eq(dbl_rule_breaches(), 1);
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaFree(dev);
+}
+END_TEST
+
+typedef struct {
+    ncclUniqueId id;
+    ncclComm_t comm;
+    volatile int done;
+} quiet_rank;
+
+/* Rank 1 of a two-rank communicator that joins and then never issues
+ * anything: a dead peer, as far as rank 0's kernels can tell. */
+static void *join_quiet(void *p)
+{
+    quiet_rank *q = p;
+    cudaSetDevice(1);
+    ck_assert_int_eq(ncclCommInitRank(&q->comm, 2, q->id, 1), ncclSuccess);
+    while (!q->done)
+        usleep(1000);
+    return NULL;
+}
+
+/* NCCL 2.28.9's revoke (init.cc commRevokeAsync) ends the waits in flight,
+ * then clears its abort flags: NCCL work of a graph that starts after it
+ * runs normally and, against a dead peer, waits for good (here: until the
+ * hang limit, a broken rule). Eager calls are refused from then on. */
+START_TEST(double_revoke_clears_its_flags_and_leaves_later_replays)
+{
+    setenv("TP_DOUBLE_HANG_MS", "300", 1);
+    quiet_rank q = {.done = 0};
+    ck_assert_int_eq(ncclGetUniqueId(&q.id), ncclSuccess);
+    pthread_t t;
+    pthread_create(&t, NULL, join_quiet, &q);
+    ncclComm_t c;
+    cudaSetDevice(0);
+    ck_assert_int_eq(ncclCommInitRank(&c, 2, q.id, 0), ncclSuccess);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float *buf;
+    cudaMalloc((void **)&buf, 16);
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    ck_assert_int_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ck_assert_int_eq(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, s), ncclSuccess);
+    ck_assert_int_eq(cudaStreamEndCapture(s, &g), cudaSuccess);
+    ck_assert_int_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+    ck_assert_int_eq(cudaGraphLaunch(x, s), cudaSuccess);
+    ck_assert_int_eq(cudaStreamQuery(s), cudaErrorNotReady); /* waits for rank 1 */
+    (void)cudaGetLastError();
+    usleep(20000);
+    ck_assert_int_eq(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclSuccess); /* ends that wait */
+    ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+    ck_assert_int_eq(dbl_rule_breaches(), 0);
+    ck_assert_int_eq(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, s), ncclInvalidUsage);
+    ck_assert_int_eq(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
+    ck_assert_int_eq(cudaGraphLaunch(x, s), cudaSuccess); /* after the revoke: flags clear */
+    ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+    ck_assert_int_eq(dbl_rule_breaches(), 1); /* it waited for the dead peer until the hang limit */
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    ck_assert_int_eq(dbl_destructors_wait(), 0);
+    ck_assert_int_eq(ncclCommAbort(c), ncclSuccess); /* nothing holds it any more: no rule */
+    ck_assert_int_eq(dbl_rule_breaches(), 1);
+    q.done = 1;
+    pthread_join(t, NULL);
+    ck_assert_int_eq(ncclCommDestroy(q.comm), ncclSuccess);
+    cudaStreamDestroy(s);
+    cudaFree(buf);
+}
+END_TEST
+
+/* NCCL's graph destructor is a user object made with
+ * cudaUserObjectNoDestructorSync: it runs later, on another thread, not in
+ * cudaGraphExecDestroy. A healthy destroy waits for it (commDestroySync);
+ * an abort after a revoke does not, and frees what it would touch. */
+START_TEST(double_user_object_destructors_run_later)
+{
+    for (int revoke = 0; revoke < 2; revoke++) {
+        ncclUniqueId id;
+        ncclComm_t c;
+        ck_assert_int_eq(ncclGetUniqueId(&id), ncclSuccess);
+        ck_assert_int_eq(ncclCommInitRank(&c, 1, id, 0), ncclSuccess);
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        float *buf;
+        cudaMalloc((void **)&buf, 16);
+        cudaGraph_t g;
+        cudaGraphExec_t x;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        ck_assert_int_eq(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, s), ncclSuccess);
+        ck_assert_int_eq(cudaStreamEndCapture(s, &g), cudaSuccess);
+        ck_assert_int_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+        ck_assert_int_eq(cudaGraphLaunch(x, s), cudaSuccess);
+        ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+        if (revoke)
+            ck_assert_int_eq(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclSuccess);
+        cudaGraphDestroy(g);
+        cudaGraphExecDestroy(x);
+        ck_assert_int_eq(dbl_destructors_pending(), 1); /* not run by the destroy */
+        ck_assert_int_eq(revoke ? ncclCommAbort(c) : ncclCommDestroy(c), ncclSuccess);
+        ck_assert_int_eq(dbl_rule_breaches(), revoke); /* healthy: waited for it; revoked: freed under it */
+        ck_assert_int_eq(dbl_destructors_wait(), 0);
+        ck_assert_int_eq(dbl_rule_breaches(), revoke);
+        cudaStreamDestroy(s);
+        cudaFree(buf);
+    }
+}
+END_TEST
+
+/* CUDA IPC between two processes maps real bytes both ways; a handle of
+ * this very process, or TP_DOUBLE_FAIL ipc_open, is refused. */
+START_TEST(double_ipc_maps_across_processes)
+{
+    setenv("TP_DOUBLE_FAIL", "ipc_open:1:1", 1); /* read once: before the first call */
+    char *dev, host[64];
+    ck_assert_int_eq(cudaMalloc((void **)&dev, 4096), cudaSuccess);
+    memset(host, 0x11, sizeof host);
+    ck_assert_int_eq(cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice), cudaSuccess);
+    cudaIpcMemHandle_t h;
+    ck_assert_int_eq(cudaIpcGetMemHandle(&h, dev), cudaSuccess);
+    ck_assert_int_eq(dev[0], 0x11); /* made shareable in place */
+    void *mine = NULL;
+    ck_assert_int_ne(cudaIpcOpenMemHandle(&mine, h, cudaIpcMemLazyEnablePeerAccess), cudaSuccess);
+    (void)cudaGetLastError();
+    for (int inject = 0; inject < 2; inject++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (inject)
+                setenv("TP_RANK", "1", 1);
+            char *peer = NULL, got[64];
+            cudaError_t e = cudaIpcOpenMemHandle((void **)&peer, h, cudaIpcMemLazyEnablePeerAccess);
+            if (inject)
+                _exit(e == cudaErrorPeerAccessUnsupported && !peer ? 0 : 1);
+            if (e != cudaSuccess || cudaMemcpy(got, peer, sizeof got, cudaMemcpyDeviceToHost) != cudaSuccess ||
+                got[0] != 0x11 || got[63] != 0x11)
+                _exit(2);
+            peer[1] = 0x22; /* as a peer's kernel would store */
+            _exit(cudaIpcCloseMemHandle(peer) == cudaSuccess ? 0 : 3);
+        }
+        int status = -1;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: status %d", inject, status);
+    }
+    ck_assert_int_eq(dev[1], 0x22);
+    ck_assert_int_eq(cudaFree(dev), cudaSuccess);
+    ck_assert_int_eq(dbl_rule_breaches(), 0);
+}
+END_TEST
+
+/* cuBLASLt finding no algorithm (TP_DOUBLE_FAIL blas_algo) is a clean
+ * failure of the op that names the rank, not a crash or a launch. */
+START_TEST(no_gemm_algorithm_fails_cleanly)
+{
+    setenv("TP_DOUBLE_FAIL", "blas_algo:0:1", 1);
+    tp_backend *b;
+    tp_err err;
+    ck_assert_msg(tp_backend_create("cuda", 1, &b, &err) == TP_OK, "%s", err.msg);
+    void *p[3];
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(b->iface->alloc(b, 0, 256, &p[i], &err) == TP_OK, "%s", err.msg);
+    int64_t s[2] = {4, 4};
+    tp_tensor in[2] = {tp_tensor_make(p[0], TP_F32, 2, s), tp_tensor_make(p[1], TP_F32, 2, s)};
+    tp_tensor out = tp_tensor_make(p[2], TP_F32, 2, s);
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    long launches = dbl_kernel_launches();
+    tp_status st = b->iface->run_op(b, 0, TP_OP_MATMUL, &a, in, 2, &out, &err);
+    ck_assert_int_eq(st, TP_BACKEND);
+    ck_assert_msg(strstr(err.msg, "cuda rank 0") && (strstr(err.msg, "cuBLASLt") || strstr(err.msg, "cublasLt")),
+                  "%s", err.msg);
+    ck_assert_int_eq(dbl_kernel_launches(), launches);
+    for (int i = 0; i < 3; i++)
+        b->iface->free(b, 0, p[i]);
+    tp_backend_destroy(b);
+    assert_no_breach("no gemm algorithm");
+}
+END_TEST
+
 static TCase *add_case(Suite *s, const char *name, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -500,6 +763,12 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(rules, double_refuses_unjoined_fork);
     tcase_add_test(rules, double_models_abort_and_revoke);
     tcase_add_test(rules, double_refuses_duplicate_device);
+    tcase_add_test(rules, double_streams_run_asynchronously);
+    tcase_add_test(rules, double_refuses_outside_event_in_capture);
+    tcase_add_test(rules, double_revoke_clears_its_flags_and_leaves_later_replays);
+    tcase_add_test(rules, double_user_object_destructors_run_later);
+    tcase_add_test(rules, double_ipc_maps_across_processes);
+    tcase_add_test(rules, no_gemm_algorithm_fails_cleanly);
     TCase *ex = add_case(s, "examples", 300);
     tcase_add_test(ex, one_rank);
     tcase_add_test(ex, allocations_start_zeroed);
