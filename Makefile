@@ -185,6 +185,9 @@ test: all $(GRAPHS)
 DBL_INC   := $(firstword $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h /usr/local/cuda/include/cuda_runtime_api.h))
 NCCL_H    := $(firstword $(wildcard $(dir $(DBL_INC))nccl.h /usr/local/include/nccl.h /usr/include/nccl.h))
 DBL_BIN   := $(BUILD)/tests/test_cuda_host
+# The device suite (tests/unit/test_cuda_device.c) against the same double:
+# every test and example graph, values only where the double moves bytes.
+DBL_DEV_BIN := $(BUILD)/tests/test_cuda_device_dbl
 ifneq ($(and $(DBL_INC),$(NCCL_H),$(wildcard $(dir $(DBL_INC))cublasLt.h)),)
 DBL_CFLAGS := -DTP_HAVE_CUDA -I$(dir $(DBL_INC)) -I$(dir $(NCCL_H))
 DBL_SRCS  := $(wildcard tests/cuda_double/*.c)
@@ -202,8 +205,16 @@ $(DBL_BIN): $(DBL_SRCS) $(wildcard tests/cuda_double/*.h) tests/unit/testutil.c 
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/unit -Itests/cuda_double -o $@ $(DBL_SRCS) \
 	  tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lstdc++ -lm -lrt -pthread $(SAN)
-cuda-double: $(DBL_BIN) $(GRAPHS)
-	CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $(DBL_BIN)
+DBL_CORE  := $(filter-out tests/cuda_double/test_cuda_host.c,$(DBL_SRCS))
+$(DBL_DEV_BIN): tests/unit/test_cuda_device.c $(DBL_CORE) $(wildcard tests/cuda_double/*.h) tests/unit/testutil.c \
+                $(DBL_LIB) | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DTP_CUDA_DOUBLE $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/unit -Itests/cuda_double -o $@ $< \
+	  $(DBL_CORE) tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
+	  -lstdc++ -lm -lrt -pthread $(SAN)
+cuda-double: $(DBL_BIN) $(DBL_DEV_BIN) $(GRAPHS)
+	@fail=0; for t in $(DBL_BIN) $(DBL_DEV_BIN); do \
+	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $$t || fail=1; done; exit $$fail
 else
 cuda-double:
 	@echo "cuda double tests skipped: no CUDA headers (cuda_runtime_api.h, cublasLt.h, nccl.h)"

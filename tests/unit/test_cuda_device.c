@@ -17,6 +17,17 @@
  *    backend "cuda" vs its reference outputs, one process per GPU
  *    (ranks=processes, workers are $TPSERVE) for every world that fits.
  *
+ * Built twice: against CUDA (test_cuda_device, above) and, with
+ * TP_CUDA_DOUBLE, against the CUDA/NCCL/cuBLASLt test double of
+ * tests/cuda_double (test_cuda_device_dbl, `make cuda-double`, part of
+ * `make test`), so a device test that cannot pass on a GPU fails there
+ * first. Every test and every example graph runs against the double; the
+ * double records kernels without running them, so what only a GPU can
+ * judge is skipped by name, with a "GPU-only:" line on stdout: kernel
+ * results (the cpu backend and test_cuda_plan check the math) and a
+ * kernel's own id checks. What the double moves for real is compared:
+ * copies, NCCL all_reduce and broadcast, and every status and message.
+ *
  * CUDA must not be initialised in a process that later forks (Check forks
  * per test): the device count is probed once, in a throwaway child, before
  * this process makes any CUDA call, and reused by every test (a child
@@ -34,6 +45,18 @@
 
 #include "check_main.h"
 #include "testutil.h"
+
+#ifdef TP_CUDA_DOUBLE
+#include <sys/stat.h>
+
+#include "cuda_double.h"
+#include "worker.h"
+/* Kernels are recorded, not run: their results are the GPU's to judge. */
+enum { KERNELS_RUN = 0 };
+#else
+enum { KERNELS_RUN = 1 };
+#endif
+
 
 #ifdef TP_HAVE_CUDA
 #include <math.h>
@@ -123,6 +146,13 @@ START_TEST(no_device_skips)
 END_TEST
 
 #ifdef TP_HAVE_CUDA
+
+/* What this build cannot judge, said once per test by name. */
+static void gpu_only(const char *what)
+{
+    printf("GPU-only: %s (not judged by the double: kernels are recorded, not run)\n", what);
+    fflush(stdout);
+}
 
 /* ------------------------------------------------------------ operands */
 
@@ -216,6 +246,12 @@ static void compare_op(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins,
     ck_assert_msg(b->iface->run_op(b, 0, op, a, din, n, &dout, &err) == TP_OK, "cuda %s: %s", tp_op_name(op), err.msg);
     ck_assert_msg(b->iface->copy_out(b, 0, &got, &dout, &err) == TP_OK, "%s", err.msg);
     ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
+    if (!KERNELS_RUN) {
+        b->iface->free(b, 0, dout.data);
+        free(want.data);
+        free(got.data);
+        return;
+    }
     double scale = 1e-6, diff = 0;
     for (int64_t i = 0; i < tp_tensor_numel(&want); i++) {
         double w = tp_load_f32(want.data, dt, i), g = tp_load_f32(got.data, dt, i);
@@ -412,6 +448,8 @@ static void onnx_op_cases(tp_backend *b, tp_dtype dt)
 
 START_TEST(ops_match_cpu)
 {
+    if (!KERNELS_RUN)
+        gpu_only("ops_match_cpu: every op's values against the cpu kernels (statuses and copies still checked)");
     tp_backend *b = one_rank();
     tp_dtype dts[3] = {TP_F32, TP_F16, TP_BF16};
     for (int i = 0; i < 3; i++) {
@@ -425,10 +463,38 @@ START_TEST(ops_match_cpu)
 }
 END_TEST
 
+/* After an abort (the group's, when a rank failed) the communicator is
+ * revoked and the device may still run work that never ends: the backend
+ * refuses every further call with a clear error, reset does not revive it
+ * (only a new process does, in a server), and a new backend works. */
+static void expect_dead_after_abort(tp_backend *b)
+{
+    tp_err err;
+    b->iface->abort(b);
+    b->iface->reset(b);
+    ck_assert_int_ne(b->iface->synchronize(b, 0, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "cuda rank 0") && strstr(err.msg, "refused"), "%s", err.msg);
+    tp_backend_destroy(b);
+    tp_backend *n = one_rank();
+    int64_t s[1] = {16};
+    operand o = make_operand(n, TP_F32, 1, s, 0, -1, 0, 0);
+    float got[16];
+    tp_tensor g = tp_tensor_make(got, TP_F32, 1, s);
+    ck_assert_msg(n->iface->copy_out(n, 0, &g, &o.dev, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(n->iface->synchronize(n, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_mem_eq(got, o.host_base, sizeof got); /* a copy: the double moves these bytes too */
+    free_operand(n, &o);
+    tp_backend_destroy(n);
+}
+
 /* A gather id outside [-n, n): zeros and an error at synchronize naming
- * it, then the backend runs on (as for embedding). */
+ * it; bad data is benign (the backend runs on), until an abort. */
 START_TEST(bad_gather_id_fails_cleanly)
 {
+#ifdef TP_CUDA_DOUBLE
+    setenv("TP_DOUBLE_FAIL", "gather_id:0:1", 1); /* the double's gather does not read ids: it reports one */
+    gpu_only("bad_gather_id_fails_cleanly: that the kernel finds id -5 at position 1 (the error is injected)");
+#endif
     tp_backend *b = one_rank();
     tp_attrs a;
     memset(&a, 0, sizeof a);
@@ -440,16 +506,19 @@ START_TEST(bad_gather_id_fails_cleanly)
     tp_err err;
     ck_assert_msg(b->iface->run_op(b, 0, TP_OP_GATHER, &a, din, 2, &dout, &err) == TP_OK, "%s", err.msg);
     ck_assert_int_eq(b->iface->synchronize(b, 0, &err), TP_INVALID);
-    ck_assert_msg(strstr(err.msg, "gather: id -5 (position 1)") != NULL, "%s", err.msg);
-    b->iface->abort(b);
-    b->iface->reset(b);
-    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
-    tp_backend_destroy(b);
+    const char *want = KERNELS_RUN ? "gather: id -5 (position 1)" : "gather: id ";
+    ck_assert_msg(strstr(err.msg, want) != NULL, "%s", err.msg);
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "benign: %s", err.msg);
+    free(g[0].host_base);
+    free(g[1].host_base);
+    expect_dead_after_abort(b);
 }
 END_TEST
 
 START_TEST(capture_replays_new_inputs)
 {
+    if (!KERNELS_RUN)
+        gpu_only("capture_replays_new_inputs: the replayed add's values");
     tp_backend *b = one_rank();
     tp_attrs a;
     memset(&a, 0, sizeof a);
@@ -471,7 +540,7 @@ START_TEST(capture_replays_new_inputs)
         float *got = malloc(64 * 32 * 4);
         tp_tensor g = tp_tensor_make(got, TP_F32, 2, s);
         ck_assert_msg(b->iface->copy_out(b, 0, &g, &dout, &err) == TP_OK, "%s", err.msg);
-        for (int i = 0; i < 64 * 32; i++)
+        for (int i = 0; KERNELS_RUN && i < 64 * 32; i++)
             ck_assert(got[i] == h0[i] + ((float *)x[1].host_base)[i]);
         free(got);
     }
@@ -481,12 +550,18 @@ START_TEST(capture_replays_new_inputs)
     ck_assert_int_ne(b->iface->alloc(b, 0, 64, &p, &err), TP_OK);
     ck_assert_int_ne(b->iface->end_capture(b, 0, &c2, &err), TP_OK); /* poisoned by the refused alloc */
     ck_assert_ptr_null(c2);
+    free(x[0].host_base);
+    free(x[1].host_base);
     tp_backend_destroy(b);
 }
 END_TEST
 
 START_TEST(bad_embedding_id_fails_cleanly)
 {
+#ifdef TP_CUDA_DOUBLE
+    setenv("TP_DOUBLE_FAIL", "embed_id:0:1", 1); /* the double's embedding does not read ids: it reports one */
+    gpu_only("bad_embedding_id_fails_cleanly: that the kernel finds id 99 (the error is injected)");
+#endif
     tp_backend *b = one_rank();
     tp_attrs a;
     memset(&a, 0, sizeof a);
@@ -500,11 +575,13 @@ START_TEST(bad_embedding_id_fails_cleanly)
     tp_tensor din[2] = {emb[0].dev, emb[1].dev}, dout = tp_tensor_make(dev_alloc(b, 64), TP_F32, 2, eo);
     ck_assert_msg(b->iface->run_op(b, 0, TP_OP_EMBEDDING, &a, din, 2, &dout, &err) == TP_OK, "%s", err.msg);
     ck_assert_int_eq(b->iface->synchronize(b, 0, &err), TP_INVALID);
-    ck_assert_msg(strstr(err.msg, "id 99") != NULL, "%s", err.msg);
-    b->iface->abort(b); /* benign: must not kill the communicator */
-    b->iface->reset(b);
-    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
-    tp_backend_destroy(b);
+    const char *want = KERNELS_RUN ? "id 99" : "embedding: id ";
+    ck_assert_msg(strstr(err.msg, want) != NULL, "%s", err.msg);
+    /* benign: the group does not abort for bad data alone, the backend runs on */
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "benign: %s", err.msg);
+    free(emb[0].host_base);
+    free(emb[1].host_base);
+    expect_dead_after_abort(b);
 }
 END_TEST
 
@@ -545,9 +622,22 @@ static void put(rank_ctx *c, tp_tensor *dev, const float *host)
 }
 
 /* Runs a collective and compares out with want (contiguous floats). */
+/* The collectives whose bytes the double moves itself (NCCL, no kernel
+ * of ours): the rest is judged on a GPU only. */
+static int double_judges(tp_op op, const tp_attrs *a)
+{
+    return (op == TP_OP_ALL_REDUCE && a->algo == TP_ALGO_NCCL) || op == TP_OP_BROADCAST ||
+           ((op == TP_OP_ALL_GATHER || op == TP_OP_REDUCE_SCATTER) && a->dim == 0);
+}
+
 static void expect(rank_ctx *c, const char *what, tp_op op, const tp_attrs *a, tp_tensor *ins, int n, tp_tensor *out,
                    const float *want, float tol)
 {
+    int judged = KERNELS_RUN || double_judges(op, a);
+    if (!judged && c->rank == 0)
+        printf("GPU-only: collectives_across_processes: %s's values on %d ranks (kernels are recorded, not run, "
+               "by the double)\n",
+               what, c->world);
     tp_err err;
     int64_t m = tp_tensor_numel(out);
     float *got = malloc((size_t)m * sizeof(float) + 8);
@@ -559,7 +649,7 @@ static void expect(rank_ctx *c, const char *what, tp_op op, const tp_attrs *a, t
         fprintf(stderr, "rank %d: %s: %s\n", c->rank, what, err.msg);
         exit(2);
     }
-    for (int64_t i = 0; i < m; i++)
+    for (int64_t i = 0; judged && i < m; i++)
         if (fabsf(got[i] - want[i]) > tol * (1.0f + fabsf(want[i]))) {
             fprintf(stderr, "rank %d: %s: element %lld is %g, want %g\n", c->rank, what, (long long)i, got[i],
                     want[i]);
@@ -602,6 +692,25 @@ static void rank_collectives(rank_ctx *c)
             want[i * 3 + j] = s;
         }
     expect(c, "reduce_scatter", TP_OP_REDUCE_SCATTER, &a, &rin, 1, &rout, want, 1e-5f);
+    /* the same on dim 0: rank blocks are contiguous, no packing */
+    a.dim = 0;
+    int64_t g0[2] = {2 * (int64_t)d, 3};
+    tp_tensor gin = tp_tensor_make(sym, TP_F32, 2, is), gout = tp_tensor_make(reg, TP_F32, 2, g0);
+    put(c, &gin, mine);
+    for (int q = 0; q < d; q++)
+        for (int64_t i = 0; i < 6; i++)
+            want[q * 6 + i] = val(q, i);
+    expect(c, "all_gather (dim 0)", TP_OP_ALL_GATHER, &a, &gin, 1, &gout, want, 0);
+    tp_tensor sin = tp_tensor_make(sym, TP_F32, 2, g0), sout = tp_tensor_make(reg, TP_F32, 2, is);
+    put(c, &sin, mine);
+    for (int64_t i = 0; i < 6; i++) {
+        float sum = 0;
+        for (int q = 0; q < d; q++)
+            sum += val(q, r * 6 + i);
+        want[i] = sum;
+    }
+    expect(c, "reduce_scatter (dim 0)", TP_OP_REDUCE_SCATTER, &a, &sin, 1, &sout, want, 1e-5f);
+    a.dim = 1;
     /* all_reduce over [2, 3d], both lowerings */
     for (int64_t i = 0; i < n; i++) {
         float s = 0;
@@ -751,6 +860,23 @@ END_TEST
 
 /* ------------------------------------------------------------- examples */
 
+/* The double cannot judge the values: names, dtypes and shapes. */
+static void same_outputs_as(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref,
+                            int n_ref)
+{
+    ck_assert_int_eq(n_out, n_ref);
+    for (int i = 0; i < n_out; i++) {
+        const tp_host_tensor *r = NULL;
+        for (int j = 0; j < n_ref && !r; j++)
+            r = strcmp(ref[j].name, out[i].name) == 0 ? &ref[j] : NULL;
+        ck_assert_msg(r, "%s: output %s has no reference", path, out[i].name);
+        ck_assert_int_eq(out[i].dtype, r->dtype);
+        ck_assert_int_eq(out[i].ndim, r->ndim);
+        for (int d = 0; d < r->ndim; d++)
+            ck_assert_int_eq(out[i].shape[d], r->shape[d]);
+    }
+}
+
 /* World > 1: one process per GPU, this process rank 0 and `tpserve
  * worker` (from $TPSERVE, as `make unit` sets it) the others. */
 static void run_example_cuda(const char *path, const char *in_path, const char *ref_path, double rtol)
@@ -764,7 +890,11 @@ static void run_example_cuda(const char *path, const char *in_path, const char *
         printf("skipped: %s needs %d GPUs, this machine has %d\n", path, world, probe_devices());
         return;
     }
+#ifdef TP_CUDA_DOUBLE
+    const char *exe = "/proc/self/exe"; /* this binary is its own worker, linked with the double */
+#else
     const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
+#endif
     char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cuda", NULL};
     tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
     tp_engine_opts o = {.backend = "cuda", .group = world > 1 ? &go : NULL};
@@ -773,7 +903,11 @@ static void run_example_cuda(const char *path, const char *in_path, const char *
     int n_in, n_ref, n_out;
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref), *out;
     ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
-    tu_check_outputs(path, out, n_out, ref, n_ref, rtol);
+    ck_assert_ptr_null(tp_engine_lost(e));
+    if (KERNELS_RUN)
+        tu_check_outputs(path, out, n_out, ref, n_ref, rtol);
+    else
+        same_outputs_as(path, out, n_out, ref, n_ref);
     tp_host_tensors_free(out, n_out);
     tp_host_tensors_free(in, n_in);
     tp_host_tensors_free(ref, n_ref);
@@ -782,11 +916,33 @@ static void run_example_cuda(const char *path, const char *in_path, const char *
 
 START_TEST(examples_through_engine)
 {
+    if (!KERNELS_RUN)
+        gpu_only("examples_through_engine: outputs against the references (names, dtypes and shapes are checked)");
     tu_foreach_example(run_example_cuda);
 }
 END_TEST
 
 #endif /* TP_HAVE_CUDA */
+
+#ifdef TP_CUDA_DOUBLE
+/* Every process of a test (ranks and workers inherit it) appends the
+ * double's rule breaches to one log: a test passes only with none. */
+static char rule_log[64];
+static void double_setup(void)
+{
+    snprintf(rule_log, sizeof rule_log, "/tmp/tp_double_device_rules_%d.log", (int)getpid());
+    unlink(rule_log);
+    setenv("TP_DOUBLE_LOG", rule_log, 1);
+}
+
+static void double_teardown(void)
+{
+    struct stat st;
+    int logged = stat(rule_log, &st) == 0 ? (int)st.st_size : 0;
+    unlink(rule_log);
+    ck_assert_msg(dbl_rule_breaches() == 0 && logged == 0, "the double saw rules broken (see stderr)");
+}
+#endif
 
 static Suite *cuda_device_suite(void)
 {
@@ -806,6 +962,9 @@ static Suite *cuda_device_suite(void)
     }
 #ifdef TP_HAVE_CUDA
     tcase_set_timeout(tc, 600);
+#ifdef TP_CUDA_DOUBLE
+    tcase_add_checked_fixture(tc, double_setup, double_teardown);
+#endif
     tcase_add_test(tc, ops_match_cpu);
     tcase_add_test(tc, capture_replays_new_inputs);
     tcase_add_test(tc, bad_embedding_id_fails_cleanly);
@@ -817,4 +976,13 @@ static Suite *cuda_device_suite(void)
     return s;
 }
 
+#ifdef TP_CUDA_DOUBLE
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "worker") == 0) /* a rank of examples_through_engine */
+        return tp_worker_main(argc - 1, argv + 1);
+    return tp_check_run(cuda_device_suite());
+}
+#else
 TP_CHECK_MAIN(cuda_device_suite)
+#endif
