@@ -598,7 +598,9 @@ static tp_status load_json(doc_cache *cache, const char *body, size_t len, long 
         return TP_OK;
     json_error_t jerr;
     size_t flags = JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK;
-    tp_json_cap_begin(doc_len);
+    /* past the buffer doc_len only says "more": the body bounds the text */
+    size_t text_len = doc_len <= sizeof outside ? doc_len : len;
+    tp_json_cap_begin(text_len);
     /* the outside text, when it was built whole above, is what jansson reads */
     json_t *root = doc == outside && doc_len <= sizeof outside
                        ? tp_json_load_outside_text(body, text->spans, text->n_spans, outside,
@@ -606,7 +608,7 @@ static tp_status load_json(doc_cache *cache, const char *body, size_t len, long 
                        : tp_json_load_outside_spans(body, len, text->spans, text->n_spans, flags,
                                                     &jerr);
     if (tp_json_cap_end() && !root)
-        return tp_json_cap_refusal("request", doc_len, err);
+        return tp_json_cap_refusal("request", text_len, err);
     if (!root && json_error_code(&jerr) == json_error_out_of_memory)
         return tp_fail(err, TP_NOMEM, "out of memory parsing a %zu-byte request", len);
     if (!root)
@@ -807,7 +809,8 @@ int64_t tp_kserve_answer_bytes(const tp_kserve_model *m, const tp_kserve_request
             rows = req->inputs[k].shape[0];
             break;
         }
-    int64_t total = 0;
+    /* the answer echoes the id, escaped: \u00XX is six bytes for one */
+    int64_t total = req->id ? 6 * (int64_t)strlen(req->id) : 0;
     for (int k = 0; k < m->n_outputs; k++) { /* the engine hands back every output */
         const tp_io_desc *d = &m->outputs[k];
         int64_t numel = 1;

@@ -96,8 +96,9 @@ tp_status tp_kserve_parse_infer(const tp_kserve_model *m, const char *body, size
                                 long long header_len, tp_mem_hold *mem, tp_kserve_request *req,
                                 tp_err *err);
 
-/* What req's answer will hold until it is sent, at most: every output
- * tensor the engine hands back for its rows, and each requested output's
+/* What req's answer will hold until it is sent, at most: its id as JSON
+ * text, every output tensor the engine hands back for its rows, and each
+ * requested output's
  * bytes (binary) or text (JSON: TP_NUMTEXT_MAX + 1 bytes an element, the
  * room the number writer is given; the answer, once made, is usually far
  * smaller, and the server gives the difference back then). */

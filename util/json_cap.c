@@ -41,7 +41,7 @@ int tp_json_cap_values(void) { return atomic_load(&cap_values); }
 size_t tp_json_cap_bytes(size_t text_len)
 {
     size_t v = (size_t)atomic_load(&cap_values);
-    return v * TP_JSON_CAP_BYTES_PER_VALUE + 2 * text_len;
+    return v * TP_JSON_CAP_BYTES_PER_VALUE + 6 * text_len;
 }
 
 void tp_json_cap_begin(size_t text_len)

@@ -24,8 +24,11 @@
 
 /* Installs the hook (once; later calls only change the limit) and sets
  * the values a document may have: a capped stretch may allocate
- * max_values * TP_JSON_CAP_BYTES_PER_VALUE bytes, plus twice the text's
- * length (strings are copied; jansson's token buffer doubles). */
+ * max_values * TP_JSON_CAP_BYTES_PER_VALUE bytes, plus six times the
+ * text's length: a string is read into jansson's token buffer, which
+ * doubles as it grows (up to twice the string; the doublings' sum twice
+ * that again, counted though the smaller ones are freed), then copied
+ * out once more. What is live at once stays near three times. */
 void tp_json_cap_set_values(int max_values);
 
 /* The limit set (0: none set: capped stretches are unbounded). */

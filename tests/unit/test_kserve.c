@@ -1137,6 +1137,25 @@ START_TEST(skipped_members_are_checked)
 }
 END_TEST
 
+/* An answer's estimate covers its outputs (tensor and text, or bytes for
+ * a binary one) and the id it echoes, escaped, whatever the id's length. */
+START_TEST(answer_bytes_cover_outputs_and_id)
+{
+    tp_kserve_model m = one_model(TP_F32);
+    tp_kserve_request r;
+    tp_err e = {{0}};
+    ck_assert_int_eq(parse(&m, "{\"inputs\":[" T_OK "]}", &r, &e), TP_OK);
+    int64_t plain = tp_kserve_answer_bytes(&m, &r);
+    ck_assert_int_ge(plain, 16 + 4 * 17); /* the tensor, and 4 elements as text */
+    tp_kserve_request_free(&r);
+    char *body = repeated("{\"id\":\"", "abcdefgh", 100000, "\",\"inputs\":[" T_OK "]}");
+    ck_assert_int_eq(parse(&m, body, &r, &e), TP_OK);
+    ck_assert_int_ge(tp_kserve_answer_bytes(&m, &r), plain + 6 * (int64_t)strlen(r.id));
+    tp_kserve_request_free(&r);
+    free(body);
+}
+END_TEST
+
 /* jansson's allowance (json_cap.h) is the net under the scan's count:
  * with no count (max_json_values 0 in the model) 200k empty objects in
  * parameters are refused for the allowance, naming max_json_values,
@@ -1147,6 +1166,15 @@ START_TEST(jansson_allowance_holds_where_the_scan_stops)
     tp_kserve_model m = one_model(TP_F32);
     char *body = repeated("{\"parameters\":{\"p\":[", "{}", 200000, "]},\"inputs\":[" T_OK "]}");
     expect_long_error(&m, body, TP_INVALID, "max_json_values 1000");
+    free(body);
+    /* a long string is one value: jansson's doubling token buffer and its
+     * copy fit the allowance (it counts six times the text) */
+    body = repeated("{\"id\":\"", "abcdefgh", 1 << 20, "\",\"inputs\":[" T_OK "]}");
+    tp_kserve_request r;
+    tp_err e1 = {{0}};
+    ck_assert_msg(parse(&m, body, &r, &e1) == TP_OK, "%s", e1.msg);
+    ck_assert_uint_eq(strlen(r.id), ((size_t)9 << 20) - 1); /* 1 Mi units joined by commas */
+    tp_kserve_request_free(&r);
     free(body);
     int n;
     /* the other routes' bodies too */
@@ -1197,6 +1225,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(e, too_many_values_refused_before_building);
     tcase_add_test(e, skipped_members_are_checked);
     tcase_add_test(e, jansson_allowance_holds_where_the_scan_stops);
+    tcase_add_test(e, answer_bytes_cover_outputs_and_id);
     suite_add_tcase(s, e);
     return s;
 }
