@@ -196,6 +196,8 @@ void dbl_drain_all(void);
 int dbl_destructors_wait(void);
 /* Test-facing: user-object destructors released but not yet run. */
 int dbl_destructors_pending(void);
+/* Test-facing: NCCL exchanges of this process waiting right now. */
+int dbl_nccl_waits(void);
 /* Counts one kernel launch (run by a stream: eagerly or in a replay). */
 void dbl_count_launch(void);
 /* Shared memory that stands for device memory: ncclMemAlloc's segments

@@ -264,12 +264,18 @@ static ncclResult_t exchange_on(ncclComm_t c, int chan, coll_sig sig, fill_fn fi
     return r;
 }
 
+static atomic_int waits_now; /* every communicator's exchanges in progress */
+
+int dbl_nccl_waits(void) { return atomic_load(&waits_now); }
+
 /* One exchange, counted as in progress (a revoke waits for it to end). */
 static ncclResult_t exchange(ncclComm_t c, int chan, coll_sig sig, fill_fn fill, consume_fn consume,
                              const void *ctx)
 {
     atomic_fetch_add(&c->running, 1);
+    atomic_fetch_add(&waits_now, 1);
     ncclResult_t r = exchange_on(c, chan, sig, fill, consume, ctx);
+    atomic_fetch_sub(&waits_now, 1);
     atomic_fetch_sub(&c->running, 1);
     return r;
 }

@@ -596,7 +596,6 @@ static void *join_quiet(void *p)
  * hang limit, a broken rule). Eager calls are refused from then on. */
 START_TEST(double_revoke_clears_its_flags_and_leaves_later_replays)
 {
-    setenv("TP_DOUBLE_HANG_MS", "300", 1);
     quiet_rank q = {.done = 0};
     ck_assert_int_eq(ncclGetUniqueId(&q.id), ncclSuccess);
     pthread_t t;
@@ -617,12 +616,14 @@ START_TEST(double_revoke_clears_its_flags_and_leaves_later_replays)
     ck_assert_int_eq(cudaGraphLaunch(x, s), cudaSuccess);
     ck_assert_int_eq(cudaStreamQuery(s), cudaErrorNotReady); /* waits for rank 1 */
     (void)cudaGetLastError();
-    usleep(20000);
+    while (dbl_nccl_waits() == 0) /* the replay's all_reduce is waiting for rank 1 */
+        usleep(100);
     ck_assert_int_eq(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclSuccess); /* ends that wait */
     ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
     ck_assert_int_eq(dbl_rule_breaches(), 0);
     ck_assert_int_eq(ncclAllReduce(buf, buf, 4, ncclFloat32, ncclSum, c, s), ncclInvalidUsage);
     ck_assert_int_eq(ncclCommRevoke(c, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
+    setenv("TP_DOUBLE_HANG_MS", "300", 1); /* the wait below never ends: a short hang limit */
     ck_assert_int_eq(cudaGraphLaunch(x, s), cudaSuccess); /* after the revoke: flags clear */
     ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
     ck_assert_int_eq(dbl_rule_breaches(), 1); /* it waited for the dead peer until the hang limit */
@@ -645,6 +646,7 @@ END_TEST
  * an abort after a revoke does not, and frees what it would touch. */
 START_TEST(double_user_object_destructors_run_later)
 {
+    setenv("TP_DOUBLE_DTOR_MS", "500", 1); /* still pending when checked, even on a loaded machine */
     for (int revoke = 0; revoke < 2; revoke++) {
         ncclUniqueId id;
         ncclComm_t c;
