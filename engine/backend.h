@@ -81,6 +81,12 @@ typedef struct tp_backend_iface {
      * leaves the backend dead with that error and returns it (the abort
      * that follows then wakes the waits); NULL when there is none. */
     const char *(*fault)(tp_backend *b);
+    /* Optional (NULL: never). Nonzero once the device may still run work
+     * that never completes (cuda: NCCL kernels of captured graphs after a
+     * revoke): nothing waits on the device any more, destroy releases
+     * nothing on it, and the process must exit (tp_engine_must_exit).
+     * Thread-safe. */
+    int (*must_exit)(tp_backend *b);
     void (*destroy)(tp_backend *b);
 } tp_backend_iface;
 
@@ -193,6 +199,12 @@ static inline const char *tp_backend_dead(tp_backend *b)
 static inline const char *tp_backend_fault(tp_backend *b)
 {
     return b && b->iface->fault ? b->iface->fault(b) : NULL;
+}
+
+/* Whether b's process must exit (iface must_exit). */
+static inline int tp_backend_must_exit(tp_backend *b)
+{
+    return b && b->iface->must_exit ? b->iface->must_exit(b) : 0;
 }
 
 static inline void tp_backend_destroy(tp_backend *b)

@@ -871,6 +871,8 @@ const char *tp_engine_lost(tp_engine *e)
     return atomic_load(&e->lost);
 }
 
+int tp_engine_must_exit(tp_engine *e) { return e && tp_backend_must_exit(e->b); }
+
 int tp_engine_steps_may_stall(const tp_engine *e)
 {
     return (e->rg && tp_rank_group_shared(e->rg) != NULL) || e->b->kind->caps->dma_input_copies;
@@ -902,8 +904,10 @@ tp_status tp_engine_follow(tp_engine *e, tp_err *err)
         st = prepare_step(e, &c, &x, in_t, out_t, err);
         if (st == TP_OK)
             st = tp_exec_run(x, in_t, out_t, NULL, err);
-        /* a failed batch is the leader's to answer; only a lost group ends us */
-        if (st != TP_OK && tp_rank_group_lost(e->rg))
+        /* a failed batch is the leader's to answer; a lost group ends us, and
+         * so does a backend that can never run again (the process exits:
+         * its device may still run work nothing may wait for) */
+        if (st != TP_OK && (tp_rank_group_lost(e->rg) || tp_backend_dead(e->b)))
             return st;
     }
 }

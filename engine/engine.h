@@ -189,6 +189,14 @@ void tp_engine_get_stats(tp_engine *e, tp_engine_stats *out);
  * (during one it reports what the group already knows). */
 const char *tp_engine_lost(tp_engine *e);
 
+/* Whether this process must exit rather than go on lost: its backend's
+ * device may still run work that never completes (cuda after a revoke:
+ * captured NCCL kernels), so nothing may wait on it and only the process's
+ * end stops it; freeing the engine then releases nothing on the device.
+ * A server reports the failure, answers what it can (503), and exits so
+ * that its orchestrator starts a new one. Safe from any thread. */
+int tp_engine_must_exit(tp_engine *e);
+
 /* Whether a step may wait on something outside this process's own
  * threads: other processes (ranks as processes) or a device (a backend
  * whose input copies are DMA into device memory). Such a step can stall

@@ -283,6 +283,28 @@ static const char *any_lost(tp_engine *const *inst, int n)
     return NULL;
 }
 
+/* Whether an instance's device may still run work that nothing may wait
+ * for (tp_engine_must_exit): then only this process's end stops it. */
+static int any_must_exit(tp_engine *const *inst, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (tp_engine_must_exit(inst[k]))
+            return 1;
+    return 0;
+}
+
+/* A lost engine whose device must not be waited on: readiness is already
+ * 503; what is in flight is answered (at once: a lost engine refuses),
+ * then the server exits with status 1 so that its orchestrator starts a
+ * new process. Freeing the engines after it releases nothing on the
+ * device. 1, or -1 when requests are still inside the engine. */
+static int exit_after_loss(tp_http *h, const tp_config *cfg, main_wait *w, const char *lost)
+{
+    TP_LOG_E("%s: exiting so that a new process takes over (the device may still run work that never completes, "
+             "which only the end of this process stops)", lost);
+    return drain(h, cfg, w, tp_http_begin_drain(h)) || cancel_rest(h) ? 1 : -1;
+}
+
 static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_config *cfg, main_wait *w)
 {
     tp_err err;
@@ -312,6 +334,8 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
         const char *lost = any_lost(inst, cfg->instances);
         if (lost && tp_http_set_broken(h, lost))
             TP_LOG_E("%s: the server is not ready and not live (503) from now on; restart it", lost);
+        if (lost && any_must_exit(inst, cfg->instances))
+            return exit_after_loss(h, cfg, w, lost);
     }
     TP_LOG_I("received %s: draining (readiness 503, no new connections, up to %d ms for %ld "
              "in-flight requests)", sig == SIGINT ? "SIGINT" : "SIGTERM", cfg->drain_timeout_ms,

@@ -122,6 +122,12 @@ int tp_worker_main(int argc, char **argv)
         st = tp_engine_create(graph, &opts, &e, &err);
     if (st == TP_OK)
         st = tp_engine_follow(e, &err);
+    /* a backend whose device may still run work that never completes: the
+     * engine is freed without touching the device, and this process exits
+     * so that a new one takes its place (the leader sees it go) */
+    if (st != TP_OK && e && tp_engine_must_exit(e))
+        fprintf(stderr, "tpserve worker rank %d: exiting for a restart: the device may still run work that never "
+                        "completes\n", go.rank);
     tp_engine_free(e);
     /* the leader ending the group early (its own load failed) is its to report */
     if (st == TP_OK || strncmp(err.msg, "quit:", 5) == 0)

@@ -15,6 +15,13 @@
 // A peer that never arrives (it died, or diverged) does not hang the GPU: the
 // wait gives up after timeout_ns, reports TP_CUDA_ERR_BARRIER_TIMEOUT, and the
 // backend turns that into an error at synchronize and fails from then on.
+// Every wait also ends at once when the host sets the abort word (the
+// backend died or revoked its communicator: ncclCommRevoke never reaches
+// these kernels) or when this rank's error word already holds a barrier
+// failure, so a dead peer costs one timeout per step at most, not one per
+// barrier left in the graph. The protocol itself (flag layout, epochs,
+// when a wait ends) is comm_protocol.h, shared with the test double, which
+// runs it on host threads.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -25,58 +32,24 @@
 #include <type_traits>
 
 #include "common/tp_cuda_plan.h"
+#include "cuda/comm_protocol.h"
 #include "cuda/tp_cuda_ops.h"
 
 namespace {
 
-using sys_ref = cuda::atomic_ref<unsigned long long, cuda::thread_scope_system>;
-
-__device__ __forceinline__ unsigned long long now_ns()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ void report(tp_cuda_error *e, int code, int a, long long b, long long c)
-{
-    if (e && atomicCAS(&e->code, 0, code) == 0) {
-        e->a = a;
-        e->b = b;
-        e->c = c;
-    }
-}
-
-__device__ __forceinline__ size_t flag_index(int slot, int block, int src)
-{
-    return ((size_t)slot * TP_CUDA_SYNC_BLOCKS + block) * TP_CUDA_MAX_WORLD + src;
-}
-
-__device__ __forceinline__ unsigned long long *counter(const tp_cuda_sync &s, int slot, int block)
-{
-    return &s.counters[slot * TP_CUDA_SYNC_BLOCKS + block];
-}
-
 // Block `block` of every rank meets at epoch e on slot. Thread p < world
 // signals peer p and waits for peer p. The fences make this block's earlier
 // writes visible to peers before the signal, and peers' writes visible to
-// this block after the wait.
+// this block after the wait. A wait that gives up leaves its report in the
+// error word, which the host reads at synchronize.
 __device__ void meet(const tp_cuda_sync &s, int slot, int block, unsigned long long e)
 {
     __threadfence_system();
     __syncthreads();
     int p = threadIdx.x;
     if (p < s.world) {
-        sys_ref(s.peer_flags[p][flag_index(slot, block, s.rank)]).store(e, cuda::memory_order_release);
-        sys_ref in(s.flags[flag_index(slot, block, p)]);
-        unsigned long long t0 = now_ns();
-        while (in.load(cuda::memory_order_acquire) < e) {
-            if (now_ns() - t0 > s.timeout_ns) {
-                report(s.err, TP_CUDA_ERR_BARRIER_TIMEOUT, p, slot, (long long)e);
-                break;
-            }
-            __nanosleep(200);
-        }
+        tp_sync_arrive(&s, slot, block, p, e);
+        (void)tp_sync_wait(&s, slot, block, p, e);
     }
     __syncthreads();
     __threadfence_system();
@@ -86,11 +59,11 @@ __global__ void barrier_kernel(tp_cuda_sync s, int slot)
 {
     __shared__ unsigned long long e;
     if (threadIdx.x == 0)
-        e = *counter(s, slot, 0) + 1;
+        e = *tp_sync_counter(&s, slot, 0) + 1;
     __syncthreads();
     meet(s, slot, 0, e);
     if (threadIdx.x == 0)
-        *counter(s, slot, 0) = e;
+        *tp_sync_counter(&s, slot, 0) = e;
 }
 
 template <int DT>
@@ -116,8 +89,8 @@ __global__ void oneshot_kernel(tp_cuda_sync s, tp_cuda_peers in, void *out, int6
     __shared__ unsigned long long e_in, e_out;
     int b = blockIdx.x;
     if (threadIdx.x == 0) {
-        e_in = *counter(s, TP_CUDA_SLOT_ONESHOT_IN, b) + 1;
-        e_out = *counter(s, TP_CUDA_SLOT_ONESHOT_OUT, b) + 1;
+        e_in = *tp_sync_counter(&s, TP_CUDA_SLOT_ONESHOT_IN, b) + 1;
+        e_out = *tp_sync_counter(&s, TP_CUDA_SLOT_ONESHOT_OUT, b) + 1;
     }
     __syncthreads();
     meet(s, TP_CUDA_SLOT_ONESHOT_IN, b, e_in);
@@ -125,8 +98,8 @@ __global__ void oneshot_kernel(tp_cuda_sync s, tp_cuda_peers in, void *out, int6
         reduce_element<DT>(in, out, i, s.world, red);
     meet(s, TP_CUDA_SLOT_ONESHOT_OUT, b, e_out);
     if (threadIdx.x == 0) {
-        *counter(s, TP_CUDA_SLOT_ONESHOT_IN, b) = e_in;
-        *counter(s, TP_CUDA_SLOT_ONESHOT_OUT, b) = e_out;
+        *tp_sync_counter(&s, TP_CUDA_SLOT_ONESHOT_IN, b) = e_in;
+        *tp_sync_counter(&s, TP_CUDA_SLOT_ONESHOT_OUT, b) = e_out;
     }
 }
 
@@ -139,13 +112,7 @@ __global__ void window_bases_kernel(ncclWindow_t win, int world, void **out)
 
 int check_sync(const tp_cuda_sync *s)
 {
-    if (!s || s->world < 1 || s->world > TP_CUDA_MAX_WORLD || s->rank < 0 || s->rank >= s->world || !s->flags ||
-        !s->counters)
-        return (int)cudaErrorInvalidValue;
-    for (int p = 0; p < s->world; p++)
-        if (!s->peer_flags[p])
-            return (int)cudaErrorInvalidValue;
-    return (int)cudaSuccess;
+    return tp_sync_check(s) == 0 ? (int)cudaSuccess : (int)cudaErrorInvalidValue;
 }
 
 } // namespace

@@ -16,7 +16,8 @@
  *   any --sticky CUDA error / barrier timeout / NCCL error--> dead
  *   any --abort (a peer or this rank failed mid-run)--> dead (comm revoked)
  * In `dead` every call fails with the first message; only a new backend
- * (a restarted process) leaves it. A benign failure (bad data found by a
+ * (a restarted process) leaves it: reset does not, and must_exit says so
+ * (see cuda_backend.h, "After an abort"). A benign failure (bad data found by a
  * kernel after all work completed: TP_INVALID from copy_out/synchronize)
  * never reaches abort: the rank group wakes no peer for it
  * (tp_rank_group_benign), so the backend stays usable.
@@ -27,15 +28,20 @@
  * (init.cc commDestroySync, localPersistentRefs), and the engine keeps its
  * graphs until shutdown, so an abort mid-run would hang. ncclCommRevoke
  * stops in-flight NCCL work (peers blocked in a collective with us fail)
- * without that wait; the communicator is aborted in cu_ctx_free, after the
- * graphs. It also means abort, called from the group's poller thread while
- * the rank thread may be inside an NCCL call, never frees what that call
- * uses (A8). */
+ * without that wait. A revoked communicator is never aborted or destroyed
+ * in this process: the backend is abandoned whole and the process exits
+ * (revoke_comm, abandon; A13). It also means abort, called from the
+ * group's poller thread while the rank thread may be inside an NCCL call,
+ * never frees what that call uses (A8). */
 #include "cuda/cuda_backend.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/cuda_internal.h"
 #include "grow.h"
@@ -78,6 +84,10 @@ static void mark_dead(cu_ctx *x, const char *msg)
     size_t n = strlen(msg); /* truncating on purpose: the first part names the call */
     if (n >= sizeof x->dead_msg)
         n = sizeof x->dead_msg - 1;
+    /* first: our cross-rank kernels stop waiting for peers at once
+     * (comm_protocol.h), whatever killed the backend */
+    if (x->abort_host)
+        __atomic_store_n(x->abort_host, 1, __ATOMIC_RELEASE);
     memcpy(x->dead_msg, msg, n);
     x->dead_msg[n] = 0;
     atomic_store(&x->dead, 2);
@@ -89,15 +99,60 @@ static const char *dead_reason(cu_ctx *x)
     return atomic_load(&x->dead) == 2 ? x->dead_msg : "another thread is failing it right now";
 }
 
-/* Stops this rank's NCCL work for good (see the file comment): first the
- * dead state, so no new call starts, then one ncclCommRevoke. Safe from
- * any thread, any number of times, before or after the comm exists: a
- * comm that appears later is revoked by create_comm, which sees dead. */
+/* How long revoke_comm waits for a replay that is enqueueing (a launch
+ * takes microseconds). A launch blocked on a full queue must not keep the
+ * revoke from waking this rank's waits: past it, the launch counts as in
+ * flight (the process exits, A13). */
+#define LAUNCH_FENCE_MS 100
+
+/* Waits until no replay is between its dead check and the end of its
+ * cudaGraphLaunch (cuda_replay). Called after mark_dead: every later
+ * replay sees the dead state and launches nothing. */
+static void launch_fence(cu_ctx *x)
+{
+    if (!x->launch_mu_ok)
+        return;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long ns = until.tv_nsec + LAUNCH_FENCE_MS * 1000000L;
+    until.tv_sec += ns / 1000000000L;
+    until.tv_nsec = ns % 1000000000L;
+    int rc = pthread_mutex_timedlock(&x->launch_mu, &until);
+    if (rc == 0)
+        pthread_mutex_unlock(&x->launch_mu);
+    else
+        TP_LOG_W("cuda rank %d: a graph launch still enqueueing after %d ms; revoking anyway (%s)", x->rank,
+                 LAUNCH_FENCE_MS, strerror(rc));
+}
+
+/* Stops this rank's work for good (see the file comment): first the dead
+ * state (and the abort word, which ends our own kernels' waits), so no new
+ * call or launch starts; then, once a launch already past its check is
+ * enqueued, one ncclCommRevoke. Safe from any thread, any number of times,
+ * before or after the comm exists: a comm that appears later is revoked by
+ * create_comm, which sees dead.
+ *
+ * What the revoke cannot do (NCCL 2.28.9, init.cc commRevokeAsync): its job
+ * sets NCCL's abort flags, waits for NCCL's own streams and eager work, then
+ * clears the flags; it never waits for work captured in our graphs. An NCCL
+ * kernel of a replay that starts after the job ended runs against the dead
+ * peer and may never finish. Hence: no launch after this (launch_fence and
+ * cuda_replay), no wait on the device after it (cu_wait, cuda_free,
+ * cu_ctx_free), and the process exits (must_exit) so that its end, not a
+ * wait, stops that work (GPU_ASSUMPTIONS.md A13). */
 static void revoke_comm(cu_ctx *x, const char *why)
 {
     mark_dead(x, why);
-    if (!atomic_load(&x->comm_ready) || atomic_exchange(&x->comm_revoked, 1))
+    /* A rank with no work in flight (its last synchronize completed, and
+     * every call since sees dead: cu_enter sets busy before it checks)
+     * has no wait to end, and revoking only its own communicator wakes no
+     * peer (each process revokes its own): it keeps a communicator that
+     * is destroyed normally at teardown — the engine's free after a
+     * group's workers quit (peer_lost) must not leave it to the exit. */
+    if (!atomic_load(&x->comm_ready) || !atomic_load(&x->busy) || atomic_exchange(&x->comm_revoked, 1))
         return;
+    launch_fence(x);
+    TP_LOG_W("cuda rank %d: revoking the NCCL communicator (work may be in flight): %s", x->rank, why);
     ncclResult_t r = ncclCommRevoke(x->comm, NCCL_REVOKE_DEFAULT);
     if (r != ncclSuccess)
         TP_LOG_W("cuda rank %d: ncclCommRevoke: %s", x->rank, ncclGetErrorString(r));
@@ -183,9 +238,12 @@ static tp_status cu_enter(cu_ctx *x, int rank, const char *what, tp_err *err)
                        "cuda backend: %s for rank %d, but this process runs rank %d of %d (one process per GPU: "
                        "the rank group must run only the local rank)",
                        what, rank, x->rank, x->world);
+    atomic_store(&x->busy, 1); /* before the dead check: see revoke_comm */
     if (atomic_load(&x->dead))
-        return tp_fail(err, TP_BACKEND, "cuda rank %d: %s refused, the backend failed earlier: %s", x->rank, what,
-                       dead_reason(x));
+        return tp_fail(err, TP_BACKEND,
+                       "cuda rank %d: %s refused, the backend failed earlier: %s (for good: reset does not clear "
+                       "it; this process must exit and be restarted)",
+                       x->rank, what, dead_reason(x));
     int dev = -1;
     CU_TRY(x, err, cudaGetDevice(&dev));
     if (dev != x->device)
@@ -318,6 +376,53 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err)
     return TP_OK;
 }
 
+/* ------------------------------------------------------------ waits */
+
+/* Time since t0, in ms. */
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* cudaStreamSynchronize cannot be interrupted, and after a revoke the work
+ * it waits for may never end (A13): a rank thread inside it would keep the
+ * step, the group and teardown waiting forever. So every wait polls, and
+ * stops once the backend is dead. The first 2 ms only yield the CPU (most
+ * waits of a step are shorter, and a blocking-sync's wake-up costs as
+ * much); then 50 us sleeps, 1 ms ones after 100 ms. cudaErrorNotReady is
+ * cleared as PyTorch's stream query does: it is not a failure and must not
+ * be left for the next launch's cudaGetLastError. */
+tp_status cu_wait(cu_ctx *x, cudaStream_t s, const char *what, tp_err *err)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+            return TP_OK;
+        if (e != cudaErrorNotReady) {
+            char call[96];
+            snprintf(call, sizeof call, "cudaStreamQuery(%s)", what);
+            return cu_fail_cuda(x, err, (int)e, call, __FILE__, __LINE__);
+        }
+        (void)cudaGetLastError();
+        if (atomic_load(&x->dead))
+            return tp_fail(err, TP_BACKEND,
+                           "cuda rank %d: the %s was not waited for: the backend failed: %s (its device may still "
+                           "run work that never ends)",
+                           x->rank, what, dead_reason(x));
+        double ms = ms_since(&t0);
+        if (ms < 2) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, ms < 100 ? 50000 : 1000000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
 /* ------------------------------------------------------- agreement */
 
 /* After a wait on NCCL work: whether it really completed. A revoked
@@ -348,7 +453,7 @@ tp_status cu_agree_i64(cu_ctx *x, int64_t v, int64_t *mn, int64_t *mx, tp_err *e
     CU_TRY(x, err, cudaMemcpyAsync(x->xchg, pair, sizeof pair, cudaMemcpyHostToDevice, x->compute));
     NCCL_TRY(x, err, ncclAllReduce(x->xchg, x->xchg, 2, ncclInt64, ncclMax, x->comm, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(pair, x->xchg, sizeof pair, cudaMemcpyDeviceToHost, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     TP_TRY(cu_check_comm(x, "a cross-rank agreement", err));
     *mx = pair[0];
     *mn = -pair[1];
@@ -377,7 +482,7 @@ static tp_status window_bases(cu_ctx *x, ncclWindow_t win, cu_alloc *a, tp_err *
     KERNEL_TRY(x, err, tp_cuda_window_peer_bases(win, x->world, x->xchg, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(bases, x->xchg, sizeof(void *) * (size_t)x->world, cudaMemcpyDeviceToHost,
                                    x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     for (int q = 0; q < x->world; q++)
         a->peer[q] = bases[q];
     return TP_OK;
@@ -443,7 +548,7 @@ static tp_status open_ipc_peers(cu_ctx *x, char *p, cu_alloc *a, int *ok, tp_err
     CU_TRY(x, err, cudaMemcpyAsync(slot, &h, sizeof h, cudaMemcpyHostToDevice, x->compute));
     NCCL_TRY(x, err, ncclAllGather(slot, x->xchg, sizeof h, ncclUint8, x->comm, x->compute));
     CU_TRY(x, err, cudaMemcpyAsync(all, x->xchg, sizeof h * (size_t)x->world, cudaMemcpyDeviceToHost, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     int mine = 1;
     for (int q = 0; q < x->world && mine; q++)
         if (q != x->rank)
@@ -547,7 +652,7 @@ static void mem_release(cu_ctx *x, cu_alloc *a)
 static tp_status zero_alloc(cu_ctx *x, const cu_alloc *a, tp_err *err)
 {
     CU_TRY(x, err, cudaMemsetAsync(a->base, 0, a->bytes ? a->bytes : 1, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     return TP_OK;
 }
 
@@ -590,15 +695,14 @@ static tp_status cuda_alloc_symmetric(tp_backend *b, int rank, size_t bytes, voi
 }
 
 /* Waits for every stream; a failure kills the backend when sticky, and is
- * logged either way. */
+ * logged either way. A dead backend is not waited on (cu_wait). */
 static int streams_idle(cu_ctx *x)
 {
     cudaStream_t st[] = {x->compute, x->side, x->copy};
+    const char *names[] = {"compute stream", "side stream", "copy stream"};
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
-        cudaError_t e = cudaStreamSynchronize(st[i]);
-        if (e != cudaSuccess) {
-            tp_err tmp;
-            cu_fail_cuda(x, &tmp, (int)e, "cudaStreamSynchronize", __FILE__, __LINE__);
+        tp_err tmp;
+        if (cu_wait(x, st[i], names[i], &tmp) != TP_OK) {
             TP_LOG_E("%s", tmp.msg);
             return 0;
         }
@@ -616,7 +720,12 @@ static void cuda_free(tp_backend *b, int rank, void *p)
                  x->capturing ? " during capture" : "");
         return;
     }
-    cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (free)"); /* even when dead: memory goes back */
+    /* After a revoke the device may still run work on this memory that
+     * never ends (A13), and cudaFree waits for the device: it is left to
+     * the process's exit, which must follow (must_exit). */
+    if (atomic_load(&x->comm_revoked))
+        return;
+    cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (free)");
     for (int i = 0; i < x->n_mem; i++) {
         if (x->mem[i].base != p || x->mem[i].released)
             continue;
@@ -650,8 +759,8 @@ static tp_status pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err)
 {
     size_t off = (x->pinned_used + 63) & ~(size_t)63;
     if (off + bytes > x->pinned_bytes) {
-        CU_TRY(x, err, cudaStreamSynchronize(x->copy));
-        CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+        TP_TRY(cu_wait(x, x->copy, "copy stream", err));
+        TP_TRY(cu_wait(x, x->compute, "compute stream", err));
         off = 0;
         if (bytes > x->pinned_bytes) {
             size_t grow = bytes > 2 * x->pinned_bytes ? bytes : 2 * x->pinned_bytes;
@@ -743,8 +852,8 @@ static tp_status cuda_copy_out(tp_backend *b, int rank, tp_tensor *dst, const tp
     TP_TRY(pinned_take(x, (size_t)span, &stage, err));
     CU_TRY(x, err, cudaMemcpyAsync(stage, (char *)src->data + lo * (int64_t)es, (size_t)span,
                                    cudaMemcpyDeviceToHost, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->copy));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
+    TP_TRY(cu_wait(x, x->copy, "copy stream", err));
     /* before the device's data errors: a step whose copy_out reports one
      * (TP_INVALID) is benign and skips synchronize, so an NCCL failure
      * under it would go unseen */
@@ -863,12 +972,25 @@ static tp_status cuda_end_capture(tp_backend *b, int rank, tp_capture **out, tp_
     return new_capture(x, exec, out, err);
 }
 
+/* The dead check is repeated under launch_mu, right before the launch:
+ * cu_enter's check alone left a window in which revoke_comm could run (on
+ * the watchdog's thread) and the graph's NCCL kernels then start after the
+ * revoke's job had cleared NCCL's abort flags, against a dead peer (A13). */
 static tp_status cuda_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
 {
     cu_ctx *x = ctx_of(b);
     TP_TRY(cu_enter(x, rank, "replay", err));
     TP_TRY(refuse_in_capture(x, "replay", err));
-    CU_TRY(x, err, cudaGraphLaunch(c->exec, x->compute));
+    pthread_mutex_lock(&x->launch_mu);
+    if (atomic_load(&x->dead)) {
+        pthread_mutex_unlock(&x->launch_mu);
+        return tp_fail(err, TP_BACKEND, "cuda rank %d: replay refused, the backend failed: %s", x->rank,
+                       dead_reason(x));
+    }
+    cudaError_t e = cudaGraphLaunch(c->exec, x->compute);
+    pthread_mutex_unlock(&x->launch_mu);
+    if (e != cudaSuccess)
+        return cu_fail_cuda(x, err, (int)e, "cudaGraphLaunch(c->exec, x->compute)", __FILE__, __LINE__);
     return TP_OK;
 }
 
@@ -889,6 +1011,11 @@ static void cuda_capture_free(tp_backend *b, tp_capture *c)
     cu_ctx *x = ctx_of(b);
     if (!c)
         return;
+    /* After a revoke the exec stays on x->live for cu_ctx_free to abandon:
+     * destroying it lets NCCL's destructor of its work run (asynchronously,
+     * cudaUserObjectNoDestructorSync) whenever that work ends (A13). */
+    if (atomic_load(&x->comm_revoked))
+        return;
     for (tp_capture **p = &x->live; *p; p = &(*p)->next)
         if (*p == c) {
             *p = c->next;
@@ -906,11 +1033,11 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
 {
     tp_cuda_error e;
     CU_TRY(x, err, cudaMemcpyAsync(&e, x->errw, sizeof e, cudaMemcpyDeviceToHost, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     if (e.code == TP_CUDA_ERR_NONE)
         return TP_OK;
     CU_TRY(x, err, cudaMemsetAsync(x->errw, 0, sizeof *x->errw, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     if (e.code == TP_CUDA_ERR_EMBED_ID || e.code == TP_CUDA_ERR_GATHER_ID) {
         /* TP_INVALID after the step's work completed: the engine marks
          * it benign for the whole group (tp_rank_group_benign), so no
@@ -919,10 +1046,16 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
                        e.code == TP_CUDA_ERR_EMBED_ID ? "embedding" : "gather", e.b, e.c);
     }
     char msg[512];
-    snprintf(msg, sizeof msg,
-             "cuda rank %d: a cross-rank kernel gave up waiting for rank %d (slot %lld, epoch %lld) after %llu ms: "
-             "the peer died or the ranks issued different collectives",
-             x->rank, e.a, e.b, e.c, x->sync.timeout_ns / 1000000ull);
+    if (e.code == TP_CUDA_ERR_ABORTED)
+        snprintf(msg, sizeof msg,
+                 "cuda rank %d: a cross-rank kernel stopped waiting for rank %d (slot %lld, epoch %lld): the backend "
+                 "was aborted",
+                 x->rank, e.a, e.b, e.c);
+    else
+        snprintf(msg, sizeof msg,
+                 "cuda rank %d: a cross-rank kernel gave up waiting for rank %d (slot %lld, epoch %lld) after %llu "
+                 "ms: the peer died or the ranks issued different collectives",
+                 x->rank, e.a, e.b, e.c, x->sync.timeout_ns / 1000000ull);
     mark_dead(x, msg);
     return tp_fail(err, TP_BACKEND, "%s", msg);
 }
@@ -932,24 +1065,27 @@ static tp_status cuda_synchronize(tp_backend *b, int rank, tp_err *err)
     cu_ctx *x = ctx_of(b);
     TP_TRY(cu_enter(x, rank, "synchronize", err));
     TP_TRY(refuse_in_capture(x, "synchronize", err));
-    CU_TRY(x, err, cudaStreamSynchronize(x->copy));
-    CU_TRY(x, err, cudaStreamSynchronize(x->side));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->copy, "copy stream", err));
+    TP_TRY(cu_wait(x, x->side, "side stream", err));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     x->pinned_used = 0;
     TP_TRY(cu_check_comm(x, "this step's NCCL work", err));
-    return check_device_errors(x, err);
+    tp_status st = check_device_errors(x, err);
+    if (st == TP_OK || st == TP_INVALID) /* every stream idle, NCCL's work complete */
+        atomic_store(&x->busy, 0);
+    return st;
 }
 
 /* A rank failed while others may be blocked in a collective: revoke the
  * communicator so they fail instead of hanging (never abort it here: see
  * the file comment). The group does not call this for a benign failure. */
-static void cuda_abort(tp_backend *b) { revoke_comm(ctx_of(b), "NCCL communicator revoked: a rank of the group failed"); }
+static void cuda_abort(tp_backend *b) { revoke_comm(ctx_of(b), "aborted: a rank of the group failed"); }
 
 /* A dead peer process never enters the next NCCL call: only a revoke
  * unblocks ours. */
 static void cuda_peer_lost(tp_backend *b)
 {
-    revoke_comm(ctx_of(b), "NCCL communicator revoked: a rank's process is gone");
+    revoke_comm(ctx_of(b), "aborted: a rank's process is gone");
 }
 
 /* The rank group's watchdog, every tick of a step in flight (A12): a
@@ -977,9 +1113,17 @@ static const char *poll_fault(cu_ctx *x)
 
 static const char *cuda_fault(tp_backend *b) { return poll_fault(ctx_of(b)); }
 
-/* Nothing to clear: a benign failure leaves the backend as it was, and a
- * revoked communicator is never usable again. */
+/* Nothing to clear, on purpose (cuda_backend.h, "After an abort"): a
+ * benign failure leaves the backend as it was, and after an abort the
+ * communicator is revoked and the device may still run work that never
+ * ends, so no call may use or wait on it again: only a new process
+ * recovers (must_exit). */
 static void cuda_reset(tp_backend *b) { (void)b; }
+
+/* Dead is for good (only a new process recovers), and after a revoke the
+ * device is never waited on again (cu_wait, cuda_free, cu_ctx_free): the
+ * process must exit for it to be released (A13). */
+static int cuda_must_exit(tp_backend *b) { return atomic_load(&ctx_of(b)->dead) != 0; }
 
 /* Only a finished message (state 2) is published: the engine keeps the
  * pointer for the backend's lifetime, and state 1 is a few stores long. */
@@ -1031,6 +1175,8 @@ static void destroy_buffers(cu_ctx *x)
             cu_warn_cuda(x, cudaFree(dev[i]), "cudaFree (teardown)");
     if (x->pinned)
         cu_warn_cuda(x, cudaFreeHost(x->pinned), "cudaFreeHost(pinned staging)");
+    if (x->abort_host)
+        cu_warn_cuda(x, cudaFreeHost(x->abort_host), "cudaFreeHost(abort word)");
 }
 
 static void release_memory(cu_ctx *x)
@@ -1043,23 +1189,58 @@ static void release_memory(cu_ctx *x)
     mem_release(x, &x->ctrl);
 }
 
+/* Backends torn down after they died: kept whole, reachable (so leak
+ * checkers stay quiet), until the process exits. */
+static pthread_mutex_t abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+static cu_ctx *abandoned;
+
+/* A revoked backend is not torn down: its device may still run work that
+ * never ends (A13), and every device-side release waits for it or races
+ * it —
+ *  - cudaDeviceSynchronize, cudaFree, cudaFreeHost, ncclMemFree and
+ *    cudaHostUnregister wait for (or pull memory from under) that work;
+ *  - ncclCommAbort after ncclCommRevoke frees the communicator at once:
+ *    the revoke set finalizeCalled, so commReclaim skips commDestroySync's
+ *    wait for graph references (init.cc), while NCCL's destructor of each
+ *    captured plan (persistentDestructor, a cudaUserObject made with
+ *    cudaUserObjectNoDestructorSync, strongstream.cc) runs whenever CUDA
+ *    lets go of the graph and enqueues into that freed communicator.
+ * So everything stays as it is and the process exits (must_exit): the
+ * driver then tears the context down, work included. */
+static void abandon(cu_ctx *x)
+{
+    TP_LOG_W("cuda rank %d: the failed backend's device memory, graphs and NCCL communicator are left to the "
+             "process's exit (its device may still run work that never ends; nothing waits for it)",
+             x->rank);
+    pthread_mutex_lock(&abandoned_mu);
+    x->abandoned_next = abandoned;
+    abandoned = x;
+    pthread_mutex_unlock(&abandoned_mu);
+}
+
 /* Order matters:
+ *  - a revoked backend is abandoned, not torn down (see abandon); a dead
+ *    one that was idle when it died (never revoked) is torn down;
  *  - the device is idle before the host staging is unregistered (A9: a
  *    copy_in DMA may still read it) and before any memory is freed (graph
  *    execs go first: ending a capture must precede the wait, and an exec
  *    destroyed in flight completes);
  *  - graphs holding NCCL work are destroyed before the communicator is
- *    destroyed or aborted, which in NCCL 2.28 wait for them (A1);
+ *    destroyed, which in NCCL 2.28 waits for them and for their
+ *    destructors (A1);
  *  - no collective at teardown: every process tears down on its own (a
- *    worker after the leader's quit, a survivor after a peer died), so
- *    windows are not deregistered (collective) but end with the
- *    communicator (destroyed, or aborted once revoked), and their memory
- *    is freed after it;
+ *    worker after the leader's quit), so windows are not deregistered
+ *    (collective) but end with the communicator, and their memory is
+ *    freed after it;
  *  - the communicator goes before the streams it was used on. */
 static void cu_ctx_free(cu_ctx *x)
 {
     if (!x)
         return;
+    if (atomic_load(&x->comm_revoked)) {
+        abandon(x);
+        return;
+    }
     if (x->device >= 0)
         cu_warn_cuda(x, cudaSetDevice(x->device), "cudaSetDevice (teardown: what follows may free on another device)");
     /* first: a capture in progress cannot be waited for (the wait would
@@ -1069,12 +1250,13 @@ static void cu_ctx_free(cu_ctx *x)
         cu_warn_cuda(x, cudaDeviceSynchronize(), "cudaDeviceSynchronize (teardown)");
     if (x->registered) /* the process is tearing down; nothing else holds it */
         cu_warn_cuda(x, cudaHostUnregister(x->registered), "cudaHostUnregister (teardown)");
+    /* Healthy (a revoked backend is dead and never gets here): every graph
+     * is gone, and ncclCommDestroy waits for NCCL's destructors of their
+     * plans (commDestroySync, localPersistentRefs) before freeing. */
     if (atomic_load(&x->comm_ready)) {
-        int revoked = atomic_load(&x->comm_revoked);
-        ncclResult_t r = revoked ? ncclCommAbort(x->comm) : ncclCommDestroy(x->comm);
+        ncclResult_t r = ncclCommDestroy(x->comm);
         if (r != ncclSuccess)
-            TP_LOG_W("cuda rank %d: %s: %s", x->rank, revoked ? "ncclCommAbort" : "ncclCommDestroy",
-                     ncclGetErrorString(r));
+            TP_LOG_W("cuda rank %d: ncclCommDestroy: %s", x->rank, ncclGetErrorString(r));
     }
     release_memory(x);
     cu_gemm_free(x);
@@ -1082,6 +1264,8 @@ static void cu_ctx_free(cu_ctx *x)
         cu_warn_blas(x, cublasLtDestroy(x->lt), "cublasLtDestroy");
     destroy_buffers(x);
     destroy_streams(x);
+    if (x->launch_mu_ok)
+        pthread_mutex_destroy(&x->launch_mu);
     free(x->cap_refs);
     free(x->warm);
     free(x);
@@ -1129,23 +1313,62 @@ static const tp_backend_iface cuda_iface = {
     .reset = cuda_reset,
     .dead = cuda_dead,
     .fault = cuda_fault,
+    .must_exit = cuda_must_exit,
     .destroy = cuda_destroy,
 };
 
 /* ------------------------------------------------------------- create */
 
-int tp_cuda_probe(char *why, size_t len)
+/* The first NVIDIA GPU device node under dir ("nvidia0", "nvidia1", ...;
+ * not nvidiactl, nvidia-uvm or nvidia-modeset) into name; 0 when there is
+ * none. The kernel driver makes one per GPU whatever the user-space
+ * driver's version, and a container gets them when given a GPU. */
+static int gpu_node(const char *dir, char *name, size_t len)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int found = 0;
+    for (struct dirent *de; !found && (de = readdir(d));) {
+        const char *n = de->d_name;
+        if (strncmp(n, "nvidia", 6) != 0 || !n[6])
+            continue;
+        found = 1;
+        for (const char *c = n + 6; *c && found; c++)
+            found = *c >= '0' && *c <= '9';
+        if (found)
+            snprintf(name, len, "%s/%s", dir, n);
+    }
+    closedir(d);
+    return found;
+}
+
+int tp_cuda_probe_machine(const char *dev_dir, char *why, size_t len)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n <= 0) {
-        if (why && len)
+    if (e == cudaSuccess && n > 0)
+        return n;
+    (void)cudaGetLastError(); /* do not leave the error pending for later calls */
+    char node[300] = "";
+    int has_node = dev_dir && gpu_node(dev_dir, node, sizeof node);
+    if (why && len) {
+        if (has_node)
+            snprintf(why, len,
+                     "%s exists but CUDA cannot use it: cudaGetDeviceCount: %s: %s (a driver older than the CUDA "
+                     "runtime this was built with, or no driver libraries in this container?)",
+                     node, cudaGetErrorName(e), e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+        else
             snprintf(why, len, "cudaGetDeviceCount: %s: %s", cudaGetErrorName(e),
                      e != cudaSuccess ? cudaGetErrorString(e) : "no device");
-        (void)cudaGetLastError(); /* do not leave the error pending for later calls */
-        return 0;
     }
-    return n;
+    return has_node ? -1 : 0;
+}
+
+int tp_cuda_probe(char *why, size_t len)
+{
+    int n = tp_cuda_probe_machine("/dev", why, len);
+    return n > 0 ? n : 0;
 }
 
 int tp_cuda_device_count(void) { return tp_cuda_probe(NULL, 0); }
@@ -1205,6 +1428,14 @@ static tp_status create_buffers(cu_ctx *x, const tp_backend_settings *s, tp_err 
     CU_TRY(x, err, cudaMemset(x->errw, 0, sizeof *x->errw));
     x->pinned_bytes = 1 << 20;
     CU_TRY(x, err, cudaHostAlloc((void **)&x->pinned, x->pinned_bytes, cudaHostAllocPortable));
+    /* The abort word our cross-rank kernels poll (comm_protocol.h): mapped
+     * host memory, so a store by the host reaches a kernel that is
+     * spinning, which no revoke and no stream operation could. */
+    int *word = NULL;
+    CU_TRY(x, err, cudaHostAlloc((void **)&word, sizeof *word, cudaHostAllocMapped | cudaHostAllocPortable));
+    *word = 0;
+    x->abort_host = word;
+    CU_TRY(x, err, cudaHostGetDevicePointer((void **)&x->abort_dev, word, 0));
     BLAS_TRY(x, err, cublasLtCreate(&x->lt));
     return cu_gemm_create(x, err);
 }
@@ -1237,14 +1468,26 @@ static tp_status create_comm(cu_ctx *x, const char *hex, tp_err *err)
 
 /* Whether NCCL has symmetric memory on every rank (A2): ncclDevCommCreate
  * refuses with ncclInvalidUsage without it. Asked once, agreed, so every
- * rank takes the same allocation path. */
+ * rank takes the same allocation path. Any other failure of the probe also
+ * means "no symmetric memory" (logged), never a failed backend: across
+ * nodes NCCL activates GIN inside ncclDevCommCreate (dev_runtime.cc,
+ * ncclDevrInitOnce), which may fail where plain collectives work fine, and
+ * the IPC fallback or NCCL's own algorithms serve then. A failure that
+ * broke the communicator shows in the agreement right after (an NCCL
+ * error naming the rank). */
 static tp_status probe_symmetric(cu_ctx *x, tp_err *err)
 {
-    int s = x->world > 1 ? tp_cuda_nccl_symmetric_support(x->comm) : 0;
-    if (s < 0)
-        return cu_fail_nccl(x, err, (ncclResult_t)-s, "ncclDevCommCreate/ncclDevCommDestroy (symmetric-memory probe)", __FILE__,
-                            __LINE__);
-    return x->world > 1 ? agree_all(x, s == 1, &x->sym_support, err) : TP_OK;
+    if (x->world == 1)
+        return TP_OK;
+    int s = tp_cuda_nccl_symmetric_support(x->comm);
+    if (s < 0) {
+        const char *last = ncclGetLastError(x->comm);
+        TP_LOG_W("cuda rank %d: the symmetric-memory probe (ncclDevCommCreate/ncclDevCommDestroy) failed: NCCL "
+                 "error %d (%s)%s%s; going on without NCCL symmetric memory",
+                 x->rank, -s, ncclGetErrorString((ncclResult_t)-s), last && *last ? ": " : "", last ? last : "");
+        (void)cudaGetLastError(); /* a CUDA failure inside it is answered here, not by the next launch */
+    }
+    return agree_all(x, s == 1, &x->sym_support, err);
 }
 
 /* The control block of the barriers: zeroed on every rank before any rank
@@ -1255,12 +1498,13 @@ static tp_status create_ctrl(cu_ctx *x, tp_err *err)
     TP_TRY(probe_symmetric(x, err));
     TP_TRY(sym_alloc(x, TP_CUDA_CTRL_BYTES, &x->ctrl, err));
     CU_TRY(x, err, cudaMemsetAsync(x->ctrl.base, 0, TP_CUDA_CTRL_BYTES, x->compute));
-    CU_TRY(x, err, cudaStreamSynchronize(x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream", err));
     int64_t mn = 0, mx = 0;
     TP_TRY(cu_agree_i64(x, 0, &mn, &mx, err));
     x->sync.rank = x->rank;
     x->sync.world = x->world;
     x->sync.err = x->errw;
+    x->sync.abort = x->abort_dev;
     x->sync.flags = (unsigned long long *)x->ctrl.base;
     x->sync.counters = x->sync.flags + TP_CUDA_CTRL_FLAGS;
     x->sync_ok = x->ctrl.peer_mapped && x->world <= TP_CUDA_MAX_WORLD;
@@ -1291,6 +1535,12 @@ static tp_status create_local(int world, int rank, const tp_backend_settings *s,
     x->world = world;
     x->rank = rank;
     x->device = -1;
+    atomic_init(&x->busy, 1); /* until the first synchronize: creation's NCCL work */
+    x->launch_mu_ok = pthread_mutex_init(&x->launch_mu, NULL) == 0;
+    if (!x->launch_mu_ok) {
+        free(x);
+        return tp_fail(err, TP_NOMEM, "backend cuda: cannot create a mutex");
+    }
     tp_status st = pick_device(x, err);
     if (st == TP_OK)
         st = create_streams(x, err);

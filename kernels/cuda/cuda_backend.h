@@ -40,6 +40,18 @@ int tp_cuda_device_count(void);
  * detected"). */
 int tp_cuda_probe(char *why, size_t len);
 
+/* The device test suite's probe (tests/unit/test_cuda_device.c), which
+ * must tell "this machine has no GPU" (skip) from "this machine has a GPU
+ * that CUDA cannot use" (fail: a driver older than the CUDA runtime, a
+ * container without the driver libraries). Returns the usable devices
+ * (> 0); 0 when CUDA sees none and dev_dir (normally "/dev") holds no
+ * NVIDIA GPU node (nvidia0, nvidia1, ...): only then may the suite say
+ * "skipped"; -1 when such a node exists but CUDA fails to initialise or
+ * counts 0: why then names the node and CUDA's error, and the suite must
+ * FAIL with it. dev_dir NULL: no node is looked for (0 or n). Tests point
+ * dev_dir at a directory of their own. */
+int tp_cuda_probe_machine(const char *dev_dir, char *why, size_t len);
+
 /* A new NCCL unique id (rank 0 makes it; the launcher hands it to every
  * rank) as TP_CUDA_NCCL_ID_HEX hex characters and a NUL. */
 tp_status tp_cuda_nccl_id_new(char hex[TP_CUDA_NCCL_ID_HEX + 1], tp_err *err);
@@ -62,6 +74,32 @@ tp_status tp_cuda_backend_create_with(int world, int rank, const char *nccl_id_o
 struct tp_rank_group;
 tp_status tp_cuda_backend_create_in_group(struct tp_rank_group *rg, const char *nccl_id,
                                           const tp_backend_settings *s, tp_backend **out, tp_err *err);
+
+/* After an abort (for the device tests: tests/unit/test_cuda_device.c).
+ *
+ * abort and peer_lost are permanent: they mark the backend dead, set the
+ * abort word our cross-rank kernels poll, and, when this rank may have
+ * work in flight (any call since its last successful synchronize), revoke
+ * the NCCL communicator. NCCL 2.28.9's revoke does not stop captured NCCL
+ * work that starts after its job ends, so the device may then still run
+ * kernels that never complete. From then on:
+ *  - every call (synchronize included) fails at once with TP_BACKEND and
+ *    the first failure's message, naming the rank ("cuda rank R:
+ *    synchronize refused, the backend failed earlier: aborted: ...");
+ *  - reset does nothing: it never makes synchronize succeed again;
+ *  - no call waits on the device: waits poll and stop (cu_wait); once
+ *    revoked, free and capture_free release nothing and destroy abandons
+ *    the device state to the process's exit (no ncclCommAbort:
+ *    GPU_ASSUMPTIONS.md A13); an abort of an idle rank (no revoke) is
+ *    torn down normally;
+ *  - iface must_exit (tp_engine_must_exit) is 1: the server reports,
+ *    turns readiness 503 and exits; a worker exits.
+ * A test of a benign device error (a bad embedding or gather id) must
+ * therefore not call abort: synchronize (or copy_out) returns TP_INVALID
+ * naming the id, clears the error word, and the next synchronize
+ * succeeds; the rank group never aborts for it (tp_rank_group_benign). A
+ * test of abort checks: synchronize fails naming the abort, reset changes
+ * nothing, dead() and must_exit are set, destroy returns at once. */
 
 /* The rank this process runs (-1 if b is not a cuda backend). */
 int tp_cuda_backend_rank(const tp_backend *b);

@@ -364,10 +364,14 @@ tp_status cu_warm_up(cu_ctx *x, tp_err *err)
         if (k != 0)
             st = cu_fail_cuda(x, err, k, "tp_cuda_barrier(warm-up)", __FILE__, __LINE__);
     }
-    e = cudaStreamSynchronize(x->compute);
-    if (st == TP_OK && e != cudaSuccess)
-        st = cu_fail_cuda(x, err, (int)e, "cudaStreamSynchronize(warm-up)", __FILE__, __LINE__);
-    cu_warn_cuda(x, cudaFree(buf), "cudaFree(warm-up buffer)");
+    tp_err werr;
+    tp_status ws = cu_wait(x, x->compute, "compute stream (warm-up)", &werr);
+    if (st == TP_OK && ws != TP_OK)
+        st = tp_fail(err, ws, "%s", werr.msg);
+    /* cudaFree waits for the device: not once the backend died (its work
+     * may never end, A13); the buffer is left to the process's exit */
+    if (ws == TP_OK)
+        cu_warn_cuda(x, cudaFree(buf), "cudaFree(warm-up buffer)");
     if (st == TP_OK) /* the collectives ran: did NCCL complete them? */
         st = cu_check_comm(x, "the warm-up's collectives", err);
     if (st == TP_OK) {
@@ -376,8 +380,8 @@ tp_status cu_warm_up(cu_ctx *x, tp_err *err)
         if (e != cudaSuccess)
             return cu_fail_cuda(x, err, (int)e, "cudaMemcpy(error word)", __FILE__, __LINE__);
         if (w.code != TP_CUDA_ERR_NONE)
-            return tp_fail(err, TP_BACKEND, "cuda rank %d: the warm-up barrier timed out waiting for rank %d", x->rank,
-                           w.a);
+            return tp_fail(err, TP_BACKEND, "cuda rank %d: the warm-up barrier %s rank %d", x->rank,
+                           w.code == TP_CUDA_ERR_ABORTED ? "was aborted waiting for" : "timed out waiting for", w.a);
     }
     return st;
 }

@@ -19,6 +19,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -50,7 +51,7 @@ typedef struct {
 
 typedef struct cu_gemm_cache cu_gemm_cache;
 
-typedef struct {
+typedef struct cu_ctx {
     int world, rank, device;
     ncclComm_t comm;
     /* Set once ncclCommInitRank has returned: before that the abort hook
@@ -96,10 +97,26 @@ typedef struct {
      * both fail the backend at once: the first claims it. */
     atomic_int dead;
     char dead_msg[512];
-    /* ncclCommRevoke was called (once, by whichever thread aborted first):
-     * the communicator is only good for ncclCommAbort, and only after every
-     * graph that captured NCCL work on it is destroyed (cu_ctx_free). */
+    /* ncclCommRevoke was called (once, by whichever thread aborted first).
+     * From then on nothing waits on the device and the communicator is
+     * never aborted or destroyed in this process (cu_ctx_free abandons
+     * both; GPU_ASSUMPTIONS.md A13). */
     atomic_int comm_revoked;
+    /* Work may be in flight: set by every iface call (cu_enter) before its
+     * dead check, cleared when synchronize found everything complete. An
+     * abort of an idle rank needs no revoke (revoke_comm). */
+    atomic_int busy;
+    /* The abort word of the cross-rank kernels (tp_cuda_sync.abort):
+     * pinned, mapped host memory; mark_dead sets it, nothing clears it. */
+    int *abort_host, *abort_dev;
+    /* Held by a replay from its dead check through cudaGraphLaunch, and
+     * taken by revoke_comm between marking the backend dead and revoking:
+     * a launch either sees the dead state or is enqueued before the revoke
+     * (A13: NCCL 2.28.9's revoke does not stop graph work started after
+     * its job ends). */
+    pthread_mutex_t launch_mu;
+    int launch_mu_ok;
+    struct cu_ctx *abandoned_next; /* cu_ctx_free after a revoke: kept, reachable, until exit */
     /* collective signatures run eagerly (warm-up) */
     uint64_t *warm;
     int n_warm, cap_warm;
@@ -168,6 +185,12 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err);
 tp_status cu_check_tensor(cu_ctx *x, const tp_tensor *t, const char *what, tp_err *err);
 /* The live allocation containing p, or NULL. */
 cu_alloc *cu_find_alloc(cu_ctx *x, const void *p);
+/* Waits until stream s has run its work, polling (cudaStreamQuery) so
+ * that the wait ends as soon as the backend is dead: a revoked
+ * communicator's captured NCCL kernels may never finish (A13), and a
+ * thread blocked in cudaStreamSynchronize could never return. what names
+ * the wait in the error. Never call it while capturing. */
+tp_status cu_wait(cu_ctx *x, cudaStream_t s, const char *what, tp_err *err);
 /* After a wait on NCCL work: TP_OK, or the backend is dead or NCCL reports
  * an async error (the backend is then marked dead). */
 tp_status cu_check_comm(cu_ctx *x, const char *what, tp_err *err);

@@ -30,7 +30,8 @@ enum {
     TP_CUDA_ERR_NONE = 0,
     TP_CUDA_ERR_EMBED_ID = 1,      /* a = 0, b = the id, c = its position */
     TP_CUDA_ERR_BARRIER_TIMEOUT = 2, /* a = the peer waited for, b = slot, c = epoch */
-    TP_CUDA_ERR_GATHER_ID = 3        /* a = 0, b = the id, c = its position in ids */
+    TP_CUDA_ERR_GATHER_ID = 3,       /* a = 0, b = the id, c = its position in ids */
+    TP_CUDA_ERR_ABORTED = 4          /* a barrier stopped on the abort word: a = peer, b = slot, c = epoch */
 };
 
 typedef struct {
@@ -68,6 +69,10 @@ typedef struct {
     unsigned long long *flags;                         /* this rank's flags */
     unsigned long long *counters;                      /* this rank's epochs [slot][block] */
     tp_cuda_error *err;
+    /* Host-mapped word (cudaHostAllocMapped, this process's device
+     * address) the backend sets, never clears, once it is dead or revoked:
+     * every wait then ends (kernels/cuda/comm_protocol.h). NULL: none. */
+    int *abort;
     unsigned long long timeout_ns; /* a barrier gives up (and reports) after this */
     int rank, world;
 } tp_cuda_sync;

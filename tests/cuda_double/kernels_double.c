@@ -1,12 +1,28 @@
 /* kernels_double.c — the backend's kernel launchers (tp_cuda_kernels.h,
  * tp_cuda_ops.h) without kernels: each launch is recorded on its stream
  * (run at once, or at every replay of a graph that captured it) and
- * counted. Only the embedding looks at data: it reports the device error
- * the real kernel would (TP_DOUBLE_FAIL=embed_id), and breaks a rule when
- * its ids are still the double's fill pattern (read before written). */
+ * counted. Only these look at data:
+ *  - the embedding reports the device error the real kernel would
+ *    (TP_DOUBLE_FAIL=embed_id), and breaks a rule when its ids are still
+ *    the double's fill pattern (read before written); the gather reports
+ *    a bad id likewise (TP_DOUBLE_FAIL=gather_id);
+ *  - the barrier and the one-shot all_reduce run the cross-rank protocol
+ *    for real, from the same source as the device (kernels/cuda/
+ *    comm_protocol.h), on the host thread that runs the stream: epochs
+ *    advance in the control block's counters, arrivals are stored into
+ *    every peer's flags through the double's shared memory (windows map
+ *    each other's segments across the rank processes), and a wait ends as
+ *    on the GPU — the peer arrived, the abort word was set, an earlier
+ *    barrier failure is in the error word, or the timeout passed and the
+ *    error word names the peer. So ranks that issue different barriers,
+ *    a peer that never arrives and an abort in the middle of a wait show
+ *    here as they would on a device. (The one-shot's sums are not
+ *    computed: values are not the double's business.) */
+#include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "cuda/comm_protocol.h"
 #include "cuda/tp_cuda_kernels.h"
 #include "cuda/tp_cuda_ops.h"
 #include "cuda_double.h"
@@ -97,17 +113,83 @@ int tp_cuda_finish_avg(void *p, int64_t count, int d, tp_dtype dtype, void *stre
     return launch("finish_avg", stream);
 }
 
+/* A block's meet (comm_kernels.cu meet()): on the device thread p
+ * arrives at peer p and waits for it, all threads at once; one host thread
+ * makes every arrival first, then every wait, which a peer sees the same
+ * way. The fences stand for __threadfence_system. */
+static void meet_host(const tp_cuda_sync *s, int slot, int block, unsigned long long e)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (int p = 0; p < s->world; p++)
+        tp_sync_arrive(s, slot, block, p, e);
+    for (int p = 0; p < s->world; p++)
+        (void)tp_sync_wait(s, slot, block, p, e);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+typedef struct {
+    tp_cuda_sync s;
+    int slot;
+} barrier_args;
+
+static int run_barrier(const void *p)
+{
+    const barrier_args *a = p;
+    dbl_count_launch();
+    unsigned long long e = *tp_sync_counter(&a->s, a->slot, 0) + 1;
+    meet_host(&a->s, a->slot, 0, e);
+    *tp_sync_counter(&a->s, a->slot, 0) = e;
+    return 0;
+}
+
+/* What a real launcher returns: the launch's error, else cudaGetLastError
+ * (an earlier failure nobody cleared is reported as this launch's). */
+static int launched(int e)
+{
+    cudaError_t pending = cudaGetLastError();
+    return e ? e : (int)pending;
+}
+
 int tp_cuda_barrier(const tp_cuda_sync *s, int slot, void *stream)
 {
-    (void)s, (void)slot;
-    return launch("barrier", stream);
+    if (tp_sync_check(s) != 0 || slot < 0 || slot >= TP_CUDA_SYNC_SLOTS)
+        return cudaErrorInvalidValue;
+    barrier_args a = {*s, slot};
+    return launched(dbl_enqueue(stream, "barrier", run_barrier, &a, sizeof a, NULL));
+}
+
+typedef struct {
+    tp_cuda_sync s;
+} oneshot_args;
+
+/* The grid's blocks one after another: every rank runs them in the same
+ * order, so block b of each rank still meets only block b of its peers. */
+static int run_oneshot(const void *p)
+{
+    const oneshot_args *a = p;
+    dbl_count_launch();
+    for (int b = 0; b < TP_CUDA_SYNC_BLOCKS; b++) {
+        unsigned long long e_in = *tp_sync_counter(&a->s, TP_CUDA_SLOT_ONESHOT_IN, b) + 1;
+        unsigned long long e_out = *tp_sync_counter(&a->s, TP_CUDA_SLOT_ONESHOT_OUT, b) + 1;
+        meet_host(&a->s, TP_CUDA_SLOT_ONESHOT_IN, b, e_in);
+        meet_host(&a->s, TP_CUDA_SLOT_ONESHOT_OUT, b, e_out);
+        *tp_sync_counter(&a->s, TP_CUDA_SLOT_ONESHOT_IN, b) = e_in;
+        *tp_sync_counter(&a->s, TP_CUDA_SLOT_ONESHOT_OUT, b) = e_out;
+    }
+    return 0;
 }
 
 int tp_cuda_oneshot_all_reduce(const tp_cuda_sync *s, const tp_cuda_peers *in, void *out, int64_t count,
                                tp_dtype dtype, int red, void *stream)
 {
-    (void)s, (void)in, (void)out, (void)count, (void)dtype, (void)red;
-    return launch("oneshot_all_reduce", stream);
+    int known = dtype == TP_F32 || dtype == TP_F16 || dtype == TP_BF16 || dtype == TP_I32 || dtype == TP_I64;
+    if (tp_sync_check(s) != 0 || !in || !out || count < 0 || red < 0 || red > 2 || !known)
+        return cudaErrorInvalidValue;
+    for (int p = 0; p < s->world; p++)
+        if (!in->p[p])
+            return cudaErrorInvalidValue;
+    oneshot_args a = {*s};
+    return launched(dbl_enqueue(stream, "oneshot_all_reduce", run_oneshot, &a, sizeof a, NULL));
 }
 
 int tp_cuda_reduce(const void *x, void *out, const tp_reduce_plan *p, int64_t n_out, int mean, tp_dtype dtype,
@@ -117,10 +199,19 @@ int tp_cuda_reduce(const void *x, void *out, const tp_reduce_plan *p, int64_t n_
     return launch("reduce", stream);
 }
 
+static int run_gather(const void *p)
+{
+    const tp_cuda_gather_args *a = p;
+    dbl_count_launch();
+    if (dbl_inject(DBL_FAIL_GATHER_ID) && a->err->code == TP_CUDA_ERR_NONE)
+        *a->err = (tp_cuda_error){TP_CUDA_ERR_GATHER_ID, 0, -99, 0};
+    return 0;
+}
+
 int tp_cuda_gather(const tp_cuda_gather_args *a, int64_t n_out, void *stream)
 {
-    (void)a, (void)n_out;
-    return launch("gather", stream);
+    (void)n_out;
+    return launched(dbl_enqueue(stream, "gather", run_gather, a, sizeof *a, NULL));
 }
 
 int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const void *y, void *out,

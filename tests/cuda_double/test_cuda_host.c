@@ -17,6 +17,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,8 @@
 #include "check_main.h"
 #include "cuda_double.h"
 #include "backend.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/tp_cuda_ops.h"
 #include "engine.h"
 #include "testutil.h"
 #include "worker.h"
@@ -354,6 +358,487 @@ START_TEST(injected_failure)
            tp_status_name(st), lost ? "503" : "-", took, teardown_ms, err.msg);
     fflush(stdout);
     assert_no_breach(j->fail);
+}
+END_TEST
+
+/* ------------------------------- the cross-rank protocol (issue 49, 3)
+ *
+ * The double's barrier and one-shot kernels run kernels/cuda/
+ * comm_protocol.h on a host thread, as the device's meet() does. Here two
+ * ranks' control blocks live in this process (peer_flags point at both),
+ * and "rank 1" is a thread, or nobody. */
+
+typedef struct {
+    unsigned long long flags[2][TP_CUDA_CTRL_FLAGS];
+    unsigned long long counters[2][TP_CUDA_CTRL_COUNTERS];
+    tp_cuda_error err[2];
+    int abort_word[2];
+} two_blocks;
+
+static tp_cuda_sync sync_of(two_blocks *m, int rank, unsigned long long timeout_ms)
+{
+    tp_cuda_sync s;
+    memset(&s, 0, sizeof s);
+    s.rank = rank;
+    s.world = 2;
+    s.flags = m->flags[rank];
+    s.counters = m->counters[rank];
+    s.peer_flags[0] = m->flags[0];
+    s.peer_flags[1] = m->flags[1];
+    s.err = &m->err[rank];
+    s.abort = &m->abort_word[rank];
+    s.timeout_ns = timeout_ms * 1000000ull;
+    return s;
+}
+
+static tp_cuda_peers peers_of(void *a, void *b)
+{
+    tp_cuda_peers p;
+    memset(&p, 0, sizeof p);
+    p.p[0] = a;
+    p.p[1] = b;
+    return p;
+}
+
+/* A barrier, then a one-shot all_reduce (64 waits: 32 blocks, in and
+ * out), on s; ms each took. */
+static void run_both(const tp_cuda_sync *s, cudaStream_t st, double ms[2])
+{
+    static float in[64], out[64];
+    tp_cuda_peers p = peers_of(in, in);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(tp_cuda_barrier(s, TP_CUDA_SLOT_FUSED_IN, st), 0);
+    ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+    ms[0] = ms_since(&t0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(tp_cuda_oneshot_all_reduce(s, &p, out, 64, TP_F32, 0, st), 0);
+    ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+    ms[1] = ms_since(&t0);
+}
+
+typedef struct {
+    two_blocks *m;
+    int rank, rounds;
+} rank_arg;
+
+static void *protocol_rank(void *p)
+{
+    rank_arg *a = p;
+    tp_cuda_sync s = sync_of(a->m, a->rank, 5000);
+    cudaStream_t st;
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    for (int i = 0; i < a->rounds; i++) {
+        double ms[2];
+        run_both(&s, st, ms);
+    }
+    cudaStreamDestroy(st);
+    return NULL;
+}
+
+/* Two ranks that issue the same sequence meet every time, and their epochs
+ * (the counters each kernel advances itself) stay equal. */
+START_TEST(protocol_two_ranks_meet)
+{
+    static two_blocks m;
+    memset(&m, 0, sizeof m);
+    rank_arg a[2] = {{&m, 0, 3}, {&m, 1, 3}};
+    pthread_t t[2];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int r = 0; r < 2; r++)
+        ck_assert_int_eq(pthread_create(&t[r], NULL, protocol_rank, &a[r]), 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(t[r], NULL);
+    for (int r = 0; r < 2; r++)
+        ck_assert_int_eq(m.err[r].code, TP_CUDA_ERR_NONE);
+    ck_assert_int_eq(m.counters[0][TP_CUDA_SLOT_FUSED_IN * TP_CUDA_SYNC_BLOCKS], 3);
+    ck_assert_mem_eq(m.counters[0], m.counters[1], sizeof m.counters[0]);
+    ck_assert_msg(ms_since(&t0) < 4000, "3 rounds took %.0f ms", ms_since(&t0));
+}
+END_TEST
+
+/* A peer that never arrives costs one timeout, not one per wait left in
+ * the step: meet() used to ignore an error word already set, so the
+ * one-shot's 64 waits each waited their own timeout (here 64 x 150 ms;
+ * on a GPU 64 x 30 s). The report names the peer. */
+START_TEST(protocol_dead_peer_costs_one_timeout)
+{
+    static two_blocks m;
+    memset(&m, 0, sizeof m);
+    tp_cuda_sync s = sync_of(&m, 0, 150);
+    cudaStream_t st;
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    double ms[2];
+    run_both(&s, st, ms);
+    ck_assert_int_eq(m.err[0].code, TP_CUDA_ERR_BARRIER_TIMEOUT);
+    ck_assert_int_eq(m.err[0].a, 1); /* the peer waited for */
+    ck_assert_int_eq(m.err[0].b, TP_CUDA_SLOT_FUSED_IN);
+    ck_assert_msg(ms[0] >= 140 && ms[0] < 2000, "the barrier gave up after %.0f ms (timeout 150)", ms[0]);
+    ck_assert_msg(ms[1] < 500, "the one-shot after it took %.0f ms: each wait waited for the dead peer again", ms[1]);
+    /* the epochs still advanced: a later agreement of the ranks is not off by one */
+    ck_assert_int_eq(m.counters[0][TP_CUDA_SLOT_ONESHOT_OUT * TP_CUDA_SYNC_BLOCKS + 31], 1);
+    cudaStreamDestroy(st);
+    printf("protocol: a dead peer: barrier %.0f ms (timeout 150 ms), then the one-shot %.1f ms\n", ms[0], ms[1]);
+}
+END_TEST
+
+static void *set_abort_later(void *p)
+{
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    __atomic_store_n((int *)p, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* The host's abort word ends a wait at once (ncclCommRevoke never reaches
+ * our kernels): 100 ms, not the 20 s timeout. */
+START_TEST(protocol_abort_ends_a_wait)
+{
+    static two_blocks m;
+    memset(&m, 0, sizeof m);
+    tp_cuda_sync s = sync_of(&m, 0, 20000);
+    cudaStream_t st;
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, set_abort_later, &m.abort_word[0]), 0);
+    double ms[2];
+    run_both(&s, st, ms);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(m.err[0].code, TP_CUDA_ERR_ABORTED);
+    ck_assert_int_eq(m.err[0].a, 1);
+    ck_assert_msg(ms[0] >= 90 && ms[0] < 2000, "the barrier ended %.0f ms after start (abort at 100 ms)", ms[0]);
+    ck_assert_msg(ms[1] < 500, "the one-shot after the abort took %.0f ms", ms[1]);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* A bad id in the error word (benign) must not end waits: the step's
+ * barriers still run to the end on every rank, so the epochs stay equal
+ * and the next step meets. */
+START_TEST(protocol_benign_error_does_not_end_waits)
+{
+    static two_blocks m;
+    memset(&m, 0, sizeof m);
+    m.err[0].code = TP_CUDA_ERR_EMBED_ID;
+    rank_arg a[2] = {{&m, 0, 2}, {&m, 1, 2}};
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++)
+        ck_assert_int_eq(pthread_create(&t[r], NULL, protocol_rank, &a[r]), 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(t[r], NULL);
+    ck_assert_int_eq(m.err[0].code, TP_CUDA_ERR_EMBED_ID);
+    ck_assert_int_eq(m.err[1].code, TP_CUDA_ERR_NONE);
+    ck_assert_mem_eq(m.counters[0], m.counters[1], sizeof m.counters[0]);
+}
+END_TEST
+
+/* ------------------------------------- after an abort (issue 49, 1, 2, 5) */
+
+typedef struct {
+    tp_backend *b;
+    void *in, *out;
+    tp_capture *cap;
+} captured;
+
+/* A one-rank backend with a captured NCCL all_reduce, replayed once. */
+static void capture_all_reduce(captured *c)
+{
+    tp_err err;
+    ck_assert_msg(tp_backend_create("cuda", 1, &c->b, &err) == TP_OK, "%s", err.msg);
+    tp_backend *b = c->b;
+    ck_assert_msg(b->iface->alloc(b, 0, 256, &c->in, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->alloc(b, 0, 256, &c->out, &err) == TP_OK, "%s", err.msg);
+    int64_t shape[1] = {64};
+    tp_tensor in = tp_tensor_make(c->in, TP_F32, 1, shape), out = tp_tensor_make(c->out, TP_F32, 1, shape);
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    a.reduce = TP_REDUCE_SUM;
+    ck_assert_msg(b->iface->begin_capture(b, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->collective(b, 0, TP_OP_ALL_REDUCE, &a, &in, 1, &out, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->end_capture(b, 0, &c->cap, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->replay(b, 0, c->cap, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(tp_backend_must_exit(b), 0);
+}
+
+/* abort is for good (cuda_backend.h, "After an abort"): every call fails
+ * at once naming the rank and the abort, reset changes nothing, the
+ * process must exit, and, with a replay in flight (so the communicator is
+ * revoked), teardown neither waits on the device nor ends the
+ * communicator. The old teardown destroyed the graph and then called
+ * ncclCommAbort, which after a revoke frees the communicator without
+ * waiting for NCCL's destructor of the captured work (init.cc,
+ * finalizeCalled): the double reports that destructor touching freed
+ * memory. */
+START_TEST(abort_is_for_good_and_never_waits)
+{
+    captured c;
+    capture_all_reduce(&c);
+    tp_backend *b = c.b;
+    tp_err err;
+    ck_assert_msg(b->iface->replay(b, 0, c.cap, &err) == TP_OK, "%s", err.msg); /* in flight */
+    long launches = dbl_graph_launches();
+    b->iface->abort(b);
+    ck_assert_int_eq(tp_backend_must_exit(b), 1);
+    ck_assert_ptr_nonnull(tp_backend_dead(b));
+    ck_assert_int_eq(b->iface->replay(b, 0, c.cap, &err), TP_BACKEND);
+    ck_assert_int_eq(dbl_graph_launches(), launches); /* nothing launched after the revoke */
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(b->iface->synchronize(b, 0, &err), TP_BACKEND);
+        ck_assert_msg(strstr(err.msg, "cuda rank 0") && strstr(err.msg, "aborted"), "%s", err.msg);
+        b->iface->reset(b); /* changes nothing */
+    }
+    ck_assert_int_eq(tp_backend_must_exit(b), 1);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    b->iface->capture_free(b, c.cap);
+    b->iface->free(b, 0, c.in);
+    b->iface->free(b, 0, c.out);
+    tp_backend_destroy(b);
+    double ms = ms_since(&t0);
+    ck_assert_msg(ms < 500, "teardown after the abort took %.0f ms", ms);
+    /* the double's destructors run TP_DOUBLE_DTOR_MS late: give them time
+     * to show a freed communicator */
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_no_breach("teardown after an abort");
+}
+END_TEST
+
+/* An abort of an idle rank (its last synchronize completed: nothing in
+ * flight) needs no revoke: the backend is dead for good all the same, but
+ * its communicator is destroyed normally at teardown. This is the
+ * engine's free after a process group's workers quit (peer_lost), which
+ * used to revoke and then ncclCommAbort under the graphs' pending
+ * destructors. */
+START_TEST(abort_of_an_idle_rank_tears_down)
+{
+    captured c;
+    capture_all_reduce(&c); /* replayed and synchronised */
+    tp_backend *b = c.b;
+    tp_err err;
+    b->iface->peer_lost(b);
+    ck_assert_int_eq(tp_backend_must_exit(b), 1);
+    ck_assert_int_eq(b->iface->synchronize(b, 0, &err), TP_BACKEND);
+    ck_assert_msg(strstr(err.msg, "cuda rank 0") && strstr(err.msg, "aborted"), "%s", err.msg);
+    b->iface->capture_free(b, c.cap);
+    b->iface->free(b, 0, c.in);
+    b->iface->free(b, 0, c.out);
+    tp_backend_destroy(b);
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_no_breach("teardown after an idle abort");
+}
+END_TEST
+
+typedef struct {
+    captured *c;
+    atomic_long after_abort; /* graph launches counted when abort returned */
+    atomic_int go;
+} race_arg;
+
+static void *abort_soon(void *p)
+{
+    race_arg *r = p;
+    while (!atomic_load(&r->go))
+        sched_yield();
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+    r->c->b->iface->abort(r->c->b);
+    atomic_store(&r->after_abort, dbl_graph_launches());
+    return NULL;
+}
+
+/* Replays racing an abort from another thread (the group's watchdog): once
+ * abort has returned (the communicator revoked), no replay launches its
+ * graph. The dead check used to be only cu_enter's: a replay past it
+ * launched after the revoke, whose NCCL kernels then run against the dead
+ * peer with NCCL's abort flags already cleared (init.cc commRevokeAsync). */
+START_TEST(no_launch_after_a_revoke)
+{
+    for (int round = 0; round < 20; round++) {
+        captured c;
+        capture_all_reduce(&c);
+        race_arg r = {.c = &c};
+        atomic_init(&r.after_abort, -1);
+        atomic_init(&r.go, 0);
+        pthread_t t;
+        ck_assert_int_eq(pthread_create(&t, NULL, abort_soon, &r), 0);
+        tp_err err;
+        atomic_store(&r.go, 1);
+        while (c.b->iface->replay(c.b, 0, c.cap, &err) == TP_OK)
+            ;
+        pthread_join(t, NULL);
+        ck_assert_msg(strstr(err.msg, "rank 0"), "%s", err.msg);
+        long at_abort = atomic_load(&r.after_abort), now = dbl_graph_launches();
+        ck_assert_msg(now == at_abort, "round %d: %ld graph launch(es) after the revoke", round, now - at_abort);
+        c.b->iface->capture_free(c.b, c.cap);
+        tp_backend_destroy(c.b);
+    }
+    assert_no_breach("replays racing an abort");
+}
+END_TEST
+
+/* ---------------------------------------- more failures (issue 49, 7) */
+
+/* Any failure of the symmetric-memory probe (ncclDevCommCreate: across
+ * nodes it activates GIN) means "no symmetric memory", never a failed
+ * backend: it used to fail creation for anything but ncclInvalidUsage.
+ * The example then runs on the fallback (CUDA IPC in the double). */
+START_TEST(a_failed_symmetric_probe_means_no_symmetric_memory)
+{
+    setenv("TP_DOUBLE_FAIL", "devcomm:1:1", 1);
+    char path[512], in[512], ref[512];
+    example_paths("mlp_sp_tp2", path, in, ref, sizeof path);
+    run_example(path, in, ref, 0);
+}
+END_TEST
+
+/* A bad gather id is found on the device after the step's work, like a bad
+ * embedding id: TP_INVALID naming the rank, benign (the backend is not
+ * aborted), and the next request runs. */
+START_TEST(a_bad_gather_id_is_benign)
+{
+    char dir[64], path[128];
+    float w[8 * 4];
+    tu_fill(w, 32, 3);
+    int64_t ws[2] = {8, 4};
+    st_write_item item = {"w", TP_F32, 2, ws, w};
+    tu_write_graph(dir, path,
+                   "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"g\",\"world_size\":1,"
+                   "\"weights\":\"w.safetensors\","
+                   "\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT32\",\"shape\":[\"B\",2]}],"
+                   "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[8,4]}],"
+                   "\"nodes\":[{\"name\":\"g\",\"op\":\"gather\",\"inputs\":[\"w\",\"ids\"],"
+                   "\"attrs\":{\"dim\":0}}],"
+                   "\"outputs\":[{\"name\":\"g\"}]}",
+                   &item, 1);
+    /* every bucket's warm-up runs a gather at creation: the 30th is a request's */
+    setenv("TP_DOUBLE_FAIL", "gather_id:0:30", 1);
+    tp_engine *e;
+    tp_err err;
+    ck_assert_msg(cuda_engine(path, &e, &err) == TP_OK, "%s", err.msg);
+    int32_t ids[3 * 2] = {0, 1, 2, 3, 4, 5};
+    int64_t is[2] = {3, 2};
+    tp_host_tensor in = tu_tensor("ids", TP_I32, ids, 2, is), *out;
+    int n = 0;
+    tp_status st = TP_OK;
+    for (int run = 0; run < 40 && st == TP_OK; run++) {
+        st = tp_engine_infer(e, &in, 1, &out, &n, &err);
+        if (st == TP_OK)
+            tp_host_tensors_free(out, n);
+    }
+    ck_assert_msg(st == TP_INVALID && strstr(err.msg, "rank 0") && strstr(err.msg, "gather"), "%s: %s",
+                  tp_status_name(st), err.msg);
+    ck_assert_ptr_null(tp_engine_lost(e));
+    unsetenv("TP_DOUBLE_FAIL");
+    ck_assert_msg(tp_engine_infer(e, &in, 1, &out, &n, &err) == TP_OK, "after: %s", err.msg);
+    tp_host_tensors_free(out, n);
+    tp_engine_free(e);
+    tu_rmdir(dir);
+    assert_no_breach("a bad gather id");
+}
+END_TEST
+
+/* Child processes of this one still running (zombies are gone). */
+static int live_children(void)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)getpid(), (int)getpid());
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    int live = 0;
+    for (char *save = NULL, *t = strtok_r(buf, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
+        char st[64], line[512];
+        snprintf(st, sizeof st, "/proc/%s/stat", t);
+        FILE *g = fopen(st, "r");
+        if (!g)
+            continue;
+        char state = 'Z';
+        if (fgets(line, sizeof line, g)) {
+            const char *rp = strrchr(line, ')');
+            if (rp && rp[1] == ' ')
+                state = rp[2];
+        }
+        fclose(g);
+        live += state != 'Z';
+    }
+    return live;
+}
+
+/* After a failed step every process's backend is revoked, and its device
+ * may still run captured NCCL work that never completes: the engine says
+ * the process must exit (the server does, readiness 503 meanwhile), and
+ * every worker leaves by itself instead of following a group whose
+ * backends can never run again (its orchestrator restarts it; the
+ * leader sees it go). */
+START_TEST(a_dead_backend_ends_every_process)
+{
+    setenv("TP_DOUBLE_FAIL", "replay:1:1", 1);
+    char path[512], in_path[512], ref_path[512];
+    example_paths("megatron_block_tp2", path, in_path, ref_path, sizeof path);
+    tp_engine *e;
+    tp_err err;
+    ck_assert_msg(cuda_engine(path, &e, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(tp_engine_must_exit(e), 0);
+    ck_assert_int_gt(live_children(), 0);
+    int n_in, n_out;
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *out;
+    ck_assert_int_eq(tp_engine_infer(e, in, n_in, &out, &n_out, &err), TP_BACKEND);
+    ck_assert_ptr_nonnull(tp_engine_lost(e));
+    ck_assert_int_eq(tp_engine_must_exit(e), 1);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (live_children() > 0 && ms_since(&t0) < 5000) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_msg(live_children() == 0, "a worker whose backend died still runs after %.0f ms", ms_since(&t0));
+    printf("a dead backend: the worker exited %.0f ms after the failed step\n", ms_since(&t0));
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(e);
+    assert_no_breach("a dead backend ends every process");
+}
+END_TEST
+
+/* ------------------------------------------- the device probe (issue 49, 8) */
+
+/* A GPU machine whose driver CUDA cannot use must fail the device suite,
+ * not skip it: the probe says -1 and names the node and CUDA's error when
+ * a GPU device node exists; 0 (skip) only without one. The double's
+ * cudaGetDeviceCount fails when TP_DOUBLE_DEVICES=0; the node is a file in
+ * a directory of the test's. */
+START_TEST(probe_fails_when_a_device_node_exists)
+{
+    char dir[64], node[96], why[512];
+    snprintf(dir, sizeof dir, "/tmp/tp_probe_%d", (int)getpid());
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(tp_cuda_probe_machine(dir, why, sizeof why), 8); /* the double's default devices */
+    setenv("TP_DOUBLE_DEVICES", "0", 1);
+    ck_assert_int_eq(tp_cuda_probe_machine(dir, why, sizeof why), 0); /* no node: skip */
+    snprintf(node, sizeof node, "%s/nvidiactl", dir);                 /* not a GPU's node */
+    FILE *f = fopen(node, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(tp_cuda_probe_machine(dir, why, sizeof why), 0);
+    snprintf(node, sizeof node, "%s/nvidia0", dir);
+    f = fopen(node, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    ck_assert_int_eq(tp_cuda_probe_machine(dir, why, sizeof why), -1);
+    ck_assert_msg(strstr(why, node) && strstr(why, "cudaErrorNoDevice"), "%s", why);
+    ck_assert_int_eq(tp_cuda_probe(why, sizeof why), 0); /* `auto` still falls back to cpu */
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);  /* nothing left pending */
+    unlink(node);
+    snprintf(node, sizeof node, "%s/nvidiactl", dir);
+    unlink(node);
+    rmdir(dir);
+    unsetenv("TP_DOUBLE_DEVICES");
 }
 END_TEST
 
@@ -777,6 +1262,19 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(ex, examples_on_2_and_4_ranks);
     tcase_add_test(ex, examples_without_symmetric_memory);
     tcase_add_test(ex, a_failed_ipc_handle_falls_back_and_leaves_no_error);
+    tcase_add_test(ex, a_failed_symmetric_probe_means_no_symmetric_memory);
+    tcase_add_test(ex, a_bad_gather_id_is_benign);
+    TCase *proto = add_case(s, "protocol", 60);
+    tcase_add_test(proto, protocol_two_ranks_meet);
+    tcase_add_test(proto, protocol_dead_peer_costs_one_timeout);
+    tcase_add_test(proto, protocol_abort_ends_a_wait);
+    tcase_add_test(proto, protocol_benign_error_does_not_end_waits);
+    tcase_add_test(proto, probe_fails_when_a_device_node_exists);
+    TCase *ab = add_case(s, "after an abort", 120);
+    tcase_add_test(ab, abort_is_for_good_and_never_waits);
+    tcase_add_test(ab, abort_of_an_idle_rank_tears_down);
+    tcase_add_test(ab, no_launch_after_a_revoke);
+    tcase_add_test(ab, a_dead_backend_ends_every_process);
     tcase_add_loop_test(add_case(s, "failures", 120), injected_failure, 0,
                         (int)(sizeof injections / sizeof injections[0]));
     return s;

@@ -107,6 +107,25 @@ static int probe_devices(void)
 #endif
 }
 
+#ifdef TP_HAVE_CUDA
+/* Where device nodes are looked for: TP_TEST_DEV_DIR lets the wiring be
+ * tried on a machine without a GPU (a directory holding a file nvidia0). */
+static const char *dev_dir(void) { return getenv("TP_TEST_DEV_DIR") ? getenv("TP_TEST_DEV_DIR") : "/dev"; }
+static int gpu_unusable_now(void) { return tp_cuda_probe_machine(dev_dir(), NULL, 0) < 0; }
+#endif
+
+/* Issue 49 (8): no usable device, but a GPU device node (/dev/nvidia0...):
+ * a driver CUDA cannot use. The suite then fails instead of skipping. */
+static int gpu_unusable(void)
+{
+    static int unusable = -1;
+#ifdef TP_HAVE_CUDA
+    return count_once(gpu_unusable_now, &unusable);
+#else
+    return count_once(no_devices, &unusable);
+#endif
+}
+
 /* ---------------------------------------------------- the probe logic */
 
 static int fake_calls;
@@ -144,6 +163,16 @@ START_TEST(no_device_skips)
     fflush(stdout);
 }
 END_TEST
+
+#ifdef TP_HAVE_CUDA
+START_TEST(unusable_gpu_fails)
+{
+    char why[512] = "";
+    tp_cuda_probe_machine(dev_dir(), why, sizeof why);
+    ck_abort_msg("a GPU is here but CUDA cannot use it: %s", why);
+}
+END_TEST
+#endif
 
 #ifdef TP_HAVE_CUDA
 
@@ -956,7 +985,12 @@ static Suite *cuda_device_suite(void)
     suite_add_tcase(s, probe);
     TCase *tc = tcase_create("device");
     if (probe_devices() == 0) {
-        tcase_add_test(tc, no_device_skips);
+#ifdef TP_HAVE_CUDA
+        if (gpu_unusable())
+            tcase_add_test(tc, unusable_gpu_fails);
+        else
+#endif
+            tcase_add_test(tc, no_device_skips);
         suite_add_tcase(s, tc);
         return s;
     }
