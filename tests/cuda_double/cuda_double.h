@@ -6,8 +6,11 @@
  *
  * What it is: host memory stands in for device memory; every stream is an
  * ordered queue run by its own thread, asynchronously to the host (see
- * "Streams" below); kernels are recorded and counted but never run (values
- * are not checked: the cpu backend proves the math), memory copies and
+ * "Streams" below); kernels are recorded and counted but their arithmetic
+ * never runs (values are not checked: the cpu backend proves the math;
+ * the barrier and one-shot kernels do run the cross-rank protocol of
+ * kernels/cuda/comm_protocol.h on the stream's thread, kernels_double.c,
+ * and the embedding and gather report injected bad ids), memory copies and
  * NCCL collectives really move bytes (between processes through one shared
  * memory segment per communicator, and through CUDA IPC mappings), and a
  * capture records every operation into a graph that cudaGraphLaunch
