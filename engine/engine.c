@@ -5,7 +5,20 @@
  * that are cut from the outputs; past the largest bucket it runs in several
  * bucket-sized pieces. That is only sound when no op mixes batch rows
  * (tp_plan_rows_independent); otherwise each exact batch size gets its own
- * executable, captured on first use and kept in a bounded cache. */
+ * executable, captured on first use and kept in a bounded cache.
+ *
+ * Memory: every executable of the engine binds into one arena pool
+ * (tp_exec_pool: per rank one regular, one symmetric, one input-slot and
+ * one output arena), sized at load for the largest of the buckets' plans
+ * and grown, never shrunk, when an exact batch needs more. That is sound
+ * because the engine's steps never overlap: a step runs with mu held
+ * (run_request), a worker process runs the leader's steps one at a time
+ * in one loop (tp_engine_follow), and executables are built either at load,
+ * before the engine is returned, or inside a step (get_exact). So two
+ * executables never use the pool at once, and each run rewrites all it
+ * reads. Memory is the largest bucket's, not the sum over buckets, and an
+ * evicted exact executable frees no symmetric memory (cuda: no NCCL
+ * window is released per executable). */
 #include "engine.h"
 
 #include <pthread.h>
@@ -55,6 +68,7 @@ struct tp_engine {
     int64_t bucket_size[TP_MAX_BUCKETS];
     tp_exec *buckets[TP_MAX_BUCKETS]; /* padded: one executable per bucket */
     tp_exec *cache[EXEC_CACHE]; /* exact-batch executables (padded == 0) */
+    tp_exec_pool *pool;         /* the arenas every executable above binds into */
     unsigned long last_use[EXEC_CACHE], clock;
     tp_engine_stats stats;
     /* Request staging: inputs then outputs of the execution in flight. In a
@@ -197,15 +211,40 @@ static tp_status compile_graph(tp_engine *e, const tp_backend_kind *k, const tp_
     return st;
 }
 
-static tp_status build_bucket(tp_engine *e, int k, tp_err *err)
+/* The pool, sized for the largest arena of each kind over the buckets'
+ * plans (padded: the buckets' executables, prepared here and bound by
+ * bind_buckets; exact: the plans at the bucket sizes, which exact batches
+ * past the largest bucket grow). */
+static tp_status create_pool(tp_engine *e, tp_err *err)
 {
-    tp_status st = tp_exec_create(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &e->buckets[k], err);
-    if (st != TP_OK)
-        return st;
-    const tp_plan *p = tp_exec_plan(e->buckets[k]);
-    for (int m = 0; m < TP_MEM_KINDS; m++)
-        e->stats.arena_bytes[m] += p->arena_bytes[m];
-    return TP_OK;
+    int64_t bytes[TP_MEM_KINDS] = {0};
+    tp_status st = TP_OK;
+    for (int k = 0; st == TP_OK && k < e->n_buckets; k++) {
+        int64_t b[TP_MEM_KINDS];
+        if (e->padded) {
+            st = tp_exec_prepare(e->g, e->bucket_size[k], e->b, e->rg, e->w, &e->xopts, &e->buckets[k], err);
+            if (st == TP_OK)
+                memcpy(b, tp_exec_plan(e->buckets[k])->arena_bytes, sizeof b);
+        } else if (tp_exec_arena_bytes(e->g, e->bucket_size[k], e->xopts.lowering, b, err) != TP_OK) {
+            continue; /* a batch this graph cannot run: the pool grows for what does run */
+        }
+        for (int m = 0; st == TP_OK && m < TP_MEM_KINDS; m++)
+            bytes[m] = b[m] > bytes[m] ? b[m] : bytes[m];
+    }
+    if (st == TP_OK)
+        st = tp_exec_pool_create(e->b, e->rg, bytes, &e->pool, err);
+    if (st == TP_OK)
+        tp_exec_pool_bytes(e->pool, e->stats.arena_bytes);
+    return st;
+}
+
+static tp_status bind_buckets(tp_engine *e, tp_err *err)
+{
+    tp_status st = TP_OK;
+    for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
+        if ((st = tp_exec_bind(e->buckets[k], e->pool, err)) != TP_OK)
+            tp_err_prefix(err, "bucket %lld: ", (long long)e->bucket_size[k]);
+    return st;
 }
 
 static tp_status create_group(tp_engine *e, const tp_engine_opts *o, tp_err *err)
@@ -291,8 +330,10 @@ static tp_status compile(tp_engine *e, const tp_engine_opts *o, tp_err *err)
         st = compile_graph(e, e->b->kind, o, err);
     if (st == TP_OK)
         st = tp_weights_load(e->g, e->b, e->rg, &e->w, err);
-    for (int k = 0; st == TP_OK && e->padded && k < e->n_buckets; k++)
-        st = build_bucket(e, k, err);
+    if (st == TP_OK)
+        st = create_pool(e, err);
+    if (st == TP_OK)
+        st = bind_buckets(e, err);
     if (st == TP_OK && e->padded)
         st = reserve_staging(e, err);
     if (st == TP_OK)
@@ -362,9 +403,13 @@ tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int
     if (st == TP_OK)
         st = tp_exec_lower(e->g, e->padded ? e->bucket_size[bucket_for(e, batch)] : batch, e->xopts.lowering,
                            &lowered, err);
+    int64_t arenas[TP_MAX_BUCKETS][TP_MEM_KINDS];
+    for (int b = 0; st == TP_OK && b < e->n_buckets; b++)
+        st = tp_exec_arena_bytes(e->g, e->bucket_size[b], e->xopts.lowering, arenas[b], err);
     if (st == TP_OK) {
         tp_report_opts ro = {.batch = lowered->batch, .json = json, .dma = k->caps->dma_input_copies,
-                             .passes = e->pass_results, .padding = e->padded ? NULL : e->why_exact};
+                             .passes = e->pass_results, .padding = e->padded ? NULL : e->why_exact,
+                             .n_buckets = e->n_buckets, .bucket = e->bucket_size, .bucket_arena = arenas};
         st = tp_plan_report(lowered, &ro, out, err);
     }
     tp_graph_free(lowered);
@@ -387,6 +432,7 @@ void tp_engine_free(tp_engine *e)
         tp_exec_free(e->cache[i]);
     for (int k = 0; k < e->n_buckets; k++)
         tp_exec_free(e->buckets[k]);
+    tp_exec_pool_free(e->pool); /* after every executable bound into it */
     tp_weights_free(e->w);
     tp_backend_destroy(e->b); /* before the group: its comm lives in the group's memory */
     tp_rank_group_free(e->rg);
@@ -482,9 +528,23 @@ static tp_status get_exact(tp_engine *e, int64_t batch, tp_exec **out, tp_err *e
             victim = i;
     }
     tp_exec *x;
-    tp_status st = tp_exec_create(e->g, batch, e->b, e->rg, e->w, &e->xopts, &x, err);
-    if (st != TP_OK)
+    tp_status st = tp_exec_prepare(e->g, batch, e->b, e->rg, e->w, &e->xopts, &x, err);
+    if (st == TP_OK && !tp_exec_pool_fits(e->pool, tp_exec_plan(x))) {
+        /* the arenas move: every executable bound into them goes first
+         * (their captures hold the old addresses) */
+        for (int i = 0; i < EXEC_CACHE; i++) {
+            tp_exec_free(e->cache[i]);
+            e->cache[i] = NULL;
+        }
+        st = tp_exec_pool_grow(e->pool, tp_exec_plan(x)->arena_bytes, err);
+        tp_exec_pool_bytes(e->pool, e->stats.arena_bytes);
+    }
+    if (st == TP_OK)
+        st = tp_exec_bind(x, e->pool, err);
+    if (st != TP_OK) {
+        tp_exec_free(x);
         return st;
+    }
     tp_exec_free(e->cache[victim]);
     e->cache[victim] = x;
     e->last_use[victim] = e->clock;

@@ -56,7 +56,9 @@ typedef struct {
     uint64_t bucket_runs[TP_MAX_BUCKETS];
     uint64_t exact_runs;                 /* runs at an exact batch (no padding) */
     uint64_t symmetric_copy_bytes, regular_copy_bytes; /* into input slots */
-    int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, summed over buckets, by tp_mem_kind */
+    int64_t arena_bytes[TP_MEM_KINDS];   /* per rank, by tp_mem_kind: the one arena pool every bucket's
+                                            executable shares (the largest plan's, grown for larger
+                                            exact batches), not a sum over buckets */
     int world_size, rank_processes;      /* rank_processes: one process per rank */
     int rank_group_up;                   /* 0 once lost (tp_engine_lost) */
     uint64_t serial_steps;               /* rank-group steps run on one thread (serial_step_max_us) */

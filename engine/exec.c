@@ -1,10 +1,11 @@
 /* exec.c — bind the plan to memory, capture, replay.
  *
- * Every buffer is placed before any capture: one allocation per arena per
- * rank (regular, symmetric, input slots, outputs), each value at its planned
- * offset, views pointing into their owner. Capture then records each
- * captured partition's kernels with those addresses baked in, so a run is:
- * copy in, replay / run fallbacks, copy out. */
+ * Every buffer is placed before any capture: one arena per kind per rank
+ * (regular, symmetric, input slots, outputs) — the executable's own, or
+ * the engine's pool shared by every executable (tp_exec_pool) — each value
+ * at its planned offset, views pointing into their owner. Capture then
+ * records each captured partition's kernels with those addresses baked in,
+ * so a run is: copy in, replay / run fallbacks, copy out. */
 #include "exec.h"
 
 #include <stdlib.h>
@@ -20,6 +21,7 @@ typedef struct {
 struct tp_exec {
     tp_graph *g; /* our own copy, lowered for this batch: nodes and attrs never change after create */
     tp_backend *b;
+    tp_exec_pool *pool; /* the arenas' owner; NULL: ours (freed with us) */
     tp_rank_group *rg;
     tp_rank_hooks hooks; /* a failing rank aborts the backend's collectives */
     const tp_weights *w;
@@ -43,19 +45,168 @@ static void *param_data(const tp_exec *x, int rank, int node)
     return NULL;
 }
 
-static tp_status alloc_arenas(tp_exec *x, int rank, tp_err *err)
+/* One arena of one rank (symmetric: every rank calls it in the same
+ * order with the same size, the backend's symmetric contract). */
+static tp_status alloc_arena(tp_backend *b, int rank, int k, size_t bytes, void **out, tp_err *err)
 {
-    const tp_backend_iface *bi = x->b->iface;
+    const tp_backend_iface *bi = b->iface;
+    tp_status st = k == TP_MEM_SYMMETRIC ? bi->alloc_symmetric(b, rank, bytes, out, err)
+                                         : bi->alloc(b, rank, bytes, out, err);
+    if (st != TP_OK) /* a prefix: formatting err->msg into itself garbles it */
+        tp_err_prefix(err, "%s arena of %zu bytes: ", tp_mem_kind_name((tp_mem_kind)k), bytes);
+    return st;
+}
+
+/* ------------------------------------------------------------ the pool */
+
+struct tp_exec_pool {
+    tp_backend *b;
+    tp_rank_group *rg;
+    tp_rank_hooks hooks;
+    int world;
+    int64_t bytes[TP_MEM_KINDS];  /* per rank, what every arena of that kind holds */
+    int64_t want[TP_MEM_KINDS];   /* during a (re)allocation: the new size, or -1 to keep */
+    void *(*arena)[TP_MEM_KINDS]; /* per rank; NULL for ranks of other processes */
+};
+
+static void abort_backend(void *b) { ((tp_backend *)b)->iface->abort(b); }
+static void lose_backend(void *b) { ((tp_backend *)b)->iface->peer_lost(b); }
+static const char *backend_fault(void *b) { return tp_backend_fault(b); }
+
+/* Reallocates the rank's arenas whose want is set, in kind order on every
+ * rank (the symmetric contract). The old one is freed first (though a
+ * cuda window's memory stays until the communicator ends: cuda_free). */
+static tp_status pool_alloc_rank(void *ctx, int rank, tp_err *err)
+{
+    tp_exec_pool *p = ctx;
     for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
-        size_t bytes = (size_t)x->plan->arena_bytes[k];
-        tp_status st = k == TP_MEM_SYMMETRIC ? bi->alloc_symmetric(x->b, rank, bytes, &x->rs[rank].arena[k], err)
-                                             : bi->alloc(x->b, rank, bytes, &x->rs[rank].arena[k], err);
-        if (st != TP_OK) { /* a prefix: formatting err->msg into itself garbles it */
-            tp_err_prefix(err, "%s arena of %zu bytes: ", tp_mem_kind_name((tp_mem_kind)k), bytes);
+        if (p->want[k] < 0)
+            continue;
+        if (p->arena[rank][k])
+            p->b->iface->free(p->b, rank, p->arena[rank][k]);
+        p->arena[rank][k] = NULL;
+        tp_status st = alloc_arena(p->b, rank, k, (size_t)p->want[k], &p->arena[rank][k], err);
+        if (st != TP_OK)
             return st;
-        }
     }
     return TP_OK;
+}
+
+/* Runs the (re)allocation of want[] on every rank; bytes[] follows. */
+static tp_status pool_realloc(tp_exec_pool *p, tp_err *err)
+{
+    tp_status st = tp_rank_group_run(p->rg, pool_alloc_rank, p, &p->hooks, err);
+    p->b->iface->reset(p->b);
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        if (p->want[k] >= 0)
+            p->bytes[k] = st == TP_OK ? p->want[k] : 0; /* failed: empty, grown again when needed */
+    if (st != TP_OK)
+        tp_err_prefix(err, "shared arena pool: ");
+    return st;
+}
+
+tp_status tp_exec_pool_create(tp_backend *b, tp_rank_group *rg, const int64_t bytes[TP_MEM_KINDS],
+                              tp_exec_pool **out, tp_err *err)
+{
+    *out = NULL;
+    tp_exec_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    *p = (tp_exec_pool){.b = b, .rg = rg, .world = tp_rank_group_world(rg),
+                        .hooks = {.fail = abort_backend, .lost = lose_backend, .ctx = b, .fault = backend_fault}};
+    p->arena = calloc((size_t)p->world + 1, sizeof *p->arena);
+    if (!p->arena) {
+        free(p);
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    }
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        p->want[k] = bytes[k];
+    tp_status st = pool_realloc(p, err);
+    if (st != TP_OK) {
+        tp_exec_pool_free(p);
+        return st;
+    }
+    *out = p;
+    return TP_OK;
+}
+
+void tp_exec_pool_free(tp_exec_pool *p)
+{
+    if (!p)
+        return;
+    for (int r = 0; r < p->world; r++)
+        for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+            if (p->arena[r][k])
+                p->b->iface->free(p->b, r, p->arena[r][k]);
+    free(p->arena);
+    free(p);
+}
+
+void tp_exec_pool_bytes(const tp_exec_pool *p, int64_t bytes[TP_MEM_KINDS])
+{
+    memcpy(bytes, p->bytes, sizeof p->bytes);
+}
+
+int tp_exec_pool_fits(const tp_exec_pool *p, const tp_plan *plan)
+{
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        if (plan->arena_bytes[k] > p->bytes[k])
+            return 0;
+    return 1;
+}
+
+tp_status tp_exec_pool_grow(tp_exec_pool *p, const int64_t need[TP_MEM_KINDS], tp_err *err)
+{
+    int any = 0;
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
+        p->want[k] = -1;
+        if (need[k] > p->bytes[k]) {
+            p->want[k] = need[k] > 2 * p->bytes[k] ? need[k] : 2 * p->bytes[k];
+            any = 1;
+        }
+    }
+    return any ? pool_realloc(p, err) : TP_OK;
+}
+
+/* --------------------------------------------------------- executables */
+
+/* Arenas reused from earlier executables hold what those left: a warm-up
+ * before capture (which runs captured partitions eagerly, fallbacks not,
+ * so a captured node may read a hoisted buffer nothing wrote yet) must
+ * see the zeros of fresh memory (cuda: A4), e.g. never garbage ids. */
+static tp_status zero_pool_extent(tp_exec *x, int rank, tp_err *err)
+{
+    enum { CHUNK = 1 << 20 };
+    int32_t *zeros = NULL;
+    tp_status st = TP_OK;
+    for (int k = TP_MEM_REGULAR; st == TP_OK && k < TP_MEM_KINDS; k++) {
+        for (int64_t off = 0; st == TP_OK && off < x->plan->arena_bytes[k]; off += CHUNK) {
+            int64_t n = x->plan->arena_bytes[k] - off < CHUNK ? x->plan->arena_bytes[k] - off : CHUNK;
+            int64_t shape[1] = {n / (int64_t)sizeof(int32_t)}; /* arenas are 64-byte multiples */
+            if (!zeros && !(zeros = calloc(CHUNK / sizeof(int32_t), sizeof(int32_t))))
+                return tp_fail(err, TP_NOMEM, "out of memory");
+            tp_tensor dst = tp_tensor_make((char *)x->rs[rank].arena[k] + off, TP_I32, 1, shape);
+            tp_tensor src = tp_tensor_make(zeros, TP_I32, 1, shape);
+            st = x->b->iface->copy_in(x->b, rank, &dst, &src, err);
+        }
+    }
+    free(zeros);
+    if (st == TP_OK) /* copy_in may be asynchronous, and zeros goes now */
+        st = x->b->iface->synchronize(x->b, rank, err);
+    return st;
+}
+
+static tp_status alloc_arenas(tp_exec *x, int rank, tp_err *err)
+{
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
+        tp_status st = x->pool ? TP_OK
+                               : alloc_arena(x->b, rank, k, (size_t)x->plan->arena_bytes[k], &x->rs[rank].arena[k], err);
+        if (x->pool)
+            x->rs[rank].arena[k] = x->pool->arena[rank][k];
+        if (st != TP_OK)
+            return st;
+    }
+    return x->pool && x->b->iface->warm_up_before_capture ? zero_pool_extent(x, rank, err) : TP_OK;
 }
 
 static tp_status bind_rank(tp_exec *x, int rank, tp_err *err)
@@ -216,10 +367,6 @@ static tp_status run_rank(void *ctx, int rank, tp_err *err)
     return st;
 }
 
-static void abort_backend(void *b) { ((tp_backend *)b)->iface->abort(b); }
-static void lose_backend(void *b) { ((tp_backend *)b)->iface->peer_lost(b); }
-static const char *backend_fault(void *b) { return tp_backend_fault(b); }
-
 static tp_status build_output_descs(tp_exec *x, tp_err *err)
 {
     tp_graph *g = x->g;
@@ -266,9 +413,10 @@ tp_status tp_exec_lower(const tp_graph *g, int64_t batch, const tp_pass_opts *lo
     return st;
 }
 
-tp_status tp_exec_create(const tp_graph *g0, int64_t batch, tp_backend *b, tp_rank_group *rg,
-                         const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
+tp_status tp_exec_prepare(const tp_graph *g0, int64_t batch, tp_backend *b, tp_rank_group *rg,
+                          const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
 {
+    *out = NULL;
     tp_graph *g;
     tp_status st = tp_exec_lower(g0, batch, o ? o->lowering : NULL, &g, err);
     if (st != TP_OK)
@@ -287,16 +435,54 @@ tp_status tp_exec_create(const tp_graph *g0, int64_t batch, tp_backend *b, tp_ra
         st = alloc_rank_states(x, err);
     if (st == TP_OK)
         st = build_output_descs(x, err);
-    if (st == TP_OK) {
-        st = tp_rank_group_run(rg, setup_rank, x, &x->hooks, err);
-        b->iface->reset(b);
-    }
     if (st != TP_OK) {
         tp_exec_free(x);
         return st;
     }
     *out = x;
     return TP_OK;
+}
+
+tp_status tp_exec_arena_bytes(const tp_graph *g, int64_t batch, const tp_pass_opts *lowering,
+                              int64_t bytes[TP_MEM_KINDS], tp_err *err)
+{
+    tp_graph *lowered = NULL;
+    tp_plan *plan = NULL;
+    tp_status st = tp_exec_lower(g, batch, lowering, &lowered, err);
+    if (st == TP_OK)
+        st = tp_plan_build(lowered, &plan, err);
+    if (st == TP_OK)
+        memcpy(bytes, plan->arena_bytes, sizeof plan->arena_bytes);
+    tp_plan_free(plan);
+    tp_graph_free(lowered);
+    return st;
+}
+
+tp_status tp_exec_bind(tp_exec *x, tp_exec_pool *pool, tp_err *err)
+{
+    for (int k = TP_MEM_REGULAR; pool && k < TP_MEM_KINDS; k++)
+        if (x->plan->arena_bytes[k] > pool->bytes[k])
+            return tp_fail(err, TP_INTERNAL,
+                           "batch %lld needs a %s arena of %lld bytes per rank; the shared pool has %lld",
+                           (long long)x->batch, tp_mem_kind_name((tp_mem_kind)k), (long long)x->plan->arena_bytes[k],
+                           (long long)pool->bytes[k]);
+    x->pool = pool;
+    tp_status st = tp_rank_group_run(x->rg, setup_rank, x, &x->hooks, err);
+    x->b->iface->reset(x->b);
+    return st;
+}
+
+tp_status tp_exec_create(const tp_graph *g, int64_t batch, tp_backend *b, tp_rank_group *rg,
+                         const tp_weights *w, const tp_exec_opts *o, tp_exec **out, tp_err *err)
+{
+    tp_exec *x;
+    tp_status st = tp_exec_prepare(g, batch, b, rg, w, o, &x, err);
+    if (st == TP_OK && (st = tp_exec_bind(x, NULL, err)) != TP_OK) {
+        tp_exec_free(x);
+        x = NULL;
+    }
+    *out = x;
+    return st;
 }
 
 void tp_exec_free(tp_exec *x)
@@ -308,7 +494,7 @@ void tp_exec_free(tp_exec *x)
         for (int p = 0; s->cap && p < x->plan->n_parts; p++)
             if (s->cap[p])
                 x->b->iface->capture_free(x->b, s->cap[p]);
-        for (int k = 0; k < TP_MEM_KINDS; k++)
+        for (int k = 0; !x->pool && k < TP_MEM_KINDS; k++)
             if (s->arena[k])
                 x->b->iface->free(x->b, r, s->arena[k]);
         free(s->t);

@@ -90,6 +90,76 @@ static json_t *memory_json(const tp_plan *p)
                      (json_int_t)p->arena_bytes[TP_MEM_INPUT], "output", (json_int_t)p->arena_bytes[TP_MEM_OUTPUT]);
 }
 
+static int64_t arenas_total(const int64_t *a)
+{
+    int64_t t = 0;
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        t += a[k];
+    return t;
+}
+
+/* The shared pool: the largest arena of each kind over the buckets; sum:
+ * what one set of arenas per bucket would take. */
+static void pool_of(const tp_report_opts *o, int64_t pool[TP_MEM_KINDS], int64_t *sum)
+{
+    *sum = 0;
+    for (int k = 0; k < TP_MEM_KINDS; k++)
+        pool[k] = 0;
+    for (int b = 0; b < o->n_buckets; b++) {
+        for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+            pool[k] = o->bucket_arena[b][k] > pool[k] ? o->bucket_arena[b][k] : pool[k];
+        *sum += arenas_total(o->bucket_arena[b]);
+    }
+}
+
+static json_t *arenas_obj(const int64_t *a)
+{
+    json_t *o = json_object();
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        json_object_set_new(o, tp_mem_kind_name((tp_mem_kind)k), json_integer(a[k]));
+    json_object_set_new(o, "total", json_integer(arenas_total(a)));
+    return o;
+}
+
+/* {"buckets": [{"batch", arenas..., "total"}], "shared_pool": {arenas...,
+ * "total"}, "sum_over_buckets"}: bytes per rank. */
+static json_t *arenas_json(const tp_report_opts *o)
+{
+    int64_t pool[TP_MEM_KINDS], sum;
+    pool_of(o, pool, &sum);
+    json_t *buckets = json_array();
+    for (int b = 0; b < o->n_buckets; b++) {
+        json_t *one = arenas_obj(o->bucket_arena[b]);
+        json_object_set_new(one, "batch", json_integer(o->bucket[b]));
+        json_array_append_new(buckets, one);
+    }
+    return json_pack("{s:o, s:o, s:I}", "buckets", buckets, "shared_pool", arenas_obj(pool), "sum_over_buckets",
+                     (json_int_t)sum);
+}
+
+static void print_arenas(const tp_report_opts *o, FILE *out)
+{
+    int64_t pool[TP_MEM_KINDS], sum;
+    pool_of(o, pool, &sum);
+    fprintf(out, "arenas per rank by bucket (bytes; every bucket's executable binds into one shared pool):\n"
+                 "  %-12s %12s %12s %12s %12s %12s\n", "bucket", "regular", "symmetric", "input", "output", "total");
+    for (int b = 0; b < o->n_buckets; b++) {
+        const int64_t *a = o->bucket_arena[b];
+        fprintf(out, "  %-12lld %12lld %12lld %12lld %12lld %12lld\n", (long long)o->bucket[b],
+                (long long)a[TP_MEM_REGULAR], (long long)a[TP_MEM_SYMMETRIC], (long long)a[TP_MEM_INPUT],
+                (long long)a[TP_MEM_OUTPUT], (long long)arenas_total(a));
+    }
+    int64_t largest = o->n_buckets ? arenas_total(o->bucket_arena[o->n_buckets - 1]) : 0;
+    fprintf(out, "  %-12s %12lld %12lld %12lld %12lld %12lld\n", "shared pool", (long long)pool[TP_MEM_REGULAR],
+            (long long)pool[TP_MEM_SYMMETRIC], (long long)pool[TP_MEM_INPUT], (long long)pool[TP_MEM_OUTPUT],
+            (long long)arenas_total(pool));
+    fprintf(out, "  total: %lld B per rank for all %d buckets (%.2fx the largest bucket's %lld B; one set of arenas "
+                 "per bucket would take %lld B)%s\n",
+            (long long)arenas_total(pool), o->n_buckets, largest ? (double)arenas_total(pool) / (double)largest : 0.0,
+            (long long)largest, (long long)sum,
+            o->padding ? "; exact batches past the largest bucket grow the pool" : "");
+}
+
 static json_t *report_json(const tp_graph *g, const tp_plan *p, const tp_report_opts *o)
 {
     json_t *nodes = json_array(), *passes = json_array(), *hoisted;
@@ -99,11 +169,14 @@ static json_t *report_json(const tp_graph *g, const tp_plan *p, const tp_report_
         json_array_append_new(passes, json_pack("{s:s, s:b, s:i}", "name", o->passes[i].name, "ran",
                                                 o->passes[i].ran, "changed", o->passes[i].changed));
     json_t *parts = partitions_json(g, p, &hoisted);
-    return json_pack("{s:s, s:i, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", g->name, "world_size",
+    json_t *root = json_pack("{s:s, s:i, s:I, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", g->name, "world_size",
                      g->world_size, "batch", (json_int_t)g->batch, "batching",
                      o->padding ? o->padding : "padded into buckets", "nodes", nodes, "passes", passes, "collectives",
                      collectives_json(g), "partitions", parts, "hoisted", hoisted, "input_copies",
                      input_copies_json(g, o->dma), "memory", memory_json(p));
+    if (root && o->n_buckets)
+        json_object_set_new(root, "arenas", arenas_json(o));
+    return root;
 }
 
 static void print_nodes(const tp_graph *g, const tp_plan *p, FILE *out)
@@ -160,6 +233,8 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
             (long long)p->arena_bytes[TP_MEM_REGULAR], p->n_buffers[TP_MEM_REGULAR], (long long)p->arena_bytes[TP_MEM_SYMMETRIC],
             p->n_buffers[TP_MEM_SYMMETRIC], (long long)p->arena_bytes[TP_MEM_INPUT], (long long)p->arena_bytes[TP_MEM_OUTPUT],
             (long long)p->peak_bytes, (long long)p->naive_bytes, p->symmetric_offsets_equal ? "yes" : "NO");
+    if (o->n_buckets)
+        print_arenas(o, out);
 }
 
 tp_status tp_plan_report(tp_graph *g, const tp_report_opts *o, FILE *out, tp_err *err)

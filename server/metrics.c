@@ -332,7 +332,8 @@ static void render_engine(sbuf *b, const tp_engine_stats *es)
     gauge(b, "tpserve_rank_group_up", "1 while every rank can run; 0 once a rank's process or backend died (restart).",
           es ? es->rank_group_up : 0);
     family(b, "tpserve_arena_bytes", "gauge",
-           "Planned device memory per rank, summed over the buckets' plans, by arena.");
+           "Device memory per rank of the arena pool every bucket's executable shares (the largest "
+           "bucket's plan, grown for a larger exact batch), by arena.");
     for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
         sb_printf(b, "tpserve_arena_bytes{kind=\"%s\"} %lld\n", tp_mem_kind_name((tp_mem_kind)k),
                   (long long)(es ? es->arena_bytes[k] : 0));

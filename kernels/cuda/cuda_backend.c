@@ -735,7 +735,13 @@ static void cuda_free(tp_backend *b, int rank, void *p)
                      x->rank, p, x->mem[i].capture_refs);
             return;
         }
-        if (x->mem[i].kind == CU_MEM_WINDOW) { /* released with the communicator */
+        /* A window is released with the communicator (deregistering is
+         * collective, and ranks free and tear down independently), so its
+         * memory stays until then: the engine allocates symmetric memory
+         * once per arena pool (engine/exec.h), freed only when the pool
+         * grows (at least 2x each time) or at teardown, never per
+         * executable (issue 49: each evicted executable kept a window). */
+        if (x->mem[i].kind == CU_MEM_WINDOW) {
             x->mem[i].released = 1;
             return;
         }

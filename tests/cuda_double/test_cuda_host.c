@@ -206,6 +206,72 @@ START_TEST(one_rank)
 }
 END_TEST
 
+/* Issue 49 (4): a graph that mixes batch rows runs each exact batch in
+ * its own executable, kept in a cache of 8: many batch sizes evict many
+ * executables. Each used to allocate its own symmetric arena, and a freed
+ * window is only released with the communicator: every eviction kept an
+ * ncclMemAlloc allocation and an NCCL window for good. Executables now bind
+ * into the engine's one pool, so the count stays where the first request
+ * left it, plus one for growing the pool past the largest bucket. */
+START_TEST(evicted_executables_leak_no_symmetric_memory)
+{
+    char dir[64], path[128];
+    float w[8 * 8];
+    tu_fill(w, 64, 3);
+    int64_t ws[2] = {8, 8};
+    st_write_item item = {"w", TP_F32, 2, ws, w};
+    tu_write_graph(dir, path,
+                   "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"mix\",\"world_size\":2,"
+                   "\"weights\":\"w.safetensors\","
+                   "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",8]}],"
+                   "\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[8,8]}],"
+                   "\"nodes\":[{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"]},"
+                   "{\"name\":\"y\",\"op\":\"all_reduce\",\"inputs\":[\"h\"],\"attrs\":{\"op\":\"sum\"}},"
+                   "{\"name\":\"s\",\"op\":\"softmax\",\"inputs\":[\"y\"],\"attrs\":{\"dim\":0}}],"
+                   "\"outputs\":[{\"name\":\"s\"}]}",
+                   &item, 1);
+    tp_engine *e;
+    tp_err err;
+    ck_assert_msg(cuda_engine(path, &e, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(!tp_engine_padded(e, NULL), "the graph must run exact batches");
+    static float x[40 * 8];
+    tu_fill(x, 40 * 8, 4);
+    int allocs0 = -1, windows0 = -1;
+    /* 12 sizes > the 8 cached: from the second round on every batch evicts;
+     * 40 is past the largest bucket (16): the pool grows, once */
+    static const int64_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40};
+    int n_batches = (int)(sizeof batches / sizeof batches[0]);
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < n_batches; i++) {
+            int64_t xs[2] = {batches[i], 8};
+            tp_host_tensor in = tu_f32("x", x, 2, xs);
+            int n;
+            tp_host_tensor *out = tu_infer(e, &in, 1, &n);
+            ck_assert_int_eq(out[0].shape[0], batches[i]);
+            tp_host_tensors_free(out, n);
+            if (allocs0 < 0) {
+                allocs0 = dbl_nccl_allocations();
+                windows0 = dbl_nccl_windows();
+            }
+        }
+    int allocs = dbl_nccl_allocations(), windows = dbl_nccl_windows();
+    tp_engine_stats es;
+    tp_engine_get_stats(e, &es);
+    printf("cuda double: %d exact executables (cache of 8) on 2 ranks: rank 0 holds %d ncclMemAlloc allocations and "
+           "%d windows after the first, %d and %d after all; shared symmetric arena %lld B\n",
+           3 * n_batches, allocs0, windows0, allocs, windows, (long long)es.arena_bytes[TP_MEM_SYMMETRIC]);
+    ck_assert_msg(allocs <= allocs0 + 1 && windows <= windows0 + 1,
+                  "evicted executables leaked symmetric memory: %d ncclMemAlloc allocations and %d windows after the "
+                  "first request, %d and %d after %d executables",
+                  allocs0, windows0, allocs, windows, 3 * n_batches);
+    ck_assert_ptr_null(tp_engine_lost(e));
+    tp_engine_free(e);
+    ck_assert_int_eq(dbl_nccl_allocations(), 0);
+    tu_rmdir(dir);
+    assert_no_breach("evicted executables");
+}
+END_TEST
+
 /* A4: a warm-up before capture runs on whatever the arenas hold, so they
  * must hold zeros (the double fills new memory with 0xa5). */
 START_TEST(allocations_start_zeroed)
@@ -250,22 +316,23 @@ static const injection injections[] = {
     {"capture:1:1", "mlp_sp_tp2", "end of capture", TP_BACKEND, 0, 0},
     {"replay:1:1", "megatron_block_tp2", "graph launch", TP_BACKEND, 1, 0},
     {"nccl_async:1:12", "mlp_sp_tp2", "NCCL async error (setup)", TP_BACKEND, 0, 0},
-    {"nccl_async:1:40", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 1, 0},
+    {"nccl_async:1:33", "megatron_block_tp2", "NCCL async error (a run)", TP_BACKEND, 1, 0},
     {"die:1:1", "mlp_sp_tp2", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"die:3:1", "megatron_block_tp4", "peer death mid-replay", TP_UNAVAILABLE, 1, 0},
     {"embed_id:1:1", "vocab_embed_i32_tp2", "bad id (benign)", TP_INVALID, 0, 1},
     /* A bad id makes the step benign only if nothing else failed: an NCCL
-     * error in the same step (rank 1's 28th look, its first of the run) is
+     * error in the same step (rank 1's 21st look, its first of the run) is
      * found by copy_out, since a benign step skips synchronize, and loses
      * the engine. */
-    {"embed_id:1:1,nccl_async:1:28", "vocab_embed_i32_tp2", "bad id + NCCL async error", TP_BACKEND, 1, 0},
+    {"embed_id:1:1,nccl_async:1:21", "vocab_embed_i32_tp2", "bad id + NCCL async error", TP_BACKEND, 1, 0},
     /* A collective that never completes, NCCL's async error set: only the
      * watchdog's look at it (ncclCommGetAsyncError every tick) ends the
      * wait, within a tick, not at the double's hang limit or the step
      * timeout. The 10th exchange is the warm-up's reduce-scatter at
-     * creation, the 38th the run's. */
+     * creation, the 22nd the run's (one symmetric pool per engine: no
+     * exchanges for a symmetric arena per bucket). */
     {"nccl_stall:1:10", "mlp_sp_tp2", "NCCL stall at creation", TP_BACKEND, 0, 0},
-    {"nccl_stall:1:38", "mlp_sp_tp2", "NCCL stall in a run", TP_BACKEND, 1, 0},
+    {"nccl_stall:1:22", "mlp_sp_tp2", "NCCL stall in a run", TP_BACKEND, 1, 0},
 };
 
 static void example_paths(const char *name, char *path, char *in, char *ref, size_t cap)
@@ -1259,17 +1326,18 @@ static Suite *cuda_host_suite(void)
     TCase *ex = add_case(s, "examples", 300);
     tcase_add_test(ex, one_rank);
     tcase_add_test(ex, allocations_start_zeroed);
+    tcase_add_test(ex, evicted_executables_leak_no_symmetric_memory);
     tcase_add_test(ex, examples_on_2_and_4_ranks);
     tcase_add_test(ex, examples_without_symmetric_memory);
     tcase_add_test(ex, a_failed_ipc_handle_falls_back_and_leaves_no_error);
-    tcase_add_test(ex, a_failed_symmetric_probe_means_no_symmetric_memory);
-    tcase_add_test(ex, a_bad_gather_id_is_benign);
     TCase *proto = add_case(s, "protocol", 60);
     tcase_add_test(proto, protocol_two_ranks_meet);
     tcase_add_test(proto, protocol_dead_peer_costs_one_timeout);
     tcase_add_test(proto, protocol_abort_ends_a_wait);
     tcase_add_test(proto, protocol_benign_error_does_not_end_waits);
     tcase_add_test(proto, probe_fails_when_a_device_node_exists);
+    tcase_add_test(ex, a_failed_symmetric_probe_means_no_symmetric_memory);
+    tcase_add_test(ex, a_bad_gather_id_is_benign);
     TCase *ab = add_case(s, "after an abort", 120);
     tcase_add_test(ab, abort_is_for_good_and_never_waits);
     tcase_add_test(ab, abort_of_an_idle_rank_tears_down);

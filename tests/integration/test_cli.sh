@@ -77,6 +77,28 @@ PY
 done
 "$TPSERVE" plan "$G/mlp_sp_tp2.json" >"$TMP/plan.txt" && grep -q "all_gather" "$TMP/plan.txt" \
     && pass "plan text" || bad "plan text"
+# plan: arenas per bucket and the one pool every bucket's executable shares
+# (issue 49): the total for buckets 1..16 is the largest bucket's, not the sum.
+for be in cpu cuda; do
+    if ! "$TPSERVE" plan "$G/megatron_block_tp2.json" --json --backend $be >"$TMP/pa.json" 2>"$TMP/pa.err"; then
+        grep -q "unknown backend" "$TMP/pa.err" && echo "SKIP: plan --backend $be (not built in)" && continue
+        bad "plan --backend $be: $(cat "$TMP/pa.err")"; continue
+    fi
+    "$TPSERVE" plan "$G/megatron_block_tp2.json" --backend $be >"$TMP/pa.txt" &&
+    grep -q "^  shared pool " "$TMP/pa.txt" && grep -q "one set of arenas per bucket would take" "$TMP/pa.txt" &&
+    $PYTHON - "$TMP/pa.json" <<'PY' && pass "plan --backend $be: arenas per bucket, one shared pool ($(grep '  total:' "$TMP/pa.txt" | cut -c3-80))" || bad "plan --backend $be arenas: $(tail -9 "$TMP/pa.txt")"
+import json, sys
+a = json.load(open(sys.argv[1]))["arenas"]
+b = a["buckets"]
+assert [x["batch"] for x in b] == [1, 2, 4, 8, 16], b
+kinds = ("regular", "symmetric", "input", "output")
+for k in kinds:
+    assert a["shared_pool"][k] == max(x[k] for x in b), (k, a)
+assert a["shared_pool"]["total"] == sum(a["shared_pool"][k] for k in kinds)
+assert a["shared_pool"]["total"] <= 1.1 * b[-1]["total"], a
+assert a["sum_over_buckets"] == sum(x["total"] for x in b) > 1.8 * b[-1]["total"], a
+PY
+done
 
 # plan reports what the engine builds: the bucket a batch runs in, and the
 # chosen backend's lowering and input copies (cuda needs no device to plan).

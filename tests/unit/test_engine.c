@@ -3,6 +3,7 @@
  * replay determinism; other batch sizes; request validation; and a failing
  * rank that must become an error, not a hang. */
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,96 @@ static void run_example(const char *path, const char *in_path, const char *ref_p
 START_TEST(examples_match_reference)
 {
     tu_foreach_example(run_example);
+}
+END_TEST
+
+static int64_t kinds_total(const int64_t *a)
+{
+    int64_t t = 0;
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        t += a[k];
+    return t;
+}
+
+/* `tpserve plan GRAPH --json --batch B` as a parsed object. */
+static json_t *plan_json(const char *path, int64_t batch)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_plan(path, NULL, batch, 1, f, &err) == TP_OK, "%s", err.msg);
+    fclose(f);
+    json_error_t je;
+    json_t *root = json_loads(text, 0, &je);
+    ck_assert_msg(root, "plan JSON: %s", je.text);
+    free(text);
+    return root;
+}
+
+static int64_t json_i(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_integer(v), "no integer '%s'", key);
+    return json_integer_value(v);
+}
+
+static int n_arenas_checked;
+
+/* Issue 49 (6): every bucket's executable binds into one arena pool, so an
+ * engine's arenas are the largest bucket's (at most 1.1x), not the sum over
+ * buckets (~1.9x for 1..16). The engine's stats (the /metrics gauge) and
+ * `tpserve plan` (per bucket and the shared pool) say the same. */
+static void arenas_shared_by_buckets(const char *path, const char *in_path, const char *ref_path, double rtol)
+{
+    (void)in_path;
+    (void)ref_path;
+    (void)rtol;
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    tp_engine_stats es;
+    tp_engine_get_stats(e, &es);
+    tp_engine_free(e);
+    int64_t largest_batch = es.bucket[es.n_buckets - 1];
+    json_t *root = plan_json(path, largest_batch), *mem = json_object_get(json_object_get(root, "memory"), "arena_bytes");
+    int64_t largest = 0, pool[TP_MEM_KINDS] = {0};
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        largest += json_i(mem, tp_mem_kind_name((tp_mem_kind)k));
+    int64_t engine_total = kinds_total(es.arena_bytes);
+    ck_assert_msg(engine_total >= largest && (double)engine_total <= 1.1 * (double)largest,
+                  "%s: the engine's arenas take %lld B per rank, %.2fx the largest bucket's %lld B", path,
+                  (long long)engine_total, (double)engine_total / (double)largest, (long long)largest);
+    json_t *arenas = json_object_get(root, "arenas"), *buckets = json_object_get(arenas, "buckets");
+    ck_assert_msg(json_array_size(buckets) == (size_t)es.n_buckets, "%s: no arenas per bucket in the plan", path);
+    int64_t sum = 0;
+    for (int b = 0; b < es.n_buckets; b++) {
+        json_t *one = json_array_get(buckets, (size_t)b);
+        ck_assert_int_eq(json_i(one, "batch"), es.bucket[b]);
+        for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
+            int64_t v = json_i(one, tp_mem_kind_name((tp_mem_kind)k));
+            pool[k] = v > pool[k] ? v : pool[k];
+        }
+        sum += json_i(one, "total");
+    }
+    ck_assert_int_eq(json_i(json_array_get(buckets, (size_t)es.n_buckets - 1), "total"), largest);
+    json_t *shared = json_object_get(arenas, "shared_pool");
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++) {
+        ck_assert_int_eq(json_i(shared, tp_mem_kind_name((tp_mem_kind)k)), pool[k]);
+        ck_assert_int_eq(es.arena_bytes[k], pool[k]); /* the engine allocated what the plan reports */
+    }
+    ck_assert_int_eq(json_i(shared, "total"), engine_total);
+    ck_assert_int_eq(json_i(arenas, "sum_over_buckets"), sum);
+    ck_assert(sum > engine_total); /* what one set of arenas per bucket took */
+    json_decref(root);
+    n_arenas_checked++;
+}
+
+START_TEST(buckets_share_one_arena_pool)
+{
+    n_arenas_checked = 0;
+    tu_foreach_example(arenas_shared_by_buckets);
+    ck_assert_int_ge(n_arenas_checked, 10);
 }
 END_TEST
 
@@ -428,6 +519,7 @@ Suite *engine_suite(void)
     TCase *tc = tcase_create("end_to_end");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, examples_match_reference);
+    tcase_add_test(tc, buckets_share_one_arena_pool);
     tcase_add_test(tc, row_alone_matches_batch_every_example);
     tcase_add_test(tc, serial_steps_match_rank_threads_every_example);
     tcase_add_test(tc, parts_equal_concatenation_every_example);

@@ -77,6 +77,15 @@ static rig make_rig(const char *path, int64_t batch)
     return r;
 }
 
+/* The fallback graph, its weights filled from seed, in a new dir. */
+static rig fallback_rig(unsigned seed, char *dir, char *path)
+{
+    tu_fill(wdata, 64, seed);
+    st_write_item item = {"w", TP_F32, 2, w_shape, wdata};
+    tu_write_graph(dir, path, FALLBACK_GRAPH, &item, 1);
+    return make_rig(path, 2);
+}
+
 static void free_rig(rig *r)
 {
     tp_weights_free(r->w);
@@ -88,10 +97,7 @@ static void free_rig(rig *r)
 START_TEST(addresses_stable_over_1000_replays)
 {
     char dir[64], path[128];
-    tu_fill(wdata, 64, 6);
-    st_write_item item = {"w", TP_F32, 2, w_shape, wdata};
-    tu_write_graph(dir, path, FALLBACK_GRAPH, &item, 1);
-    rig r = make_rig(path, 2);
+    rig r = fallback_rig(6, dir, path);
     tp_exec *cap, *eager;
     tp_exec_opts eo = {.eager = 1};
     tp_err err = {{0}};
@@ -132,6 +138,72 @@ START_TEST(addresses_stable_over_1000_replays)
             ck_assert_ptr_eq(before[k][i], tp_exec_node_tensor(cap, k, i).data);
     tp_exec_free(cap);
     tp_exec_free(eager);
+    free_rig(&r);
+    tu_rmdir(dir);
+}
+END_TEST
+
+static void run_batch(tp_exec *x, int64_t batch, unsigned seed, float *y, float *f)
+{
+    float xin[4 * 32];
+    tu_fill(xin, (int)batch * 32, seed);
+    int64_t xs[3] = {batch, 4, 8};
+    tp_tensor in = tp_tensor_make(xin, TP_F32, 3, xs);
+    tp_tensor o[2] = {tp_exec_output_desc(x, 0), tp_exec_output_desc(x, 1)};
+    o[0].data = y;
+    o[1].data = f;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_exec_run(x, &in, o, NULL, &err) == TP_OK, "%s", err.msg);
+}
+
+/* Issue 49 (6): executables of several batches bound into one pool (the
+ * engine's) use the same memory, in turns, and give bit for bit what each
+ * gives in arenas of its own, whatever ran in between (the hoisted
+ * fallback output and the symmetric buffers included). A plan larger than
+ * the pool is refused naming the arena, until the pool grows. */
+START_TEST(executables_sharing_a_pool_match_their_own_arenas)
+{
+    char dir[64], path[128];
+    rig r = fallback_rig(7, dir, path);
+    tp_err err = {{0}};
+    tp_exec *own[2], *shared[2];
+    const int64_t batch[2] = {2, 4};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(tp_exec_create(r.g, batch[i], r.b, r.rg, r.w, NULL, &own[i], &err) == TP_OK, "%s", err.msg);
+        ck_assert_msg(tp_exec_prepare(r.g, batch[i], r.b, r.rg, r.w, NULL, &shared[i], &err) == TP_OK, "%s", err.msg);
+    }
+    tp_exec_pool *pool;
+    ck_assert_msg(tp_exec_pool_create(r.b, r.rg, tp_exec_plan(shared[0])->arena_bytes, &pool, &err) == TP_OK, "%s",
+                  err.msg);
+    ck_assert(tp_exec_pool_fits(pool, tp_exec_plan(shared[0])));
+    ck_assert(!tp_exec_pool_fits(pool, tp_exec_plan(shared[1])));
+    ck_assert_int_eq(tp_exec_bind(shared[1], pool, &err), TP_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "batch 4 needs a") && strstr(err.msg, "the shared pool has"), "%s", err.msg);
+    ck_assert_msg(tp_exec_pool_grow(pool, tp_exec_plan(shared[1])->arena_bytes, &err) == TP_OK, "%s", err.msg);
+    int64_t bytes[TP_MEM_KINDS];
+    tp_exec_pool_bytes(pool, bytes);
+    for (int k = TP_MEM_REGULAR; k < TP_MEM_KINDS; k++)
+        ck_assert_int_eq(bytes[k], tp_exec_plan(shared[1])->arena_bytes[k]); /* 2x batch 2's: exactly batch 4's */
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(tp_exec_bind(shared[i], pool, &err) == TP_OK, "%s", err.msg);
+    /* the same memory: each arena's first buffer at the same address */
+    const tp_graph *g0 = tp_exec_graph(shared[0]);
+    int in0 = g0->input_ids[0];
+    for (int k = 0; k < 2; k++)
+        ck_assert_ptr_eq(tp_exec_node_tensor(shared[0], k, in0).data, tp_exec_node_tensor(shared[1], k, in0).data);
+    for (int it = 0; it < 20; it++) {
+        int i = (it * 7 / 3) % 2; /* both orders, repeats */
+        float y1[4 * 32], y2[4 * 32], f1[4 * 32], f2[4 * 32];
+        run_batch(own[i], batch[i], (unsigned)it + 1, y1, f1);
+        run_batch(shared[i], batch[i], (unsigned)it + 1, y2, f2);
+        ck_assert_mem_eq(y1, y2, (size_t)batch[i] * 32 * sizeof(float));
+        ck_assert_mem_eq(f1, f2, (size_t)batch[i] * 32 * sizeof(float));
+    }
+    for (int i = 0; i < 2; i++) {
+        tp_exec_free(shared[i]);
+        tp_exec_free(own[i]);
+    }
+    tp_exec_pool_free(pool);
     free_rig(&r);
     tu_rmdir(dir);
 }
@@ -190,6 +262,7 @@ Suite *exec_suite(void)
     tcase_add_test(tc, fallback_captured_equals_eager);
     tcase_add_test(tc, addresses_stable_over_1000_replays);
     tcase_add_test(tc, capture_outside_backend_memory_is_refused);
+    tcase_add_test(tc, executables_sharing_a_pool_match_their_own_arenas);
     tcase_add_test(tc, examples_same_with_passes_on_and_off);
     suite_add_tcase(s, tc);
     return s;
