@@ -91,7 +91,10 @@ static void mark_dead(cu_ctx *x, const char *msg)
     memcpy(x->dead_msg, msg, n);
     x->dead_msg[n] = 0;
     atomic_store(&x->dead, 2);
-    TP_LOG_E("cuda rank %d: backend failed, every further call fails: %s", x->rank, msg);
+    /* a rank with nothing in flight (a group's workers quitting at shutdown
+     * ends each rank this way) has lost no work: not an error to report */
+    tp_log(atomic_load(&x->busy) ? TP_LOG_ERROR : TP_LOG_INFO,
+           "cuda rank %d: backend failed, every further call fails: %s", x->rank, msg);
 }
 
 static const char *dead_reason(cu_ctx *x)
