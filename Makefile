@@ -188,6 +188,8 @@ DBL_BIN   := $(BUILD)/tests/test_cuda_host
 # The device suite (tests/unit/test_cuda_device.c) against the same double:
 # every test and example graph, values only where the double moves bytes.
 DBL_DEV_BIN := $(BUILD)/tests/test_cuda_device_dbl
+# `tpserve` linked against the double: the server on a cuda backend that fails.
+DBL_SRV_BIN := $(BUILD)/tests/tpserve_dbl
 ifneq ($(and $(DBL_INC),$(NCCL_H),$(wildcard $(dir $(DBL_INC))cublasLt.h)),)
 DBL_CFLAGS := -DTP_HAVE_CUDA -I$(dir $(DBL_INC)) -I$(dir $(NCCL_H))
 DBL_SRCS  := $(wildcard tests/cuda_double/*.c)
@@ -212,9 +214,19 @@ $(DBL_DEV_BIN): tests/unit/test_cuda_device.c $(DBL_CORE) $(wildcard tests/cuda_
 	$(CC) $(CFLAGS) -DTP_CUDA_DOUBLE $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/unit -Itests/cuda_double -o $@ $< \
 	  $(DBL_CORE) tests/unit/testutil.c $(DBL_LIB) $(CHECK_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null) \
 	  -lstdc++ -lm -lrt -pthread $(SAN)
-cuda-double: $(DBL_BIN) $(DBL_DEV_BIN) $(GRAPHS)
+# tpserve itself against the same double (a test binary, never installed):
+# tests/integration/test_cuda_double_server.sh serves with --backend cuda
+# and checks readiness 503 and the exit on every injected failure.
+$(DBL_SRV_BIN): server/main.c $(DBL_CORE) $(wildcard tests/cuda_double/*.h) $(DBL_LIB) | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_all) $(DBL_CFLAGS) $(PKG_CFLAGS) -Itests/cuda_double -o $@ $< $(DBL_CORE) $(DBL_LIB) \
+	  $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lstdc++ -lm -lrt -pthread $(SAN)
+cuda-double: $(DBL_BIN) $(DBL_DEV_BIN) $(DBL_SRV_BIN) $(GRAPHS)
 	@fail=0; for t in $(DBL_BIN) $(DBL_DEV_BIN); do \
-	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $$t || fail=1; done; exit $$fail
+	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs $$t || fail=1; done; \
+	  echo "== tests/integration/test_cuda_double_server.sh"; \
+	  TPSERVE_DBL=$(DBL_SRV_BIN) TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) TP_SANITIZED=$(if $(SAN),1,) \
+	  sh tests/integration/test_cuda_double_server.sh || fail=1; exit $$fail
 else
 cuda-double:
 	@echo "cuda double tests skipped: no CUDA headers (cuda_runtime_api.h, cublasLt.h, nccl.h)"
