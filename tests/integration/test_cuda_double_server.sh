@@ -18,7 +18,10 @@
 #    collective at warm-up): the server never becomes ready, exits non-zero
 #    within 20 s saying why and naming the rank, and leaves no process;
 #  - a benign bad id (embedding, gather): a 400 naming the rank and the id,
-#    readiness stays 200, the next request is answered 200.
+#    readiness stays 200, the next request is answered 200;
+#  - a worker killed (kill -9) while idle: readiness and liveness 503 within
+#    1 s, the server stays up (nothing was in flight: no rank revoked) until
+#    SIGTERM, which exits at once leaving nothing.
 # Each also checks the double saw no rule broken (TP_DOUBLE_LOG stays empty).
 # A table (point, what happened, ms to 503, ms to exit, exit status) is
 # printed at the end.
@@ -353,6 +356,33 @@ benign() {
 
 benign embed_id:1:1 vocab_embed_i32_tp2 1 embedding
 benign gather_id:1:8 gather_tp2 1 gather
+
+# 5. a worker killed while idle (GPU_ASSUMPTIONS.md section 9, step 3,
+# without the load): nothing was in flight, so no rank revoked and the
+# device needs no process exit (cuda_backend.h, "After an abort"): the
+# server stays up, not ready and not live, until its orchestrator stops it;
+# SIGTERM then exits at once and leaves nothing.
+if start idle_kill --graph "$TP_GRAPHS/mlp_sp_tp2.json" --backend cuda --ranks processes $SMALL; then
+    c=$(infer mlp_sp_tp2)
+    w=$(pgrep -P "$PID" | tr '\n' ' ')
+    t0=$(now_ms)
+    # shellcheck disable=SC2086
+    kill -9 $w
+    while [ "$(ready_code)" != 503 ] && [ $(($(now_ms) - t0)) -lt 5000 ]; do sleep 0.02; done
+    t503=$(($(now_ms) - t0))
+    live=$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$URL/v2/health/live")
+    [ "$c" = 200 ] && [ "$t503" -lt 1000 ] && [ "$live" = 503 ] && grep -q "rank 1 .*killed by signal 9" "$TMP/idle_kill.log" &&
+        pass "kill -9 of an idle worker: readiness 503 after $t503 ms, liveness 503, the log names rank 1" ||
+        fail "kill -9 of an idle worker: request $c, 503 after $t503 ms, live $live: $(grep -i 'lost' "$TMP/idle_kill.log")"
+    t0=$(now_ms)
+    kill "$PID"
+    wait_exit "$t0"
+    [ "$HUNG" = 0 ] && wait_gone && pass "kill -9 of an idle worker: SIGTERM: exit $RC in $EXIT_MS ms, nothing left" ||
+        fail "kill -9 of an idle worker: SIGTERM: exit $RC (hung: $HUNG), left: $LEFT"
+    rules_clean idle_kill
+    row "(kill -9 rank 1, idle)" "mlp_sp_tp2" "$(grep -m1 -o 'rank group lost: [^:]*' "$TMP/idle_kill.log")" \
+        "$t503" "SIGTERM $EXIT_MS" "$RC"
+fi
 
 echo "| TP_DOUBLE_FAIL                     | where               | first answer / message                                           | 503 ms | exit ms | status"
 printf '%s' "$TABLE"
