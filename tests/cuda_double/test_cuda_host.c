@@ -101,23 +101,6 @@ static tp_status cuda_engine(const char *path, tp_engine **e, tp_err *err)
     return st;
 }
 
-/* Same names, dtypes and shapes as the reference (values are not the
- * double's business). */
-static void check_shapes(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref)
-{
-    ck_assert_int_eq(n_out, n_ref);
-    for (int i = 0; i < n_out; i++) {
-        const tp_host_tensor *r = NULL;
-        for (int j = 0; j < n_ref && !r; j++)
-            r = strcmp(ref[j].name, out[i].name) == 0 ? &ref[j] : NULL;
-        ck_assert_msg(r, "%s: output %s has no reference", path, out[i].name);
-        ck_assert_int_eq(out[i].dtype, r->dtype);
-        ck_assert_int_eq(out[i].ndim, r->ndim);
-        for (int d = 0; d < r->ndim; d++)
-            ck_assert_int_eq(out[i].shape[d], r->shape[d]);
-    }
-}
-
 /* ----------------------------------------------------------- examples */
 
 static int examples_run;
@@ -132,7 +115,7 @@ static void run_example(const char *path, const char *in_path, const char *ref_p
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), *ref = tu_load_tensors(ref_path, &n_ref), *out;
     for (int run = 0; run < 2; run++) { /* the second replays the same graphs */
         ck_assert_msg(tp_engine_infer(e, in, n_in, &out, &n_out, &err) == TP_OK, "%s: %s", path, err.msg);
-        check_shapes(path, out, n_out, ref, n_ref);
+        tu_check_shapes(path, out, n_out, ref, n_ref);
         tp_host_tensors_free(out, n_out);
     }
     ck_assert_ptr_null(tp_engine_lost(e));

@@ -86,17 +86,36 @@ double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n)
     return worst;
 }
 
+/* out's match in ref, by name; a failed check when there is none. */
+static const tp_host_tensor *ref_named(const char *path, const tp_host_tensor *out, const tp_host_tensor *ref,
+                                       int n_ref)
+{
+    const tp_host_tensor *r = NULL;
+    for (int k = 0; k < n_ref && !r; k++)
+        r = strcmp(ref[k].name, out->name) == 0 ? &ref[k] : NULL;
+    ck_assert_msg(r, "%s: output '%s' missing from the reference", path, out->name);
+    return r;
+}
+
 void tu_check_outputs(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref,
                       double rtol)
 {
     ck_assert_int_eq(n_out, n_ref);
     for (int i = 0; i < n_out; i++) {
-        const tp_host_tensor *r = NULL;
-        for (int k = 0; k < n_ref && !r; k++)
-            r = strcmp(ref[k].name, out[i].name) == 0 ? &ref[k] : NULL;
-        ck_assert_msg(r, "%s: output '%s' missing from the reference", path, out[i].name);
-        double e = tu_rel_error(&out[i], r);
+        double e = tu_rel_error(&out[i], ref_named(path, &out[i], ref, n_ref));
         ck_assert_msg(e <= rtol, "%s output '%s': error %.3g > rtol %.3g", path, out[i].name, e, rtol);
+    }
+}
+
+void tu_check_shapes(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref)
+{
+    ck_assert_int_eq(n_out, n_ref);
+    for (int i = 0; i < n_out; i++) {
+        const tp_host_tensor *r = ref_named(path, &out[i], ref, n_ref);
+        ck_assert_int_eq(out[i].dtype, r->dtype);
+        ck_assert_int_eq(out[i].ndim, r->ndim);
+        for (int d = 0; d < r->ndim; d++)
+            ck_assert_int_eq(out[i].shape[d], r->shape[d]);
     }
 }
 

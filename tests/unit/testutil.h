@@ -40,6 +40,9 @@ double tu_rel_diff(const tp_host_tensor *a, const tp_host_tensor *b, int n);
 /* Every output within rtol of the reference tensor of its name. */
 void tu_check_outputs(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref,
                       double rtol);
+/* Every output has the name, dtype and shape of its reference (for the
+ * cuda double, which records kernels without running them). */
+void tu_check_shapes(const char *path, const tp_host_tensor *out, int n_out, const tp_host_tensor *ref, int n_ref);
 /* Loads path, infers at batch, runs the passes of po (default when NULL). */
 tp_graph *tu_load_passed(const char *path, int64_t batch, const tp_pass_opts *po);
 int tu_count_op(const tp_graph *g, tp_op op);
