@@ -126,6 +126,9 @@
 int dbl_rule_breaches(void);
 long dbl_kernel_launches(void);
 long dbl_graph_launches(void);
+/* Called by cudaGraphLaunch before it launches anything (NULL: nothing):
+ * a test's way in between the backend's last check and the launch. */
+extern void (*dbl_before_graph_launch)(void);
 /* ncclMemAlloc allocations of this process not yet freed; NCCL windows
  * registered and not yet deregistered or ended with their communicator. */
 int dbl_nccl_allocations(void);

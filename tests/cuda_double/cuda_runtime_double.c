@@ -104,6 +104,7 @@ static struct CUstream_st *streams[MAX_STREAMS];
 
 long dbl_kernel_launches(void) { return atomic_load(&kernel_launches); }
 long dbl_graph_launches(void) { return atomic_load(&graph_launches); }
+void (*dbl_before_graph_launch)(void);
 
 static cudaError_t fail(cudaError_t e)
 {
@@ -1275,6 +1276,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s)
     }
     if (dbl_refuse_in_capture("cudaGraphLaunch"))
         return fail(cudaErrorStreamCaptureUnsupported);
+    if (dbl_before_graph_launch)
+        dbl_before_graph_launch();
     if (dbl_inject(DBL_FAIL_DIE)) {
         fprintf(stderr, "cuda double: rank %d dies at a graph launch (TP_DOUBLE_FAIL)\n", dbl_process_rank());
         _exit(9);

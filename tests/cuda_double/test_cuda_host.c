@@ -730,6 +730,57 @@ START_TEST(no_launch_after_a_revoke)
 }
 END_TEST
 
+/* The same race, made to happen every time: the abort comes between the
+ * replay's last check and its cudaGraphLaunch (the double's hook runs
+ * there, starts the abort on another thread, waits until it has marked
+ * the backend dead and gives it 20 ms to revoke). The revoke must wait
+ * for that launch (launch_fence), so no launch is counted after abort
+ * returns. Before the fix the dead check was only cu_enter's and nothing
+ * fenced the launch: the revoke finished first and the launch followed it
+ * (1 graph launch after the revoke, every run). */
+static race_arg *fenced;
+static pthread_t fenced_thread;
+
+static void *abort_now(void *p)
+{
+    race_arg *r = p;
+    r->c->b->iface->abort(r->c->b);
+    atomic_store(&r->after_abort, dbl_graph_launches());
+    return NULL;
+}
+
+static void abort_at_the_launch(void)
+{
+    dbl_before_graph_launch = NULL; /* this launch only */
+    ck_assert_int_eq(pthread_create(&fenced_thread, NULL, abort_now, fenced), 0);
+    while (!tp_backend_must_exit(fenced->c->b))
+        sched_yield();
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+START_TEST(an_abort_at_the_launch_waits_for_it)
+{
+    captured c;
+    capture_all_reduce(&c);
+    race_arg r = {.c = &c};
+    atomic_init(&r.after_abort, -1);
+    fenced = &r;
+    dbl_before_graph_launch = abort_at_the_launch;
+    tp_err err;
+    tp_status st = c.b->iface->replay(c.b, 0, c.cap, &err);
+    pthread_join(fenced_thread, NULL);
+    long at_abort = atomic_load(&r.after_abort), now = dbl_graph_launches();
+    ck_assert_msg(now == at_abort, "%ld graph launch(es) after the revoke (replay: %s)", now - at_abort,
+                  st == TP_OK ? "ok" : err.msg);
+    ck_assert_int_ne(c.b->iface->replay(c.b, 0, c.cap, &err), TP_OK);
+    ck_assert_msg(strstr(err.msg, "rank 0"), "%s", err.msg);
+    c.b->iface->capture_free(c.b, c.cap);
+    tp_backend_destroy(c.b);
+    assert_no_breach("an abort at the launch");
+}
+END_TEST
+
 /* ---------------------------------------- more failures (issue 49, 7) */
 
 /* Any failure of the symmetric-memory probe (ncclDevCommCreate: across
@@ -1325,6 +1376,7 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(ab, abort_is_for_good_and_never_waits);
     tcase_add_test(ab, abort_of_an_idle_rank_tears_down);
     tcase_add_test(ab, no_launch_after_a_revoke);
+    tcase_add_test(ab, an_abort_at_the_launch_waits_for_it);
     tcase_add_test(ab, a_dead_backend_ends_every_process);
     tcase_add_loop_test(add_case(s, "failures", 120), injected_failure, 0,
                         (int)(sizeof injections / sizeof injections[0]));
