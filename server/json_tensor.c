@@ -320,6 +320,8 @@ static int keep_value(cursor *c, span_list *l) { return skip_checked(c, &l->valu
  * counted (it is one small node). */
 static int skip_member(cursor *c, span_list *l)
 {
+    if (c->i >= c->len) /* the text ends after the key's ':' */
+        return 1;
     size_t start = c->i;
     char ch = c->s[c->i];
     if (skip_checked(c, NULL) != 0)

@@ -1137,6 +1137,33 @@ START_TEST(skipped_members_are_checked)
 }
 END_TEST
 
+/* A body that ends right after a member's ':' (an unknown key, a known
+ * one, inside an input): a parse error, and the scan reads nothing past
+ * the body (fuzz_kserve_binary found skip_member reading one byte past it;
+ * the bodies are exact-size copies so ASan sees such a read). */
+START_TEST(body_ending_after_a_colon)
+{
+    tp_kserve_model m = one_model(TP_F32);
+    static const char *const cut[] = {
+        "{\"junk\":",
+        "{\"junk\": ",
+        "{\"id\":",
+        "{\"inputs\": [{\"name\": \"x\", \"shap\xff" "e\":",
+        "{\"inputs\": [{\"name\": \"x\", \"data\":",
+        "{\"inputs\": [" T_OK "], \"outputs\": [{\"junk\":",
+    };
+    for (size_t k = 0; k < sizeof cut / sizeof cut[0]; k++) {
+        size_t n = strlen(cut[k]);
+        char *body = malloc(n);
+        memcpy(body, cut[k], n);
+        tp_kserve_request r;
+        tp_err e = {{0}};
+        ck_assert_int_eq(tp_kserve_parse_infer(&m, body, n, -1, NULL, &r, &e), TP_PARSE);
+        free(body);
+    }
+}
+END_TEST
+
 /* An answer's estimate covers its outputs (tensor and text, or bytes for
  * a binary one) and the id it echoes, escaped, whatever the id's length. */
 START_TEST(answer_bytes_cover_outputs_and_id)
@@ -1226,6 +1253,7 @@ static Suite *kserve_suite(void)
     tcase_add_test(e, skipped_members_are_checked);
     tcase_add_test(e, jansson_allowance_holds_where_the_scan_stops);
     tcase_add_test(e, answer_bytes_cover_outputs_and_id);
+    tcase_add_test(e, body_ending_after_a_colon);
     suite_add_tcase(s, e);
     return s;
 }
