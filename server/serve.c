@@ -420,10 +420,19 @@ static int wait_load(load_job *j, pthread_t th, main_wait *w)
     return 1;
 }
 
+/* An engine that must exit (tp_engine_must_exit) is not freed: its device
+ * may still run work that reads its host memory, which only the process's
+ * exit may take away; it stays reachable here, not a leak. */
+static tp_engine *left_to_exit[TP_BATCHER_MAX_INSTANCES];
+
 static void free_instances(tp_engine **inst, int n)
 {
-    for (int k = 0; k < n; k++)
-        tp_engine_free(inst[k]);
+    for (int k = 0; k < n; k++) {
+        if (inst[k] && tp_engine_must_exit(inst[k]))
+            left_to_exit[k] = inst[k];
+        else
+            tp_engine_free(inst[k]);
+    }
 }
 
 static int load_and_serve(tp_http *h, const tp_config *cfg, main_wait *w)

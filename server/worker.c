@@ -72,6 +72,10 @@ static int fail(const char *msg, int rank)
     return 1;
 }
 
+/* A failed engine left to the process's exit (tp_worker_main): reachable
+ * here, so not a leak. */
+static tp_engine *worker_left_to_exit;
+
 int tp_worker_main(int argc, char **argv)
 {
     static const char usage[] = "usage: tpserve worker GRAPH.json [--rendezvous PATH [--rendezvous-secret-file F]] "
@@ -122,12 +126,17 @@ int tp_worker_main(int argc, char **argv)
         st = tp_engine_create(graph, &opts, &e, &err);
     if (st == TP_OK)
         st = tp_engine_follow(e, &err);
-    /* a backend whose device may still run work that never completes: the
-     * engine is freed without touching the device, and this process exits
-     * so that a new one takes its place (the leader sees it go) */
-    if (st != TP_OK && e && tp_engine_must_exit(e))
+    /* a backend whose device may still run work that never completes: this
+     * process exits so that a new one takes its place (the leader sees it
+     * go), and the engine is not freed: that work may still read its host
+     * memory (staging, the rank heaps), which only the exit may take away
+     * (the cuda double's stream threads did read it after the free) */
+    if (st != TP_OK && e && tp_engine_must_exit(e)) {
         fprintf(stderr, "tpserve worker rank %d: exiting for a restart: the device may still run work that never "
                         "completes\n", go.rank);
+        worker_left_to_exit = e;
+        e = NULL;
+    }
     tp_engine_free(e);
     /* the leader ending the group early (its own load failed) is its to report */
     if (st == TP_OK || strncmp(err.msg, "quit:", 5) == 0)
