@@ -869,19 +869,36 @@ static tp_status read_nested(reader *r, int dim)
     return st;
 }
 
-tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err)
+static int64_t numel_of_tensor(const tp_host_tensor *t)
 {
-    reader r = {.c = {s, len, 0}, .t = t, .err = err};
     int64_t numel = 1;
     for (int i = 0; i < t->ndim; i++)
         numel *= t->shape[i];
+    return numel;
+}
+
+/* Every element takes at least two bytes of text ("1,"), so the text
+ * bounds what can be stored: a shape that claims more than the body
+ * carries fails on the count, after at most ~2 bytes per byte of body. */
+static int64_t elements_room(const tp_host_tensor *t, size_t len)
+{
+    int64_t numel = numel_of_tensor(t);
+    return numel < (int64_t)(len / 2 + 1) ? numel : (int64_t)(len / 2 + 1);
+}
+
+size_t tp_json_tensor_read_bytes(const tp_host_tensor *t, size_t len)
+{
+    return (size_t)elements_room(t, len) * tp_dtype_size(t->dtype);
+}
+
+tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err)
+{
+    reader r = {.c = {s, len, 0}, .t = t, .err = err};
+    int64_t numel = numel_of_tensor(t);
     skip_blanks(&r.c);
     if (!at(&r.c, '['))
         return malformed(&r);
-    /* Every element takes at least two bytes of text ("1,"), so the text
-     * bounds what can be stored: a shape that claims more than the body
-     * carries fails on the count, after at most ~2 bytes per byte of body. */
-    r.cap = numel < (int64_t)(len / 2 + 1) ? numel : (int64_t)(len / 2 + 1);
+    r.cap = elements_room(t, len);
     size_t esize = tp_dtype_size(t->dtype);
     if (!(t->data = malloc((size_t)r.cap * esize)))
         return tp_fail(err, TP_NOMEM, "input '%s': out of memory for %zu bytes", t->name,

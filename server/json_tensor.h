@@ -70,6 +70,10 @@ json_t *tp_json_load_outside_text(const char *body, const tp_json_span *spans, i
  * TP_INVALID, TP_PARSE (not JSON) or TP_NOMEM. */
 tp_status tp_json_tensor_read(const char *s, size_t len, tp_host_tensor *t, tp_err *err);
 
+/* The bytes tp_json_tensor_read allocates for t from text of len bytes,
+ * before it does (a memory budget takes them first). */
+size_t tp_json_tensor_read_bytes(const tp_host_tensor *t, size_t len);
+
 /* A growable text buffer. Appends after an allocation failure are dropped
  * and remembered in oom; the caller checks once at the end. p is malloc'ed
  * unless pooled (see tp_jbuf_start_pooled): release it with

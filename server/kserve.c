@@ -94,17 +94,15 @@ typedef struct {
     tp_mem_hold *mem; /* what decoded tensors take from the memory budget (NULL: not counted) */
 } data_text;
 
-/* The bytes tp_json_tensor_read allocates for t from text of len bytes
- * (at most one element per two bytes of text), taken from the budget
+/* What tp_json_tensor_read will allocate for t, taken from the budget
  * before it does. */
 static tp_status take_json_tensor(tp_mem_hold *mem, const tp_host_tensor *t, size_t len, tp_err *err)
 {
     if (!mem)
         return TP_OK;
-    int64_t n = numel_of(t->ndim, t->shape), most = (int64_t)(len / 2 + 1);
     char what[160];
     snprintf(what, sizeof what, "input '%s'", t->name);
-    return tp_mem_take_for(mem, (n < most ? n : most) * (int64_t)tp_dtype_size(t->dtype), what, err);
+    return tp_mem_take_for(mem, (int64_t)tp_json_tensor_read_bytes(t, len), what, err);
 }
 
 /* inputs[pos].data: the span the scan found, or (for spellings the scan does
