@@ -153,14 +153,15 @@ graphs: $(GRAPHS)
 
 # TPSERVE: device tests start `tpserve worker` ranks (one process per GPU).
 unit: $(TEST_BINS) $(BUILD)/tpserve
-	@fail=0; for t in $(TEST_BINS); do \
-	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve $$t || fail=1; done; exit $$fail
+	@fail=0; for t in $(TEST_BINS); do s=$$(date +%s); \
+	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve $$t || fail=1; \
+	  echo "   ($${t##*/}: $$(($$(date +%s) - s)) s)"; done; exit $$fail
 
 integration: $(BUILD)/tpserve $(GRAPHS)
 	@fail=0; for t in tests/integration/*.sh; do \
-	  [ -f "$$t" ] || continue; echo "== $$t"; \
+	  [ -f "$$t" ] || continue; echo "== $$t"; s=$$(date +%s); \
 	  TPSERVE=$(BUILD)/tpserve TP_GRAPHS=$(BUILD)/graphs PYTHON=$(PYTHON) TP_SANITIZED=$(if $(SAN),1,) \
-	  sh $$t || fail=1; done; exit $$fail
+	  sh $$t || fail=1; echo "   ($${t##*/}: $$(($$(date +%s) - s)) s)"; done; exit $$fail
 
 # Build-time guarantees that need a failing compile to show: the op table
 # and the layers (include paths per directory).
