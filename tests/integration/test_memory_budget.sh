@@ -112,9 +112,17 @@ before=$(awk '/VmHWM/ { print $2 }' /proc/"$PID"/status)
 check "gzip bombs" $CLIENT bomb "$URL" --pid "$PID"
 after=$(awk '/VmHWM/ { print $2 }' /proc/"$PID"/status)
 growth=$(((after - before) / 1024))
-# 60 MiB inflated: the body itself, held once; built whole it was ~4.8 GB
-[ "$growth" -lt 240 ] && pass "peak RSS grew $growth MiB for 60 MiB inflated bodies (< 4x)" ||
+# 60 MiB inflated: the body itself, held once; built whole it was ~4.8 GB.
+# Under a sanitizer RSS measures its allocator, not ours: ASan keeps freed
+# blocks in a 256 MiB quarantine, so growth there says nothing about what
+# the server holds (the cgroup runs above still prove it survives).
+if [ -n "${TP_SANITIZED:-}" ]; then
+    echo "SKIP: peak RSS growth ($growth MiB): a sanitizer's allocator quarantines freed memory"
+elif [ "$growth" -lt 240 ]; then
+    pass "peak RSS grew $growth MiB for 60 MiB inflated bodies (< 4x)"
+else
     fail "peak RSS grew $growth MiB for 60 MiB inflated bodies (4x is 240)"
+fi
 check "max_memory_mb 300, 32 stalled uploads" $CLIENT stalled "$URL" 32 48 --pid "$PID"
 grep -q 'tpserve_memory_refusals_total{code="503"} [1-9]' "$TMP/o" 2>/dev/null ||
     curl -s "$URL/metrics" | grep -q 'tpserve_memory_refusals_total{code="503"} [1-9]' &&
