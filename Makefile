@@ -169,6 +169,7 @@ static-checks:
 	@CC="$(CC)" sh tests/static/op_table.sh
 	@CC="$(CC)" INC_util="$(INC_util)" INC_engine="$(INC_engine)" INC_kernels="$(INC_kernels)" \
 	  INC_server="$(INC_server)" sh tests/static/layers.sh
+	@sh tests/static/config_doc.sh
 
 test: all $(GRAPHS)
 	@$(MAKE) --no-print-directory static-checks
