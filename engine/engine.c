@@ -247,6 +247,30 @@ static tp_status bind_buckets(tp_engine *e, tp_err *err)
     return st;
 }
 
+static tp_status staging_need(tp_engine *e, int64_t batch, size_t *bytes, tp_err *err);
+#define MIB_CEIL(bytes) (((bytes) + ((size_t)1 << 20) - 1) >> 20)
+
+/* A process group's staging is shared memory of a fixed size, made before
+ * any executable: sized here for the largest bucket (padded runs never
+ * need more) when *bytes is 0, or refused at load when the size asked for
+ * is smaller, naming the one that would do. Sparse memory: the size costs
+ * address space, and memory only as large batches touch it. */
+static tp_status size_staging(tp_engine *e, size_t *bytes, tp_err *err)
+{
+    int64_t largest = e->bucket_size[e->n_buckets - 1];
+    size_t need;
+    tp_status st = staging_need(e, largest, &need, err);
+    if (st != TP_OK)
+        return st;
+    if (*bytes == 0)
+        *bytes = need;
+    else if (*bytes < need)
+        return tp_fail(err, TP_INVALID, "request staging of %zu bytes is too small: the largest bucket (a batch of %lld) "
+                       "needs %zu; --staging-mb %zu would do (or 0: sized for the largest bucket)",
+                       *bytes, (long long)largest, need, MIB_CEIL(need));
+    return TP_OK;
+}
+
 static tp_status create_group(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     tp_rank_group_opts go = {.mode = TP_GROUP_THREADS};
@@ -260,7 +284,9 @@ static tp_status create_group(tp_engine *e, const tp_engine_opts *o, tp_err *err
         return tp_fail(err, TP_INVALID, "worker: WORLD_SIZE %d, but graph '%s' has world_size %d", go.world,
                        e->g->name, e->g->world_size);
     go.world = e->g->world_size;
-    tp_status st = tp_rank_group_create(&go, &e->rg, err);
+    tp_status st = go.mode == TP_GROUP_PROCESSES ? size_staging(e, &go.staging_bytes, err) : TP_OK;
+    if (st == TP_OK)
+        st = tp_rank_group_create(&go, &e->rg, err);
     const tp_rank_shared *sh = st == TP_OK ? tp_rank_group_shared(e->rg) : NULL;
     if (sh) {
         e->stage = sh->base + sh->staging_offset;
@@ -595,36 +621,73 @@ static void copy_request_bytes(void *dst, const void *src, size_t n)
         memcpy(dst, src, n);
 }
 
+/* The global input tensors of a batch, without data. */
+static void input_descs(const tp_engine *e, int64_t batch, tp_tensor *in_t)
+{
+    for (int i = 0; i < e->g->n_inputs; i++) {
+        const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
+        int64_t shape[TP_MAX_DIMS];
+        memcpy(shape, n->gshape, sizeof shape);
+        if (n->batched)
+            shape[0] = batch;
+        in_t[i] = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
+    }
+}
+
+/* The request staging's layout: each tensor 64-byte aligned after the one
+ * before; off (n of them, or NULL) gets the offsets. Returns the bytes. */
+static size_t stage_offsets(tp_tensor *const *all, int n, size_t *off)
+{
+    size_t end = 0;
+    for (int k = 0; k < n; k++) {
+        if (off)
+            off[k] = end;
+        end += ((size_t)tp_tensor_numel(all[k]) * tp_dtype_size(all[k]->dtype) + 63) & ~(size_t)63;
+    }
+    return end ? end : 64; /* every tensor empty: still a real staging, never NULL + 0 */
+}
+
+/* The staging a batch needs, from the graph's shapes alone (a process
+ * group's staging is sized before any executable exists). Leaves the graph
+ * inferred at batch. */
+static tp_status staging_need(tp_engine *e, int64_t batch, size_t *bytes, tp_err *err)
+{
+    int ni = e->g->n_inputs, no = e->g->n_outputs;
+    tp_tensor t[ni + no + 1], *all[ni + no + 1];
+    tp_status st = tp_graph_infer(e->g, batch, err);
+    if (st != TP_OK)
+        return st;
+    input_descs(e, batch, t);
+    for (int i = 0; i < no; i++) {
+        int64_t shape[TP_MAX_DIMS];
+        int nd = tp_graph_output_shape(e->g, i, shape);
+        t[ni + i] = tp_tensor_make(NULL, e->g->nodes[e->g->output_ids[i]].dtype, nd, shape);
+    }
+    for (int k = 0; k < ni + no; k++)
+        all[k] = &t[k];
+    *bytes = stage_offsets(all, ni + no, NULL);
+    return TP_OK;
+}
+
 /* Where an execution's inputs (then outputs) sit in the request staging:
  * the same offsets in every process, derived from the executable alone. */
 static tp_status stage_layout(tp_engine *e, tp_exec *x, tp_tensor *in_t, tp_tensor *out_t, tp_err *err)
 {
     int ni = e->g->n_inputs, no = e->g->n_outputs;
     tp_tensor *all[ni + no + 1];
-    for (int i = 0; i < ni; i++) {
-        const tp_node *n = &e->g->nodes[e->g->input_ids[i]];
-        int64_t shape[TP_MAX_DIMS];
-        memcpy(shape, n->gshape, sizeof shape);
-        if (n->batched)
-            shape[0] = tp_exec_batch(x);
-        in_t[i] = tp_tensor_make(NULL, n->dtype, n->g_ndim, shape);
+    input_descs(e, tp_exec_batch(x), in_t);
+    for (int i = 0; i < ni; i++)
         all[i] = &in_t[i];
-    }
     for (int i = 0; i < no; i++) {
         out_t[i] = tp_exec_output_desc(x, i);
         all[ni + i] = &out_t[i];
     }
-    size_t off[ni + no + 1], end = 0;
-    for (int k = 0; k < ni + no; k++) {
-        off[k] = end;
-        end += ((size_t)tp_tensor_numel(all[k]) * tp_dtype_size(all[k]->dtype) + 63) & ~(size_t)63;
-    }
-    if (end == 0)
-        end = 64; /* every tensor empty: still a real staging, never NULL + 0 */
+    size_t off[ni + no + 1], end = stage_offsets(all, ni + no, off);
     if (end > e->stage_cap) {
         if (e->stage_shared)
             return tp_fail(err, TP_INVALID, "a batch of %lld needs %zu bytes of request staging; the rank group has %zu "
-                           "(raise staging_mb, or use smaller buckets)", (long long)tp_exec_batch(x), end, e->stage_cap);
+                           "(--staging-mb %zu would do, or 0: sized for the largest bucket)",
+                           (long long)tp_exec_batch(x), end, e->stage_cap, MIB_CEIL(end));
         char *grown = realloc(e->stage, end);
         if (!grown)
             return tp_fail(err, TP_NOMEM, "request staging: cannot allocate %zu bytes", end);

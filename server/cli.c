@@ -12,9 +12,10 @@ void tp_cli_usage(FILE *out)
     fprintf(out,
             "  tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu]\n"
             "              [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay]\n"
-            "              [--ranks threads|processes]\n"
+            "              [--ranks threads|processes] [--buckets LIST] [--staging-mb N]\n"
             "      run the graph once on global (unsharded) inputs, write global outputs\n"
-            "      (--ranks processes: one process per rank, as on GPUs)\n"
+            "      (--ranks processes: one process per rank, as on GPUs; --buckets and\n"
+            "      --staging-mb as for serve: staging 0, the default, fits the largest bucket)\n"
             "  tpserve plan GRAPH.json [--json] [--batch B] [--backend cpu|cuda|auto] [--buckets LIST]\n"
             "              [--no-passes] [--disable-pass NAME]\n"
             "      compile as `run`/`serve` would (no device needed) and print the executable\n"
@@ -90,17 +91,22 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
     return st;
 }
 
-#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] [--no-passes] [--disable-pass NAME] [--eager] [--verify-replay] [--ranks threads|processes]"
+#define RUN_USAGE "usage: tpserve run GRAPH.json --inputs IN.safetensors --output OUT.safetensors [--backend cpu] " \
+                  "[--no-passes] [--disable-pass NAME] [--eager] [--verify-replay] [--ranks threads|processes] " \
+                  "[--buckets LIST] [--staging-mb N]"
 
-/* --ranks processes: this process is rank 0, workers run the same options. */
+/* --ranks processes: this process is rank 0, workers run the same options
+ * (buckets: the text they were parsed from). staging_mb 0: the engine sizes
+ * the staging for the largest bucket. */
 static tp_status run_in_processes(const char *graph, const char *in, const char *out, tp_engine_opts *opts,
-                                  tp_err *err)
+                                  const char *buckets, int staging_mb, tp_err *err)
 {
-    tp_worker_spec ws = {graph, opts->backend, NULL, opts->disable_passes, opts->no_passes, opts->eager};
+    tp_worker_spec ws = {graph, opts->backend, buckets, opts->disable_passes, opts->no_passes, opts->eager};
     char **argv = tp_worker_argv(&ws);
     if (!argv)
         return tp_fail(err, TP_NOMEM, "out of memory");
-    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv,
+                             .staging_bytes = (size_t)staging_mb << 20};
     opts->group = &go;
     tp_status st = run_once(graph, in, out, opts, err);
     tp_worker_argv_free(argv);
@@ -109,11 +115,15 @@ static tp_status run_in_processes(const char *graph, const char *in, const char 
 
 int tp_cli_run(int argc, char **argv)
 {
-    const char *graph = NULL, *in = NULL, *out = NULL, *ranks = "threads";
+    const char *graph = NULL, *in = NULL, *out = NULL, *ranks = "threads", *bucket_text = NULL;
+    int64_t buckets[TP_MAX_BUCKETS];
+    int staging_mb = 0;
     tp_backend_settings settings;
     tp_backend_settings_default(&settings);
     tp_engine_opts opts = {.backend = "cpu", .settings = &settings};
+    tp_err err = {{0}};
     for (int i = 1; i < argc; i++) {
+        char *end;
         if (strcmp(argv[i], "--no-passes") == 0)
             opts.no_passes = 1;
         else if (strcmp(argv[i], "--eager") == 0)
@@ -130,16 +140,26 @@ int tp_cli_run(int argc, char **argv)
             opts.backend = argv[++i];
         else if (strcmp(argv[i], "--ranks") == 0 && i + 1 < argc)
             ranks = argv[++i];
-        else if (argv[i][0] != '-' && !graph)
+        else if (strcmp(argv[i], "--buckets") == 0 && i + 1 < argc) {
+            bucket_text = argv[++i];
+            opts.buckets = buckets;
+            if (tp_parse_buckets(bucket_text, buckets, &opts.n_buckets, &err) != TP_OK)
+                return fail("run", err.msg);
+        } else if (strcmp(argv[i], "--staging-mb") == 0 && i + 1 < argc) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || v < 0 || v > (1L << 20))
+                return fail("run", "--staging-mb needs an integer in [0, 1048576] (0: sized for the largest bucket)");
+            staging_mb = (int)v;
+        } else if (argv[i][0] != '-' && !graph)
             graph = argv[i];
         else
             return fail("run", RUN_USAGE);
     }
     if (!graph || !in || !out || (strcmp(ranks, "threads") && strcmp(ranks, "processes")))
         return fail("run", RUN_USAGE);
-    tp_err err = {{0}};
-    tp_status st = strcmp(ranks, "processes") == 0 ? run_in_processes(graph, in, out, &opts, &err)
-                                                   : run_once(graph, in, out, &opts, &err);
+    tp_status st = strcmp(ranks, "processes") == 0
+                       ? run_in_processes(graph, in, out, &opts, bucket_text, staging_mb, &err)
+                       : run_once(graph, in, out, &opts, &err);
     if (st != TP_OK)
         return fail("run", err.msg);
     return 0;

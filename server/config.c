@@ -73,7 +73,8 @@ static const key_desc keys[] = {
                                           "new one to RENDEZVOUS.secret"),
     INT_KEY(rendezvous_uid, -1, INT32_MAX, "ranks=processes: a uid, besides the leader's own, a joining rank may "
                                            "run as (SO_PEERCRED); -1: the leader's only"),
-    INT_KEY(staging_mb, 1, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs"),
+    INT_KEY(staging_mb, 0, 1 << 20, "ranks=processes: shared host staging for one batch's inputs and outputs, in "
+                                    "MiB; 0: what the largest bucket needs (a smaller value is refused at load)"),
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
@@ -150,7 +151,7 @@ void tp_config_defaults(tp_config *c)
     c->instances = 1;
     snprintf(c->log_level, sizeof c->log_level, "info");
     snprintf(c->ranks, sizeof c->ranks, "threads");
-    c->staging_mb = 64;
+    c->staging_mb = 0; /* sized for the graph's largest bucket (engine.c) */
     c->rank_heap_mb = 4096;
     c->step_timeout_ms = 600000;
     /* libmicrohttpd zeroes the whole pool after each request: its default

@@ -34,7 +34,7 @@ typedef struct {
     char rendezvous[108];    /* processes: unix socket where external ranks join; empty: spawn them */
     char rendezvous_secret_file[4096]; /* 0600 file with the group secret external ranks present */
     int rendezvous_uid;      /* a uid besides the leader's a joining rank may run as; -1: none */
-    int staging_mb;          /* processes: shared request staging */
+    int staging_mb;          /* processes: shared request staging; 0: the largest bucket's need */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
     int connection_memory_bytes; /* per connection: headers and read buffer (431 beyond) */

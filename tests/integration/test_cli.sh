@@ -116,6 +116,15 @@ PY
 elif grep -q "unknown backend 'cuda'" "$TMP/err"; then pass "plan --backend cuda: skipped (built without nvcc)"
 else bad "plan --backend cuda: $(cat "$TMP/err")"; fi
 
+# run takes serve's --buckets: a batch of 3 past the largest bucket (2)
+# runs in pieces and still matches; buckets out of order reach the engine's
+# check. --staging-mb takes 0 (sized for the largest bucket) and up.
+name=mlp_sp_tp2
+"$TPSERVE" run "$G/$name.json" --inputs "$G/$name.inputs.safetensors" --output "$TMP/b.out" --buckets 1,2 \
+    --staging-mb 0 2>"$TMP/err" && $PYTHON "$HERE/compare.py" "$TMP/b.out" "$G/$name.ref.safetensors" 1e-4 >"$TMP/cmp" &&
+    pass "run --buckets 1,2 --staging-mb 0: a batch of 3 matches the reference" ||
+    bad "run --buckets: $(cat "$TMP/err" "$TMP/cmp" 2>/dev/null | tail -3)"
+
 # Broken inputs: non-zero exit and a one-line reason naming the culprit.
 expect_fail() { # description, expected substring, command...
     desc=$1; want=$2; shift 2
@@ -131,4 +140,7 @@ expect_fail "missing graph" "cannot open graph" "$TPSERVE" run "$TMP/nope.json" 
 expect_fail "inputs of another graph" "input" "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$G/megatron_block_tp2.inputs.safetensors" --output "$TMP/o"
 expect_fail "missing inputs file" "No such file" "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$TMP/none.safetensors" --output "$TMP/o"
 expect_fail "unknown backend" "unknown backend" "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$G/mlp_sp_tp2.inputs.safetensors" --output "$TMP/o" --backend tpu
+expect_fail "run --buckets out of order" "batch buckets must be positive and ascending" "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$G/mlp_sp_tp2.inputs.safetensors" --output "$TMP/o" --buckets 4,2
+expect_fail "run --buckets not a list" "expected up to" "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$G/mlp_sp_tp2.inputs.safetensors" --output "$TMP/o" --buckets four
+expect_fail "run --staging-mb negative" "--staging-mb needs an integer in \\[0," "$TPSERVE" run "$G/mlp_sp_tp2.json" --inputs "$G/mlp_sp_tp2.inputs.safetensors" --output "$TMP/o" --staging-mb -1
 exit $fail

@@ -9,8 +9,9 @@
 # behind; external ranks (`tpserve worker --rendezvous`, RANK/WORLD_SIZE)
 # join a leader, also from a pid namespace of their own, and a rank started
 # with other options or another world size
-# is refused with a message saying so; buckets beyond the shared staging are
-# a clear load error; a stopped worker loses the group at step_timeout_ms.
+# is refused with a message saying so; the shared staging fits the largest
+# bucket by default, and a smaller one asked for is a load error naming the
+# size that fits; a stopped worker loses the group at step_timeout_ms.
 #
 # env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the logs.
 # shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
@@ -251,13 +252,39 @@ TP_GROUP_FD=0 RANK=1 WORLD_SIZE=2 "$TPSERVE" worker "$TP_GRAPHS/$G.json" </dev/n
 [ $? = 1 ] && grep -q "fd 0 is not a tpserve rank group" "$TMP/w5.log" &&
     pass "a worker handed a wrong group fd refuses it" || fail "wrong group fd: $(cat "$TMP/w5.log")"
 
-# 6. buckets larger than the shared staging: refused at load, saying so
+# 6. staging: sized for the largest bucket by default, here one whose
+# inputs and outputs need 78 MiB (more than the 64 MiB that used to be the
+# default: GPT-2 needs 412); an explicit size too small is refused at load
+# naming the --staging-mb that fits, and that value runs.
+G=mlp_sp_tp2
+run_big() { # extra run options...
+    "$TPSERVE" run "$TP_GRAPHS/$G.json" --inputs "$TP_GRAPHS/$G.inputs.safetensors" --output "$TMP/big.out" \
+        --ranks processes --buckets 1,4,40000 "$@" 2>"$TMP/big.err" &&
+        $PYTHON "$HERE/compare.py" "$TMP/big.out" "$TP_GRAPHS/$G.ref.safetensors" 1e-4 >"$TMP/cmp"
+}
+run_big && pass "run --ranks processes, a bucket needing 78 MiB of staging: the default fits it" ||
+    fail "default staging: $(cat "$TMP/big.err" "$TMP/cmp" 2>/dev/null | tail -2)"
+if start big --graph "$TP_GRAPHS/$G.json" --ranks processes --buckets 1,4,40000; then
+    $PYTHON "$HERE/kserve_client.py" infer --url "$URL" --graphs "$TP_GRAPHS" --graph "$G" >"$TMP/c" 2>&1 &&
+        pass "serve ranks=processes, the same buckets, default staging: loads and answers" ||
+        fail "serve, default staging: $(tail -3 "$TMP/c")"
+    kill "$PID"
+    wait "$PID" 2>/dev/null
+fi
+run_big --staging-mb 64
+rc=$?
+want="request staging of 67108864 bytes is too small: the largest bucket (a batch of 40000) needs 81920000; --staging-mb 79 would do"
+[ "$rc" = 1 ] && grep -qF "$want" "$TMP/big.err" &&
+    pass "run --staging-mb 64: refused at load, naming --staging-mb 79" || fail "staging 64: rc=$rc $(tail -2 "$TMP/big.err")"
+mb=$(sed -n 's/.*--staging-mb \([0-9]*\) would do.*/\1/p' "$TMP/big.err")
+run_big --staging-mb "${mb:-none}" && pass "run --staging-mb $mb, the value the error named: runs" ||
+    fail "staging $mb: $(cat "$TMP/big.err" "$TMP/cmp" 2>/dev/null | tail -2)"
 PORT=$(free_port)
 "$TPSERVE" serve --port "$PORT" --graph "$TP_GRAPHS/$G.json" --ranks processes --staging-mb 1 --buckets 1,4,4096 \
     >"$TMP/small.log" 2>&1
 rc=$?
-[ "$rc" = 1 ] && grep -q "the largest bucket: a batch of 4096 needs 8388608 bytes of request staging; the rank group has 1048576 (raise staging_mb" "$TMP/small.log" &&
-    pass "a bucket beyond staging_mb: load fails saying how much it needs and which key to raise" ||
+[ "$rc" = 1 ] && grep -qF "request staging of 1048576 bytes is too small: the largest bucket (a batch of 4096) needs 8388608; --staging-mb 8 would do" "$TMP/small.log" &&
+    pass "serve --staging-mb 1 below the largest bucket's need: load fails naming --staging-mb 8" ||
     fail "staging overflow: rc=$rc $(tail -2 "$TMP/small.log")"
 
 echo "test_processes: $npass passed, $nfail failed"

@@ -32,6 +32,7 @@ START_TEST(defaults)
     ck_assert_int_eq(c.drain_timeout_ms, 10000);
     ck_assert_str_eq(c.log_level, "info");
     ck_assert_str_eq(c.graph, "");
+    ck_assert_int_eq(c.staging_mb, 0); /* ranks=processes: sized for the largest bucket */
     tp_err e;
     /* defaults alone lack a graph, and say how to give one */
     ck_assert_int_eq(tp_config_validate(&c, &e), TP_INVALID);
@@ -131,8 +132,10 @@ START_TEST(file_errors)
     ck_assert_ptr_nonnull(strstr(e.msg, "'log_level' must be one of error|warn|info|debug"));
     ck_assert_int_eq(load_text(&c, "{\"ranks\": \"gpus\"}", &e, path), TP_INVALID);
     ck_assert_ptr_nonnull(strstr(e.msg, "'ranks' must be one of threads|processes, got 'gpus'"));
-    ck_assert_int_eq(load_text(&c, "{\"staging_mb\": 0}", &e, path), TP_INVALID);
-    ck_assert_ptr_nonnull(strstr(e.msg, "'staging_mb' must be in [1,"));
+    ck_assert_int_eq(load_text(&c, "{\"staging_mb\": -1}", &e, path), TP_INVALID);
+    ck_assert_ptr_nonnull(strstr(e.msg, "'staging_mb' must be in [0,"));
+    ck_assert_int_eq(load_text(&c, "{\"staging_mb\": 0}", &e, path), TP_OK); /* sized from the graph */
+    ck_assert_int_eq(c.staging_mb, 0);
     {
         tp_config r;
         tp_config_defaults(&r);
