@@ -357,11 +357,15 @@ soak: $(BUILD)/tpserve $(GRAPHS)
 # ---- ONNX import (graphs/import_onnx.py; graphs/README.md) -----------------
 # $(BUILD)/imported/NAME_tpN.json: tests/onnx/NAME.onnx (or MODEL when it is
 # a path to an .onnx file) imported for N tensor-parallel ranks.
-# `make run MODEL=gpt2 WS=2` imports a fixture and serves it.
+# `make run MODEL=gpt2 WS=2` imports a fixture and serves it; IMPORT_ARGS
+# go to the importer (IMPORT_ARGS="--plan p.json --dim seq=128
+# --sequence-parallel"), its graphs in a directory of their own per
+# IMPORT_ARGS, so other arguments import anew.
 IMPORTED   := $(BUILD)/imported
 WS         ?= 1
-RUN_GRAPH  := $(if $(MODEL),$(IMPORTED)/$(basename $(notdir $(MODEL)))_tp$(WS).json)
-ONNX_MODEL  = $(if $(filter %.onnx,$(MODEL)),$(MODEL),tests/onnx/$(patsubst %_tp$(lastword $(subst _tp, ,$*)),%,$*).onnx)
+IMPORT_DIR := $(IMPORTED)$(if $(strip $(IMPORT_ARGS)),/args-$(shell printf '%s' '$(IMPORT_ARGS)' | cksum | cut -d' ' -f1))
+RUN_GRAPH  := $(if $(MODEL),$(IMPORT_DIR)/$(basename $(notdir $(MODEL)))_tp$(WS).json)
+ONNX_MODEL  = $(if $(filter %.onnx,$(MODEL)),$(MODEL),tests/onnx/$(patsubst %_tp$(lastword $(subst _tp, ,$*)),%,$(notdir $*)).onnx)
 .PHONY: bench-import
 # The importer's Python packages, checked once like the Debian ones.
 $(BUILD)/.deps-onnx:
@@ -370,8 +374,8 @@ $(BUILD)/.deps-onnx:
 	@touch $@
 $(DEPS_OK): $(BUILD)/.deps-onnx
 $(IMPORTED)/%.json: graphs/import_onnx.py $(wildcard graphs/onnx_import/*.py) | $(DEPS_OK)
-	@mkdir -p $(IMPORTED)
-	$(PYTHON) graphs/import_onnx.py $(ONNX_MODEL) --world-size $(lastword $(subst _tp, ,$*)) --out $@
+	@mkdir -p $(dir $@)
+	$(PYTHON) graphs/import_onnx.py $(ONNX_MODEL) --world-size $(lastword $(subst _tp, ,$*)) $(IMPORT_ARGS) --out $@
 
 # tpserve (world size 1, 2) vs onnxruntime (same threads) per request; a table.
 bench-import: $(BUILD)/tpserve $(BUILD)/tools/blas_core | $(DEPS_OK)
