@@ -81,5 +81,13 @@ if not bad:
 sys.exit(bad)
 EOF
 )
-{ git ls-files -- '*.md'; git ls-files --others --exclude-standard -- '*.md'; } 2>/dev/null |
-    grep -v '^build/' | sort -u | "$PYTHON" -c "$script"
+# the repository's .md files (tracked or not, but not ignored); outside a
+# git checkout, every .md file under the current directory but build/
+list_md() {
+    if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+        git ls-files -- '*.md'; git ls-files --others --exclude-standard -- '*.md'
+    else
+        find . -name '*.md' -not -path './build/*' -not -path './.git/*' | sed 's|^\./||'
+    fi
+}
+list_md | grep -v '^build/' | sort -u | "$PYTHON" -c "$script"
