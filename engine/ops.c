@@ -63,8 +63,10 @@ static const tp_attr_spec attention_attrs[] = {
     /* absent: 1/sqrt(D), chosen by the kernel (has_scale stays 0) */
     {"scale", TP_ATTR_FLOAT, FIELD(scale), 0, 0, NO, FIELD(has_scale), NULL},
     END};
+/* q, k, v and an optional key-padding mask [B, T] (INT32/INT64, nonzero =
+ * attend; kernels/common/tp_attn_mask.h) */
 static const tp_op_desc desc_ATTENTION = {.name = "attention", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
-                                          .min_inputs = 3, .max_inputs = 3, .comm_input = -1,
+                                          .min_inputs = 3, .max_inputs = 4, .comm_input = -1,
                                           .shape = TP_SHAPE_ATTENTION, .rows = TP_ROWS_ATTENTION,
                                           .attrs = attention_attrs};
 

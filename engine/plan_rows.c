@@ -43,7 +43,8 @@ static int op_mixes_rows(const tp_graph *g, int i, const int *bd)
         for (int k = 0; k < 3; k++)
             if (bd[n->inputs[k]] > 1)
                 return 1;
-        return 0;
+        /* the key-padding mask [B, T] keeps rows apart only batched on B */
+        return n->n_inputs > 3 && bd[n->inputs[3]] > 0;
     case TP_ROWS_VIEW: return !(in0 == -1 || (in0 == 0 && b == 0));
     case TP_ROWS_FUSED:
         /* a folded reassembly permutes rows along piece_dim and cat_dim */

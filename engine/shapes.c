@@ -307,6 +307,19 @@ static tp_status infer_attention(tp_graph *g, tp_node *n, tp_err *err)
         return node_fail(err, n, "v %s does not match k %s", SHAPE(sa, v), SHAPE(sb, k));
     if (q->dtype != k->dtype || q->dtype != v->dtype || !tp_dtype_is_float(q->dtype))
         return node_fail(err, n, "q, k, v need one floating-point dtype%s%s", "", "");
+    if (n->n_inputs > 3) {
+        /* the key-padding mask: one flag per batch row and key, every head */
+        tp_node *m = &g->nodes[n->inputs[3]];
+        if (m->dtype != TP_I32 && m->dtype != TP_I64)
+            return node_fail(err, n, "the key-padding mask '%s' must be INT32 or INT64, got %s", m->name,
+                             tp_dtype_name(m->dtype));
+        if (m->ndim != 2 || m->shape[0] != k->shape[0] || m->shape[1] != k->shape[2]) {
+            char want[160];
+            snprintf(want, sizeof want, "[B, T] = [%lld, %lld] of k %s", (long long)k->shape[0],
+                     (long long)k->shape[2], SHAPE(sb, k));
+            return node_fail(err, n, "the key-padding mask %s must be %s", SHAPE(sa, m), want);
+        }
+    }
     n->ndim = 4;
     memcpy(n->shape, q->shape, sizeof n->shape);
     n->dtype = q->dtype;

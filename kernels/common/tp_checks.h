@@ -35,6 +35,39 @@ static inline tp_status tp_check_cat(int d, const tp_tensor *ins, int n_ins, con
     return TP_OK;
 }
 
+/* attention: q [B,H,S,D], k [B,H,T,D], v [B,H,T,Dv] of out's float dtype
+ * give out [B,H,S,Dv]; the optional key-padding mask (NULL if absent) is
+ * INT32/INT64 [B, T] (tp_attn_mask.h). */
+static inline tp_status tp_check_attention(const tp_tensor *q, const tp_tensor *k, const tp_tensor *v,
+                                           const tp_tensor *mask, const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96], s3[96], s4[96];
+    tp_dtype dt = out->dtype;
+    if (q->dtype != dt || k->dtype != dt || v->dtype != dt || !tp_dtype_is_float(dt))
+        return tp_fail(err, TP_INVALID, "attention: q, k, v must be float of the output dtype %s",
+                       tp_dtype_name(dt));
+    int ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4;
+    for (int i = 0; ok && i < 2; i++)
+        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
+    ok = ok && k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] && out->shape[2] == q->shape[2] &&
+         out->shape[3] == v->shape[3];
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "attention: q %s, k %s, v %s do not give output %s",
+                       tp_shape_str(s1, sizeof s1, q->ndim, q->shape), tp_shape_str(s2, sizeof s2, k->ndim, k->shape),
+                       tp_shape_str(s3, sizeof s3, v->ndim, v->shape),
+                       tp_shape_str(s4, sizeof s4, out->ndim, out->shape));
+    if (!mask)
+        return TP_OK;
+    if (mask->dtype != TP_I32 && mask->dtype != TP_I64)
+        return tp_fail(err, TP_INVALID, "attention: the key-padding mask must be INT32 or INT64, got %s",
+                       tp_dtype_name(mask->dtype));
+    if (mask->ndim != 2 || mask->shape[0] != k->shape[0] || mask->shape[1] != k->shape[2])
+        return tp_fail(err, TP_INVALID, "attention: the key-padding mask %s is not [B, T] of k %s",
+                       tp_shape_str(s1, sizeof s1, mask->ndim, mask->shape),
+                       tp_shape_str(s2, sizeof s2, k->ndim, k->shape));
+    return TP_OK;
+}
+
 /* The tp_math.h function of a unary op (and its parameter); -1 if op is
  * not one of them. */
 static inline int tp_unary_fn_of(tp_op op, const tp_attrs *a, tp_unary_fn *fn, float *p)

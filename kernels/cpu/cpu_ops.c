@@ -78,7 +78,7 @@ static tp_status k_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, 
                              int rank, int world, tp_err *err)
 {
     UNUSED_CALL;
-    return cpu_attention(a, &ins[0], &ins[1], &ins[2], out, err);
+    return cpu_attention(a, &ins[0], &ins[1], &ins[2], n_ins > 3 ? &ins[3] : NULL, out, err);
 }
 static tp_status k_embedding(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                              int rank, int world, tp_err *err)

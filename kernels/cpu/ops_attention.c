@@ -1,60 +1,43 @@
-/* ops_attention.c — softmax(q k^T * scale [+ causal mask]) v, per (batch, head).
+/* ops_attention.c — softmax(q k^T * scale [+ causal and key-padding
+ * masks]) v, per (batch, head).
  *
  * Scores live in a per-call FP32 scratch [S, T]; both products go through
- * ops_sgemm, which reads q, k, v with their own strides. The causal mask is
- * aligned to the bottom right: query i sees keys j <= i + (T - S), so with a
- * KV cache (T > S) the last query sees every key. A query that sees no key
- * (only possible when S > T) gets a zero output row. */
+ * ops_sgemm, which reads q, k, v with their own strides. Which keys a query
+ * sees (causal, bottom right; the optional key-padding mask [B, T]) and the
+ * zero row of a query that sees none: kernels/common/tp_attn_mask.h. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tp_attn_mask.h"
+#include "common/tp_checks.h"
 #include "ops_internal.h"
-
-static tp_status attn_check(const tp_tensor *q, const tp_tensor *k, const tp_tensor *v,
-                            const tp_tensor *out, tp_err *err)
-{
-    char s1[96], s2[96], s3[96], s4[96];
-    tp_dtype dt = out->dtype;
-    if (q->dtype != dt || k->dtype != dt || v->dtype != dt || !tp_dtype_is_float(dt))
-        return tp_fail(err, TP_INVALID, "attention: q, k, v must be float of the output dtype %s",
-                       tp_dtype_name(dt));
-    int ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4;
-    for (int i = 0; ok && i < 2; i++)
-        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
-    ok = ok && k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] &&
-         out->shape[2] == q->shape[2] && out->shape[3] == v->shape[3];
-    if (!ok)
-        return tp_fail(err, TP_INVALID, "attention: q %s, k %s, v %s do not give output %s",
-                       tp_shape_str(s1, sizeof s1, q->ndim, q->shape),
-                       tp_shape_str(s2, sizeof s2, k->ndim, k->shape),
-                       tp_shape_str(s3, sizeof s3, v->ndim, v->shape),
-                       tp_shape_str(s4, sizeof s4, out->ndim, out->shape));
-    return TP_OK;
-}
-
-/* Softmax over each score row, keeping the first `allowed` keys of row i. */
-static void attn_softmax(float *scores, int64_t S, int64_t T, int causal)
-{
-    for (int64_t i = 0; i < S; i++) {
-        float *row = scores + i * T;
-        int64_t allowed = T;
-        if (causal) {
-            allowed = i + (T - S) + 1;
-            allowed = allowed < 0 ? 0 : allowed > T ? T : allowed;
-        }
-        ops_softmax_row(row, row, allowed);
-        memset(row + allowed, 0, (size_t)(T - allowed) * sizeof(float));
-    }
-}
 
 typedef struct {
     tp_tensor q, k, v;   /* FP32 views */
+    const tp_tensor *mask; /* [B, T] or NULL */
     float *scores, *o;   /* [S, T]; [S, Dv] when out is not FP32 */
     ops_buf sa, sb;
     float scale;
     int causal;
 } attn_ctx;
+
+/* Softmax over each score row of batch row b, over the keys its query may
+ * see: a prefix (causal) whose padded keys score -inf, which softmax turns
+ * into exact zeros (and a row with no key left into a zero row). */
+static void attn_softmax(const attn_ctx *c, int64_t b, float *scores, int64_t S, int64_t T)
+{
+    const tp_tensor *m = c->mask;
+    for (int64_t i = 0; i < S; i++) {
+        float *row = scores + i * T;
+        int64_t allowed = tp_attn_causal_keys(i, S, T, c->causal);
+        for (int64_t t = 0; m && t < allowed; t++)
+            if (!tp_attn_key_on(m->data, m->dtype, b * m->stride[0] + t * m->stride[1]))
+                row[t] = -INFINITY;
+        ops_softmax_row(row, row, allowed);
+        memset(row + allowed, 0, (size_t)(T - allowed) * sizeof(float));
+    }
+}
 
 static tp_status attn_head(attn_ctx *c, int64_t b, int64_t h, tp_tensor *out, tp_err *err)
 {
@@ -70,7 +53,7 @@ static tp_status attn_head(attn_ctx *c, int64_t b, int64_t h, tp_tensor *out, tp
                             k->stride[2], c->scores, T, &c->sa, &c->sb, err);
     if (s != TP_OK)
         return s;
-    attn_softmax(c->scores, S, T, c->causal);
+    attn_softmax(c, b, c->scores, S, T);
     s = ops_sgemm(S, Dv, T, 1.0f, c->scores, T, 1, vp, v->stride[2], v->stride[3], op, Dv, &c->sa,
                   &c->sb, err);
     if (s == TP_OK && out->dtype != TP_F32)
@@ -79,9 +62,9 @@ static tp_status attn_head(attn_ctx *c, int64_t b, int64_t h, tp_tensor *out, tp
 }
 
 tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
-                        const tp_tensor *v, tp_tensor *out, tp_err *err)
+                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, tp_err *err)
 {
-    tp_status s = attn_check(q, k, v, out, err);
+    tp_status s = tp_check_attention(q, k, v, mask, out, err);
     if (s != TP_OK || tp_tensor_numel(out) == 0)
         return s;
     attn_ctx c;
@@ -90,6 +73,7 @@ tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tens
     int64_t S = q->shape[2], T = k->shape[2], Dv = v->shape[3];
     c.scale = attrs && attrs->has_scale ? attrs->scale : 1.0f / sqrtf((float)q->shape[3]);
     c.causal = attrs ? attrs->causal : 0;
+    c.mask = mask;
     if ((s = ops_as_f32(q, &c.q, &owned[0], "attention", err)) == TP_OK &&
         (s = ops_as_f32(k, &c.k, &owned[1], "attention", err)) == TP_OK &&
         (s = ops_as_f32(v, &c.v, &owned[2], "attention", err)) == TP_OK &&

@@ -124,8 +124,10 @@ tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, tp_err *err);
 int cpu_matmul_writes_in_place(const tp_tensor *out);
+/* mask: the optional key-padding mask [B, T] (INT32/INT64, nonzero =
+ * attend), or NULL; kernels/common/tp_attn_mask.h */
 tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
-                        const tp_tensor *v, tp_tensor *out, tp_err *err);
+                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, tp_err *err);
 tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_tensor *table,
                         tp_tensor *out, int rank, int world, tp_err *err);
 tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,

@@ -183,22 +183,11 @@ static tp_status norm(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *i
 /* ------------------------------------------------------------ attention */
 
 static tp_status attention(cu_ctx *x, const tp_attrs *at, const tp_tensor *q, const tp_tensor *k,
-                           const tp_tensor *v, tp_tensor *out, tp_err *err)
+                           const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, tp_err *err)
 {
-    char s1[96], s2[96], s3[96], s4[96];
-    tp_dtype dt = out->dtype;
-    if (q->dtype != dt || k->dtype != dt || v->dtype != dt || !tp_dtype_is_float(dt))
-        return tp_fail(err, TP_INVALID, "attention: q, k, v must be float of the output dtype %s", tp_dtype_name(dt));
-    int ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4;
-    for (int i = 0; ok && i < 2; i++)
-        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
-    ok = ok && k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] && out->shape[2] == q->shape[2] &&
-         out->shape[3] == v->shape[3];
-    if (!ok)
-        return tp_fail(err, TP_INVALID, "attention: q %s, k %s, v %s do not give output %s",
-                       tp_shape_str(s1, sizeof s1, q->ndim, q->shape), tp_shape_str(s2, sizeof s2, k->ndim, k->shape),
-                       tp_shape_str(s3, sizeof s3, v->ndim, v->shape),
-                       tp_shape_str(s4, sizeof s4, out->ndim, out->shape));
+    tp_status st = tp_check_attention(q, k, v, mask, out, err);
+    if (st != TP_OK)
+        return st;
     if (v->shape[3] > TP_CUDA_ATTN_MAX_DV)
         return tp_fail(err, TP_INVALID, "attention: value head dim %lld exceeds the cuda kernel's %d",
                        (long long)v->shape[3], TP_CUDA_ATTN_MAX_DV);
@@ -209,7 +198,10 @@ static tp_status attention(cu_ctx *x, const tp_attrs *at, const tp_tensor *q, co
         .B = q->shape[0], .H = q->shape[1], .S = q->shape[2], .T = k->shape[2], .D = q->shape[3], .Dv = v->shape[3],
         .scale = at && at->has_scale ? at->scale : 1.0f / sqrtf((float)q->shape[3]),
         .causal = at ? at->causal : 0,
-        .dtype = dt,
+        .mask = mask ? mask->data : NULL,
+        .mask_dtype = mask ? mask->dtype : TP_I64,
+        .ms = {mask ? mask->stride[0] : 0, mask ? mask->stride[1] : 0},
+        .dtype = out->dtype,
     };
     memcpy(a.qs, q->stride, sizeof a.qs);
     memcpy(a.ks, k->stride, sizeof a.ks);
@@ -372,8 +364,8 @@ static tp_status k_matmul(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tenso
 static tp_status k_attention(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
                              tp_tensor *out, tp_err *err)
 {
-    (void)op, (void)n_ins;
-    return attention(x, a, &ins[0], &ins[1], &ins[2], out, err);
+    (void)op;
+    return attention(x, a, &ins[0], &ins[1], &ins[2], n_ins > 3 ? &ins[3] : NULL, out, err);
 }
 static tp_status k_embedding(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
                              tp_tensor *out, tp_err *err)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <type_traits>
 
+#include "common/tp_attn_mask.h"
 #include "common/tp_cuda_plan.h"
 #include "common/tp_math.h"
 #include "cuda/tp_cuda_ops.h"
@@ -155,15 +156,14 @@ __global__ void attention_kernel(tp_cuda_attn_args a)
     int64_t s = row % a.S, h = (row / a.S) % a.H, b = row / (a.S * a.H);
     int64_t qb = b * a.qs[0] + h * a.qs[1] + s * a.qs[2];
     int64_t kb = b * a.ks[0] + h * a.ks[1], vb = b * a.vs[0] + h * a.vs[1];
-    int64_t allowed = a.T;
-    if (a.causal) {
-        allowed = s + (a.T - a.S) + 1;
-        allowed = allowed < 0 ? 0 : allowed > a.T ? a.T : allowed;
-    }
+    int64_t allowed = tp_attn_causal_keys(s, a.S, a.T, a.causal);
     float m = -INFINITY, l = 0.0f, acc[kAttnPerLane];
     for (int j = 0; j < kAttnPerLane; j++)
         acc[j] = 0.0f;
     for (int64_t t = 0; t < allowed; t++) {
+        // every lane of the warp reads the same flag: the skip keeps it converged
+        if (a.mask && !tp_attn_key_on(a.mask, a.mask_dtype, b * a.ms[0] + t * a.ms[1]))
+            continue;
         float sc = attn_score<DT>(a, qb, kb + t * a.ks[2], lane);
         float m_new = fmaxf(m, sc);
         float corr = tp_softmax_exp(m, m_new), p = tp_softmax_exp(sc, m_new);
@@ -334,7 +334,8 @@ extern "C" int tp_cuda_embedding(const tp_cuda_embedding_args *a, void *stream)
 
 extern "C" int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream)
 {
-    if (!a || !a->q || !a->k || !a->v || !a->out || a->Dv > TP_CUDA_ATTN_MAX_DV || a->Dv < 0 || a->D < 0)
+    if (!a || !a->q || !a->k || !a->v || !a->out || a->Dv > TP_CUDA_ATTN_MAX_DV || a->Dv < 0 || a->D < 0 ||
+        (a->mask && a->mask_dtype != TP_I32 && a->mask_dtype != TP_I64))
         return (int)cudaErrorInvalidValue;
     int64_t rows = a->B * a->H * a->S;
     if (rows <= 0 || a->Dv == 0)

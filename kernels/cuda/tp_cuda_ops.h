@@ -118,10 +118,14 @@ typedef struct {
     int64_t qs[4], ks[4], vs[4];
     float scale;
     int causal;              /* bottom-right aligned: query i sees keys j <= i + T - S */
+    const void *mask;        /* key-padding mask [B, T] or NULL: key t of row b iff mask[b, t] != 0 */
+    tp_dtype mask_dtype;     /* TP_I32 or TP_I64 */
+    int64_t ms[2];           /* mask strides */
     tp_dtype dtype;
 } tp_cuda_attn_args;
-/* One warp per query row, online softmax in f32 from tp_math.h's pieces; a
- * query that sees no key gets zeros. Dv <= TP_CUDA_ATTN_MAX_DV. */
+/* One warp per query row, online softmax in f32 from tp_math.h's pieces;
+ * which keys a query sees is tp_attn_mask.h's rule, and a query that sees
+ * no key gets zeros. Dv <= TP_CUDA_ATTN_MAX_DV. */
 int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream);
 
 /* reduce_mean (mean = 1) / reduce_sum of x over p's dim into contiguous

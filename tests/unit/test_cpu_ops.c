@@ -715,9 +715,10 @@ END_TEST
 
 /* ------------------------------------------------------------ attention */
 
-/* Naive reference, double precision, dense [B,H,S,D] / [B,H,T,D]. */
-static void attn_ref(const float *q, const float *k, const float *v, float *o, int B, int H,
-                     int S, int T, int D, int causal, double scale)
+/* Naive reference, double precision, dense [B,H,S,D] / [B,H,T,D]; keys
+ * with mask[b*T + j] == 0 are left out (mask NULL: none). */
+static void attn_ref_masked(const float *q, const float *k, const float *v, const int64_t *mask, float *o,
+                            int B, int H, int S, int T, int D, int causal, double scale)
 {
     double *p = malloc(sizeof(double) * (size_t)T);
     for (int bh = 0; bh < B * H; bh++)
@@ -725,7 +726,7 @@ static void attn_ref(const float *q, const float *k, const float *v, float *o, i
             const float *qi = q + (bh * S + i) * D;
             double mx = -INFINITY, sum = 0;
             for (int j = 0; j < T; j++) {
-                if (causal && j > i + (T - S)) {
+                if ((causal && j > i + (T - S)) || (mask && !mask[bh / H * T + j])) {
                     p[j] = -INFINITY;
                     continue;
                 }
@@ -747,6 +748,12 @@ static void attn_ref(const float *q, const float *k, const float *v, float *o, i
             }
         }
     free(p);
+}
+
+static void attn_ref(const float *q, const float *k, const float *v, float *o, int B, int H,
+                     int S, int T, int D, int causal, double scale)
+{
+    attn_ref_masked(q, k, v, NULL, o, B, H, S, T, D, causal, scale);
 }
 
 static void attn_case(int B, int H, int S, int T, int D, int causal, int has_scale)
@@ -853,6 +860,123 @@ START_TEST(test_attention_strided_half)
                           "%s attention %d: got %g want %g", tp_dtype_name(dt), i, got, want[i]);
         }
     }
+}
+END_TEST
+
+/* The key-padding mask (input 3) against the reference: trailing padding
+ * of a different length per batch row, as a batch of padded requests has,
+ * with and without causal, INT64 and INT32, S == T and S < T. */
+static void attn_mask_case(int B, int H, int S, int T, int D, int causal, tp_dtype mdt, const int64_t *mask)
+{
+    int nq = B * H * S * D, nk = B * H * T * D;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk);
+    float *v = malloc(sizeof(float) * nk), *o = malloc(sizeof(float) * nq);
+    float *want = malloc(sizeof(float) * nq);
+    int32_t *m32 = malloc(sizeof(int32_t) * B * T);
+    for (int i = 0; i < B * T; i++)
+        m32[i] = (int32_t)mask[i];
+    fill_rand(q, nq);
+    fill_rand(k, nk);
+    fill_rand(v, nk);
+    tp_attrs a = attrs0();
+    a.causal = causal;
+    tp_tensor ins[4] = {mk(q, TP_F32, 4, (int64_t[]){B, H, S, D}), mk(k, TP_F32, 4, (int64_t[]){B, H, T, D}),
+                        mk(v, TP_F32, 4, (int64_t[]){B, H, T, D}),
+                        mk(mdt == TP_I64 ? (void *)mask : (void *)m32, mdt, 2, (int64_t[]){B, T})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &out);
+    attn_ref_masked(q, k, v, mask, want, B, H, S, T, D, causal, 1.0 / sqrt(D));
+    expect_near(o, want, nq, 1e-5f, 1e-5f);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(want);
+    free(m32);
+}
+
+START_TEST(test_attention_key_padding)
+{
+    /* rows with 5, 3 and 1 real tokens of 5 */
+    const int64_t pad[3 * 5] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0};
+    /* nonzero means attend, whatever the value; a hole in the middle */
+    const int64_t odd[2 * 5] = {7, 0, -1, 1, 0, 0, 0, 1, 1, 1};
+    for (int c = 0; c < 2; c++) {
+        attn_mask_case(3, 2, 5, 5, 4, c, TP_I64, pad);
+        attn_mask_case(3, 2, 5, 5, 4, c, TP_I32, pad);
+        attn_mask_case(2, 3, 2, 5, 8, c, TP_I64, odd); /* S < T: KV cache */
+    }
+}
+END_TEST
+
+START_TEST(test_attention_mask_hand)
+{
+    /* B=H=1, S=T=2, D=1, key 1 padded: both queries see key 0 only, even
+     * with key 1 scoring far higher */
+    float q[2] = {1, 1}, k[2] = {0, 50}, v[2] = {3, 5}, o[2];
+    int64_t mask[2] = {1, 0};
+    tp_attrs a = attrs0();
+    tp_tensor ins[4] = {mk(q, TP_F32, 4, (int64_t[]){1, 1, 2, 1}), mk(k, TP_F32, 4, (int64_t[]){1, 1, 2, 1}),
+                        mk(v, TP_F32, 4, (int64_t[]){1, 1, 2, 1}), mk(mask, TP_I64, 2, (int64_t[]){1, 2})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){1, 1, 2, 1});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &out);
+    /* 1e-6: the one weight left is e/e in FP32, which may round off 1 */
+    expect_near(o, (float[]){3, 3}, 2, 1e-6f, 0);
+    /* causal + mask leaving query 0 nothing: key 0 padded, key 1 is in its
+     * future. A query that sees no key gives a zero row, never NaN. */
+    mask[0] = 0, mask[1] = 1;
+    a.causal = 1;
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &out);
+    expect_near(o, (float[]){0, 5}, 2, 1e-6f, 0);
+    /* every key padded: zeros for every query, causal or not */
+    mask[1] = 0;
+    for (a.causal = 0; a.causal < 2; a.causal++) {
+        o[0] = o[1] = NAN;
+        RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &out);
+        expect_near(o, (float[]){0, 0}, 2, 0, 0);
+    }
+}
+END_TEST
+
+/* Bucket padding: a batch padded with an all-padding row (what a padded
+ * request row looks like) gives its real rows bit for bit what the exact
+ * batch gives: the mask keeps batch rows apart. */
+START_TEST(test_attention_mask_bucket_rows)
+{
+    enum { B = 2, BP = 4, H = 2, S = 4, D = 4 };
+    float q[BP * H * S * D], k[BP * H * S * D], v[BP * H * S * D], o[BP * H * S * D], ob[BP * H * S * D];
+    fill_rand(q, BP * H * S * D);
+    fill_rand(k, BP * H * S * D);
+    fill_rand(v, BP * H * S * D);
+    int64_t mask[BP * S] = {1, 1, 1, 0, 1, 1, 0, 0}; /* rows 2, 3: zeros, as padding gives */
+    tp_attrs a = attrs0();
+    a.causal = 1;
+    tp_tensor ins[4] = {mk(q, TP_F32, 4, (int64_t[]){B, H, S, D}), mk(k, TP_F32, 4, (int64_t[]){B, H, S, D}),
+                        mk(v, TP_F32, 4, (int64_t[]){B, H, S, D}), mk(mask, TP_I64, 2, (int64_t[]){B, S})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &out);
+    ins[0].shape[0] = ins[1].shape[0] = ins[2].shape[0] = ins[3].shape[0] = BP;
+    tp_tensor outb = mk(ob, TP_F32, 4, (int64_t[]){BP, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 4, &outb);
+    ck_assert_msg(memcmp(o, ob, sizeof(float) * B * H * S * D) == 0, "padding rows changed the real rows");
+    for (int i = B * H * S * D; i < BP * H * S * D; i++)
+        ck_assert_msg(ob[i] == 0.0f, "padding row element %d: %g, want 0", i, ob[i]);
+}
+END_TEST
+
+START_TEST(test_attention_mask_refused)
+{
+    float q[4] = {0}, o[4];
+    float fmask[2] = {1, 1};
+    int64_t mask[3] = {1, 1, 1};
+    tp_tensor ins[4] = {mk(q, TP_F32, 4, (int64_t[]){1, 1, 2, 2}), mk(q, TP_F32, 4, (int64_t[]){1, 1, 2, 2}),
+                        mk(q, TP_F32, 4, (int64_t[]){1, 1, 2, 2}), mk(fmask, TP_F32, 2, (int64_t[]){1, 2})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){1, 1, 2, 2});
+    ck_assert_int_eq(run(TP_OP_ATTENTION, NULL, ins, 4, &out), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "INT32 or INT64") != NULL, "%s", err.msg);
+    ins[3] = mk(mask, TP_I64, 2, (int64_t[]){1, 3}); /* T is 2 */
+    ck_assert_int_eq(run(TP_OP_ATTENTION, NULL, ins, 4, &out), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "[1, 3]") != NULL && strstr(err.msg, "[B, T]") != NULL, "%s", err.msg);
 }
 END_TEST
 
@@ -1071,6 +1195,10 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_attention_f32);
     tcase_add_test(tc, test_attention_causal_hand);
     tcase_add_test(tc, test_attention_strided_half);
+    tcase_add_test(tc, test_attention_key_padding);
+    tcase_add_test(tc, test_attention_mask_hand);
+    tcase_add_test(tc, test_attention_mask_bucket_rows);
+    tcase_add_test(tc, test_attention_mask_refused);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_embedding_vocab_parallel);
     tcase_add_test(tc, test_cat);

@@ -248,6 +248,47 @@ START_TEST(onnx_ops_batch_rows)
 }
 END_TEST
 
+/* attention's key-padding mask (input 3): refused naming the node when its
+ * dtype or shape is wrong. q = k = v = x viewed as [B, 1, 3, 4], so the
+ * mask must be [B, 3]. */
+#define QKV "{\"name\":\"q\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,1,3,4]}},"
+#define ATTN(mask) "{\"name\":\"h\",\"op\":\"attention\",\"inputs\":[\"q\",\"q\",\"q\",\"" mask "\"]}"
+START_TEST(attention_mask_refused)
+{
+    expect_error(PARAM_IDS "\"nodes\":[" QKV
+                 "{\"name\":\"s\",\"op\":\"slice\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":2,\"start\":0,\"length\":1}},"
+                 "{\"name\":\"m\",\"op\":\"view\",\"inputs\":[\"s\"],\"attrs\":{\"shape\":[-1,3]}}," ATTN("m") "],"
+                 OUT("h"), "node 'h' (attention)", "key-padding mask 'm' must be INT32 or INT64, got FP32");
+    expect_error(PARAM_IDS "\"nodes\":[" QKV ATTN("ids") "]," OUT("h"), "node 'h' (attention)",
+                 "key-padding mask [4] must be [B, T] = [1, 3] of k [1, 1, 3, 4]");
+}
+END_TEST
+
+/* A mask given as a graph input [B, T] loads, and keeps batch rows apart:
+ * padded batches stay allowed. */
+START_TEST(attention_mask_input_rows)
+{
+    char text[2048], p[256], why[256] = "";
+    snprintf(text, sizeof text,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"t\",\"world_size\":2,"
+             "\"weights\":\"w.safetensors\",\"inputs\":["
+             "{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",3,4],\"placement\":\"replicate\"},"
+             "{\"name\":\"mask\",\"datatype\":\"INT64\",\"shape\":[\"B\",3],\"placement\":\"replicate\"}],"
+             "\"nodes\":[" QKV ATTN("mask") "],\"outputs\":[{\"name\":\"h\",\"placement\":\"replicate\"}]}");
+    write_file("g.json", text);
+    snprintf(p, sizeof p, "%s/g.json", dir);
+    tp_graph *g = NULL;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_graph_load(p, &g, &err) == TP_OK, "%s", err.msg);
+    int independent = -1;
+    ck_assert_int_eq(tp_plan_rows_independent(g, 2, &independent, why, sizeof why, &err), TP_OK);
+    ck_assert_msg(independent == 1, "the mask made attention mix rows: %s", why);
+    tp_graph_free(g);
+}
+END_TEST
+#undef QKV
+#undef ATTN
+
 START_TEST(non_divisible_shard_and_split)
 {
     expect_error("\"params\":[{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(1)\"}],"
@@ -316,6 +357,8 @@ Suite *loader_suite(void)
     tcase_add_test(tc, onnx_ops_refused);
     tcase_add_test(tc, onnx_ops_shapes);
     tcase_add_test(tc, onnx_ops_batch_rows);
+    tcase_add_test(tc, attention_mask_refused);
+    tcase_add_test(tc, attention_mask_input_rows);
     tcase_add_test(tc, param_vs_safetensors);
     tcase_add_test(tc, malformed_safetensors_header);
     suite_add_tcase(s, tc);
