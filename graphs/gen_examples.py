@@ -93,13 +93,16 @@ def from_storage(raw, st_dtype):
 
 
 def save_safetensors(path, tensors):
-    """tensors: {name: (st_dtype, raw ndarray)}. Tensors are laid out by
-    decreasing item size (then name) so every tensor is naturally aligned;
-    the header is padded with spaces to a multiple of 8."""
+    """tensors: {name: (st_dtype, raw ndarray)}; a BF16 tensor may also be
+    given as ml_dtypes.bfloat16 values (stored as their bits). Tensors are
+    laid out by decreasing item size (then name) so every tensor is naturally
+    aligned; the header is padded with spaces to a multiple of 8."""
     names = sorted(tensors, key=lambda n: (-ST_NP[tensors[n][0]].itemsize, n))
     header, blobs, off = {}, [], 0
     for n in names:
         st, raw = tensors[n]
+        if st == "BF16" and raw.dtype.name == "bfloat16":
+            raw = raw.view(np.uint16)
         data = np.ascontiguousarray(raw, dtype=ST_NP[st]).tobytes()
         header[n] = {"dtype": st, "shape": [int(s) for s in raw.shape],
                      "data_offsets": [off, off + len(data)]}

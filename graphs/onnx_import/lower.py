@@ -2,13 +2,17 @@
 tensors (ir.Program). Every node without a mapping is an error naming it."""
 import math
 
+import ml_dtypes
 import numpy as np
 
 from . import patterns
 from .errors import ImportFailure
 from .ir import Node, Program, Value
 
-NP_TO_TP = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",
+# onnx (>= 1.17) gives BFLOAT16 tensors as ml_dtypes.bfloat16 arrays, in
+# initializers and in its reference evaluator alike; params keep that dtype
+# (write.py stores them as BF16 bits), never widened.
+NP_TO_TP = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16", np.dtype(ml_dtypes.bfloat16): "BF16",
             np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64"}
 
 

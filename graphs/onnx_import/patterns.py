@@ -309,10 +309,23 @@ def _scaled(g, t):
     return t, 1.0, None
 
 
+def masked_below(dtype):
+    """The additive-mask values of a dtype that count as -inf: <= -1e9, whose
+    exp() after the max is subtracted is exactly 0 in FP32 and FP64; in FP16,
+    whose lowest finite value is -65504, that value (HF's
+    torch.finfo(float16).min mask): score + mask rounds to it or to -inf in
+    FP16, and exp(-65504 - max) is 0 in FP16 and FP32 (our kernels compute
+    softmax in FP32) for any row with one unmasked score above -65000."""
+    if np.dtype(dtype) == np.float16:
+        return float(np.finfo(np.float16).min)
+    return -1e9
+
+
 def mask_kind(mask, s, t):
     """A constant additive mask broadcast to [..., s, t] -> "none" (zeros),
-    "causal", or None (anything else). Values <= -1e9 count as -inf: after
-    the max is subtracted exp() of them is exactly 0 in FP32 and FP64."""
+    "causal", or None (anything else). Values <= masked_below(its dtype)
+    count as -inf."""
+    low = masked_below(np.asarray(mask).dtype)
     m = np.asarray(mask, dtype=np.float64)
     if m.ndim < 2:
         m = m.reshape((1,) * (2 - m.ndim) + m.shape)
@@ -325,7 +338,7 @@ def mask_kind(mask, s, t):
     if s != t:
         return None
     upper = np.triu(np.ones((s, t), bool), 1)
-    if np.all(m2[~upper] == 0) and np.all(m2[upper] <= -1e9):
+    if np.all(m2[~upper] == 0) and np.all(m2[upper] <= low):
         return "causal"
     return None
 
