@@ -6,6 +6,11 @@
 
 char *openblas_get_corename(void);
 
+int tp_blas_threads_per_rank(int world, int cores)
+{
+    return world > 0 && cores > world ? cores / world : 1;
+}
+
 unsigned tp_cpu_blas_features(void)
 {
     __builtin_cpu_init();

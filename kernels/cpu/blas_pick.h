@@ -13,6 +13,12 @@
 #ifndef TP_BLAS_PICK_H
 #define TP_BLAS_PICK_H
 
+/* OpenBLAS threads for each rank's GEMMs when `world` ranks share `cores`
+ * usable CPUs (affinity and cgroup quota: tp_spin_cores): the cores shared
+ * out, at least one. The ranks are the first parallelism; cores left over
+ * go to the GEMMs (world size 1 on 2 cores: 2 threads; 2 ranks: 1 each). */
+int tp_blas_threads_per_rank(int world, int cores);
+
 /* The CPU features the choice looks at. */
 enum {
     TP_CPU_AVX = 1u << 0,

@@ -32,6 +32,7 @@
 #include "grow.h"
 #include "heap.h"
 #include "small_gemm.h"
+#include "spin_wait.h"
 
 typedef struct {
     tp_op op;
@@ -440,7 +441,7 @@ static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp
  * imported GPT-2's at batch 8 0.40 ms instead of 0.29 (graphs/README.md).
  * tpserve serve forces them itself where OpenBLAS's table predates the CPU
  * (blas_pick.h), and says what OpenBLAS had detected. */
-static void note_blas_kernels(tp_backend *b)
+static void note_blas_kernels(tp_backend *b, int threads, int cores)
 {
     const char *forced = getenv("OPENBLAS_CORETYPE"), *detected = getenv(TP_BLAS_DETECTED_ENV);
     int by_env = forced && *forced;
@@ -455,8 +456,10 @@ static void note_blas_kernels(tp_backend *b)
         snprintf(how, sizeof how, "%s%.64s", by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)",
                  by_env ? forced : "");
     small_sgemm_use use = small_sgemm_init();
-    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s%s%s%s%s", openblas_get_corename(), how,
-             use ? "; " : "", use ? small_sgemm_use_name(use) : "",
+    snprintf(b->note, sizeof b->note, "cpu backend: GEMMs on %d thread%s per rank (%d usable core%s, %d rank%s); "
+             "OpenBLAS kernels %s%s%s%s%s%s", threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s",
+             b->world, b->world == 1 ? "" : "s", openblas_get_corename(), how, use ? "; " : "",
+             use ? small_sgemm_use_name(use) : "",
              use ? (small_sgemm_avx512_supported() ? ": tpserve's AVX-512 kernel" : ": tpserve's AVX2 kernel") : "",
              use ? " (kernels/cpu/small_gemm.h)" : "");
 }
@@ -492,9 +495,17 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
         cpu_destroy(b);
         return st;
     }
-    /* One BLAS thread per rank: the ranks are the parallelism. */
-    openblas_set_num_threads(1);
-    note_blas_kernels(b);
+    /* The ranks are the parallelism; cores they leave idle go to each
+     * rank's GEMMs (tp_blas_threads_per_rank). The count is per process:
+     * in a process group each sets its own. Ranks as threads share one
+     * OpenBLAS, whose threaded GEMMs take turns on one lock (0.3.21,
+     * level3_thread.c): above one thread, their large GEMMs run one after
+     * another, each on its share of the cores. OPENBLAS_NUM_THREADS=1 in
+     * serve's environment (main.c) keeps OpenBLAS from starting a pool
+     * before this; the call below starts the threads it asks for. */
+    int cores = tp_spin_cores(), threads = tp_blas_threads_per_rank(world, cores);
+    openblas_set_num_threads(threads);
+    note_blas_kernels(b, threads, cores);
     *out = b;
     return TP_OK;
 }
