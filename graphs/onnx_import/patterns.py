@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 
 class Match:
@@ -18,6 +20,9 @@ class Match:
 
     def __init__(self, op, inputs, attrs, nodes, last):
         self.op, self.inputs, self.attrs, self.nodes, self.last = op, inputs, attrs, nodes, last
+        # nodes other matches may share (an attention's key-padding mask
+        # subgraph): dropped once nothing outside the matches uses them
+        self.shared = []
 
 
 class Graph:
@@ -343,6 +348,137 @@ def mask_kind(mask, s, t):
     return None
 
 
+# -- key-padding mask ----------------------------------------------------------
+#
+# HF exports build the additive mask of every attention layer from the
+# attention_mask input [B, T] (1 = token, 0 = padding): BERT's legacy path
+# as (1 - mask) * finfo.min through Unsqueeze/Cast/Sub/Mul, the SDPA path as
+# Where(bool mask [& causal], 0, -inf) with the bool mask gathered by index
+# tensors. Rather than one matcher per exporter, the subgraph from the input
+# to the added tensor is evaluated (onnx's reference evaluator, as
+# normalize.py folds) on probe masks and accepted when it is exactly the
+# attention op's key-padding rule (tp_attn_mask.h), with or without causal:
+# 0 where a key is attended, masked_below its dtype where not. Queries
+# that see no key are not compared: the op gives them zeros (as the SDPA
+# export's IsNaN guard does), the legacy mask a uniform average.
+
+class KeyPadding:
+    """`input`: the graph input holding the mask; `causal`; `nodes`: the
+    value-dependent nodes computing the added tensor (shared by the layers)."""
+
+    def __init__(self, inp, causal, nodes):
+        self.input, self.causal, self.nodes = inp, causal, nodes
+
+
+def _cone(g, t):
+    """The nodes computing t from graph inputs and constants, topologically
+    ordered (folded ones too), the constants they read, and the graph inputs
+    t depends on by value (not only through Shape/Size). Raises KeyError for
+    a tensor nothing produces."""
+    nm, inputs = g.nm, {name for name, _, _ in g.nm.inputs}
+    order, consts, done = [], set(), set()
+    stack = [(t, False)]
+    while stack:
+        x, expanded = stack.pop()
+        if x in nm.const:
+            consts.add(x)
+            continue
+        if x in inputs:
+            continue
+        n = nm.producer[x]
+        if key(n) in done:
+            continue
+        if expanded:
+            done.add(key(n))
+            order.append(n)
+            continue
+        stack.append((x, True))
+        stack.extend((i, False) for i in n.input if i)
+    value_inputs, stack, seen = set(), [t], set()
+    while stack:
+        x = stack.pop()
+        if x in seen or x in nm.const:
+            continue
+        seen.add(x)
+        if x in inputs:
+            value_inputs.add(x)
+        elif nm.producer[x].op_type not in ("Shape", "Size"):
+            stack.extend(i for i in nm.producer[x].input if i)
+    return order, consts, value_inputs
+
+
+def _probe_masks(b, t):
+    """Masks [b, t] the added tensor is checked on: no padding, trailing
+    padding of a different length per row, and scattered zeros."""
+    full = np.ones((b, t), np.int64)
+    trailing = np.ones((b, t), np.int64)
+    for r in range(b):
+        trailing[r, max(1, t - r * max(1, t // b)):] = 0
+    scattered = (np.random.default_rng(0).random((b, t)) < 0.6).astype(np.int64)
+    scattered[:, 0] = 1
+    return [full, trailing, scattered, 1 - scattered]
+
+
+def _keeps(mask, s, t, causal):
+    """[b, s, t]: whether query i of row b attends key j (tp_attn_mask.h)."""
+    i = np.arange(s)[:, None]
+    j = np.arange(t)[None, :]
+    ok = (j <= i + (t - s)) if causal else np.ones((s, t), bool)
+    return (mask[:, None, :] != 0) & ok[None]
+
+
+def key_padding(g, t, s, tk):
+    """The added tensor t of an attention's scores [B, H, s, tk] -> KeyPadding
+    when it is a key-padding mask of one INT32/INT64 graph input [B, tk]
+    (with or without causal), else None."""
+    nm = g.nm
+    try:
+        nodes, consts, value_inputs = _cone(g, t)
+    except KeyError:
+        return None
+    if len(value_inputs) != 1:
+        return None
+    inp = next(iter(value_inputs))
+    ishape = nm.shape[inp]
+    if nm.dtype[inp] not in (np.dtype(np.int32), np.dtype(np.int64)) or len(ishape) != 2 or ishape[1] != tk \
+            or nm.bdim.get(inp) != 0:
+        return None
+    b = ishape[0]
+    reached = {i for n in nodes for i in n.input} | {t}
+    feeds_in = [name for name, _, _ in nm.inputs if name in reached]
+    graph = onnx.helper.make_graph(
+        nodes, "key_padding",
+        [onnx.helper.make_tensor_value_info(x, onnx.helper.np_dtype_to_tensor_dtype(nm.dtype[x]), nm.shape[x])
+         for x in feeds_in],
+        [onnx.helper.make_tensor_value_info(t, onnx.helper.np_dtype_to_tensor_dtype(nm.dtype[t]), nm.shape[t])],
+        # a constant collapsed along the batch (normalize.py) is repeated back
+        [numpy_helper.from_array(np.ascontiguousarray(np.broadcast_to(nm.const[c], nm.shape[c])), c)
+         for c in sorted(consts)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", nm.opset)])
+    fits = {False: True, True: True}
+    try:
+        ev = ReferenceEvaluator(model)
+        for m in _probe_masks(b, tk):
+            feeds = {x: (m.astype(nm.dtype[x]) if x == inp else np.zeros(nm.shape[x], nm.dtype[x])) for x in feeds_in}
+            raw = np.asarray(ev.run(None, feeds)[0])
+            low, add = masked_below(raw.dtype), raw.astype(np.float64)
+            if add.ndim > 4:
+                return None
+            add = add.reshape((1,) * (4 - add.ndim) + add.shape)
+            add = np.broadcast_to(add, (b, add.shape[1], s, tk))
+            for causal in (False, True):
+                keep = _keeps(m, s, tk, causal)[:, None]
+                seen = keep.any(axis=-1, keepdims=True)  # queries with no key are not compared
+                fits[causal] &= bool(np.all(np.where(keep, add == 0, True)) and
+                                     np.all(np.where(~keep & seen, add <= low, True)))
+    except Exception:  # a subgraph the evaluator cannot run is not a mask we know
+        return None
+    if not (fits[False] or fits[True]):
+        return None
+    dep = {key(n) for n in nm.nodes}
+    return KeyPadding(inp, not fits[False], [n for n in nodes if key(n) in dep])
+
+
 def _not_nan_guard(g, p):
     """Where(IsNaN(p), 0, p) after the softmax -> (its nodes, output)."""
     users = g.uses.get(p, [])
@@ -359,13 +495,22 @@ def _not_nan_guard(g, p):
 def match_attention(g, sm):
     if g.attr(sm, "axis", -1) not in (-1, 3) or len(g.nm.shape[sm.input[0]]) != 4:
         return None
-    scores, mask, nodes = sm.input[0], None, [sm]
+    scores, mask, padding, nodes = sm.input[0], None, None, [sm]
     add = g.producer(scores, "Add")
     if add is not None:
         cands = [i for i in add.input if i in g.nm.const]
-        if len(cands) != 1:
-            return None
-        mask = cands[0]
+        if len(cands) == 1:
+            mask = cands[0]
+        else:
+            # the other operand of the scores' MatMul (through a scaling)
+            mm_side = [i for i in add.input if g.producer(_scaled(g, i)[0], "MatMul") is not None]
+            if len(mm_side) != 1:
+                return None
+            mask = g.other(add, mm_side[0])
+            s4 = g.nm.shape[scores]
+            padding = key_padding(g, mask, s4[2], s4[3])
+            if padding is None:
+                return None
         scores = g.other(add, mask)
         nodes.append(add)
     scores, post, post_node = _scaled(g, scores)
@@ -380,7 +525,10 @@ def match_attention(g, sm):
     if len(sq) != 4 or len(skt) != 4 or sq[-1] != skt[-2]:
         return None
     s, t = sq[2], skt[3]
-    kind = "none" if mask is None else mask_kind(g.nm.const[mask], s, t)
+    if padding is not None:
+        kind = "causal" if padding.causal else "none"
+    else:
+        kind = "none" if mask is None else mask_kind(g.nm.const[mask], s, t)
     if kind is None:
         return None
     guard, p = _not_nan_guard(g, sm.output[0])
@@ -396,7 +544,11 @@ def match_attention(g, sm):
     scale = np.float32(s1 * s2 * post)
     if scale != np.float32(1.0 / math.sqrt(sq[3])):
         attrs["scale"] = float(scale)
-    return _accept(g, Match("attention", [q, ("kT", kt), v], attrs, nodes, pv))
+    inputs = [q, ("kT", kt), v] + ([padding.input] if padding else [])
+    m = _accept(g, Match("attention", inputs, attrs, nodes, pv))
+    if m is not None and padding is not None:
+        m.shared = padding.nodes
+    return m
 
 
 # anchor op type -> matchers tried in order
@@ -421,4 +573,23 @@ def find_matches(g):
                 by_last[key(m.last)] = m
                 consumed.update(key(x) for x in m.nodes)
                 break
+    consumed |= _unused_shared(g, by_last.values(), consumed)
     return by_last, consumed
+
+
+def _unused_shared(g, matches, consumed):
+    """The matches' shared nodes whose outputs only consumed or other such
+    nodes read (repeated until none is added: users come later in order)."""
+    shared = {key(n): n for m in matches for n in m.shared}
+    drop = set()
+    changed = True
+    while changed:
+        changed = False
+        for k, n in shared.items():
+            if k in drop or any(o in g.outputs for o in n.output):
+                continue
+            users = [u for o in n.output for u in g.uses.get(o, [])]
+            if all(key(u) in consumed or key(u) in drop for u in users):
+                drop.add(k)
+                changed = True
+    return drop

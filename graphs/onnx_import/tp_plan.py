@@ -330,11 +330,14 @@ class Planner:
         self.emit_same(n, [xs], pl)
 
     def op_attention(self, n):
-        pls = [self.place.get(i) for i in n.inputs]
+        # q, k, v split by heads; a key-padding mask [B, T] (input 3) is per
+        # batch row and key, the same for every head: replicated
+        qkv, mask = n.inputs[:3], [self.replicated(i) for i in n.inputs[3:]]
+        pls = [self.place.get(i) for i in qkv]
         if all(p is not None and p.dim == 1 and len(p.segs) == 1 for p in pls):
-            self.emit_same(n, [self.name[i] for i in n.inputs], pls[0])
+            self.emit_same(n, [self.name[i] for i in qkv] + mask, pls[0])
         else:
-            self.emit_same(n, [self.replicated(i) for i in n.inputs], None)
+            self.emit_same(n, [self.replicated(i) for i in qkv] + mask, None)
 
     def op_cat(self, n):
         dim = n.attrs["dim"] % len(n.shape)
