@@ -264,6 +264,19 @@ bench-passes: $(BUILD)/bench/bench_engine
 bench-ranks: $(BUILD)/bench/bench_engine $(BUILD)/tpserve
 	TPSERVE=$(BUILD)/tpserve $(BUILD)/bench/bench_engine ranks
 
+# BERT-base/GPT-2 GEMMs: OpenBLAS on 1 and every thread, tpserve's small-M
+# kernel, and oneDNN with weights packed once when libdnnl-dev is
+# installed (only this benchmark links it); a table.
+.PHONY: bench-gemm
+BENCH_GEMM_DNNL := $(if $(wildcard /usr/include/oneapi/dnnl/dnnl.h),-DTP_BENCH_DNNL)
+$(BUILD)/bench/bench_gemm: tests/bench/bench_gemm.c $(BUILD)/libtpserve.a | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) $(BENCH_GEMM_DNNL) -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS) \
+	  $(if $(BENCH_GEMM_DNNL),-ldnnl -lgomp)
+
+bench-gemm: $(BUILD)/bench/bench_gemm
+	$(BUILD)/bench/bench_gemm
+
 # One process per GPU; prints one line and exits 0 on a machine without one.
 bench-gpu: $(BUILD)/bench/bench_gpu
 	$(BUILD)/bench/bench_gpu
