@@ -40,11 +40,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "serve") == 0) {
         tp_err err;
-        /* The ranks are the parallelism (one BLAS thread each, see
-         * cpu_backend.c); OpenBLAS reads this in its constructor, before
-         * main, so only the re-exec below (and the rank processes, which
-         * inherit it) can spare the idle pool thread it would start, which
-         * spins on sched_yield at times. A user's own setting wins. */
+        /* The cpu backend asks OpenBLAS for the threads its GEMMs use
+         * (usable cores / ranks, cpu_backend.c); OpenBLAS reads this in its
+         * constructor, before main, so only the re-exec below (and the rank
+         * processes, which inherit it) can spare the idle pool it would
+         * start first, whose threads spin on sched_yield at times. */
         setenv("OPENBLAS_NUM_THREADS", "1", 0);
         /* and the kernels: OpenBLAS's table may predate this CPU
          * (kernels/cpu/blas_pick.h) */
