@@ -27,10 +27,11 @@ if ! $PY -c "import numpy" >/dev/null 2>&1; then
     $PY -c "import numpy" || { echo "deps: numpy is still missing for $PY" >&2; exit 1; }
 fi
 # onnx + onnxruntime: graphs/import_onnx.py (the ONNX importer; onnx's shape
-# inference and reference evaluator) and its tests' references (onnxruntime).
-if ! $PY -c "import onnx, onnxruntime" >/dev/null 2>&1; then
-    echo "deps: installing onnx and onnxruntime for $PY"
-    $PY -m pip install -q onnx onnxruntime 2>/dev/null ||
-        $PY -m pip install -q --break-system-packages onnx onnxruntime
-    $PY -c "import onnx, onnxruntime" || { echo "deps: onnx/onnxruntime still missing for $PY" >&2; exit 1; }
+# inference and reference evaluator) and its tests' references (onnxruntime);
+# ml_dtypes: BF16 in NumPy (onnx's BFLOAT16 arrays, the BF16 references).
+if ! $PY -c "import onnx, onnxruntime, ml_dtypes" >/dev/null 2>&1; then
+    echo "deps: installing onnx, onnxruntime and ml_dtypes for $PY"
+    $PY -m pip install -q onnx onnxruntime ml_dtypes 2>/dev/null ||
+        $PY -m pip install -q --break-system-packages onnx onnxruntime ml_dtypes
+    $PY -c "import onnx, onnxruntime, ml_dtypes" || { echo "deps: onnx/onnxruntime/ml_dtypes still missing for $PY" >&2; exit 1; }
 fi

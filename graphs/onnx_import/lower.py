@@ -116,6 +116,9 @@ class Lowering:
             if isinstance(t, tuple) and t[0] in ("ones", "zeros"):
                 arr = (np.ones if t[0] == "ones" else np.zeros)(t[1], dtype=t[2])
                 ins.append(self._const_param(out + "." + t[0], arr))
+            elif isinstance(t, tuple) and t[0] == "cast":  # a constant exact in t[2] (patterns._as_dtype)
+                dt = np.dtype(t[2])
+                ins.append(self._const_param(t[1] + "." + NP_TO_TP[dt].lower(), self.nm.const[t[1]].astype(dt)))
             elif isinstance(t, tuple) and t[0] == "kT":
                 ins.append(self.key_from_transposed(t[1], node))
             else:

@@ -18,6 +18,8 @@ Exports the small random-weight ONNX fixtures the importer is tested on:
 | gpt2_fp16.onnx, bert_fp16.onnx | gpt2, bert after model.half() | dynamo, opset 20 |
 | gpt2_bf16.onnx, bert_bf16.onnx | gpt2, bert after model.bfloat16() | dynamo, opset 20 |
 | gpt2_bf16_f32.onnx, bert_bf16_f32.onnx | the BF16 models' weights widened to FP32 (model.bfloat16().float()): their reference, as onnxruntime's CPU provider has no BF16 kernels | dynamo, opset 20 |
+| llama_fp16.onnx | llama after model.half() (RMSNorm between Casts to FP32 and back) | dynamo, opset 20 |
+| llama_fp16_legacy.onnx | same, eager attention (Casts after the softmax, 1/sqrt as Div) | TorchScript, opset 17 |
 
 Inputs: `x` FP32 [batch, 64] or `input_ids` INT64 [batch, 16] (the mask
 fixtures also `attention_mask`, and `token_type_ids`, INT64 [batch, 16]);
@@ -92,11 +94,13 @@ def bert(dtype=None, positions=SEQ * 2):
     return LastHidden(with_dtype(randomize(BertModel(cfg, add_pooling_layer=False), 3), dtype), "last_hidden_state")
 
 
-def llama():
+def llama(dtype=None, attn=None):
     from transformers import LlamaConfig, LlamaModel
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=SEQ * 2)
-    return LastHidden(randomize(LlamaModel(cfg), 4), "last_hidden_state")
+    if attn:
+        cfg._attn_implementation = attn
+    return LastHidden(with_dtype(randomize(LlamaModel(cfg), 4), dtype), "last_hidden_state")
 
 
 def export(model, example, in_name, out_name, path, dynamo):
@@ -146,6 +150,8 @@ def main():
     for suffix, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("bf16_f32", "bf16_f32")):
         jobs += [("gpt2_" + suffix, P(gpt2, dt), ids, "input_ids", "logits", True),
                  ("bert_" + suffix, P(bert, dt), ids, "input_ids", "last_hidden_state", True)]
+    jobs += [("llama_fp16", P(llama, torch.float16), ids, "input_ids", "last_hidden_state", True),
+             ("llama_fp16_legacy", P(llama, torch.float16, "eager"), ids, "input_ids", "last_hidden_state", False)]
     unknown = set(a.only) - {j[0] for j in jobs}
     if unknown:
         ap.error("no fixture named %s" % ", ".join(sorted(unknown)))

@@ -1,0 +1,119 @@
+#!/bin/sh
+# test_onnx_dtypes.sh — FP16 and BF16 ONNX exports (tests/onnx/*_fp16.onnx,
+# *_bf16.onnx) imported with their dtype kept: every float param stored F16 /
+# BF16 in the safetensors (no upcast), no cast node left in the graph (the
+# Casts FP16 exports put around norms and softmax fold into the fused ops),
+# the fused ops of the FP32 import; then imported at world sizes 1, 2 and 4
+# (where the heads divide), run with `tpserve run` at batch 1 and 3 with
+# ranks as threads and as processes, and compared with onnxruntime:
+#   - FP16 models: onnxruntime's output for the model itself;
+#   - BF16 models: onnxruntime's output for the FP32 twin (the same
+#     BF16-rounded weights, *_bf16_f32.onnx; onnxruntime's CPU provider has
+#     no BF16 kernels), rounded to BF16 (tests/onnx/reference.py --twin).
+#
+# env: TPSERVE (binary), PYTHON (python3 with numpy, ml_dtypes, onnx,
+#      onnxruntime); KEEP_TMP=1 keeps the files.
+# shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
+set -u
+: "${TPSERVE:?set TPSERVE to the tpserve binary}"
+PYTHON=${PYTHON:-python3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+FIX=$ROOT/tests/onnx
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_onnx_dtypes.XXXXXX")
+. "$HERE/lib/server.sh"
+IMPORT="$PYTHON $ROOT/graphs/import_onnx.py"
+
+# Tolerances (compare.py's max|out - ref| / max|ref|). Our kernels widen
+# FP16/BF16 to FP32, accumulate in FP32 and round once per op on store;
+# every op's rounding compounds through the two layers.
+# FP16 (11-bit significand: unit roundoff 2^-11 = 4.9e-4) against
+# onnxruntime's FP16 run, which rounds at other points (its FP16 kernels, or
+# FP32 ones between the Casts it inserts): measured up to 2.8e-3 (Llama).
+RTOL_FP16=1e-2
+# BF16 (8-bit significand: unit roundoff 2^-8 = 3.9e-3) against FP32
+# compute with the same weights, rounded to BF16 once: measured up to 7.3e-3.
+RTOL_BF16=3e-2
+
+if ! $PYTHON -c "import ml_dtypes, onnx, onnxruntime" 2>"$TMP/deps"; then
+    fail "python deps: $(tail -1 "$TMP/deps") (scripts/deps.sh installs ml_dtypes, onnx and onnxruntime)"
+    exit 1
+fi
+
+# model:reference (the model itself, or its FP32 twin):tolerance:world sizes
+# (Llama's 2 KV heads do not divide by 4)
+MODELS="gpt2_fp16:-:$RTOL_FP16:1 2 4
+bert_fp16:-:$RTOL_FP16:1 2 4
+llama_fp16:-:$RTOL_FP16:1 2
+llama_fp16_legacy:-:$RTOL_FP16:1 2
+gpt2_bf16:gpt2_bf16_f32:$RTOL_BF16:1 2 4
+bert_bf16:bert_bf16_f32:$RTOL_BF16:1 2 4"
+
+# reference MODEL TWIN BATCH
+reference() {
+    twin_arg=""
+    [ "$2" = - ] || twin_arg="--twin $FIX/$2.onnx"
+    # shellcheck disable=SC2086 # $twin_arg: zero or two words
+    $PYTHON "$FIX/reference.py" "$FIX/$1.onnx" --batch "$3" $twin_arg \
+        --inputs "$TMP/$1.in$3.safetensors" --ref "$TMP/$1.ref$3.safetensors"
+}
+
+# run_check GRAPH MODEL BATCH RANKS RTOL: tpserve run vs the reference.
+run_check() {
+    if "$TPSERVE" run "$TMP/$1.json" --inputs "$TMP/$2.in$3.safetensors" --output "$TMP/$1.out" \
+        --backend cpu --ranks "$4" >"$TMP/run.log" 2>&1 &&
+        $PYTHON "$HERE/compare.py" "$TMP/$1.out" "$TMP/$2.ref$3.safetensors" "$5" >"$TMP/cmp"; then
+        pass "$1 batch $3 ranks $4: $(grep -o '[A-Z0-9]* \[[0-9, ]*\] err=[^ ]*' "$TMP/cmp" | head -1) (rtol $5)"
+    else
+        fail "$1 batch $3 ranks $4: $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
+    fi
+}
+
+# check_graph GRAPH DATATYPE: the params and the weights file keep the
+# dtype, no cast node, and the fused ops of the FP32 export.
+check_graph() {
+    $PYTHON - "$TMP/$1.json" "$2" "$HERE" <<'PY'
+import collections, json, os, sys
+sys.path.insert(0, sys.argv[3])
+import compare
+path, dt = sys.argv[1], sys.argv[2]
+g = json.load(open(path))
+st = {"FP16": "F16", "BF16": "BF16"}[dt]
+floats = [p for p in g["params"] if p["datatype"] in ("FP32", "FP16", "BF16")]
+bad = [(p["name"], p["datatype"]) for p in floats if p["datatype"] != dt]
+assert floats and not bad, "params not %s: %s" % (dt, bad[:4])
+tensors = compare.load(os.path.join(os.path.dirname(path), g["weights"]))
+bad = [(k, s) for k, (s, _) in tensors.items() if s not in (st, "I32", "I64")]
+assert not bad, "weights file tensors not %s: %s" % (st, bad[:4])
+assert all(i["datatype"] == "INT64" for i in g["inputs"]), g["inputs"]
+ops = collections.Counter(n["op"] for n in g["nodes"])
+assert "cast" not in ops, "cast nodes: %d" % ops["cast"]
+want = {"gpt2": {"attention": 2, "layer_norm": 5, "gelu": 2}, "bert": {"attention": 2, "layer_norm": 5, "gelu": 2},
+        "llama": {"attention": 2, "rms_norm": 5, "silu": 2}}[os.path.basename(path).split("_")[0]]
+got = {op: ops[op] for op in want}
+assert got == want, "fused ops %s, want %s" % (got, want)
+PY
+}
+
+while IFS=: read -r m twin rtol sizes <&3; do
+    dt=FP16
+    case $m in *bf16*) dt=BF16 ;; esac
+    reference "$m" "$twin" 1 && reference "$m" "$twin" 3 || { fail "$m: onnxruntime reference"; continue; }
+    for ws in $sizes; do
+        g=${m}_tp$ws
+        if ! $IMPORT "$FIX/$m.onnx" --world-size "$ws" --out "$TMP/$g.json" 2>"$TMP/err"; then
+            fail "import $g: $(tail -1 "$TMP/err")"
+            continue
+        fi
+        check_graph "$g" $dt >"$TMP/chk" 2>&1 && pass "$g: params and weights $dt, no cast, fused ops kept" ||
+            fail "$g: $(tail -1 "$TMP/chk")"
+        for b in 1 3; do
+            for r in threads processes; do run_check "$g" "$m" $b $r "$rtol"; done
+        done
+    done
+done 3<<EOF
+$MODELS
+EOF
+
+echo "test_onnx_dtypes: $npass passed, $nfail failed"
+[ "$nfail" = 0 ]
