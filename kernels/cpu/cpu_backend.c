@@ -456,9 +456,9 @@ static void note_blas_kernels(tp_backend *b, int threads, int cores)
         snprintf(how, sizeof how, "%s%.64s", by_env ? ", forced by OPENBLAS_CORETYPE=" : " (detected)",
                  by_env ? forced : "");
     small_sgemm_use use = small_sgemm_init();
-    snprintf(b->note, sizeof b->note, "cpu backend: GEMMs on %d thread%s per rank (%d usable core%s, %d rank%s); "
-             "OpenBLAS kernels %s%s%s%s%s%s", threads, threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s",
-             b->world, b->world == 1 ? "" : "s", openblas_get_corename(), how, use ? "; " : "",
+    snprintf(b->note, sizeof b->note, "cpu backend: OpenBLAS kernels %s%s; GEMMs on %d thread%s per rank (%d usable "
+             "core%s, %d rank%s)%s%s%s%s", openblas_get_corename(), how, threads, threads == 1 ? "" : "s", cores,
+             cores == 1 ? "" : "s", b->world, b->world == 1 ? "" : "s", use ? "; " : "",
              use ? small_sgemm_use_name(use) : "",
              use ? (small_sgemm_avx512_supported() ? ": tpserve's AVX-512 kernel" : ": tpserve's AVX2 kernel") : "",
              use ? " (kernels/cpu/small_gemm.h)" : "");
