@@ -53,6 +53,11 @@ int tp_spin_cores(void)
     return cores > 0 ? cores : 1;
 }
 
+static int64_t monotonic_ns(void) { return tp_now_ns(); }
+static int64_t (*spin_now)(void) = monotonic_ns;
+
+void tp_spin_set_clock(int64_t (*now)(void)) { spin_now = now ? now : monotonic_ns; }
+
 int64_t tp_spin_budget(int parties, int cores) { return parties <= cores ? TP_SPIN_NS : 0; }
 
 int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_ns)
@@ -63,7 +68,7 @@ int tp_spin_until(int (*done)(const void *arg), const void *arg, int64_t budget_
         if (d || budget_ns <= 0)
             return d;
         if (i % CLOCK_EVERY == 0) {
-            int64_t now = tp_now_ns();
+            int64_t now = spin_now();
             if (!end)
                 end = now + budget_ns;
             else if (now >= end)
@@ -85,15 +90,15 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
     }
     /* the clock only where the stretch needs it: most sites (in-step
      * waits) never stretch, and most of their spins pay */
-    int64_t budget = budget_ns << site->stretch, t0 = site->stretch ? tp_now_ns() : 0;
+    int64_t budget = budget_ns << site->stretch, t0 = site->stretch ? spin_now() : 0;
     int ok = tp_spin_until(done, arg, budget);
-    if (ok && site->stretch > 0 && tp_now_ns() - t0 <= budget_ns)
+    if (ok && site->stretch > 0 && spin_now() - t0 <= budget_ns)
         site->stretch--;
     if (!ok) { /* tp_spin_site_ended may take this miss back */
         site->before[0] = site->misses;
         site->before[1] = site->backoff;
         site->before[2] = site->skip;
-        site->ran_out = tp_now_ns();
+        site->ran_out = spin_now();
         site->spun = budget;
     }
     int m = site->misses;
@@ -112,7 +117,7 @@ void tp_spin_site_ended(tp_spin_site *site)
 {
     if (!site->ran_out)
         return;
-    int64_t late = tp_now_ns() - site->ran_out;
+    int64_t late = spin_now() - site->ran_out;
     site->ran_out = 0;
     if (late > site->spun)
         return;

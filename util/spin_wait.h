@@ -68,14 +68,20 @@ int tp_spin_site_until(tp_spin_site *site, int (*done)(const void *arg), const v
  * worker waiting for its next command, which let its CPU halt, which made
  * the next round trips longer still: a group of processes at one
  * connection served 1-10k requests/s instead of 28-38k, until chance
- * brought it back (server/README.md, "Spins that stretch to meet a waking
- * peer"). So such a wait is not a miss, and the site's spins double (up
+ * brought it back (measured in 2026-11; server/README.md at 27cb4dd,
+ * "Spins that stretch to meet a waking peer"). So such a wait is not a miss, and the site's spins double (up
  * to TP_SPIN_STRETCH_MAX), to halve again after each spin that paid
  * within budget_ns itself. A wait that ended later stays a miss. Callers
  * choose: a site whose caller never calls this keeps the plain budget and
  * counts every spin that ran out; waits between steps call it, waits
  * inside a step do not (rank_procs.c, wait_for, says why). */
 void tp_spin_site_ended(tp_spin_site *site);
+
+/* The clock spins and sites read (NULL: the monotonic clock, tp_now_ns).
+ * For tests: what a site decides depends on when things happen, and a
+ * loaded machine preempts a spinning thread for longer than any budget a
+ * test can afford; a test's own clock makes those decisions exact. */
+void tp_spin_set_clock(int64_t (*now)(void));
 
 /* futex(2) on a 32-bit word: sleeps while *w == expected (timeout_ms < 0:
  * no timeout); wakes every sleeper. shared: the word lies in memory other

@@ -104,30 +104,36 @@ START_TEST(a_site_stops_spinning_where_spins_run_out)
 }
 END_TEST
 
-/* A peer that arrives at a set time (tp_now_ns). */
-static int arrived(const void *p) { return tp_now_ns() >= *(const int64_t *)p; }
+/* The test's clock (tp_spin_set_clock): each read by the spin moves it on
+ * 1 us, the caller's sleep moves it to the peer's arrival. Exact where the
+ * machine's clock is not: preempted for a quarter budget at the wrong
+ * moment, a real spin "meets" a peer it ran out before. */
+static int64_t fake_ns;
+static int64_t fake_now(void) { return fake_ns += 1000; }
+
+/* A peer that arrives at a set time of the test's clock. */
+static int arrived(const void *p) { return fake_ns >= *(const int64_t *)p; }
 
 /* One wait at the site for a peer arriving `after` ns from now: spins
  * under the site, then "sleeps" until the peer is there (the caller's
- * futex sleep, here a nap) and tells the site it is over. 1 when the
- * spin met the peer. */
+ * futex sleep) and tells the site it is over. 1 when the spin met the
+ * peer. */
 static int wait_for_peer(tp_spin_site *s, int64_t budget, int64_t after)
 {
-    int64_t at = tp_now_ns() + after;
+    int64_t at = fake_ns + after;
     int met = tp_spin_site_until(s, arrived, &at, budget);
-    while (!arrived(&at))
-        usleep(200);
+    if (!arrived(&at))
+        fake_ns = at;
     tp_spin_site_ended(s);
     return met;
 }
 
-/* The budget is long against this machine's preemptions (a waker arriving
- * at 1.25 budgets must be measured as such, within a quarter budget), so
- * the timings below hold on a loaded machine; the test takes ~1 s. */
 START_TEST(a_spin_that_ends_just_before_its_peer_stretches)
 {
     const int64_t B = 20 * 1000 * 1000;
     tp_spin_site s = {0};
+    fake_ns = 1000 * 1000 * 1000;
+    tp_spin_set_clock(fake_now);
     /* the peer comes a quarter budget after the spin gave up (a halted
      * vCPU waking up): not a miss; the next spin is twice as long */
     ck_assert_int_eq(wait_for_peer(&s, B, B + B / 4), 0);
@@ -151,6 +157,7 @@ START_TEST(a_spin_that_ends_just_before_its_peer_stretches)
      * budgets against 4 + 4) is a miss, as without tp_spin_site_ended */
     ck_assert_int_eq(wait_for_peer(&s, B, 9 * B), 0);
     ck_assert_int_gt(s.misses, 0);
+    tp_spin_set_clock(NULL);
 }
 END_TEST
 
