@@ -4,7 +4,7 @@
 # (b) docker/Dockerfile: its build stage may only run docker/build.sh (the
 #     script CI runs), and it is *executed* here: the sources its COPY lines
 #     name are copied to a scratch context and its RUN lines run there, as in
-#     the image (deps, make, make graphs, make unit, stage). The runtime stage
+#     the image (deps, make, make graphs, make unit if TP_DOCKER_UNIT=1, stage). The runtime stage
 #     is then checked against the staged files: CUDA devel -> runtime images of
 #     one version, apt packages for every linked library, non-root numeric
 #     USER, EXPOSE, HEALTHCHECK on /v2/health/live, ENTRYPOINT; its smoke RUN,
@@ -24,7 +24,11 @@
 # kubernetes-validate (pip, into build/venv-docker-lint; SKIPPED if not
 # installable).
 #
-# env: PYTHON (python3); TP_DOCKER_FRESH=0 stages from the existing build
+# Under a sanitizer (TP_SANITIZED, make asan) it is skipped: the image is
+# built without one, and `make test` runs this script on the plain build.
+#
+# env: PYTHON (python3); TP_DOCKER_UNIT=1 also runs the build stage's
+#      `make unit` step (UNIT_TESTS=1); TP_DOCKER_FRESH=0 stages from the existing build
 #      directory (dirname of TPSERVE) instead of running the build stage in a
 #      scratch copy; TP_DOCKER_LINT_VENV overrides the linters' venv;
 #      KEEP_TMP=1 keeps the scratch directory.
@@ -41,6 +45,10 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
+if [ -n "${TP_SANITIZED:-}" ]; then
+    echo "SKIP: test_docker under a sanitizer: the image is built without one (make test runs it)"
+    exit 0
+fi
 
 pass() { echo "PASS: $*"; npass=$((npass + 1)); }
 fail() { echo "FAIL: $*"; nfail=$((nfail + 1)); }
@@ -238,6 +246,11 @@ ctx = os.path.join(TMP, "ctx")
 os.makedirs(ctx)
 env = clean_env({"DEBIAN_FRONTEND": "noninteractive"})
 env.update(gargs)
+# The image's `make unit` step is the suite's own unit run on the same
+# sources; run from `make test` (which has just run it) it would only cost
+# minutes. TP_DOCKER_UNIT=1 runs it here too.
+UNIT = os.environ.get("TP_DOCKER_UNIT", "0") == "1"
+env["UNIT_TESTS"] = "1" if UNIT else "0"
 runs = [rest for kw, rest in build["instrs"] if kw == "RUN"]
 only_script = all(all("docker/build.sh" in seg for seg in r.split("&&")) for r in runs) and runs
 check(only_script, "Dockerfile: every build-stage RUN step is docker/build.sh (the script CI runs)",
@@ -298,7 +311,8 @@ if only_script and not FRESH:
                        cwd=ROOT, env=clean_env({"BUILD": bdir}), capture_output=True, text=True)
     stage_ok = check(r.returncode == 0, "docker/build.sh stage from %s (TP_DOCKER_FRESH=0)" % bdir, r.stderr[-2000:])
 elif stage_ok:
-    ok("Dockerfile build stage ran here in %.0f s (deps, make, make graphs, make unit, stage)" % (time.time() - t0))
+    ok("Dockerfile build stage ran here in %.0f s (deps, make, make graphs, %s, stage)"
+       % (time.time() - t0, "make unit" if UNIT else "UNIT_TESTS=0: make unit left to the suite"))
 if not stage_ok:
     finish()
 
