@@ -13,7 +13,7 @@ typedef struct {
     int cuda_check_collectives;  /* cuda: check every collective's signature across ranks */
 } tp_backend_settings;
 
-/* The defaults (server/README.md lists them). */
+/* The defaults (docs/configuration.md lists them). */
 void tp_backend_settings_default(tp_backend_settings *s);
 
 #endif

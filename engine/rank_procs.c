@@ -334,7 +334,7 @@ static int reached(const void *a)
  * worker whose leader sleeps (its sites skip their spins under sparse
  * traffic) spun ~200 us a request for the leader's wake-up, on the core
  * the client needed (a request every 0.5 ms: p50 463 -> 540-740 us, the
- * worker's CPU 90 -> 250 us a request). server/README.md, "Spins that
+ * worker's CPU 90 -> 250 us a request). server/README.md at 27cb4dd, "Spins that
  * stretch to meet a waking peer". */
 static tp_status wait_for(tp_rank_procs *p, reach r, tp_spin_site *site, int64_t spin_ns, int slice_ms, int stretch,
                           tp_err *err)

@@ -19,7 +19,7 @@
 #   them), and the second factor grows with the first. The next window
 #   starts where the last one ended, so it includes that bookkeeping: past
 #   about rate^2 x window = 2e9 (5 s windows at 20k requests/s on 2 cores)
-#   the windows never end (server/README.md, "perf_analyzer's stalled row").
+#   the windows never end (server/README.md at 27cb4dd, "perf_analyzer's stalled row").
 #   A CI machine about twice as fast as ours timed out once in 1 s windows
 #   at 32 connections (not reproduced here at ~18k requests/s); 0.5 s
 #   windows halved rate^2 x window again, until HTTP threads pinned by

@@ -8,7 +8,7 @@
  * other idled (about 39k JSON requests/s against 50-55k with the
  * connections spread). SO_REUSEPORT sockets, one per thread, spread by a
  * hash: no more all-on-one runs, but 8 connections split 2/6 or 3/5 as
- * often as 4/4, which cost 10-20% at 8 connections (server/README.md,
+ * often as 4/4, which cost 10-20% at 8 connections (server/README.md at 27cb4dd,
  * "Spreading connections").
  *
  * Here one thread accepts, and hands each connection to the daemon (one
@@ -46,7 +46,7 @@ void tp_acceptor_released(tp_acceptor *a, struct MHD_Connection *c);
  * goes by load, as before the call. A client and the thread serving it
  * then share a CPU, and each wakes the other there: on a VM whose idle
  * vCPUs halt, a wake-up across CPUs cost 45 us against 1-2 on the same
- * one (server/README.md, "HTTP threads pinned, connections by CPU"). */
+ * one (server/README.md at 27cb4dd, "HTTP threads pinned, connections by CPU"). */
 #define TP_ACCEPTOR_MAX_CPUS 1024
 void tp_acceptor_route_by_cpu(tp_acceptor *a, const int *cpu_of_daemon);
 

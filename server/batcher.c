@@ -562,7 +562,7 @@ static int would_run_on_submitter(const tp_batcher *b)
 /* Under load the submitter keeps the request and runs it a moment later
  * with the others it received meanwhile (tp_batcher_run_held), on its own
  * thread: a batch without the hand-off to the batcher thread and back
- * (server/README.md, "Held requests"). Only for steps short enough to run
+ * (server/README.md at 27cb4dd, "Held requests"). Only for steps short enough to run
  * on the submitter, without a queue delay to wait out, and run as serial
  * steps (every rank on the calling thread): a step whose ranks run on
  * threads or processes of their own pays a fixed cost to wake and wait for
@@ -678,7 +678,7 @@ static int engine_idle(const void *arg)
  * serial steps) polls for an idle one before it sleeps on engine_cv: the
  * sleep and the wake-up cost two context switches, and tens of
  * microseconds of wake-up latency on a VM whose idle vCPU halts
- * (server/README.md, "Waiting for the engine"), for a wait shorter than
+ * (server/README.md at 27cb4dd, "Waiting for the engine"), for a wait shorter than
  * either. Each thread learns whether its spins pay (tp_spin_site): they
  * stop while most run out (the other batch long, or its thread preempted). */
 static void spin_for_engine(tp_batcher *b)

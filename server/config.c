@@ -135,7 +135,7 @@ void tp_config_defaults(tp_config *c)
     c->port = 8000;
     snprintf(c->backend, sizeof c->backend, "cpu");
     c->threads = 0;
-    c->pin_threads = 1; /* measured: server/README.md, "HTTP threads pinned, connections by CPU" */
+    c->pin_threads = 1; /* measured: server/README.md at 27cb4dd, "HTTP threads pinned, connections by CPU" */
     c->max_body_bytes = INT64_C(64) << 20;
     c->request_timeout_ms = 30000;
     c->drain_timeout_ms = 10000;
@@ -155,7 +155,7 @@ void tp_config_defaults(tp_config *c)
     c->rank_heap_mb = 4096;
     c->step_timeout_ms = 600000;
     /* libmicrohttpd zeroes the whole pool after each request: its default
-     * 32 KiB cost ~2 us a request at 32 connections (server/README.md) */
+     * 32 KiB cost ~2 us a request at 32 connections (server/README.md at 27cb4dd) */
     c->connection_memory_bytes = 8192;
     c->max_connections = 4096;
     c->max_connections_per_ip = 0;

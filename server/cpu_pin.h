@@ -4,7 +4,7 @@
  * Pinned where its clients' connections come from (the acceptor routes
  * them by CPU), a thread and its clients wake each other on one CPU: 1-2 us
  * a wake-up against ~45 across CPUs on the VMs measured, and 1.2-1.8x the
- * binary requests/s at 32 connections (server/README.md, "HTTP threads
+ * binary requests/s at 32 connections (server/README.md at 27cb4dd, "HTTP threads
  * pinned, connections by CPU"). But the scheduler can no longer move it.
  * When another task keeps its CPU busy while a CPU it could use idles (a
  * client that moved after it connected, a batch job beside the sidecar),

@@ -864,7 +864,7 @@ static void free_sent_answer(void *cls)
  * the outputs in). libmicrohttpd 0.9.75 sends an iovec response's HTTP
  * header in a send of its own, so a zero-copy answer costs a second syscall
  * and a second TCP segment, which wakes the client twice; copying 64 KiB
- * costs less than either (binary c=32: see server/README.md, "one send per
+ * costs less than either (binary c=32: see server/README.md at 27cb4dd, "one send per
  * answer"). */
 #define SINGLE_SEND_MAX (64 * 1024)
 

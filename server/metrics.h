@@ -5,7 +5,7 @@
  * batcher all record); only the engine's statistics snapshot is copied under
  * a mutex. The engine's own counters are snapshotted by the batcher right
  * after each run, so a scrape never waits for the engine lock while a batch
- * is running. server/README.md documents every metric. */
+ * is running. docs/operations.md documents every metric. */
 #ifndef TP_METRICS_H
 #define TP_METRICS_H
 

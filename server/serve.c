@@ -488,7 +488,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, main_wait *w)
  * request touching that memory page-faults it back in, zeroed, and each
  * give-back shoots down the other CPUs' TLBs. Under wrk that was 3.3
  * faults a request for 8-row JSON answers (~22 KB of text) and 0.5 for
- * 64-row binary ones; with these settings 0.0000-0.03 (server/README.md,
+ * 64-row binary ones; with these settings 0.0000-0.03 (server/README.md at 27cb4dd,
  * "Requests without page faults"). Fixed, the thresholds bound what stays:
  * up to KEEP_FREED_BYTES free at the top of each arena, and blocks from
  * HEAP_BLOCK_MAX_BYTES up (a large request's tensors) still come from mmap

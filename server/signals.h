@@ -2,7 +2,7 @@
  * the process from the first instruction on, taken synchronously by the
  * main thread from a signalfd (so no work ever happens in a handler).
  *
- * SIGTERM, SIGINT: drain and exit (server/README.md, "Signals").
+ * SIGTERM, SIGINT: drain and exit (docs/operations.md, "Signals and shutdown").
  * SIGHUP, SIGUSR1, SIGUSR2: logged and otherwise ignored; serving goes on.
  *   (A closed terminal or a stray `kill -HUP` must not reset requests;
  *   tpserve has no configuration or log file to reopen.) */

@@ -2,7 +2,7 @@
  * the header of `make bench-http`: the ratios there depend on it. A
  * batching server makes its client wait for answers and be woken about
  * once a batch; on a virtual machine a wake-up can be an interrupt through
- * the hypervisor (server/README.md, "An Intel draw of the VM").
+ * the hypervisor (server/README.md at 27cb4dd, "An Intel draw of the VM").
  *
  * Two threads pass a token back and forth, each sleeping until it has it:
  * through a futex, and as one byte over loopback TCP (a blocking recv, as

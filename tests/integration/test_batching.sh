@@ -212,7 +212,7 @@ stop
 
 # ---- held requests: no queue delay, clients overlapping -------------------------
 # Requests that arrive while the engine is busy are held by their HTTP thread
-# and run together on its next pass over its connections (server/README.md,
+# and run together on its next pass over its connections (server/README.md at 27cb4dd,
 # "Held requests"): 8 keep-alive clients x 100 requests, the 16 distinct
 # requests above in turn, each answer against that request alone, while 2
 # more clients send 40 requests each and hang up without reading.

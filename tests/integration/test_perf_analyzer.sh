@@ -77,7 +77,7 @@ metric() {
 # connections, time windows ($PERF_WINDOW_ARGS). What this row checks is
 # tpserve: every request perf_analyzer sends gets its answer. perf_analyzer
 # 2.49 can stall on its own at this rate (its end-of-window bookkeeping grows
-# with rate^2 x window, server/README.md "perf_analyzer's stalled row"; and
+# with rate^2 x window, server/README.md at 27cb4dd "perf_analyzer's stalled row"; and
 # --request-count can wait forever for records it dropped at the start, so
 # neither fixes it). So when it has not finished within 30 s it is stopped
 # (SIGSTOP: no new requests) and the server must then have nothing in

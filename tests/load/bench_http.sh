@@ -32,7 +32,7 @@
 # build/venv-perf), a second table: Triton's own load generator against
 # tpserve with binary tensors, JSON tensors and system shared memory, in its
 # 0.25 s windows (PERF_WINDOW_ARGS; DURATION does not apply: longer windows run
-# away in perf_analyzer's own bookkeeping, server/README.md).
+# away in perf_analyzer's own bookkeeping, server/README.md at 27cb4dd).
 # When the environment forces OpenBLAS's kernel set (OPENBLAS_CORETYPE), a
 # third table: a second tpserve started without it, in the same rounds.
 # Timings never fail the run (noisy machines); wrk errors are reported.
@@ -653,7 +653,7 @@ versus_bare "$TMP/tpb.med" "$TMP/tpb_bare.ratio" "$TMP/bareb.med" "bare HTTP wit
 echo "HTTP threads unpinned (--pin-threads 0): the JSON and binary rows at $TOP_CONNS connections again, each"
 echo "right after tpserve's, against a tpserve whose HTTP threads the scheduler places. By default each HTTP thread"
 echo "keeps to a CPU and takes the connections its clients open from there, so a client and the thread serving it"
-echo "wake each other on one CPU (server/README.md, \"HTTP threads pinned, connections by CPU\"); the last column is"
+echo "wake each other on one CPU (server/README.md at 27cb4dd, \"HTTP threads pinned, connections by CPU\"); the last column is"
 echo "tpserve's gain from it: the pinned tpserve's requests/s over this one's, round by round."
 echo
 if [ -n "$PIN_CPUS" ]; then
@@ -672,7 +672,7 @@ versus_bare "$TMP/tpp.med" "$TMP/tpp_bare.ratio" "$TMP/barep.med" "bare HTTP on 
     "no taskset, or fewer than two CPUs" "$PIN_CPUS"
 if [ -f "$TMP/pa.res" ]; then
     echo
-    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.25 s (longer ones run away: server/README.md):"
+    echo "perf_analyzer (tritonclient 2.49) against tpserve, 3 windows of 0.25 s (longer ones run away: server/README.md at 27cb4dd):"
     echo
     echo "| perf_analyzer tensors | conns | req/s | p50 ms |"
     echo "| --- | ---: | ---: | ---: |"

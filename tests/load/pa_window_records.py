@@ -1,5 +1,5 @@
 # pa_window_records.py — a gdb script that shows why perf_analyzer's long
-# time windows run away (server/README.md, "perf_analyzer's stalled row").
+# time windows run away (server/README.md at 27cb4dd, "perf_analyzer's stalled row").
 #
 # At each InferenceProfiler::ValidLatencyMeasurement call it reads the
 # records perf_analyzer is about to sort into the window and prints: how many

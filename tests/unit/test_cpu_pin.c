@@ -20,7 +20,7 @@
 #define MS(x) ((int64_t)(x) * 1000000)
 
 /* Windows read off tpserve's HTTP threads (wall, run, wait, idlest other
- * CPU's idle; server/README.md, "A pinned thread its CPU starves"). */
+ * CPU's idle; server/README.md at 27cb4dd, "A pinned thread its CPU starves"). */
 START_TEST(starved_only_waiting_as_long_as_running_while_another_cpu_idles)
 {
     /* one connection, client and server sharing a CPU: the other idles,

@@ -255,7 +255,7 @@ END_TEST
  * client's round trip at one connection when a CPU has halted): the spins
  * stretch to meet them (tp_spin_site_ended) and the worker keeps spinning,
  * where it used to count each as a miss, stop spinning after a few and
- * sleep between all later steps (server/README.md, "Spins that stretch to
+ * sleep between all later steps (server/README.md at 27cb4dd, "Spins that stretch to
  * meet a waking peer"). The gap is 1.5x the command spin, against the 4x
  * a stretched spin reaches. Measured, context switches of the worker's
  * threads over the 200 steps: 36-51 with the stretch (its watchdog's ticks
