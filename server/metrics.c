@@ -253,7 +253,7 @@ static void render_requests(sbuf *b, tp_metrics *m)
                       (unsigned long long)v);
     }
     histogram(b, "tpserve_request_duration_seconds",
-              "Inference request time from a complete body to a ready answer.", &m->request_s);
+              "Inference request time from its headers to a ready answer.", &m->request_s);
     gauge(b, "tpserve_inflight_requests",
           "Inference requests accepted and not yet answered (queued, in the engine, encoding).",
           atomic_load(&m->inflight));
