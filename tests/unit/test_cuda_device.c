@@ -239,6 +239,20 @@ static operand make_operand(tp_backend *b, tp_dtype dt, int nd, const int64_t *s
     return o;
 }
 
+/* attention's key-padding mask [B, T], INT64: row r has its first len[r]
+ * keys (the rest padding), uploaded. */
+static operand mask_operand(tp_backend *b, int64_t B, int64_t T, const int64_t *len)
+{
+    int64_t shape[2] = {B, T}, n = B * T;
+    operand o = make_operand(b, TP_I64, 2, shape, 0, -1, 0, 0);
+    for (int64_t i = 0; i < n; i++)
+        ((int64_t *)o.host_base)[i] = i % T < len[i / T];
+    tp_tensor hflat = tp_tensor_make(o.host_base, TP_I64, 1, &n), dflat = tp_tensor_make(o.dev_base, TP_I64, 1, &n);
+    tp_err err;
+    ck_assert_msg(b->iface->copy_in(b, 0, &dflat, &hflat, &err) == TP_OK, "%s", err.msg);
+    return o;
+}
+
 static void free_operand(tp_backend *b, operand *o)
 {
     b->iface->free(b, 0, o->dev_base);
@@ -352,6 +366,15 @@ static void matmul_cases(tp_backend *b, tp_dtype dt)
     memset(&a, 0, sizeof a);
     a.causal = 1;
     compare_op(b, TP_OP_ATTENTION, &a, at, 3, dt, 4, o4, tol_of(dt));
+    /* with a key-padding mask, with and without causal: a full row, one
+     * whose queries see key 0 only, one all padding (zeros) */
+    int64_t qm[4] = {3, 2, 4, 8}, len[3] = {4, 1, 0};
+    operand atm[4] = {make_operand(b, dt, 4, qm, 0, -1, 0, 0), make_operand(b, dt, 4, qm, 0, -1, 0, 0),
+                      make_operand(b, dt, 4, qm, 0, -1, 0, 0), mask_operand(b, 3, 4, len)};
+    for (a.causal = 0; a.causal < 2; a.causal++)
+        compare_op(b, TP_OP_ATTENTION, &a, atm, 4, dt, 4, qm, tol_of(dt));
+    for (int i = 0; i < 4; i++)
+        free_operand(b, &atm[i]);
     for (int i = 0; i < 2; i++) {
         free_operand(b, &mm[i]);
         free_operand(b, &tb[i]);
