@@ -36,6 +36,8 @@ class Graph:
             for i in n.input:
                 self.uses.setdefault(i, []).append(n)
         self.outputs = set(nm.outputs)
+        # key_padding's answers by (tensor, s, t): every layer adds the same mask
+        self.key_padding = {}
 
     def producer(self, t, op_type=None):
         n = self.prod.get(t)
@@ -431,6 +433,12 @@ def key_padding(g, t, s, tk):
     """The added tensor t of an attention's scores [B, H, s, tk] -> KeyPadding
     when it is a key-padding mask of one INT32/INT64 graph input [B, tk]
     (with or without causal), else None."""
+    if (t, s, tk) not in g.key_padding:
+        g.key_padding[(t, s, tk)] = _key_padding(g, t, s, tk)
+    return g.key_padding[(t, s, tk)]
+
+
+def _key_padding(g, t, s, tk):
     nm = g.nm
     try:
         nodes, consts, value_inputs = _cone(g, t)

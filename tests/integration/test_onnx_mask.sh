@@ -41,10 +41,10 @@ fi
 # rows are ROWS (comma-separated: N = N tokens then padding, -N = N padding
 # then tokens) and onnxruntime's outputs for it. Fails when the mask does not
 # change the compared outputs (the check would then prove nothing).
-# masked.py legacy OUT.onnx: BERT's legacy mask arithmetic by hand (no
+# masked.py legacy OUT.onnx [FILL]: BERT's legacy mask arithmetic by hand (no
 # fixture exports it any more: transformers 5 builds the SDPA mask even under
 # TorchScript): one attention layer over x [B, 16, 16] (2 heads of 8) whose
-# scores get (1 - Cast(Unsqueeze(attention_mask))) * finfo(float32).min.
+# scores get (1 - Cast(Unsqueeze(attention_mask))) * FILL (finfo(float32).min).
 # masked.py compare OUT REF IN: compare.py's metric over the positions whose
 # attention_mask is 1 (outputs are [B, S, ...]).
 # masked.py http URL GRAPH IN REF: the request over KServe v2 JSON, compared so.
@@ -114,7 +114,7 @@ elif cmd == "legacy":
     ]
     inits = [c("heads", np.array([-1, 16, 2, 8], np.int64)), c("flat", np.array([-1, 16, 16], np.int64)),
              c("scale", np.float32(8 ** -0.5)), c("axes12", np.array([1, 2], np.int64)), c("one", np.float32(1)),
-             c("fmin", np.finfo(np.float32).min)]
+             c("fmin", np.float32(sys.argv[3]) if len(sys.argv) > 4 else np.finfo(np.float32).min)]
     g = helper.make_graph(nodes, "legacy_mask",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 16]),
                            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", 16])],
@@ -186,6 +186,22 @@ PY
         done
     done
 done
+
+# A mask that only lowers padded scores (by 1, not to -inf) is not a key-padding
+# mask: it must not become the attention op's mask input.
+masked legacy "$TMP/soft_mask.onnx" -1 || fail "soft_mask.onnx"
+if $IMPORT "$TMP/soft_mask.onnx" --world-size 1 --out "$TMP/soft_mask.json" 2>"$TMP/err"; then
+    $PYTHON -c "
+import json, sys
+g = json.load(open(sys.argv[1]))
+assert not any(n['op'] == 'attention' and len(n['inputs']) == 4 for n in g['nodes']), g['nodes']
+" "$TMP/soft_mask.json" && pass "soft_mask: (1 - mask) * -1 stays arithmetic, no key-padding input" ||
+        fail "soft_mask: taken for a key-padding mask"
+    masked request "$TMP/soft_mask.onnx" 16,11,5 "$TMP/soft_mask.b3.in.safetensors" "$TMP/soft_mask.b3.ref.safetensors" &&
+        run_check soft_mask soft_mask.b3 threads
+else
+    pass "soft_mask: (1 - mask) * -1 is no key-padding mask: $(tail -1 "$TMP/err")"
+fi
 
 # ---- served over HTTP: one padded batch as KServe v2 JSON ------------------------
 # The mask keeps batch rows apart, so the plan pads batches into buckets: the
