@@ -10,6 +10,13 @@ column-parallel matmul). Embeddings are vocab-parallel. A plan file
 overrides the choice per weight. A consumer that cannot take a split input
 gets an all_gather first, so every program stays exact.
 
+A vocab that does not divide the world size (GPT-2's 50257) is padded, as
+Megatron does, to a multiple of VOCAB_PAD x world size: the embedding table
+(and a tied or untied LM head) gets zero rows at the end, which no id
+reaches; the head's padded logits are gathered and sliced back to the vocab
+before anything reads them. Any other dim that does not divide is an error
+naming the weight and the --plan entry that replicates it.
+
 A split may be "grouped": a fused QKV weight's output dim is [q | k | v],
 and each segment is split across ranks separately. Such a weight is stored
 rank-major (rank r's chunks of every segment side by side) so a plain
@@ -22,10 +29,16 @@ import numpy as np
 from .errors import ImportFailure
 
 MODES = ("colwise", "rowwise", "replicate", "vocab_parallel")
+# Megatron's make-vocab-size-divisible-by: a padded vocab is a multiple of
+# 128 x world size, so every rank's shard is whole 128-row tiles (aligned
+# logit rows for the GEMM kernels) and its layout is Megatron's. The cost is
+# under 128 rows per rank, only where the vocab does not divide.
+VOCAB_PAD = 128
 
 # dim: the split dim; segs: segment sizes along it (each split d ways);
-# origin: the weight the split comes from (for error messages).
-Shard = namedtuple("Shard", "dim segs origin")
+# origin: the weight the split comes from (for error messages); pad: zero
+# entries at the end of dim (a padded vocab) that must go before any use.
+Shard = namedtuple("Shard", "dim segs origin pad", defaults=(0,))
 
 
 def _fmt(shape):
@@ -91,16 +104,21 @@ class Planner:
                 return mode
         return None
 
-    def use_param(self, p, dim=None, segs=None):
-        """The emitted param for IR param p split on dim (None: replicated)."""
+    def use_param(self, p, dim=None, segs=None, vocab=False):
+        """The emitted param for IR param p split on dim (None: replicated);
+        a vocab dim that does not divide is padded (see VOCAB_PAD)."""
         arr = self.prog.params[p]
+        pad = 0
         if dim is not None:
             dim %= arr.ndim
             segs = tuple(segs or (arr.shape[dim],))
+            if vocab and len(segs) == 1 and segs[0] % self.d:
+                pad = -segs[0] % (VOCAB_PAD * self.d)
             for s in segs:
-                if s % self.d:
-                    raise ImportFailure("weight '%s' %s: dim %d (%s) is not divisible by world size %d"
-                                        % (p, _fmt(arr.shape), dim, " + ".join(map(str, segs)), self.d))
+                if s % self.d and not pad:
+                    raise ImportFailure("weight '%s' %s: dim %d (%s) is not divisible by world size %d: "
+                                        "replicate it with a --plan file holding {\"%s\": \"replicate\"}"
+                                        % (p, _fmt(arr.shape), dim, " + ".join(map(str, segs)), self.d, p))
         k = (p, dim, segs if dim is not None and len(segs) > 1 else None)
         if k in self.param_key:
             return self.param_key[k]
@@ -109,7 +127,7 @@ class Planner:
             name += "_"
         self.taken.add(name)
         self.param_key[k] = name
-        self.params[name] = {"source": p, "dim": dim, "segs": k[2]}
+        self.params[name] = {"source": p, "dim": dim, "segs": k[2], "pad": pad}
         return name
 
     def replicated(self, v):
@@ -121,7 +139,10 @@ class Planner:
             raise ImportFailure("'%s' is split in segments %s (from weight '%s') and needed whole: set the weight to replicate in a --plan"
                                 % (v, list(pl.segs), pl.origin))
         if v not in self.gathered:
-            self.gathered[v] = self.add(self.name[v] + ".all_gather", "all_gather", [self.name[v]], {"dim": pl.dim})
+            g = self.add(self.name[v] + ".all_gather", "all_gather", [self.name[v]], {"dim": pl.dim})
+            if pl.pad:
+                g = self.add(self.name[v] + ".unpad", "slice", [g], {"dim": pl.dim, "start": 0, "length": self.shape(v)[pl.dim]})
+            self.gathered[v] = g
         return self.gathered[v]
 
     def seq_dim(self, v):
@@ -150,6 +171,9 @@ class Planner:
         for v in self.prog.inputs:
             self.name[v.name], self.place[v.name] = v.name, None
         for n in self.prog.nodes:
+            for i in n.inputs:
+                if getattr(self.place.get(i), "pad", 0):  # a padded vocab: no op sees the padding
+                    self.name[i], self.place[i] = self.replicated(i), None
             getattr(self, "op_" + n.op, self.op_elementwise)(n)
         outs = [self.replicated(o) for o in self.prog.outputs]
         unused = set(self.plan) - self.used_plan
@@ -203,11 +227,15 @@ class Planner:
             mode = "replicate"  # batched weights: no Megatron split
         if mode == "colwise":
             segs = self.segments_after(n.name)
-            w = self.use_param(b, 0 if tb else 1, segs)
-            self.emit_same(n, [self.replicated(a), w], Shard(len(n.shape) - 1, segs, b))
+            # an LM head: its weight is the (tied) embedding table, or it gives the logits
+            vocab = n.name in self.prog.outputs or any(u.op == "embedding" and u.inputs[1] == b for u in self.uses.get(b, []))
+            w = self.use_param(b, 0 if tb else 1, segs, vocab)
+            pad = self.params[w]["pad"]
+            self.emit_same(n, [self.replicated(a), w], Shard(len(n.shape) - 1, (segs[0] + pad,) if pad else segs, b, pad))
         elif mode == "rowwise":
             if pa is None or pa.dim != rank_a - 1 or len(pa.segs) > 1:
-                raise ImportFailure("--plan: weight '%s' is rowwise but its input '%s' is not split on the contraction dim" % (b, a))
+                raise ImportFailure("--plan: weight '%s' is rowwise but its input '%s' is not split on the contraction dim: "
+                                    "make it colwise or replicate" % (b, a))
             w = self.use_param(b, 1 if tb else 0)
             partial = self.add(n.name + ".partial", "matmul", [self.name[a], w], n.attrs)
             self.reduce(n.name, partial, b)
@@ -233,7 +261,7 @@ class Planner:
             mode = "replicate"
         ids_name = self.replicated(ids)
         if mode in ("vocab_parallel", "rowwise"):
-            w = self.use_param(table, 0)
+            w = self.use_param(table, 0, vocab=True)
             partial = self.add(n.name + ".partial", "embedding", [ids_name, w], {"vocab_parallel": True})
             self.reduce(n.name, partial, table)
         elif mode == "colwise":
@@ -403,8 +431,9 @@ class Planner:
             o = sj[0]
             if dst[o] % self.d:
                 w = self.prog.params.get(pl.origin)
-                raise ImportFailure("weight '%s'%s: '%s' splits its dim of %d into %s and %d (heads) is not divisible by world size %d"
+                raise ImportFailure("weight '%s'%s: '%s' splits its dim of %d into %s and %d (heads) is not divisible by world size %d: "
+                                    "replicate it with a --plan file holding {\"%s\": \"replicate\"}"
                                     % (pl.origin, "" if w is None else " " + _fmt(w.shape), n.name, src[pl.dim],
-                                       " x ".join(str(dst[k]) for k in sj), dst[o], self.d))
+                                       " x ".join(str(dst[k]) for k in sj), dst[o], self.d, pl.origin))
             return Shard(o, pl.segs if len(pl.segs) > 1 else (dst[o],), pl.origin)
         return None

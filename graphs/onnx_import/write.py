@@ -1,12 +1,19 @@
 """The planned program -> OUT.json (tpgraph v1) + OUT.safetensors (the
 unsharded weights), written to temporary names and renamed into place only
-when both are complete, so a failed import leaves nothing behind."""
+when both are complete, so a failed import leaves nothing behind.
+
+The safetensors file is streamed: each tensor is laid out (reordered rank
+major, padded) just before its bytes are written, so at most one converted
+tensor exists at a time besides the weights the import already holds."""
 import json
 import os
+import struct
 
 import numpy as np
 
-from gen_examples import KS_ST, save_safetensors
+from gen_examples import KS_ST, ST_NP
+
+from .errors import ImportFailure
 
 
 def _rank_major(arr, dim, segs, d):
@@ -43,7 +50,25 @@ def _rename(nodes, old, new):
         n["inputs"] = [new if i == old else i for i in n["inputs"]]
 
 
+def _padded(arr, dim, pad):
+    """arr with `pad` zero entries appended along dim."""
+    zeros = np.zeros(arr.shape[:dim] + (pad,) + arr.shape[dim + 1:], arr.dtype)
+    return np.concatenate([arr, zeros], axis=dim)
+
+
+def _layout(arr, p, d):
+    """The stored form of param p: (shape, a function giving its array)."""
+    shape = list(arr.shape)
+    if p["pad"]:
+        shape[p["dim"]] += p["pad"]
+        return shape, lambda: _padded(arr, p["dim"], p["pad"])
+    if p["segs"] is not None:
+        return shape, lambda: _rank_major(arr, p["dim"], p["segs"], d)
+    return shape, lambda: arr
+
+
 def build(planner, prog, outs, graph_name, weights_file):
+    """-> (graph dict, tensors {key: (safetensors dtype, shape, make)})."""
     d = planner.d
     tensors, params = {}, []
     for name, p in planner.params.items():
@@ -51,10 +76,12 @@ def build(planner, prog, outs, graph_name, weights_file):
         dt = prog.values[p["source"]].datatype
         key = p["source"]
         if p["segs"] is not None:
-            arr = _rank_major(arr, p["dim"], p["segs"], d)
             key = p["source"] + ".rank_major%d" % d
-        tensors[key] = (KS_ST[dt], arr)
-        entry = {"name": name, "datatype": dt, "shape": [int(s) for s in arr.shape],
+        elif p["pad"]:
+            key = p["source"] + ".pad%d" % p["pad"]
+        shape, make = _layout(arr, p, d)
+        tensors[key] = (KS_ST[dt], shape, make)
+        entry = {"name": name, "datatype": dt, "shape": [int(s) for s in shape],
                  "placement": "replicate" if p["dim"] is None else "shard(%d)" % p["dim"]}
         if key != name:
             entry["tensor"] = key
@@ -73,16 +100,49 @@ def build(planner, prog, outs, graph_name, weights_file):
     return graph, tensors
 
 
+def _save(path, tensors):
+    """Safetensors, as gen_examples.save_safetensors lays them out (by
+    decreasing item size, then name; header padded to 8), streamed."""
+    names = sorted(tensors, key=lambda n: (-ST_NP[tensors[n][0]].itemsize, n))
+    header, off = {}, 0
+    for n in names:
+        st, shape, _ = tensors[n]
+        size = int(np.prod(shape, dtype=np.int64)) * ST_NP[st].itemsize
+        header[n] = {"dtype": st, "shape": [int(s) for s in shape], "data_offsets": [off, off + size]}
+        off += size
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((-len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for n in names:
+            st, _, make = tensors[n]
+            arr = make()
+            if st == "BF16" and arr.dtype.name == "bfloat16":
+                arr = arr.view(np.uint16)  # its bits
+            f.write(np.ascontiguousarray(arr, dtype=ST_NP[st]).reshape(-1).view(np.uint8))
+
+
 def write(out_json, graph, tensors):
-    st_path = os.path.join(os.path.dirname(out_json) or ".", graph["weights"])
+    """Writes both files, creating --out's directory when missing."""
+    out_dir = os.path.dirname(out_json) or "."
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ImportFailure("--out %s: %s is not a directory" % (out_json, out_dir))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ImportFailure("--out %s: cannot create its directory %s: %s" % (out_json, out_dir, e.strerror))
+    st_path = os.path.join(out_dir, graph["weights"])
     tmp_json, tmp_st = out_json + ".tmp", st_path + ".tmp"
     try:
-        save_safetensors(tmp_st, tensors)
+        _save(tmp_st, tensors)
         with open(tmp_json, "w") as f:
             json.dump(graph, f, indent=1)
             f.write("\n")
         os.replace(tmp_st, st_path)
         os.replace(tmp_json, out_json)
+    except OSError as e:
+        raise ImportFailure("--out %s: cannot write %s: %s" % (out_json, e.filename or out_json, e.strerror))
     finally:
         for t in (tmp_json, tmp_st):
             if os.path.exists(t):

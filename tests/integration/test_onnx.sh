@@ -5,7 +5,8 @@
 # give the heads error), run with `tpserve run` at batch 1 and 3 with ranks
 # as threads and as processes, and compared with onnxruntime (FP32, rtol
 # 1e-4) — including synthetic models of the ops ONNX exports need after
-# folding (unary_ops, index_ops); --sequence-parallel and --plan overrides; the error cases (one
+# folding (unary_ops, index_ops; gather_elements: BERT's token_type buffer, folded
+# past 64 entries); --sequence-parallel and --plan overrides; the error cases (one
 # line, non-zero exit, nothing written); one imported model served over HTTP
 # with INT64 input_ids as JSON and as binary tensor data.
 #
@@ -28,7 +29,7 @@ if ! $PYTHON -c "import onnx, onnxruntime" 2>"$TMP/deps"; then
     exit 1
 fi
 $PYTHON "$FIX/synthetic.py" "$TMP" || { fail "synthetic.py"; exit 1; }
-for m in mlp mlp_legacy gpt2 bert bert_legacy llama; do cp "$FIX/$m.onnx" "$TMP/"; done
+for m in mlp mlp_legacy gpt2 gpt2_vocab257 bert bert512 bert_legacy llama; do cp "$FIX/$m.onnx" "$TMP/"; done
 
 # reference MODEL BATCH: onnxruntime's answer to a random request.
 reference() {
@@ -55,7 +56,8 @@ run_all() {
 }
 
 # ---- every model at world sizes 1, 2, 4 --------------------------------------
-for m in mlp mlp_legacy gpt2 bert bert_legacy llama decomposed fused_gqa unary_ops index_ops; do
+for m in mlp mlp_legacy gpt2 gpt2_vocab257 bert bert512 bert_legacy llama decomposed fused_gqa unary_ops index_ops \
+    gather_elements odd_vocab; do
     reference $m 1 && reference $m 3 || { fail "$m: onnxruntime reference"; continue; }
     for ws in 1 2 4; do
         g=${m}_tp$ws
@@ -74,6 +76,41 @@ done
 # without the data file the import fails naming it.
 $IMPORT "$TMP/external.onnx" --world-size 2 --out "$TMP/external_tp2.json" 2>"$TMP/err" && reference external 3 &&
     run_check external_tp2 external 3 threads || fail "external data: $(cat "$TMP/err")"
+
+# ---- a vocab no world size divides (GPT-2's 50257): padded, not refused -------
+# 8 ranks too (GPT-2's vocab at every degree a node has).
+if $IMPORT "$TMP/odd_vocab.onnx" --world-size 8 --out "$TMP/odd_vocab_tp8.json" 2>"$TMP/err"; then
+    run_check odd_vocab_tp8 odd_vocab 3 threads
+else
+    fail "import odd_vocab_tp8: $(cat "$TMP/err")"
+fi
+$PYTHON - "$TMP" <<'PY' && pass "odd vocab: table padded to 128 x world size with zero rows, head vocab-parallel, logits sliced back to 50257" || fail "odd vocab: padded plan structure"
+import json, os, sys
+for ws, padded in ((1, 50257), (2, 50432), (4, 50688), (8, 51200)):
+    g = json.load(open(os.path.join(sys.argv[1], "odd_vocab_tp%d.json" % ws)))
+    t = [p for p in g["params"] if p["name"] == "table"][0]
+    assert t["shape"] == [padded, 16], (ws, t)
+    assert ws == 1 or t["placement"] == "shard(0)", (ws, t)
+    head = [n for n in g["nodes"] if n["op"] == "matmul" and "table" in n["inputs"]]
+    assert len(head) == 1 and head[0]["attrs"] == {"transpose_b": True}, head  # column-parallel on the vocab
+    if ws > 1:
+        ops = [(n["op"], n.get("attrs")) for n in g["nodes"][-2:]]
+        assert ops == [("all_gather", {"dim": 2}), ("slice", {"dim": 2, "start": 0, "length": 50257})], ops
+        assert g["nodes"][-1]["name"] == "logits"
+PY
+$PYTHON - "$ROOT/graphs" "$TMP/odd_vocab_tp4.json" <<'PY' && pass "odd vocab: the padding rows are zeros, the table rows unchanged" || fail "odd vocab: padded table contents"
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from gen_examples import load_safetensors
+import onnx
+from onnx import numpy_helper
+g = json.load(open(sys.argv[2]))
+t = [p for p in g["params"] if p["name"] == "table"][0]
+_, stored = load_safetensors(os.path.join(os.path.dirname(sys.argv[2]), g["weights"]))[t["tensor"]]
+model = onnx.load(sys.argv[2].replace("_tp4.json", ".onnx"))
+table = numpy_helper.to_array([i for i in model.graph.initializer if i.name == "table"][0])
+assert (stored[:50257] == table).all() and not stored[50257:].any()
+PY
 
 # ---- --sequence-parallel: reduce_scatter + all_gather, fused by fuse_tp -------
 for m in gpt2 bert llama decomposed; do
@@ -184,21 +221,26 @@ expect_error() {
 expect_error "op without a mapping" "ONNX node 'the_sine' (op Sin): no tpgraph mapping" "$TMP/unmapped_op.onnx" --world-size 2
 expect_error "Pow by a non-constant" "ONNX node 'the_pow' (op Pow): no tpgraph mapping: an exponent that is not one constant" "$TMP/pow_dynamic.onnx" --world-size 1
 expect_error "unfixed dynamic dim" "input 'x' dim 1 ('seq') is dynamic: fix it with --dim seq=VALUE" "$TMP/two_dynamic.onnx" --world-size 1
-expect_error "heads not divisible" "[64, 32]: 'view_1' splits its dim of 32 into 2 x 16 and 2 (heads) is not divisible by world size 4" "$TMP/llama.onnx" --world-size 4
+expect_error "heads not divisible" "[64, 32]: 'view_1' splits its dim of 32 into 2 x 16 and 2 (heads) is not divisible by world size 4: replicate it with a --plan file holding {\"val_34\": \"replicate\"}" "$TMP/llama.onnx" --world-size 4
 expect_error "KV heads of a fused QKV not divisible" "weight 'w_qkv' [32, 64]: 'k4' splits its dim of 16 into 2 x 8 and 2 (heads) is not divisible by world size 4" "$TMP/fused_gqa.onnx" --world-size 4
 head -c 300000 "$TMP/gpt2.onnx" >"$TMP/truncated.onnx"
 expect_error "truncated .onnx" "truncated.onnx: not a valid ONNX file (truncated or corrupt?)" "$TMP/truncated.onnx" --world-size 2
 head -c 3 "$TMP/gpt2.onnx" >"$TMP/truncated3.onnx"
 expect_error "3-byte .onnx" "truncated3.onnx: not a valid ONNX" "$TMP/truncated3.onnx" --world-size 2
 mv "$TMP/external.onnx.data" "$TMP/moved.data"
-expect_error "external data missing" "external.onnx: cannot read its external tensor data" "$TMP/external.onnx" --world-size 2
+expect_error "external data missing" "external.onnx: cannot read its external tensor data: initializer 'w1': $TMP/external.onnx.data: No such file" "$TMP/external.onnx" --world-size 2
 head -c 1000 "$TMP/moved.data" >"$TMP/external.onnx.data"
-expect_error "external data truncated" "external.onnx: cannot read its external tensor data: External data length" "$TMP/external.onnx" --world-size 2
+expect_error "external data truncated" "external.onnx: cannot read its external tensor data: initializer 'w1': 'external.onnx.data': bytes 0..8192 of a file of 1000 bytes (truncated?)" "$TMP/external.onnx" --world-size 2
+# Folding evaluates every constant: an index past a buffer (BERT's token_type
+# GatherElements) is an error naming the node, never a wrapped-around value.
+expect_error "folding a bad GatherElements" "ONNX node 'type_ids_gather' (op GatherElements): evaluating at batch 3 failed: index 100 is out of bounds" "$TMP/gather_elements_oob.onnx" --world-size 2
 expect_error "missing file" "nope.onnx: cannot read" "$TMP/nope.onnx" --world-size 2
 expect_error "--dim of no input" "--dim nosuch: no input has a dynamic dim of that name" "$TMP/mlp.onnx" --world-size 1 --dim nosuch=4
-expect_error "dim not divisible" "weight '0.weight' [256, 64]: dim 0 (256) is not divisible by world size 3" "$TMP/mlp.onnx" --world-size 3
+expect_error "dim not divisible" "weight '0.weight' [256, 64]: dim 0 (256) is not divisible by world size 3: replicate it with a --plan file holding {\"0.weight\": \"replicate\"}" "$TMP/mlp.onnx" --world-size 3
 echo '{"*": "sideways"}' >"$TMP/badmode.json"
 expect_error "bad plan mode" "'*': mode 'sideways' is not one of colwise, rowwise, replicate, vocab_parallel" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/badmode.json"
+echo '{"0.weight": "rowwise"}' >"$TMP/rowwise.json"
+expect_error "rowwise weight on a replicated input" "weight '0.weight' is rowwise but its input 'x' is not split on the contraction dim: make it colwise or replicate" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/rowwise.json"
 echo '{"nothing*": "replicate"}' >"$TMP/nomatch.json"
 expect_error "plan glob matching nothing" "pattern 'nothing*' matches no weight" "$TMP/mlp.onnx" --world-size 2 --plan "$TMP/nomatch.json"
 echo '{"*": "replicate"' >"$TMP/badjson.json"
@@ -226,6 +268,14 @@ for r in threads processes; do
         fail "request id out of the gather table ($r): exit $rc: $(cat "$TMP/err")"
     fi
 done
+
+# --out: a missing directory is created; a path through a file is one line.
+$IMPORT "$TMP/mlp.onnx" --world-size 2 --out "$TMP/new/dir/mlp.json" 2>"$TMP/err" && [ -s "$TMP/new/dir/mlp.safetensors" ] &&
+    pass "--out into a missing directory: created" || fail "--out into a missing directory: $(cat "$TMP/err")"
+$IMPORT "$TMP/mlp.onnx" --world-size 2 --out "$TMP/mlp.onnx/g.json" 2>"$TMP/err"
+rc=$?
+[ $rc = 1 ] && [ "$(wc -l <"$TMP/err")" = 1 ] && grep -qF -- "--out $TMP/mlp.onnx/g.json: $TMP/mlp.onnx is not a directory" "$TMP/err" &&
+    pass "error: --out through a file: $(cat "$TMP/err")" || fail "error: --out through a file: exit $rc: $(cat "$TMP/err")"
 
 # --dim makes the two-dynamic model importable; it then runs like any other.
 if $IMPORT "$TMP/two_dynamic.onnx" --world-size 2 --dim seq=8 --out "$TMP/two_dynamic_tp2.json" 2>"$TMP/err" &&

@@ -20,7 +20,16 @@ what the exported fixtures do not cover:
 - index_ops.onnx: ReduceMean/ReduceSum (keepdims 1 and 0), Where with a
   constant mask, Gather along axis 1 with constant INT64 ids and on a 3-D
   table with INT32 request ids, Unsqueeze + Expand, Cast to FLOAT16, to INT32
-  and back, x [batch, 8, 16] and idx [batch, 4].
+  and back, x [batch, 8, 16] and idx [batch, 4];
+- gather_elements.onnx: BERT's token_type buffer: a constant [1, 100] INT64
+  buffer Expanded to the batch and read by GatherElements along its 100
+  entries (onnx's reference GatherElements fails past 64) at constant
+  positions, the ids then an embedding added to x [batch, 8, 16]
+  (gather_elements_oob.onnx: one position past the buffer);
+- odd_vocab.onnx: GPT-2's vocab (50257, a prime: divisible by no world
+  size): ids [batch, 8] -> embedding [50257, 16] -> MLP -> LayerNorm -> LM
+  head tied to the embedding (MatMul by its Transpose) -> logits
+  [batch, 8, 50257].
 Needs numpy and onnx."""
 import os
 import sys
@@ -213,6 +222,44 @@ def index_ops(path):
          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 16])], path)
 
 
+def gather_elements(path, last=80):
+    N = helper.make_node
+    positions = np.array([[90, 3, 70, 65, 99, 0, 64, last]], np.int64)
+    nodes = [
+        N("Shape", ["x"], ["x_shape"], start=0, end=1),
+        N("Concat", ["x_shape", "buf_len"], ["buf_shape"], axis=0),
+        N("Expand", ["buffer", "buf_shape"], ["buf_b"]),
+        N("Concat", ["x_shape", "seq_len"], ["pos_shape"], axis=0),
+        N("Expand", ["positions", "pos_shape"], ["pos_b"]),
+        N("GatherElements", ["buf_b", "pos_b"], ["type_ids"], axis=1, name="type_ids_gather"),
+        N("Gather", ["type_table", "type_ids"], ["type_emb"], axis=0),
+        N("Add", ["x", "type_emb"], ["xt"]),
+        N("MatMul", ["xt", "w"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(RNG.integers(0, 3, (1, 100)).astype(np.int64), "buffer"),
+             numpy_helper.from_array(positions, "positions"), axes("buf_len", [100]), axes("seq_len", [8]),
+             init("type_table", [3, 16]), init("w", [16, 16])]
+    save(nodes, inits, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16])], path)
+
+
+def odd_vocab(path, vocab=50257):
+    N = helper.make_node
+    nodes = [
+        N("Gather", ["table", "ids"], ["emb"], axis=0),
+        N("MatMul", ["emb", "w1"], ["h"]),
+        N("Gelu", ["h"], ["g"]),
+        N("MatMul", ["g", "w2"], ["m"]),
+        N("LayerNormalization", ["m", "ln_w", "ln_b"], ["ln"], axis=-1),
+        N("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+        N("MatMul", ["ln", "table_t"], ["logits"]),
+    ]
+    save(nodes, [init("table", [vocab, 16]), init("w1", [16, 32]), init("w2", [32, 16]),
+                 init("ln_w", [16], 0.2, 1.0), init("ln_b", [16])],
+         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
+         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 8, vocab])], path, opset=20)
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -224,6 +271,9 @@ def main():
     unary_ops(os.path.join(out, "unary_ops.onnx"))
     index_ops(os.path.join(out, "index_ops.onnx"))
     pow_dynamic(os.path.join(out, "pow_dynamic.onnx"))
+    gather_elements(os.path.join(out, "gather_elements.onnx"))
+    gather_elements(os.path.join(out, "gather_elements_oob.onnx"), last=100)
+    odd_vocab(os.path.join(out, "odd_vocab.onnx"))
 
 
 if __name__ == "__main__":
