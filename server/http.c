@@ -153,8 +153,7 @@ struct tp_http {
     _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
     tp_kserve_model model;
     tp_io_desc *ins, *outs;
-    tp_labels **labels; /* per output (n_labels), from cfg.labels (NULL: none given) */
-    int n_labels;
+    const tp_labels *const *labels; /* per output, serve's (tp_http_set_labels; NULL: none given) */
     tp_metrics *metrics;
     tp_model_stats *stats;
     tp_trace *trace; /* Triton's trace extension */
@@ -1689,46 +1688,6 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
     return TP_OK;
 }
 
-/* One "OUTPUT=FILE" of the labels setting (len bytes at spec): the file
- * read into h->labels[the output]. */
-static tp_status load_output_labels(tp_http *h, int n_outs, const char *spec, size_t len, tp_err *err)
-{
-    char item[sizeof h->cfg.labels], names[512];
-    snprintf(item, sizeof item, "%.*s", (int)len, spec);
-    char *eq = strchr(item, '=');
-    if (!eq || eq == item || !eq[1])
-        return tp_fail(err, TP_INVALID, "labels: '%s' is not OUTPUT=FILE", item);
-    *eq = '\0';
-    int k = tp_io_find(h->outs, n_outs, item);
-    if (k < 0)
-        return tp_fail(err, TP_INVALID, "labels: '%s' is not an output of the graph (outputs: %s)", item,
-                       tp_io_names(names, sizeof names, h->outs, n_outs));
-    if (h->labels[k])
-        return tp_fail(err, TP_INVALID, "labels: output '%s' is given labels twice", item);
-    tp_status st = tp_labels_load(eq + 1, &h->labels[k], err);
-    if (st == TP_OK)
-        TP_LOG_I("output '%s': %lld class labels from %s", item, (long long)tp_labels_count(h->labels[k]), eq + 1);
-    return st;
-}
-
-/* The labels setting ("OUTPUT=FILE,..."), read once the outputs are known. */
-static tp_status load_labels(tp_http *h, int n_outs, tp_err *err)
-{
-    const char *spec = h->cfg.labels;
-    if (!*spec)
-        return TP_OK;
-    if (!(h->labels = calloc((size_t)n_outs, sizeof *h->labels)))
-        return tp_fail(err, TP_NOMEM, "out of memory");
-    h->n_labels = n_outs;
-    for (;;) {
-        size_t len = strcspn(spec, ",");
-        tp_status st = load_output_labels(h, n_outs, spec, len, err);
-        if (st != TP_OK || !spec[len])
-            return st;
-        spec += len + 1;
-    }
-}
-
 tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err *err)
 {
     tp_engine *e = inst[0];
@@ -1741,10 +1700,8 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
         h->ins[i] = *tp_engine_input(e, i);
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
-    tp_status st = load_labels(h, no, err);
     h->may_stall = tp_engine_steps_may_stall(e);
-    if (st == TP_OK)
-        st = start_batcher(h, inst, n, err);
+    tp_status st = start_batcher(h, inst, n, err);
     if (st != TP_OK)
         return st;
     h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
@@ -1752,7 +1709,7 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
                                                                  : 0,
                                  h->cfg.max_queue_delay_us, h->cfg.max_queue, n,
                                  h->cfg.allow_client_shm ? h->shm : NULL,
-                                 (const tp_labels *const *)h->labels, h->cfg.max_json_values};
+                                 h->labels, h->cfg.max_json_values};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
@@ -1763,6 +1720,8 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
     atomic_compare_exchange_strong(&h->state, &loading, SRV_READY);
     return TP_OK;
 }
+
+void tp_http_set_labels(tp_http *h, const tp_labels *const *labels) { h->labels = labels; }
 
 int tp_http_set_broken(tp_http *h, const char *why)
 {
@@ -1838,9 +1797,6 @@ void tp_http_stop(tp_http *h)
     pthread_cond_destroy(&h->cv);
     free(h->ins);
     free(h->outs);
-    for (int i = 0; i < h->n_labels; i++)
-        tp_labels_free(h->labels[i]);
-    free(h->labels);
     tp_metrics_free(h->metrics);
     tp_model_stats_free(h->stats);
     tp_trace_free(h->trace); /* after the daemons: no request is traced any more */

@@ -12,6 +12,7 @@
 #ifndef TP_HTTP_H
 #define TP_HTTP_H
 
+#include "classify.h"
 #include "config.h"
 #include "engine.h"
 #include "status.h"
@@ -30,6 +31,12 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err);
 int tp_http_port(const tp_http *h);
 /* HTTP threads serving the main port (threads 0 resolved to the cores) */
 int tp_http_threads(const tp_http *h);
+
+/* The class labels of the model's outputs (labels[k] for output k, NULL
+ * where none; labels NULL when none has any), loaded by serve with the
+ * engines: borrowed like them. Before tp_http_set_engines, which publishes
+ * the model with them. */
+void tp_http_set_labels(tp_http *h, const tp_labels *const *labels);
 
 /* Starts the batcher on the loaded engine's n instances (borrowed: they
  * must outlive tp_http_stop; tp_batcher_create_instances), publishes the

@@ -15,10 +15,12 @@
 #include <unistd.h>
 
 #include "batcher.h"
+#include "classify.h"
 #include "clock.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
+#include "io_check.h"
 #include "log.h"
 #include "signals.h"
 #include "worker.h"
@@ -351,6 +353,71 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
     return -1;
 }
 
+/* ---- the model's class labels ------------------------------------------ */
+
+/* The labels setting read for the loaded graph (Triton's label_filename):
+ * labels[k] for output k, NULL where none was given; the array NULL when
+ * the setting is empty. HTTP serves them by reference (tp_http_set_labels),
+ * so they are freed after tp_http_stop. */
+typedef struct {
+    const tp_config *cfg;
+    tp_io_desc *outs; /* the graph's outputs, while the labels are read */
+    int n_outs;
+    tp_labels **labels;
+} model_labels;
+
+/* One "OUTPUT=FILE" of the labels setting (len bytes at spec): the file
+ * read into m->labels[the output]. */
+static tp_status load_output_labels(model_labels *m, const char *spec, size_t len, tp_err *err)
+{
+    char item[sizeof m->cfg->labels], names[512];
+    snprintf(item, sizeof item, "%.*s", (int)len, spec);
+    char *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1])
+        return tp_fail(err, TP_INVALID, "labels: '%s' is not OUTPUT=FILE", item);
+    *eq = '\0';
+    int k = tp_io_find(m->outs, m->n_outs, item);
+    if (k < 0)
+        return tp_fail(err, TP_INVALID, "labels: '%s' is not an output of the graph (outputs: %s)", item,
+                       tp_io_names(names, sizeof names, m->outs, m->n_outs));
+    if (m->labels[k])
+        return tp_fail(err, TP_INVALID, "labels: output '%s' is given labels twice", item);
+    tp_status st = tp_labels_load(eq + 1, &m->labels[k], err);
+    if (st == TP_OK)
+        TP_LOG_I("output '%s': %lld class labels from %s", item, (long long)tp_labels_count(m->labels[k]), eq + 1);
+    return st;
+}
+
+/* The labels setting ("OUTPUT=FILE,..."), read once the outputs of e are
+ * known. m is set whatever the result (free_labels). */
+static tp_status load_labels(const tp_config *cfg, const tp_engine *e, model_labels *m, tp_err *err)
+{
+    *m = (model_labels){cfg, NULL, tp_engine_n_outputs(e), NULL};
+    const char *spec = cfg->labels;
+    if (!*spec)
+        return TP_OK;
+    m->outs = calloc((size_t)m->n_outs + 1, sizeof *m->outs);
+    if (!m->outs || !(m->labels = calloc((size_t)m->n_outs, sizeof *m->labels)))
+        return tp_fail(err, TP_NOMEM, "out of memory");
+    for (int i = 0; i < m->n_outs; i++)
+        m->outs[i] = *tp_engine_output(e, i);
+    for (;;) {
+        size_t len = strcspn(spec, ",");
+        tp_status st = load_output_labels(m, spec, len, err);
+        if (st != TP_OK || !spec[len])
+            return st;
+        spec += len + 1;
+    }
+}
+
+static void free_labels(model_labels *m)
+{
+    for (int i = 0; m->labels && i < m->n_outs; i++)
+        tp_labels_free(m->labels[i]);
+    free(m->labels);
+    free(m->outs);
+}
+
 /* The graph loads on its own thread so SIGTERM is honoured while a large
  * graph is still loading (a rollout must not wait for weights to map). */
 typedef struct {
@@ -467,7 +534,16 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, main_wait *w)
         free_instances(inst, cfg->instances);
         return 1;
     }
-    int rc = serve_until_signal(h, inst, cfg, w);
+    /* the engines are in: their outputs' labels next, served from here on */
+    model_labels labels;
+    tp_err err;
+    int rc = 1;
+    if (load_labels(cfg, inst[0], &labels, &err) != TP_OK) {
+        TP_LOG_E("%s", err.msg);
+    } else {
+        tp_http_set_labels(h, (const tp_labels *const *)labels.labels);
+        rc = serve_until_signal(h, inst, cfg, w);
+    }
     if (rc < 0) {
         /* Requests are still running inside the engine; stopping the daemon
          * or freeing the engine under them is undefined, and the process is
@@ -477,6 +553,7 @@ static int load_and_serve(tp_http *h, const tp_config *cfg, main_wait *w)
         return 1;
     }
     tp_http_stop(h);
+    free_labels(&labels);
     free_instances(inst, cfg->instances);
     return rc;
 }
