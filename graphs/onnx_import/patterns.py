@@ -6,6 +6,7 @@ accepted only when every tensor inside it is used by the match alone, so
 replacing the subgraph by one op changes nothing else."""
 import math
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -94,6 +95,21 @@ def near(c, target, tol=1e-6):
     return abs(c - target) <= tol * max(1.0, abs(target))
 
 
+def _split_near(g, node, target, tol=1e-6):
+    """split_const for a constant that is target: near() it, or, in an
+    FP16/BF16 export, target rounded to that dtype."""
+    if node is None or len(node.input) != 2:
+        return None
+    for k in (0, 1):
+        t, c = node.input[k], g.scalar(node.input[k])
+        if c is None or node.input[1 - k] in g.nm.const:
+            continue
+        dt = g.nm.dtype.get(t)
+        if near(c, target, tol) or (dt in NARROW and c == float(np.asarray(target).astype(dt))):
+            return node.input[1 - k], c
+    return None
+
+
 def _internal_ok(g, nodes, last):
     """Every output of `nodes` except last's is consumed only inside."""
     names = {key(n) for n in nodes}
@@ -108,6 +124,151 @@ def _internal_ok(g, nodes, last):
 
 def _accept(g, m):
     return m if m is not None and _internal_ok(g, m.nodes, m.last) else None
+
+
+# -- casts -------------------------------------------------------------------
+#
+# FP16/BF16 exports compute norms and softmax in FP32 between Casts (HF's
+# RMSNorm: x.to(float32) ... .to(dtype) * weight; softmax(dtype=float32)).
+# The fused ops compute in FP32 whatever their dtype (graphs/README.md) and
+# round once on store, so the Casts fold into the fused op in the FP16/BF16
+# dtype: one rounding where the export has two, nothing computed in a lower
+# precision than the export does.
+
+NARROW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64)) + NARROW
+
+
+def _float_cast(g, n):
+    return (n is not None and n.op_type == "Cast" and g.nm.dtype.get(n.input[0]) in FLOATS
+            and g.nm.dtype.get(n.output[0]) in FLOATS)
+
+
+def _widened(g, t):
+    """t = Cast(x0) of an FP16/BF16 x0 to FP32 -> (x0, the Cast), else None."""
+    c = g.producer(t, "Cast")
+    if c is None or g.nm.dtype[c.input[0]] not in NARROW or g.nm.dtype[t] != np.float32:
+        return None
+    return c.input[0], c
+
+
+def _narrowed(g, t, dt):
+    """t's only use is a Cast to dt -> that Cast, else None."""
+    c = g.only_use(t)
+    return c if c is not None and c.op_type == "Cast" and g.nm.dtype[c.output[0]] == dt else None
+
+
+def _uncast(g, t, nodes):
+    """Steps back over float-to-float Casts producing t (appended to nodes)."""
+    while _float_cast(g, g.producer(t)):
+        n = g.producer(t)
+        nodes.append(n)
+        t = n.input[0]
+    return t
+
+
+def _softmax_tail(g, p):
+    """After a softmax: the IsNaN/Where guard and float-to-float Casts, in
+    any order -> (their nodes, the tensor they give)."""
+    nodes = []
+    while True:
+        guard, q = _not_nan_guard(g, p)
+        u = g.only_use(q)
+        if guard:
+            nodes += guard
+        elif _float_cast(g, u):
+            nodes.append(u)
+            q = u.output[0]
+        else:
+            return nodes, q
+        p = q
+
+
+def _as_dtype(g, t, dt):
+    """A norm's weight/bias input of a match in FP32 -> the same in dt
+    (("ones"/"zeros") or ("cast", constant, dt) when every value is exact
+    in dt), else None."""
+    if isinstance(t, tuple):
+        return (t[0], t[1], dt)
+    c = g.nm.const.get(t)
+    if c is None or not np.array_equal(c.astype(dt).astype(c.dtype), c):
+        return None
+    return ("cast", t, dt)
+
+
+def _narrow_norm(g, m, x, dim, plain=True):
+    """A norm match m on FP32 x: when x = Cast(x0) of FP16/BF16 and m's
+    result is only cast back to x0's dtype (then, if m has no weight, maybe
+    a Mul by a [dim] weight and, for layer_norm, an Add of a [dim] bias in
+    that dtype: HF's Llama), the same op on x0 in x0's dtype. Else m (None
+    if not `plain`), each only when accepted."""
+    wid = _widened(g, x)
+    cout = wid and _narrowed(g, m.last.output[0], g.nm.dtype[wid[0]])
+    if not cout:
+        return _accept(g, m) if plain else None
+    x0, cin = wid
+    dt = g.nm.dtype[x0]
+    params = [_as_dtype(g, t, dt) for t in m.inputs[1:]]
+    if any(p is None for p in params):
+        return _accept(g, m) if plain else None
+    nodes, last = m.nodes + [cout], cout
+    if all(isinstance(t, tuple) for t in m.inputs[1:]):
+        w, wm = _scale_weight(g, cout.output[0], dim)
+        if w is not None and g.nm.dtype[w] == dt:
+            params[0], nodes, last = w, nodes + [wm], wm
+            add = g.only_use(wm.output[0]) if m.op == "layer_norm" else None
+            b = g.other(add, wm.output[0]) if add is not None and add.op_type == "Add" else None
+            if b is not None and b in g.nm.const and g.nm.const[b].shape == (dim,) and g.nm.dtype[b] == dt:
+                params[1], nodes, last = b, nodes + [add], add
+    for used in (nodes + [cin], nodes):  # the widening Cast too when only the match reads it
+        n = _accept(g, Match(m.op, [x0] + params, m.attrs, used, last))
+        if n is not None:
+            return n
+    return _accept(g, m) if plain else None
+
+
+def match_layer_norm_cast(g, ln):
+    """Cast(x0 FP16/BF16 -> FP32), LayerNormalization, Cast back."""
+    x = ln.input[0]
+    shape = g.nm.shape.get(x)
+    if not shape or g.attr(ln, "axis", -1) % len(shape) != len(shape) - 1 or len(ln.input) < 2:
+        return None
+    w = ln.input[1]
+    b = ln.input[2] if len(ln.input) > 2 and ln.input[2] else ("zeros", shape[-1], np.dtype(np.float32))
+    if w not in g.nm.const or (not isinstance(b, tuple) and b not in g.nm.const):
+        return None
+    m = Match("layer_norm", [x, w, b], {"eps": float(g.attr(ln, "epsilon", 1e-5))}, [ln], ln)
+    return _narrow_norm(g, m, x, shape[-1], plain=False)
+
+
+def match_softmax_cast(g, sm):
+    """Cast(x0 FP16/BF16 -> FP32), Softmax, Cast back (opset 13 or the last axis)."""
+    shape = g.nm.shape.get(sm.input[0])
+    axis = g.attr(sm, "axis", -1 if g.nm.opset >= 13 else 1)
+    wid = _widened(g, sm.input[0])
+    if not shape or not wid or (g.nm.opset < 13 and axis % len(shape) != len(shape) - 1):
+        return None
+    cout = _narrowed(g, sm.output[0], g.nm.dtype[wid[0]])
+    if cout is None:
+        return None
+    return (_accept(g, Match("softmax", [wid[0]], {"dim": axis}, [wid[1], sm, cout], cout))
+            or _accept(g, Match("softmax", [wid[0]], {"dim": axis}, [sm, cout], cout)))
+
+
+EXACT_WIDENING = {(np.dtype(a), np.dtype(b)) for a, b in (
+    (np.float16, np.float32), (ml_dtypes.bfloat16, np.float32), (np.float16, np.float64),
+    (ml_dtypes.bfloat16, np.float64), (np.float32, np.float64), (np.int32, np.int64))}
+
+
+def match_cast_roundtrip(g, c):
+    """Cast(Cast(x, a wider type that holds every x exactly), x's type) is x."""
+    inner = g.producer(c.input[0], "Cast")
+    if inner is None:
+        return None
+    src, mid, dst = g.nm.dtype[inner.input[0]], g.nm.dtype[c.input[0]], g.nm.dtype[c.output[0]]
+    if src != dst or (src, mid) not in EXACT_WIDENING:
+        return None
+    return _accept(g, Match("alias", [inner.input[0]], {}, [c], c))
 
 
 # -- gelu ------------------------------------------------------------------
@@ -140,7 +301,7 @@ def match_gelu_erf(g, erf):
     src = g.producer(erf.input[0], ("Div", "Mul"))
     if src is None:
         return None
-    r = g.split_const(src, lambda c: near(c, math.sqrt(2.0)) if src.op_type == "Div" else near(c, 1 / math.sqrt(2.0)))
+    r = _split_near(g, src, math.sqrt(2.0) if src.op_type == "Div" else 1 / math.sqrt(2.0))
     if r is None or (src.op_type == "Div" and src.input[0] != r[0]):
         return None
     x = r[0]
@@ -156,7 +317,7 @@ def match_gelu_erf(g, erf):
 def match_gelu_tanh(g, tanh):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     s = g.producer(tanh.input[0], "Mul")
-    r = g.split_const(s, lambda c: near(c, math.sqrt(2 / math.pi), 1e-5))
+    r = _split_near(g, s, math.sqrt(2 / math.pi), 1e-5)
     if r is None:
         return None
     inner = g.producer(r[0], "Add")
@@ -164,7 +325,7 @@ def match_gelu_tanh(g, tanh):
         return None
     for k in (0, 1):
         x, cube_mul = inner.input[k], g.producer(inner.input[1 - k], "Mul")
-        rc = g.split_const(cube_mul, lambda c: near(c, 0.044715, 1e-5))
+        rc = _split_near(g, cube_mul, 0.044715, 1e-5)
         if rc is None:
             continue
         p = g.producer(rc[0], "Pow")
@@ -227,7 +388,8 @@ def _inv_std(g, var_t):
     if sq is None or sq.op_type != "Sqrt":
         return None
     nxt = g.only_use(sq.output[0])
-    if nxt is not None and nxt.op_type == "Reciprocal":
+    if nxt is not None and (nxt.op_type == "Reciprocal" or (
+            nxt.op_type == "Div" and nxt.input[1] == sq.output[0] and g.scalar(nxt.input[0]) == 1.0)):
         return r[1], [add, sq, nxt], nxt.output[0], "mul"
     return r[1], [add, sq], sq.output[0], "div"
 
@@ -264,7 +426,7 @@ def match_rms_norm(g, mean):
     w, wm = _scale_weight(g, norm.output[0], dim)
     used = [sq_node, mean] + nodes + [norm] + ([wm] if wm else [])
     inputs = [x, w] if w else [x, ("ones", dim, g.nm.dtype[x])]
-    return _accept(g, Match("rms_norm", inputs, {"eps": eps}, used, wm or norm))
+    return _narrow_norm(g, Match("rms_norm", inputs, {"eps": eps}, used, wm or norm), x, dim)
 
 
 def match_layer_norm_decomposed(g, mean):
@@ -301,7 +463,7 @@ def match_layer_norm_decomposed(g, mean):
     dt = g.nm.dtype[x]
     inputs = [x, w or ("ones", dim, dt), b or ("zeros", dim, dt)]
     used = [mean, sub, sq[0], var] + nodes + [norm] + ([wm] if wm else []) + ([last] if b else [])
-    return _accept(g, Match("layer_norm", inputs, {"eps": eps}, used, last))
+    return _narrow_norm(g, Match("layer_norm", inputs, {"eps": eps}, used, last), x, dim)
 
 
 # -- attention ---------------------------------------------------------------
@@ -504,6 +666,7 @@ def match_attention(g, sm):
     if g.attr(sm, "axis", -1) not in (-1, 3) or len(g.nm.shape[sm.input[0]]) != 4:
         return None
     scores, mask, padding, nodes = sm.input[0], None, None, [sm]
+    scores = _uncast(g, scores, nodes)
     add = g.producer(scores, "Add")
     if add is not None:
         cands = [i for i in add.input if i in g.nm.const]
@@ -521,7 +684,7 @@ def match_attention(g, sm):
                 return None
         scores = g.other(add, mask)
         nodes.append(add)
-    scores, post, post_node = _scaled(g, scores)
+    scores, post, post_node = _scaled(g, _uncast(g, scores, nodes))
     nodes += [post_node] if post_node else []
     mm = g.producer(scores, "MatMul")
     if mm is None:
@@ -539,13 +702,15 @@ def match_attention(g, sm):
         kind = "none" if mask is None else mask_kind(g.nm.const[mask], s, t)
     if kind is None:
         return None
-    guard, p = _not_nan_guard(g, sm.output[0])
+    guard, p = _softmax_tail(g, sm.output[0])
     nodes += guard
     pv = g.only_use(p)
     if pv is None or pv.op_type != "MatMul" or pv.input[0] != p:
         return None
     v = pv.input[1]
     if g.nm.shape[v] != (sq[0], sq[1], t, sq[3]) or skt[:2] != sq[:2]:
+        return None
+    if len({g.nm.dtype[x] for x in (q, kt, v, pv.output[0])}) != 1:
         return None
     nodes.append(pv)
     attrs = {"causal": kind == "causal"}
@@ -565,7 +730,9 @@ MATCHERS = {
     "Tanh": [match_gelu_tanh],
     "Sigmoid": [match_silu],
     "ReduceMean": [match_rms_norm, match_layer_norm_decomposed],
-    "Softmax": [match_attention],
+    "Softmax": [match_attention, match_softmax_cast],
+    "LayerNormalization": [match_layer_norm_cast],
+    "Cast": [match_cast_roundtrip],
 }
 
 

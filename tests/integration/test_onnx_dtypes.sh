@@ -115,5 +115,35 @@ done 3<<EOF
 $MODELS
 EOF
 
+# ---- folding in BF16: reductions of constants accumulate in FP32 ------------
+# y = x * ReduceMean(c) + ReduceSum(d), c 4096 values near 1 and d 1000 near
+# 0.01 (BF16 initializers), folded at import. Accumulated in BF16, as onnx's
+# reference evaluator does, they would be 0.0625 (stuck at 256 / 4096) and 4
+# (stuck where the BF16 step passes 0.02); narrow_eval.py accumulates in FP32.
+# Reference: the FP32 twin holding the same BF16-exact values.
+$PYTHON - "$TMP" <<'PY' || fail "folded_bf16: writing the models"
+import sys
+import ml_dtypes, numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto as TP
+rng = np.random.default_rng(7)
+c = (1 + 0.01 * rng.standard_normal(4096)).astype(ml_dtypes.bfloat16)
+d = (0.01 + 0.001 * rng.standard_normal(1000)).astype(ml_dtypes.bfloat16)
+for name, et, dt in (("folded_bf16", TP.BFLOAT16, ml_dtypes.bfloat16), ("folded_bf16_f32", TP.FLOAT, np.float32)):
+    nodes = [helper.make_node("ReduceMean", ["c", "ax"], ["m"]), helper.make_node("ReduceSum", ["d", "ax"], ["s"]),
+             helper.make_node("Mul", ["x", "m"], ["xm"]), helper.make_node("Add", ["xm", "s"], ["y"])]
+    inits = [numpy_helper.from_array(c.astype(dt), "c"), numpy_helper.from_array(d.astype(dt), "d"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax")]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", et, ["B", 64])],
+                          [helper.make_tensor_value_info("y", et, ["B", 64])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), "%s/%s.onnx" % (sys.argv[1], name))
+PY
+if $IMPORT "$TMP/folded_bf16.onnx" --world-size 2 --out "$TMP/folded_bf16_tp2.json" 2>"$TMP/err" &&
+    $PYTHON "$FIX/reference.py" "$TMP/folded_bf16.onnx" --twin "$TMP/folded_bf16_f32.onnx" --batch 3 \
+        --inputs "$TMP/folded_bf16.in3.safetensors" --ref "$TMP/folded_bf16.ref3.safetensors"; then
+    run_check folded_bf16_tp2 folded_bf16 3 threads "$RTOL_BF16"
+else
+    fail "folded_bf16: $(tail -1 "$TMP/err")"
+fi
+
 echo "test_onnx_dtypes: $npass passed, $nfail failed"
 [ "$nfail" = 0 ]
