@@ -1,19 +1,27 @@
 """Load an ONNX model, fix its dims and fold everything that does not depend
 on the batch input's values.
 
-Folding uses onnx's reference evaluator (a library, not hand-written op
-semantics): the whole model runs twice, at two batch sizes, with every
-intermediate kept. A tensor that depends only on initializers and on input
-*shapes* (Shape, Size) is a constant; comparing the two runs tells which
-dims of every tensor scale with the batch, and which constants merely repeat
-along the batch dim (those collapse to size 1 and broadcast)."""
+Folding runs onnx's reference evaluator's op implementations (a library, not
+hand-written op semantics) node by node, at two batch sizes. A tensor that
+depends only on initializers and on input *shapes* (Shape, Size) is a
+constant; comparing the two runs tells which dims of every tensor scale with
+the batch, and which constants merely repeat along the batch dim (those
+collapse to size 1 and broadcast).
+
+Memory: weights are never copied: they are arrays over memory maps of the
+.onnx file (its initializers' raw_data, cut out before protobuf parses the
+rest) and of its external data files; every intermediate is dropped after its last use, and only
+the constants a value-dependent node reads keep their values (of every other
+tensor only the shape and dtype are kept)."""
+import mmap
 import os
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
-from onnx import shape_inference
+from onnx import helper, numpy_helper, shape_inference
+from onnx.external_data_helper import uses_external_data
 from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from .errors import ImportFailure
 from .narrow_eval import fold_in_fp32
@@ -23,6 +31,11 @@ from .narrow_eval import fold_in_fp32
 B_REF, B_ALT = 3, 2
 # Ops whose output depends on their input's shape, never its values.
 SHAPE_ONLY_OPS = {"Shape", "Size"}
+# Initializers up to this many bytes stay in the model given to shape
+# inference (shape constants for its data propagation); larger ones are
+# weights, declared there as typed inputs without their data.
+SMALL_INIT_BYTES = 4096
+
 
 ONNX_TO_TP = {
     onnx.TensorProto.FLOAT: "FP32",
@@ -57,28 +70,155 @@ class Normalized:
         self.onnx_node_count = 0
 
 
+def _first_line(e):
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _varint(buf, pos, end):
+    value, shift = 0, 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("a varint runs past its message")
+        byte = buf[pos]
+        value, pos, shift = value | (byte & 0x7F) << shift, pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _varint_bytes(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _fields(buf, pos, end):
+    """The protobuf fields of buf[pos:end]: (number, wire type, start,
+    payload start, end)."""
+    while pos < end:
+        start = pos
+        key, pos = _varint(buf, pos, end)
+        wire = key & 7
+        if wire == 0:
+            stop = _varint(buf, pos, end)[1]
+        elif wire == 2:
+            n, pos = _varint(buf, pos, end)
+            stop = pos + n
+        elif wire in (1, 5):
+            stop = pos + (8 if wire == 1 else 4)
+        else:
+            raise ValueError("wire type %d at byte %d" % (wire, start))
+        if stop > end:
+            raise ValueError("a field at byte %d runs past its message" % start)
+        yield key >> 3, wire, start, pos, stop
+        pos = stop
+
+
+def _message(number, payload):
+    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+# Field numbers: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
+_GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9
+
+
+def _strip_raw_data(buf):
+    """The serialized model buf without its initializers' raw_data, and
+    where each initializer's raw_data is in buf: [(offset, length) or None],
+    in order. Parsing only the rest keeps the weights out of the protobuf."""
+    out, raws = bytearray(), []
+    for num, wire, start, pos, stop in _fields(buf, 0, len(buf)):
+        if num != _GRAPH or wire != 2:
+            out += buf[start:stop]
+            continue
+        graph = bytearray()
+        for gnum, gwire, gstart, gpos, gstop in _fields(buf, pos, stop):
+            if gnum != _INITIALIZER or gwire != 2:
+                graph += buf[gstart:gstop]
+                continue
+            tensor, raw = bytearray(), None
+            for tnum, twire, tstart, tpos, tstop in _fields(buf, gpos, gstop):
+                if tnum == _RAW_DATA and twire == 2:
+                    raw = (tpos, tstop - tpos)
+                else:
+                    tensor += buf[tstart:tstop]
+            raws.append(raw)
+            graph += _message(_INITIALIZER, bytes(tensor))
+        out += _message(_GRAPH, bytes(graph))
+    return bytes(out), raws
+
+
+def _map(fname):
+    with open(fname, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+
+def _array(buf, offset, length, t):
+    """Initializer t's raw bytes buf[offset:offset+length] as an array (no copy)."""
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    count = int(np.prod(t.dims, dtype=np.int64))
+    if length != count * dtype.itemsize:
+        raise ValueError("%d bytes are not the %d of %s %s" % (length, count * dtype.itemsize, dtype, list(t.dims)))
+    if offset + length > len(buf):
+        raise ValueError("bytes %d..%d of a file of %d bytes (truncated?)" % (offset, offset + length, len(buf)))
+    return np.frombuffer(buf, dtype, count, offset).reshape(tuple(t.dims))
+
+
 def load_model(path):
+    """The model without its weights' data, and the weights: initializer
+    name -> array over a memory map of the .onnx file or of its external
+    data files (read on use, never copied)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        buf = _map(path)
     except OSError as e:
         raise ImportFailure("%s: cannot read: %s" % (path, e.strerror))
     try:
-        model = onnx.load_from_string(data)
-    except Exception as e:  # protobuf raises several unrelated types
-        raise ImportFailure("%s: not a valid ONNX file (truncated or corrupt?): %s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__))
-    try:
-        # Exports of large models keep initializers in files beside the model.
-        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-    except Exception as e:  # OSError, ValueError or onnx's ValidationError
-        raise ImportFailure("%s: cannot read its external tensor data: %s" % (path, str(e).splitlines()[0]))
-    try:
-        onnx.checker.check_model(model)
-    except Exception as e:
-        raise ImportFailure("%s: not a valid ONNX model (truncated or corrupt?): %s" % (path, str(e).splitlines()[0]))
+        stripped, raws = _strip_raw_data(buf)
+        model = onnx.load_from_string(stripped)
+    except Exception as e:  # ValueError from the walk; protobuf raises several unrelated types
+        raise ImportFailure("%s: not a valid ONNX file (truncated or corrupt?): %s" % (path, _first_line(e)))
+    weights = _weights(model, raws, buf, path)
     if not model.graph.output:
         raise ImportFailure("%s: the graph has no outputs (truncated?)" % path)
-    return model
+    return model, weights
+
+
+def _weights(model, raws, buf, path):
+    maps, out = {}, {}
+    for t, raw in zip(model.graph.initializer, raws):
+        if uses_external_data(t):
+            try:
+                out[t.name] = _external(t, os.path.dirname(os.path.abspath(path)), maps)
+            except (OSError, ValueError) as e:
+                raise ImportFailure("%s: cannot read its external tensor data: initializer '%s': %s"
+                                    % (path, t.name, "%s: %s" % (e.filename, e.strerror) if isinstance(e, OSError) else e))
+            continue
+        try:
+            out[t.name] = numpy_helper.to_array(t) if raw is None else _array(buf, raw[0], raw[1], t)
+        except Exception as e:
+            raise ImportFailure("%s: initializer '%s': cannot read its data: %s" % (path, t.name, _first_line(e)))
+    return out
+
+
+def _external(t, base, maps):
+    """Initializer t's external data, over a memory map of its file (maps:
+    file -> map, shared by the file's tensors)."""
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    fname = os.path.normpath(os.path.join(base, loc))
+    if not loc or os.path.isabs(loc) or not fname.startswith(base + os.sep):
+        raise ValueError("location '%s' is not a file beside the model" % loc)
+    if fname not in maps:
+        maps[fname] = _map(fname)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    length = int(info.get("length", int(np.prod(t.dims, dtype=np.int64)) * dtype.itemsize))
+    try:
+        return _array(maps[fname], int(info.get("offset", 0)), length, t)
+    except ValueError as e:
+        raise ValueError("'%s': %s" % (loc, e))
 
 
 def _graph_inputs(model):
@@ -131,13 +271,80 @@ def _feeds(model, batch):
     return feeds
 
 
-def _run_all(model, path, batch):
+class GatherElements(OpRun):
+    """onnx's reference GatherElements (np.choose) takes at most 64 entries
+    along the axis (BERT's token_type buffer has 512) and wraps indices that
+    are out of range; np.take_along_axis takes any size and refuses those."""
+    op_domain = ""
+
+    def _run(self, data, indices, axis=0):
+        return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+
+
+def _reads(node):
+    """The tensors a node reads: its inputs and, for If/Loop/Scan, the names
+    its subgraphs use (an over-approximation: their own tensors too)."""
+    names = [i for i in node.input if i]
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+            for n in g.node:
+                names += _reads(n)
+    return names
+
+
+def _node(n):
+    return "ONNX node '%s' (op %s)" % (n.name or n.output[0], n.op_type)
+
+
+def _skeleton(model, weights, path):
+    """The model for the checker, shape inference and the evaluator: small
+    initializers kept, weights declared as typed inputs (their data is never
+    copied); shape-inferred, so the evaluator can load type-dependent ops."""
+    g = model.graph
+    small = [numpy_helper.from_array(weights[t.name], t.name) for t in g.initializer
+             if weights[t.name].nbytes <= SMALL_INIT_BYTES]
+    names = {t.name for t in small}
+    big = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer if t.name not in names]
+    graph = helper.make_graph(g.node, g.name, _graph_inputs(model) + big, g.output, small, value_info=g.value_info)
+    skel = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version,
+                             functions=model.functions)
     try:
-        # FP16/BF16: reductions accumulate in FP32 (narrow_eval.py)
-        sess = fold_in_fp32(ReferenceEvaluator(model))
-        return sess.run(None, _feeds(model, batch), intermediate=True)
+        onnx.checker.check_model(skel)
     except Exception as e:
-        raise ImportFailure("%s: evaluating the model at batch %d failed: %s" % (path, batch, str(e).splitlines()[0]))
+        raise ImportFailure("%s: not a valid ONNX model (truncated or corrupt?): %s" % (path, _first_line(e)))
+    try:
+        return shape_inference.infer_shapes(skel, data_prop=True)
+    except Exception as e:
+        raise ImportFailure("%s: shape inference failed: %s" % (path, _first_line(e)))
+
+
+def _evaluate(ev, path, batch, weights, feeds, visit):
+    """Runs the model node by node, calling visit(name, value) for every
+    tensor; a tensor is dropped after its last use (visit keeps what it needs)."""
+    nodes = ev.proto_.graph.node
+    last = {}
+    for k, n in enumerate(nodes):
+        for t in _reads(n):
+            last[t] = k
+    results = dict(weights)
+    results.update(feeds)
+    for name, v in results.items():
+        visit(name, v)
+    for k, (n, rt) in enumerate(zip(nodes, ev.rt_nodes_)):
+        try:
+            # random inputs may overflow, e.g. an FP16 mask add: not an error
+            with np.errstate(all="ignore"):
+                ins = [results[i] if i else None for i in n.input]
+                outs = rt.run(*ins, context=results) if rt.need_context() else rt.run(*ins)
+        except Exception as e:
+            raise ImportFailure("%s: %s: evaluating at batch %d failed: %s" % (path, _node(n), batch, _first_line(e)))
+        for name, v in zip(n.output, outs):
+            if name:
+                results[name] = v
+                visit(name, v)
+        for t in _reads(n) + list(n.output):
+            if last.get(t, -1) <= k:
+                results.pop(t, None)
 
 
 def _value_dependent(model):
@@ -174,39 +381,60 @@ def _collapse(name, v_ref, k):
     return None
 
 
+def _same(a, b):
+    """a and b hold the same values (the same memory: no need to look)."""
+    ia, ib = a.__array_interface__, b.__array_interface__
+    if a.dtype == b.dtype and ia["data"] == ib["data"] and a.shape == b.shape and ia["strides"] == ib["strides"]:
+        return True
+    return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+
+
 def normalize(path, dim_values):
-    model = load_model(path)
+    model, weights = load_model(path)
     fix_dims(model, path, dim_values)
+    skel = _skeleton(model, weights, path)
     try:
-        model = shape_inference.infer_shapes(model, data_prop=True)
+        # FP16/BF16: reductions accumulate in FP32 (narrow_eval.py)
+        ev = fold_in_fp32(ReferenceEvaluator(skel, new_ops=[GatherElements]))
     except Exception as e:
-        raise ImportFailure("%s: shape inference failed: %s" % (path, str(e).splitlines()[0]))
-    ref, alt = _run_all(model, path, B_REF), _run_all(model, path, B_ALT)
+        raise ImportFailure("%s: onnx's reference evaluator cannot load the model: %s" % (path, _first_line(e)))
     nm = Normalized()
     nm.onnx_node_count = len(model.graph.node)
     nm.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    nm.initializers = {i.name for i in model.graph.initializer}
+    nm.initializers = set(weights)
     dep = _value_dependent(model)
-    for name, v in ref.items():
+    # The constants lowering reads: those value-dependent nodes take.
+    frontier = {t for n in model.graph.node if any(o in dep for o in n.output) for t in _reads(n) if t not in dep}
+    ref = {}
+
+    def visit_ref(name, v):
         if v is None or not hasattr(v, "shape"):
-            continue
-        v = np.asarray(v)
-        nm.shape[name] = tuple(int(s) for s in v.shape)
-        nm.dtype[name] = v.dtype
-        nm.bdim[name] = _batch_dim(name, v.shape, np.asarray(alt[name]).shape)
-        if name in dep:
-            continue
-        if nm.bdim[name] is None:
-            if np.array_equal(v, np.asarray(alt[name]), equal_nan=True):
-                nm.const[name] = v
-            else:
-                nm.batch_const.add(name)
-            continue
-        c = _collapse(name, v, nm.bdim[name])
-        if c is None:
-            nm.batch_const.add(name)
+            return
+        nm.shape[name], nm.dtype[name] = tuple(int(s) for s in v.shape), np.asarray(v).dtype
+        if name in frontier:
+            ref[name] = np.asarray(v)
+
+    def visit_alt(name, v):
+        if name not in nm.shape:
+            return
+        nm.bdim[name] = _batch_dim(name, nm.shape[name], tuple(v.shape))
+        if name not in ref:
+            return
+        c, k = ref.pop(name), nm.bdim[name]
+        if k is None:
+            same = _same(c, np.asarray(v))
         else:
+            c = _collapse(name, c, k)
+            same = c is not None
+        if same:
             nm.const[name] = c
+        else:
+            nm.batch_const.add(name)
+
+    _evaluate(ev, path, B_REF, weights, _feeds(model, B_REF), visit_ref)
+    _evaluate(ev, path, B_ALT, weights, _feeds(model, B_ALT), visit_alt)
+    for name, w in weights.items():
+        nm.const.setdefault(name, w)
     for n in model.graph.node:
         for o in n.output:
             nm.producer[o] = n
@@ -221,4 +449,3 @@ def normalize(path, dim_values):
         if o not in dep:
             raise ImportFailure("%s: output '%s' does not depend on any input: nothing to serve" % (path, o))
     return nm
-
