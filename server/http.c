@@ -16,123 +16,22 @@
 #include <unistd.h>
 
 #include "acceptor.h"
-#include "batcher.h"
-#include "body_codec.h"
-#include "buf_pool.h"
 #include "clock.h"
 #include "cpu_pin.h"
-#include "handoff.h"
+#include "http_ctx.h"
 #include "http_guard.h"
-#include "io_check.h"
 #include "json_cap.h"
 #include "json_tensor.h"
-#include "kserve.h"
 #include "log.h"
-#include "log_settings.h"
-#include "mem_budget.h"
-#include "metrics.h"
-#include "model_stats.h"
-#include "numtext.h"
-#include "route.h"
 #include "text.h"
 #include "thread_slot.h"
-#include "trace.h"
 #include "zalloc.h"
 
-enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
-
-typedef struct req_ctx req_ctx;
-
-/* One row of the route table (ROUTES, below the handlers). */
-enum {
-    ROUTE_MODEL = 1, /* answers for the served model: 503 until loaded, 404 for another name */
-    ROUTE_INFER = 2, /* an inference: counted in the request metrics and statistics */
-    ROUTE_PROBE = 4, /* also served on health_port (probes and scrapes only) */
-};
-typedef struct route_def {
-    const char *methods; /* as the Allow header says them */
-    const char *pattern; /* route.h */
-    int flags;
-    enum MHD_Result (*handler)(tp_http *h, req_ctx *r);
-} route_def;
-
-/* Per-request life: RECEIVING (the body: kept for infer, counted and
- * dropped otherwise) -> routed and answered (REPLIED). An infer is decoded
- * and submitted on the HTTP thread that read it; when the batcher was idle
- * its batch runs right there and the answer goes out in the same call (no
- * suspend, no other thread). Under load it is HELD by that thread: the
- * handler returns without an answer, so libmicrohttpd calls it again on
- * its next pass over the ready connections, after reading what the
- * thread's other connections sent; the first held request called again
- * runs all of them as one batch (tp_batcher_run_held) and each is answered
- * as its turn comes in that pass. Otherwise (a slow model, a queue delay)
- * the connection is SUSPENDED until the batcher thread hands the batch
- * result back, and the HTTP thread that resumes it encodes the answer.
- * Who resumes, and who frees a request whose connection goes first:
- * handoff.h.
- *
- * It is suspended on libmicrohttpd's next call, not in the one that
- * completed the body (SUBMITTED in between): libmicrohttpd (0.9.75, and
- * 1.0.1's source alike) does not update a suspended connection's
- * event-loop state, so one suspended in the pass that read its body stays
- * marked "reading", is read on resume, and a client that had half-closed
- * after its request has its EOF taken for an abort
- * (MHD_REQUEST_TERMINATED_WITH_ERROR) and its answer dropped: 26 of 3,600
- * such clients under wrk load, 0 of 2,400 once suspended a pass later,
- * when the connection is marked as waiting for the application and
- * nothing is read.
- *
- * Answering only once the body is in lets libmicrohttpd keep the
- * connection alive; only a 413 is sent early. */
-enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUBMITTED, REQ_SUSPENDED, REQ_REPLIED };
-
-/* The requests this HTTP thread holds (REQ_HELD): a connection is served
- * by one thread of libmicrohttpd's pool all its life, so the thread that
- * held a request is the one libmicrohttpd calls again for it. */
-static _Thread_local tp_batch_held *thread_held;
-
-struct req_ctx {
-    tp_http *h;
-    struct MHD_Connection *conn;
-    int state;
-    const route_def *route; /* NULL: no route has this path */
-    tp_route_args args;     /* what the route's pattern captured */
-    int for_model;          /* an infer that reached the served model (statistics) */
-    char *body;
-    size_t len, cap;
-    long long expect_len; /* Content-Length, or -1 when chunked */
-    long long header_len; /* Inference-Header-Content-Length, or -1 */
-    const char *ihcl;     /* that header's text (NULL: absent), found by the header checks */
-    tp_body_encoding encoding; /* Content-Encoding: inflated once the body is in */
-    /* tp_now_ms(): headers in, body in, body decoded, answer encoded (0:
-     * not yet; send_response times the request by it instead of reading
-     * the clock again) */
-    double t_start, t_body, t_decoded, t_encoded;
-    int before_drain; /* headers arrived before SIGTERM: the request is served */
-    /* the decoded request and its batch result */
-    tp_kserve_request req;
-    tp_status st;
-    tp_host_tensor *outs;
-    int n_outs;
-    int64_t timeout_us;
-    _Atomic int handoff; /* handoff.h */
-    tp_request_times times; /* for the statistics extension */
-    int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
-    char *trace_rid;
-    tp_mem_hold mem;   /* what it holds of the memory budget, given back when it ends */
-    int64_t body_held; /* of that, the body buffer's (0: a spare buffer, not counted) */
-    /* From here on, written before they are read whatever the request, so
-     * a reused record keeps the last request's (take_record: 1.4 KiB
-     * fewer to clear a request): */
-    char method[16];       /* new_request */
-    char url[256];         /* new_request */
-    char timeout_what[64]; /* set_timeout, before it is submitted */
-    tp_err err;            /* on_batch_done, when the batch failed (only then read) */
-};
-
-#define REQ_CTX_CLEARED offsetof(req_ctx, method)
-
+/* The server: the request path's context (s), and what only this file
+ * touches: the listeners, one libmicrohttpd daemon per HTTP thread, the
+ * acceptor feeding them, the pins, the model's descriptions. */
 struct tp_http {
+    tp_http_ctx s; /* first: what the request path and the handlers see (http_ctx.h) */
     /* One daemon per HTTP thread, none with a listening socket: the
      * acceptor hands each connection to the one holding the fewest
      * (acceptor.h says why not libmicrohttpd's thread pool). */
@@ -144,612 +43,15 @@ struct tp_http {
     struct MHD_Daemon *probe_d; /* health_port: probes only; NULL without one */
     int probe_fd, probe_port;
     tp_config cfg;
-    _Atomic int state;
-    _Atomic int loaded; /* engine and model published; stays set while draining */
-    _Atomic int broken; /* the engine cannot run any more (a rank's process died) */
-    char broken_msg[600];
-    char default_timeout_what[64]; /* req_ctx.timeout_what without parameters.timeout */
-    _Atomic long in_flight;
-    _Atomic long in_engine; /* submitted, not yet answered: their batch may be running */
-    tp_kserve_model model;
-    tp_io_desc *ins, *outs;
+    tp_io_desc *ins, *outs; /* the model's (s.model) */
     const tp_labels *const *labels; /* per output, serve's (tp_http_set_labels; NULL: none given) */
-    tp_metrics *metrics;
-    tp_model_stats *stats;
-    tp_trace *trace; /* Triton's trace extension */
-    tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
-    tp_mem_budget *mem;   /* max_memory_mb: what requests hold at once (mem_budget.h) */
-    tp_batcher *batcher; /* created with the engine */
-    /* Requests inside tp_batcher_submit (which may run a batch there) or
-     * held by an HTTP thread: stopping waits for them before the batcher is
-     * freed. Atomics (sequentially consistent: a submitter that saw
-     * stopping 0 is counted before tp_http_stop reads the count), so four
-     * HTTP threads do not queue on a lock per request; mu and cv only for
-     * the last one out to wake tp_http_stop. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    _Atomic int submitting, stopping;
-    /* libmicrohttpd calls a handler that returned without an answer again
-     * on its next pass: so in epoll mode (it keeps such connections on its
-     * ready list); held requests need that (REQ_HELD) */
-    int may_hold;
-    /* The engine's steps may stall (tp_engine_steps_may_stall): one runs
-     * on an HTTP thread only while that thread serves no other connection
-     * (tp_acceptor_claim_alone), so nothing but its own client ever waits
-     * behind a stopped rank or a hung GPU */
-    int may_stall;
-    /* stuck_step_ms: the start (tp_now_ns) of the last stuck step logged,
-     * so each is logged and counted once; whether one is stuck now (for
-     * the log line when it ends) */
-    _Atomic int64_t stuck_logged;
-    _Atomic int stuck_now;
     tp_cpu_pin **pins; /* pin_threads: each daemon's thread's pin, ticked by that thread only; NULL: unpinned */
 };
 
-/* ---- replies ------------------------------------------------------------ */
+/* The server a context is the first member of. */
+static tp_http *server_of(tp_http_ctx *s) { return (tp_http *)s; }
 
-static struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
-                                         size_t header_len)
-{
-    if (!resp)
-        return NULL;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (header_len) {
-        char v[TP_NUMTEXT_MAX + 1];
-        v[tp_numtext_i64((int64_t)header_len, v)] = '\0';
-        MHD_add_response_header(resp, "Inference-Header-Content-Length", v);
-    }
-    return resp;
-}
-
-/* Takes ownership of body (malloc'ed, or a buf_pool.h buffer when
- * pooled). Returns NULL only without memory. */
-static struct MHD_Response *make_response(char *body, size_t len, int pooled, const char *ctype,
-                                          size_t header_len)
-{
-    struct MHD_Response *resp =
-        pooled ? MHD_create_response_from_buffer_with_free_callback(len, body, tp_buf_pool_give)
-               : MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
-    if (!resp)
-        tp_jbuf_free_text(body, pooled);
-    return with_headers(resp, ctype, header_len);
-}
-
-static struct MHD_Response *json_response(char *doc)
-{
-    return doc ? make_response(doc, strlen(doc), 0, "application/json", 0) : NULL;
-}
-
-static void log_request(const req_ctx *r, unsigned code, const char *msg)
-{
-    /* Client errors and 503s (loading, draining, overload) are the normal
-     * life of a server; only its own failures are worth a warning. */
-    tp_log_level lvl = code >= 500 && code != 503 ? TP_LOG_WARN : TP_LOG_DEBUG;
-    if (!tp_log_enabled(lvl))
-        return;
-    double ms = tp_now_ms() - r->t_start;
-    if (msg)
-        tp_log(lvl, "%s %s -> %u (%.1f ms): %s", r->method, r->url, code, ms, msg);
-    else
-        tp_log(lvl, "%s %s -> %u (%.1f ms)", r->method, r->url, code, ms);
-}
-
-/* Triton's statistics: an answered inference of the served model. */
-static void record_stats(tp_http *h, req_ctx *r, unsigned code, double total)
-{
-    if (code != 200) {
-        tp_model_stats_fail(h->stats, total);
-        return;
-    }
-    r->times.total = total;
-    tp_model_stats_success(h->stats, &r->times);
-}
-
-/* Queues resp (consumed) on the connection. While draining every answer
- * closes its connection so keep-alive clients move to another replica. */
-static enum MHD_Result send_response(tp_http *h, req_ctx *r, unsigned code,
-                                     struct MHD_Response *resp)
-{
-    r->state = REQ_REPLIED;
-    if (r->route && (r->route->flags & ROUTE_INFER)) {
-        double total = ((r->t_encoded > 0 ? r->t_encoded : tp_now_ms()) - r->t_start) / 1e3;
-        tp_metrics_request(h->metrics, code, total);
-        if (r->for_model)
-            record_stats(h, r, code, total);
-    }
-    if (!resp)
-        return MHD_NO; /* out of memory: dropping the connection is all that is left */
-    if (atomic_load(&h->state) == SRV_DRAINING)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ok = MHD_queue_response(r->conn, code, resp);
-    MHD_destroy_response(resp);
-    return ok;
-}
-
-static enum MHD_Result reply_json(tp_http *h, req_ctx *r, unsigned code, char *doc)
-{
-    log_request(r, code, NULL);
-    return send_response(h, r, code, json_response(doc));
-}
-
-static struct MHD_Response *error_response(const char *msg)
-{
-    char *doc = tp_kserve_error_json(msg);
-    return json_response(doc ? doc : strdup("{\"error\":\"internal error\"}"));
-}
-
-static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static enum MHD_Result reply_error(tp_http *h, req_ctx *r, unsigned code, const char *fmt, ...)
-{
-    tp_err e;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
-    va_end(ap);
-    log_request(r, code, e.msg);
-    return send_response(h, r, code, error_response(e.msg));
-}
-
-/* A refusal of the memory budget (mem_budget.h): 413 when the request
- * alone would pass the whole budget, else 503 with Retry-After, as any
- * momentary overload is answered. */
-static enum MHD_Result reply_budget(tp_http *h, req_ctx *r, const char *msg)
-{
-    unsigned code = r->mem.refused == TP_MEM_TOO_LARGE ? 413 : 503;
-    log_request(r, code, msg);
-    struct MHD_Response *resp = error_response(msg);
-    if (resp && code == 503)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    return send_response(h, r, code, resp);
-}
-
-/* ---- model and server routes -------------------------------------------- */
-
-/* Model routes: 503 while loading, 404 for another model or version. */
-static enum MHD_Result check_model(tp_http *h, req_ctx *r, int *handled)
-{
-    *handled = 1;
-    if (atomic_load(&h->broken))
-        return reply_error(h, r, 503, "not ready: %s", h->broken_msg);
-    if (!atomic_load(&h->loaded))
-        return reply_error(h, r, 503, "not ready: the graph %s",
-                           atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
-                                                                  : "is still loading");
-    if (strcmp(r->args.model, h->model.name) != 0)
-        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
-                           h->model.name);
-    if (r->args.has_version && strcmp(r->args.version, h->model.version) != 0)
-        return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
-                           r->args.model, r->args.version, h->model.version);
-    *handled = 0;
-    return MHD_YES;
-}
-
-/* stuck_step_ms: 1 and why in msg while an engine step has run that long
- * (tp_batcher_stuck); whoever sees a stuck step first logs it and counts
- * it, once per step. Any thread; never waits for the engine. */
-static int engine_stuck(tp_http *h, char *msg, size_t cap)
-{
-    int64_t t0 = 0;
-    if (!h->cfg.stuck_step_ms || !atomic_load(&h->loaded) ||
-        !tp_batcher_stuck(h->batcher, h->cfg.stuck_step_ms, tp_now_ns(), &t0, msg, cap))
-        return 0;
-    int64_t last = atomic_load(&h->stuck_logged);
-    if (last != t0 && atomic_compare_exchange_strong(&h->stuck_logged, &last, t0)) {
-        atomic_store(&h->stuck_now, 1);
-        TP_LOG_W("%s: readiness 503 until it ends", msg);
-        tp_metrics_stuck_step(h->metrics);
-    }
-    return 1;
-}
-
-/* How often tp_http_watch wants to run at most: a queued request's 504
- * is at most this late while the batcher thread is in a step, and an idle
- * server wakes this often (once a second, against 50 times once) */
-#define WATCH_MS 1000
-
-int tp_http_watch(tp_http *h)
-{
-    char msg[512];
-    if (!engine_stuck(h, msg, sizeof msg) && atomic_exchange(&h->stuck_now, 0))
-        TP_LOG_I("the stuck engine step has ended: readiness 200 again");
-    int tick = WATCH_MS, stuck_tick = h->cfg.stuck_step_ms / 10 < 10 ? 10 : h->cfg.stuck_step_ms / 10;
-    if (h->cfg.stuck_step_ms > 0 && stuck_tick < tick) /* logged within a tenth of it */
-        tick = stuck_tick;
-    if (!atomic_load(&h->loaded))
-        return tick;
-    double now = tp_now_s(), next = tp_batcher_expire(h->batcher, now);
-    if (next > 0 && (next - now) * 1e3 + 1 < tick)
-        tick = (int)((next - now) * 1e3) + 1;
-    return tick;
-}
-
-/* Prometheus text format; served while loading and draining too. */
-static enum MHD_Result get_metrics(tp_http *h, req_ctx *r)
-{
-    int64_t t0 = 0;
-    tp_engine *busy = NULL;
-    char why[512];
-    engine_stuck(h, why, sizeof why); /* counted as soon as it is one */
-    tp_metrics_set_step_age(h->metrics, atomic_load(&h->loaded) && tp_batcher_oldest_step(h->batcher, &t0, &busy)
-                                            ? (double)(tp_now_ns() - t0) / 1e9
-                                            : 0);
-    tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
-                          atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
-    tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
-    tp_metrics_set_trace_dropped(h->metrics, tp_trace_dropped(h->trace));
-    uint64_t full, too_large;
-    tp_mem_budget_refusals(h->mem, &full, &too_large);
-    tp_metrics_set_memory(h->metrics, tp_mem_budget_limit(h->mem), tp_mem_budget_used(h->mem), full, too_large);
-    size_t len = 0;
-    char *text = tp_metrics_render(h->metrics, &len);
-    if (!text)
-        return reply_error(h, r, 500, "out of memory rendering /metrics");
-    log_request(r, 200, NULL);
-    return send_response(h, r, 200,
-                         make_response(text, len, 0, "text/plain; version=0.0.4; charset=utf-8", 0));
-}
-
-static enum MHD_Result get_live(tp_http *h, req_ctx *r)
-{
-    int up = !atomic_load(&h->broken);
-    return reply_json(h, r, up ? 200 : 503, tp_kserve_bool_json("live", up));
-}
-
-static int is_ready(tp_http *h)
-{
-    return !atomic_load(&h->broken) && atomic_load(&h->state) == SRV_READY;
-}
-
-/* Server readiness; model readiness is the same (one model). A stuck
- * engine step (stuck_step_ms) makes it 503 saying why, until it ends. */
-static enum MHD_Result get_ready(tp_http *h, req_ctx *r)
-{
-    char why[512];
-    if (is_ready(h) && engine_stuck(h, why, sizeof why))
-        return reply_error(h, r, 503, "not ready: %s", why);
-    return reply_json(h, r, is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", is_ready(h)));
-}
-
-static enum MHD_Result get_server(tp_http *h, req_ctx *r)
-{
-    return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
-}
-
-static enum MHD_Result get_model(tp_http *h, req_ctx *r)
-{
-    return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
-}
-
-static enum MHD_Result get_model_config(tp_http *h, req_ctx *r)
-{
-    return reply_json(h, r, 200, tp_kserve_model_config(&h->model));
-}
-
-/* Statistics of the one model, for /v2/models/M/stats and /v2/models/stats
- * alike (all models); an empty list while it is not loaded. */
-static enum MHD_Result get_stats(tp_http *h, req_ctx *r)
-{
-    if (!atomic_load(&h->loaded))
-        return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
-    return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
-}
-
-/* ---- model repository and logging (Triton extensions) ------------------- */
-
-/* The one model and its state; [] before its graph has been read (its
- * name comes from the graph). */
-static enum MHD_Result post_repository_index(tp_http *h, req_ctx *r)
-{
-    tp_err e;
-    int ready_only;
-    if (tp_kserve_parse_repository_index(r->body ? r->body : "", r->len, &ready_only, &e) != TP_OK)
-        return reply_error(h, r, 400, "%s", e.msg);
-    int broken = atomic_load(&h->broken), loaded = atomic_load(&h->loaded);
-    const char *state = broken ? "UNAVAILABLE" : atomic_load(&h->state) == SRV_DRAINING ? "UNLOADING" : "READY";
-    if (!loaded || (ready_only && !is_ready(h)))
-        return reply_json(h, r, 200, tp_kserve_repository_index(NULL, NULL, NULL, NULL));
-    return reply_json(h, r, 200, tp_kserve_repository_index(h->model.name, h->model.version, state,
-                                                            broken ? h->broken_msg : ""));
-}
-
-/* Triton without explicit model control refuses both too: the model is
- * the graph serve started with, for the life of the process. */
-static enum MHD_Result refuse_repository_change(tp_http *h, req_ctx *r, const char *done)
-{
-    return reply_error(h, r, 400, "model '%s' cannot be %s: tpserve serves the graph it was started "
-                       "with for the life of the process (restart it to serve another graph or new "
-                       "weights)", r->args.model, done);
-}
-
-static enum MHD_Result post_repository_load(tp_http *h, req_ctx *r)
-{
-    return refuse_repository_change(h, r, "loaded");
-}
-
-static enum MHD_Result post_repository_unload(tp_http *h, req_ctx *r)
-{
-    return refuse_repository_change(h, r, "unloaded");
-}
-
-static enum MHD_Result logging_settings(tp_http *h, req_ctx *r)
-{
-    if (strcmp(r->method, "POST") != 0)
-        return reply_json(h, r, 200, tp_log_settings_json());
-    tp_err e;
-    char *doc = NULL;
-    tp_status st = tp_log_settings_apply(r->body ? r->body : "", r->len, &doc, &e);
-    if (st != TP_OK)
-        return reply_error(h, r, st == TP_NOMEM ? 503 : 400, "%s", e.msg);
-    return reply_json(h, r, 200, doc);
-}
-
-/* GET/POST /v2[/models/M]/trace/setting: the global or the model's */
-static enum MHD_Result trace_settings(tp_http *h, req_ctx *r)
-{
-    int model = r->route->flags & ROUTE_MODEL;
-    if (strcmp(r->method, "POST") != 0)
-        return reply_json(h, r, 200, tp_trace_settings_json(h->trace, model));
-    tp_err e;
-    char *doc = NULL;
-    tp_status st = tp_trace_update(h->trace, model, r->body ? r->body : "", r->len, &doc, &e);
-    if (st != TP_OK)
-        return reply_error(h, r, st == TP_NOMEM ? 503 : 400, "%s", e.msg);
-    return reply_json(h, r, 200, doc);
-}
-
-/* ---- system shared memory ------------------------------------------------ */
-
-static unsigned shm_http_code(tp_status st)
-{
-    return st == TP_NOMEM ? 503 : st == TP_IO ? 500 : 400;
-}
-
-/* /v2/systemsharedmemory[/region/R]/status */
-static enum MHD_Result get_shm_status(tp_http *h, req_ctx *r)
-{
-    tp_err e;
-    tp_status st;
-    char *doc = tp_shm_status_json(h->shm, r->args.region[0] ? r->args.region : NULL, &st, &e);
-    if (!doc)
-        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
-    return reply_json(h, r, 200, doc);
-}
-
-static enum MHD_Result post_shm_register(tp_http *h, req_ctx *r)
-{
-    char key[256];
-    uint64_t offset, size;
-    tp_err e;
-    if (!h->cfg.allow_client_shm)
-        return reply_error(h, r, 400, "system shared memory is disabled on this server "
-                           "(allow_client_shm 0)");
-    tp_status st = tp_kserve_parse_shm_register(r->body ? r->body : "", r->len, key, sizeof key,
-                                                &offset, &size, &e);
-    if (st == TP_OK)
-        st = tp_shm_register(h->shm, r->args.region, key, offset, size, &e);
-    if (st != TP_OK)
-        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
-    TP_LOG_I("system shared memory region '%s' registered: key %s, offset %llu, %llu bytes",
-             r->args.region, key, (unsigned long long)offset, (unsigned long long)size);
-    return reply_json(h, r, 200, strdup("{}"));
-}
-
-/* /v2/systemsharedmemory[/region/R]/unregister; requests still using a
- * region keep it mapped until they finish. */
-static enum MHD_Result post_shm_unregister(tp_http *h, req_ctx *r)
-{
-    tp_err e;
-    tp_status st = tp_shm_unregister(h->shm, r->args.region[0] ? r->args.region : NULL, &e);
-    if (st != TP_OK)
-        return reply_error(h, r, shm_http_code(st), "%s", e.msg);
-    return reply_json(h, r, 200, strdup("{}"));
-}
-
-/* CUDA shared memory is not offered (not listed in /v2's extensions), but
- * Triton's clients clean up both kinds (perf_analyzer unregisters all CUDA
- * regions on exit): there are never any, so status is empty, unregistering
- * all succeeds, and naming a region or registering one says why not. */
-static enum MHD_Result cuda_shm(tp_http *h, req_ctx *r)
-{
-    int all = !r->args.region[0], get = strcmp(r->method, "POST") != 0;
-    if (get && all)
-        return reply_json(h, r, 200, strdup("[]"));
-    if (!get && all)
-        return reply_json(h, r, 200, strdup("{}"));
-    return reply_error(h, r, 400, "no CUDA shared memory region '%s': tpserve offers system "
-                       "shared memory only", r->args.region);
-}
-
-/* ---- inference: receive ------------------------------------------------- */
-
-static int parse_ll(const char *s, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < 0)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* Only a POST route (infer and the settings and registrations) keeps its
- * body; other routes count it against the limit and drop it. */
-static int keeps_body(const req_ctx *r)
-{
-    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
-}
-
-/* The 413 is decided from Content-Length before a byte of the body is read
- * (and, with Expect: 100-continue, before the client sends it). */
-static enum MHD_Result begin_body(tp_http *h, req_ctx *r)
-{
-    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
-    r->expect_len = -1;
-    if (cl && parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg.max_body_bytes)
-        return reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
-                           r->expect_len, (long long)h->cfg.max_body_bytes);
-    if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
-        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
-                           "(%lld MiB, max_memory_mb)", r->expect_len,
-                           (long long)(tp_mem_budget_limit(h->mem) >> 20));
-    r->state = REQ_RECEIVING;
-    /* A thread that holds requests holds this one too: it never runs alone
-     * on an idle engine, so there is nothing to wake (and under load this
-     * saves the batcher's lock on every request). */
-    if (r->route && (r->route->flags & ROUTE_INFER) && atomic_load(&h->loaded) && !thread_held)
-        tp_batcher_prewake(h->batcher);
-    return MHD_YES;
-}
-
-/* Grows the buffer geometrically rather than trusting Content-Length for one
- * big allocation: a client announcing 64 MiB and sending nothing costs 64 KiB.
- * Each growth is taken from the memory budget first: -2 when it refuses
- * (r->mem.refused says how, r->err why), -1 without memory. */
-static int append_body(req_ctx *r, const char *data, size_t n)
-{
-    if (r->len + n > r->cap) {
-        size_t cap = r->cap ? r->cap : 65536;
-        while (cap < r->len + n)
-            cap *= 2;
-        if (r->expect_len >= 0 && cap > (size_t)r->expect_len && (size_t)r->expect_len >= r->len + n)
-            cap = (size_t)r->expect_len;
-        if (tp_mem_take_for(&r->mem, (int64_t)cap - r->body_held, "request body", &r->err) != TP_OK)
-            return -2;
-        r->body_held = (int64_t)cap;
-        char *p = realloc(r->body, cap + 1);
-        if (!p)
-            return -1;
-        r->body = p;
-        r->cap = cap;
-    }
-    memcpy(r->body + r->len, data, n);
-    r->len += n;
-    return 0;
-}
-
-/* A chunked body (no Content-Length) that grows past the limit: libmicrohttpd
- * 0.9 cannot answer in the middle of an upload, so the rest is read and
- * dropped and the 413 goes out when the upload ends. A client that keeps
- * sending DISCARD_MAX bytes past the limit is cut off without an answer. */
-#define DISCARD_MAX ((long long)16 << 20)
-static enum MHD_Result discard_body(tp_http *h, req_ctx *r, size_t n)
-{
-    if (r->state != REQ_TOO_LARGE) {
-        r->state = REQ_TOO_LARGE;
-        free(r->body);
-        r->body = NULL;
-        r->cap = 0;
-        tp_mem_take(&r->mem, -r->body_held);
-        r->body_held = 0;
-    }
-    r->len += n;
-    long long over = (long long)r->len - (long long)h->cfg.max_body_bytes;
-    if (over > DISCARD_MAX && over > (long long)h->cfg.max_body_bytes) {
-        log_request(r, 413, "chunked body still growing far past max_body_bytes: closing");
-        return MHD_NO;
-    }
-    return MHD_YES;
-}
-
-static enum MHD_Result receive_body(tp_http *h, req_ctx *r, const char *data, size_t *size)
-{
-    size_t n = *size;
-    *size = 0;
-    if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg.max_body_bytes)
-        return discard_body(h, r, n);
-    if (!keeps_body(r)) {
-        r->len += n;
-        return MHD_YES;
-    }
-    int rc = append_body(r, data, n);
-    if (rc == -2) /* the memory budget refused it: dropped, answered when the upload ends */
-        return discard_body(h, r, n);
-    if (rc != 0)
-        return reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
-    return MHD_YES;
-}
-
-/* ---- inference: decode, run, answer -------------------------------------- */
-
-/* Bad requests found by the engine rather than the codec stay 400: the
- * engine names a missing input TP_NOT_FOUND, which alone would read 404.
- * Out of memory is the server's momentary state, not the request's fault:
- * 503, so clients retry (elsewhere). */
-static unsigned infer_http_code(tp_status st)
-{
-    if (st == TP_NOMEM)
-        return 503;
-    return st == TP_NOT_FOUND || st == TP_INVALID || st == TP_PARSE ? 400
-                                                                     : (unsigned)tp_status_http(st);
-}
-
-/* The request's own timeout replaces request_timeout_ms; either counts
- * from when the body was complete. */
-static void set_timeout(tp_http *h, req_ctx *r, int64_t param_us)
-{
-    if (param_us >= 0) {
-        r->timeout_us = param_us;
-        snprintf(r->timeout_what, sizeof r->timeout_what, "parameters.timeout %lld us",
-                 (long long)param_us);
-    } else { /* the same for every request: spelled once, at create */
-        r->timeout_us = (int64_t)h->cfg.request_timeout_ms * 1000;
-        memcpy(r->timeout_what, h->default_timeout_what, sizeof r->timeout_what);
-    }
-}
-
-static void end_orphan(req_ctx *r);
-
-/* On the submitting HTTP thread (the batch ran there, inside
- * tp_batcher_submit) or on the batcher thread: hands the result back
- * (handoff.h). */
-static void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
-                          const tp_err *err, const tp_batch_info *info)
-{
-    req_ctx *r = ctx;
-    if (info) {
-        r->times.queue = info->queue_s;
-        r->times.infer = info->compute_s;
-    }
-    r->st = st;
-    r->outs = outs;
-    r->n_outs = n_outs;
-    if (st != TP_OK)
-        r->err = *err;
-    switch (tp_handoff_deliver(&r->handoff)) {
-    case TP_DELIVERED_RESUME:
-        MHD_resume_connection(r->conn);
-        break;
-    case TP_DELIVERED_FREE:
-        end_orphan(r);
-        break;
-    case TP_DELIVERED_DONE:
-        break;
-    }
-}
-
-static void end_submitting(tp_http *h, int n)
-{
-    if (atomic_fetch_sub(&h->submitting, n) == n && atomic_load(&h->stopping)) {
-        pthread_mutex_lock(&h->mu);
-        pthread_cond_broadcast(&h->cv);
-        pthread_mutex_unlock(&h->mu);
-    }
-}
-
-/* Runs the requests this thread holds: each gets its result. */
-static void run_held(tp_http *h)
-{
-    tp_batch_held *held = thread_held;
-    thread_held = NULL;
-    int n = tp_batcher_run_held(h->batcher, held);
-    TP_LOG_D("ran %d held requests together on their HTTP thread", n);
-    end_submitting(h, n);
-}
+/* ---- the HTTP thread of a connection ------------------------------------ */
 
 /* This HTTP thread's daemon, as its index in h->d: found on its first
  * infer request (a thread serves one daemon all its life); -1 until then,
@@ -775,8 +77,9 @@ static int find_thread_daemon(tp_http *h, struct MHD_Connection *c)
  * One thread, or two sharing one core, under 32 binary connections ran
  * every request alone before: 101k requests/s at 9.8 us of CPU each, and
  * 113k at 8.8 us in batches of 4.9 with this. */
-static int thread_serves_others(tp_http *h, const req_ctx *r)
+int thread_serves_others(tp_http_ctx *s, const req_ctx *r)
 {
+    tp_http *h = server_of(s);
     find_thread_daemon(h, r->conn);
     return thread_daemon >= 0 && tp_acceptor_live(h->acceptor, thread_daemon) > 1;
 }
@@ -785,8 +88,9 @@ static int thread_serves_others(tp_http *h, const req_ctx *r)
  * (its pin's) on its first request, and later lets it go while the
  * CPU starves it (cpu_pin.h); the acceptor routes connections as though
  * it stayed. */
-static void watch_pin(tp_http *h, struct MHD_Connection *c)
+void watch_pin(tp_http_ctx *s, struct MHD_Connection *c)
 {
+    tp_http *h = server_of(s);
     if (!h->pins || find_thread_daemon(h, c) < 0)
         return; /* unpinned, or the health port's thread */
     char why[256];
@@ -795,11 +99,11 @@ static void watch_pin(tp_http *h, struct MHD_Connection *c)
         break;
     case TP_PIN_UNPINNED:
         TP_LOG_W("pin_threads: HTTP thread %d unpinned: %s", thread_daemon, why);
-        tp_metrics_pin_change(h->metrics, 0);
+        tp_metrics_pin_change(h->s.metrics, 0);
         break;
     case TP_PIN_PINNED:
         TP_LOG_I("pin_threads: HTTP thread %d %s", thread_daemon, why);
-        tp_metrics_pin_change(h->metrics, 1);
+        tp_metrics_pin_change(h->s.metrics, 1);
         break;
     case TP_PIN_LEFT:
         TP_LOG_W("pin_threads: HTTP thread %d: %s", thread_daemon, why);
@@ -807,10 +111,82 @@ static void watch_pin(tp_http *h, struct MHD_Connection *c)
     }
 }
 
+/* A step that may stall runs on the HTTP thread serving c only while that
+ * thread serves c alone and is given no new connection
+ * (tp_acceptor_claim_alone); end_alone after the step. */
+int claim_alone(tp_http_ctx *s, struct MHD_Connection *c)
+{
+    tp_http *h = server_of(s);
+    return find_thread_daemon(h, c) >= 0 && tp_acceptor_claim_alone(h->acceptor, thread_daemon);
+}
+
+void end_alone(tp_http_ctx *s) { tp_acceptor_end_alone(server_of(s)->acceptor, thread_daemon); }
+
+/* The requests this HTTP thread holds (REQ_HELD): a connection is served
+ * by one thread of libmicrohttpd's pool all its life, so the thread that
+ * held a request is the one libmicrohttpd calls again for it. */
+static _Thread_local tp_batch_held *thread_held;
+
+/* An inference's headers are in: the rank threads are woken now, so their
+ * wake-up overlaps the body and its decoding (tp_batcher_prewake). A
+ * thread that holds requests holds this one too: it never runs alone on an
+ * idle engine, so there is nothing to wake (and under load this saves the
+ * batcher's lock on every request). */
+void infer_prewake(tp_http_ctx *h)
+{
+    if (atomic_load(&h->loaded) && !thread_held)
+        tp_batcher_prewake(h->batcher);
+}
+
+/* Bad requests found by the engine rather than the codec stay 400: the
+ * engine names a missing input TP_NOT_FOUND, which alone would read 404.
+ * Out of memory is the server's momentary state, not the request's fault:
+ * 503, so clients retry (elsewhere). */
+static unsigned infer_http_code(tp_status st)
+{
+    if (st == TP_NOMEM)
+        return 503;
+    return st == TP_NOT_FOUND || st == TP_INVALID || st == TP_PARSE ? 400
+                                                                     : (unsigned)tp_status_http(st);
+}
+
+/* The request's own timeout replaces request_timeout_ms; either counts
+ * from when the body was complete. */
+static void set_timeout(tp_http_ctx *h, req_ctx *r, int64_t param_us)
+{
+    if (param_us >= 0) {
+        r->timeout_us = param_us;
+        snprintf(r->timeout_what, sizeof r->timeout_what, "parameters.timeout %lld us",
+                 (long long)param_us);
+    } else { /* the same for every request: spelled once, at create */
+        r->timeout_us = (int64_t)h->cfg->request_timeout_ms * 1000;
+        memcpy(r->timeout_what, h->default_timeout_what, sizeof r->timeout_what);
+    }
+}
+
+static void end_submitting(tp_http_ctx *h, int n)
+{
+    if (atomic_fetch_sub(&h->submitting, n) == n && atomic_load(&h->stopping)) {
+        pthread_mutex_lock(&h->mu);
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+/* Runs the requests this thread holds: each gets its result. */
+void run_held(tp_http_ctx *h)
+{
+    tp_batch_held *held = thread_held;
+    thread_held = NULL;
+    int n = tp_batcher_run_held(h->batcher, held);
+    TP_LOG_D("ran %d held requests together on their HTTP thread", n);
+    end_submitting(h, n);
+}
+
 /* Submits r: its batch may run right here, or r is held by this thread
  * (*held). Counted in h->submitting until it ran (a held request: until
  * run_held), so stopping never frees the batcher under it. */
-static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
+static tp_status submit(tp_http_ctx *h, req_ctx *r, int *held, tp_err *err)
 {
     atomic_fetch_add(&h->submitting, 1);
     if (atomic_load(&h->stopping)) {
@@ -824,8 +200,7 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
      * step_timeout_ms). Otherwise the batcher thread runs it and the
      * connection is suspended meanwhile. Costs a relaxed load, and for a
      * thread with one connection a compare-exchange, a load and a store. */
-    int alone = h->may_stall && find_thread_daemon(h, r->conn) >= 0 &&
-                tp_acceptor_claim_alone(h->acceptor, thread_daemon);
+    int alone = h->may_stall && claim_alone(h, r->conn);
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
                        r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3,
                        .more_may_follow = h->may_hold && thread_serves_others(h, r), .alone = alone};
@@ -834,7 +209,7 @@ static tp_status submit(tp_http *h, req_ctx *r, int *held, tp_err *err)
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
                                : tp_batcher_submit(h->batcher, &br, err);
     if (alone)
-        tp_acceptor_end_alone(h->acceptor, thread_daemon);
+        end_alone(h);
     if (st != TP_OK)
         atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK || !*held)
@@ -900,7 +275,7 @@ static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
 
 /* The decoded request and the body it was decoded from (binary tensors may
  * point into it). */
-static void release_request(req_ctx *r)
+void release_request(req_ctx *r)
 {
     tp_kserve_request_free(&r->req);
     if (r->cap > SPARE_BODY_MAX) { /* a small one stays for the thread's next request */
@@ -934,7 +309,7 @@ static void settle_answer(req_ctx *r, int64_t answer)
 /* The batch result as a KServe answer, sent: on the thread that ran the
  * batch, or on the one that resumed the connection. Binary outputs go out
  * from the engine's buffers (no copy into a body). */
-static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
+enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r)
 {
     tp_err *err = &r->err; /* the batch's error, if any; ours from here (not copied: 1 KiB) */
     tp_status st = r->st;
@@ -982,7 +357,7 @@ static enum MHD_Result answer_infer(tp_http *h, req_ctx *r)
 }
 
 /* Triton's trace extension: is this inference one to trace? */
-static void begin_trace(tp_http *h, req_ctx *r)
+static void begin_trace(tp_http_ctx *h, req_ctx *r)
 {
     r->trace_id = tp_trace_sample(h->trace);
     if (r->trace_id && r->req.id)
@@ -995,7 +370,7 @@ static int64_t ms_to_ns(double ms) { return (int64_t)(ms * 1e6); }
 
 /* A traced request's timestamps, written (trace.h names them); sent: its
  * answer went out whole. */
-static void end_trace(tp_http *h, req_ctx *r, int sent)
+void end_trace(tp_http_ctx *h, req_ctx *r, int sent)
 {
     int ran = r->times.infer > 0;
     double compute_start = r->t_decoded + r->times.queue * 1e3;
@@ -1018,7 +393,7 @@ static void end_trace(tp_http *h, req_ctx *r, int sent)
  * answer here when the batch ran here; otherwise suspend until the batcher
  * thread delivers. A bad request is answered without ever leaving this
  * thread. */
-static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
+enum MHD_Result dispatch_infer(tp_http_ctx *h, req_ctx *r)
 {
     if (!r->before_drain)
         return reply_error(h, r, 503, "server is shutting down");
@@ -1059,20 +434,135 @@ static enum MHD_Result dispatch_infer(tp_http *h, req_ctx *r)
     return MHD_YES;
 }
 
-/* The call after dispatch_infer's: answer, or suspend until the batcher
- * thread delivers. */
-static enum MHD_Result suspend_until_delivered(req_ctx *r)
+/* ---- the body ----------------------------------------------------------- */
+
+int parse_ll(const char *s, long long *out)
 {
-    if (!tp_handoff_begin_suspend(&r->handoff))
-        return answer_infer(r->h, r); /* delivered in between */
-    r->state = REQ_SUSPENDED;
-    MHD_suspend_connection(r->conn);
-    if (!tp_handoff_end_suspend(&r->handoff))
-        MHD_resume_connection(r->conn); /* delivered during the suspend: the resume is ours */
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Only a POST route (infer and the settings and registrations) keeps its
+ * body; other routes count it against the limit and drop it. */
+static int keeps_body(const req_ctx *r)
+{
+    return r->route && strcmp(r->method, "POST") == 0 && tp_route_method_allowed(r->route->methods, "POST");
+}
+
+/* The 413 is decided from Content-Length before a byte of the body is read
+ * (and, with Expect: 100-continue, before the client sends it). */
+static enum MHD_Result begin_body(tp_http_ctx *h, req_ctx *r)
+{
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    r->expect_len = -1;
+    if (cl && parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg->max_body_bytes)
+        return reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
+                           r->expect_len, (long long)h->cfg->max_body_bytes);
+    if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
+        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
+                           "(%lld MiB, max_memory_mb)", r->expect_len,
+                           (long long)(tp_mem_budget_limit(h->mem) >> 20));
+    r->state = REQ_RECEIVING;
+    if (r->route && (r->route->flags & ROUTE_INFER))
+        infer_prewake(h);
+    return MHD_YES;
+}
+
+/* Grows the buffer geometrically rather than trusting Content-Length for one
+ * big allocation: a client announcing 64 MiB and sending nothing costs 64 KiB.
+ * Each growth is taken from the memory budget first: -2 when it refuses
+ * (r->mem.refused says how, r->err why), -1 without memory. */
+static int append_body(req_ctx *r, const char *data, size_t n)
+{
+    if (r->len + n > r->cap) {
+        size_t cap = r->cap ? r->cap : 65536;
+        while (cap < r->len + n)
+            cap *= 2;
+        if (r->expect_len >= 0 && cap > (size_t)r->expect_len && (size_t)r->expect_len >= r->len + n)
+            cap = (size_t)r->expect_len;
+        if (tp_mem_take_for(&r->mem, (int64_t)cap - r->body_held, "request body", &r->err) != TP_OK)
+            return -2;
+        r->body_held = (int64_t)cap;
+        char *p = realloc(r->body, cap + 1);
+        if (!p)
+            return -1;
+        r->body = p;
+        r->cap = cap;
+    }
+    memcpy(r->body + r->len, data, n);
+    r->len += n;
+    return 0;
+}
+
+/* A chunked body (no Content-Length) that grows past the limit: libmicrohttpd
+ * 0.9 cannot answer in the middle of an upload, so the rest is read and
+ * dropped and the 413 goes out when the upload ends. A client that keeps
+ * sending DISCARD_MAX bytes past the limit is cut off without an answer. */
+#define DISCARD_MAX ((long long)16 << 20)
+static enum MHD_Result discard_body(tp_http_ctx *h, req_ctx *r, size_t n)
+{
+    if (r->state != REQ_TOO_LARGE) {
+        r->state = REQ_TOO_LARGE;
+        free(r->body);
+        r->body = NULL;
+        r->cap = 0;
+        tp_mem_take(&r->mem, -r->body_held);
+        r->body_held = 0;
+    }
+    r->len += n;
+    long long over = (long long)r->len - (long long)h->cfg->max_body_bytes;
+    if (over > DISCARD_MAX && over > (long long)h->cfg->max_body_bytes) {
+        log_request(r, 413, "chunked body still growing far past max_body_bytes: closing");
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result receive_body(tp_http_ctx *h, req_ctx *r, const char *data, size_t *size)
+{
+    size_t n = *size;
+    *size = 0;
+    if (r->state == REQ_TOO_LARGE || (long long)(r->len + n) > (long long)h->cfg->max_body_bytes)
+        return discard_body(h, r, n);
+    if (!keeps_body(r)) {
+        r->len += n;
+        return MHD_YES;
+    }
+    int rc = append_body(r, data, n);
+    if (rc == -2) /* the memory budget refused it: dropped, answered when the upload ends */
+        return discard_body(h, r, n);
+    if (rc != 0)
+        return reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
     return MHD_YES;
 }
 
 /* ---- the route table ---------------------------------------------------- */
+
+/* Model routes: 503 while loading, 404 for another model or version. */
+static enum MHD_Result check_model(tp_http_ctx *h, req_ctx *r, int *handled)
+{
+    *handled = 1;
+    if (atomic_load(&h->broken))
+        return reply_error(h, r, 503, "not ready: %s", h->broken_msg);
+    if (!atomic_load(&h->loaded))
+        return reply_error(h, r, 503, "not ready: the graph %s",
+                           atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
+                                                                  : "is still loading");
+    if (strcmp(r->args.model, h->model.name) != 0)
+        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
+                           h->model.name);
+    if (r->args.has_version && strcmp(r->args.version, h->model.version) != 0)
+        return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
+                           r->args.model, r->args.version, h->model.version);
+    *handled = 0;
+    return MHD_YES;
+}
 
 /* First match wins: /v2/models/stats before /v2/models/{model} (no other
  * two patterns match the same path); inference first, as nearly every
@@ -1115,7 +605,7 @@ static const route_def *find_route(const char *url, tp_route_args *args)
     return NULL;
 }
 
-static enum MHD_Result reply_unknown_path(tp_http *h, req_ctx *r)
+static enum MHD_Result reply_unknown_path(tp_http_ctx *h, req_ctx *r)
 {
     char list[1024];
     size_t off = 0;
@@ -1126,7 +616,7 @@ static enum MHD_Result reply_unknown_path(tp_http *h, req_ctx *r)
                        "takes /versions/{v})", r->url, list);
 }
 
-static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
+static enum MHD_Result reply_bad_method(tp_http_ctx *h, req_ctx *r)
 {
     tp_err e;
     snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method, r->url,
@@ -1138,7 +628,52 @@ static enum MHD_Result reply_bad_method(tp_http *h, req_ctx *r)
     return send_response(h, r, 405, resp);
 }
 
-/* ---- the access handler ------------------------------------------------- */
+/* ---- suspend and resume ------------------------------------------------- */
+
+static void end_orphan(req_ctx *r);
+
+/* On the submitting HTTP thread (the batch ran there, inside
+ * tp_batcher_submit) or on the batcher thread: hands the result back
+ * (handoff.h). */
+void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+                   const tp_err *err, const tp_batch_info *info)
+{
+    req_ctx *r = ctx;
+    if (info) {
+        r->times.queue = info->queue_s;
+        r->times.infer = info->compute_s;
+    }
+    r->st = st;
+    r->outs = outs;
+    r->n_outs = n_outs;
+    if (st != TP_OK)
+        r->err = *err;
+    switch (tp_handoff_deliver(&r->handoff)) {
+    case TP_DELIVERED_RESUME:
+        MHD_resume_connection(r->conn);
+        break;
+    case TP_DELIVERED_FREE:
+        end_orphan(r);
+        break;
+    case TP_DELIVERED_DONE:
+        break;
+    }
+}
+
+/* The call after dispatch_infer's: answer, or suspend until the batcher
+ * thread delivers. */
+static enum MHD_Result suspend_until_delivered(req_ctx *r)
+{
+    if (!tp_handoff_begin_suspend(&r->handoff))
+        return answer_infer(r->h, r); /* delivered in between */
+    r->state = REQ_SUSPENDED;
+    MHD_suspend_connection(r->conn);
+    if (!tp_handoff_end_suspend(&r->handoff))
+        MHD_resume_connection(r->conn); /* delivered during the suspend: the resume is ours */
+    return MHD_YES;
+}
+
+/* ---- the access handler and the end of a request ------------------------ */
 
 /* Each thread keeps the last few request records it finished for its next
  * ones, with their body buffers while those are small. A req_ctx is 2.4
@@ -1208,7 +743,7 @@ static void recycle_record(req_ctx *r)
     s->r[s->n++] = r;
 }
 
-static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *url,
+static req_ctx *new_request(tp_http_ctx *h, struct MHD_Connection *c, const char *url,
                             const char *method)
 {
     req_ctx *r = take_record();
@@ -1227,7 +762,7 @@ static req_ctx *new_request(tp_http *h, struct MHD_Connection *c, const char *ur
 }
 
 /* Called once the whole body is in. */
-static enum MHD_Result route_request(tp_http *h, req_ctx *r)
+static enum MHD_Result route_request(tp_http_ctx *h, req_ctx *r)
 {
     if (!r->route)
         return reply_unknown_path(h, r);
@@ -1247,14 +782,14 @@ static enum MHD_Result route_request(tp_http *h, req_ctx *r)
  * then routed as if it had come so. Only a kept body (keeps_body) is
  * inflated: the other routes never read theirs, and an empty one stays
  * empty. */
-static enum MHD_Result inflate_body(tp_http *h, req_ctx *r)
+static enum MHD_Result inflate_body(tp_http_ctx *h, req_ctx *r)
 {
     char *plain;
     size_t n;
     int too_large;
     tp_err e;
     int64_t held = r->mem.held;
-    tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg.max_body_bytes, &r->mem, &plain,
+    tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg->max_body_bytes, &r->mem, &plain,
                                   &n, &too_large, &e);
     if (st != TP_OK && r->mem.refused)
         return reply_budget(h, r, e.msg);
@@ -1271,7 +806,7 @@ static enum MHD_Result inflate_body(tp_http *h, req_ctx *r)
 
 /* Refused by the guard: answered, then the connection is closed, so
  * nothing after these headers is ever parsed as another request. */
-static enum MHD_Result reply_refused(tp_http *h, req_ctx *r, unsigned code, const char *msg)
+static enum MHD_Result reply_refused(tp_http_ctx *h, req_ctx *r, unsigned code, const char *msg)
 {
     log_request(r, code, msg);
     struct MHD_Response *resp = error_response(msg);
@@ -1280,7 +815,7 @@ static enum MHD_Result reply_refused(tp_http *h, req_ctx *r, unsigned code, cons
     return send_response(h, r, code, resp);
 }
 
-static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Connection *c, const char *url,
+static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MHD_Connection *c, const char *url,
                                       const char *method, const char *version,
                                       const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -1312,7 +847,7 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
             return reply_budget(h, r, r->err.msg);
         if (r->state == REQ_TOO_LARGE)
             return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
-                               "max_body_bytes %lld", r->len, (long long)h->cfg.max_body_bytes);
+                               "max_body_bytes %lld", r->len, (long long)h->cfg->max_body_bytes);
         if (r->encoding != TP_BODY_IDENTITY && r->len && keeps_body(r))
             return inflate_body(h, r);
         return route_request(h, r);
@@ -1333,9 +868,9 @@ static enum MHD_Result handle_request(tp_http *h, int probes_only, struct MHD_Co
     }
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_size, void **con_cls)
+enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                           const char *method, const char *version,
+                           const char *upload_data, size_t *upload_size, void **con_cls)
 {
     return handle_request(cls, 0, c, url, method, version, upload_data, upload_size, con_cls);
 }
@@ -1343,16 +878,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 /* The health_port listener: the same handler restricted to the health
  * routes and /metrics, on its own socket and thread, so probes are answered while
  * the main port is saturated with connections. */
-static enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url,
-                                        const char *method, const char *version,
-                                        const char *upload_data, size_t *upload_size, void **con_cls)
+enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url,
+                                 const char *method, const char *version,
+                                 const char *upload_data, size_t *upload_size, void **con_cls)
 {
     return handle_request(cls, 1, c, url, method, version, upload_data, upload_size, con_cls);
 }
 
 /* What a request gives back once its connection is done with it. in_engine:
  * it was submitted, and its result (if any) never went out. */
-static void end_request(tp_http *h, req_ctx *r, int ok, int in_engine)
+static void end_request(tp_http_ctx *h, req_ctx *r, int ok, int in_engine)
 {
     if (in_engine) {
         tp_host_tensors_free(r->outs, r->n_outs);
@@ -1373,10 +908,10 @@ static void end_orphan(req_ctx *r)
     free_record(r); /* not this thread's spares: the batcher thread keeps none */
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                  enum MHD_RequestTerminationCode toe)
 {
-    tp_http *h = cls;
+    tp_http_ctx *h = cls;
     req_ctx *r = *con_cls;
     tp_http_guard_answered(c);
     if (!r)
@@ -1400,6 +935,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     end_request(h, r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK,
                 r->state == REQ_SUSPENDED || r->state == REQ_HELD || r->state == REQ_SUBMITTED);
     recycle_record(r);
+}
+
+/* How often tp_http_watch wants to run at most: a queued request's 504
+ * is at most this late while the batcher thread is in a step, and an idle
+ * server wakes this often (once a second, against 50 times once) */
+#define WATCH_MS 1000
+
+int tp_http_watch(tp_http *h)
+{
+    char msg[512];
+    if (!engine_stuck(&h->s, msg, sizeof msg) && atomic_exchange(&h->s.stuck_now, 0))
+        TP_LOG_I("the stuck engine step has ended: readiness 200 again");
+    int tick = WATCH_MS, stuck_tick = h->cfg.stuck_step_ms / 10 < 10 ? 10 : h->cfg.stuck_step_ms / 10;
+    if (h->cfg.stuck_step_ms > 0 && stuck_tick < tick) /* logged within a tenth of it */
+        tick = stuck_tick;
+    if (!atomic_load(&h->s.loaded))
+        return tick;
+    double now = tp_now_s(), next = tp_batcher_expire(h->s.batcher, now);
+    if (next > 0 && (next - now) * 1e3 + 1 < tick)
+        tick = (int)((next - now) * 1e3) + 1;
+    return tick;
 }
 
 /* libmicrohttpd reports mostly client misbehaviour (malformed requests,
@@ -1476,9 +1032,9 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err
                           : MHD_USE_POLL_INTERNAL_THREAD);
     unsigned timeout_s = (unsigned)((h->cfg.request_timeout_ms + 999) / 1000);
     if (!probes)
-        h->may_hold = (flags & MHD_USE_EPOLL) != 0;
+        h->s.may_hold = (flags & MHD_USE_EPOLL) != 0;
     struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
-        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, h},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, &h->s},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
         {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)h->cfg.connection_memory_bytes, NULL},
         {probes ? MHD_OPTION_LISTEN_SOCKET : MHD_OPTION_CONNECTION_LIMIT,
@@ -1493,7 +1049,7 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err
     n += tp_http_guard_options(h->guard, opts + n, probes ? NULL : on_main_closed, h);
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so even option errors reach our log */
-    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? on_probe_request : on_request, h,
+    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? on_probe_request : on_request, &h->s,
                                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_ARRAY, opts,
                                             MHD_OPTION_END);
     if (!d)
@@ -1628,27 +1184,28 @@ tp_status tp_http_start(const tp_config *cfg, tp_http **out, tp_err *err)
     if (!h)
         return tp_fail(err, TP_NOMEM, "out of memory");
     h->cfg = *cfg;
+    h->s.cfg = &h->cfg;
     h->cfg.threads = tp_config_http_threads(cfg); /* 0 resolved once: it reads the cgroup's quota */
     tp_json_cap_set_values(cfg->max_json_values); /* before any request's JSON is parsed */
-    snprintf(h->default_timeout_what, sizeof h->default_timeout_what, "request_timeout_ms %d",
+    snprintf(h->s.default_timeout_what, sizeof h->s.default_timeout_what, "request_timeout_ms %d",
              cfg->request_timeout_ms);
     h->listen_fd = h->probe_fd = -1;
-    atomic_init(&h->state, SRV_LOADING);
-    atomic_init(&h->loaded, 0);
-    atomic_init(&h->in_flight, 0);
-    atomic_init(&h->in_engine, 0);
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    h->metrics = tp_metrics_create();
-    h->stats = tp_model_stats_create();
-    h->shm = tp_shm_registry_create(cfg->max_shm_regions);
-    h->mem = tp_mem_budget_create(memory_budget(h, 0));
-    tp_status st = h->metrics && h->stats && h->shm && h->mem ? TP_OK
+    atomic_init(&h->s.state, SRV_LOADING);
+    atomic_init(&h->s.loaded, 0);
+    atomic_init(&h->s.in_flight, 0);
+    atomic_init(&h->s.in_engine, 0);
+    pthread_mutex_init(&h->s.mu, NULL);
+    pthread_cond_init(&h->s.cv, NULL);
+    h->s.metrics = tp_metrics_create();
+    h->s.stats = tp_model_stats_create();
+    h->s.shm = tp_shm_registry_create(cfg->max_shm_regions);
+    h->s.mem = tp_mem_budget_create(memory_budget(h, 0));
+    tp_status st = h->s.metrics && h->s.stats && h->s.shm && h->s.mem ? TP_OK
                                           : tp_fail(err, TP_NOMEM, "out of memory for the metrics");
     tp_trace_init ti = {cfg->trace_file, strcmp(cfg->trace_level, "TIMESTAMPS") == 0, cfg->trace_rate,
                         cfg->trace_count, cfg->trace_log_frequency, cfg->trace_max_pending};
     if (st == TP_OK)
-        st = tp_trace_create(&ti, &h->trace, err);
+        st = tp_trace_create(&ti, &h->s.trace, err);
     if (st == TP_OK)
         st = tp_http_guard_create(cfg, &h->guard, err);
     if (st == TP_OK)
@@ -1670,16 +1227,16 @@ static tp_status start_batcher(tp_http *h, tp_engine *const *inst, int n, tp_err
 {
     tp_engine *e = inst[0];
     tp_batcher_opts o = {h->cfg.max_batch_size, h->cfg.max_queue_delay_us, h->cfg.max_queue,
-                         h->metrics, h->stats,
+                         h->s.metrics, h->s.stats,
                          h->cfg.inline_run_max_us > 0 ? h->cfg.inline_run_max_us : -1,
                          0 /* engine_spin_us: the budget for this process's cores */};
-    tp_status st = tp_batcher_create_instances(inst, n, &o, &h->batcher, err);
+    tp_status st = tp_batcher_create_instances(inst, n, &o, &h->s.batcher, err);
     if (st != TP_OK)
         return st;
     const char *why = NULL;
-    if (tp_batcher_batching(h->batcher))
+    if (tp_batcher_batching(h->s.batcher))
         TP_LOG_I("batching: up to %lld rows per engine run, max_queue_delay_us=%d, max_queue=%d",
-                 (long long)tp_batcher_max_batch(h->batcher), h->cfg.max_queue_delay_us,
+                 (long long)tp_batcher_max_batch(h->s.batcher), h->cfg.max_queue_delay_us,
                  h->cfg.max_queue);
     else
         TP_LOG_I("batching off, requests run one at a time: %s",
@@ -1700,24 +1257,24 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
         h->ins[i] = *tp_engine_input(e, i);
     for (int i = 0; i < no; i++)
         h->outs[i] = *tp_engine_output(e, i);
-    h->may_stall = tp_engine_steps_may_stall(e);
+    h->s.may_stall = tp_engine_steps_may_stall(e);
     tp_status st = start_batcher(h, inst, n, err);
     if (st != TP_OK)
         return st;
-    h->model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
-                                 tp_batcher_batching(h->batcher) ? tp_batcher_max_batch(h->batcher)
+    h->s.model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
+                                 tp_batcher_batching(h->s.batcher) ? tp_batcher_max_batch(h->s.batcher)
                                                                  : 0,
                                  h->cfg.max_queue_delay_us, h->cfg.max_queue, n,
-                                 h->cfg.allow_client_shm ? h->shm : NULL,
+                                 h->cfg.allow_client_shm ? h->s.shm : NULL,
                                  h->labels, h->cfg.max_json_values};
     /* Everything above is published by this store: HTTP threads read the
      * model only after seeing loaded. A drain that began during the load
      * keeps the server unready. */
     if (!h->cfg.max_memory_mb) /* the model is in: what is left of the limit is known */
-        tp_mem_budget_set_limit(h->mem, memory_budget(h, 1));
-    atomic_store(&h->loaded, 1);
+        tp_mem_budget_set_limit(h->s.mem, memory_budget(h, 1));
+    atomic_store(&h->s.loaded, 1);
     int loading = SRV_LOADING;
-    atomic_compare_exchange_strong(&h->state, &loading, SRV_READY);
+    atomic_compare_exchange_strong(&h->s.state, &loading, SRV_READY);
     return TP_OK;
 }
 
@@ -1725,26 +1282,26 @@ void tp_http_set_labels(tp_http *h, const tp_labels *const *labels) { h->labels 
 
 int tp_http_set_broken(tp_http *h, const char *why)
 {
-    if (atomic_load(&h->broken))
+    if (atomic_load(&h->s.broken))
         return 0;
-    snprintf(h->broken_msg, sizeof h->broken_msg, "%s", why);
-    atomic_store(&h->broken, 1); /* publishes broken_msg */
+    snprintf(h->s.broken_msg, sizeof h->s.broken_msg, "%s", why);
+    atomic_store(&h->s.broken, 1); /* publishes broken_msg */
     tp_engine_stats es; /* tpserve_rank_group_up 0 now, not after the next batch */
-    tp_batcher_engine_stats(h->batcher, &es);
-    tp_metrics_engine_stats(h->metrics, &es);
+    tp_batcher_engine_stats(h->s.batcher, &es);
+    tp_metrics_engine_stats(h->s.metrics, &es);
     return 1;
 }
 
 unsigned tp_http_begin_drain(tp_http *h)
 {
-    int was = atomic_exchange(&h->state, SRV_DRAINING);
+    int was = atomic_exchange(&h->s.state, SRV_DRAINING);
     /* connections the kernel completed before this get an answer (a 503),
      * not a reset */
     return was == SRV_DRAINING ? 0 : tp_acceptor_drain(h->acceptor);
 }
 
-long tp_http_in_flight(tp_http *h) { return atomic_load(&h->in_flight); }
-long tp_http_in_engine(tp_http *h) { return atomic_load(&h->in_engine); }
+long tp_http_in_flight(tp_http *h) { return atomic_load(&h->s.in_flight); }
+long tp_http_in_engine(tp_http *h) { return atomic_load(&h->s.in_engine); }
 
 unsigned tp_http_connections(tp_http *h)
 {
@@ -1762,21 +1319,21 @@ unsigned tp_http_connections(tp_http *h)
  * which resumes their connections. */
 void tp_http_cancel_queued(tp_http *h)
 {
-    if (atomic_load(&h->loaded))
-        tp_batcher_cancel(h->batcher, TP_UNAVAILABLE, DRAIN_CUT);
+    if (atomic_load(&h->s.loaded))
+        tp_batcher_cancel(h->s.batcher, TP_UNAVAILABLE, DRAIN_CUT);
 }
 
 void tp_http_stop(tp_http *h)
 {
     if (!h)
         return;
-    pthread_mutex_lock(&h->mu);
-    atomic_store(&h->stopping, 1);
+    pthread_mutex_lock(&h->s.mu);
+    atomic_store(&h->s.stopping, 1);
     /* no HTTP thread may be inside the batcher, or hold requests, when it is freed */
-    while (atomic_load(&h->submitting) > 0)
-        pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-    tp_batcher_free(h->batcher);
+    while (atomic_load(&h->s.submitting) > 0)
+        pthread_cond_wait(&h->s.cv, &h->s.mu);
+    pthread_mutex_unlock(&h->s.mu);
+    tp_batcher_free(h->s.batcher);
     tp_acceptor_stop(h->acceptor); /* none is handed to a daemon while it stops */
     for (int i = 0; i < h->n_daemons; i++)
         if (h->d[i])
@@ -1793,14 +1350,15 @@ void tp_http_stop(tp_http *h)
         close(h->listen_fd);
     if (h->probe_fd >= 0)
         close(h->probe_fd);
-    pthread_mutex_destroy(&h->mu);
-    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->s.mu);
+    pthread_cond_destroy(&h->s.cv);
     free(h->ins);
     free(h->outs);
-    tp_metrics_free(h->metrics);
-    tp_model_stats_free(h->stats);
-    tp_trace_free(h->trace); /* after the daemons: no request is traced any more */
-    tp_shm_registry_free(h->shm);
-    tp_mem_budget_free(h->mem);
+    tp_metrics_free(h->s.metrics);
+    tp_model_stats_free(h->s.stats);
+    tp_trace_free(h->s.trace); /* after the daemons: no request is traced any more */
+    tp_shm_registry_free(h->s.shm);
+    tp_mem_budget_free(h->s.mem);
     free(h);
 }
+
