@@ -337,7 +337,12 @@ def _evaluate(ev, path, batch, weights, feeds, visit):
                 ins = [results[i] if i else None for i in n.input]
                 outs = rt.run(*ins, context=results) if rt.need_context() else rt.run(*ins)
         except Exception as e:
-            raise ImportFailure("%s: %s: evaluating at batch %d failed: %s" % (path, _node(n), batch, _first_line(e)))
+            while (e.__cause__ or e.__context__) is not None:  # onnx wraps the numpy error
+                e = e.__cause__ or e.__context__
+            shapes = ", ".join("%s %s" % (list(v.shape), v.dtype) if hasattr(v, "shape") else "none"
+                               for v in (results.get(i) for i in n.input))
+            raise ImportFailure("%s: %s: evaluating at batch %d failed: %s (inputs: %s)"
+                                % (path, _node(n), batch, _first_line(e), shapes))
         for name, v in zip(n.output, outs):
             if name:
                 results[name] = v
@@ -392,6 +397,12 @@ def _same(a, b):
 def normalize(path, dim_values):
     model, weights = load_model(path)
     fix_dims(model, path, dim_values)
+    functions = {(f.domain, f.name) for f in model.functions}
+    for n in model.graph.node:
+        if not onnx.defs.has(n.op_type, n.domain) and (n.domain, n.op_type) not in functions:
+            raise ImportFailure("%s: %s: not a standard ONNX op (domain '%s'), so it cannot be folded or lowered: "
+                                "export with standard ops only (no onnxruntime fusions)"
+                                % (path, _node(n), n.domain or "ai.onnx"))
     skel = _skeleton(model, weights, path)
     try:
         # FP16/BF16: reductions accumulate in FP32 (narrow_eval.py)

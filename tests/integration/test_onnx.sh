@@ -234,6 +234,8 @@ expect_error "external data truncated" "external.onnx: cannot read its external 
 # Folding evaluates every constant: an index past a buffer (BERT's token_type
 # GatherElements) is an error naming the node, never a wrapped-around value.
 expect_error "folding a bad GatherElements" "ONNX node 'type_ids_gather' (op GatherElements): evaluating at batch 3 failed: index 100 is out of bounds" "$TMP/gather_elements_oob.onnx" --world-size 2
+expect_error "a node that fails to evaluate" "ONNX node 'the_matmul' (op MatMul): evaluating at batch 3 failed: shapes (3,16) and (12,16) not aligned" "$TMP/bad_matmul.onnx" --world-size 2
+expect_error "onnxruntime fusion" "ONNX node 'the_fusion' (op FastGelu): not a standard ONNX op (domain 'com.microsoft'), so it cannot be folded or lowered: export with standard ops only" "$TMP/foreign_op.onnx" --world-size 2
 expect_error "missing file" "nope.onnx: cannot read" "$TMP/nope.onnx" --world-size 2
 expect_error "--dim of no input" "--dim nosuch: no input has a dynamic dim of that name" "$TMP/mlp.onnx" --world-size 1 --dim nosuch=4
 expect_error "dim not divisible" "weight '0.weight' [256, 64]: dim 0 (256) is not divisible by world size 3: replicate it with a --plan file holding {\"0.weight\": \"replicate\"}" "$TMP/mlp.onnx" --world-size 3

@@ -14,6 +14,8 @@ what the exported fixtures do not cover:
 - two_dynamic.onnx: x [batch, seq, 16] -> MatMul -> Softmax (seq must be fixed
   with --dim seq=N);
 - unmapped_op.onnx: x [batch, 16] -> Sin (no tpgraph mapping);
+- foreign_op.onnx: an onnxruntime fusion (com.microsoft FastGelu);
+  bad_matmul.onnx: a [12, 16] weight for a 16-wide input (both errors);
 - unary_ops.onnx: Exp, Sigmoid, Tanh, Erf, Neg, Pow by constants, Sqrt,
   Reciprocal of a Sqrt (rsqrt), Reciprocal, Div by an activation, between
   two MatMuls, x [batch, 8, 16];
@@ -139,6 +141,23 @@ def two_dynamic(path):
 def unmapped_op(path):
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sin", ["h"], ["y"], name="the_sine")]
     save(nodes, [init("w", [16, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], path)
+
+
+def foreign_op(path):
+    """An onnxruntime fusion (com.microsoft), as optimized exports have."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("FastGelu", ["h"], ["y"], domain="com.microsoft", name="the_fusion")]
+    g = helper.make_graph(nodes, "foreign_op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], [init("w", [16, 16])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(m, path)
+
+
+def bad_matmul(path):
+    """A weight whose rows do not match its input: fails when evaluated."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="the_matmul")]
+    save(nodes, [init("w", [12, 16])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], path)
 
 
@@ -274,6 +293,8 @@ def main():
     gather_elements(os.path.join(out, "gather_elements.onnx"))
     gather_elements(os.path.join(out, "gather_elements_oob.onnx"), last=100)
     odd_vocab(os.path.join(out, "odd_vocab.onnx"))
+    foreign_op(os.path.join(out, "foreign_op.onnx"))
+    bad_matmul(os.path.join(out, "bad_matmul.onnx"))
 
 
 if __name__ == "__main__":
