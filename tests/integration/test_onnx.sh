@@ -84,6 +84,20 @@ if $IMPORT "$TMP/odd_vocab.onnx" --world-size 8 --out "$TMP/odd_vocab_tp8.json" 
 else
     fail "import odd_vocab_tp8: $(cat "$TMP/err")"
 fi
+# An untied head [16, 50257] (column-parallel on dim 1): padded along dim 1.
+if $IMPORT "$TMP/odd_vocab_untied.onnx" --world-size 4 --out "$TMP/odd_vocab_untied_tp4.json" 2>"$TMP/err" &&
+    reference odd_vocab_untied 3; then
+    run_check odd_vocab_untied_tp4 odd_vocab_untied 3 threads
+    $PYTHON -c "
+import json, sys
+g = json.load(open(sys.argv[1]))
+head = [p for p in g['params'] if p['name'] == 'head'][0]
+assert head['shape'] == [16, 50688] and head['placement'] == 'shard(1)', head
+" "$TMP/odd_vocab_untied_tp4.json" && pass "odd vocab: untied head padded to [16, 50688], shard(1)" ||
+        fail "odd vocab: untied head placement"
+else
+    fail "import odd_vocab_untied_tp4: $(cat "$TMP/err")"
+fi
 $PYTHON - "$TMP" <<'PY' && pass "odd vocab: table padded to 128 x world size with zero rows, head vocab-parallel, logits sliced back to 50257" || fail "odd vocab: padded plan structure"
 import json, os, sys
 for ws, padded in ((1, 50257), (2, 50432), (4, 50688), (8, 51200)):

@@ -31,7 +31,7 @@ what the exported fixtures do not cover:
 - odd_vocab.onnx: GPT-2's vocab (50257, a prime: divisible by no world
   size): ids [batch, 8] -> embedding [50257, 16] -> MLP -> LayerNorm -> LM
   head tied to the embedding (MatMul by its Transpose) -> logits
-  [batch, 8, 50257].
+  [batch, 8, 50257] (odd_vocab_untied.onnx: a head of its own, [16, 50257]).
 Needs numpy and onnx."""
 import os
 import sys
@@ -262,7 +262,7 @@ def gather_elements(path, last=80):
          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16])], path)
 
 
-def odd_vocab(path, vocab=50257):
+def odd_vocab(path, vocab=50257, tied=True):
     N = helper.make_node
     nodes = [
         N("Gather", ["table", "ids"], ["emb"], axis=0),
@@ -270,11 +270,15 @@ def odd_vocab(path, vocab=50257):
         N("Gelu", ["h"], ["g"]),
         N("MatMul", ["g", "w2"], ["m"]),
         N("LayerNormalization", ["m", "ln_w", "ln_b"], ["ln"], axis=-1),
-        N("Transpose", ["table"], ["table_t"], perm=[1, 0]),
-        N("MatMul", ["ln", "table_t"], ["logits"]),
     ]
-    save(nodes, [init("table", [vocab, 16]), init("w1", [16, 32]), init("w2", [32, 16]),
-                 init("ln_w", [16], 0.2, 1.0), init("ln_b", [16])],
+    inits = [init("table", [vocab, 16]), init("w1", [16, 32]), init("w2", [32, 16]),
+             init("ln_w", [16], 0.2, 1.0), init("ln_b", [16])]
+    if tied:
+        nodes += [N("Transpose", ["table"], ["table_t"], perm=[1, 0]), N("MatMul", ["ln", "table_t"], ["logits"])]
+    else:
+        nodes.append(N("MatMul", ["ln", "head"], ["logits"]))
+        inits.append(init("head", [16, vocab]))
+    save(nodes, inits,
          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 8, vocab])], path, opset=20)
 
@@ -293,6 +297,7 @@ def main():
     gather_elements(os.path.join(out, "gather_elements.onnx"))
     gather_elements(os.path.join(out, "gather_elements_oob.onnx"), last=100)
     odd_vocab(os.path.join(out, "odd_vocab.onnx"))
+    odd_vocab(os.path.join(out, "odd_vocab_untied.onnx"), tied=False)
     foreign_op(os.path.join(out, "foreign_op.onnx"))
     bad_matmul(os.path.join(out, "bad_matmul.onnx"))
 
