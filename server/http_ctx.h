@@ -2,12 +2,12 @@
  *
  * server/http.c is the transport (libmicrohttpd's callbacks, the body,
  * suspend and resume, the route table, listeners, daemons, thread pinning,
- * start and stop) and still holds the inference handler; server/http_reply.c
- * answers. The handlers, one file per protocol area (http_shm.c,
- * http_repository.c, http_logging.c, http_status.c), reach the server only
- * through tp_http_ctx and the request record, and answer through the reply
- * helpers below. A route is one row of ROUTES (http.c) pointing at its
- * handler. Nothing outside these files includes this header. */
+ * start and stop), and server/http_reply.c answers. The handlers, one file
+ * per protocol area (http_infer.c, http_shm.c, http_repository.c,
+ * http_logging.c, http_status.c), reach the server only through
+ * tp_http_ctx and the request record, and answer through the reply helpers
+ * below. A route is one row of ROUTES (http.c) pointing at its handler.
+ * Nothing outside these files includes this header. */
 #ifndef TP_HTTP_CTX_H
 #define TP_HTTP_CTX_H
 
@@ -80,7 +80,7 @@ typedef struct req_ctx req_ctx;
 
 /* A handler: called once the request's whole body is in and its route,
  * method and model (ROUTE_MODEL) are checked; it answers (reply_*), or for
- * an inference may leave the answer for later (dispatch_infer). */
+ * an inference may leave the answer for later (http_infer.c). */
 typedef enum MHD_Result route_handler(tp_http_ctx *h, req_ctx *r);
 
 /* One row of the route table (ROUTES, http.c). */
@@ -187,7 +187,7 @@ enum MHD_Result reply_budget(tp_http_ctx *h, req_ctx *r, const char *msg);
 
 /* ---- the handlers, by protocol area ------------------------------------- */
 
-/* http.c: inference */
+/* http_infer.c: inference */
 route_handler dispatch_infer;
 /* http_status.c: health, metadata, model config, statistics, metrics */
 route_handler get_live, get_ready, get_server, get_model, get_model_config, get_stats, get_metrics;
@@ -205,7 +205,7 @@ int is_ready(tp_http_ctx *h);
 /* stuck_step_ms: 1 and why in msg while an engine step has run that long */
 int engine_stuck(tp_http_ctx *h, char *msg, size_t cap);
 
-/* http.c: the inference state machine's steps */
+/* http_infer.c: the inference state machine's steps the transport calls */
 void infer_prewake(tp_http_ctx *h);
 void run_held(tp_http_ctx *h);
 enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r);
