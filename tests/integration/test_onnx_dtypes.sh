@@ -10,6 +10,9 @@
 #   - BF16 models: onnxruntime's output for the FP32 twin (the same
 #     BF16-rounded weights, *_bf16_f32.onnx; onnxruntime's CPU provider has
 #     no BF16 kernels), rounded to BF16 (tests/onnx/reference.py --twin).
+# Also: gpt2_fp16 and bert_bf16 with --sequence-parallel; hand-built FP16
+# models with Casts around a LayerNormalization and a Softmax; a BF16 model
+# whose folded constants are reductions (accumulated in FP32 at import).
 #
 # env: TPSERVE (binary), PYTHON (python3 with numpy, ml_dtypes, onnx,
 #      onnxruntime); KEEP_TMP=1 keeps the files.
@@ -114,6 +117,60 @@ while IFS=: read -r m twin rtol sizes <&3; do
 done 3<<EOF
 $MODELS
 EOF
+
+# ---- --sequence-parallel: reduce_scatter/all_gather in FP16/BF16, fused by fuse_tp
+for spec in gpt2_fp16:$RTOL_FP16 bert_bf16:$RTOL_BF16; do
+    m=${spec%%:*}
+    g=${m}_sp2
+    if $IMPORT "$FIX/$m.onnx" --world-size 2 --sequence-parallel --out "$TMP/$g.json" 2>"$TMP/err"; then
+        run_check "$g" "$m" 3 threads "${spec#*:}"
+        run_check "$g" "$m" 1 processes "${spec#*:}"
+    else
+        fail "import $g: $(tail -1 "$TMP/err")"
+    fi
+done
+
+# ---- Casts around a LayerNormalization and a Softmax, a round-trip Cast pair --
+# An FP16 model computing them in FP32 between Casts (as float16 converters
+# that keep norms in FP32 do): the op in FP16 when the FP32 norm params
+# (weight and bias) are exact in FP16 (casts_exact), the Casts kept when
+# they are not (casts_inexact); the pair FP16 -> FP32 -> FP16 is no node.
+$PYTHON - "$TMP" <<'PY' || fail "casts: writing the models"
+import sys
+import numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto as TP
+rng = np.random.default_rng(3)
+for name, w in (("casts_exact", rng.standard_normal(64).astype(np.float16).astype(np.float32)),
+                ("casts_inexact", rng.standard_normal(64).astype(np.float32))):
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TP.FLOAT),
+             helper.make_node("LayerNormalization", ["xf", "w", "b"], ["yf"], epsilon=1e-5),
+             helper.make_node("Cast", ["yf"], ["y"], to=TP.FLOAT16),
+             helper.make_node("Cast", ["x"], ["x32"], to=TP.FLOAT), helper.make_node("Softmax", ["x32"], ["s32"]),
+             helper.make_node("Cast", ["s32"], ["s"], to=TP.FLOAT16), helper.make_node("Add", ["y", "s"], ["z0"]),
+             helper.make_node("Cast", ["z0"], ["z1"], to=TP.FLOAT), helper.make_node("Cast", ["z1"], ["z"], to=TP.FLOAT16)]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.linspace(-1, 1, 64).astype(np.float16).astype(np.float32), "b")]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TP.FLOAT16, ["B", 64])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT16, ["B", 64])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), "%s/%s.onnx" % (sys.argv[1], name))
+PY
+for m in casts_exact casts_inexact; do
+    if ! $IMPORT "$TMP/$m.onnx" --world-size 1 --out "$TMP/$m.json" 2>"$TMP/err" ||
+        ! $PYTHON "$FIX/reference.py" "$TMP/$m.onnx" --batch 3 --inputs "$TMP/$m.in3.safetensors" --ref "$TMP/$m.ref3.safetensors"; then
+        fail "$m: $(tail -1 "$TMP/err")"
+        continue
+    fi
+    $PYTHON - "$TMP/$m.json" <<'PY' && pass "$m: $(cat "$TMP/ops")" || fail "$m: $(cat "$TMP/ops")"
+import json, os, sys
+g = json.load(open(sys.argv[1]))
+ops = " ".join("%s%s" % (n["op"], "(%s)" % n["attrs"]["to"] if n["op"] == "cast" else "") for n in g["nodes"])
+dts = sorted({p["datatype"] for p in g["params"]})
+open(os.path.join(os.path.dirname(sys.argv[1]), "ops"), "w").write("%s; params %s" % (ops, " ".join(dts)))
+want = {"casts_exact": ("layer_norm softmax add", ["FP16"]),
+        "casts_inexact": ("cast(FP32) layer_norm cast(FP16) softmax add", ["FP32"])}[g["name"]]
+assert (ops, dts) == want, (ops, dts)
+PY
+    run_check "$m" "$m" 3 threads "$RTOL_FP16"
+done
 
 # ---- folding in BF16: reductions of constants accumulate in FP32 ------------
 # y = x * ReduceMean(c) + ReduceSum(d), c 4096 values near 1 and d 1000 near
