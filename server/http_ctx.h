@@ -1,13 +1,14 @@
 /* http_ctx.h — inside the HTTP front end (http.h): what its files share.
  *
- * server/http.c is the transport (libmicrohttpd's callbacks, the body,
- * suspend and resume, the route table, listeners, daemons, thread pinning,
- * start and stop), and server/http_reply.c answers. The handlers, one file
- * per protocol area (http_infer.c, http_shm.c, http_repository.c,
+ * The request path's transport is server/http_request.c (libmicrohttpd's
+ * request callbacks, the body, suspend and resume, the route table), the
+ * server's is server/http.c (listeners, daemons, thread pinning, start and
+ * stop), and server/http_reply.c answers. The handlers, one file per
+ * protocol area (http_infer.c, http_shm.c, http_repository.c,
  * http_logging.c, http_status.c), reach the server only through
  * tp_http_ctx and the request record, and answer through the reply helpers
- * below. A route is one row of ROUTES (http.c) pointing at its handler.
- * Nothing outside these files includes this header. */
+ * below. A route is one row of ROUTES (http_request.c) pointing at its
+ * handler. Nothing outside these files includes this header. */
 #ifndef TP_HTTP_CTX_H
 #define TP_HTTP_CTX_H
 
@@ -37,7 +38,7 @@ enum { SRV_LOADING, SRV_READY, SRV_DRAINING };
  * (http.c), which keeps the listeners, daemons and pins to itself. */
 typedef struct tp_http_ctx {
     const tp_config *cfg; /* tp_http's copy (threads resolved) */
-    _Atomic int state;  /* SRV_* */
+    _Atomic int state; /* SRV_* */
     _Atomic int loaded; /* engine and model published; stays set while draining */
     _Atomic int broken; /* the engine cannot run any more (a rank's process died) */
     char broken_msg[600];
@@ -83,7 +84,7 @@ typedef struct req_ctx req_ctx;
  * an inference may leave the answer for later (http_infer.c). */
 typedef enum MHD_Result route_handler(tp_http_ctx *h, req_ctx *r);
 
-/* One row of the route table (ROUTES, http.c). */
+/* One row of the route table (ROUTES, http_request.c). */
 enum {
     ROUTE_MODEL = 1, /* answers for the served model: 503 until loaded, 404 for another name */
     ROUTE_INFER = 2, /* an inference: counted in the request metrics and statistics */
@@ -212,8 +213,8 @@ enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r);
 void release_request(req_ctx *r);
 void end_trace(tp_http_ctx *h, req_ctx *r, int sent);
 
-/* http.c: libmicrohttpd's callbacks (cls: the tp_http_ctx), and what
- * the inference handler takes from the transport */
+/* http_request.c: libmicrohttpd's callbacks (cls: the tp_http_ctx), and
+ * what the inference handler takes from the transport */
 enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                            const char *version, const char *upload_data, size_t *upload_size, void **con_cls);
 enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,

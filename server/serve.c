@@ -361,7 +361,7 @@ static int serve_until_signal(tp_http *h, tp_engine *const *inst, const tp_confi
  * so they are freed after tp_http_stop. */
 typedef struct {
     const tp_config *cfg;
-    tp_io_desc *outs; /* the graph's outputs, while the labels are read */
+    tp_io_desc *outs; /* the graph's outputs (a copy: tp_io_find takes an array) */
     int n_outs;
     tp_labels **labels;
 } model_labels;
