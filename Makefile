@@ -9,8 +9,12 @@ CC      ?= gcc
 PYTHON  ?= python3
 SAN     ?=
 OPT     ?= -O2
+# Assertions (util/invariant.h) are on under a sanitizer (make asan) and with
+# DEBUG=1; the default build defines NDEBUG.
+DEBUG   ?=
+NDEBUG  := $(if $(or $(SAN),$(DEBUG)),,-DNDEBUG)
 PKGS    := jansson libmicrohttpd openblas zlib
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -pthread $(SAN)
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) $(NDEBUG) -g -Wall -Wextra -Werror -pthread $(SAN)
 # Layers, enforced by what each directory may include: util/ (status, log,
 # JSON helpers) depends on nothing; engine/ on util/; kernels/ on util/ and
 # the engine's kernel API (backend.h, ops.h, tensor.h, ...); server/ on util/
@@ -26,7 +30,7 @@ LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lstdc+
 # C++ only where a C++ library is wrapped (server/numtext_charconv.cc: <charconv>): same
 # warnings, no exceptions or RTTI crossing into C.
 CXX     ?= g++
-CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -fno-exceptions -fno-rtti -pthread \
+CXXFLAGS := -std=c++17 $(OPT) $(NDEBUG) -g -Wall -Wextra -Werror -fno-exceptions -fno-rtti -pthread \
             $(INC_server) $(SAN)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "invariant.h"
 #include "spin_wait.h"
 #include "text.h"
 #include "zalloc.h"
@@ -68,7 +69,7 @@ struct tp_batcher {
     pthread_t th;
 };
 
-/* ---- the queue (b->mu held) --------------------------------------------- */
+/* ---- the queue (b->mu held: TP_ASSERT_HELD where it is relied on) -------- */
 
 /* Moves every request of the list whose deadline has passed onto
  * *expired; *tail becomes the last one left. Returns how many moved. */
@@ -93,6 +94,7 @@ static int cut_expired(job **head, job **tail, double now, job **expired)
 
 static void take_expired(tp_batcher *b, double now, job **expired)
 {
+    TP_ASSERT_HELD(&b->mu);
     b->queued -= cut_expired(&b->head, &b->tail, now, expired);
 }
 
@@ -129,6 +131,8 @@ static job *cut_prefix(job **head, int n)
 
 static job *unlink_prefix(tp_batcher *b, int n)
 {
+    TP_ASSERT_HELD(&b->mu);
+    assert(n >= 1 && n <= b->queued);
     job *first = cut_prefix(&b->head, n);
     if (!b->head)
         b->tail = NULL;
@@ -155,7 +159,9 @@ static void wait_until(tp_batcher *b, double t)
     pthread_cond_timedwait(&b->cv, &b->mu, &ts);
 }
 
-/* How many instances run a batch. b->mu held. */
+/* How many instances run a batch. busy is atomic: a thread about to take
+ * b->mu peeks at it (engine_idle, tp_batcher_run_held); what it decides
+ * it decides again under b->mu (claim_engine). */
 static int running(const tp_batcher *b) { return __builtin_popcount(b->busy); }
 
 /* Waits until a batch is due (full, its oldest request waited the queue
@@ -416,9 +422,11 @@ static void run_batch(tp_batcher *b, int k, job *batch)
  * one at a time by whichever HTTP thread finds the engine idle for a moment
  * (that batch of one then delays the requests queued behind it, and stalls
  * the HTTP thread's other connections). A few quiet batches (two after
- * one busy one) bring the inline path back. b->mu held. */
+ * one busy one) bring the inline path back. */
 static void batch_ended(tp_batcher *b, int k)
 {
+    TP_ASSERT_HELD(&b->mu);
+    assert(b->busy & (1u << k));
     b->busy &= ~(1u << k);
     b->recent_backlog = 0.5 * b->recent_backlog + (b->head || b->held ? 0.5 : 0.0);
     if (b->engine_waiters)
@@ -427,21 +435,29 @@ static void batch_ended(tp_batcher *b, int k)
         pthread_cond_signal(&b->cv); /* what queued meanwhile is the batcher thread's */
 }
 
-/* The lowest idle instance; there must be one (running < n_inst). b->mu held. */
-static int idle_instance(const tp_batcher *b) { return __builtin_ctz(~b->busy); }
+/* The lowest idle instance (__builtin_ctz of 0 is undefined: there must
+ * be one). */
+static int idle_instance(const tp_batcher *b)
+{
+    TP_ASSERT_HELD(&b->mu);
+    assert(running(b) < b->n_inst);
+    return __builtin_ctz(~b->busy);
+}
 
-/* Takes an idle instance (there must be one). b->mu held. */
+/* Takes an idle instance. */
 static int take_instance(tp_batcher *b)
 {
     int k = idle_instance(b);
+    assert(k < b->n_inst);
     b->busy |= 1u << k;
     return k;
 }
 
 /* Waits until an instance is idle, then takes it; *slept says whether it
- * had to sleep for one. b->mu held. */
+ * had to sleep for one. */
 static int claim_engine(tp_batcher *b, int *slept)
 {
+    TP_ASSERT_HELD(&b->mu);
     *slept = 0;
     while (running(b) == b->n_inst) {
         *slept = 1;
@@ -605,10 +621,10 @@ static void append_job(job **head, job **tail, job *j)
     *tail = j;
 }
 
-/* Adds j to *held (a new group when it is NULL); 0 when out of memory.
- * b->mu held. */
+/* Adds j to *held (a new group when it is NULL); 0 when out of memory. */
 static int hold_job(tp_batcher *b, tp_batch_held **held, job *j)
 {
+    TP_ASSERT_HELD(&b->mu);
     if (!*held && !(*held = tp_zalloc(1, sizeof **held)))
         return 0;
     append_job(&(*held)->head, &(*held)->tail, j);

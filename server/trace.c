@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "json_kind.h"
+#include "invariant.h"
 #include "json_tensor.h"
 #include "log.h"
 
@@ -385,6 +386,7 @@ uint64_t tp_trace_dropped(tp_trace *t) { return atomic_load(&t->dropped); }
  * 0: no memory for the ring. mu held. */
 static int make_room(tp_trace *t, const settings *e)
 {
+    TP_ASSERT_HELD(&t->mu);
     if (t->n_pending == t->max_pending && e->log_frequency > 0)
         write_pending(t, e);
     if (t->n_pending == t->max_pending) {
