@@ -88,6 +88,7 @@ help:
 	@echo "make bench-ranks   ranks as threads vs one process per rank (cpu)"
 	@echo "make bench-ranks-ctx  context switches and CPU per request and per thread, c=1, threads and processes"
 	@echo "make bench-import  imported ONNX models: tpserve vs onnxruntime per request"
+	@echo "make bench-real    GPT-2, BERT-base, 125M Llama (random weights; needs torch): import, tpserve vs onnxruntime"
 	@echo "make run MODEL=gpt2 WS=2   import tests/onnx/gpt2.onnx (or MODEL=path.onnx) for 2 ranks and serve it"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
@@ -398,6 +399,14 @@ $(IMPORTED)/%.json: graphs/import_onnx.py $(wildcard graphs/onnx_import/*.py) | 
 # tpserve (world size 1, 2) vs onnxruntime (same threads) per request; a table.
 bench-import: $(BUILD)/tpserve $(BUILD)/tools/blas_core | $(DEPS_OK)
 	$(PYTHON) tests/bench/bench_import.py --tpserve $(BUILD)/tpserve --blas-core $(BUILD)/tools/blas_core
+
+# By hand (needs torch, transformers, onnxscript): full-size models exported
+# into $(BUILD)/real once (tests/bench/export_real.py), imported at world size
+# 1 and 2: import time and memory, tpserve vs onnxruntime, GEMM rate; a table.
+# BENCH_REAL_ARGS="--models bert --iters 50" goes to bench_real.py.
+.PHONY: bench-real
+bench-real: $(BUILD)/tpserve | $(DEPS_OK)
+	$(PYTHON) tests/bench/bench_real.py --tpserve $(BUILD)/tpserve --cache $(BUILD)/real $(BENCH_REAL_ARGS)
 
 run: $(BUILD)/tpserve $(GRAPHS) $(RUN_GRAPH)
 	$(BUILD)/tpserve serve --config config/default.json $(if $(RUN_GRAPH),--graph $(RUN_GRAPH))
