@@ -1,7 +1,9 @@
 /* ops.c — one descriptor per op. Each TP_OP_LIST entry NAME needs a
  * `desc_NAME` here: the table below is built from the list, so an op
  * without a descriptor does not compile (tests/static/op_table.sh proves
- * it). Field meanings: tp_op_desc in ops.h. */
+ * it). Each descriptor names its kernel family (`.family`, TP_FAMILY_LIST):
+ * tests/unit/test_ops.c fails on one without, and no backend runs it.
+ * Field meanings: tp_op_desc in ops.h. */
 #include "ops.h"
 
 #include <string.h>
@@ -18,7 +20,7 @@
 static const tp_attr_spec no_attrs[] = {END};
 
 #define SOURCE_OP(nm) {.name = nm, .kind = TP_KIND_SOURCE, .comm_input = -1, .shape = TP_SHAPE_SOURCE, \
-                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs}
+                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_NONE}
 static const tp_op_desc desc_INPUT = SOURCE_OP("input");
 static const tp_op_desc desc_PARAM = SOURCE_OP("param");
 
@@ -26,7 +28,7 @@ static const tp_op_desc desc_PARAM = SOURCE_OP("param");
 
 #define BINARY_OP(nm) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE,   \
                        .min_inputs = 2, .max_inputs = 2, .comm_input = -1, .shape = TP_SHAPE_BINARY,      \
-                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs}
+                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_BINARY}
 static const tp_op_desc desc_ADD = BINARY_OP("add");
 static const tp_op_desc desc_SUB = BINARY_OP("sub");
 static const tp_op_desc desc_MUL = BINARY_OP("mul");
@@ -34,7 +36,7 @@ static const tp_op_desc desc_MUL = BINARY_OP("mul");
 static const tp_attr_spec gelu_attrs[] = {CHOICE("approximate", gelu_tanh, "none tanh"), END};
 #define UNARY_OP(nm, at) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE,  \
                           .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_UNARY,      \
-                          .rows = TP_ROWS_INDEPENDENT, .attrs = at}
+                          .rows = TP_ROWS_INDEPENDENT, .attrs = at, .family = TP_FAMILY_UNARY}
 static const tp_op_desc desc_GELU = UNARY_OP("gelu", gelu_attrs);
 static const tp_op_desc desc_SILU = UNARY_OP("silu", no_attrs);
 static const tp_op_desc desc_RELU = UNARY_OP("relu", no_attrs);
@@ -43,20 +45,22 @@ static const tp_attr_spec softmax_attrs[] = {OPT("dim", TP_ATTR_DIM, dim, -1), E
 static const tp_op_desc desc_SOFTMAX = {.name = "softmax", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                         .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
                                         .shape = TP_SHAPE_UNARY_DIM, .rows = TP_ROWS_ALONG_DIM,
-                                        .attrs = softmax_attrs};
+                                        .attrs = softmax_attrs, .family = TP_FAMILY_SOFTMAX};
 
 static const tp_attr_spec layer_norm_attrs[] = {OPT("eps", TP_ATTR_FLOAT, eps, 1e-5), END};
 static const tp_attr_spec rms_norm_attrs[] = {OPT("eps", TP_ATTR_FLOAT, eps, 1e-6), END};
 #define NORM_OP(nm, n_in, at) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,                  \
                                .min_inputs = n_in, .max_inputs = n_in, .comm_input = -1,                   \
-                               .shape = TP_SHAPE_NORM, .rows = TP_ROWS_LAST_DIM, .attrs = at}
+                               .shape = TP_SHAPE_NORM, .rows = TP_ROWS_LAST_DIM, .attrs = at,              \
+                               .family = TP_FAMILY_NORM}
 static const tp_op_desc desc_LAYER_NORM = NORM_OP("layer_norm", 3, layer_norm_attrs);
 static const tp_op_desc desc_RMS_NORM = NORM_OP("rms_norm", 2, rms_norm_attrs);
 
 static const tp_attr_spec matmul_attrs[] = {OPT("transpose_b", TP_ATTR_BOOL, transpose_b, 0), END};
 static const tp_op_desc desc_MATMUL = {.name = "matmul", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                        .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
-                                       .shape = TP_SHAPE_MATMUL, .rows = TP_ROWS_MATMUL, .attrs = matmul_attrs};
+                                       .shape = TP_SHAPE_MATMUL, .rows = TP_ROWS_MATMUL, .attrs = matmul_attrs,
+                                       .family = TP_FAMILY_MATMUL};
 
 static const tp_attr_spec attention_attrs[] = {
     OPT("causal", TP_ATTR_BOOL, causal, 0),
@@ -68,55 +72,57 @@ static const tp_attr_spec attention_attrs[] = {
 static const tp_op_desc desc_ATTENTION = {.name = "attention", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                           .min_inputs = 3, .max_inputs = 4, .comm_input = -1,
                                           .shape = TP_SHAPE_ATTENTION, .rows = TP_ROWS_ATTENTION,
-                                          .attrs = attention_attrs};
+                                          .attrs = attention_attrs, .family = TP_FAMILY_ATTENTION};
 
 static const tp_attr_spec embedding_attrs[] = {OPT("vocab_parallel", TP_ATTR_BOOL, vocab_parallel, 0), END};
 static const tp_op_desc desc_EMBEDDING = {.name = "embedding", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                           .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
                                           .shape = TP_SHAPE_EMBEDDING, .rows = TP_ROWS_INDEPENDENT,
-                                          .attrs = embedding_attrs};
+                                          .attrs = embedding_attrs, .family = TP_FAMILY_EMBEDDING};
 
 /* -------------------------------------------------------- views, copies */
 
 static const tp_attr_spec shape_attrs[] = {LIST("shape", TP_ATTR_SHAPE, shape, n_shape), END};
 static const tp_op_desc desc_VIEW = {.name = "view", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
                                      .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_VIEW,
-                                     .rows = TP_ROWS_VIEW, .attrs = shape_attrs};
+                                     .rows = TP_ROWS_VIEW, .attrs = shape_attrs, .family = TP_FAMILY_NONE};
 static const tp_op_desc desc_RESHAPE = {.name = "reshape", .kind = TP_KIND_COPY, .flags = TP_OPF_GRAPH,
                                         .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_VIEW,
-                                        .rows = TP_ROWS_VIEW, .attrs = shape_attrs};
+                                        .rows = TP_ROWS_VIEW, .attrs = shape_attrs, .family = TP_FAMILY_COPY};
 
 static const tp_attr_spec permute_attrs[] = {LIST("dims", TP_ATTR_DIMS, dims, n_dims), END};
 static const tp_op_desc desc_PERMUTE = {.name = "permute", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
                                         .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
                                         .shape = TP_SHAPE_PERMUTE, .rows = TP_ROWS_INDEPENDENT,
-                                        .attrs = permute_attrs};
+                                        .attrs = permute_attrs, .family = TP_FAMILY_NONE};
 
 static const tp_attr_spec transpose_attrs[] = {REQ("dim0", TP_ATTR_DIM, dim0), REQ("dim1", TP_ATTR_DIM, dim1), END};
 static const tp_op_desc desc_TRANSPOSE = {.name = "transpose", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
                                           .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
                                           .shape = TP_SHAPE_PERMUTE, .rows = TP_ROWS_INDEPENDENT,
-                                          .attrs = transpose_attrs};
+                                          .attrs = transpose_attrs, .family = TP_FAMILY_NONE};
 
 static const tp_attr_spec slice_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), REQ("start", TP_ATTR_INT, start),
                                            REQ("length", TP_ATTR_INT, length), END};
 static const tp_op_desc desc_SLICE = {.name = "slice", .kind = TP_KIND_VIEW, .flags = TP_OPF_GRAPH,
                                       .min_inputs = 1, .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_SLICE,
-                                      .rows = TP_ROWS_DIM_ATTR, .attrs = slice_attrs};
+                                      .rows = TP_ROWS_DIM_ATTR, .attrs = slice_attrs, .family = TP_FAMILY_NONE};
 
 static const tp_attr_spec dim_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), END};
 static const tp_op_desc desc_CAT = {.name = "cat", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                     .min_inputs = 1, .max_inputs = TP_OP_MAX_INPUTS, .comm_input = -1,
-                                    .shape = TP_SHAPE_CAT, .rows = TP_ROWS_DIM_ATTR, .attrs = dim_attrs};
+                                    .shape = TP_SHAPE_CAT, .rows = TP_ROWS_DIM_ATTR, .attrs = dim_attrs,
+                                    .family = TP_FAMILY_CAT};
 
 static const tp_op_desc desc_CONTIGUOUS = {.name = "contiguous", .kind = TP_KIND_COPY, .flags = TP_OPF_GRAPH,
                                            .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
                                            .shape = TP_SHAPE_CONTIGUOUS, .rows = TP_ROWS_INDEPENDENT,
-                                           .attrs = no_attrs};
+                                           .attrs = no_attrs, .family = TP_FAMILY_COPY};
 /* place_symmetric's copy into a symmetric buffer; never in a graph file */
 static const tp_op_desc desc_IDENTITY_COPY = {.name = "identity_copy", .kind = TP_KIND_COPY, .min_inputs = 1,
                                               .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_COPY,
-                                              .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+                                              .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs,
+                                              .family = TP_FAMILY_COPY};
 
 /* --------------------------------------------------------- collectives */
 
@@ -128,7 +134,7 @@ static const tp_attr_spec all_to_all_attrs[] = {REQ("split_dim", TP_ATTR_DIM, sp
 static const tp_attr_spec broadcast_attrs[] = {OPT("src", TP_ATTR_RANK, src, 0), END};
 #define COLLECTIVE_OP(nm, sh, rw, at) {.name = nm, .kind = TP_KIND_COLLECTIVE, .flags = TP_OPF_GRAPH,        \
                                        .min_inputs = 1, .max_inputs = 1, .comm_input = 0, .shape = sh,      \
-                                       .rows = rw, .attrs = at}
+                                       .rows = rw, .attrs = at, .family = TP_FAMILY_NONE}
 static const tp_op_desc desc_ALL_GATHER = COLLECTIVE_OP("all_gather", TP_SHAPE_GATHER_DIM, TP_ROWS_DIM_ATTR, dim_attrs);
 static const tp_op_desc desc_REDUCE_SCATTER =
     COLLECTIVE_OP("reduce_scatter", TP_SHAPE_SCATTER_DIM, TP_ROWS_DIM_ATTR, reduce_scatter_attrs);
@@ -143,11 +149,11 @@ static const tp_op_desc desc_BROADCAST = COLLECTIVE_OP("broadcast", TP_SHAPE_FRO
 static const tp_op_desc desc_FUSED_AG_MM = {.name = "fused_all_gather_matmul", .kind = TP_KIND_FUSED,
                                             .min_inputs = 2, .max_inputs = 17, .comm_input = 0,
                                             .shape = TP_SHAPE_FUSED_AG_MM, .rows = TP_ROWS_FUSED,
-                                            .attrs = no_attrs};
+                                            .attrs = no_attrs, .family = TP_FAMILY_NONE};
 static const tp_op_desc desc_FUSED_MM_RS = {.name = "fused_matmul_reduce_scatter", .kind = TP_KIND_FUSED,
                                             .min_inputs = 2, .max_inputs = 2, .comm_input = 0,
                                             .shape = TP_SHAPE_FUSED_MM_RS, .rows = TP_ROWS_FUSED,
-                                            .attrs = no_attrs};
+                                            .attrs = no_attrs, .family = TP_FAMILY_NONE};
 
 /* ------------------------------------------------- ops of ONNX exports */
 
@@ -155,7 +161,7 @@ static const tp_op_desc desc_FUSED_MM_RS = {.name = "fused_matmul_reduce_scatter
 static const tp_op_desc desc_DIV = {.name = "div", .kind = TP_KIND_COMPUTE,
                                     .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE | TP_OPF_FLOAT_ONLY,
                                     .min_inputs = 2, .max_inputs = 2, .comm_input = -1, .shape = TP_SHAPE_BINARY,
-                                    .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+                                    .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_BINARY};
 static const tp_op_desc desc_SQRT = UNARY_OP("sqrt", no_attrs);
 static const tp_op_desc desc_RSQRT = UNARY_OP("rsqrt", no_attrs);
 static const tp_op_desc desc_EXP = UNARY_OP("exp", no_attrs);
@@ -171,7 +177,7 @@ static const tp_attr_spec reduce_attrs[] = {REQ("dim", TP_ATTR_DIM, dim), OPT("k
                                             END};
 #define REDUCE_OP(nm) {.name = nm, .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH, .min_inputs = 1,           \
                        .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_REDUCE, .rows = TP_ROWS_ALONG_DIM, \
-                       .attrs = reduce_attrs}
+                       .attrs = reduce_attrs, .family = TP_FAMILY_REDUCE}
 static const tp_op_desc desc_REDUCE_MEAN = REDUCE_OP("reduce_mean");
 static const tp_op_desc desc_REDUCE_SUM = REDUCE_OP("reduce_sum");
 
@@ -180,21 +186,21 @@ static const tp_op_desc desc_REDUCE_SUM = REDUCE_OP("reduce_sum");
 static const tp_op_desc desc_WHERE = {.name = "where", .kind = TP_KIND_COMPUTE,
                                       .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE, .min_inputs = 3,
                                       .max_inputs = 3, .comm_input = -1, .shape = TP_SHAPE_WHERE,
-                                      .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs};
+                                      .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_WHERE};
 
 /* gather(x, ids) along dim: gathering along the batch dim mixes rows. */
 static const tp_attr_spec gather_attrs[] = {OPT("dim", TP_ATTR_DIM, dim, 0), END};
 static const tp_op_desc desc_GATHER = {.name = "gather", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                        .min_inputs = 2, .max_inputs = 2, .comm_input = -1,
                                        .shape = TP_SHAPE_GATHER_IDS, .rows = TP_ROWS_ALONG_DIM,
-                                       .attrs = gather_attrs};
+                                       .attrs = gather_attrs, .family = TP_FAMILY_GATHER};
 
 /* A copy, not a zero-stride view: an in-place consumer must never write
  * one element through several aliases. */
 static const tp_op_desc desc_EXPAND = {.name = "expand", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
                                        .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
                                        .shape = TP_SHAPE_EXPAND, .rows = TP_ROWS_INDEPENDENT,
-                                       .attrs = shape_attrs};
+                                       .attrs = shape_attrs, .family = TP_FAMILY_EXPAND};
 
 /* The choice words are tp_dtype's names in enum order (ops.h's cast_to). */
 _Static_assert(TP_F32 == 0 && TP_F16 == 1 && TP_BF16 == 2 && TP_I32 == 3 && TP_I64 == 4, "cast 'to' choices");
@@ -203,7 +209,7 @@ static const tp_attr_spec cast_attrs[] = {
 static const tp_op_desc desc_CAST = {.name = "cast", .kind = TP_KIND_COMPUTE,
                                      .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE, .min_inputs = 1,
                                      .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_CAST,
-                                     .rows = TP_ROWS_INDEPENDENT, .attrs = cast_attrs};
+                                     .rows = TP_ROWS_INDEPENDENT, .attrs = cast_attrs, .family = TP_FAMILY_CAST};
 
 /* An op in TP_OP_LIST without its desc_NAME above fails right here. */
 static const tp_op_desc *const op_table[] = {
@@ -216,6 +222,10 @@ _Static_assert(sizeof op_table / sizeof op_table[0] == TP_OP_COUNT, "one descrip
 const tp_op_desc *tp_op_desc_of(tp_op op) { return op_table[op]; }
 const char *tp_op_name(tp_op op) { return (unsigned)op < TP_OP_COUNT ? op_table[op]->name : "?"; }
 tp_op_kind tp_op_kind_of(tp_op op) { return op_table[op]->kind; }
+tp_kernel_family tp_op_family(tp_op op)
+{
+    return (unsigned)op < TP_OP_COUNT ? op_table[op]->family : TP_FAMILY_UNSET;
+}
 int tp_op_min_inputs(tp_op op) { return op_table[op]->min_inputs; }
 int tp_op_max_inputs(tp_op op) { return op_table[op]->max_inputs; }
 

@@ -2,11 +2,12 @@
  * (engine/ops.c), the single place an op's facts live.
  *
  * Adding an op (CONTRIBUTING.md): append it to TP_OP_LIST, write its
- * descriptor `desc_NAME` in ops.c (the build fails without one), give it a
- * kernel in each backend's kernel table (a backend without one refuses the
- * graph at load, naming op and backend), and test it. Shape and batch-row
- * rules are named by the descriptor; a new rule is one case in the
- * exhaustive switches of shapes.c / plan_rows.c (-Wswitch-enum). */
+ * descriptor `desc_NAME` in ops.c (the build fails without one) naming its
+ * kernel family (TP_FAMILY_LIST: each backend maps a family to a kernel
+ * once; a backend without one refuses the graph at load, naming op and
+ * backend), and test it. Shape and batch-row rules are named by the
+ * descriptor; a new rule is one case in the exhaustive switches of
+ * shapes.c / plan_rows.c (-Wswitch-enum). */
 #ifndef TP_OPS_H
 #define TP_OPS_H
 
@@ -109,6 +110,50 @@ typedef enum {
     TP_SHAPE_CAST,          /* same shape, dtype attr to */
 } tp_shape_rule;
 
+/* Which backend kernel runs an op; one family per line, X(ENUM, name).
+ * Each backend maps every family to its kernel `k_name` once, with
+ * TP_FAMILY_KERNELS below (cpu_ops.c, cuda_ops.c): a family added here
+ * without its k_name in a backend does not compile there
+ * (tests/static/op_table.sh); a backend that cannot run it yet says
+ * `#define k_name NULL` and refuses the op at load. Inside a family the
+ * kernel picks the work by op (add vs sub, gelu vs exp, layer_norm vs
+ * rms_norm). */
+#define TP_FAMILY_LIST(X) \
+    X(BINARY, binary) \
+    X(UNARY, unary) \
+    X(SOFTMAX, softmax) \
+    X(NORM, norm) \
+    X(MATMUL, matmul) \
+    X(ATTENTION, attention) \
+    X(EMBEDDING, embedding) \
+    X(CAT, cat) \
+    X(COPY, copy) \
+    X(REDUCE, reduce) \
+    X(WHERE, where) \
+    X(GATHER, gather) \
+    X(EXPAND, expand) \
+    X(CAST, cast)
+
+/* A backend's table family -> kernel, built from the list:
+ * `static const K table[TP_FAMILY_COUNT] = {TP_FAMILY_KERNELS};` with a
+ * kernel k_name of type K in scope for every family (UNSET and NONE stay
+ * NULL). */
+#define TP_FAMILY_KERNEL_ROW(e, k) [TP_FAMILY_##e] = k_##k,
+#define TP_FAMILY_KERNELS TP_FAMILY_LIST(TP_FAMILY_KERNEL_ROW)
+
+/* UNSET: a descriptor that forgot its family (test_ops fails; no backend
+ * has a kernel for it, so a graph using the op is refused at load). NONE:
+ * no compute kernel — sources and views run nothing, collectives and fused
+ * ops run through the backend's communication entry points. */
+typedef enum {
+    TP_FAMILY_UNSET = 0,
+    TP_FAMILY_NONE,
+#define TP_FAMILY_ENUM(e, k) TP_FAMILY_##e,
+    TP_FAMILY_LIST(TP_FAMILY_ENUM)
+#undef TP_FAMILY_ENUM
+    TP_FAMILY_COUNT
+} tp_kernel_family;
+
 /* Whether an op mixes batch rows (plan_rows.c), given where the batch dim
  * of its inputs and output is. UNSET counts as mixing (always correct). */
 typedef enum {
@@ -207,6 +252,7 @@ typedef struct tp_attrs {
 typedef struct tp_op_desc {
     const char *name; /* as written in graph JSON and reports */
     tp_op_kind kind;
+    tp_kernel_family family; /* the backend kernel that runs it (TP_FAMILY_LIST) */
     unsigned flags;   /* TP_OPF_* */
     int min_inputs, max_inputs;
     int comm_input;   /* the input a collective or fused op communicates, or -1 */
@@ -219,6 +265,8 @@ typedef struct tp_op_desc {
 const tp_op_desc *tp_op_desc_of(tp_op op);
 const char *tp_op_name(tp_op op);
 tp_op_kind tp_op_kind_of(tp_op op);
+/* The kernel family of op; TP_FAMILY_UNSET for op >= TP_OP_COUNT. */
+tp_kernel_family tp_op_family(tp_op op);
 int tp_op_min_inputs(tp_op op);
 int tp_op_max_inputs(tp_op op);
 /* A graph op by name (TP_OPF_GRAPH only); -1 if unknown. */

@@ -39,7 +39,7 @@ tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err)
     return TP_OK;
 }
 
-/* One signature for every kernel, so the table below maps op -> kernel. */
+/* One signature for every kernel, so the table below maps family -> kernel. */
 typedef tp_status (*cpu_kernel)(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                                 int rank, int world, tp_err *err);
 
@@ -130,43 +130,14 @@ static tp_status k_cast(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n
     return cpu_cast(&ins[0], out, err);
 }
 
-/* The cpu backend's compute and copy kernels. An op missing here is
- * refused at load ("backend 'cpu' has no kernel for op ..."). */
-static const cpu_kernel cpu_kernels[TP_OP_COUNT] = {
-    [TP_OP_ADD] = k_binary,
-    [TP_OP_SUB] = k_binary,
-    [TP_OP_MUL] = k_binary,
-    [TP_OP_GELU] = k_unary,
-    [TP_OP_SILU] = k_unary,
-    [TP_OP_RELU] = k_unary,
-    [TP_OP_SOFTMAX] = k_softmax,
-    [TP_OP_LAYER_NORM] = k_norm,
-    [TP_OP_RMS_NORM] = k_norm,
-    [TP_OP_MATMUL] = k_matmul,
-    [TP_OP_ATTENTION] = k_attention,
-    [TP_OP_EMBEDDING] = k_embedding,
-    [TP_OP_CAT] = k_cat,
-    [TP_OP_RESHAPE] = k_copy,
-    [TP_OP_CONTIGUOUS] = k_copy,
-    [TP_OP_IDENTITY_COPY] = k_copy,
-    [TP_OP_DIV] = k_binary,
-    [TP_OP_SQRT] = k_unary,
-    [TP_OP_RSQRT] = k_unary,
-    [TP_OP_EXP] = k_unary,
-    [TP_OP_NEG] = k_unary,
-    [TP_OP_TANH] = k_unary,
-    [TP_OP_ERF] = k_unary,
-    [TP_OP_SIGMOID] = k_unary,
-    [TP_OP_POW] = k_unary,
-    [TP_OP_REDUCE_MEAN] = k_reduce,
-    [TP_OP_REDUCE_SUM] = k_reduce,
-    [TP_OP_WHERE] = k_where,
-    [TP_OP_GATHER] = k_gather,
-    [TP_OP_EXPAND] = k_expand,
-    [TP_OP_CAST] = k_cast,
-};
+/* The cpu backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name
+ * above. An op whose family has no kernel here (NONE, UNSET) is refused at
+ * load ("backend 'cpu' has no kernel for op ..."). */
+static const cpu_kernel cpu_kernels[TP_FAMILY_COUNT] = {TP_FAMILY_KERNELS};
 
-int cpu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cpu_kernels[op] != NULL; }
+static cpu_kernel kernel_of(tp_op op) { return cpu_kernels[tp_op_family(op)]; }
+
+int cpu_op_has_kernel(tp_op op) { return kernel_of(op) != NULL; }
 
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                      tp_tensor *out, int rank, int world, tp_err *err)
@@ -178,5 +149,5 @@ tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int 
                        tp_op_name(op), n_ins, tp_op_min_inputs(op), tp_op_max_inputs(op));
     if (!tp_tensor_is_contiguous(out))
         return tp_fail(err, TP_INTERNAL, "cpu backend: %s output must be contiguous", tp_op_name(op));
-    return cpu_kernels[op](op, attrs, ins, n_ins, out, rank, world, err);
+    return kernel_of(op)(op, attrs, ins, n_ins, out, rank, world, err);
 }

@@ -148,8 +148,9 @@ static tp_status norm_param(const char *what, const char *name, const tp_tensor 
     return TP_OK;
 }
 
-static tp_status norm(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                      tp_err *err)
+/* layer_norm and rms_norm, already of the kernel signature (cu_kernel, below). */
+static tp_status k_norm(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                        tp_err *err)
 {
     int is_ln = op == TP_OP_LAYER_NORM;
     const char *what = tp_op_name(op);
@@ -333,7 +334,7 @@ static tp_status copy_op(cu_ctx *x, tp_op op, const tp_tensor *in, tp_tensor *ou
     return into_out(x, in, out, err);
 }
 
-/* One signature for every kernel, so the table below maps op -> kernel. */
+/* One signature for every kernel, so the table below maps family -> kernel. */
 typedef tp_status (*cu_kernel)(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
                                tp_tensor *out, tp_err *err);
 
@@ -417,43 +418,14 @@ static tp_status k_cast(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor 
     return cast(x, &ins[0], out, err);
 }
 
-/* The cuda backend's compute and copy kernels. An op missing here is
- * refused at load ("backend 'cuda' has no kernel for op ..."). */
-static const cu_kernel cu_kernels[TP_OP_COUNT] = {
-    [TP_OP_ADD] = k_binary,
-    [TP_OP_SUB] = k_binary,
-    [TP_OP_MUL] = k_binary,
-    [TP_OP_GELU] = k_unary,
-    [TP_OP_SILU] = k_unary,
-    [TP_OP_RELU] = k_unary,
-    [TP_OP_SOFTMAX] = k_softmax,
-    [TP_OP_LAYER_NORM] = norm,
-    [TP_OP_RMS_NORM] = norm,
-    [TP_OP_MATMUL] = k_matmul,
-    [TP_OP_ATTENTION] = k_attention,
-    [TP_OP_EMBEDDING] = k_embedding,
-    [TP_OP_CAT] = k_cat,
-    [TP_OP_RESHAPE] = k_copy,
-    [TP_OP_CONTIGUOUS] = k_copy,
-    [TP_OP_IDENTITY_COPY] = k_copy,
-    [TP_OP_DIV] = k_binary,
-    [TP_OP_SQRT] = k_unary,
-    [TP_OP_RSQRT] = k_unary,
-    [TP_OP_EXP] = k_unary,
-    [TP_OP_NEG] = k_unary,
-    [TP_OP_TANH] = k_unary,
-    [TP_OP_ERF] = k_unary,
-    [TP_OP_SIGMOID] = k_unary,
-    [TP_OP_POW] = k_unary,
-    [TP_OP_REDUCE_MEAN] = k_reduce,
-    [TP_OP_REDUCE_SUM] = k_reduce,
-    [TP_OP_WHERE] = k_where,
-    [TP_OP_GATHER] = k_gather,
-    [TP_OP_EXPAND] = k_expand,
-    [TP_OP_CAST] = k_cast,
-};
+/* The cuda backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name
+ * above. An op whose family has no kernel here (NONE, UNSET) is refused at
+ * load ("backend 'cuda' has no kernel for op ..."). */
+static const cu_kernel cu_kernels[TP_FAMILY_COUNT] = {TP_FAMILY_KERNELS};
 
-int cu_op_has_kernel(tp_op op) { return (unsigned)op < TP_OP_COUNT && cu_kernels[op] != NULL; }
+static cu_kernel kernel_of(tp_op op) { return cu_kernels[tp_op_family(op)]; }
+
+int cu_op_has_kernel(tp_op op) { return kernel_of(op) != NULL; }
 
 tp_status cu_run_op(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                     tp_err *err)
@@ -464,5 +436,5 @@ tp_status cu_run_op(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins
         return tp_fail(err, TP_INTERNAL, "cuda backend: op %d called with %d inputs", (int)op, n_ins);
     if (!tp_tensor_is_contiguous(out))
         return tp_fail(err, TP_INTERNAL, "cuda backend: %s output must be contiguous", tp_op_name(op));
-    return cu_kernels[op](x, op, a, ins, n_ins, out, err);
+    return kernel_of(op)(x, op, a, ins, n_ins, out, err);
 }

@@ -1,4 +1,5 @@
-/* The op table: every descriptor complete and within the table's limits,
+/* The op table: every descriptor complete (its kernel family included) and
+ * within the table's limits, every kernel family run by the cpu backend,
  * and inputs up to TP_OP_MAX_INPUTS run end to end (a 24-input cat once
  * overflowed a fixed 20-slot buffer in the executor) while one more is
  * refused by the loader, by name. */
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "check_main.h"
+#include "cpu/cpu_ops.h"
 #include "engine.h"
 #include "ops.h"
 #include "testutil.h"
@@ -20,6 +22,13 @@ START_TEST(every_descriptor_is_complete)
         ck_assert_msg(d->shape != TP_SHAPE_UNSET, "op '%s' has no shape rule", d->name);
         ck_assert_msg(d->rows != TP_ROWS_UNSET, "op '%s' has no batch-rows rule", d->name);
         ck_assert_msg(d->attrs, "op '%s' has no attr list", d->name);
+        /* a compute or copy op runs its family's kernel; the others none */
+        int runs_kernel = d->kind == TP_KIND_COMPUTE || d->kind == TP_KIND_COPY;
+        ck_assert_msg(d->family != TP_FAMILY_UNSET && d->family < TP_FAMILY_COUNT,
+                      "op '%s' has no kernel family (.family in engine/ops.c)", d->name);
+        ck_assert_msg(runs_kernel ? d->family != TP_FAMILY_NONE : d->family == TP_FAMILY_NONE,
+                      "op '%s': family %d does not fit its kind", d->name, (int)d->family);
+        ck_assert_int_eq(tp_op_family((tp_op)i), d->family);
         ck_assert_msg(d->min_inputs >= 0 && d->min_inputs <= d->max_inputs && d->max_inputs <= TP_OP_MAX_INPUTS,
                       "op '%s': inputs %d..%d outside 0..TP_OP_MAX_INPUTS", d->name, d->min_inputs, d->max_inputs);
         int communicates = d->kind == TP_KIND_COLLECTIVE || d->kind == TP_KIND_FUSED;
@@ -36,6 +45,22 @@ START_TEST(every_descriptor_is_complete)
             ck_assert_msg(a->field + sizeof(int) <= sizeof(tp_attrs), "op '%s' attr '%s' outside tp_attrs", d->name,
                           a->key);
     }
+}
+END_TEST
+
+/* The cpu backend has a kernel for exactly the ops of a kernel family: none
+ * for NONE (or a forgotten UNSET, so a graph using such an op is refused at
+ * load), none past the table. */
+START_TEST(cpu_runs_every_kernel_family)
+{
+    for (int i = 0; i < TP_OP_COUNT; i++) {
+        tp_kernel_family f = tp_op_family((tp_op)i);
+        int want = f != TP_FAMILY_NONE && f != TP_FAMILY_UNSET;
+        ck_assert_msg(cpu_op_has_kernel((tp_op)i) == want, "op '%s': cpu kernel %d, want %d",
+                      tp_op_name((tp_op)i), cpu_op_has_kernel((tp_op)i), want);
+    }
+    ck_assert_int_eq(tp_op_family(TP_OP_COUNT), TP_FAMILY_UNSET);
+    ck_assert(!cpu_op_has_kernel(TP_OP_COUNT));
 }
 END_TEST
 
@@ -107,6 +132,7 @@ static Suite *ops_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, every_descriptor_is_complete);
+    tcase_add_test(tc, cpu_runs_every_kernel_family);
     tcase_add_test(tc, cat_of_24_inputs_runs);
     tcase_add_test(tc, cat_of_max_inputs_runs);
     tcase_add_test(tc, cat_past_max_inputs_is_refused_by_name);
