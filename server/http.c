@@ -45,7 +45,7 @@ struct tp_http {
 };
 
 /* The server a context is the first member of. */
-static tp_http *server_of(tp_http_ctx *s) { return (tp_http *)s; }
+static tp_http *http_server_of(tp_http_ctx *s) { return (tp_http *)s; }
 
 /* ---- the HTTP thread of a connection ------------------------------------ */
 
@@ -73,9 +73,9 @@ static int find_thread_daemon(tp_http *h, struct MHD_Connection *c)
  * One thread, or two sharing one core, under 32 binary connections ran
  * every request alone before: 101k requests/s at 9.8 us of CPU each, and
  * 113k at 8.8 us in batches of 4.9 with this. */
-int thread_serves_others(tp_http_ctx *s, const req_ctx *r)
+int http_thread_serves_others(tp_http_ctx *s, const req_ctx *r)
 {
-    tp_http *h = server_of(s);
+    tp_http *h = http_server_of(s);
     find_thread_daemon(h, r->conn);
     return thread_daemon >= 0 && tp_acceptor_live(h->acceptor, thread_daemon) > 1;
 }
@@ -84,9 +84,9 @@ int thread_serves_others(tp_http_ctx *s, const req_ctx *r)
  * (its pin's) on its first request, and later lets it go while the
  * CPU starves it (cpu_pin.h); the acceptor routes connections as though
  * it stayed. */
-void watch_pin(tp_http_ctx *s, struct MHD_Connection *c)
+void http_watch_pin(tp_http_ctx *s, struct MHD_Connection *c)
 {
-    tp_http *h = server_of(s);
+    tp_http *h = http_server_of(s);
     if (!h->pins || find_thread_daemon(h, c) < 0)
         return; /* unpinned, or the health port's thread */
     char why[256];
@@ -109,14 +109,14 @@ void watch_pin(tp_http_ctx *s, struct MHD_Connection *c)
 
 /* A step that may stall runs on the HTTP thread serving c only while that
  * thread serves c alone and is given no new connection
- * (tp_acceptor_claim_alone); end_alone after the step. */
-int claim_alone(tp_http_ctx *s, struct MHD_Connection *c)
+ * (tp_acceptor_claim_alone); http_end_alone after the step. */
+int http_claim_alone(tp_http_ctx *s, struct MHD_Connection *c)
 {
-    tp_http *h = server_of(s);
+    tp_http *h = http_server_of(s);
     return find_thread_daemon(h, c) >= 0 && tp_acceptor_claim_alone(h->acceptor, thread_daemon);
 }
 
-void end_alone(tp_http_ctx *s) { tp_acceptor_end_alone(server_of(s)->acceptor, thread_daemon); }
+void http_end_alone(tp_http_ctx *s) { tp_acceptor_end_alone(http_server_of(s)->acceptor, thread_daemon); }
 
 /* How often tp_http_watch wants to run at most: a queued request's 504
  * is at most this late while the batcher thread is in a step, and an idle
@@ -126,7 +126,7 @@ void end_alone(tp_http_ctx *s) { tp_acceptor_end_alone(server_of(s)->acceptor, t
 int tp_http_watch(tp_http *h)
 {
     char msg[512];
-    if (!engine_stuck(&h->s, msg, sizeof msg) && atomic_exchange(&h->s.stuck_now, 0))
+    if (!http_engine_stuck(&h->s, msg, sizeof msg) && atomic_exchange(&h->s.stuck_now, 0))
         TP_LOG_I("the stuck engine step has ended: readiness 200 again");
     int tick = WATCH_MS, stuck_tick = h->cfg.stuck_step_ms / 10 < 10 ? 10 : h->cfg.stuck_step_ms / 10;
     if (h->cfg.stuck_step_ms > 0 && stuck_tick < tick) /* logged within a tenth of it */
@@ -215,7 +215,7 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err
     if (!probes)
         h->s.may_hold = (flags & MHD_USE_EPOLL) != 0;
     struct MHD_OptionItem opts[5 + TP_HTTP_GUARD_N_OPTIONS] = {
-        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, &h->s},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)http_on_completed, &h->s},
         {MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)timeout_s, NULL},
         {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)h->cfg.connection_memory_bytes, NULL},
         {probes ? MHD_OPTION_LISTEN_SOCKET : MHD_OPTION_CONNECTION_LIMIT,
@@ -230,7 +230,7 @@ static struct MHD_Daemon *start_daemon(tp_http *h, int fd, int port, tp_err *err
     n += tp_http_guard_options(h->guard, opts + n, probes ? NULL : on_main_closed, h);
     opts[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* the logger goes first so even option errors reach our log */
-    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? on_probe_request : on_request, &h->s,
+    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, probes ? http_on_probe_request : http_on_request, &h->s,
                                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_ARRAY, opts,
                                             MHD_OPTION_END);
     if (!d)

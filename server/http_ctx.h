@@ -141,7 +141,7 @@ struct req_ctx {
     const char *ihcl;     /* that header's text (NULL: absent), found by the header checks */
     tp_body_encoding encoding; /* Content-Encoding: inflated once the body is in */
     /* tp_now_ms(): headers in, body in, body decoded, answer encoded (0:
-     * not yet; send_response times the request by it instead of reading
+     * not yet; http_send_response times the request by it instead of reading
      * the clock again) */
     double t_start, t_body, t_decoded, t_encoded;
     int before_drain; /* headers arrived before SIGTERM: the request is served */
@@ -163,7 +163,7 @@ struct req_ctx {
     char method[16];       /* new_request */
     char url[256];         /* new_request */
     char timeout_what[64]; /* set_timeout, before it is submitted */
-    tp_err err;            /* on_batch_done, when the batch failed (only then read) */
+    tp_err err;            /* http_on_batch_done, when the batch failed (only then read) */
 };
 
 #define REQ_CTX_CLEARED offsetof(req_ctx, method)
@@ -171,64 +171,64 @@ struct req_ctx {
 /* ---- replies (http_reply.c) --------------------------------------------- */
 
 /* ctype and, for a binary answer, its Inference-Header-Content-Length */
-struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype, size_t header_len);
+struct MHD_Response *http_with_headers(struct MHD_Response *resp, const char *ctype, size_t header_len);
 /* Takes ownership of body (malloc'ed, or a buf_pool.h buffer when
  * pooled). Returns NULL only without memory. */
-struct MHD_Response *make_response(char *body, size_t len, int pooled, const char *ctype, size_t header_len);
-struct MHD_Response *error_response(const char *msg);
-void log_request(const req_ctx *r, unsigned code, const char *msg);
+struct MHD_Response *http_make_response(char *body, size_t len, int pooled, const char *ctype, size_t header_len);
+struct MHD_Response *http_error_response(const char *msg);
+void http_log_request(const req_ctx *r, unsigned code, const char *msg);
 /* Queues resp (consumed) on the connection. */
-enum MHD_Result send_response(tp_http_ctx *h, req_ctx *r, unsigned code, struct MHD_Response *resp);
+enum MHD_Result http_send_response(tp_http_ctx *h, req_ctx *r, unsigned code, struct MHD_Response *resp);
 /* doc: a JSON document (malloc'ed, taken; NULL: out of memory) */
-enum MHD_Result reply_json(tp_http_ctx *h, req_ctx *r, unsigned code, char *doc);
-enum MHD_Result reply_error(tp_http_ctx *h, req_ctx *r, unsigned code, const char *fmt, ...)
+enum MHD_Result http_reply_json(tp_http_ctx *h, req_ctx *r, unsigned code, char *doc);
+enum MHD_Result http_reply_error(tp_http_ctx *h, req_ctx *r, unsigned code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* A refusal of the memory budget: 413 or 503 (r->mem.refused) */
-enum MHD_Result reply_budget(tp_http_ctx *h, req_ctx *r, const char *msg);
+enum MHD_Result http_reply_budget(tp_http_ctx *h, req_ctx *r, const char *msg);
 
 /* ---- the handlers, by protocol area ------------------------------------- */
 
 /* http_infer.c: inference */
-route_handler dispatch_infer;
+route_handler http_dispatch_infer;
 /* http_status.c: health, metadata, model config, statistics, metrics */
-route_handler get_live, get_ready, get_server, get_model, get_model_config, get_stats, get_metrics;
+route_handler http_get_live, http_get_ready, http_get_server, http_get_model, http_get_model_config, http_get_stats, http_get_metrics;
 /* http_shm.c: system (and the absent CUDA) shared memory */
-route_handler get_shm_status, post_shm_register, post_shm_unregister, cuda_shm;
+route_handler http_get_shm_status, http_post_shm_register, http_post_shm_unregister, http_cuda_shm;
 /* http_repository.c: the model repository extension */
-route_handler post_repository_index, post_repository_load, post_repository_unload;
+route_handler http_post_repository_index, http_post_repository_load, http_post_repository_unload;
 /* http_logging.c: the logging and trace extensions' settings */
-route_handler logging_settings, trace_settings;
+route_handler http_logging_settings, http_trace_settings;
 
 /* ---- between the files -------------------------------------------------- */
 
 /* http_status.c */
-int is_ready(tp_http_ctx *h);
+int http_is_ready(tp_http_ctx *h);
 /* stuck_step_ms: 1 and why in msg while an engine step has run that long */
-int engine_stuck(tp_http_ctx *h, char *msg, size_t cap);
+int http_engine_stuck(tp_http_ctx *h, char *msg, size_t cap);
 
 /* http_infer.c: the inference state machine's steps the transport calls */
-void infer_prewake(tp_http_ctx *h);
-void run_held(tp_http_ctx *h);
-enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r);
-void release_request(req_ctx *r);
-void end_trace(tp_http_ctx *h, req_ctx *r, int sent);
+void http_infer_prewake(tp_http_ctx *h);
+void http_run_held(tp_http_ctx *h);
+enum MHD_Result http_answer_infer(tp_http_ctx *h, req_ctx *r);
+void http_release_request(req_ctx *r);
+void http_end_trace(tp_http_ctx *h, req_ctx *r, int sent);
 
 /* http_request.c: libmicrohttpd's callbacks (cls: the tp_http_ctx), and
  * what the inference handler takes from the transport */
-enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                            const char *version, const char *upload_data, size_t *upload_size, void **con_cls);
-enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+enum MHD_Result http_on_probe_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload_data, size_t *upload_size,
                                  void **con_cls);
-void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
-int parse_ll(const char *s, long long *out);
-void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
+void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
+int http_parse_ll(const char *s, long long *out);
+void http_on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs, const tp_err *err,
                    const tp_batch_info *info);
 
 /* http.c: the HTTP thread serving a connection (pin_threads, the acceptor) */
-void watch_pin(tp_http_ctx *h, struct MHD_Connection *c);
-int thread_serves_others(tp_http_ctx *h, const req_ctx *r);
-int claim_alone(tp_http_ctx *h, struct MHD_Connection *c);
-void end_alone(tp_http_ctx *h);
+void http_watch_pin(tp_http_ctx *h, struct MHD_Connection *c);
+int http_thread_serves_others(tp_http_ctx *h, const req_ctx *r);
+int http_claim_alone(tp_http_ctx *h, struct MHD_Connection *c);
+void http_end_alone(tp_http_ctx *h);
 
 #endif

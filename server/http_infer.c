@@ -21,7 +21,7 @@ static _Thread_local tp_batch_held *thread_held;
  * thread that holds requests holds this one too: it never runs alone on an
  * idle engine, so there is nothing to wake (and under load this saves the
  * batcher's lock on every request). */
-void infer_prewake(tp_http_ctx *h)
+void http_infer_prewake(tp_http_ctx *h)
 {
     if (atomic_load(&h->loaded) && !thread_held)
         tp_batcher_prewake(h->batcher);
@@ -63,7 +63,7 @@ static void end_submitting(tp_http_ctx *h, int n)
 }
 
 /* Runs the requests this thread holds: each gets its result. */
-void run_held(tp_http_ctx *h)
+void http_run_held(tp_http_ctx *h)
 {
     tp_batch_held *held = thread_held;
     thread_held = NULL;
@@ -74,7 +74,7 @@ void run_held(tp_http_ctx *h)
 
 /* Submits r: its batch may run right here, or r is held by this thread
  * (*held). Counted in h->submitting until it ran (a held request: until
- * run_held), so stopping never frees the batcher under it. */
+ * http_run_held), so stopping never frees the batcher under it. */
 static tp_status submit(tp_http_ctx *h, req_ctx *r, int *held, tp_err *err)
 {
     atomic_fetch_add(&h->submitting, 1);
@@ -89,16 +89,16 @@ static tp_status submit(tp_http_ctx *h, req_ctx *r, int *held, tp_err *err)
      * step_timeout_ms). Otherwise the batcher thread runs it and the
      * connection is suspended meanwhile. Costs a relaxed load, and for a
      * thread with one connection a compare-exchange, a load and a store. */
-    int alone = h->may_stall && claim_alone(h, r->conn);
+    int alone = h->may_stall && http_claim_alone(h, r->conn);
     tp_batch_req br = {r->req.inputs, r->req.n_inputs, r->t_body / 1e3, r->timeout_us,
-                       r->timeout_what, on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3,
-                       .more_may_follow = h->may_hold && thread_serves_others(h, r), .alone = alone};
+                       r->timeout_what, http_on_batch_done, r, .decoded = 1, .t_now = r->t_decoded / 1e3,
+                       .more_may_follow = h->may_hold && http_thread_serves_others(h, r), .alone = alone};
     atomic_store(&r->handoff, TP_HANDOFF_NONE);
     atomic_fetch_add(&h->in_engine, 1);
     tp_status st = h->may_hold ? tp_batcher_submit_held(h->batcher, &br, &thread_held, held, err)
                                : tp_batcher_submit(h->batcher, &br, err);
     if (alone)
-        end_alone(h);
+        http_end_alone(h);
     if (st != TP_OK)
         atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK || !*held)
@@ -155,7 +155,7 @@ static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
     if (!resp && a)
         free_sent_answer(a);
     r->outs = NULL;
-    return with_headers(resp, "application/octet-stream", buf->header_len);
+    return http_with_headers(resp, "application/octet-stream", buf->header_len);
 }
 
 /* A body buffer up to this size is kept for the thread's next request
@@ -164,7 +164,7 @@ static struct MHD_Response *binary_response(req_ctx *r, tp_kserve_buf *buf,
 
 /* The decoded request and the body it was decoded from (binary tensors may
  * point into it). */
-void release_request(req_ctx *r)
+void http_release_request(req_ctx *r)
 {
     tp_kserve_request_free(&r->req);
     if (r->cap > SPARE_BODY_MAX) { /* a small one stays for the thread's next request */
@@ -184,7 +184,7 @@ static int64_t outs_bytes(const req_ctx *r)
 
 /* The answer is made and the request's own bytes released: what it holds
  * until sent is now known (answer bytes, the outputs a binary answer sends
- * from, a spare body buffer), often far below what dispatch_infer took for
+ * from, a spare body buffer), often far below what http_dispatch_infer took for
  * it (JSON numbers spelled short). The difference goes back when it is
  * worth an atomic add. */
 #define SETTLE_MIN ((int64_t)64 << 10)
@@ -198,7 +198,7 @@ static void settle_answer(req_ctx *r, int64_t answer)
 /* The batch result as a KServe answer, sent: on the thread that ran the
  * batch, or on the one that resumed the connection. Binary outputs go out
  * from the engine's buffers (no copy into a body). */
-enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_answer_infer(tp_http_ctx *h, req_ctx *r)
 {
     tp_err *err = &r->err; /* the batch's error, if any; ours from here (not copied: 1 KiB) */
     tp_status st = r->st;
@@ -224,14 +224,14 @@ enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r)
      * one, this one), and without a clock read of its own */
     if (st == TP_OK)
         r->times.output = (r->t_encoded - r->t_decoded) / 1e3 - r->times.queue - r->times.infer;
-    release_request(r);
+    http_release_request(r);
     if (st == TP_OK)
         settle_answer(r, (int64_t)buf.len + (n_tail ? outs_bytes(r) : 0));
     struct MHD_Response *resp = NULL;
     if (st == TP_OK && n_tail)
         resp = binary_response(r, &buf, tail, n_tail);
     else if (st == TP_OK)
-        resp = make_response(buf.body, buf.len, buf.pooled,
+        resp = http_make_response(buf.body, buf.len, buf.pooled,
                              buf.header_len ? "application/octet-stream" : "application/json",
                              buf.header_len);
     if (tail != tail_here)
@@ -240,9 +240,9 @@ enum MHD_Result answer_infer(tp_http_ctx *h, req_ctx *r)
     r->outs = NULL;
     atomic_fetch_sub(&h->in_engine, 1);
     if (st != TP_OK)
-        return reply_error(h, r, infer_http_code(st), "%s", err->msg);
-    log_request(r, 200, NULL);
-    return send_response(h, r, 200, resp);
+        return http_reply_error(h, r, infer_http_code(st), "%s", err->msg);
+    http_log_request(r, 200, NULL);
+    return http_send_response(h, r, 200, resp);
 }
 
 /* Triton's trace extension: is this inference one to trace? */
@@ -259,7 +259,7 @@ static int64_t ms_to_ns(double ms) { return (int64_t)(ms * 1e6); }
 
 /* A traced request's timestamps, written (trace.h names them); sent: its
  * answer went out whole. */
-void end_trace(tp_http_ctx *h, req_ctx *r, int sent)
+void http_end_trace(tp_http_ctx *h, req_ctx *r, int sent)
 {
     int ran = r->times.infer > 0;
     double compute_start = r->t_decoded + r->times.queue * 1e3;
@@ -282,14 +282,14 @@ void end_trace(tp_http_ctx *h, req_ctx *r, int sent)
  * answer here when the batch ran here; otherwise suspend until the batcher
  * thread delivers. A bad request is answered without ever leaving this
  * thread. */
-enum MHD_Result dispatch_infer(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_dispatch_infer(tp_http_ctx *h, req_ctx *r)
 {
     if (!r->before_drain)
-        return reply_error(h, r, 503, "server is shutting down");
+        return http_reply_error(h, r, 503, "server is shutting down");
     const char *ihcl = r->ihcl;
     r->header_len = -1;
-    if (ihcl && parse_ll(ihcl, &r->header_len) != 0)
-        return reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
+    if (ihcl && http_parse_ll(ihcl, &r->header_len) != 0)
+        return http_reply_error(h, r, 400, "Inference-Header-Content-Length '%s' is not a "
                            "non-negative integer", ihcl);
     tp_err err;
     r->t_body = tp_now_ms();
@@ -301,8 +301,8 @@ enum MHD_Result dispatch_infer(tp_http_ctx *h, req_ctx *r)
     if (st == TP_OK) /* held until the answer is sent: taken now, while the request can still be refused */
         st = tp_mem_take_for(&r->mem, tp_kserve_answer_bytes(&h->model, &r->req), "the answer", &err);
     if (st != TP_OK && r->mem.refused) {
-        release_request(r);
-        return reply_budget(h, r, err.msg);
+        http_release_request(r);
+        return http_reply_budget(h, r, err.msg);
     }
     if (st == TP_OK) {
         begin_trace(h, r);
@@ -310,15 +310,15 @@ enum MHD_Result dispatch_infer(tp_http_ctx *h, req_ctx *r)
         st = submit(h, r, &held, &err);
     }
     if (st != TP_OK) {
-        release_request(r);
-        return reply_error(h, r, infer_http_code(st), "%s", err.msg);
+        http_release_request(r);
+        return http_reply_error(h, r, infer_http_code(st), "%s", err.msg);
     }
     if (held) {
         r->state = REQ_HELD; /* answered when libmicrohttpd calls again */
         return MHD_YES;
     }
     if (tp_handoff_delivered(&r->handoff))
-        return answer_infer(h, r); /* ran here, or quick: no suspend */
+        return http_answer_infer(h, r); /* ran here, or quick: no suspend */
     r->state = REQ_SUBMITTED; /* suspended when libmicrohttpd calls again (see REQ_*) */
     return MHD_YES;
 }

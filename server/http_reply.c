@@ -12,7 +12,7 @@
 #include "log.h"
 #include "numtext.h"
 
-struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
+struct MHD_Response *http_with_headers(struct MHD_Response *resp, const char *ctype,
                                   size_t header_len)
 {
     if (!resp)
@@ -28,7 +28,7 @@ struct MHD_Response *with_headers(struct MHD_Response *resp, const char *ctype,
 
 /* Takes ownership of body (malloc'ed, or a buf_pool.h buffer when
  * pooled). Returns NULL only without memory. */
-struct MHD_Response *make_response(char *body, size_t len, int pooled, const char *ctype,
+struct MHD_Response *http_make_response(char *body, size_t len, int pooled, const char *ctype,
                                    size_t header_len)
 {
     struct MHD_Response *resp =
@@ -36,15 +36,15 @@ struct MHD_Response *make_response(char *body, size_t len, int pooled, const cha
                : MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!resp)
         tp_jbuf_free_text(body, pooled);
-    return with_headers(resp, ctype, header_len);
+    return http_with_headers(resp, ctype, header_len);
 }
 
-struct MHD_Response *json_response(char *doc)
+struct MHD_Response *http_json_response(char *doc)
 {
-    return doc ? make_response(doc, strlen(doc), 0, "application/json", 0) : NULL;
+    return doc ? http_make_response(doc, strlen(doc), 0, "application/json", 0) : NULL;
 }
 
-void log_request(const req_ctx *r, unsigned code, const char *msg)
+void http_log_request(const req_ctx *r, unsigned code, const char *msg)
 {
     /* Client errors and 503s (loading, draining, overload) are the normal
      * life of a server; only its own failures are worth a warning. */
@@ -71,7 +71,7 @@ static void record_stats(tp_http_ctx *h, req_ctx *r, unsigned code, double total
 
 /* Queues resp (consumed) on the connection. While draining every answer
  * closes its connection so keep-alive clients move to another replica. */
-enum MHD_Result send_response(tp_http_ctx *h, req_ctx *r, unsigned code,
+enum MHD_Result http_send_response(tp_http_ctx *h, req_ctx *r, unsigned code,
                               struct MHD_Response *resp)
 {
     r->state = REQ_REPLIED;
@@ -90,38 +90,38 @@ enum MHD_Result send_response(tp_http_ctx *h, req_ctx *r, unsigned code,
     return ok;
 }
 
-enum MHD_Result reply_json(tp_http_ctx *h, req_ctx *r, unsigned code, char *doc)
+enum MHD_Result http_reply_json(tp_http_ctx *h, req_ctx *r, unsigned code, char *doc)
 {
-    log_request(r, code, NULL);
-    return send_response(h, r, code, json_response(doc));
+    http_log_request(r, code, NULL);
+    return http_send_response(h, r, code, http_json_response(doc));
 }
 
-struct MHD_Response *error_response(const char *msg)
+struct MHD_Response *http_error_response(const char *msg)
 {
     char *doc = tp_kserve_error_json(msg);
-    return json_response(doc ? doc : strdup("{\"error\":\"internal error\"}"));
+    return http_json_response(doc ? doc : strdup("{\"error\":\"internal error\"}"));
 }
 
-enum MHD_Result reply_error(tp_http_ctx *h, req_ctx *r, unsigned code, const char *fmt, ...)
+enum MHD_Result http_reply_error(tp_http_ctx *h, req_ctx *r, unsigned code, const char *fmt, ...)
 {
     tp_err e;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
-    log_request(r, code, e.msg);
-    return send_response(h, r, code, error_response(e.msg));
+    http_log_request(r, code, e.msg);
+    return http_send_response(h, r, code, http_error_response(e.msg));
 }
 
 /* A refusal of the memory budget (mem_budget.h): 413 when the request
  * alone would pass the whole budget, else 503 with Retry-After, as any
  * momentary overload is answered. */
-enum MHD_Result reply_budget(tp_http_ctx *h, req_ctx *r, const char *msg)
+enum MHD_Result http_reply_budget(tp_http_ctx *h, req_ctx *r, const char *msg)
 {
     unsigned code = r->mem.refused == TP_MEM_TOO_LARGE ? 413 : 503;
-    log_request(r, code, msg);
-    struct MHD_Response *resp = error_response(msg);
+    http_log_request(r, code, msg);
+    struct MHD_Response *resp = http_error_response(msg);
     if (resp && code == 503)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    return send_response(h, r, code, resp);
+    return http_send_response(h, r, code, resp);
 }

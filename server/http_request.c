@@ -15,7 +15,7 @@
 
 /* ---- the body ----------------------------------------------------------- */
 
-int parse_ll(const char *s, long long *out)
+int http_parse_ll(const char *s, long long *out)
 {
     char *end;
     errno = 0;
@@ -40,16 +40,16 @@ static enum MHD_Result begin_body(tp_http_ctx *h, req_ctx *r)
     const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                  MHD_HTTP_HEADER_CONTENT_LENGTH);
     r->expect_len = -1;
-    if (cl && parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg->max_body_bytes)
-        return reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
+    if (cl && http_parse_ll(cl, &r->expect_len) == 0 && r->expect_len > h->cfg->max_body_bytes)
+        return http_reply_error(h, r, 413, "request body of %lld bytes exceeds max_body_bytes %lld",
                            r->expect_len, (long long)h->cfg->max_body_bytes);
     if (r->expect_len > tp_mem_budget_limit(h->mem) && keeps_body(r))
-        return reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
+        return http_reply_error(h, r, 413, "request body of %lld bytes exceeds the server's memory budget "
                            "(%lld MiB, max_memory_mb)", r->expect_len,
                            (long long)(tp_mem_budget_limit(h->mem) >> 20));
     r->state = REQ_RECEIVING;
     if (r->route && (r->route->flags & ROUTE_INFER))
-        infer_prewake(h);
+        http_infer_prewake(h);
     return MHD_YES;
 }
 
@@ -97,7 +97,7 @@ static enum MHD_Result discard_body(tp_http_ctx *h, req_ctx *r, size_t n)
     r->len += n;
     long long over = (long long)r->len - (long long)h->cfg->max_body_bytes;
     if (over > DISCARD_MAX && over > (long long)h->cfg->max_body_bytes) {
-        log_request(r, 413, "chunked body still growing far past max_body_bytes: closing");
+        http_log_request(r, 413, "chunked body still growing far past max_body_bytes: closing");
         return MHD_NO;
     }
     return MHD_YES;
@@ -117,7 +117,7 @@ static enum MHD_Result receive_body(tp_http_ctx *h, req_ctx *r, const char *data
     if (rc == -2) /* the memory budget refused it: dropped, answered when the upload ends */
         return discard_body(h, r, n);
     if (rc != 0)
-        return reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
+        return http_reply_error(h, r, 503, "out of memory receiving a %zu-byte body", r->len + n);
     return MHD_YES;
 }
 
@@ -128,16 +128,16 @@ static enum MHD_Result check_model(tp_http_ctx *h, req_ctx *r, int *handled)
 {
     *handled = 1;
     if (atomic_load(&h->broken))
-        return reply_error(h, r, 503, "not ready: %s", h->broken_msg);
+        return http_reply_error(h, r, 503, "not ready: %s", h->broken_msg);
     if (!atomic_load(&h->loaded))
-        return reply_error(h, r, 503, "not ready: the graph %s",
+        return http_reply_error(h, r, 503, "not ready: the graph %s",
                            atomic_load(&h->state) == SRV_DRAINING ? "never loaded (shutting down)"
                                                                   : "is still loading");
     if (strcmp(r->args.model, h->model.name) != 0)
-        return reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
+        return http_reply_error(h, r, 404, "unknown model '%s' (this server serves '%s')", r->args.model,
                            h->model.name);
     if (r->args.has_version && strcmp(r->args.version, h->model.version) != 0)
-        return reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
+        return http_reply_error(h, r, 404, "model '%s' has no version '%s' (versions: %s)",
                            r->args.model, r->args.version, h->model.version);
     *handled = 0;
     return MHD_YES;
@@ -147,32 +147,32 @@ static enum MHD_Result check_model(tp_http_ctx *h, req_ctx *r, int *handled)
  * two patterns match the same path); inference first, as nearly every
  * request is one. */
 static const route_def ROUTES[] = {
-    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, dispatch_infer},
-    {"GET, HEAD", "/v2/health/live", ROUTE_PROBE, get_live},
-    {"GET, HEAD", "/v2/health/ready", ROUTE_PROBE, get_ready},
-    {"GET, HEAD", "/v2", 0, get_server},
-    {"GET, HEAD", "/metrics", ROUTE_PROBE, get_metrics},
-    {"GET, HEAD", "/v2/models/stats", 0, get_stats},
-    {"GET, HEAD", "/v2/models/{model}", ROUTE_MODEL, get_model},
-    {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, get_ready},
-    {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, get_model_config},
-    {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, get_stats},
-    {"GET, HEAD", "/v2/systemsharedmemory/status", 0, get_shm_status},
-    {"GET, HEAD", "/v2/systemsharedmemory/region/{region}/status", 0, get_shm_status},
-    {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, post_shm_register},
-    {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, post_shm_unregister},
-    {"POST", "/v2/systemsharedmemory/unregister", 0, post_shm_unregister},
-    {"POST", "/v2/repository/index", 0, post_repository_index},
-    {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, post_repository_load},
-    {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, post_repository_unload},
-    {"GET, HEAD, POST", "/v2/logging", 0, logging_settings},
-    {"GET, HEAD, POST", "/v2/trace/setting", 0, trace_settings},
-    {"GET, HEAD, POST", "/v2/models/{model}/trace/setting", ROUTE_MODEL, trace_settings},
-    {"GET, HEAD", "/v2/cudasharedmemory/status", 0, cuda_shm},
-    {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, cuda_shm},
-    {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, cuda_shm},
-    {"POST", "/v2/cudasharedmemory/region/{region}/unregister", 0, cuda_shm},
-    {"POST", "/v2/cudasharedmemory/unregister", 0, cuda_shm},
+    {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, http_dispatch_infer},
+    {"GET, HEAD", "/v2/health/live", ROUTE_PROBE, http_get_live},
+    {"GET, HEAD", "/v2/health/ready", ROUTE_PROBE, http_get_ready},
+    {"GET, HEAD", "/v2", 0, http_get_server},
+    {"GET, HEAD", "/metrics", ROUTE_PROBE, http_get_metrics},
+    {"GET, HEAD", "/v2/models/stats", 0, http_get_stats},
+    {"GET, HEAD", "/v2/models/{model}", ROUTE_MODEL, http_get_model},
+    {"GET, HEAD", "/v2/models/{model}/ready", ROUTE_MODEL, http_get_ready},
+    {"GET, HEAD", "/v2/models/{model}/config", ROUTE_MODEL, http_get_model_config},
+    {"GET, HEAD", "/v2/models/{model}/stats", ROUTE_MODEL, http_get_stats},
+    {"GET, HEAD", "/v2/systemsharedmemory/status", 0, http_get_shm_status},
+    {"GET, HEAD", "/v2/systemsharedmemory/region/{region}/status", 0, http_get_shm_status},
+    {"POST", "/v2/systemsharedmemory/region/{region}/register", 0, http_post_shm_register},
+    {"POST", "/v2/systemsharedmemory/region/{region}/unregister", 0, http_post_shm_unregister},
+    {"POST", "/v2/systemsharedmemory/unregister", 0, http_post_shm_unregister},
+    {"POST", "/v2/repository/index", 0, http_post_repository_index},
+    {"POST", "/v2/repository/models/{model}/load", ROUTE_MODEL, http_post_repository_load},
+    {"POST", "/v2/repository/models/{model}/unload", ROUTE_MODEL, http_post_repository_unload},
+    {"GET, HEAD, POST", "/v2/logging", 0, http_logging_settings},
+    {"GET, HEAD, POST", "/v2/trace/setting", 0, http_trace_settings},
+    {"GET, HEAD, POST", "/v2/models/{model}/trace/setting", ROUTE_MODEL, http_trace_settings},
+    {"GET, HEAD", "/v2/cudasharedmemory/status", 0, http_cuda_shm},
+    {"GET, HEAD", "/v2/cudasharedmemory/region/{region}/status", 0, http_cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/register", 0, http_cuda_shm},
+    {"POST", "/v2/cudasharedmemory/region/{region}/unregister", 0, http_cuda_shm},
+    {"POST", "/v2/cudasharedmemory/unregister", 0, http_cuda_shm},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -191,7 +191,7 @@ static enum MHD_Result reply_unknown_path(tp_http_ctx *h, req_ctx *r)
     for (size_t i = 0; i < N_ROUTES && off < sizeof list; i++)
         off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "",
                                 ROUTES[i].pattern);
-    return reply_error(h, r, 404, "unknown path '%s' (routes: %s; every {model} route also "
+    return http_reply_error(h, r, 404, "unknown path '%s' (routes: %s; every {model} route also "
                        "takes /versions/{v})", r->url, list);
 }
 
@@ -200,11 +200,11 @@ static enum MHD_Result reply_bad_method(tp_http_ctx *h, req_ctx *r)
     tp_err e;
     snprintf(e.msg, sizeof e.msg, "method %s not allowed on %s (allowed: %s)", r->method, r->url,
              r->route->methods);
-    log_request(r, 405, e.msg);
-    struct MHD_Response *resp = error_response(e.msg);
+    http_log_request(r, 405, e.msg);
+    struct MHD_Response *resp = http_error_response(e.msg);
     if (resp)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->route->methods);
-    return send_response(h, r, 405, resp);
+    return http_send_response(h, r, 405, resp);
 }
 
 /* ---- suspend and resume ------------------------------------------------- */
@@ -214,7 +214,7 @@ static void end_orphan(req_ctx *r);
 /* On the submitting HTTP thread (the batch ran there, inside
  * tp_batcher_submit) or on the batcher thread: hands the result back
  * (handoff.h). */
-void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
+void http_on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
                    const tp_err *err, const tp_batch_info *info)
 {
     req_ctx *r = ctx;
@@ -239,12 +239,12 @@ void on_batch_done(void *ctx, tp_status st, tp_host_tensor *outs, int n_outs,
     }
 }
 
-/* The call after dispatch_infer's: answer, or suspend until the batcher
+/* The call after http_dispatch_infer's: answer, or suspend until the batcher
  * thread delivers. */
 static enum MHD_Result suspend_until_delivered(req_ctx *r)
 {
     if (!tp_handoff_begin_suspend(&r->handoff))
-        return answer_infer(r->h, r); /* delivered in between */
+        return http_answer_infer(r->h, r); /* delivered in between */
     r->state = REQ_SUSPENDED;
     MHD_suspend_connection(r->conn);
     if (!tp_handoff_end_suspend(&r->handoff))
@@ -304,7 +304,7 @@ static req_ctx *take_record(void)
     return r;
 }
 
-/* r is released (release_request): only its body buffer is left, and
+/* r is released (http_release_request): only its body buffer is left, and
  * that only when it is at most SPARE_BODY_MAX */
 static void recycle_record(req_ctx *r)
 {
@@ -371,9 +371,9 @@ static enum MHD_Result inflate_body(tp_http_ctx *h, req_ctx *r)
     tp_status st = tp_body_decode(r->encoding, r->body, r->len, (size_t)h->cfg->max_body_bytes, &r->mem, &plain,
                                   &n, &too_large, &e);
     if (st != TP_OK && r->mem.refused)
-        return reply_budget(h, r, e.msg);
+        return http_reply_budget(h, r, e.msg);
     if (st != TP_OK)
-        return reply_error(h, r, too_large ? 413 : (unsigned)tp_status_http(st), "%s", e.msg);
+        return http_reply_error(h, r, too_large ? 413 : (unsigned)tp_status_http(st), "%s", e.msg);
     free(r->body);
     tp_mem_take(&r->mem, -r->body_held); /* the compressed bytes, gone */
     r->body_held = r->mem.held - held + r->body_held;
@@ -387,11 +387,11 @@ static enum MHD_Result inflate_body(tp_http_ctx *h, req_ctx *r)
  * nothing after these headers is ever parsed as another request. */
 static enum MHD_Result reply_refused(tp_http_ctx *h, req_ctx *r, unsigned code, const char *msg)
 {
-    log_request(r, code, msg);
-    struct MHD_Response *resp = error_response(msg);
+    http_log_request(r, code, msg);
+    struct MHD_Response *resp = http_error_response(msg);
     if (resp)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
-    return send_response(h, r, code, resp);
+    return http_send_response(h, r, code, resp);
 }
 
 static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MHD_Connection *c, const char *url,
@@ -400,7 +400,7 @@ static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MH
 {
     req_ctx *r = *con_cls;
     if (!r) {
-        watch_pin(h, c);
+        http_watch_pin(h, c);
         if (!(r = new_request(h, c, url, method)))
             return MHD_NO;
         *con_cls = r;
@@ -423,9 +423,9 @@ static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MH
             return receive_body(h, r, upload_data, upload_size);
         tp_http_guard_request_complete(c);
         if (r->state == REQ_TOO_LARGE && r->mem.refused)
-            return reply_budget(h, r, r->err.msg);
+            return http_reply_budget(h, r, r->err.msg);
         if (r->state == REQ_TOO_LARGE)
-            return reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
+            return http_reply_error(h, r, 413, "request body of %zu bytes (chunked) exceeds "
                                "max_body_bytes %lld", r->len, (long long)h->cfg->max_body_bytes);
         if (r->encoding != TP_BODY_IDENTITY && r->len && keeps_body(r))
             return inflate_body(h, r);
@@ -433,13 +433,13 @@ static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MH
     case REQ_HELD:
         /* libmicrohttpd's next pass: the first held request called runs them all */
         if (!tp_handoff_delivered(&r->handoff))
-            run_held(h);
-        return answer_infer(h, r);
+            http_run_held(h);
+        return http_answer_infer(h, r);
     case REQ_SUBMITTED:
         return suspend_until_delivered(r);
     case REQ_SUSPENDED:
         /* resumed: the batcher thread delivered the result */
-        return answer_infer(h, r);
+        return http_answer_infer(h, r);
     default:
         /* Already answered (e.g. 413 mid-upload): discard what still comes. */
         *upload_size = 0;
@@ -447,7 +447,7 @@ static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MH
     }
 }
 
-enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, const char *url,
                            const char *method, const char *version,
                            const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -457,7 +457,7 @@ enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
 /* The health_port listener: the same handler restricted to the health
  * routes and /metrics, on its own socket and thread, so probes are answered while
  * the main port is saturated with connections. */
-enum MHD_Result on_probe_request(void *cls, struct MHD_Connection *c, const char *url,
+enum MHD_Result http_on_probe_request(void *cls, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *version,
                                  const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -473,8 +473,8 @@ static void end_request(tp_http_ctx *h, req_ctx *r, int ok, int in_engine)
         atomic_fetch_sub(&h->in_engine, 1);
     }
     if (r->trace_id)
-        end_trace(h, r, ok);
-    release_request(r);
+        http_end_trace(h, r, ok);
+    http_release_request(r);
     tp_mem_release(&r->mem);
     atomic_fetch_sub(&h->in_flight, 1);
 }
@@ -487,7 +487,7 @@ static void end_orphan(req_ctx *r)
     free_record(r); /* not this thread's spares: the batcher thread keeps none */
 }
 
-void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                   enum MHD_RequestTerminationCode toe)
 {
     tp_http_ctx *h = cls;
@@ -502,9 +502,9 @@ void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (r->state == REQ_HELD && !tp_handoff_delivered(&r->handoff)) {
         tp_log(TP_LOG_DEBUG, "%s %s: connection closed while its request was held: running "
                "the held requests first", r->method, r->url);
-        run_held(h); /* the batch holds r: it may not outlive it */
+        http_run_held(h); /* the batch holds r: it may not outlive it */
     }
-    /* A connection broken between dispatch_infer and the call that would
+    /* A connection broken between http_dispatch_infer and the call that would
      * suspend it (a reset read in that pass) leaves r to its batch. */
     if (r->state == REQ_SUBMITTED && !tp_handoff_orphan(&r->handoff)) {
         tp_log(TP_LOG_DEBUG, "%s %s: connection closed before its request ran: freed once "

@@ -11,7 +11,7 @@
 /* stuck_step_ms: 1 and why in msg while an engine step has run that long
  * (tp_batcher_stuck); whoever sees a stuck step first logs it and counts
  * it, once per step. Any thread; never waits for the engine. */
-int engine_stuck(tp_http_ctx *h, char *msg, size_t cap)
+int http_engine_stuck(tp_http_ctx *h, char *msg, size_t cap)
 {
     int64_t t0 = 0;
     if (!h->cfg->stuck_step_ms || !atomic_load(&h->loaded) ||
@@ -27,12 +27,12 @@ int engine_stuck(tp_http_ctx *h, char *msg, size_t cap)
 }
 
 /* Prometheus text format; served while loading and draining too. */
-enum MHD_Result get_metrics(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_metrics(tp_http_ctx *h, req_ctx *r)
 {
     int64_t t0 = 0;
     tp_engine *busy = NULL;
     char why[512];
-    engine_stuck(h, why, sizeof why); /* counted as soon as it is one */
+    http_engine_stuck(h, why, sizeof why); /* counted as soon as it is one */
     tp_metrics_set_step_age(h->metrics, atomic_load(&h->loaded) && tp_batcher_oldest_step(h->batcher, &t0, &busy)
                                             ? (double)(tp_now_ns() - t0) / 1e9
                                             : 0);
@@ -46,53 +46,53 @@ enum MHD_Result get_metrics(tp_http_ctx *h, req_ctx *r)
     size_t len = 0;
     char *text = tp_metrics_render(h->metrics, &len);
     if (!text)
-        return reply_error(h, r, 500, "out of memory rendering /metrics");
-    log_request(r, 200, NULL);
-    return send_response(h, r, 200,
-                         make_response(text, len, 0, "text/plain; version=0.0.4; charset=utf-8", 0));
+        return http_reply_error(h, r, 500, "out of memory rendering /metrics");
+    http_log_request(r, 200, NULL);
+    return http_send_response(h, r, 200,
+                         http_make_response(text, len, 0, "text/plain; version=0.0.4; charset=utf-8", 0));
 }
 
-enum MHD_Result get_live(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_live(tp_http_ctx *h, req_ctx *r)
 {
     int up = !atomic_load(&h->broken);
-    return reply_json(h, r, up ? 200 : 503, tp_kserve_bool_json("live", up));
+    return http_reply_json(h, r, up ? 200 : 503, tp_kserve_bool_json("live", up));
 }
 
-int is_ready(tp_http_ctx *h)
+int http_is_ready(tp_http_ctx *h)
 {
     return !atomic_load(&h->broken) && atomic_load(&h->state) == SRV_READY;
 }
 
 /* Server readiness; model readiness is the same (one model). A stuck
  * engine step (stuck_step_ms) makes it 503 saying why, until it ends. */
-enum MHD_Result get_ready(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_ready(tp_http_ctx *h, req_ctx *r)
 {
     char why[512];
-    if (is_ready(h) && engine_stuck(h, why, sizeof why))
-        return reply_error(h, r, 503, "not ready: %s", why);
-    return reply_json(h, r, is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", is_ready(h)));
+    if (http_is_ready(h) && http_engine_stuck(h, why, sizeof why))
+        return http_reply_error(h, r, 503, "not ready: %s", why);
+    return http_reply_json(h, r, http_is_ready(h) ? 200 : 503, tp_kserve_bool_json("ready", http_is_ready(h)));
 }
 
-enum MHD_Result get_server(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_server(tp_http_ctx *h, req_ctx *r)
 {
-    return reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
+    return http_reply_json(h, r, 200, tp_kserve_server_metadata(TPSERVE_VERSION));
 }
 
-enum MHD_Result get_model(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_model(tp_http_ctx *h, req_ctx *r)
 {
-    return reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
+    return http_reply_json(h, r, 200, tp_kserve_model_metadata(&h->model));
 }
 
-enum MHD_Result get_model_config(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_model_config(tp_http_ctx *h, req_ctx *r)
 {
-    return reply_json(h, r, 200, tp_kserve_model_config(&h->model));
+    return http_reply_json(h, r, 200, tp_kserve_model_config(&h->model));
 }
 
 /* Statistics of the one model, for /v2/models/M/stats and /v2/models/stats
  * alike (all models); an empty list while it is not loaded. */
-enum MHD_Result get_stats(tp_http_ctx *h, req_ctx *r)
+enum MHD_Result http_get_stats(tp_http_ctx *h, req_ctx *r)
 {
     if (!atomic_load(&h->loaded))
-        return reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
-    return reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
+        return http_reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
+    return http_reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
 }
