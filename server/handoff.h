@@ -7,7 +7,7 @@
  * the batcher thread. The HTTP thread finds it delivered, or suspends the
  * connection until the deliverer resumes it. And the connection may close
  * before the result comes (a reset read between two of libmicrohttpd's
- * passes, server/http.c: REQ_SUBMITTED) while the batch still holds the
+ * passes, server/http_infer.c: REQ_SUBMITTED) while the batch still holds the
  * request.
  *
  * One atomic word per request, moved by exchanges and compare-exchanges

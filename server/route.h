@@ -1,5 +1,5 @@
 /* route.h — request paths matched against route patterns, so the server's
- * routes are one table of (methods, pattern, handler) rows (http.c).
+ * routes are one table of (methods, pattern, handler) rows (http_request.c).
  *
  * A pattern is a path of literal segments and captures: {model} {region}.
  * A {model} segment may be followed in the path by "versions/{version}"

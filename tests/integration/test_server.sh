@@ -821,7 +821,7 @@ fi
 
 # Clients that leave early, under load (wrk, 32 connections). Under load
 # their requests go to the batcher thread and their connections are
-# suspended until the result comes (server/http.c).
+# suspended until the result comes (server/http_request.c).
 # - Half-closed: each sends one request, shuts its write side and reads the
 #   answer. Suspended from the pass that read the body, libmicrohttpd 0.9.75
 #   read the EOF on resume, took it as an abort and dropped the answer (1-9

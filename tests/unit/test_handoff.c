@@ -11,7 +11,7 @@
 
 enum { ANSWERED_AT_ONCE, RESUMES_ITSELF, WAITS_FOR_RESUME };
 
-/* The HTTP thread's side of a suspend (server/http.c). */
+/* The HTTP thread's side of a suspend (server/http_request.c). */
 static int suspend_side(_Atomic int *w)
 {
     if (!tp_handoff_begin_suspend(w))
