@@ -3,7 +3,8 @@
 # Optimum-style fixtures tests/onnx/bert_mask.onnx (input_ids,
 # attention_mask, token_type_ids) and gpt2_mask.onnx (input_ids,
 # attention_mask), and legacy_mask (BERT's (1 - mask) * finfo.min, built
-# here), imported at world sizes 1 and 2 — the mask subgraph of
+# here), imported at world sizes 1, 2 and 4 (legacy_mask, 2 heads: 1 and 2) —
+# the mask subgraph of
 # every layer becomes the attention op's key-padding input, the graph input
 # stays attention_mask INT64 — then run with `tpserve run` (ranks as threads
 # and as processes) on batches whose rows have different padding, and served
@@ -163,7 +164,8 @@ for m in bert_mask gpt2_mask legacy_mask; do
     masked request "$src" "$rows3" "$TMP/$m.b3.in.safetensors" "$TMP/$m.b3.ref.safetensors" 2>"$TMP/err" &&
         masked request "$src" "$rows3,0" "$TMP/$m.b4.in.safetensors" "$TMP/$m.b4.ref.safetensors" 2>>"$TMP/err" ||
         { fail "$m: onnxruntime reference: $(tail -2 "$TMP/err")"; continue; }
-    for ws in 1 2; do
+    for ws in 1 2 4; do
+        [ $ws = 4 ] && [ $m = legacy_mask ] && continue # 2 heads
         g=${m}_tp$ws
         $IMPORT "$src" --world-size $ws --out "$TMP/$g.json" 2>"$TMP/err" ||
             { fail "import $g: $(cat "$TMP/err")"; continue; }
