@@ -17,17 +17,11 @@ set -u
 : "${TPSERVE:?set TPSERVE to the tpserve binary}"
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-FIX=$ROOT/tests/onnx
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_onnx.XXXXXX")
 . "$HERE/lib/server.sh"
-IMPORT="$PYTHON $ROOT/graphs/import_onnx.py"
+. "$HERE/lib/onnx.sh"
 RTOL=1e-4
 
-if ! $PYTHON -c "import onnx, onnxruntime" 2>"$TMP/deps"; then
-    fail "python deps: $(tail -1 "$TMP/deps") (scripts/deps.sh installs onnx and onnxruntime)"
-    exit 1
-fi
 $PYTHON "$FIX/synthetic.py" "$TMP" || { fail "synthetic.py"; exit 1; }
 for m in mlp mlp_legacy gpt2 gpt2_vocab257 bert bert512 bert_legacy llama; do cp "$FIX/$m.onnx" "$TMP/"; done
 

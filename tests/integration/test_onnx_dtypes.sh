@@ -21,11 +21,10 @@ set -u
 : "${TPSERVE:?set TPSERVE to the tpserve binary}"
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-FIX=$ROOT/tests/onnx
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_onnx_dtypes.XXXXXX")
+ONNX_MODULES=ml_dtypes
 . "$HERE/lib/server.sh"
-IMPORT="$PYTHON $ROOT/graphs/import_onnx.py"
+. "$HERE/lib/onnx.sh"
 
 # Tolerances (compare.py's max|out - ref| / max|ref|). Our kernels widen
 # FP16/BF16 to FP32, accumulate in FP32 and round once per op on store;
@@ -38,10 +37,6 @@ RTOL_FP16=1e-2
 # compute with the same weights, rounded to BF16 once: measured up to 7.3e-3.
 RTOL_BF16=3e-2
 
-if ! $PYTHON -c "import ml_dtypes, onnx, onnxruntime" 2>"$TMP/deps"; then
-    fail "python deps: $(tail -1 "$TMP/deps") (scripts/deps.sh installs ml_dtypes, onnx and onnxruntime)"
-    exit 1
-fi
 
 # model:reference (the model itself, or its FP32 twin):tolerance:world sizes
 # (Llama's 2 KV heads do not divide by 4)

@@ -24,19 +24,13 @@ set -u
 : "${TPSERVE:?set TPSERVE to the tpserve binary}"
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-FIX=$ROOT/tests/onnx
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_onnx_mask.XXXXXX")
 . "$HERE/lib/server.sh"
-IMPORT="$PYTHON $ROOT/graphs/import_onnx.py"
+. "$HERE/lib/onnx.sh"
 # FP32 against onnxruntime's FP32, the metric of compare.py (graphs/README.md):
 # the same tolerance test_onnx.sh uses for these architectures unmasked.
 RTOL=1e-4
 
-if ! $PYTHON -c "import onnx, onnxruntime" 2>"$TMP/deps"; then
-    fail "python deps: $(tail -1 "$TMP/deps") (scripts/deps.sh installs onnx and onnxruntime)"
-    exit 1
-fi
 
 # masked.py request MODEL ROWS IN REF: a random request whose attention_mask
 # rows are ROWS (comma-separated: N = N tokens then padding, -N = N padding
