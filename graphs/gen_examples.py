@@ -94,27 +94,35 @@ def from_storage(raw, st_dtype):
 
 def save_safetensors(path, tensors):
     """tensors: {name: (st_dtype, raw ndarray)}; a BF16 tensor may also be
-    given as ml_dtypes.bfloat16 values (stored as their bits). Tensors are
-    laid out by decreasing item size (then name) so every tensor is naturally
-    aligned; the header is padded with spaces to a multiple of 8."""
+    given as ml_dtypes.bfloat16 values (stored as their bits)."""
+    stream_safetensors(path, {n: (st, raw.shape, lambda raw=raw: raw) for n, (st, raw) in tensors.items()})
+
+
+def stream_safetensors(path, tensors):
+    """tensors: {name: (st_dtype, shape, make)}, make() giving the array when
+    its bytes are written, so at most one converted tensor exists at a time.
+    Tensors are laid out by decreasing item size (then name) so every tensor
+    is naturally aligned; the header is padded with spaces to a multiple of 8."""
     names = sorted(tensors, key=lambda n: (-ST_NP[tensors[n][0]].itemsize, n))
-    header, blobs, off = {}, [], 0
+    header, off = {}, 0
     for n in names:
-        st, raw = tensors[n]
-        if st == "BF16" and raw.dtype.name == "bfloat16":
-            raw = raw.view(np.uint16)
-        data = np.ascontiguousarray(raw, dtype=ST_NP[st]).tobytes()
-        header[n] = {"dtype": st, "shape": [int(s) for s in raw.shape],
-                     "data_offsets": [off, off + len(data)]}
-        blobs.append(data)
-        off += len(data)
+        st, shape, _ = tensors[n]
+        size = int(np.prod(shape, dtype=np.int64)) * ST_NP[st].itemsize
+        header[n] = {"dtype": st, "shape": [int(s) for s in shape], "data_offsets": [off, off + size]}
+        off += size
     h = json.dumps(header, separators=(",", ":")).encode("utf-8")
     h += b" " * ((-len(h)) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        for b in blobs:
-            f.write(b)
+        for n in names:
+            st, shape, make = tensors[n]
+            arr = make()
+            if st == "BF16" and arr.dtype.name == "bfloat16":
+                arr = arr.view(np.uint16)  # its bits
+            arr = np.ascontiguousarray(arr, dtype=ST_NP[st])
+            assert arr.size == int(np.prod(shape, dtype=np.int64)), (n, arr.shape, shape)
+            f.write(arr.reshape(-1).view(np.uint8))
 
 
 def load_safetensors(path):

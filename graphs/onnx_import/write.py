@@ -7,11 +7,10 @@ major, padded) just before its bytes are written, so at most one converted
 tensor exists at a time besides the weights the import already holds."""
 import json
 import os
-import struct
 
 import numpy as np
 
-from gen_examples import KS_ST, ST_NP
+from gen_examples import KS_ST, ST_NP, stream_safetensors
 
 from .errors import ImportFailure
 
@@ -100,29 +99,6 @@ def build(planner, prog, outs, graph_name, weights_file):
     return graph, tensors
 
 
-def _save(path, tensors):
-    """Safetensors, as gen_examples.save_safetensors lays them out (by
-    decreasing item size, then name; header padded to 8), streamed."""
-    names = sorted(tensors, key=lambda n: (-ST_NP[tensors[n][0]].itemsize, n))
-    header, off = {}, 0
-    for n in names:
-        st, shape, _ = tensors[n]
-        size = int(np.prod(shape, dtype=np.int64)) * ST_NP[st].itemsize
-        header[n] = {"dtype": st, "shape": [int(s) for s in shape], "data_offsets": [off, off + size]}
-        off += size
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((-len(h)) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for n in names:
-            st, _, make = tensors[n]
-            arr = make()
-            if st == "BF16" and arr.dtype.name == "bfloat16":
-                arr = arr.view(np.uint16)  # its bits
-            f.write(np.ascontiguousarray(arr, dtype=ST_NP[st]).reshape(-1).view(np.uint8))
-
-
 def write(out_json, graph, tensors):
     """Writes both files, creating --out's directory when missing."""
     out_dir = os.path.dirname(out_json) or "."
@@ -135,7 +111,7 @@ def write(out_json, graph, tensors):
     st_path = os.path.join(out_dir, graph["weights"])
     tmp_json, tmp_st = out_json + ".tmp", st_path + ".tmp"
     try:
-        _save(tmp_st, tensors)
+        stream_safetensors(tmp_st, tensors)
         with open(tmp_json, "w") as f:
             json.dump(graph, f, indent=1)
             f.write("\n")
