@@ -60,7 +60,7 @@ NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --Werror all-warnings --compiler-opti
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
 
-.PHONY: all test unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
+.PHONY: all test suite unit integration static-checks asan run clean help cuda graphs deps bench bench-passes bench-ranks fuzz bench-http bench-gpu bench-ranks-ctx
 .PHONY: test-cpus cuda-double test-numtext-exhaustive test-math-exhaustive bench-codec test-libmicrohttpd
 
 all: $(BUILD)/tpserve cuda
@@ -179,10 +179,14 @@ static-checks:
 
 test: all $(GRAPHS)
 	@$(MAKE) --no-print-directory static-checks
+	@$(MAKE) --no-print-directory suite
+	@$(MAKE) --no-print-directory fuzz-smoke
+
+# What runs the build: make test runs it, make asan runs it again sanitized.
+suite: all $(GRAPHS)
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory cuda-double
 	@$(MAKE) --no-print-directory integration
-	@$(MAKE) --no-print-directory fuzz-smoke
 
 # ---- cuda host tests against a double of CUDA/NCCL/cuBLASLt (tests/cuda_double)
 # The backend's .c files compiled against the real headers, linked with the
@@ -240,10 +244,13 @@ cuda-double:
 	@echo "cuda double tests skipped: no CUDA headers (cuda_runtime_api.h, cublasLt.h, nccl.h)"
 endif
 
+# The suite under ASan + UBSan. Not the static checks (they do not run the
+# build) nor fuzz-smoke (its harnesses are always built sanitized, and make
+# test has run them).
 asan:
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	  $(if $(NVCC),NVCC=) test
+	  $(if $(NVCC),NVCC=) suite
 
 # Numeric tests under each OpenBLAS core type (OPENBLAS_CORETYPE): proves the
 # suite does not depend on the CPU it runs on. One summary line per core type.
