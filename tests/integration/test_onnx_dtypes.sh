@@ -102,6 +102,8 @@ while IFS=: read -r m twin rtol sizes <&3; do
     dt=FP16
     case $m in *bf16*) dt=BF16 ;; esac
     reference "$m" "$twin" 1 && reference "$m" "$twin" 3 || { fail "$m: onnxruntime reference"; continue; }
+    # under a sanitizer world size 2 alone: its kernels are those of 1 and 4
+    [ -n "${TP_SANITIZED:-}" ] && sizes=2
     for ws in $sizes; do
         g=${m}_tp$ws
         if ! $IMPORT "$FIX/$m.onnx" --world-size "$ws" --out "$TMP/$g.json" 2>"$TMP/err"; then
