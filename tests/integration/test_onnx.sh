@@ -31,17 +31,6 @@ reference() {
         --inputs "$TMP/$1.in$2.safetensors" --ref "$TMP/$1.ref$2.safetensors"
 }
 
-# run_check GRAPH MODEL BATCH RANKS: tpserve run vs the reference.
-run_check() {
-    if "$TPSERVE" run "$TMP/$1.json" --inputs "$TMP/$2.in$3.safetensors" --output "$TMP/$1.out" \
-        --backend cpu --ranks "$4" >"$TMP/run.log" 2>&1 &&
-        $PYTHON "$HERE/compare.py" "$TMP/$1.out" "$TMP/$2.ref$3.safetensors" "$RTOL" >"$TMP/cmp"; then
-        pass "$1 batch $3 ranks $4: $(grep -o 'err=[^ ]*' "$TMP/cmp" | head -1) vs onnxruntime"
-    else
-        fail "$1 batch $3 ranks $4: $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
-    fi
-}
-
 # run_all GRAPH MODEL: batch 1 and 3, threads and processes. Under a
 # sanitizer (make asan) batch 3 only: the importer is Python, the same in
 # both runs, and batch 1 runs the same kernels on fewer rows; what ASan

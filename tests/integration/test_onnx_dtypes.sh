@@ -56,17 +56,6 @@ reference() {
         --inputs "$TMP/$1.in$3.safetensors" --ref "$TMP/$1.ref$3.safetensors"
 }
 
-# run_check GRAPH MODEL BATCH RANKS RTOL: tpserve run vs the reference.
-run_check() {
-    if "$TPSERVE" run "$TMP/$1.json" --inputs "$TMP/$2.in$3.safetensors" --output "$TMP/$1.out" \
-        --backend cpu --ranks "$4" >"$TMP/run.log" 2>&1 &&
-        $PYTHON "$HERE/compare.py" "$TMP/$1.out" "$TMP/$2.ref$3.safetensors" "$5" >"$TMP/cmp"; then
-        pass "$1 batch $3 ranks $4: $(grep -o '[A-Z0-9]* \[[0-9, ]*\] err=[^ ]*' "$TMP/cmp" | head -1) (rtol $5)"
-    else
-        fail "$1 batch $3 ranks $4: $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
-    fi
-}
-
 # check_graph GRAPH DATATYPE: the params and the weights file keep the
 # dtype, no cast node, and the fused ops of the FP32 export.
 check_graph() {
