@@ -509,6 +509,214 @@ def all_examples():
     return out
 
 
+# --------------------------------------------------------------------------
+# generation: a tiny decoder driven step by step (docs/models.md,
+# "Generation graphs"), with a NumPy greedy reference
+# --------------------------------------------------------------------------
+
+GEN = dict(V=37, VP=40, E=16, H=4, HKV=2, DH=4, F=32, L=16, LAYERS=2, EPS=1e-5)
+# (slot, prompt) of each sequence and how many tokens it generates; the
+# batched schedule runs them together, sequence "d" reusing "b"'s slot
+GEN_SEQS = {"a": (2, [3, 14, 15, 9, 26], 7), "b": (1, [5, 35, 8], 4), "c": (4, [27, 1, 8, 2], 6),
+            "d": (1, [31, 4], 5)}
+
+
+def gen_params(seed=530):
+    """Unsharded FP32 weights of the decoder; the vocab padded from V to VP
+    columns whose head weights are large, so only argmax's limit keeps
+    them from winning."""
+    c = GEN
+    rng = np.random.default_rng(seed)
+    E, F, VP = c["E"], c["F"], c["VP"]
+    p = {"tok_emb": rand(rng, (VP, E), 1.0, "FP32"), "pos_emb": rand(rng, (c["L"], E), 0.5, "FP32")}
+    for i in range(c["LAYERS"]):
+        p["ln1_w.%d" % i] = rand(rng, (E,), 0.1, "FP32", 1.0)
+        p["ln1_b.%d" % i] = rand(rng, (E,), 0.1, "FP32")
+        p["wq.%d" % i] = rand(rng, (E, c["H"] * c["DH"]), 1.0 / math.sqrt(E), "FP32")
+        p["wk.%d" % i] = rand(rng, (E, c["HKV"] * c["DH"]), 1.0 / math.sqrt(E), "FP32")
+        p["wv.%d" % i] = rand(rng, (E, c["HKV"] * c["DH"]), 1.0 / math.sqrt(E), "FP32")
+        p["wo.%d" % i] = rand(rng, (c["H"] * c["DH"], E), 1.0 / math.sqrt(E), "FP32")
+        p["ln2_w.%d" % i] = rand(rng, (E,), 0.1, "FP32", 1.0)
+        p["ln2_b.%d" % i] = rand(rng, (E,), 0.1, "FP32")
+        p["w1.%d" % i] = rand(rng, (E, F), 1.0 / math.sqrt(E), "FP32")
+        p["w2.%d" % i] = rand(rng, (F, E), 1.0 / math.sqrt(F), "FP32")
+    p["lnf_w"] = rand(rng, (E,), 0.1, "FP32", 1.0)
+    p["lnf_b"] = rand(rng, (E,), 0.1, "FP32")
+    head = 3.0 * rng.standard_normal((E, VP)) / math.sqrt(E)
+    head[:, c["V"]:] = 50.0  # padding columns: would always win without the limit
+    p["lm_head"] = (to_storage(head, "FP32"), from_storage(to_storage(head, "FP32"), "F32"))
+    return p
+
+
+def gen_forward(p, tokens):
+    """Logits [n, V] of every position of one sequence: the plain causal
+    decoder, float64, unsharded, GQA by repeating each kv head."""
+    c = GEN
+    H, HKV, DH = c["H"], c["HKV"], c["DH"]
+    w = {k: v[1] for k, v in p.items()}
+    n = len(tokens)
+    x = w["tok_emb"][tokens] + w["pos_emb"][:n]
+    for i in range(c["LAYERS"]):
+        h = ref_layer_norm(x, w["ln1_w.%d" % i], w["ln1_b.%d" % i], c["EPS"])
+        q = (h @ w["wq.%d" % i]).reshape(n, H, DH)
+        k = np.repeat((h @ w["wk.%d" % i]).reshape(n, HKV, DH), H // HKV, axis=1)
+        v = np.repeat((h @ w["wv.%d" % i]).reshape(n, HKV, DH), H // HKV, axis=1)
+        att = np.zeros((n, H, DH))
+        for t in range(n):
+            s = np.einsum("hd,jhd->hj", q[t], k[: t + 1]) / math.sqrt(DH)
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            att[t] = np.einsum("hj,jhd->hd", e / e.sum(axis=-1, keepdims=True), v[: t + 1])
+        x = x + att.reshape(n, H * DH) @ w["wo.%d" % i]
+        h = ref_layer_norm(x, w["ln2_w.%d" % i], w["ln2_b.%d" % i], c["EPS"])
+        x = x + ref_gelu(h @ w["w1.%d" % i], "none") @ w["w2.%d" % i]
+    h = ref_layer_norm(x, w["lnf_w"], w["lnf_b"], c["EPS"])
+    return (h @ w["lm_head"])[:, : c["V"]]
+
+
+def gen_greedy(p, prompt, new_tokens):
+    """Greedy generation: the full token list and, per position, the token
+    the model picks there. Refuses a near tie, which FP32 could flip."""
+    tokens = list(prompt)
+    while len(tokens) < len(prompt) + new_tokens:
+        tokens.append(int(np.argmax(gen_forward(p, tokens)[-1])))
+    logits = gen_forward(p, tokens)
+    top2 = np.sort(logits, axis=-1)[:, -2:]
+    if (top2[:, 1] - top2[:, 0]).min() < 1e-3:
+        raise GraphError("generation reference: a near tie (margin %.2g)" % (top2[:, 1] - top2[:, 0]).min())
+    return tokens, [int(t) for t in np.argmax(logits, axis=-1)]
+
+
+def gen_graph(d):
+    """The decoder as a tpgraph at world size d: vocab-parallel embedding and
+    head, Megatron attention and MLP, kv_attention over sharded caches. At
+    d > HKV each rank gets its own copy of the kv head its query heads read
+    (the kv weights' columns repeated, as vLLM does), so the caches still
+    shard by head."""
+    c = GEN
+    E, F, H, DH, VP, L = c["E"], c["F"], c["H"], c["DH"], c["VP"], c["L"]
+    hkv = max(c["HKV"], d)
+    g = Graph("gen_decoder_tp%d" % d, d)
+    g.j["states"] = []
+    g.input("input_ids", "INT64", ["B", 1], "replicate")
+    g.input("position_ids", "INT64", ["B"], "replicate")
+    g.input("cache_slot", "INT64", ["B"], "replicate")
+    g.param("tok_emb", "FP32", [VP, E], "shard(0)")
+    g.param("pos_emb", "FP32", [L, E], "replicate")
+    g.node("tok_part", "embedding", ["input_ids", "tok_emb"], vocab_parallel=True)   # [B, 1, E]
+    g.node("tok", "all_reduce", ["tok_part"], op="sum")
+    g.node("tok2", "view", ["tok"], shape=[-1, E])
+    g.node("pos", "embedding", ["position_ids", "pos_emb"])                         # [B, E]
+    x = g.node("x0", "add", ["tok2", "pos"])
+    for i in range(c["LAYERS"]):
+        for n_, shape, pl in (("ln1_w", [E], "replicate"), ("ln1_b", [E], "replicate"),
+                              ("wq", [E, H * DH], "shard(1)"), ("wk", [E, hkv * DH], "shard(1)"),
+                              ("wv", [E, hkv * DH], "shard(1)"), ("wo", [H * DH, E], "shard(0)"),
+                              ("ln2_w", [E], "replicate"), ("ln2_b", [E], "replicate"),
+                              ("w1", [E, F], "shard(1)"), ("w2", [F, E], "shard(0)")):
+            g.param("%s.%d" % (n_, i), "FP32", shape, pl)
+        for cache in ("k_cache", "v_cache"):
+            g.j["states"].append({"name": "%s.%d" % (cache, i), "datatype": "FP32",
+                                  "shape": ["S", hkv, L, DH], "placement": "shard(1)"})
+        g.node("h1.%d" % i, "layer_norm", [x, "ln1_w.%d" % i, "ln1_b.%d" % i], eps=c["EPS"])
+        for t, heads in (("q", H), ("k", hkv), ("v", hkv)):
+            g.node("%s_flat.%d" % (t, i), "matmul", ["h1.%d" % i, "w%s.%d" % (t, i)])
+            g.node("%s.%d" % (t, i), "view", ["%s_flat.%d" % (t, i)], shape=[-1, heads // d, 1, DH])
+        g.node("att.%d" % i, "kv_attention", ["q.%d" % i, "k.%d" % i, "v.%d" % i, "k_cache.%d" % i,
+                                               "v_cache.%d" % i, "cache_slot", "position_ids"])
+        g.node("att_flat.%d" % i, "view", ["att.%d" % i], shape=[-1, H // d * DH])
+        g.node("o_part.%d" % i, "matmul", ["att_flat.%d" % i, "wo.%d" % i])
+        g.node("o.%d" % i, "all_reduce", ["o_part.%d" % i], op="sum")
+        g.node("x1.%d" % i, "add", [x, "o.%d" % i])
+        g.node("h2.%d" % i, "layer_norm", ["x1.%d" % i, "ln2_w.%d" % i, "ln2_b.%d" % i], eps=c["EPS"])
+        g.node("u.%d" % i, "matmul", ["h2.%d" % i, "w1.%d" % i])
+        g.node("a.%d" % i, "gelu", ["u.%d" % i])
+        g.node("m_part.%d" % i, "matmul", ["a.%d" % i, "w2.%d" % i])
+        g.node("m.%d" % i, "all_reduce", ["m_part.%d" % i], op="sum")
+        x = g.node("x.%d" % i, "add", ["x1.%d" % i, "m.%d" % i])
+    g.param("lnf_w", "FP32", [E], "replicate")
+    g.param("lnf_b", "FP32", [E], "replicate")
+    g.param("lm_head", "FP32", [E, VP], "shard(1)")
+    g.node("hf", "layer_norm", [x, "lnf_w", "lnf_b"], eps=c["EPS"])
+    g.node("logits_flat", "matmul", ["hf", "lm_head"])                                # [B, VP/d]
+    g.node("logits", "view", ["logits_flat"], shape=[-1, 1, VP // d])
+    g.node("key_local", "argmax", ["logits"], vocab_parallel=True, limit=c["V"])       # [B, 1]
+    g.node("key", "all_reduce", ["key_local"], op="max")
+    g.node("token", "argmax_index", ["key"])
+    g.node("next_token", "view", ["token"], shape=[-1])
+    g.output("next_token", "replicate")
+    g.j["generate"] = {"input_ids": "input_ids", "positions": "position_ids", "slots": "cache_slot",
+                       "next_token": "next_token", "max_seq_len": L, "vocab_size": c["V"]}
+    return g
+
+
+def gen_param_tensors(p, d):
+    """The safetensors of gen_graph(d): the kv weights' head blocks repeated
+    when d > HKV (rank r reads kv head r // (d / HKV))."""
+    c = GEN
+    rep = max(c["HKV"], d) // c["HKV"]
+    out = {}
+    for k, (raw, _) in p.items():
+        if k.startswith(("wk.", "wv.")) and rep > 1:
+            raw = np.repeat(raw.reshape(c["E"], c["HKV"], 1, c["DH"]), rep, axis=2).reshape(c["E"], -1)
+        out[k] = ("F32", np.ascontiguousarray(raw))
+    return out
+
+
+def gen_schedules(p):
+    """Steps of token rows with the reference's next token for each row.
+    batched: a and b prefill together; c's prefill joins a and b's decodes;
+    d takes b's slot once b is done (the cache is overwritten, never reset).
+    alone_a: sequence a by itself in slot 3."""
+    ref = {s: gen_greedy(p, prompt, n) for s, (_, prompt, n) in GEN_SEQS.items()}
+
+    def rows(seq, lo, hi, slot=None):
+        tokens, picks = ref[seq]
+        return [(tokens[i], i, GEN_SEQS[seq][0] if slot is None else slot, picks[i]) for i in range(lo, hi)]
+
+    def length(seq):
+        return len(GEN_SEQS[seq][1]) + GEN_SEQS[seq][2] - 1  # the last pick is never fed back
+
+    plan = [[("a", 0, 5), ("b", 0, 3)], [("a", 5, 6), ("b", 3, 4), ("c", 0, 4)]]
+    pos = {"a": 6, "b": 4, "c": 4}
+    while any(pos[s] < length(s) for s in pos):
+        step = []
+        for s in list(pos):
+            if pos[s] < length(s):
+                step.append((s, pos[s], pos[s] + 1))
+                pos[s] += 1
+            elif s == "b" and "d" not in pos:
+                step.append(("d", 0, 2))
+                pos["d"] = 2
+        plan.append(step)
+    batched = [sum((rows(*r) for r in step), []) for step in plan]
+    alone = [rows("a", 0, 5, 3)] + [rows("a", i, i + 1, 3) for i in range(5, length("a"))]
+
+    def as_json(steps):
+        return [{"input_ids": [r[0] for r in st], "positions": [r[1] for r in st], "slots": [r[2] for r in st],
+                 "next_token": [r[3] for r in st]} for st in steps]
+
+    return {"batched": as_json(batched), "alone_a": as_json(alone),
+            "tokens": {s: ref[s][0] for s in ref}}
+
+
+def write_generate_examples(out_dir):
+    """gen_decoder_tpD.{json,safetensors} for D in 1, 2, 4 and one
+    gen_decoder.steps.json (the schedules; the same for every D)."""
+    p = gen_params()
+    names = []
+    for d in (1, 2, 4):
+        g = gen_graph(d)
+        with open(os.path.join(out_dir, g.name + ".json"), "w") as f:
+            json.dump(g.j, f, indent=1)
+            f.write("\n")
+        save_safetensors(os.path.join(out_dir, g.name + ".safetensors"), gen_param_tensors(p, d))
+        names.append(g.name)
+    with open(os.path.join(out_dir, "gen_decoder.steps.json"), "w") as f:
+        json.dump(gen_schedules(p), f, indent=1)
+        f.write("\n")
+    return names
+
+
 def write_example(ex, out_dir):
     n = ex.name
     with open(os.path.join(out_dir, n + ".json"), "w") as f:
@@ -535,8 +743,11 @@ ATTRS = {
     "permute": {"dims"}, "transpose": {"dim0", "dim1"},
     "slice": {"dim", "start", "length"}, "cat": {"dim"}, "contiguous": set(),
     "all_gather": {"dim"}, "reduce_scatter": {"dim", "op"}, "all_reduce": {"op"},
-    "all_to_all": {"split_dim", "concat_dim"}, "broadcast": {"src"},
+    "all_to_all": {"split_dim", "concat_dim"}, "broadcast": {"src"}, "neg": set(),
+    "kv_attention": {"scale"}, "argmax": {"vocab_parallel", "limit"}, "argmax_index": set(),
 }
+# ops whose result is INT64 whatever their input (argmax keys, token ids)
+INT64_OPS = {"argmax", "argmax_index"}
 VIEW_OPS = {"view", "permute", "transpose", "slice"}
 COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast"}
 
@@ -588,6 +799,14 @@ def _compute(op, a, ins, r, d):
         np.broadcast_shapes(x.shape, y.shape)
         return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](x, y)
     x = ins[0]
+    if op == "neg":
+        return -x
+    if op == "kv_attention":
+        return _kv_attention(a, *ins)
+    if op == "argmax":
+        return _argmax_keys(x, a, r)
+    if op == "argmax_index":
+        return (0xFFFFFFFF - (x & 0xFFFFFFFF)).astype(np.int64)
     if op == "relu":
         return np.maximum(x, 0)
     if op == "silu":
@@ -683,6 +902,56 @@ def _compute(op, a, ins, r, d):
     raise GraphError("unknown op %r" % op)
 
 
+def _kv_attention(a, q, k, v, k_cache, v_cache, slot, pos):
+    """The generation contract's kv_attention (docs/models.md): every active
+    row (slot >= 1) writes its k/v at positions pos .. pos+T-1 of cache
+    sequence slot-1 (the caches are updated in place: they persist across
+    steps), then attends causally over positions 0 .. pos+t; slot 0 rows
+    give zeros. All writes happen before any read."""
+    B, H, T, D = q.shape
+    S, hkv, L, _ = k_cache.shape
+    if k.shape != (B, hkv, T, D) or v.shape != k.shape or H % hkv or v_cache.shape != k_cache.shape:
+        raise GraphError("kv_attention shapes q %s k %s v %s cache %s" % (q.shape, k.shape, v.shape, k_cache.shape))
+    slot, pos = slot.astype(np.int64).reshape(-1), pos.astype(np.int64).reshape(-1)
+    for b in range(B):
+        if slot[b] and not (0 < slot[b] <= S and 0 <= pos[b] and pos[b] + T <= L):
+            raise GraphError("kv_attention row %d: slot %d / pos %d out of range (S %d, L %d)" % (b, slot[b], pos[b], S, L))
+    for b in np.flatnonzero(slot):
+        k_cache[slot[b] - 1, :, pos[b]:pos[b] + T] = k[b]
+        v_cache[slot[b] - 1, :, pos[b]:pos[b] + T] = v[b]
+    scale = q.dtype.type(a.get("scale", 1.0 / math.sqrt(D)))
+    out = np.zeros_like(q)
+    for b in np.flatnonzero(slot):
+        for t in range(T):
+            n = pos[b] + t + 1
+            keys = np.repeat(k_cache[slot[b] - 1, :, :n], H // hkv, axis=0)
+            vals = np.repeat(v_cache[slot[b] - 1, :, :n], H // hkv, axis=0)
+            s = np.einsum("hd,hnd->hn", q[b, :, t], keys) * scale
+            p = np.exp(s - s.max(axis=-1, keepdims=True))
+            out[b, :, t] = np.einsum("hn,hnd->hd", p / p.sum(axis=-1, keepdims=True), vals)
+    return out
+
+
+def _argmax_keys(x, a, r):
+    """argmax's INT64 keys (kernels/common/tp_generate.h): the high word the
+    value's order as a signed int, the low word 0xFFFFFFFF - global index,
+    so a signed max picks the largest value, then the lowest index."""
+    n = x.shape[-1]
+    base = r * n if a.get("vocab_parallel", False) else 0
+    idx = base + np.arange(n)
+    v = np.where(np.isnan(x), -np.inf, x).astype(np.float32)
+    v = np.where(idx < a.get("limit", idx[-1] + 1), v, -np.inf) if n else v
+    best = np.argmax(v, axis=-1)
+    val = np.take_along_axis(v, best[..., None], axis=-1)[..., 0] + np.float32(0)  # -0.0 as +0.0
+    bits = val.view(np.uint32).astype(np.uint64)
+    ordered = np.where(bits & 0x80000000, ~bits & 0xFFFFFFFF, bits ^ 0x80000000)
+    key = ((ordered ^ 0x80000000) << np.uint64(32)) | (0xFFFFFFFF - (base + best).astype(np.uint64))
+    key = key.view(np.int64)
+    if "limit" in a:  # no candidate below the limit: below every key
+        key = np.where(base >= a["limit"], np.iinfo(np.int64).min, key)
+    return key
+
+
 def _collective(op, a, xs, d):
     nd = xs[0].ndim
     for x in xs:
@@ -735,13 +1004,32 @@ def _collective(op, a, xs, d):
     raise GraphError("unknown collective %r" % op)
 
 
-def simulate(gj, params_st, inputs_st, mode):
+def init_states(gj, slots, mode):
+    """A generation graph's states (zero-filled, dim 0 "S" = slots), per
+    rank as placed: {name: [array per rank]}, updated in place by each
+    simulate() step that is given them."""
+    d, out = gj["world_size"], {}
+    for t in gj.get("states", []):
+        shape = [slots if s == "S" else s for s in t["shape"]]
+        dt = np.float32 if mode == "emulate" else np.float64
+        out[t["name"]] = [_shard(np.zeros(shape, dt), t["placement"], r, d, t["name"]) for r in range(d)]
+    return out
+
+
+def simulate(gj, params_st, inputs_st, mode, states=None):
     """Run the graph on gj["world_size"] simulated ranks.
     mode "exact": float64 everywhere; "emulate": float32 compute, every
-    non-view node rounded to its datatype. Returns {output: global float64}."""
+    non-view node rounded to its datatype. Returns {output: global float64}.
+    states: init_states()'s arrays, for a graph that declares states."""
     d = gj["world_size"]
     env = [dict() for _ in range(d)]
     dtypes = {}
+    for t in gj.get("states", []):
+        if states is None or t["name"] not in states:
+            raise GraphError("state %s: no arrays given (init_states)" % t["name"])
+        for r in range(d):
+            env[r][t["name"]] = states[t["name"]][r]
+        dtypes[t["name"]] = t["datatype"]
 
     def load(st_raw, datatype, shape, what):
         st, raw = st_raw
@@ -782,7 +1070,7 @@ def simulate(gj, params_st, inputs_st, mode):
                 if i not in dtypes:
                     raise GraphError("input %s not defined earlier" % i)
             in_dt = [dtypes[i] for i in n["inputs"]]
-            dt = in_dt[1] if op == "embedding" else in_dt[0]
+            dt = "INT64" if op in INT64_OPS else in_dt[1] if op == "embedding" else in_dt[0]
             floats = {t for t in in_dt if t in FLOAT_TYPES}
             if len(floats) > 1:
                 raise GraphError("mixed float datatypes %s" % sorted(floats))
@@ -884,6 +1172,7 @@ def main(argv=None):
         json.dump({"graphs": entries}, f, indent=1)
         f.write("\n")
     print("wrote %d graphs to %s" % (len(entries), args.out))
+    print("wrote generation graphs %s" % ", ".join(write_generate_examples(args.out)))
     if args.selfcheck:
         if not selfcheck(examples, args.out):
             print("selfcheck FAILED", file=sys.stderr)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """import_onnx.py MODEL.onnx --world-size N --out OUT.json [--plan PLAN.json]
                  [--dim NAME=VALUE ...] [--sequence-parallel] [--stats]
+                 [--generate [--max-seq-len L]]
 
 Imports an ONNX model as a tpgraph v1 program for N tensor-parallel ranks:
 OUT.json plus its unsharded weights OUT.safetensors beside it. Input and
@@ -11,6 +12,12 @@ Steps (graphs/onnx_import/): normalize (shape inference + folding of all
 that does not depend on the inputs' values, with onnx's reference
 evaluator), lower (pattern matching to fused ops, then one tpgraph op per
 remaining ONNX node), tp_plan (Megatron placement + collectives), write.
+
+--generate: MODEL is a causal LM (input_ids [batch, seq] -> logits, both
+dims dynamic, no past_key_values); OUT.json is its generation graph (token
+rows, kv_attention over per-layer cache states, greedy next_token out; see
+onnx_import/generate.py and docs/models.md), checked before it is kept by
+greedy-generating a few tokens against onnxruntime (which it then needs).
 
 Errors are one line on stderr, exit status 1, and nothing is written.
 Needs python3 with numpy and onnx (scripts/deps.sh installs them)."""
@@ -63,16 +70,64 @@ def import_model(args):
     if not args.out.endswith(".json"):
         raise ImportFailure("--out %s: must end in .json" % args.out)
     plan = read_plan(args.plan) if args.plan else None
-    nm = normalize(args.model, parse_dims(args.dim))
-    prog = lower(nm)
-    simplify(prog)
-    planner = Planner(prog, args.world_size, plan, args.sequence_parallel)
+    if args.generate:
+        nm, prog, planner = import_generation(args, plan)
+    else:
+        if args.max_seq_len is not None:
+            raise ImportFailure("--max-seq-len: only with --generate")
+        nm = normalize(args.model, parse_dims(args.dim))
+        prog = lower(nm)
+        simplify(prog)
+        planner = Planner(prog, args.world_size, plan, args.sequence_parallel)
     outs = planner.run()
     base = os.path.basename(args.out)[:-len(".json")]
     graph, tensors = build(planner, prog, outs, base, base + ".safetensors")
     write(args.out, graph, tensors)
+    if args.generate:
+        from onnx_import.generate import selfcheck
+        try:
+            selfcheck(args.out, planner.export, planner.generate)
+        except BaseException:
+            for f in (args.out, os.path.join(os.path.dirname(args.out) or ".", graph["weights"])):
+                if os.path.exists(f):
+                    os.remove(f)
+            raise
     if args.stats:
         print(json.dumps({"onnx_nodes": nm.onnx_node_count, "tpgraph_nodes": len(graph["nodes"])}))
+
+
+def import_generation(args, plan):
+    """--generate: the program at sequence length 1 (token rows), made a
+    generation program (onnx_import/generate.py) -> (nm, prog, planner)."""
+    from onnx_import.generate import Export, make_generation, probe_causal
+    from onnx_import.lower import lower
+    from onnx_import.normalize import normalize
+    from onnx_import.passes import simplify
+    from onnx_import.tp_plan import Planner
+
+    if args.sequence_parallel:
+        raise ImportFailure("--sequence-parallel with --generate: a generation step has one token per row, "
+                            "no sequence dim to split")
+    export = Export(args.model)
+    dims = parse_dims(args.dim)
+    if export.seq in dims:
+        raise ImportFailure("--dim %s: the sequence dim is set by --generate" % export.seq)
+
+    def program(seq):
+        prog = lower(normalize(args.model, dict(dims, **{export.seq: seq})))
+        simplify(prog)
+        return prog
+
+    causal = probe_causal(export, lambda s: program(s).nodes)
+    nm = normalize(args.model, dict(dims, **{export.seq: 1}))
+    prog = lower(nm)
+    simplify(prog)
+    gen, states, replicate = make_generation(export, nm, prog, causal, args.max_seq_len)
+    # position tables stay whole on every rank: one row per token, no collective
+    plan = dict({name: "replicate" for name in replicate}, **(plan or {}))
+    planner = Planner(prog, args.world_size, plan, False, gen, states)
+    planner.export = export
+    return nm, prog, planner
 
 
 def main(argv=None):
@@ -84,6 +139,9 @@ def main(argv=None):
     ap.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--stats", action="store_true", help="print ONNX and tpgraph node counts as JSON")
+    ap.add_argument("--generate", action="store_true", help="a causal LM's generation graph (KV cache, greedy tokens)")
+    ap.add_argument("--max-seq-len", type=int, metavar="L",
+                    help="--generate: cache length (default: the model's position limit)")
     args = ap.parse_args(argv)
     try:
         import_model(args)

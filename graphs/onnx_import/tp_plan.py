@@ -66,15 +66,19 @@ def _reshape_groups(src, dst):
 
 
 class Planner:
-    def __init__(self, prog, world, plan=None, sequence_parallel=False):
+    def __init__(self, prog, world, plan=None, sequence_parallel=False, generate=None, states=()):
+        """generate: the generation graph's block (generate.py): the output
+        ends in the greedy argmax chain; states: its kv caches (ir.Value)."""
         self.prog, self.d, self.plan, self.sp = prog, world, plan or {}, sequence_parallel
+        self.generate, self.states = generate, list(states)
+        self.state_place = {}  # state name -> placement string
         self.place = {}  # IR value -> Shard or None (replicated)
         self.name = {}   # IR value -> emitted name
         self.nodes = []  # emitted tpgraph nodes (dicts)
         self.params = {}  # emitted param name -> dict(source, dim, segs, placement)
         self.param_key = {}  # (source, dim, segs) -> emitted param name
         self.gathered = {}
-        self.taken = {v.name for v in prog.inputs}
+        self.taken = {v.name for v in prog.inputs} | {v.name for v in self.states}
         self.uses = prog.consumers()
         self.used_plan = set()
 
@@ -168,14 +172,17 @@ class Planner:
     # -- the walk -------------------------------------------------------------
 
     def run(self):
-        for v in self.prog.inputs:
+        for v in self.prog.inputs + self.states:
             self.name[v.name], self.place[v.name] = v.name, None
         for n in self.prog.nodes:
             for i in n.inputs:
                 if getattr(self.place.get(i), "pad", 0):  # a padded vocab: no op sees the padding
                     self.name[i], self.place[i] = self.replicated(i), None
             getattr(self, "op_" + n.op, self.op_elementwise)(n)
-        outs = [self.replicated(o) for o in self.prog.outputs]
+        if self.generate:
+            outs = [self.greedy(o) for o in self.prog.outputs]
+        else:
+            outs = [self.replicated(o) for o in self.prog.outputs]
         unused = set(self.plan) - self.used_plan
         if unused:
             raise ImportFailure("--plan: pattern '%s' matches no weight" % sorted(unused)[0])
@@ -366,6 +373,41 @@ class Planner:
             self.emit_same(n, [self.name[i] for i in qkv] + mask, pls[0])
         else:
             self.emit_same(n, [self.replicated(i) for i in qkv] + mask, None)
+
+    def op_kv_attention(self, n):
+        """Heads split across ranks (q on H, k/v on Hkv, on dim 1): the
+        caches are split on their KV-head dim 1 the same way; otherwise
+        everything is whole on every rank."""
+        qkv, (kc, vc), rows = n.inputs[:3], n.inputs[3:5], [self.replicated(i) for i in n.inputs[5:]]
+        pls = [self.place.get(i) for i in qkv]
+        split = all(p is not None and p.dim == 1 and len(p.segs) == 1 for p in pls)
+        for c in (kc, vc):
+            self.state_place[c] = "shard(1)" if split else "replicate"
+        ins = [self.name[i] for i in qkv] if split else [self.replicated(i) for i in qkv]
+        self.emit_same(n, ins + [kc, vc] + rows, pls[0] if split else None)
+
+    def greedy(self, o):
+        """The logits [B, 1, V] -> next_token [B]: argmax over each rank's
+        vocab shard (ids past the true vocab, the padding, ignored), the
+        largest key across ranks, its token id, as [B]."""
+        pl, rank = self.place.get(o), len(self.shape(o))
+        if pl is not None and (pl.dim != rank - 1 or len(pl.segs) > 1):
+            x, pl = self.replicated(o), None
+        else:
+            x = self.name[o]
+        out = self.generate["next_token"]
+        if out in self.taken:
+            raise ImportFailure("--generate: the graph already has a value named '%s'" % out)
+        self.taken.add(out)
+        attrs = {"limit": self.generate["vocab_size"]}
+        if pl is not None:
+            attrs["vocab_parallel"] = True
+        key = self.add(out + ".key", "argmax", [x], attrs)
+        if pl is not None:
+            key = self.add(out + ".max", "all_reduce", [key], {"op": "max"})
+        index = self.add(out + ".index", "argmax_index", [key])
+        self.nodes.append({"name": out, "op": "view", "inputs": [index], "attrs": {"shape": [-1]}})
+        return out
 
     def op_cat(self, n):
         dim = n.attrs["dim"] % len(n.shape)

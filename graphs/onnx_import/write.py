@@ -67,7 +67,9 @@ def _layout(arr, p, d):
 
 
 def build(planner, prog, outs, graph_name, weights_file):
-    """-> (graph dict, tensors {key: (safetensors dtype, shape, make)})."""
+    """-> (graph dict, tensors {key: (safetensors dtype, shape, make)}).
+    A generation graph (planner.generate) returns next_token alone and
+    declares its states and its "generate" block."""
     d = planner.d
     tensors, params = {}, []
     for name, p in planner.params.items():
@@ -85,7 +87,11 @@ def build(planner, prog, outs, graph_name, weights_file):
         if key != name:
             entry["tensor"] = key
         params.append(entry)
-    _rename_outputs(planner, prog, outs)
+    if planner.generate:
+        out_names = list(outs)
+    else:
+        _rename_outputs(planner, prog, outs)
+        out_names = prog.output_names
     graph = {
         "format": "tpgraph", "version": 1, "name": graph_name, "world_size": d,
         "weights": weights_file,
@@ -93,9 +99,14 @@ def build(planner, prog, outs, graph_name, weights_file):
                     "shape": ["B" if k == v.bdim else int(s) for k, s in enumerate(v.shape)],
                     "placement": "replicate"} for v in prog.inputs],
         "params": params,
-        "outputs": [{"name": o, "placement": "replicate"} for o in prog.output_names],
+        "outputs": [{"name": o, "placement": "replicate"} for o in out_names],
         "nodes": [{k: v for k, v in n.items() if k != "attrs" or v} for n in planner.nodes],
     }
+    if planner.generate:
+        graph["states"] = [{"name": s.name, "datatype": s.datatype,
+                            "shape": [d if d == "S" else int(d) for d in s.shape],
+                            "placement": planner.state_place[s.name]} for s in planner.states]
+        graph["generate"] = dict(planner.generate)
     return graph, tensors
 
 
