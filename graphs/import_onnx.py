@@ -108,6 +108,8 @@ def import_generation(args, plan):
     if args.sequence_parallel:
         raise ImportFailure("--sequence-parallel with --generate: a generation step has one token per row, "
                             "no sequence dim to split")
+    if args.max_seq_len is not None and args.max_seq_len < 1:
+        raise ImportFailure("--max-seq-len %d: must be at least 1" % args.max_seq_len)
     export = Export(args.model)
     dims = parse_dims(args.dim)
     if export.seq in dims:

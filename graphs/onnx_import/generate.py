@@ -282,8 +282,6 @@ def make_generation(export, nm, prog, causal, max_len):
     if L is None:
         raise ImportFailure("--generate: %s: the model's position limit is not in the export (no position table, no "
                             "metadata %s): give --max-seq-len" % (export.path, " or ".join(LIMIT_KEYS)))
-    if L < 1:
-        raise ImportFailure("--max-seq-len %d: must be at least 1" % L)
     b = prog.inputs[0].shape[0]
     for name in (INPUT_POS, INPUT_SLOT):
         if name in prog.values:

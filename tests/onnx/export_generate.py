@@ -10,6 +10,8 @@ reference tokens they must generate:
 |   | ws 2 and 4), untied head, n_positions 64 |
 | llama_gen.onnx | LlamaForCausalLM, 2 layers, hidden 64, 8 heads, 4 KV heads (GQA), |
 |   | ffn 128, vocab 256, untied head, max_position_embeddings 64 |
+| bert_gen.onnx | export_fixtures.py's BertModel with a dynamic seq dim: not causal, |
+|   | which --generate must refuse (no tokens file) |
 
 Both: dynamo, opset 20, input input_ids INT64 [batch, seq] and output
 logits [batch, seq, vocab] with batch and seq dynamic, use_cache=False (no
@@ -93,10 +95,22 @@ def ort_greedy(path, prompt):
     return seq[len(prompt):], gap
 
 
+def export_bert(out):
+    from export_fixtures import bert
+    path = os.path.join(out, "bert_gen.onnx")
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=32)
+    with torch.no_grad():
+        torch.onnx.export(bert(), (torch.randint(0, 256, (2, 16)),), path, dynamo=True, opset_version=20,
+                          input_names=["input_ids"], output_names=["last_hidden_state"],
+                          dynamic_shapes=({0: batch, 1: seq},), external_data=False)
+    print("wrote %s (%d bytes)" % (path, os.path.getsize(path)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     a = ap.parse_args()
+    export_bert(a.out)
     for name, make in (("gpt2_gen", gpt2_gen), ("llama_gen", llama_gen)):
         model = make()
         vocab = model.config.vocab_size
