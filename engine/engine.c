@@ -57,6 +57,7 @@ struct tp_engine {
     tp_backend *b;
     tp_rank_group *rg;
     tp_weights *w;
+    tp_generate_info gen; /* valid when g->gen */
     tp_io_desc *in_desc, *out_desc;
     int64_t *out_rows; /* per output: dim-0 rows per batch row (0: static) */
     tp_exec_opts xopts;
@@ -321,6 +322,9 @@ static tp_status agree_options(tp_engine *e, const tp_engine_opts *o, tp_err *er
              e->g->name, e->g->n_nodes, e->g->n_params, o && o->backend ? o->backend : "cpu", bk,
              o && o->no_passes ? "none" : "all", o && o->disable_passes ? " but " : "",
              o && o->disable_passes ? o->disable_passes : "", e->xopts.eager ? ", eager" : "");
+    size_t used = strlen(mine);
+    if (e->g->n_states > 0) /* the ranks' caches must hold the same slots */
+        snprintf(mine + used, sizeof mine - used, ", %lld state slots", (long long)e->g->state_slots);
     memcpy(leader, mine, sizeof leader);
     size_t n = strlen(leader) + 1;
     tp_status st = tp_rank_group_share(e->rg, leader, &n, sizeof leader - 1, err);
@@ -384,8 +388,26 @@ static tp_status engine_new(const char *graph_path, const tp_engine_opts *opts, 
         (*out)->on_lost = opts->on_lost;
         (*out)->on_lost_arg = opts->on_lost_arg;
     }
-    return tp_graph_load(graph_path, &(*out)->g, err);
+    if (opts && opts->state_slots < 0)
+        return tp_fail(err, TP_INVALID, "state slots must be positive (0: the default %d), got %lld",
+                       TP_DEFAULT_STATE_SLOTS, (long long)opts->state_slots);
+    tp_status st = tp_graph_load(graph_path, &(*out)->g, err);
+    if (st != TP_OK)
+        return st;
+    tp_graph *g = (*out)->g;
+    if (opts && opts->state_slots > 0)
+        g->state_slots = opts->state_slots; /* every later inference sizes the states with it */
+    if (g->gen)
+        (*out)->gen = (tp_generate_info){.input_ids = g->gen->input_ids, .positions = g->gen->positions,
+                                         .slots = g->gen->slots, .next_token = g->gen->next_token,
+                                         .max_seq_len = g->gen->max_seq_len, .vocab_size = g->gen->vocab_size,
+                                         .slots_n = g->state_slots};
+    return TP_OK;
 }
+
+const tp_generate_info *tp_engine_generate_info(const tp_engine *e) { return e->g->gen ? &e->gen : NULL; }
+
+int64_t tp_engine_state_bytes(const tp_engine *e) { return e->w ? (int64_t)tp_weights_state_bytes(e->w) : 0; }
 
 tp_status tp_engine_create(const char *graph_path, const tp_engine_opts *opts, tp_engine **out,
                            tp_err *err)

@@ -46,7 +46,20 @@ typedef struct {
      * turn unready. NULL: nobody is told. */
     void (*on_lost)(void *arg);
     void *on_lost_arg;
+    /* Generation graphs: the value of "S", the sequence slots of every
+     * state (docs/models.md, "Generation graphs"); 0: 16. */
+    int64_t state_slots;
 } tp_engine_opts;
+
+/* What a generation server drives (the graph's "generate" block): the
+ * names of its inputs input_ids [B, 1], positions [B], slots [B] (INT64,
+ * slots 1-based, 0 = an inactive row) and output next_token [B]; the
+ * cache length (positions 0 .. max_seq_len-1), the true vocabulary and the
+ * slots the states were allocated with (slot values 1 .. slots_n). */
+typedef struct {
+    const char *input_ids, *positions, *slots, *next_token;
+    int64_t max_seq_len, vocab_size, slots_n;
+} tp_generate_info;
 
 /* Counters since load, for /metrics and tests. */
 typedef struct {
@@ -105,6 +118,12 @@ void tp_engine_free(tp_engine *e);
  * table or (json) one JSON object. */
 tp_status tp_engine_plan(const char *graph_path, const tp_engine_opts *opts, int64_t batch, int json, FILE *out,
                          tp_err *err);
+
+/* NULL: not a generation graph. Owned by the engine. */
+const tp_generate_info *tp_engine_generate_info(const tp_engine *e);
+/* Bytes per rank of the states (generation caches), allocated once at
+ * create beside the weights; 0 without states. */
+int64_t tp_engine_state_bytes(const tp_engine *e);
 
 const char *tp_engine_model_name(const tp_engine *e);
 const char *tp_engine_backend_name(const tp_engine *e);

@@ -42,6 +42,9 @@ static void *param_data(const tp_exec *x, int rank, int node)
     for (int p = 0; p < x->g->n_params; p++)
         if (x->g->param_ids[p] == node)
             return tp_weights_get(x->w, rank, p);
+    for (int s = 0; s < x->g->n_states; s++)
+        if (x->g->state_ids[s] == node)
+            return tp_weights_state(x->w, rank, s);
     return NULL;
 }
 

@@ -37,6 +37,7 @@ typedef struct tp_node {
     int g_ndim;
     int64_t gshape[TP_MAX_DIMS];
     int batched; /* gshape[0] is the batch dim "B" (its value is ignored) */
+    int slotted; /* states: gshape[0] is the slot dim "S" (the graph's state_slots) */
     tp_placement placement;
     char *tensor_key; /* params: key in the safetensors file */
 
@@ -49,6 +50,16 @@ typedef struct tp_node {
     int64_t offset; /* element offset into the owner's memory */
 } tp_node;
 
+/* The optional "generate" block: which inputs and output a generation
+ * server drives (docs/models.md, "Generation graphs"). */
+typedef struct {
+    char *input_ids, *positions, *slots, *next_token;
+    int64_t max_seq_len, vocab_size;
+} tp_graph_generate;
+
+/* Slots of a state's "S" dim when nobody chooses (tp_engine_opts.state_slots). */
+#define TP_DEFAULT_STATE_SLOTS 16
+
 typedef struct tp_graph {
     char *path;    /* the JSON file, as given */
     char *name;
@@ -59,6 +70,9 @@ typedef struct tp_graph {
     int n_inputs, n_params, n_outputs;
     int *input_ids, *param_ids, *output_ids;
     tp_placement *output_place;
+    int n_states, *state_ids; /* the top-level "states", source nodes of op state */
+    int64_t state_slots;      /* the value of "S" in state shapes */
+    tp_graph_generate *gen;   /* NULL: not a generation graph */
     int64_t batch; /* the batch the shapes were last inferred for */
 } tp_graph;
 

@@ -24,6 +24,9 @@ static void shift_refs(tp_graph *g, int from, int delta)
     for (int i = 0; i < g->n_params; i++)
         if (g->param_ids[i] >= from)
             g->param_ids[i] += delta;
+    for (int i = 0; i < g->n_states; i++)
+        if (g->state_ids[i] >= from)
+            g->state_ids[i] += delta;
     for (int i = 0; i < g->n_outputs; i++)
         if (g->output_ids[i] >= from)
             g->output_ids[i] += delta;

@@ -240,10 +240,35 @@ static int add_name_check(load_ctx *L, tp_graph *g, const char *name, const char
     return 0;
 }
 
-/* Common part of inputs[] and params[] entries. */
+static const char *source_kind(tp_op op)
+{
+    return op == TP_OP_INPUT ? "input" : op == TP_OP_PARAM ? "param" : "state";
+}
+
+/* shape[i] of a source: an integer, or the batch "B" at dim 0 of an input,
+ * or the slot count "S" at dim 0 of a state. */
+static tp_status parse_dim(load_ctx *L, tp_node *n, json_t *d, int i, const char *what)
+{
+    const char *sym = json_is_string(d) ? json_string_value(d) : NULL;
+    if (i == 0 && sym && n->op == TP_OP_INPUT && strcmp(sym, "B") == 0) {
+        n->batched = 1;
+        n->gshape[0] = 1;
+    } else if (i == 0 && sym && n->op == TP_OP_STATE && strcmp(sym, "S") == 0) {
+        n->slotted = 1;
+        n->gshape[0] = 1;
+    } else if (json_is_integer(d) && json_integer_value(d) >= 0) {
+        n->gshape[i] = json_integer_value(d);
+    } else {
+        return LFAIL(L, TP_INVALID, "%s: shape[%d] must be a non-negative integer%s", what, i,
+                     i > 0 ? "" : n->op == TP_OP_INPUT ? " or \"B\"" : n->op == TP_OP_STATE ? " or \"S\"" : "");
+    }
+    return TP_OK;
+}
+
+/* Common part of inputs[], params[] and states[] entries. */
 static tp_status parse_source(load_ctx *L, tp_graph *g, json_t *obj, tp_op op, int idx)
 {
-    const char *kind = op == TP_OP_INPUT ? "input" : "param";
+    const char *kind = source_kind(op);
     char what[256];
     snprintf(what, sizeof what, "%ss[%d]", kind, idx);
     if (!json_is_object(obj))
@@ -270,22 +295,17 @@ static tp_status parse_source(load_ctx *L, tp_graph *g, json_t *obj, tp_op op, i
         return LFAIL(L, TP_INVALID, "%s: 'shape' must be an array of at most %d dims", what, TP_MAX_DIMS);
     n->g_ndim = (int)json_array_size(shape);
     for (int i = 0; i < n->g_ndim; i++) {
-        json_t *d = json_array_get(shape, (size_t)i);
-        if (i == 0 && op == TP_OP_INPUT && json_is_string(d) && strcmp(json_string_value(d), "B") == 0) {
-            n->batched = 1;
-            n->gshape[0] = 1;
-        } else if (json_is_integer(d) && json_integer_value(d) >= 0) {
-            n->gshape[i] = json_integer_value(d);
-        } else {
-            return LFAIL(L, TP_INVALID, "%s: shape[%d] must be a non-negative integer%s", what, i,
-                         op == TP_OP_INPUT && i == 0 ? " or \"B\"" : "");
-        }
+        tp_status st = parse_dim(L, n, json_array_get(shape, (size_t)i), i, what);
+        if (st != TP_OK)
+            return st;
     }
     if (tp_shape_bounded(n->g_ndim, n->gshape) != 0)
         return LFAIL(L, TP_INVALID, "%s: 'shape' has more than 2^48 elements", what);
     tp_status st = parse_placement(L, json_object_get(obj, "placement"), what, n->g_ndim, &n->placement);
     if (st != TP_OK)
         return st;
+    if (n->slotted && n->placement.kind == TP_PLACE_SHARD && n->placement.dim == 0)
+        return LFAIL(L, TP_INVALID, "%s: shard(0) would split the slot dim \"S\" (shard another dim)", what);
     if (n->placement.kind == TP_PLACE_SHARD && !(n->batched && n->placement.dim == 0) &&
         n->gshape[n->placement.dim] % g->world_size != 0)
         return LFAIL(L, TP_INVALID, "%s: shard(%d) of dim size %lld is not divisible by world_size %d",
@@ -362,7 +382,7 @@ static tp_status parse_outputs(load_ctx *L, tp_graph *g, json_t *outs)
         json_t *o = json_array_get(outs, (size_t)i);
         const char *name = json_string_value(json_object_get(o, "name"));
         int id = name ? tp_graph_find(g, name) : -1;
-        if (id < 0 || g->nodes[id].op == TP_OP_PARAM)
+        if (id < 0 || g->nodes[id].op == TP_OP_PARAM || g->nodes[id].op == TP_OP_STATE)
             return LFAIL(L, TP_INVALID, "outputs[%d]: '%s' names no node or input", i,
                          name ? name : "(missing name)");
         for (int j = 0; j < i; j++)
@@ -404,18 +424,22 @@ static tp_status parse_header(load_ctx *L, tp_graph *g, json_t *root)
 static tp_status parse_lists(load_ctx *L, tp_graph *g, json_t *root)
 {
     json_t *inputs = json_object_get(root, "inputs"), *params = json_object_get(root, "params");
-    json_t *nodes = json_object_get(root, "nodes");
+    json_t *states = json_object_get(root, "states"), *nodes = json_object_get(root, "nodes");
     if (!json_is_array(inputs))
         return LFAIL(L, TP_INVALID, "'inputs' must be an array");
     if (params && !json_is_array(params))
         return LFAIL(L, TP_INVALID, "'params' must be an array");
+    if (states && !json_is_array(states))
+        return LFAIL(L, TP_INVALID, "'states' must be an array");
     if (!json_is_array(nodes))
         return LFAIL(L, TP_INVALID, "'nodes' must be an array");
-    size_t total = json_array_size(inputs) + json_array_size(params) + json_array_size(nodes);
+    size_t total = json_array_size(inputs) + json_array_size(params) + json_array_size(states) +
+                   json_array_size(nodes);
     g->nodes = calloc(total ? total : 1, sizeof *g->nodes);
     g->input_ids = calloc(json_array_size(inputs) + 1, sizeof(int));
     g->param_ids = calloc(json_array_size(params) + 1, sizeof(int));
-    if (!g->nodes || !g->input_ids || !g->param_ids)
+    g->state_ids = calloc(json_array_size(states) + 1, sizeof(int));
+    if (!g->nodes || !g->input_ids || !g->param_ids || !g->state_ids)
         return LFAIL(L, TP_NOMEM, "out of memory");
     tp_status st = TP_OK;
     for (size_t i = 0; st == TP_OK && i < json_array_size(inputs); i++) {
@@ -426,11 +450,148 @@ static tp_status parse_lists(load_ctx *L, tp_graph *g, json_t *root)
         g->param_ids[g->n_params++] = g->n_nodes;
         st = parse_source(L, g, json_array_get(params, i), TP_OP_PARAM, (int)i);
     }
+    for (size_t i = 0; st == TP_OK && i < json_array_size(states); i++) {
+        g->state_ids[g->n_states++] = g->n_nodes;
+        st = parse_source(L, g, json_array_get(states, i), TP_OP_STATE, (int)i);
+    }
     for (size_t i = 0; st == TP_OK && i < json_array_size(nodes); i++)
         st = parse_node(L, g, json_array_get(nodes, i), (int)i);
     if (st == TP_OK)
         st = parse_outputs(L, g, json_object_get(root, "outputs"));
     return st;
+}
+
+/* A state is written by kv_attention and read by nothing else (its k_cache
+ * or v_cache, inputs 3 and 4): any other reader would see a cache the
+ * kernels rewrite under it, and a state nobody writes is a mistake. */
+static tp_status check_state_uses(load_ctx *L, tp_graph *g)
+{
+    for (int s = 0; s < g->n_states; s++) {
+        int id = g->state_ids[s], written = 0;
+        for (int i = id + 1; i < g->n_nodes; i++) {
+            const tp_node *n = &g->nodes[i];
+            for (int k = 0; k < n->n_inputs; k++) {
+                if (n->inputs[k] != id)
+                    continue;
+                if (n->op != TP_OP_KV_ATTENTION || (k != 3 && k != 4))
+                    return LFAIL(L, TP_INVALID, "state '%s': node '%s' (%s) reads it as input %d; a state is only "
+                                 "the k_cache or v_cache of kv_attention", g->nodes[id].name, n->name,
+                                 tp_op_name(n->op), k);
+                written = 1;
+            }
+        }
+        if (!written)
+            return LFAIL(L, TP_INVALID, "state '%s': no kv_attention writes it", g->nodes[id].name);
+    }
+    return TP_OK;
+}
+
+static tp_status gen_name(load_ctx *L, json_t *gen, const char *key, char **out)
+{
+    const char *s = json_string_value(json_object_get(gen, key));
+    if (!s || !*s)
+        return LFAIL(L, TP_INVALID, "generate: '%s' must name a graph %s", key,
+                     strcmp(key, "next_token") == 0 ? "output" : "input");
+    return (*out = dupstr(s)) ? TP_OK : LFAIL(L, TP_NOMEM, "out of memory");
+}
+
+static tp_status gen_count(load_ctx *L, json_t *gen, const char *key, int64_t *out)
+{
+    json_t *v = json_object_get(gen, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 1)
+        return LFAIL(L, TP_INVALID, "generate: '%s' must be a positive integer", key);
+    *out = json_integer_value(v);
+    return TP_OK;
+}
+
+/* The optional "generate" block: names and counts only; what they name is
+ * checked once shapes are known (check_generate). */
+static tp_status parse_generate(load_ctx *L, tp_graph *g, json_t *root)
+{
+    static const char *const keys[] = {"input_ids", "positions", "slots", "next_token", "max_seq_len",
+                                       "vocab_size", NULL};
+    json_t *gen = json_object_get(root, "generate");
+    if (!gen)
+        return TP_OK;
+    if (!json_is_object(gen))
+        return LFAIL(L, TP_INVALID, "'generate' must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach(gen, key, v) {
+        int known = 0;
+        for (int k = 0; keys[k]; k++)
+            known |= strcmp(keys[k], key) == 0;
+        if (!known)
+            return LFAIL(L, TP_INVALID, "generate: unknown key '%s' (expected input_ids, positions, slots, "
+                         "next_token, max_seq_len, vocab_size)", key);
+    }
+    if (!(g->gen = calloc(1, sizeof *g->gen)))
+        return LFAIL(L, TP_NOMEM, "out of memory");
+    tp_graph_generate *G = g->gen;
+    tp_status st = gen_name(L, gen, "input_ids", &G->input_ids);
+    if (st == TP_OK)
+        st = gen_name(L, gen, "positions", &G->positions);
+    if (st == TP_OK)
+        st = gen_name(L, gen, "slots", &G->slots);
+    if (st == TP_OK)
+        st = gen_name(L, gen, "next_token", &G->next_token);
+    if (st == TP_OK)
+        st = gen_count(L, gen, "max_seq_len", &G->max_seq_len);
+    if (st == TP_OK)
+        st = gen_count(L, gen, "vocab_size", &G->vocab_size);
+    return st;
+}
+
+/* A generate input: a replicated INT64 graph input of global shape
+ * [B] (rank 1) or [B, 1] (rank 2). */
+static tp_status check_gen_input(load_ctx *L, const tp_graph *g, const char *key, const char *name, int rank)
+{
+    int id = tp_graph_find(g, name);
+    const tp_node *n = id >= 0 ? &g->nodes[id] : NULL;
+    if (!n || n->op != TP_OP_INPUT)
+        return LFAIL(L, TP_INVALID, "generate: '%s' names '%s', which is not a graph input", key, name);
+    if (n->dtype != TP_I64 || !n->batched || n->g_ndim != rank || (rank == 2 && n->gshape[1] != 1) ||
+        n->placement.kind != TP_PLACE_REPLICATE)
+        return LFAIL(L, TP_INVALID, "generate: %s input '%s' must be INT64 %s, replicated; it is %s%s%s", key,
+                     name, rank == 2 ? "[\"B\", 1]" : "[\"B\"]", tp_dtype_name(n->dtype),
+                     n->batched ? "" : " without the batch dim \"B\"",
+                     n->placement.kind == TP_PLACE_SHARD ? " and sharded" : "");
+    return TP_OK;
+}
+
+/* What the generate block names, on the inferred graph: its inputs and
+ * output, and max_seq_len = every kv_attention cache's length. */
+static tp_status check_generate(load_ctx *L, tp_graph *g)
+{
+    const tp_graph_generate *G = g->gen;
+    if (!G)
+        return TP_OK;
+    tp_status st = check_gen_input(L, g, "input_ids", G->input_ids, 2);
+    if (st == TP_OK)
+        st = check_gen_input(L, g, "positions", G->positions, 1);
+    if (st == TP_OK)
+        st = check_gen_input(L, g, "slots", G->slots, 1);
+    if (st != TP_OK)
+        return st;
+    int out = -1, id = tp_graph_find(g, G->next_token);
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->output_ids[i] == id)
+            out = i;
+    if (out < 0)
+        return LFAIL(L, TP_INVALID, "generate: 'next_token' names '%s', which is not a graph output", G->next_token);
+    const tp_node *t = &g->nodes[id];
+    if (t->dtype != TP_I64 || t->ndim != 1 || t->shape[0] != g->batch || g->output_place[out].kind != TP_PLACE_REPLICATE)
+        return LFAIL(L, TP_INVALID, "generate: next_token output '%s' must be INT64 [B], replicated; it is %s of "
+                     "%d dims%s", G->next_token, tp_dtype_name(t->dtype), t->ndim,
+                     g->output_place[out].kind == TP_PLACE_SHARD ? ", sharded" : "");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        if (n->op == TP_OP_KV_ATTENTION && g->nodes[n->inputs[3]].shape[2] != G->max_seq_len)
+            return LFAIL(L, TP_INVALID, "generate: max_seq_len %lld differs from the cache length %lld of "
+                         "kv_attention '%s'", (long long)G->max_seq_len,
+                         (long long)g->nodes[n->inputs[3]].shape[2], n->name);
+    }
+    return TP_OK;
 }
 
 /* weights is relative to the JSON file's directory. */
@@ -519,6 +680,8 @@ tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err)
     load_ctx L = {path, err};
     *out = NULL;
     tp_graph *g = calloc(1, sizeof *g);
+    if (g)
+        g->state_slots = TP_DEFAULT_STATE_SLOTS;
     if (!g || !(g->path = dupstr(path))) {
         free(g);
         return tp_fail(err, TP_NOMEM, "%s: out of memory", path);
@@ -530,18 +693,52 @@ tp_status tp_graph_load(const char *path, tp_graph **out, tp_err *err)
     if (st == TP_OK)
         st = parse_lists(&L, g, root);
     if (st == TP_OK)
+        st = check_state_uses(&L, g);
+    if (st == TP_OK)
+        st = parse_generate(&L, g, root);
+    if (st == TP_OK)
         st = resolve_weights(&L, g, root);
     json_decref(root);
     if (st == TP_OK)
         st = check_params(&L, g);
     if (st == TP_OK)
         st = check_shapes(&L, g);
+    if (st == TP_OK)
+        st = check_generate(&L, g);
     if (st != TP_OK) {
         tp_graph_free(g);
         return st;
     }
     *out = g;
     return TP_OK;
+}
+
+static void generate_free(tp_graph_generate *G)
+{
+    if (!G)
+        return;
+    free(G->input_ids);
+    free(G->positions);
+    free(G->slots);
+    free(G->next_token);
+    free(G);
+}
+
+static tp_graph_generate *generate_clone(const tp_graph_generate *G)
+{
+    tp_graph_generate *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *G;
+    c->input_ids = dupstr(G->input_ids);
+    c->positions = dupstr(G->positions);
+    c->slots = dupstr(G->slots);
+    c->next_token = dupstr(G->next_token);
+    if (!c->input_ids || !c->positions || !c->slots || !c->next_token) {
+        generate_free(c);
+        return NULL;
+    }
+    return c;
 }
 
 void tp_graph_free(tp_graph *g)
@@ -556,6 +753,8 @@ void tp_graph_free(tp_graph *g)
     free(g->nodes);
     free(g->input_ids);
     free(g->param_ids);
+    free(g->state_ids);
+    generate_free(g->gen);
     free(g->output_ids);
     free(g->output_place);
     free(g->path);
@@ -594,10 +793,12 @@ tp_status tp_graph_clone(const tp_graph *g, tp_graph **out, tp_err *err)
     c->nodes = calloc((size_t)g->n_nodes + 1, sizeof *c->nodes);
     c->input_ids = dup_ints(g->input_ids, g->n_inputs);
     c->param_ids = dup_ints(g->param_ids, g->n_params);
+    c->state_ids = dup_ints(g->state_ids, g->n_states);
+    c->gen = g->gen ? generate_clone(g->gen) : NULL;
     c->output_ids = dup_ints(g->output_ids, g->n_outputs);
     c->output_place = malloc(sizeof *c->output_place * (size_t)(g->n_outputs + 1));
     int ok = c->path && c->name && (c->weights || !g->weights) && c->nodes && c->input_ids && c->param_ids &&
-             c->output_ids && c->output_place;
+             c->state_ids && (c->gen || !g->gen) && c->output_ids && c->output_place;
     c->n_nodes = 0;
     /* n_nodes counts a node that failed half-way too: its copies are freed */
     for (int i = 0; ok && i < g->n_nodes; i++, c->n_nodes++)

@@ -211,6 +211,39 @@ static const tp_op_desc desc_CAST = {.name = "cast", .kind = TP_KIND_COMPUTE,
                                      .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_CAST,
                                      .rows = TP_ROWS_INDEPENDENT, .attrs = cast_attrs, .family = TP_FAMILY_CAST};
 
+/* ------------------------------------------------------- generation */
+
+/* A state (the graph's top-level "states"): persistent per-rank memory,
+ * allocated once with the params and written only by kv_attention. A
+ * source, never a node of a graph file. */
+static const tp_op_desc desc_STATE = SOURCE_OP("state");
+
+/* q, k, v, k_cache, v_cache (states), slot, pos: k/v rows are written into
+ * the caches at their slot and position, then q attends causally over the
+ * cache (docs/models.md, "Generation graphs"). A row reads only itself and
+ * the cache, so batches pad (slot 0 rows are inactive). */
+static const tp_attr_spec kv_attention_attrs[] = {
+    {"scale", TP_ATTR_FLOAT, FIELD(scale), 0, 0, NO, FIELD(has_scale), NULL}, END};
+static const tp_op_desc desc_KV_ATTENTION = {.name = "kv_attention", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                             .min_inputs = 7, .max_inputs = 7, .comm_input = -1,
+                                             .shape = TP_SHAPE_KV_ATTENTION, .rows = TP_ROWS_KV_ATTENTION,
+                                             .attrs = kv_attention_attrs, .family = TP_FAMILY_KV_ATTENTION};
+
+/* Greedy selection as packed INT64 keys (kernels/common/tp_generate.h), so
+ * an all_reduce max over ranks picks the largest value, lowest id. */
+static const tp_attr_spec argmax_attrs[] = {
+    OPT("vocab_parallel", TP_ATTR_BOOL, vocab_parallel, 0),
+    {"limit", TP_ATTR_INT, FIELD(limit), 0, 0, NO, FIELD(has_limit), NULL}, END};
+static const tp_op_desc desc_ARGMAX = {.name = "argmax", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                       .min_inputs = 1, .max_inputs = 1, .comm_input = -1,
+                                       .shape = TP_SHAPE_ARGMAX, .rows = TP_ROWS_LAST_DIM, .attrs = argmax_attrs,
+                                       .family = TP_FAMILY_ARGMAX};
+static const tp_op_desc desc_ARGMAX_INDEX = {.name = "argmax_index", .kind = TP_KIND_COMPUTE,
+                                             .flags = TP_OPF_GRAPH | TP_OPF_ELEMENTWISE, .min_inputs = 1,
+                                             .max_inputs = 1, .comm_input = -1, .shape = TP_SHAPE_ARGMAX_INDEX,
+                                             .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs,
+                                             .family = TP_FAMILY_ARGMAX};
+
 /* An op in TP_OP_LIST without its desc_NAME above fails right here. */
 static const tp_op_desc *const op_table[] = {
 #define TP_OP_ROW(e) [TP_OP_##e] = &desc_##e,

@@ -61,7 +61,11 @@
     X(WHERE) \
     X(GATHER) \
     X(EXPAND) \
-    X(CAST)
+    X(CAST) \
+    X(STATE) \
+    X(KV_ATTENTION) \
+    X(ARGMAX) \
+    X(ARGMAX_INDEX)
 
 typedef enum {
 #define TP_OP_ENUM(e) TP_OP_##e,
@@ -108,6 +112,9 @@ typedef enum {
     TP_SHAPE_GATHER_IDS,    /* x[..., ids, ...]: dim of x replaced by the ids' dims */
     TP_SHAPE_EXPAND,        /* NumPy broadcast of the input and attr shape */
     TP_SHAPE_CAST,          /* same shape, dtype attr to */
+    TP_SHAPE_KV_ATTENTION,  /* q's shape; k/v/caches/slot/pos checked against it */
+    TP_SHAPE_ARGMAX,        /* last dim dropped, INT64 packed keys */
+    TP_SHAPE_ARGMAX_INDEX,  /* same shape, INT64 keys -> INT64 ids */
 } tp_shape_rule;
 
 /* Which backend kernel runs an op; one family per line, X(ENUM, name).
@@ -132,7 +139,9 @@ typedef enum {
     X(WHERE, where) \
     X(GATHER, gather) \
     X(EXPAND, expand) \
-    X(CAST, cast)
+    X(CAST, cast) \
+    X(KV_ATTENTION, kv_attention) \
+    X(ARGMAX, argmax)
 
 /* A backend's table family -> kernel, built from the list:
  * `static const K table[TP_FAMILY_COUNT] = {TP_FAMILY_KERNELS};` with a
@@ -167,6 +176,7 @@ typedef enum {
     TP_ROWS_DIM_ATTR,       /* splits/concatenates along attr dim of the output */
     TP_ROWS_ALL_TO_ALL,
     TP_ROWS_FUSED,
+    TP_ROWS_KV_ATTENTION,   /* rows apart unless q/k/v/slot/pos are batched off dim 0 */
 } tp_rows_rule;
 
 /* Attribute value types; every attr is validated against its type. */
@@ -228,7 +238,9 @@ typedef struct tp_attrs {
     int has_scale;
     int causal;           /* attention */
     int transpose_b;      /* matmul */
-    int vocab_parallel;   /* embedding */
+    int vocab_parallel;   /* embedding, argmax */
+    int64_t limit;        /* argmax: global indices >= limit are ignored (has_limit=0: none) */
+    int has_limit;
     int gelu_tanh;        /* gelu approximate="tanh" */
     tp_reduce reduce;     /* reduce_scatter, all_reduce */
     int split_dim, concat_dim; /* all_to_all */

@@ -90,6 +90,32 @@ static json_t *memory_json(const tp_plan *p)
                      (json_int_t)p->arena_bytes[TP_MEM_INPUT], "output", (json_int_t)p->arena_bytes[TP_MEM_OUTPUT]);
 }
 
+/* Bytes per rank of every state (resident beside the weights, outside the
+ * arenas). */
+static int64_t states_bytes(const tp_graph *g)
+{
+    int64_t t = 0;
+    for (int s = 0; s < g->n_states; s++)
+        t += tp_node_bytes(&g->nodes[g->state_ids[s]]);
+    return t;
+}
+
+/* Only for a graph with states: other graphs' reports stay as they were. */
+static json_t *states_json(const tp_graph *g)
+{
+    json_t *list = json_array();
+    for (int s = 0; s < g->n_states; s++) {
+        const tp_node *n = &g->nodes[g->state_ids[s]];
+        char pl[32];
+        json_array_append_new(list, json_pack("{s:s, s:s, s:o, s:s, s:I}", "name", n->name, "dtype",
+                                              tp_dtype_name(n->dtype), "shape", int_array(n->ndim, n->shape),
+                                              "placement", tp_placement_str(n->placement, pl, sizeof pl), "bytes",
+                                              (json_int_t)tp_node_bytes(n)));
+    }
+    return json_pack("{s:I, s:I, s:o}", "slots", (json_int_t)g->state_slots, "bytes", (json_int_t)states_bytes(g),
+                     "tensors", list);
+}
+
 static int64_t arenas_total(const int64_t *a)
 {
     int64_t t = 0;
@@ -176,6 +202,8 @@ static json_t *report_json(const tp_graph *g, const tp_plan *p, const tp_report_
                      input_copies_json(g, o->dma), "memory", memory_json(p));
     if (root && o->n_buckets)
         json_object_set_new(root, "arenas", arenas_json(o));
+    if (root && g->n_states > 0)
+        json_object_set_new(root, "states", states_json(g));
     return root;
 }
 
@@ -193,6 +221,8 @@ static void print_nodes(const tp_graph *g, const tp_plan *p, FILE *out)
             snprintf(mem, sizeof mem, "%s@%lld", tp_mem_kind_name(b->kind), (long long)b->offset);
         else if (n->op == TP_OP_PARAM)
             snprintf(mem, sizeof mem, "param");
+        else if (n->op == TP_OP_STATE)
+            snprintf(mem, sizeof mem, "state");
         else
             snprintf(mem, sizeof mem, "view:%s%s", g->nodes[n->storage].name, tp_node_contiguous(n) ? "" : "*");
         fprintf(out, "%-28s %-27s %-6s %-18s %-18s %-10s %s%s\n", n->name, tp_op_name(n->op), tp_dtype_name(n->dtype),
@@ -233,6 +263,9 @@ static void print_text(const tp_graph *g, const tp_plan *p, const tp_report_opts
             (long long)p->arena_bytes[TP_MEM_REGULAR], p->n_buffers[TP_MEM_REGULAR], (long long)p->arena_bytes[TP_MEM_SYMMETRIC],
             p->n_buffers[TP_MEM_SYMMETRIC], (long long)p->arena_bytes[TP_MEM_INPUT], (long long)p->arena_bytes[TP_MEM_OUTPUT],
             (long long)p->peak_bytes, (long long)p->naive_bytes, p->symmetric_offsets_equal ? "yes" : "NO");
+    if (g->n_states > 0)
+        fprintf(out, "states per rank: %lld B in %d tensors (%lld slots), resident beside the weights\n",
+                (long long)states_bytes(g), g->n_states, (long long)g->state_slots);
     if (o->n_buckets)
         print_arenas(o, out);
 }

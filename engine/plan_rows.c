@@ -53,6 +53,12 @@ static int op_mixes_rows(const tp_graph *g, int i, const int *bd)
         return b >= 0 && a->dim == b;
     case TP_ROWS_DIM_ATTR: return b >= 0 && a->dim == b;
     case TP_ROWS_ALL_TO_ALL: return in0 >= 0 && (a->split_dim == in0 || a->concat_dim == b);
+    case TP_ROWS_KV_ATTENTION:
+        /* q, k, v, slot, pos by row (dim 0); the caches are states */
+        for (int k = 0; k < n->n_inputs; k++)
+            if (bd[n->inputs[k]] > 0 || ((k == 3 || k == 4) && bd[n->inputs[k]] != -1))
+                return 1;
+        return 0;
     case TP_ROWS_UNSET: return 1; /* unknown: run exact batches, always correct */
     }
     return 1;

@@ -4,9 +4,12 @@
  * every request batched with it, with an error naming a position in the
  * concatenated batch, that is, another client's data.
  *
- * Today one check: every graph input that reaches an embedding's ids
+ * The checks: every graph input that reaches an embedding's ids
  * (directly, or through views and copies that keep every element) holds
- * ids in [0, rows of the table parameter). */
+ * ids in [0, rows of the table parameter); one that reaches kv_attention's
+ * slot holds 0 .. S (the cache's slots) and its pos 0 .. L - T (the cache
+ * length less the row's tokens); a generation graph's input_ids are below
+ * its generate.vocab_size. */
 #ifndef TP_REQUEST_CHECKS_H
 #define TP_REQUEST_CHECKS_H
 

@@ -98,11 +98,13 @@ tp_status tp_source_local_shape(const tp_graph *g, const tp_node *n, int64_t bat
     memcpy(shape, n->gshape, sizeof(int64_t) * (size_t)n->g_ndim);
     if (n->batched)
         shape[0] = batch;
+    if (n->slotted)
+        shape[0] = g->state_slots;
     if (n->placement.kind == TP_PLACE_SHARD) {
         int k = n->placement.dim;
         if (shape[k] % g->world_size != 0)
             return tp_fail(err, TP_INVALID, "%s '%s': shard(%d) of dim size %lld is not divisible by world_size %d",
-                           n->op == TP_OP_INPUT ? "input" : "param", n->name, k, (long long)shape[k],
+                           n->op == TP_OP_INPUT ? "input" : n->op == TP_OP_PARAM ? "param" : "state", n->name, k, (long long)shape[k],
                            g->world_size);
         shape[k] /= g->world_size;
     }
@@ -323,6 +325,76 @@ static tp_status infer_attention(tp_graph *g, tp_node *n, tp_err *err)
     n->ndim = 4;
     memcpy(n->shape, q->shape, sizeof n->shape);
     n->dtype = q->dtype;
+    return TP_OK;
+}
+
+/* kv_attention(q [B,H,T,D], k, v [B,Hkv,T,D], k_cache, v_cache [S,Hkv,L,D]
+ * (states), slot, pos [B] INT32/INT64): local shapes, so H and Hkv are
+ * per rank and GQA's H % Hkv holds on each. */
+static tp_status infer_kv_attention(tp_graph *g, tp_node *n, tp_err *err)
+{
+    const tp_node *q = &g->nodes[n->inputs[0]], *k = &g->nodes[n->inputs[1]], *v = &g->nodes[n->inputs[2]];
+    const tp_node *kc = &g->nodes[n->inputs[3]], *vc = &g->nodes[n->inputs[4]];
+    char sa[128], sb[128];
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return node_fail(err, n, "q, k, v must be 4-d [B, H, T, D]; q is %s, k is %s", SHAPE(sa, q), SHAPE(sb, k));
+    if (memcmp(k->shape, v->shape, 4 * sizeof(int64_t)) != 0)
+        return node_fail(err, n, "v %s does not match k %s", SHAPE(sa, v), SHAPE(sb, k));
+    if (k->shape[0] != q->shape[0] || k->shape[2] != q->shape[2] || k->shape[3] != q->shape[3] ||
+        k->shape[1] < 1 || q->shape[1] % k->shape[1] != 0)
+        return node_fail(err, n, "k %s does not fit q %s (same B, T, D; q's heads a multiple of k's)", SHAPE(sb, k),
+                         SHAPE(sa, q));
+    for (int c = 3; c <= 4; c++) {
+        const tp_node *cache = &g->nodes[n->inputs[c]];
+        if (cache->op != TP_OP_STATE)
+            return node_fail(err, n, "%s '%s' must be a state", c == 3 ? "k_cache" : "v_cache", cache->name);
+    }
+    if (kc->ndim != 4 || memcmp(kc->shape, vc->shape, 4 * sizeof(int64_t)) != 0 || kc->shape[1] != k->shape[1] ||
+        kc->shape[3] != k->shape[3])
+        return node_fail(err, n, "caches must be [S, Hkv, L, D] with k's Hkv and D; k_cache is %s, v_cache %s",
+                         SHAPE(sa, kc), SHAPE(sb, vc));
+    if (q->dtype != k->dtype || q->dtype != v->dtype || q->dtype != kc->dtype || q->dtype != vc->dtype ||
+        !tp_dtype_is_float(q->dtype))
+        return node_fail(err, n, "q, k, v and the caches need one floating-point dtype%s%s", "", "");
+    for (int c = 5; c <= 6; c++) {
+        const tp_node *x = &g->nodes[n->inputs[c]];
+        if ((x->dtype != TP_I32 && x->dtype != TP_I64) || x->ndim != 1 || x->shape[0] != q->shape[0]) {
+            char want[64];
+            snprintf(want, sizeof want, "INT32/INT64 [%lld]", (long long)q->shape[0]);
+            return node_fail(err, n, c == 5 ? "slot must be %s, got %s" : "pos must be %s, got %s", want,
+                             SHAPE(sa, x));
+        }
+    }
+    n->ndim = 4;
+    memcpy(n->shape, q->shape, sizeof n->shape);
+    n->dtype = q->dtype;
+    return TP_OK;
+}
+
+/* argmax: x [..., N] floating point -> INT64 keys [...]; argmax_index:
+ * INT64 keys -> INT64 ids of the same shape. */
+static tp_status infer_argmax(tp_graph *g, tp_node *n, tp_err *err)
+{
+    const tp_node *x = &g->nodes[n->inputs[0]];
+    char sa[128];
+    if (n->op == TP_OP_ARGMAX_INDEX) {
+        if (x->dtype != TP_I64)
+            return node_fail(err, n, "needs the INT64 keys of argmax, got %s%s", tp_dtype_name(x->dtype), "");
+        n->ndim = x->ndim;
+        memcpy(n->shape, x->shape, sizeof n->shape);
+        n->dtype = TP_I64;
+        return TP_OK;
+    }
+    if (!tp_dtype_is_float(x->dtype) || x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+        return node_fail(err, n, "needs a floating-point input with a non-empty last dim, got %s %s",
+                         tp_dtype_name(x->dtype), SHAPE(sa, x));
+    if (x->shape[x->ndim - 1] > UINT32_MAX)
+        return node_fail(err, n, "last dim %s is too long for a 32-bit index%s", SHAPE(sa, x), "");
+    if (n->attrs.has_limit && n->attrs.limit < 1)
+        return node_fail(err, n, "limit must be positive%s%s", "", "");
+    n->ndim = x->ndim - 1;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = TP_I64;
     return TP_OK;
 }
 
@@ -752,6 +824,13 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         break;
     case TP_SHAPE_CAST:
         st = infer_cast(g, n);
+        break;
+    case TP_SHAPE_KV_ATTENTION:
+        st = infer_kv_attention(g, n, err);
+        break;
+    case TP_SHAPE_ARGMAX:
+    case TP_SHAPE_ARGMAX_INDEX:
+        st = infer_argmax(g, n, err);
         break;
     case TP_SHAPE_UNSET:
         return tp_fail(err, TP_INTERNAL, "node '%s': op '%s' has no shape rule in its descriptor", n->name,

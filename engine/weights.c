@@ -1,14 +1,16 @@
 #include "weights.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "safetensors.h"
 
 struct tp_weights {
     tp_backend *b;
-    int world, n;
-    void **data; /* [rank * n + p] */
-    size_t bytes;
+    int world, n, n_states;
+    void **data;   /* [rank * n + p] */
+    void **states; /* [rank * n_states + s] */
+    size_t bytes, state_bytes;
     /* load-time only */
     const tp_graph *g;
     st_file *f;
@@ -41,9 +43,43 @@ static tp_status load_param(tp_weights *w, int rank, int p, tp_err *err)
     return st;
 }
 
+/* A state starts as zeros (every float type's 0.0): a slot's cache holds
+ * nothing a sequence has not written, and no uninitialised byte is ever
+ * read (a new sequence reads only positions it wrote). */
+static tp_status alloc_state(tp_weights *w, int rank, int s, tp_err *err)
+{
+    const tp_node *n = &w->g->nodes[w->g->state_ids[s]];
+    size_t bytes = (size_t)tp_node_bytes(n);
+    void **slot = &w->states[rank * w->n_states + s];
+    tp_status st = w->b->iface->alloc(w->b, rank, bytes, slot, err);
+    if (st != TP_OK || bytes == 0)
+        return st;
+    if (w->b->iface->host_addressable) {
+        memset(*slot, 0, bytes);
+        return TP_OK;
+    }
+    void *zeros = calloc(1, bytes);
+    if (!zeros)
+        return tp_fail(err, TP_NOMEM, "cannot allocate %zu bytes of zeros", bytes);
+    tp_tensor src = tp_tensor_make(zeros, n->dtype, n->ndim, n->shape);
+    tp_tensor dst = tp_tensor_make(*slot, n->dtype, n->ndim, n->shape);
+    st = w->b->iface->copy_in(w->b, rank, &dst, &src, err);
+    if (st == TP_OK)
+        st = w->b->iface->synchronize(w->b, rank, err);
+    free(zeros);
+    return st;
+}
+
 static tp_status load_rank(void *ctx, int rank, tp_err *err)
 {
     tp_weights *w = ctx;
+    for (int s = 0; s < w->n_states; s++) {
+        tp_status st = alloc_state(w, rank, s, err);
+        if (st != TP_OK) {
+            tp_err_prefix(err, "state '%s': ", w->g->nodes[w->g->state_ids[s]].name);
+            return st;
+        }
+    }
     for (int p = 0; p < w->n; p++) {
         tp_status st = load_param(w, rank, p, err);
         if (st != TP_OK) {
@@ -63,16 +99,22 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
     w->b = b;
     w->world = g->world_size;
     w->n = g->n_params;
+    w->n_states = g->n_states;
     w->g = g;
     w->data = calloc((size_t)(w->world * w->n) + 1, sizeof *w->data);
-    if (!w->data) {
-        free(w);
+    w->states = calloc((size_t)(w->world * w->n_states) + 1, sizeof *w->states);
+    if (!w->data || !w->states) {
+        tp_weights_free(w);
         return tp_fail(err, TP_NOMEM, "weights: out of memory");
     }
     for (int p = 0; p < w->n; p++)
         w->bytes += (size_t)tp_node_bytes(&g->nodes[g->param_ids[p]]);
+    for (int s = 0; s < w->n_states; s++)
+        w->state_bytes += (size_t)tp_node_bytes(&g->nodes[g->state_ids[s]]);
     tp_status st = TP_OK;
-    if (w->n > 0 && (st = st_open(g->weights, &w->f, err)) == TP_OK)
+    if (w->n > 0)
+        st = st_open(g->weights, &w->f, err);
+    if (st == TP_OK && w->n + w->n_states > 0)
         st = tp_rank_group_run(rg, load_rank, w, NULL, err);
     if (w->f)
         st_close(w->f);
@@ -90,12 +132,18 @@ void tp_weights_free(tp_weights *w)
 {
     if (!w)
         return;
-    for (int i = 0; i < w->world * w->n; i++)
+    for (int i = 0; w->data && i < w->world * w->n; i++)
         if (w->data[i])
             w->b->iface->free(w->b, i / w->n, w->data[i]);
+    for (int i = 0; w->states && i < w->world * w->n_states; i++)
+        if (w->states[i])
+            w->b->iface->free(w->b, i / w->n_states, w->states[i]);
     free(w->data);
+    free(w->states);
     free(w);
 }
 
 void *tp_weights_get(const tp_weights *w, int rank, int p) { return w->data[rank * w->n + p]; }
 size_t tp_weights_bytes(const tp_weights *w) { return w->bytes; }
+void *tp_weights_state(const tp_weights *w, int rank, int s) { return w->states[rank * w->n_states + s]; }
+size_t tp_weights_state_bytes(const tp_weights *w) { return w->state_bytes; }

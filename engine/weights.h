@@ -1,5 +1,8 @@
-/* weights.h — each rank's shard of every param, loaded once from the
- * unsharded safetensors file (only the bytes of that rank's shard are read). */
+/* weights.h — each rank's resident memory: its shard of every param, loaded
+ * once from the unsharded safetensors file (only the bytes of that rank's
+ * shard are read), and of every state (generation caches), zero-filled.
+ * Both are allocated once, outside the arenas, so captures keep their
+ * addresses for the engine's life. */
 #ifndef TP_WEIGHTS_H
 #define TP_WEIGHTS_H
 
@@ -16,5 +19,8 @@ void tp_weights_free(tp_weights *w);
 /* Rank memory holding param number p (index into g->param_ids). */
 void *tp_weights_get(const tp_weights *w, int rank, int p);
 size_t tp_weights_bytes(const tp_weights *w); /* per rank */
+/* Rank memory holding state number s (index into g->state_ids). */
+void *tp_weights_state(const tp_weights *w, int rank, int s);
+size_t tp_weights_state_bytes(const tp_weights *w); /* per rank */
 
 #endif

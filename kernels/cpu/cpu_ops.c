@@ -130,6 +130,19 @@ static tp_status k_cast(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n
     return cpu_cast(&ins[0], out, err);
 }
 
+static tp_status k_kv_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                                int rank, int world, tp_err *err)
+{
+    UNUSED_CALL;
+    return cpu_kv_attention(a, ins, out, err);
+}
+static tp_status k_argmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                          int world, tp_err *err)
+{
+    (void)n_ins;
+    return cpu_argmax_family(op, a, &ins[0], out, rank, world, err);
+}
+
 /* The cpu backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name
  * above. An op whose family has no kernel here (NONE, UNSET) is refused at
  * load ("backend 'cpu' has no kernel for op ..."). */

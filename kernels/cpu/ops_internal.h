@@ -139,5 +139,10 @@ tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_ten
 tp_status cpu_gather(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *ids, tp_tensor *out,
                      tp_err *err);
 tp_status cpu_expand(const tp_tensor *x, tp_tensor *out, tp_err *err);
+/* ins: q, k, v, k_cache, v_cache, slot, pos (ops_generate.c) */
+tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, tp_err *err);
+/* argmax (x: floats -> INT64 keys) and argmax_index (keys -> ids), by op */
+tp_status cpu_argmax_family(tp_op op, const tp_attrs *a, const tp_tensor *x, tp_tensor *out, int rank, int world,
+                            tp_err *err);
 
 #endif

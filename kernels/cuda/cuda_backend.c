@@ -1054,6 +1054,9 @@ static tp_status check_device_errors(cu_ctx *x, tp_err *err)
         return tp_fail(err, TP_INVALID, "cuda rank %d: %s: id %lld (position %lld) is out of range", x->rank,
                        e.code == TP_CUDA_ERR_EMBED_ID ? "embedding" : "gather", e.b, e.c);
     }
+    if (e.code == TP_CUDA_ERR_KV_ROW) /* as benign: the row wrote nothing */
+        return tp_fail(err, TP_INVALID, "cuda rank %d: kv_attention: row %d has slot %lld / position %lld outside "
+                       "the caches", x->rank, e.a, e.b, e.c);
     char msg[512];
     if (e.code == TP_CUDA_ERR_ABORTED)
         snprintf(msg, sizeof msg,

@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_internal.h"
 #include "common/tp_checks.h"
+#include "common/tp_generate.h"
 
 tp_status cu_copy_tensor(cu_ctx *x, tp_tensor *dst, const tp_tensor *src, cudaStream_t s, tp_err *err)
 {
@@ -245,6 +246,66 @@ static tp_status embedding(cu_ctx *x, const tp_attrs *at, const tp_tensor *ids, 
     return TP_OK;
 }
 
+/* ----------------------------------------------------------- generation */
+
+/* The shapes were checked at load (shapes.c); what the launcher needs
+ * besides is checked here: contiguous caches (states) and output. Slots
+ * and positions are only known on the device (TP_CUDA_ERR_KV_ROW). */
+static tp_status kv_attention(cu_ctx *x, const tp_attrs *at, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    const tp_tensor *q = &ins[0], *k = &ins[1], *v = &ins[2], *kc = &ins[3], *vc = &ins[4];
+    if (!tp_tensor_is_contiguous(kc) || !tp_tensor_is_contiguous(vc) || q->ndim != 4 || kc->ndim != 4)
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: kv_attention needs 4-d q and contiguous caches", x->rank);
+    if (q->shape[3] > TP_CUDA_ATTN_MAX_DV)
+        return tp_fail(err, TP_INVALID, "kv_attention: head dim %lld exceeds the cuda kernel's %d",
+                       (long long)q->shape[3], TP_CUDA_ATTN_MAX_DV);
+    tp_cuda_kv_args a = {
+        .q = q->data, .k = k->data, .v = v->data, .k_cache = kc->data, .v_cache = vc->data,
+        .slot = ins[5].data, .pos = ins[6].data, .slot_dtype = ins[5].dtype, .pos_dtype = ins[6].dtype,
+        .ss = ins[5].stride[0], .ps = ins[6].stride[0], .out = out->data,
+        .B = q->shape[0], .H = q->shape[1], .Hkv = k->shape[1], .T = q->shape[2], .D = q->shape[3],
+        .S = kc->shape[0], .L = kc->shape[2],
+        .scale = at && at->has_scale ? at->scale : 1.0f / sqrtf((float)q->shape[3]),
+        .dtype = out->dtype, .err = x->errw,
+    };
+    memcpy(a.qs, q->stride, sizeof a.qs);
+    memcpy(a.ks, k->stride, sizeof a.ks);
+    memcpy(a.vs, v->stride, sizeof a.vs);
+    KERNEL_TRY(x, err, tp_cuda_kv_attention(&a, x->compute));
+    return TP_OK;
+}
+
+/* argmax over the last dim into packed keys (vocab_parallel: this rank's
+ * columns start at rank * n), or argmax_index (keys -> ids). */
+static tp_status argmax(cu_ctx *x, tp_op op, const tp_attrs *at, const tp_tensor *in, tp_tensor *out, tp_err *err)
+{
+    int ok = out->dtype == TP_I64 && (op == TP_OP_ARGMAX ? tp_dtype_is_float(in->dtype) && in->ndim >= 1 &&
+                                                               out->ndim == in->ndim - 1
+                                                         : in->dtype == TP_I64 && out->ndim == in->ndim);
+    if (!ok)
+        return tp_fail(err, TP_INVALID, "%s: %s input of %d dims cannot give INT64 output of %d dims",
+                       tp_op_name(op), tp_dtype_name(in->dtype), in->ndim, out->ndim);
+    if (op == TP_OP_ARGMAX_INDEX) {
+        const int64_t *st[2] = {in->stride, out->stride};
+        tp_layout l;
+        tp_layout_init(&l, in->ndim, in->shape, 2, st);
+        KERNEL_TRY(x, err, tp_cuda_argmax_index(in->data, out->data, &l, x->compute));
+        return TP_OK;
+    }
+    int64_t n = in->shape[in->ndim - 1];
+    int vp = at && at->vocab_parallel;
+    int64_t lo = vp ? (int64_t)x->rank * n : 0, total = vp ? (int64_t)x->world * n : n;
+    if (total - 1 > (int64_t)TP_GEN_MAX_INDEX)
+        return tp_fail(err, TP_INVALID, "argmax: %lld columns do not fit 32-bit indices", (long long)total);
+    const int64_t *st[1] = {in->stride};
+    tp_cuda_argmax_args a = {.x = in->data, .xs = in->stride[in->ndim - 1], .n = n, .lo = lo,
+                             .limit = at && at->has_limit && at->limit < total ? at->limit : total,
+                             .dtype = in->dtype, .out = out->data};
+    tp_layout_init(&a.rows_l, in->ndim - 1, in->shape, 1, st);
+    KERNEL_TRY(x, err, tp_cuda_argmax(&a, x->compute));
+    return TP_OK;
+}
+
 /* ------------------------------------------ reduce, gather, where, expand, cast */
 
 static tp_status reduce(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *in, tp_tensor *out, tp_err *err)
@@ -416,6 +477,19 @@ static tp_status k_cast(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor 
 {
     (void)op, (void)a, (void)n_ins;
     return cast(x, &ins[0], out, err);
+}
+
+static tp_status k_kv_attention(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,
+                                tp_tensor *out, tp_err *err)
+{
+    (void)op, (void)n_ins;
+    return kv_attention(x, a, ins, out, err);
+}
+static tp_status k_argmax(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                          tp_err *err)
+{
+    (void)n_ins;
+    return argmax(x, op, a, &ins[0], out, err);
 }
 
 /* The cuda backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name

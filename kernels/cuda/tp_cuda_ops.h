@@ -31,7 +31,8 @@ enum {
     TP_CUDA_ERR_EMBED_ID = 1,      /* a = 0, b = the id, c = its position */
     TP_CUDA_ERR_BARRIER_TIMEOUT = 2, /* a = the peer waited for, b = slot, c = epoch */
     TP_CUDA_ERR_GATHER_ID = 3,       /* a = 0, b = the id, c = its position in ids */
-    TP_CUDA_ERR_ABORTED = 4          /* a barrier stopped on the abort word: a = peer, b = slot, c = epoch */
+    TP_CUDA_ERR_ABORTED = 4,         /* a barrier stopped on the abort word: a = peer, b = slot, c = epoch */
+    TP_CUDA_ERR_KV_ROW = 5           /* kv_attention row a: slot b or position c out of range */
 };
 
 typedef struct {
@@ -127,6 +128,43 @@ typedef struct {
  * which keys a query sees is tp_attn_mask.h's rule, and a query that sees
  * no key gets zeros. Dv <= TP_CUDA_ATTN_MAX_DV. */
 int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream);
+
+/* ---- generation (kernels/cuda/generate.cu; the math: common/tp_generate.h) ---- */
+
+typedef struct {
+    const void *q, *k, *v;      /* [B, H, T, D], [B, Hkv, T, D] x2, any strides */
+    int64_t qs[4], ks[4], vs[4];
+    void *k_cache, *v_cache;    /* contiguous [S, Hkv, L, D] states */
+    const void *slot, *pos;     /* [B] INT32/INT64 */
+    tp_dtype slot_dtype, pos_dtype;
+    int64_t ss, ps;             /* slot, pos strides */
+    void *out;                  /* contiguous [B, H, T, D] */
+    int64_t B, H, Hkv, T, D, S, L;
+    float scale;
+    tp_dtype dtype;             /* of q, k, v, caches, out: FP32, FP16 or BF16 */
+    tp_cuda_error *err;
+} tp_cuda_kv_args;
+/* Two launches on one stream, so every row's writes precede every row's
+ * reads: k/v rows into the caches at (slot - 1, pos + t), then one warp per
+ * query row attends over keys 0 .. pos + t of kv head h / (H / Hkv), online
+ * softmax in f32. Slot 0 rows write nothing and give zeros; a row whose
+ * slot or position is out of range does the same and reports
+ * TP_CUDA_ERR_KV_ROW. D <= TP_CUDA_ATTN_MAX_DV. */
+int tp_cuda_kv_attention(const tp_cuda_kv_args *a, void *stream);
+
+typedef struct {
+    const void *x;              /* [rows, n] floats: row r at r's layout offset, columns at stride xs */
+    tp_layout rows_l;           /* operand 0: x's leading dims (row-major order of the rows) */
+    int64_t xs, n;
+    int64_t lo, limit;          /* global index of column 0; columns at or past limit are ignored */
+    tp_dtype dtype;
+    int64_t *out;               /* contiguous [rows] packed keys */
+} tp_cuda_argmax_args;
+/* One block per row: the largest tp_gen_key over the row. */
+int tp_cuda_argmax(const tp_cuda_argmax_args *a, void *stream);
+/* ids = tp_gen_key_index(keys): l over out's shape, operand 0 the keys,
+ * operand 1 out (contiguous). */
+int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, void *stream);
 
 /* reduce_mean (mean = 1) / reduce_sum of x over p's dim into contiguous
  * out of n_out elements; float dtypes, FP32 sums in index order. */

@@ -93,6 +93,24 @@ int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream)
     return launch("attention", stream);
 }
 
+int tp_cuda_kv_attention(const tp_cuda_kv_args *a, void *stream)
+{
+    (void)a;
+    return launch("kv_attention", stream);
+}
+
+int tp_cuda_argmax(const tp_cuda_argmax_args *a, void *stream)
+{
+    (void)a;
+    return launch("argmax", stream);
+}
+
+int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, void *stream)
+{
+    (void)keys, (void)out, (void)l;
+    return launch("argmax_index", stream);
+}
+
 int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d, int es,
                        int to_packed, void *stream)
 {
