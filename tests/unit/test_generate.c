@@ -250,6 +250,56 @@ START_TEST(kv_attention_refuses_bad_rows)
 }
 END_TEST
 
+/* Rows of T tokens: one row of T = 2 at position p is the same as two
+ * rows of one token at p and p + 1 of the same slot in one step (both
+ * write before they read), bit for bit: each query runs the same FP32
+ * operations in the same order. */
+static void kv_rows(int64_t B, int64_t T, const float *q, const float *k, const float *v, float *kc, float *vc,
+                    int64_t *slot, int64_t *pos, float *out)
+{
+    int64_t qs[4] = {B, H_, T, D_}, ks[4] = {B, HKV_, T, D_}, cs[4] = {S_, HKV_, L_, D_}, bs[1] = {B};
+    tp_tensor ins[7] = {tp_tensor_make((void *)q, TP_F32, 4, qs), tp_tensor_make((void *)k, TP_F32, 4, ks),
+                        tp_tensor_make((void *)v, TP_F32, 4, ks), tp_tensor_make(kc, TP_F32, 4, cs),
+                        tp_tensor_make(vc, TP_F32, 4, cs),        tp_tensor_make(slot, TP_I64, 1, bs),
+                        tp_tensor_make(pos, TP_I64, 1, bs)};
+    tp_tensor o = tp_tensor_make(out, TP_F32, 4, qs);
+    tp_attrs a = {.has_scale = 1, .scale = 0.7f};
+    tp_err err = {{0}};
+    ck_assert_msg(cpu_op_run(TP_OP_KV_ATTENTION, &a, ins, 7, &o, 0, 1, &err) == TP_OK, "%s", err.msg);
+}
+
+START_TEST(kv_attention_rows_of_t_tokens)
+{
+    enum { T2 = 2, NC = S_ * HKV_ * L_ * D_ };
+    float q[H_ * T2 * D_], k[HKV_ * T2 * D_], v[HKV_ * T2 * D_], q0[H_ * D_], k0[HKV_ * D_], v0[HKV_ * D_];
+    tu_fill(q, H_ * T2 * D_, 1), tu_fill(k, HKV_ * T2 * D_, 2), tu_fill(v, HKV_ * T2 * D_, 3);
+    tu_fill(q0, H_ * D_, 4), tu_fill(k0, HKV_ * D_, 5), tu_fill(v0, HKV_ * D_, 6);
+    static float kc[2][NC], vc[2][NC];
+    float out0[H_ * D_], wide[H_ * T2 * D_], split[2 * H_ * D_];
+    int64_t s1[1] = {2}, p0[1] = {0};
+    for (int c = 0; c < 2; c++) /* position 0 of slot 2 first, the same in both */
+        kv_rows(1, 1, q0, k0, v0, kc[c], vc[c], s1, p0, out0);
+    int64_t s_w[1] = {2}, p_w[1] = {1};
+    kv_rows(1, T2, q, k, v, kc[0], vc[0], s_w, p_w, wide);
+    /* the same tokens as two rows: row t = token t, [B=2, H, 1, D] */
+    float qs[2 * H_ * D_], ks[2 * HKV_ * D_], vs[2 * HKV_ * D_];
+    for (int t = 0; t < T2; t++) {
+        for (int h = 0; h < H_; h++)
+            memcpy(&qs[(t * H_ + h) * D_], &q[(h * T2 + t) * D_], sizeof(float) * D_);
+        for (int h = 0; h < HKV_; h++) {
+            memcpy(&ks[(t * HKV_ + h) * D_], &k[(h * T2 + t) * D_], sizeof(float) * D_);
+            memcpy(&vs[(t * HKV_ + h) * D_], &v[(h * T2 + t) * D_], sizeof(float) * D_);
+        }
+    }
+    int64_t s_s[2] = {2, 2}, p_s[2] = {1, 2};
+    kv_rows(2, 1, qs, ks, vs, kc[1], vc[1], s_s, p_s, split);
+    ck_assert(memcmp(kc[0], kc[1], sizeof kc[0]) == 0 && memcmp(vc[0], vc[1], sizeof vc[0]) == 0);
+    for (int t = 0; t < T2; t++)
+        for (int h = 0; h < H_; h++)
+            ck_assert(memcmp(&wide[(h * T2 + t) * D_], &split[(t * H_ + h) * D_], sizeof(float) * D_) == 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------- argmax */
 
 static tp_status argmax_run(const float *x, int64_t rows, int64_t n, const tp_attrs *a, int rank, int world,
@@ -587,6 +637,7 @@ static Suite *generate_suite(void)
     tcase_add_test(k, kv_attention_fp16);
     tcase_add_test(k, kv_attention_bf16);
     tcase_add_test(k, kv_attention_refuses_bad_rows);
+    tcase_add_test(k, kv_attention_rows_of_t_tokens);
     tcase_add_test(k, argmax_ties_nan_limit);
     tcase_add_test(k, argmax_vocab_parallel);
     tcase_add_test(k, loader_generation_errors);
