@@ -561,6 +561,31 @@ START_TEST(decoder_alone_equals_batched)
 }
 END_TEST
 
+/* Buckets 1, 2: a step of 8 rows runs in pieces of 2, in row order, so a
+ * prompt's later rows read the cache its earlier pieces wrote. */
+START_TEST(decoder_steps_past_the_largest_bucket)
+{
+    json_t *j = load_steps();
+    char path[512];
+    graph_path(path, sizeof path, 2);
+    int64_t buckets[2] = {1, 2};
+    tp_engine_opts o = {.backend = "cpu", .buckets = buckets, .n_buckets = 2, .state_slots = 4};
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
+    json_t *steps = json_object_get(j, "batched");
+    expect_schedule(e, steps, "tp2 in pieces of 2");
+    uint64_t pieces = 0;
+    for (size_t i = 0; i < json_array_size(steps); i++)
+        pieces += (json_array_size(json_object_get(json_array_get(steps, i), "input_ids")) + 1) / 2;
+    tp_engine_stats st;
+    tp_engine_get_stats(e, &st);
+    ck_assert_uint_eq(st.executions, pieces);
+    tp_engine_free(e);
+    json_decref(j);
+}
+END_TEST
+
 /* Request checks (tp_engine_check_inputs, what the batcher and server
  * run on every request) refuse what a kernel would, naming the input; a
  * slot or position that reaches the kernel anyway (tp_engine_infer runs
@@ -650,6 +675,7 @@ static Suite *generate_suite(void)
     tcase_add_test(e, decoder_tp2_processes);
     tcase_add_test(e, decoder_tp4_processes);
     tcase_add_test(e, decoder_alone_equals_batched);
+    tcase_add_test(e, decoder_steps_past_the_largest_bucket);
     tcase_add_test(e, decoder_refuses_bad_rows);
     tcase_add_test(e, plan_reports_states);
     suite_add_tcase(s, e);
