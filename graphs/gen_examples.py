@@ -1016,11 +1016,13 @@ def init_states(gj, slots, mode):
     return out
 
 
-def simulate(gj, params_st, inputs_st, mode, states=None):
+def simulate(gj, params_st, inputs_st, mode, states=None, loaded=None):
     """Run the graph on gj["world_size"] simulated ranks.
     mode "exact": float64 everywhere; "emulate": float32 compute, every
     non-view node rounded to its datatype. Returns {output: global float64}.
-    states: init_states()'s arrays, for a graph that declares states."""
+    states: init_states()'s arrays, for a graph that declares states;
+    loaded: a dict keeping the params as loaded and sharded across calls
+    with the same params_st and mode (a generation loop's steps)."""
     d = gj["world_size"]
     env = [dict() for _ in range(d)]
     dtypes = {}
@@ -1051,9 +1053,15 @@ def simulate(gj, params_st, inputs_st, mode, states=None):
                 raise GraphError("%s %s missing from safetensors" % (kind, key))
             if kind == "param" and "B" in t["shape"]:
                 raise GraphError("param %s has a batch dim" % t["name"])
-            g = load(store[key], t["datatype"], t["shape"], "%s %s" % (kind, t["name"]))
+            if kind == "param" and loaded is not None and t["name"] in loaded:
+                shards = loaded[t["name"]]
+            else:
+                g = load(store[key], t["datatype"], t["shape"], "%s %s" % (kind, t["name"]))
+                shards = [_shard(g, t["placement"], r, d, t["name"]) for r in range(d)]
+                if kind == "param" and loaded is not None:
+                    loaded[t["name"]] = shards
             for r in range(d):
-                env[r][t["name"]] = _shard(g, t["placement"], r, d, t["name"])
+                env[r][t["name"]] = shards[r]
             dtypes[t["name"]] = t["datatype"]
 
     for n in gj["nodes"]:

@@ -296,11 +296,14 @@ def make_generation(export, nm, prog, causal, max_len):
 
 # -- the self-check -------------------------------------------------------------
 
-def _ort_greedy(path, ids_name, prompt, n):
+def _ort_session(path):
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _ort_greedy(sess, ids_name, prompt, n):
     seq = list(prompt)
     for _ in range(n):
         logits = sess.run(None, {ids_name: np.array([seq], np.int64)})[0][0, -1]
@@ -319,13 +322,13 @@ def graph_greedy(out_json, prompts, n):
         gj = json.load(f)
     params = load_safetensors(os.path.join(os.path.dirname(out_json) or ".", gj["weights"]))
     gen = gj["generate"]
-    states = init_states(gj, len(prompts), "emulate")
+    states, loaded = init_states(gj, len(prompts), "emulate"), {}
 
     def step(rows):
         ids, pos, slot = (np.array([r[k] for r in rows] + [0], np.int64) for k in range(3))
         inputs = {gen["input_ids"]: ("I64", ids.reshape(-1, 1)), gen["positions"]: ("I64", pos),
                   gen["slots"]: ("I64", slot)}
-        return simulate(gj, params, inputs, "emulate", states)[gen["next_token"]][1].astype(np.int64)
+        return simulate(gj, params, inputs, "emulate", states, loaded)[gen["next_token"]][1].astype(np.int64)
 
     rows = [(t, p, s + 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
     out = step(rows)
@@ -351,8 +354,9 @@ def selfcheck(out_json, export, gen):
     if tokens < 1:
         return
     got = graph_greedy(out_json, prompts, tokens)
+    sess = _ort_session(export.path)
     for p, g in zip(prompts, got):
-        want = _ort_greedy(export.path, export.ids, p, tokens)
+        want = _ort_greedy(sess, export.ids, p, tokens)
         if g != want:
             raise ImportFailure("--generate self-check: prompt %s: the written graph generates %s, a greedy loop of "
                                 "onnxruntime over the export %s" % (p, g, want))
