@@ -26,7 +26,7 @@ INC_server  := -Iutil -Iengine -Iserver
 INC_all     := -Iutil -Iengine -Ikernels -Iserver
 # Recursive (=) so pkg-config runs after deps.sh has installed the packages.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(CUDA_LIBS) -lstdc++ -lm -pthread $(SAN)
+LDLIBS     = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -ldl -lstdc++ -lm -pthread $(SAN)
 # C++ only where a C++ library is wrapped (server/numtext_charconv.cc: <charconv>): same
 # warnings, no exceptions or RTTI crossing into C.
 CXX     ?= g++
@@ -40,22 +40,35 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 CU_SRCS   := $(wildcard kernels/cuda/*.cu)
 CU_OBJS   := $(CU_SRCS:%.cu=$(BUILD)/cuda/%.o)
-# With nvcc the cuda backend (kernels/cuda/*.c + *.cu) is part of every
-# binary; its device tests say "skipped: no CUDA device" without a GPU.
+# With nvcc the cuda backend is built: its registry entry (cuda_kind.c:
+# capabilities, known without a device) is part of tpserve, its device code
+# (the other kernels/cuda/*.c + *.cu, which link libcudart, libcublasLt and
+# libnccl) is $(CUDA_SO), which tpserve loads only for a cuda backend
+# (docs/architecture.md). Test and benchmark binaries link the device code
+# in; its device tests say "skipped: no CUDA device" without a GPU.
 NVCC      := $(shell command -v nvcc 2>/dev/null)
+CUDA_KIND := kernels/cuda/cuda_kind.c
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-LIB_SRCS  += $(wildcard kernels/cuda/*.c)
+LIB_SRCS  += $(CUDA_KIND)
 CFLAGS    += -DTP_HAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
+CUDA_SO   := $(BUILD)/libtpserve-cuda.so
+CUDA_DEV_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(CUDA_KIND),$(wildcard kernels/cuda/*.c))) $(CU_OBJS)
+# What a test or benchmark binary links besides the library.
+CUDA_LINK := $(CUDA_DEV_OBJS) $(CUDA_LIBS)
+# The library resolves the engine's symbols in tpserve: exported, and every
+# library object linked whether tpserve itself calls it or not.
+TPSERVE_LINK := -rdynamic -Wl,--whole-archive $(BUILD)/libtpserve.a -Wl,--no-whole-archive
+else
+TPSERVE_LINK := $(BUILD)/libtpserve.a
 endif
+# Where an install puts $(CUDA_SO) (tpserve looks next to itself first).
+LIBDIR    ?= /usr/local/lib/tpserve
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard server/*.cc))
-ifneq ($(NVCC),)
-LIB_OBJS  += $(CU_OBJS)
-endif
 # nvcc's own warnings (its front end's, e.g. an unknown pragma) are errors
 # as the host compiler's are: without --Werror they scrolled past in every build.
-NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --Werror all-warnings --compiler-options -Wall,-Werror \
+NVFLAGS   := -std=c++17 -O2 $(INC_kernels) --Werror all-warnings --compiler-options -Wall,-Werror,-fPIC \
              -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 GRAPHS    := $(BUILD)/graphs/.stamp
 DEPS_OK   := $(BUILD)/.deps
@@ -66,7 +79,7 @@ DEPS_OK   := $(BUILD)/.deps
 all: $(BUILD)/tpserve cuda
 
 help:
-	@echo "make            build build/tpserve (and kernels/cuda when nvcc exists)"
+	@echo "make            build build/tpserve (and build/libtpserve-cuda.so when nvcc exists)"
 	@echo "make test       build and run unit + integration tests"
 	@echo "make asan       the same suite under AddressSanitizer + UBSan"
 	@echo "make static-checks  prove the build refuses an op without its descriptor and an include across layers"
@@ -116,6 +129,9 @@ $(BUILD)/obj/kernels/cpu/%.o: CFLAGS += $(VECT_COST) -fno-trapping-math -fno-mat
 # spell_digits_block): the same cost model, integers only.
 $(BUILD)/obj/server/numtext.o: CFLAGS += $(VECT_COST)
 
+# The cuda device code goes into a shared library.
+$(BUILD)/obj/kernels/cuda/%.o: CFLAGS += -fPIC -DTP_CUDA_LIBDIR='"$(LIBDIR)"'
+
 $(BUILD)/obj/util/%.o: INC := $(INC_util)
 $(BUILD)/obj/engine/%.o: INC := $(INC_engine)
 $(BUILD)/obj/kernels/%.o: INC := $(INC_kernels)
@@ -133,15 +149,19 @@ $(BUILD)/libtpserve.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/tpserve: $(BUILD)/obj/server/main.o $(BUILD)/libtpserve.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/tpserve: $(BUILD)/obj/server/main.o $(BUILD)/libtpserve.a | $(CUDA_SO)
+	$(CC) $(CFLAGS) -o $@ $< $(TPSERVE_LINK) $(LDLIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.c tests/unit/testutil.h $(BUILD)/libtpserve.a tests/unit/check_main.h | $(DEPS_OK)
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/testutil.c tests/unit/testutil.h $(BUILD)/libtpserve.a $(CUDA_DEV_OBJS) \
+                  tests/unit/check_main.h | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -Itests/unit -o $@ $< tests/unit/testutil.c $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -Itests/unit -o $@ $< tests/unit/testutil.c $(CUDA_LINK) \
+	  $(BUILD)/libtpserve.a $(CHECK_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)
-cuda: $(CU_OBJS)
+cuda: $(CUDA_SO)
+$(CUDA_SO): $(CUDA_DEV_OBJS)
+	$(CC) $(CFLAGS) -shared -o $@ $^ $(CUDA_LIBS) -lm -pthread
 $(BUILD)/cuda/%.o: %.cu $(wildcard kernels/common/*.h kernels/cuda/*.h) engine/dtype.h util/status.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -206,7 +226,7 @@ ifneq ($(and $(DBL_INC),$(NCCL_H),$(wildcard $(dir $(DBL_INC))cublasLt.h)),)
 DBL_CFLAGS := -DTP_HAVE_CUDA -I$(dir $(DBL_INC)) -I$(dir $(NCCL_H))
 DBL_SRCS  := $(wildcard tests/cuda_double/*.c)
 ifneq ($(NVCC),)
-DBL_LIB   := $(filter-out $(CU_OBJS),$(LIB_OBJS))
+DBL_LIB   := $(LIB_OBJS) $(filter-out $(CU_OBJS),$(CUDA_DEV_OBJS))
 else
 DBL_LIB   := $(patsubst %.c,$(BUILD)/dbl/%.o,$(LIB_SRCS) $(wildcard kernels/cuda/*.c)) \
              $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard server/*.cc))
@@ -261,9 +281,9 @@ $(BUILD)/tools/blas_core: tests/cpus/blas_core.c | $(DEPS_OK)
 test-cpus: $(TEST_BINS) $(BUILD)/tpserve $(GRAPHS) $(BUILD)/tools/blas_core
 	@BUILD=$(BUILD) TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve PYTHON=$(PYTHON) sh tests/cpus/test_cpus.sh
 
-$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtpserve.a | $(DEPS_OK)
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libtpserve.a $(CUDA_DEV_OBJS) | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -o $@ $< $(BUILD)/libtpserve.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(INC_all) $(PKG_CFLAGS) -o $@ $< $(CUDA_LINK) $(BUILD)/libtpserve.a $(LDLIBS)
 
 # Benchmarks print tables; they never fail on timings (noisy machines).
 bench: $(BUILD)/bench/bench_engine
@@ -421,4 +441,4 @@ run: $(BUILD)/tpserve $(GRAPHS) $(RUN_GRAPH)
 clean:
 	rm -rf build
 
--include $(LIB_OBJS:.o=.d) $(BUILD)/obj/server/main.d
+-include $(LIB_OBJS:.o=.d) $(CUDA_DEV_OBJS:.o=.d) $(BUILD)/obj/server/main.d

@@ -12,13 +12,18 @@
 #     stage DESTDIR  lay out, under DESTDIR, the files the runtime image gets
 #                    (needs build; never compiles):
 #                      usr/local/bin/tpserve
+#                      usr/local/lib/tpserve/libtpserve-cuda.so
+#                                                  the cuda backend's device code
+#                                                  (a cuda build only), where
+#                                                  tpserve looks for it
 #                      opt/tpserve/graphs/         example graphs, weights, inputs, refs
 #                      etc/tpserve/tpserve.json    config/default.json with
 #                                                  graph -> /opt/tpserve/graphs/<name>,
 #                                                  host -> 0.0.0.0
 #                      usr/share/tpserve/runtime-packages.txt
 #                                                  apt packages owning the shared
-#                                                  libraries tpserve links (dpkg -S),
+#                                                  libraries tpserve and the cuda
+#                                                  library link (dpkg -S),
 #                                                  one a line: what the runtime
 #                                                  stage installs
 #
@@ -100,6 +105,12 @@ step_stage() {
     STAGE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_stage.XXXXXX")
     mkdir -p "$dest/usr/local/bin" "$dest/opt/tpserve/graphs" "$dest/etc/tpserve" "$dest/usr/share/tpserve"
     install -m 0755 "$bin" "$dest/usr/local/bin/tpserve"
+    libs="$bin"
+    if [ -f "$BUILD/libtpserve-cuda.so" ]; then
+        mkdir -p "$dest/usr/local/lib/tpserve"
+        install -m 0644 "$BUILD/libtpserve-cuda.so" "$dest/usr/local/lib/tpserve/"
+        libs="$libs $BUILD/libtpserve-cuda.so"
+    fi
     for f in "$BUILD"/graphs/*.json "$BUILD"/graphs/*.safetensors; do
         install -m 0644 "$f" "$dest/opt/tpserve/graphs/"
     done
@@ -115,7 +126,7 @@ PY
     chmod 0644 "$dest/etc/tpserve/tpserve.json"
     g=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["graph"])' "$dest/etc/tpserve/tpserve.json")
     [ -f "$dest$g" ] || die "config graph $g is not among the staged graphs"
-    runtime_packages "$bin" >"$dest/usr/share/tpserve/runtime-packages.txt"
+    for f in $libs; do runtime_packages "$f"; done | sort -u >"$dest/usr/share/tpserve/runtime-packages.txt"
     rm -rf "$STAGE_TMP"
     [ -s "$dest/usr/share/tpserve/runtime-packages.txt" ] || die "no runtime packages found for $bin"
     echo "staged into $dest: tpserve, $(find "$dest/opt/tpserve/graphs" -name '*.json' | wc -l) graph/manifest files," \

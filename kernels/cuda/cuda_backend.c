@@ -35,7 +35,6 @@
  * never frees what that call uses (A8). */
 #include "cuda/cuda_backend.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -1331,30 +1330,6 @@ static const tp_backend_iface cuda_iface = {
 
 /* ------------------------------------------------------------- create */
 
-/* The first NVIDIA GPU device node under dir ("nvidia0", "nvidia1", ...;
- * not nvidiactl, nvidia-uvm or nvidia-modeset) into name; 0 when there is
- * none. The kernel driver makes one per GPU whatever the user-space
- * driver's version, and a container gets them when given a GPU. */
-static int gpu_node(const char *dir, char *name, size_t len)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    int found = 0;
-    for (struct dirent *de; !found && (de = readdir(d));) {
-        const char *n = de->d_name;
-        if (strncmp(n, "nvidia", 6) != 0 || !n[6])
-            continue;
-        found = 1;
-        for (const char *c = n + 6; *c && found; c++)
-            found = *c >= '0' && *c <= '9';
-        if (found)
-            snprintf(name, len, "%s/%s", dir, n);
-    }
-    closedir(d);
-    return found;
-}
-
 int tp_cuda_probe_machine(const char *dev_dir, char *why, size_t len)
 {
     int n = 0;
@@ -1363,7 +1338,7 @@ int tp_cuda_probe_machine(const char *dev_dir, char *why, size_t len)
         return n;
     (void)cudaGetLastError(); /* do not leave the error pending for later calls */
     char node[300] = "";
-    int has_node = dev_dir && gpu_node(dev_dir, node, sizeof node);
+    int has_node = dev_dir && tp_cuda_gpu_node(dev_dir, node, sizeof node);
     if (why && len) {
         if (has_node)
             snprintf(why, len,

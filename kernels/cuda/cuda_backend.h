@@ -28,8 +28,42 @@
 /* 128-byte ncclUniqueId as lowercase hex. */
 #define TP_CUDA_NCCL_ID_HEX 256
 
-/* The registry entry (kernels/cuda/cuda_kind.c, listed in engine/backend.c). */
+/* The registry entry (kernels/cuda/cuda_kind.c, listed in engine/backend.c):
+ * part of every cuda build's tpserve, with what the backend can do known
+ * without a device. Everything below it is the device code, built into
+ * libtpserve-cuda.so and loaded by the entry only when a cuda backend is
+ * made (or `auto` finds a GPU device node). */
 extern const tp_backend_kind tp_cuda_backend_kind;
+
+/* The library's name, looked for next to the executable, then in
+ * TP_CUDA_LIBDIR (the install libdir, /usr/local/lib/tpserve by default). */
+#define TP_CUDA_LIBRARY "libtpserve-cuda.so"
+
+/* What the device code gives the registry entry: the one symbol cuda_kind.c
+ * looks up in the library (tp_cuda_device_entry, kernels/cuda/cuda_entry.c).
+ * size and op_count are those the library was built with: a library from
+ * another tree is refused rather than called. */
+struct tp_rank_group;
+typedef struct {
+    size_t size;
+    int op_count;
+    int (*probe)(char *why, size_t len);
+    int (*has_kernel)(tp_op op);
+    tp_status (*create)(int world, int rank, const char *nccl_id_or_null, const tp_backend_settings *s,
+                        tp_backend **out, tp_err *err);
+    tp_status (*nccl_id_new)(char *hex, tp_err *err);
+    tp_status (*create_in_group)(struct tp_rank_group *rg, const char *nccl_id, const tp_backend_settings *s,
+                                 tp_backend **out, tp_err *err);
+} tp_cuda_device_api;
+
+extern const tp_cuda_device_api tp_cuda_device_entry;
+
+/* The first NVIDIA GPU device node under dir ("nvidia0", "nvidia1", ...;
+ * not nvidiactl, nvidia-uvm or nvidia-modeset) into name; 0 when there is
+ * none. The kernel driver makes one per GPU whatever the user-space
+ * driver's version, and a container gets them when given a GPU: so `auto`
+ * loads the device code only when one exists (cuda_kind.c). */
+int tp_cuda_gpu_node(const char *dir, char *name, size_t len);
 
 /* Number of usable CUDA devices; 0 when there is no driver or no device
  * (never fails, never aborts). */

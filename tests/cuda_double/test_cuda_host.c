@@ -943,6 +943,32 @@ START_TEST(probe_fails_when_a_device_node_exists)
 }
 END_TEST
 
+/* ------------------------------------------- the registry entry and the device code */
+
+/* tpserve knows what the cuda backend runs without loading its device code
+ * (cuda_kind.c, for `tpserve plan --backend cuda`); the device code's own
+ * table (cuda_ops.c) must agree op by op, or a graph planned as runnable
+ * would fail on a GPU (and tpserve refuses such a library at load). */
+START_TEST(capabilities_agree_with_device_code)
+{
+    const tp_backend_kind *k = tp_backend_find("cuda");
+    ck_assert_ptr_eq(k, &tp_cuda_backend_kind);
+    ck_assert_uint_eq(tp_cuda_device_entry.size, sizeof(tp_cuda_device_api));
+    ck_assert_int_eq(tp_cuda_device_entry.op_count, TP_OP_COUNT);
+    int compute = 0;
+    for (int i = 0; i < TP_OP_COUNT; i++) {
+        tp_op_kind kind = tp_op_kind_of((tp_op)i);
+        if (kind != TP_KIND_COMPUTE && kind != TP_KIND_COPY)
+            continue;
+        compute++;
+        ck_assert_msg(k->supports_op((tp_op)i, TP_F32) == tp_cuda_device_entry.has_kernel((tp_op)i),
+                      "op '%s': cuda_kind.c says %d, cuda_ops.c %d", tp_op_name((tp_op)i),
+                      k->supports_op((tp_op)i, TP_F32), tp_cuda_device_entry.has_kernel((tp_op)i));
+    }
+    ck_assert_int_gt(compute, 10);
+}
+END_TEST
+
 /* ------------------------------------------- the double enforces rules */
 
 /* Each rule the backend relies on, broken on purpose: the double must see
@@ -1370,6 +1396,7 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(proto, protocol_abort_ends_a_wait);
     tcase_add_test(proto, protocol_benign_error_does_not_end_waits);
     tcase_add_test(proto, probe_fails_when_a_device_node_exists);
+    tcase_add_test(proto, capabilities_agree_with_device_code);
     tcase_add_test(ex, a_failed_symmetric_probe_means_no_symmetric_memory);
     tcase_add_test(ex, a_bad_gather_id_is_benign);
     TCase *ab = add_case(s, "after an abort", 120);

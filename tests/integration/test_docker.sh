@@ -375,6 +375,12 @@ if not check(binpath, "image has tpserve on PATH"):
     finish()
 rmap = {"/tmp": os.path.join(TMP, "rt-tmp")}
 os.makedirs(rmap["/tmp"])
+# A cuda build's tpserve loads its device code from /usr/local/lib/tpserve
+# (kernels/cuda/cuda_kind.c): the image ships it.
+if subprocess.run([binpath, "plan", os.path.join(rootfs, "opt/tpserve/graphs/mlp_sp_tp2.json"), "--backend", "cuda"],
+                  capture_output=True, env=clean_env()).returncode == 0:
+    check(os.path.exists(os.path.join(rootfs, "usr/local/lib/tpserve/libtpserve-cuda.so")),
+          "cuda build: the image has /usr/local/lib/tpserve/libtpserve-cuda.so")
 
 
 def rt_path(tok):
