@@ -954,6 +954,42 @@ START_TEST(examples_through_engine)
 }
 END_TEST
 
+/* The generation example (docs/models.md, "Generation graphs") driven
+ * step by step on the cuda backend: kv_attention's cache writes and reads,
+ * argmax keys through the INT64 all_reduce max, one process per GPU, and
+ * the NumPy reference's greedy tokens exactly. */
+START_TEST(generation_decoder_through_engine)
+{
+    if (!KERNELS_RUN)
+        gpu_only("generation_decoder_through_engine: the greedy tokens (every step's status and shape is checked)");
+    json_t *steps = tu_gen_steps();
+    for (int world = 1; world <= 4; world *= 2) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/gen_decoder_tp%d.json", getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs",
+                 world);
+        if (world > probe_devices()) {
+            printf("skipped: %s needs %d GPUs, this machine has %d\n", path, world, probe_devices());
+            continue;
+        }
+#ifdef TP_CUDA_DOUBLE
+        const char *exe = "/proc/self/exe";
+#else
+        const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
+#endif
+        char *argv[] = {(char *)exe, "worker", path, "--backend", "cuda", NULL};
+        tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+        tp_engine_opts o = {.backend = "cuda", .group = world > 1 ? &go : NULL};
+        tp_engine *e;
+        tp_err err = {{0}};
+        ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s: %s", path, err.msg);
+        tu_gen_schedule(e, json_object_get(steps, "batched"), path, KERNELS_RUN);
+        ck_assert_ptr_null(tp_engine_lost(e));
+        tp_engine_free(e);
+    }
+    json_decref(steps);
+}
+END_TEST
+
 #endif /* TP_HAVE_CUDA */
 
 #ifdef TP_CUDA_DOUBLE
@@ -1008,6 +1044,7 @@ static Suite *cuda_device_suite(void)
     tcase_add_test(tc, bad_gather_id_fails_cleanly);
     tcase_add_test(tc, collectives_across_processes);
     tcase_add_test(tc, examples_through_engine);
+    tcase_add_test(tc, generation_decoder_through_engine);
 #endif
     suite_add_tcase(s, tc);
     return s;

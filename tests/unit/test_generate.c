@@ -444,61 +444,9 @@ END_TEST
 
 /* ------------------------------------------------- the example decoder */
 
-static json_t *load_steps(void)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/gen_decoder.steps.json", getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs");
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    ck_assert_msg(j, "%s: %s (make graphs)", path, je.text);
-    return j;
-}
-
 static void graph_path(char *buf, size_t len, int ws)
 {
     snprintf(buf, len, "%s/gen_decoder_tp%d.json", getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs", ws);
-}
-
-static void ints_of(json_t *a, int64_t *out)
-{
-    for (size_t i = 0; i < json_array_size(a); i++)
-        out[i] = json_integer_value(json_array_get(a, i));
-}
-
-/* Runs one step (rows of the schedule) and returns next_token in got. */
-static void run_step(tp_engine *e, json_t *step, int64_t *got, int64_t *n_rows)
-{
-    const tp_generate_info *gi = tp_engine_generate_info(e);
-    int64_t n = (int64_t)json_array_size(json_object_get(step, "input_ids"));
-    int64_t ids[64], pos[64], slot[64], s1[1] = {n}, s2[2] = {n, 1};
-    ck_assert_int_le(n, 64);
-    ints_of(json_object_get(step, "input_ids"), ids);
-    ints_of(json_object_get(step, "positions"), pos);
-    ints_of(json_object_get(step, "slots"), slot);
-    tp_host_tensor in[3] = {tu_tensor(gi->input_ids, TP_I64, ids, 2, s2), tu_tensor(gi->positions, TP_I64, pos, 1, s1),
-                            tu_tensor(gi->slots, TP_I64, slot, 1, s1)};
-    int n_out;
-    tp_host_tensor *out = tu_infer(e, in, 3, &n_out);
-    ck_assert_int_eq(n_out, 1);
-    ck_assert_str_eq(out[0].name, gi->next_token);
-    ck_assert_int_eq(out[0].shape[0], n);
-    memcpy(got, out[0].data, sizeof(int64_t) * (size_t)n);
-    *n_rows = n;
-    tp_host_tensors_free(out, n_out);
-}
-
-/* Every step's next tokens equal the reference's, exactly. */
-static void expect_schedule(tp_engine *e, json_t *steps, const char *what)
-{
-    for (size_t s = 0; s < json_array_size(steps); s++) {
-        json_t *step = json_array_get(steps, s);
-        int64_t got[64], want[64], n;
-        run_step(e, step, got, &n);
-        ints_of(json_object_get(step, "next_token"), want);
-        for (int64_t r = 0; r < n; r++)
-            ck_assert_msg(got[r] == want[r], "%s step %zu row %lld: token %lld, reference %lld", what, s,
-                          (long long)r, (long long)got[r], (long long)want[r]);
-    }
 }
 
 static tp_engine *gen_engine(int ws, int processes, int64_t slots)
@@ -525,12 +473,12 @@ static tp_engine *gen_engine(int ws, int processes, int64_t slots)
 
 static void decoder_batched(int ws, int processes)
 {
-    json_t *j = load_steps();
+    json_t *j = tu_gen_steps();
     char what[64];
     snprintf(what, sizeof what, "tp%d %s", ws, processes ? "processes" : "threads");
     tp_engine *e = gen_engine(ws, processes, processes ? 0 : 4);
     ck_assert(tp_engine_padded(e, NULL)); /* token rows pad into buckets */
-    expect_schedule(e, json_object_get(j, "batched"), what);
+    tu_gen_schedule(e, json_object_get(j, "batched"), what, 1);
     tp_engine_free(e);
     json_decref(j);
 }
@@ -550,12 +498,12 @@ END_TEST
  * batched with b, c and d; both are the reference's. */
 START_TEST(decoder_alone_equals_batched)
 {
-    json_t *j = load_steps();
+    json_t *j = tu_gen_steps();
     tp_engine *e = gen_engine(2, 0, 4);
-    expect_schedule(e, json_object_get(j, "alone_a"), "a alone");
+    tu_gen_schedule(e, json_object_get(j, "alone_a"), "a alone", 1);
     /* the same engine then runs the batched schedule: slot 3 is reused by
      * nobody there, and its leftovers never reach another slot */
-    expect_schedule(e, json_object_get(j, "batched"), "batched after a alone");
+    tu_gen_schedule(e, json_object_get(j, "batched"), "batched after a alone", 1);
     tp_engine_free(e);
     json_decref(j);
 }
@@ -565,7 +513,7 @@ END_TEST
  * prompt's later rows read the cache its earlier pieces wrote. */
 START_TEST(decoder_steps_past_the_largest_bucket)
 {
-    json_t *j = load_steps();
+    json_t *j = tu_gen_steps();
     char path[512];
     graph_path(path, sizeof path, 2);
     int64_t buckets[2] = {1, 2};
@@ -574,7 +522,7 @@ START_TEST(decoder_steps_past_the_largest_bucket)
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
     json_t *steps = json_object_get(j, "batched");
-    expect_schedule(e, steps, "tp2 in pieces of 2");
+    tu_gen_schedule(e, steps, "tp2 in pieces of 2", 1);
     uint64_t pieces = 0;
     for (size_t i = 0; i < json_array_size(steps); i++)
         pieces += (json_array_size(json_object_get(json_array_get(steps, i), "input_ids")) + 1) / 2;

@@ -275,3 +275,59 @@ int tu_allowed_cpus(int *cpu, int max)
             cpu[n++] = c;
     return n;
 }
+
+/* ---- the generation example (gen_decoder, graphs/gen_examples.py) ---- */
+
+json_t *tu_gen_steps(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/gen_decoder.steps.json", getenv("TP_GRAPHS") ? getenv("TP_GRAPHS") : "build/graphs");
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    ck_assert_msg(j, "%s: %s (make graphs)", path, je.text);
+    return j;
+}
+
+static void gen_ints_of(json_t *a, int64_t *out)
+{
+    for (size_t i = 0; i < json_array_size(a); i++)
+        out[i] = json_integer_value(json_array_get(a, i));
+}
+
+/* Runs one step (rows of the schedule) and returns next_token in got. */
+static void gen_run_step(tp_engine *e, json_t *step, int64_t *got, int64_t *n_rows)
+{
+    const tp_generate_info *gi = tp_engine_generate_info(e);
+    int64_t n = (int64_t)json_array_size(json_object_get(step, "input_ids"));
+    int64_t ids[64], pos[64], slot[64], s1[1] = {n}, s2[2] = {n, 1};
+    ck_assert_int_le(n, 64);
+    gen_ints_of(json_object_get(step, "input_ids"), ids);
+    gen_ints_of(json_object_get(step, "positions"), pos);
+    gen_ints_of(json_object_get(step, "slots"), slot);
+    tp_host_tensor in[3] = {tu_tensor(gi->input_ids, TP_I64, ids, 2, s2), tu_tensor(gi->positions, TP_I64, pos, 1, s1),
+                            tu_tensor(gi->slots, TP_I64, slot, 1, s1)};
+    int n_out;
+    tp_host_tensor *out = tu_infer(e, in, 3, &n_out);
+    ck_assert_int_eq(n_out, 1);
+    ck_assert_str_eq(out[0].name, gi->next_token);
+    ck_assert_int_eq(out[0].shape[0], n);
+    memcpy(got, out[0].data, sizeof(int64_t) * (size_t)n);
+    *n_rows = n;
+    tp_host_tensors_free(out, n_out);
+}
+
+void tu_gen_schedule(tp_engine *e, json_t *steps, const char *what, int check_tokens)
+{
+    for (size_t s = 0; s < json_array_size(steps); s++) {
+        json_t *step = json_array_get(steps, s);
+        int64_t got[64], want[64], n;
+        gen_run_step(e, step, got, &n);
+        if (!check_tokens)
+            continue;
+        gen_ints_of(json_object_get(step, "next_token"), want);
+        for (int64_t r = 0; r < n; r++)
+            ck_assert_msg(got[r] == want[r], "%s step %zu row %lld: token %lld, reference %lld", what, s,
+                          (long long)r, (long long)got[r], (long long)want[r]);
+    }
+}
+

@@ -4,6 +4,8 @@
 #ifndef TP_TESTUTIL_H
 #define TP_TESTUTIL_H
 
+#include <jansson.h>
+
 #include "engine.h"
 #include "graph.h"
 #include "passes.h"
@@ -50,6 +52,14 @@ int tu_count_op(const tp_graph *g, tp_op op);
  * build/graphs) with the paths of its graph, inputs and reference. */
 typedef void (*tu_example_fn)(const char *json, const char *inputs, const char *ref, double rtol);
 void tu_foreach_example(tu_example_fn fn);
+/* The generation example's schedules ($TP_GRAPHS/gen_decoder.steps.json:
+ * "batched", "alone_a", each a list of steps of token rows with the
+ * reference's next tokens); json_decref it. */
+json_t *tu_gen_steps(void);
+/* Runs each step of steps through e (a generation engine) and, with
+ * check_tokens, fails naming what, the step and the row unless every next
+ * token is the reference's. */
+void tu_gen_schedule(tp_engine *e, json_t *steps, const char *what, int check_tokens);
 /* Every tensor of a safetensors file, copied (free with tp_host_tensors_free). */
 tp_host_tensor *tu_load_tensors(const char *path, int *n);
 
