@@ -14,6 +14,9 @@
 #   the engine's FP32 arithmetic emulated) generates transformers' 24
 #   reference tokens for every prompt (all prompts prefilled in one step,
 #   then decoded together);
+# - `tpserve run` of each graph (ranks as threads and as processes), one
+#   step of token rows holding every prompt and its reference continuation:
+#   each row's next_token is transformers' next token;
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), --sequence-parallel,
 #   --max-seq-len above the position limit.
@@ -92,6 +95,53 @@ print("%d prompts x %d tokens" % (len(ref["prompts"]), ref["max_new_tokens"]))
 PY
     pass "NumPy evaluation of every imported graph: $(cat "$TMP/tokens") equal to transformers' generate" ||
     fail "NumPy evaluation vs transformers' tokens: $(tail -3 "$TMP/tokens")"
+
+# ---- tpserve runs the imported graphs: transformers' tokens, teacher-forced ------
+# One step per graph whose token rows are every prompt followed by its
+# reference continuation (all but the last token), each sequence in its own
+# 1-based slot at positions 0..n-1: every row writes its k/v before any row
+# reads, so the next_token of each row from the prompt's last on must be
+# the next reference token (greedy decoding, 24 tokens x 3 prompts).
+# rows.py inputs|check TOKENS FILE: write the step's inputs / check its output.
+cat >"$TMP/rows.py" <<'PY'
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[4])
+from gen_examples import load_safetensors, save_safetensors
+mode, ref, path = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
+seqs = [p + o[:-1] for p, o in zip(ref["prompts"], ref["output_ids"])]
+if mode == "inputs":
+    ids, pos, slot = (np.array(sum(x, []), np.int64) for x in
+                      (seqs, [list(range(len(s))) for s in seqs], [[k + 1] * len(s) for k, s in enumerate(seqs)]))
+    save_safetensors(path, {"input_ids": ("I64", ids.reshape(-1, 1)), "position_ids": ("I64", pos),
+                            "cache_slot": ("I64", slot)})
+    sys.exit(0)
+got, start = load_safetensors(path)["next_token"][1], 0
+for p, o, s in zip(ref["prompts"], ref["output_ids"], seqs):
+    picks = [int(t) for t in got[start + len(p) - 1:start + len(s)]]
+    start += len(s)
+    if picks != o:
+        sys.exit("prompt %s: tpserve %s, transformers %s" % (p, picks, o))
+print("%d rows, %d x %d tokens" % (start, len(seqs), len(ref["output_ids"][0])))
+PY
+GEN_SIZES="1 2 4"
+[ -n "${TP_SANITIZED:-}" ] && GEN_SIZES=2 # the kernels of 1 and 4 ranks are those of 2
+for m in gpt2_gen llama_gen; do
+    $PYTHON "$TMP/rows.py" inputs "$FIX/$m.tokens.json" "$TMP/$m.rows.safetensors" "$ROOT/graphs" ||
+        { fail "$m: step inputs"; continue; }
+    for ws in $GEN_SIZES; do
+        for r in threads processes; do
+            if "$TPSERVE" run "$TMP/${m}_tp$ws.json" --inputs "$TMP/$m.rows.safetensors" --output "$TMP/out.safetensors" \
+                --backend cpu --ranks $r >"$TMP/run.log" 2>&1 &&
+                $PYTHON "$TMP/rows.py" check "$FIX/$m.tokens.json" "$TMP/out.safetensors" "$ROOT/graphs" >"$TMP/cmp" 2>&1
+            then
+                pass "tpserve run ${m}_tp$ws ($r): $(cat "$TMP/cmp") equal to transformers' generate"
+            else
+                fail "tpserve run ${m}_tp$ws ($r): $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
+            fi
+        done
+    done
+done
 
 # ---- the self-check catches a wrong graph ----------------------------------------
 # gpt2_gen_tp2 with its position table's rows reversed: the written graph no
