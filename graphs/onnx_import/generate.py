@@ -117,8 +117,10 @@ class Export:
 
 
 def probe_causal(export, plan_attention):
-    """{attention node name: causal} of the import at PROBE_SEQ tokens."""
-    return {n.name: bool(n.attrs.get("causal")) for n in plan_attention(PROBE_SEQ) if n.op == "attention"}
+    """{attention node name: causal} of the import at PROBE_SEQ tokens (or
+    the position limit, when smaller and known)."""
+    seq = min(PROBE_SEQ, export.limit or PROBE_SEQ)
+    return {n.name: bool(n.attrs.get("causal")) for n in plan_attention(seq) if n.op == "attention"}
 
 
 # -- position-dependent constants ------------------------------------------------
