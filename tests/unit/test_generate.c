@@ -380,20 +380,21 @@ static const char *gen_json_fmt =
     "{\"name\":\"tok\",\"op\":\"argmax_index\",\"inputs\":[\"key\"]},"
     "{\"name\":\"next\",\"op\":\"view\",\"inputs\":[\"tok\"],\"attrs\":{\"shape\":[-1]}}%s],"
     "\"outputs\":[{\"name\":\"next\"}],"
-    "\"generate\":{\"input_ids\":\"ids\",\"positions\":\"pos\",\"slots\":\"slot\",\"next_token\":\"next\","
+    "\"generate\":{\"input_ids\":\"%s\",\"positions\":\"pos\",\"slots\":\"slot\",\"next_token\":\"%s\","
     "\"max_seq_len\":%d,\"vocab_size\":7%s}}";
 
 typedef struct {
     const char *pos_dtype, *kc_shape, *extra_state, *vcache, *extra_node;
     int max_seq_len;
     const char *extra_gen, *want; /* want NULL: loads */
+    const char *ids, *next;       /* what generate names (NULL: "ids", "next") */
 } gen_case;
 
 static tp_status load_case(const gen_case *c, char *msg, size_t len)
 {
     char json[4096], dir[64], path[128];
     snprintf(json, sizeof json, gen_json_fmt, c->pos_dtype, c->kc_shape, c->extra_state, c->vcache, c->extra_node,
-             c->max_seq_len, c->extra_gen);
+             c->ids ? c->ids : "ids", c->next ? c->next : "next", c->max_seq_len, c->extra_gen);
     tu_write_graph(dir, path, json, NULL, 0);
     tp_graph *g = NULL;
     tp_err err = {{0}};
@@ -412,22 +413,30 @@ static tp_status load_case(const gen_case *c, char *msg, size_t len)
 
 START_TEST(loader_generation_errors)
 {
-    const gen_case ok = {"INT64", "[\"S\",1,8,4]", "", "vc", "", 8, "", NULL};
+    const gen_case ok = {"INT64", "[\"S\",1,8,4]", "", "vc", "", 8, "", NULL, NULL, NULL};
     const gen_case cases[] = {
         ok,
-        {"INT32", ok.kc_shape, "", "vc", "", 8, "", "generate: positions input 'pos' must be INT64"},
-        {"INT64", "[2,\"S\",8,4]", "", "vc", "", 8, "", "state 'kc': shape[1] must be a non-negative integer"},
-        {"INT64", "[\"B\",1,8,4]", "", "vc", "", 8, "", "state 'kc': shape[0] must be a non-negative integer or \"S\""},
+        {"INT32", ok.kc_shape, "", "vc", "", 8, "", "generate: positions input 'pos' must be INT64", NULL, NULL},
+        {"INT64", "[2,\"S\",8,4]", "", "vc", "", 8, "", "state 'kc': shape[1] must be a non-negative integer", NULL, NULL},
+        {"INT64", "[\"B\",1,8,4]", "", "vc", "", 8, "", "state 'kc': shape[0] must be a non-negative integer or \"S\"", NULL, NULL},
         {"INT64", ok.kc_shape, ",{\"name\":\"xc\",\"datatype\":\"FP32\",\"shape\":[\"S\",1,8,4]}", "vc", "", 8, "",
-         "state 'xc': no kv_attention writes it"},
+         "state 'xc': no kv_attention writes it", NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", ",{\"name\":\"r\",\"op\":\"relu\",\"inputs\":[\"vc\"]}", 8, "",
-         "state 'vc': node 'r' (relu) reads it as input 0"},
-        {"INT64", ok.kc_shape, "", "q", "", 8, "", "state 'vc': no kv_attention writes it"},
-        {"INT64", ok.kc_shape, "", "vc", "", 9, "", "generate: max_seq_len 9 differs from the cache length 8"},
-        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"temperature\":1", "generate: unknown key 'temperature'"},
-        {"INT64", "[\"S\",1,8,2]", "", "vc", "", 8, "", "caches must be [S, Hkv, L, D]"},
+         "state 'vc': node 'r' (relu) reads it as input 0", NULL, NULL},
+        {"INT64", ok.kc_shape, "", "q", "", 8, "", "state 'vc': no kv_attention writes it", NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 9, "", "generate: max_seq_len 9 differs from the cache length 8", NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"temperature\":1", "generate: unknown key 'temperature'", NULL, NULL},
+        {"INT64", "[\"S\",1,8,2]", "", "vc", "", 8, "", "caches must be [S, Hkv, L, D]", NULL, NULL},
         {"INT64", ok.kc_shape, ",{\"name\":\"s2\",\"datatype\":\"FP32\",\"shape\":[\"S\",2],\"placement\":\"shard(0)\"}",
-         "vc", "", 8, "", "state 's2': shard(0) would split the slot dim"},
+         "vc", "", 8, "", "state 's2': shard(0) would split the slot dim", NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'input_ids' names 'nope', which is not a graph input",
+         "nope", NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'input_ids' names 'tok', which is not a graph input",
+         "tok", NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'next_token' names 'tok', which is not a graph output",
+         NULL, "tok"},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: input_ids input 'q' must be INT64 [\"B\", 1]", "q",
+         NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char msg[sizeof ((tp_err *)0)->msg];
