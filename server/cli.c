@@ -101,7 +101,8 @@ static tp_status run_once(const char *graph, const char *in_path, const char *ou
 static tp_status run_in_processes(const char *graph, const char *in, const char *out, tp_engine_opts *opts,
                                   const char *buckets, int staging_mb, tp_err *err)
 {
-    tp_worker_spec ws = {graph, opts->backend, buckets, opts->disable_passes, opts->no_passes, opts->eager};
+    tp_worker_spec ws = {graph, opts->backend, buckets, opts->disable_passes, opts->no_passes, opts->eager,
+                         (int)opts->state_slots};
     char **argv = tp_worker_argv(&ws);
     if (!argv)
         return tp_fail(err, TP_NOMEM, "out of memory");

@@ -18,6 +18,7 @@ struct tp_gen_seq {
     int n_stop;
     int64_t slot; /* 1-based */
     tp_gen_end end;
+    tp_status fail_st; /* TP_GEN_FAILED: the step's status */
     tp_err err;
     tp_gen_notify *notify;
     void *notify_arg;
@@ -37,7 +38,8 @@ struct tp_gen {
     pthread_t thread;
     pthread_mutex_t mu; /* seqs, free slots, stopping, stats */
     pthread_cond_t cv;
-    int stopping;
+    int stopping;       /* the thread is to end: no new sequence */
+    int started, stopped; /* the thread was started; joined and every sequence ended */
     tp_gen_seq **seqs;  /* by slot - 1; NULL: free */
     int64_t active;
     step_rows sr;
@@ -74,10 +76,11 @@ static void wake_reader(tp_gen_seq *q)
 }
 
 /* With g->mu held: q ends (why, err for TP_GEN_FAILED); its slot is free. */
-static void finish(tp_gen *g, tp_gen_seq *q, tp_gen_end why, const tp_err *err)
+static void finish(tp_gen *g, tp_gen_seq *q, tp_gen_end why, tp_status st, const tp_err *err)
 {
     pthread_mutex_lock(&q->mu);
     q->end = why;
+    q->fail_st = st;
     if (err)
         q->err = *err;
     wake_reader(q);
@@ -111,7 +114,7 @@ static void build_step(tp_gen *g)
     for (int64_t s = 0; s < g->o.slots; s++) {
         tp_gen_seq *q = g->seqs[s];
         if (q && atomic_load(&q->cancelled))
-            finish(g, q, TP_GEN_CANCELLED, NULL);
+            finish(g, q, TP_GEN_CANCELLED, TP_OK, NULL);
         else if (q && q->prefilled == q->n_prompt && sr->rows < g->o.max_rows)
             add_row(sr, q->tokens[q->n_tokens - 1], q->n_prompt + q->n_tokens - 1, q->slot, q);
     }
@@ -145,7 +148,7 @@ static void take_token(tp_gen *g, tp_gen_seq *q, int64_t t, double now)
     pthread_mutex_unlock(&q->mu);
     g->st.output_tokens++;
     if (end != TP_GEN_RUNNING)
-        finish(g, q, end, NULL);
+        finish(g, q, end, TP_OK, NULL);
 }
 
 static void *gen_main(void *arg)
@@ -175,7 +178,7 @@ static void *gen_main(void *arg)
             if (!q)
                 continue; /* ended by an earlier row of this step */
             if (st != TP_OK)
-                finish(g, q, TP_GEN_FAILED, &err);
+                finish(g, q, TP_GEN_FAILED, st, &err);
             else if (sr->owner[r] == q)
                 take_token(g, q, sr->next[r], t1);
         }
@@ -215,29 +218,39 @@ tp_status tp_gen_create(const tp_gen_opts *o, tp_gen **out, tp_err *err)
     if (pthread_create(&g->thread, NULL, gen_main, g) != 0) {
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
-        g->o.slots = 0; /* nothing to finish */
         tp_gen_free(g);
         return tp_fail(err, TP_INTERNAL, "generation: cannot start the scheduler thread");
     }
+    g->started = 1;
     *out = g;
     return TP_OK;
+}
+
+void tp_gen_stop(tp_gen *g, const char *why)
+{
+    if (!g || g->stopped)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->stopping = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->thread, NULL);
+    tp_err e;
+    tp_fail(&e, TP_UNAVAILABLE, "%s", why);
+    pthread_mutex_lock(&g->mu);
+    for (int64_t s = 0; s < g->o.slots; s++)
+        if (g->seqs[s])
+            finish(g, g->seqs[s], TP_GEN_FAILED, TP_UNAVAILABLE, &e);
+    pthread_mutex_unlock(&g->mu);
+    g->stopped = 1;
 }
 
 void tp_gen_free(tp_gen *g)
 {
     if (!g)
         return;
-    if (g->o.slots > 0 && g->seqs) {
-        pthread_mutex_lock(&g->mu);
-        g->stopping = 1;
-        pthread_cond_signal(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        pthread_join(g->thread, NULL);
-        tp_err why;
-        tp_fail(&why, TP_UNAVAILABLE, "the server is stopping");
-        for (int64_t s = 0; s < g->o.slots; s++)
-            if (g->seqs[s])
-                finish(g, g->seqs[s], TP_GEN_FAILED, &why);
+    if (g->started) {
+        tp_gen_stop(g, "the server is stopping");
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
     }
@@ -333,7 +346,7 @@ tp_status tp_gen_submit(tp_gen *g, const tp_gen_request *rq, tp_gen_seq **out, t
 }
 
 int64_t tp_gen_seq_read(tp_gen_seq *q, int64_t from, int64_t *ids, int64_t cap, tp_gen_wake wake_on,
-                        void (*armed)(void *), void *armed_arg, tp_gen_end *end, tp_err *err)
+                        void (*armed)(void *), void *armed_arg, tp_gen_end *end, tp_status *st, tp_err *err)
 {
     pthread_mutex_lock(&q->mu);
     int64_t n = q->n_tokens > from ? q->n_tokens - from : 0;
@@ -342,6 +355,8 @@ int64_t tp_gen_seq_read(tp_gen_seq *q, int64_t from, int64_t *ids, int64_t cap, 
     if (n > 0)
         memcpy(ids, q->tokens + from, (size_t)n * sizeof(int64_t));
     *end = q->end;
+    if (st)
+        *st = q->end == TP_GEN_FAILED ? q->fail_st : TP_OK;
     if (q->end == TP_GEN_FAILED && err)
         *err = q->err;
     if (n == 0 && q->end == TP_GEN_RUNNING) {
@@ -353,7 +368,7 @@ int64_t tp_gen_seq_read(tp_gen_seq *q, int64_t from, int64_t *ids, int64_t cap, 
     return n;
 }
 
-int64_t tp_gen_seq_prompt_len(const tp_gen_seq *q) { return q->n_prompt; }
+int64_t tp_gen_seq_max_tokens(const tp_gen_seq *q) { return q->cap_tokens; }
 
 void tp_gen_seq_cancel(tp_gen_seq *q) { atomic_store(&q->cancelled, 1); }
 

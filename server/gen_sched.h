@@ -40,7 +40,10 @@ typedef struct {
 
 tp_status tp_gen_create(const tp_gen_opts *o, tp_gen **out, tp_err *err);
 /* Stops the thread after its step; sequences still running end
- * TP_GEN_FAILED ("the server is stopping") and are notified. */
+ * TP_GEN_FAILED (TP_UNAVAILABLE, why) and are notified; submits are
+ * refused from now on. Returns when no step runs any more. */
+void tp_gen_stop(tp_gen *g, const char *why);
+/* tp_gen_stop("the server is stopping") when not stopped yet, then frees. */
 void tp_gen_free(tp_gen *g);
 
 /* How a sequence ended; TP_GEN_RUNNING until then. */
@@ -77,7 +80,8 @@ typedef struct {
 tp_status tp_gen_submit(tp_gen *g, const tp_gen_request *rq, tp_gen_seq **out, tp_err *err);
 
 /* Copies the tokens from index `from` on (at most cap) to ids and returns
- * how many; *end (and err when TP_GEN_FAILED) says whether more will come.
+ * how many; *end says whether more will come, and when it is
+ * TP_GEN_FAILED, *st (may be NULL) and err (may be NULL) why.
  * When nothing new is there and the sequence runs on, arms its notify: on
  * the next token (wake_on == TP_GEN_WAKE_TOKEN) or only at its end
  * (TP_GEN_WAKE_END), called with the lock this read holds. `armed`, when
@@ -85,8 +89,9 @@ tp_status tp_gen_submit(tp_gen *g, const tp_gen_request *rq, tp_gen_seq **out, t
  * suspends its connection there, so the notify cannot come before it). */
 typedef enum { TP_GEN_WAKE_TOKEN = 1, TP_GEN_WAKE_END = 2 } tp_gen_wake;
 int64_t tp_gen_seq_read(tp_gen_seq *q, int64_t from, int64_t *ids, int64_t cap, tp_gen_wake wake_on,
-                        void (*armed)(void *), void *armed_arg, tp_gen_end *end, tp_err *err);
-int64_t tp_gen_seq_prompt_len(const tp_gen_seq *q);
+                        void (*armed)(void *), void *armed_arg, tp_gen_end *end, tp_status *st, tp_err *err);
+/* The most tokens q can produce: max_tokens, or what its slot has room for. */
+int64_t tp_gen_seq_max_tokens(const tp_gen_seq *q);
 /* The client is gone: its slot is freed at the next step boundary. */
 void tp_gen_seq_cancel(tp_gen_seq *q);
 /* The caller is done with q; no notify runs after this returns. */

@@ -440,6 +440,8 @@ tp_status tp_http_set_engines(tp_http *h, tp_engine *const *inst, int n, tp_err 
         h->outs[i] = *tp_engine_output(e, i);
     h->s.may_stall = tp_engine_steps_may_stall(e);
     tp_status st = start_batcher(h, inst, n, err);
+    if (st == TP_OK)
+        st = http_generate_start(&h->s, e, err);
     if (st != TP_OK)
         return st;
     h->s.model = (tp_kserve_model){tp_engine_model_name(e), "1", h->ins, ni, h->outs, no,
@@ -500,8 +502,10 @@ unsigned tp_http_connections(tp_http *h)
  * which resumes their connections. */
 void tp_http_cancel_queued(tp_http *h)
 {
-    if (atomic_load(&h->s.loaded))
+    if (atomic_load(&h->s.loaded)) {
         tp_batcher_cancel(h->s.batcher, TP_UNAVAILABLE, DRAIN_CUT);
+        tp_gen_stop(h->s.gen, "server is shutting down: drain timeout reached while generating");
+    }
 }
 
 void tp_http_stop(tp_http *h)
@@ -515,11 +519,14 @@ void tp_http_stop(tp_http *h)
         pthread_cond_wait(&h->s.cv, &h->s.mu);
     pthread_mutex_unlock(&h->s.mu);
     tp_batcher_free(h->s.batcher);
+    /* every sequence ends and its suspended connection is resumed before the daemons stop */
+    tp_gen_stop(h->s.gen, "the server is stopping");
     tp_acceptor_stop(h->acceptor); /* none is handed to a daemon while it stops */
     for (int i = 0; i < h->n_daemons; i++)
         if (h->d[i])
             MHD_stop_daemon(h->d[i]);
     tp_acceptor_free(h->acceptor); /* after the daemons: they report closes to it */
+    tp_gen_free(h->s.gen);         /* after the daemons: their requests released their sequences */
     free(h->d);
     for (int i = 0; h->pins && i < h->n_daemons; i++)
         tp_cpu_pin_free(h->pins[i]);

@@ -21,6 +21,7 @@
 #include "batcher.h"
 #include "body_codec.h"
 #include "config.h"
+#include "gen_sched.h"
 #include "handoff.h"
 #include "kserve.h"
 #include "mem_budget.h"
@@ -52,6 +53,8 @@ typedef struct tp_http_ctx {
     tp_shm_registry *shm; /* system shared memory regions (empty unless allow_client_shm) */
     tp_mem_budget *mem;   /* max_memory_mb: what requests hold at once (mem_budget.h) */
     tp_batcher *batcher; /* created with the engine */
+    tp_gen *gen;         /* a generation graph's scheduler (http_generate.c); NULL for others */
+    int64_t gen_max_seq_len;
     /* Requests inside tp_batcher_submit (which may run a batch there) or
      * held by an HTTP thread: stopping waits for them before the batcher is
      * freed. Atomics (sequentially consistent: a submitter that saw
@@ -125,7 +128,7 @@ typedef struct route_def {
  *
  * Answering only once the body is in lets libmicrohttpd keep the
  * connection alive; only a 413 is sent early. */
-enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUBMITTED, REQ_SUSPENDED, REQ_REPLIED };
+enum { REQ_RECEIVING = 1, REQ_TOO_LARGE, REQ_HELD, REQ_SUBMITTED, REQ_SUSPENDED, REQ_REPLIED, REQ_GENERATING };
 
 struct req_ctx {
     tp_http_ctx *h;
@@ -155,6 +158,7 @@ struct req_ctx {
     tp_request_times times; /* for the statistics extension */
     int64_t trace_id;       /* > 0: traced (trace.h); its request id copied, as req is released first */
     char *trace_rid;
+    struct http_gen *gen; /* a /generate request's sequence (http_generate.c), until answered */
     tp_mem_hold mem;   /* what it holds of the memory budget, given back when it ends */
     int64_t body_held; /* of that, the body buffer's (0: a spare buffer, not counted) */
     /* From here on, written before they are read whatever the request, so
@@ -198,6 +202,8 @@ route_handler http_get_shm_status, http_post_shm_register, http_post_shm_unregis
 route_handler http_post_repository_index, http_post_repository_load, http_post_repository_unload;
 /* http_logging.c: the logging and trace extensions' settings */
 route_handler http_logging_settings, http_trace_settings;
+/* http_generate.c: the generate extension */
+route_handler http_post_generate, http_post_generate_stream;
 
 /* ---- between the files -------------------------------------------------- */
 
@@ -212,6 +218,18 @@ void http_run_held(tp_http_ctx *h);
 enum MHD_Result http_answer_infer(tp_http_ctx *h, req_ctx *r);
 void http_release_request(req_ctx *r);
 void http_end_trace(tp_http_ctx *h, req_ctx *r, int sent);
+
+/* http_generate.c: the generation scheduler of a generation graph (none
+ * for another), started with the engine; a /generate request's calls
+ * after its handler's (REQ_GENERATING), and its end when its connection
+ * goes first */
+tp_status http_generate_start(tp_http_ctx *h, struct tp_engine *e, tp_err *err);
+enum MHD_Result http_generate_continue(tp_http_ctx *h, req_ctx *r);
+void http_generate_end(req_ctx *r);
+/* A generation model's settings and counters added to a model config
+ * (stats 0: as "generate") or statistics answer (1: "generate_stats" in
+ * the model's entry); doc (malloc'ed) is taken, the result returned. */
+char *http_generate_annotate(tp_http_ctx *h, char *doc, int stats);
 
 /* http_request.c: libmicrohttpd's callbacks (cls: the tp_http_ctx), and
  * what the inference handler takes from the transport */

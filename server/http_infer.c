@@ -286,6 +286,9 @@ enum MHD_Result http_dispatch_infer(tp_http_ctx *h, req_ctx *r)
 {
     if (!r->before_drain)
         return http_reply_error(h, r, 503, "server is shutting down");
+    if (h->gen) /* its steps write the KV cache of the sequences the scheduler runs */
+        return http_reply_error(h, r, 400, "model '%s' is a generation graph: POST /v2/models/%s/generate or "
+                                "generate_stream", h->model.name, h->model.name);
     const char *ihcl = r->ihcl;
     r->header_len = -1;
     if (ihcl && http_parse_ll(ihcl, &r->header_len) != 0)

@@ -148,6 +148,8 @@ static enum MHD_Result check_model(tp_http_ctx *h, req_ctx *r, int *handled)
  * request is one. */
 static const route_def ROUTES[] = {
     {"POST", "/v2/models/{model}/infer", ROUTE_MODEL | ROUTE_INFER, http_dispatch_infer},
+    {"POST", "/v2/models/{model}/generate", ROUTE_MODEL | ROUTE_INFER, http_post_generate},
+    {"POST", "/v2/models/{model}/generate_stream", ROUTE_MODEL | ROUTE_INFER, http_post_generate_stream},
     {"GET, HEAD", "/v2/health/live", ROUTE_PROBE, http_get_live},
     {"GET, HEAD", "/v2/health/ready", ROUTE_PROBE, http_get_ready},
     {"GET, HEAD", "/v2", 0, http_get_server},
@@ -440,6 +442,8 @@ static enum MHD_Result handle_request(tp_http_ctx *h, int probes_only, struct MH
     case REQ_SUSPENDED:
         /* resumed: the batcher thread delivered the result */
         return http_answer_infer(h, r);
+    case REQ_GENERATING:
+        return http_generate_continue(h, r);
     default:
         /* Already answered (e.g. 413 mid-upload): discard what still comes. */
         *upload_size = 0;
@@ -506,6 +510,8 @@ void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     /* A connection broken between http_dispatch_infer and the call that would
      * suspend it (a reset read in that pass) leaves r to its batch. */
+    if (r->gen)
+        http_generate_end(r); /* its sequence is cancelled: the slot is free at the next step */
     if (r->state == REQ_SUBMITTED && !tp_handoff_orphan(&r->handoff)) {
         tp_log(TP_LOG_DEBUG, "%s %s: connection closed before its request ran: freed once "
                "its batch is done", r->method, r->url);

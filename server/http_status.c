@@ -39,6 +39,11 @@ enum MHD_Result http_get_metrics(tp_http_ctx *h, req_ctx *r)
     tp_metrics_set_gauges(h->metrics, atomic_load(&h->in_engine),
                           atomic_load(&h->loaded) ? tp_batcher_queued(h->batcher) : 0);
     tp_metrics_set_shm_regions(h->metrics, tp_shm_count(h->shm));
+    if (h->gen && atomic_load(&h->loaded)) {
+        tp_gen_stats gs;
+        tp_gen_get_stats(h->gen, &gs);
+        tp_metrics_set_generation(h->metrics, &gs);
+    }
     tp_metrics_set_trace_dropped(h->metrics, tp_trace_dropped(h->trace));
     uint64_t full, too_large;
     tp_mem_budget_refusals(h->mem, &full, &too_large);
@@ -85,7 +90,7 @@ enum MHD_Result http_get_model(tp_http_ctx *h, req_ctx *r)
 
 enum MHD_Result http_get_model_config(tp_http_ctx *h, req_ctx *r)
 {
-    return http_reply_json(h, r, 200, tp_kserve_model_config(&h->model));
+    return http_reply_json(h, r, 200, http_generate_annotate(h, tp_kserve_model_config(&h->model), 0));
 }
 
 /* Statistics of the one model, for /v2/models/M/stats and /v2/models/stats
@@ -94,5 +99,6 @@ enum MHD_Result http_get_stats(tp_http_ctx *h, req_ctx *r)
 {
     if (!atomic_load(&h->loaded))
         return http_reply_json(h, r, 200, strdup("{\"model_stats\":[]}"));
-    return http_reply_json(h, r, 200, tp_model_stats_json(h->stats, h->model.name, h->model.version));
+    return http_reply_json(h, r, 200,
+                           http_generate_annotate(h, tp_model_stats_json(h->stats, h->model.name, h->model.version), 1));
 }

@@ -25,6 +25,8 @@ struct tp_metrics {
     _Atomic long shm_regions;
     _Atomic int64_t mem_limit, mem_used; /* the memory budget's, copied before rendering */
     _Atomic uint64_t mem_refusals[2]; /* [0] 503 (full), [1] 413 (too large) */
+    tp_gen_stats gen; /* a generation model's scheduler's, copied before rendering (under mu) */
+    int have_gen;
     tp_histogram request_s, queue_s, compute_s, batch_rows;
     pthread_mutex_t mu; /* guards es, have_es */
     tp_engine_stats es;
@@ -129,6 +131,14 @@ void tp_metrics_set_memory(tp_metrics *m, int64_t limit, int64_t used, uint64_t 
     atomic_store(&m->mem_used, used);
     atomic_store(&m->mem_refusals[0], full);
     atomic_store(&m->mem_refusals[1], too_large);
+}
+
+void tp_metrics_set_generation(tp_metrics *m, const tp_gen_stats *g)
+{
+    pthread_mutex_lock(&m->mu);
+    m->gen = *g;
+    m->have_gen = 1;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void tp_metrics_set_shm_regions(tp_metrics *m, long regions)
@@ -339,12 +349,36 @@ static void render_engine(sbuf *b, const tp_engine_stats *es)
                   (long long)(es ? es->arena_bytes[k] : 0));
 }
 
+/* Only for a generation model (the generate extension). */
+static void render_generation(sbuf *b, const tp_gen_stats *g)
+{
+    counter(b, "tpserve_generate_sequences_total", "Sequences accepted by generate and generate_stream.",
+            g->sequences);
+    counter(b, "tpserve_generate_prompt_tokens_total", "Prompt tokens prefilled.", g->prompt_tokens);
+    counter(b, "tpserve_generate_output_tokens_total", "Tokens generated.", g->output_tokens);
+    counter(b, "tpserve_generate_steps_total", "Engine steps of the generation scheduler.", g->steps);
+    counter(b, "tpserve_generate_step_rows_total",
+            "Token rows in those steps (prompt rows and one per running sequence).", g->rows);
+    counter(b, "tpserve_generate_cancelled_total", "Sequences whose client went before they ended.",
+            g->cancelled);
+    counter(b, "tpserve_generate_failed_total", "Sequences ended by a failed step or a shutdown.", g->failed);
+    gauge(b, "tpserve_generate_slots", "KV cache slots (generate_slots): sequences generated at once.", g->slots);
+    gauge(b, "tpserve_generate_slots_in_use", "Slots held by running sequences.", g->slots_in_use);
+    family(b, "tpserve_generate_time_per_output_token_seconds", "summary",
+           "Time between a sequence's output tokens after its first, over ended sequences.");
+    sb_printf(b, "tpserve_generate_time_per_output_token_seconds_sum %.9g\n", g->decode_s);
+    sb_printf(b, "tpserve_generate_time_per_output_token_seconds_count %llu\n",
+              (unsigned long long)g->decode_tokens);
+}
+
 char *tp_metrics_render(tp_metrics *m, size_t *len)
 {
     tp_engine_stats es;
+    tp_gen_stats gen;
     pthread_mutex_lock(&m->mu);
-    int have = m->have_es;
+    int have = m->have_es, have_gen = m->have_gen;
     es = m->es;
+    gen = m->gen;
     pthread_mutex_unlock(&m->mu);
     sbuf b = {malloc(8192), 0, 8192, 0};
     if (!b.p)
@@ -352,6 +386,8 @@ char *tp_metrics_render(tp_metrics *m, size_t *len)
     render_requests(&b, m);
     render_batching(&b, m, have ? &es : NULL);
     render_engine(&b, have ? &es : NULL);
+    if (have_gen)
+        render_generation(&b, &gen);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "gen_sched.h"
 
 #define TP_HIST_MAX 24
 
@@ -67,6 +68,10 @@ void tp_metrics_engine_stats(tp_metrics *m, const tp_engine_stats *s);
  * its refusals (503: full, 413: a request alone too large), copied before
  * rendering. */
 void tp_metrics_set_memory(tp_metrics *m, int64_t limit, int64_t used, uint64_t full, uint64_t too_large);
+
+/* A generation model's scheduler's counters (gen_sched.h), copied before
+ * rendering; without a call, no tpserve_generate_* family is rendered. */
+void tp_metrics_set_generation(tp_metrics *m, const tp_gen_stats *g);
 
 char *tp_metrics_render(tp_metrics *m, size_t *len);
 

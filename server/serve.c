@@ -452,8 +452,9 @@ static void *load_main(void *arg)
     int64_t buckets[TP_MAX_BUCKETS];
     tp_engine_opts opts = {.backend = c->backend, .settings = &c->backend_settings, .buckets = buckets,
                            .serial_step_max_us = c->serial_step_max_us, .on_lost = wake_main,
-                           .on_lost_arg = (void *)(intptr_t)j->event_fd};
-    tp_worker_spec ws = {.graph = c->graph, .backend = c->backend, .buckets = c->buckets};
+                           .on_lost_arg = (void *)(intptr_t)j->event_fd, .state_slots = c->generate_slots};
+    tp_worker_spec ws = {.graph = c->graph, .backend = c->backend, .buckets = c->buckets,
+                         .slots = c->generate_slots};
     char **argv = strcmp(c->ranks, "processes") == 0 ? tp_worker_argv(&ws) : NULL;
     tp_rank_group_opts go = group_opts(c, argv);
     if (argv)

@@ -1,6 +1,7 @@
 #include "worker.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,12 @@ char **tp_worker_argv(const tp_worker_spec *s)
         a[n++] = "--disable-pass";
         a[n++] = s->disable_passes;
     }
+    char slots[24];
+    if (s->slots > 0) {
+        snprintf(slots, sizeof slots, "%d", s->slots);
+        a[n++] = "--slots";
+        a[n++] = slots;
+    }
     if (s->no_passes)
         a[n++] = "--no-passes";
     if (s->eager)
@@ -40,6 +47,17 @@ char **tp_worker_argv(const tp_worker_spec *s)
     return argv;
 }
 
+/* 0 when text is a slot count in [1, 65536] (stored in *out) */
+static int parse_slots(const char *text, int64_t *out)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < 1 || v > 65536)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 void tp_worker_argv_free(char **argv)
 {
     for (int i = 0; argv && argv[i]; i++)
@@ -51,7 +69,7 @@ void tp_worker_usage(FILE *out)
 {
     fprintf(out,
             "  tpserve worker GRAPH.json [--rendezvous PATH [--rendezvous-secret-file F]]\n"
-            "              [--backend B] [--buckets LIST] [--no-passes] [--disable-pass NAME] [--eager]\n"
+            "              [--backend B] [--buckets LIST] [--slots N] [--no-passes] [--disable-pass NAME] [--eager]\n"
             "      one rank of a process group (RANK/WORLD_SIZE, or TP_RANK/TP_WORLD_SIZE\n"
             "      from a leader); started by `serve --ranks processes`, or by hand with\n"
             "      --rendezvous to join a leader started with the same PATH, presenting the\n"
@@ -79,7 +97,7 @@ static tp_engine *worker_left_to_exit;
 int tp_worker_main(int argc, char **argv)
 {
     static const char usage[] = "usage: tpserve worker GRAPH.json [--rendezvous PATH [--rendezvous-secret-file F]] "
-                                "[--backend B] [--buckets LIST] [--no-passes] [--disable-pass NAME] [--eager]";
+                                "[--backend B] [--buckets LIST] [--slots N] [--no-passes] [--disable-pass NAME] [--eager]";
     tp_rank_group_opts go = {.mode = TP_GROUP_WORKER};
     go.rank = env_int("TP_RANK", "RANK", -1);
     go.world = env_int("TP_WORLD_SIZE", "WORLD_SIZE", -1);
@@ -96,6 +114,8 @@ int tp_worker_main(int argc, char **argv)
             opts.backend = argv[++i];
         else if (strcmp(argv[i], "--buckets") == 0 && i + 1 < argc)
             buckets = argv[++i];
+        else if (strcmp(argv[i], "--slots") == 0 && i + 1 < argc && parse_slots(argv[++i], &opts.state_slots))
+            return fail("--slots needs an integer in [1, 65536]", go.rank);
         else if (strcmp(argv[i], "--rendezvous") == 0 && i + 1 < argc)
             go.rendezvous = argv[++i];
         else if (strcmp(argv[i], "--rendezvous-secret-file") == 0 && i + 1 < argc)

@@ -10,6 +10,7 @@
 typedef struct {
     const char *graph, *backend, *buckets, *disable_passes;
     int no_passes, eager;
+    int slots; /* generation graphs: state slots (engine opts state_slots); 0: the default */
 } tp_worker_spec;
 
 /* "/proc/self/exe worker GRAPH ..." as a NULL-terminated argv; NULL when out

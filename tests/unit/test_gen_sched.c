@@ -106,9 +106,9 @@ static int64_t read_all(tp_gen_seq *q, int64_t *out, int64_t cap, tp_gen_end *en
 {
     int64_t n = 0;
     for (;;) {
-        n += tp_gen_seq_read(q, n, out + n, cap - n, TP_GEN_WAKE_TOKEN, NULL, NULL, end, err);
+        n += tp_gen_seq_read(q, n, out + n, cap - n, TP_GEN_WAKE_TOKEN, NULL, NULL, end, NULL, err);
         if (*end != TP_GEN_RUNNING) {
-            n += tp_gen_seq_read(q, n, out + n, cap - n, TP_GEN_WAKE_TOKEN, NULL, NULL, end, err);
+            n += tp_gen_seq_read(q, n, out + n, cap - n, TP_GEN_WAKE_TOKEN, NULL, NULL, end, NULL, err);
             return n;
         }
         usleep(200);
@@ -282,6 +282,9 @@ START_TEST(step_failure_ends_its_sequences)
     ck_assert_int_eq(end, TP_GEN_FAILED);
     ck_assert_int_eq(n, 2); /* steps 1 and 2 gave a token each */
     ck_assert_msg(strstr(err.msg, "injected failure"), "%s", err.msg);
+    tp_status st = TP_OK;
+    tp_gen_seq_read(q, n, got, 32, TP_GEN_WAKE_END, NULL, NULL, &end, &st, NULL);
+    ck_assert_int_eq(st, TP_BACKEND);
     tp_gen_seq_release(q);
     /* the scheduler goes on with the next sequence */
     q = submit(g, prompt, 2, 4);
@@ -328,7 +331,7 @@ START_TEST(notify_wakes_an_armed_reader)
             pthread_mutex_lock(&w.mu);
             w.woken = 0;
             pthread_mutex_unlock(&w.mu);
-            int64_t k = tp_gen_seq_read(q, n, got + n, 16 - n, (tp_gen_wake)wake, NULL, NULL, &end, &err);
+            int64_t k = tp_gen_seq_read(q, n, got + n, 16 - n, (tp_gen_wake)wake, NULL, NULL, &end, NULL, &err);
             n += k;
             reads++;
             if (k == 0 && end == TP_GEN_RUNNING) {
@@ -361,7 +364,7 @@ START_TEST(free_ends_running_sequences)
     int64_t got[MAX_LEN + 2];
     tp_gen_end end;
     tp_err err;
-    tp_gen_seq_read(q, 0, got, MAX_LEN + 2, TP_GEN_WAKE_END, NULL, NULL, &end, &err);
+    tp_gen_seq_read(q, 0, got, MAX_LEN + 2, TP_GEN_WAKE_END, NULL, NULL, &end, NULL, &err);
     ck_assert(end == TP_GEN_FAILED || end == TP_GEN_CACHE_FULL);
     tp_gen_seq_release(q);
     free(m);

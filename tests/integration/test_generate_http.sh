@@ -1,0 +1,135 @@
+#!/bin/sh
+# test_generate_http.sh — the generate extension on the example decoder
+# (graphs/gen_examples.py: gen_decoder_tp1/2/4, GQA, a vocab-parallel head
+# whose padding argmax must skip): each prompt's continuation equals the
+# NumPy greedy reference token for token, through /generate and
+# /generate_stream, alone and 8 at once, at world sizes 1, 2 and 4, ranks
+# as threads and as processes; bad requests get 400 naming what is wrong;
+# a server whose slots are all busy answers 503; a stream whose client goes frees its slot; /infer is
+# refused on a generation model; model config, statistics and /metrics
+# report the scheduler.
+#
+# env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the logs.
+# shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
+set -u
+: "${TPSERVE:?set TPSERVE to the tpserve binary}"
+: "${TP_GRAPHS:?set TP_GRAPHS to the generated graphs directory}"
+PYTHON=${PYTHON:-python3}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_generate.XXXXXX")
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+. "$HERE/lib/server.sh"
+CLIENT="$HERE/generate_client.py"
+
+# The reference continuations in the client's format, from the steps file
+# gen_examples.py writes beside the graphs (full token lists, prompts first).
+$PYTHON - "$TP_GRAPHS/gen_decoder.steps.json" "$TMP/tokens.json" "$ROOT/graphs" <<'EOF' || exit 1
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from gen_examples import GEN_SEQS
+toks = json.load(open(sys.argv[1]))["tokens"]
+prompts = [GEN_SEQS[s][1] for s in sorted(GEN_SEQS)]
+outs = [toks[s][len(GEN_SEQS[s][1]):] for s in sorted(GEN_SEQS)]
+json.dump({"prompts": prompts, "output_ids": outs}, open(sys.argv[2], "w"))
+EOF
+
+post() { curl -s -o "$TMP/body" -w '%{http_code}' "$URL/v2/models/$1" -d "$2"; }
+# expect_status ROUTE BODY CODE TEXT: the answer's status and that its
+# error names TEXT
+expect_status() {
+    code=$(post "$1" "$2")
+    [ "$code" = "$3" ] && grep -q "$4" "$TMP/body" && pass "$1 $2 -> $3 ($(cat "$TMP/body"))" ||
+        fail "$1 $2: got $code $(cat "$TMP/body"), want $3 naming '$4'"
+}
+
+# 1. every world size and rank mode, every way of asking, alone and 8 at once
+for ws in 1 2 4; do
+    for ranks in threads processes; do
+        [ "$ws" = 1 ] && [ "$ranks" = processes ] && continue
+        G=gen_decoder_tp$ws
+        start "$G-$ranks" --graph "$TP_GRAPHS/$G.json" --ranks "$ranks" || continue
+        for mode in "" --stream; do
+            for n in 1 8; do
+                # shellcheck disable=SC2086
+                $PYTHON "$CLIENT" check "$URL" "$G" "$TMP/tokens.json" --concurrent $n $mode >"$TMP/c" 2>&1 &&
+                    pass "ws $ws $ranks: ${mode:-generate} x$n equals the greedy reference" ||
+                    fail "ws $ws $ranks ${mode:-generate} x$n: $(head -3 "$TMP/c")"
+            done
+        done
+        kill "$PID"; wait "$PID" 2>/dev/null
+    done
+done
+
+# 2. bad requests, /infer, what the server reports
+G=gen_decoder_tp2
+if start bad --graph "$TP_GRAPHS/$G.json"; then
+    expect_status "$G/generate" '{"input_ids":[1,37]}' 400 "input_ids\[1\] = 37 is outside the vocabulary \[0, 37)"
+    expect_status "$G/generate" '{"input_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}' 400 "more than the model's max_seq_len 16"
+    expect_status "$G/generate" '{"input_ids":[]}' 400 "empty"
+    expect_status "$G/generate" '{"input_ids":[1], "max_tokens":0}' 400 "max_tokens is 0"
+    expect_status "$G/generate" '{"input_ids":[1.5]}' 400 "input_ids\[0\] is not an integer"
+    expect_status "$G/generate" '{"input_ids":[1], "temperature":0.7}' 400 "unknown key 'temperature'"
+    expect_status "$G/generate_stream" '{"prompt":"hi"}' 400 "missing 'input_ids'"
+    expect_status "$G/generate" '{"input_ids":[1' 400 "not JSON"
+    expect_status "$G/infer" '{"inputs":[]}' 400 "is a generation graph"
+    code=$(post "$G/generate" '{"input_ids":[3,14,15,9,26], "parameters":{"max_tokens":3, "stop_ids":[999]}}')
+    [ "$code" = 200 ] && grep -q '"output_ids":\[23,11,23\],"finish_reason":"length"' "$TMP/body" &&
+        pass "parameters.max_tokens (Triton's place) is honoured" || fail "parameters: $code $(cat "$TMP/body")"
+    code=$(post "$G/generate" '{"input_ids":[3,14,15,9,26], "max_tokens":7, "stop_ids":[17]}')
+    [ "$code" = 200 ] && grep -q '"output_ids":\[23,11,23,17\],"finish_reason":"stop"' "$TMP/body" &&
+        pass "stop_ids end the sequence at the stop token (kept)" || fail "stop_ids: $code $(cat "$TMP/body")"
+    code=$(post "$G/generate" '{"input_ids":[3,14,15,9,26,1,2,3,4,5,6,7], "max_tokens":70}')
+    [ "$code" = 200 ] && grep -q '"finish_reason":"cache_full"' "$TMP/body" &&
+        [ "$($PYTHON -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["output_ids"]))' "$TMP/body")" = 5 ] &&
+        pass "a sequence ends when its slot's 16 positions are used (12 + 5 - 1)" ||
+        fail "cache_full: $code $(cat "$TMP/body")"
+    curl -s "$URL/v2/models/$G/config" >"$TMP/cfg"
+    grep -q '"generate":{"max_seq_len":16,"slots":16' "$TMP/cfg" && pass "model config reports max_seq_len and slots" ||
+        fail "config: $(head -c 300 "$TMP/cfg")"
+    curl -s "$URL/v2/models/$G/stats" >"$TMP/stats"
+    grep -q '"generate_stats":{' "$TMP/stats" && pass "statistics carry generate_stats" ||
+        fail "stats: $(head -c 300 "$TMP/stats")"
+    curl -s "$URL/metrics" >"$TMP/metrics"
+    for m in tpserve_generate_output_tokens_total tpserve_generate_steps_total tpserve_generate_slots_in_use \
+             tpserve_generate_time_per_output_token_seconds_count; do
+        grep -q "^$m [0-9]" "$TMP/metrics" && pass "/metrics has $m" || fail "/metrics lacks $m"
+    done
+    [ "$(awk '$1 == "tpserve_generate_output_tokens_total" {print $2}' "$TMP/metrics")" -eq 12 ] &&
+        pass "/metrics counted the 12 tokens (3 + 4 + 5)" || fail "output tokens: $(grep output_tokens_total "$TMP/metrics")"
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
+
+# 3. a model with a long cache (the example decoder's positions tiled to
+# 2048), so a sequence runs long enough for its client to go first
+$PYTHON - "$TP_GRAPHS/gen_decoder_tp2" "$TMP/gen_long" "$ROOT/graphs" <<'EOF' || exit 1
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[3])
+from gen_examples import load_safetensors, save_safetensors
+src, dst, L = sys.argv[1], sys.argv[2], 2048
+g = json.load(open(src + ".json"))
+g["name"], g["weights"] = "gen_long", "gen_long.safetensors"
+g["generate"]["max_seq_len"] = L
+for s in g["states"]:
+    s["shape"][2] = L
+for p in g["params"]:
+    if p["name"] == "pos_emb":
+        p["shape"][0] = L
+w = load_safetensors(src + ".safetensors")
+st, pe = w["pos_emb"]
+w["pos_emb"] = (st, np.tile(pe, (L // pe.shape[0], 1)))
+json.dump(g, open(dst + ".json", "w"))
+save_safetensors(dst + ".safetensors", w)
+EOF
+if start slots --graph "$TMP/gen_long.json" --generate-slots 2; then
+    $PYTHON "$CLIENT" disconnect "$URL" gen_long 3 >"$TMP/c" 2>&1 &&
+        pass "a stream whose client goes mid-stream frees its slot (counted as cancelled)" ||
+        fail "disconnect: $(cat "$TMP/c")"
+    $PYTHON "$CLIENT" saturate "$URL" gen_long 2 >"$TMP/c" 2>&1 &&
+        pass "3 long sequences on 2 slots: one gets 503 naming the slots, the others run to cache_full" ||
+        fail "saturate: $(cat "$TMP/c")"
+    kill "$PID"; wait "$PID" 2>/dev/null
+fi
+
+echo "test_generate_http: $npass passed, $nfail failed"
+[ "$nfail" = 0 ]
