@@ -14,8 +14,9 @@
 #   the engine's FP32 arithmetic emulated) generates transformers' 24
 #   reference tokens for every prompt (all prompts prefilled in one step,
 #   then decoded together);
-# - `tpserve run` of each graph (ranks as threads and as processes), one
-#   step of token rows holding every prompt and its reference continuation:
+# - `tpserve run` of each graph (ranks as threads and as processes) on the
+#   rows of every prompt and its reference continuation, as prefills and as
+#   one decode step per position with the caches persisting between steps:
 #   each row's next_token is transformers' next token;
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), --sequence-parallel,
@@ -96,49 +97,61 @@ PY
     pass "NumPy evaluation of every imported graph: $(cat "$TMP/tokens") equal to transformers' generate" ||
     fail "NumPy evaluation vs transformers' tokens: $(tail -3 "$TMP/tokens")"
 
-# ---- tpserve runs the imported graphs: transformers' tokens, teacher-forced ------
-# One step per graph whose token rows are every prompt followed by its
-# reference continuation (all but the last token), each sequence in its own
-# 1-based slot at positions 0..n-1: every row writes its k/v before any row
-# reads, so the next_token of each row from the prompt's last on must be
-# the next reference token (greedy decoding, 24 tokens x 3 prompts).
-# rows.py inputs|check TOKENS FILE: write the step's inputs / check its output.
+# ---- tpserve runs the imported graphs: transformers' tokens -----------------------
+# Token rows holding every prompt followed by its reference continuation (all
+# but the last token), each sequence in its own 1-based slot at positions
+# 0..n-1, run by `tpserve run` in two layouts:
+# - prefill: sequence after sequence, 88 rows run in pieces of the largest
+#   bucket (16): a row reads what its own and earlier pieces wrote;
+# - steps: position-major with --buckets 1,2,3, so the engine runs 30
+#   pieces of 3 rows in order, the caches persisting across them: up to
+#   position 23 each piece is one decode step of the three sequences (a
+#   server's decode loop, teacher-forced).
+# Each row's next_token from the prompt's last row on must be the next
+# reference token (greedy decoding: 24 tokens x 3 prompts).
+# rows.py inputs|check prefill|steps TOKENS FILE GRAPHS_DIR
 cat >"$TMP/rows.py" <<'PY'
 import json, sys
 import numpy as np
-sys.path.insert(0, sys.argv[4])
+sys.path.insert(0, sys.argv[5])
 from gen_examples import load_safetensors, save_safetensors
-mode, ref, path = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
+mode, layout, ref, path = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), sys.argv[4]
 seqs = [p + o[:-1] for p, o in zip(ref["prompts"], ref["output_ids"])]
+rows = [(k, pos, t) for k, s in enumerate(seqs) for pos, t in enumerate(s)]  # (sequence, position, token)
+if layout == "steps":
+    rows.sort(key=lambda r: (r[1], r[0]))
 if mode == "inputs":
-    ids, pos, slot = (np.array(sum(x, []), np.int64) for x in
-                      (seqs, [list(range(len(s))) for s in seqs], [[k + 1] * len(s) for k, s in enumerate(seqs)]))
-    save_safetensors(path, {"input_ids": ("I64", ids.reshape(-1, 1)), "position_ids": ("I64", pos),
-                            "cache_slot": ("I64", slot)})
+    save_safetensors(path, {"input_ids": ("I64", np.array([[r[2]] for r in rows], np.int64)),
+                            "position_ids": ("I64", np.array([r[1] for r in rows], np.int64)),
+                            "cache_slot": ("I64", np.array([r[0] + 1 for r in rows], np.int64))})
     sys.exit(0)
-got, start = load_safetensors(path)["next_token"][1], 0
-for p, o, s in zip(ref["prompts"], ref["output_ids"], seqs):
-    picks = [int(t) for t in got[start + len(p) - 1:start + len(s)]]
-    start += len(s)
-    if picks != o:
-        sys.exit("prompt %s: tpserve %s, transformers %s" % (p, picks, o))
-print("%d rows, %d x %d tokens" % (start, len(seqs), len(ref["output_ids"][0])))
+picks = {(r[0], r[1]): int(t) for r, t in zip(rows, load_safetensors(path)["next_token"][1])}
+for k, (p, o) in enumerate(zip(ref["prompts"], ref["output_ids"])):
+    got = [picks[(k, pos)] for pos in range(len(p) - 1, len(seqs[k]))]
+    if got != o:
+        sys.exit("prompt %s: tpserve %s, transformers %s" % (p, got, o))
+print("%d rows, %d x %d tokens" % (len(rows), len(seqs), len(ref["output_ids"][0])))
 PY
 GEN_SIZES="1 2 4"
 [ -n "${TP_SANITIZED:-}" ] && GEN_SIZES=2 # the kernels of 1 and 4 ranks are those of 2
 for m in gpt2_gen llama_gen; do
-    $PYTHON "$TMP/rows.py" inputs "$FIX/$m.tokens.json" "$TMP/$m.rows.safetensors" "$ROOT/graphs" ||
-        { fail "$m: step inputs"; continue; }
-    for ws in $GEN_SIZES; do
-        for r in threads processes; do
-            if "$TPSERVE" run "$TMP/${m}_tp$ws.json" --inputs "$TMP/$m.rows.safetensors" --output "$TMP/out.safetensors" \
-                --backend cpu --ranks $r >"$TMP/run.log" 2>&1 &&
-                $PYTHON "$TMP/rows.py" check "$FIX/$m.tokens.json" "$TMP/out.safetensors" "$ROOT/graphs" >"$TMP/cmp" 2>&1
-            then
-                pass "tpserve run ${m}_tp$ws ($r): $(cat "$TMP/cmp") equal to transformers' generate"
-            else
-                fail "tpserve run ${m}_tp$ws ($r): $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
-            fi
+    for layout in prefill steps; do
+        $PYTHON "$TMP/rows.py" inputs $layout "$FIX/$m.tokens.json" "$TMP/$m.$layout.safetensors" "$ROOT/graphs" ||
+            { fail "$m: $layout inputs"; continue; }
+        buckets=
+        [ $layout = steps ] && buckets="--buckets 1,2,3"
+        for ws in $GEN_SIZES; do
+            for r in threads processes; do
+                # shellcheck disable=SC2086
+                if "$TPSERVE" run "$TMP/${m}_tp$ws.json" --inputs "$TMP/$m.$layout.safetensors" \
+                    --output "$TMP/out.safetensors" --backend cpu --ranks $r $buckets >"$TMP/run.log" 2>&1 &&
+                    $PYTHON "$TMP/rows.py" check $layout "$FIX/$m.tokens.json" "$TMP/out.safetensors" "$ROOT/graphs" \
+                        >"$TMP/cmp" 2>&1; then
+                    pass "tpserve run ${m}_tp$ws ($r, $layout): $(cat "$TMP/cmp") equal to transformers' generate"
+                else
+                    fail "tpserve run ${m}_tp$ws ($r, $layout): $(cat "$TMP/run.log" "$TMP/cmp" 2>/dev/null | tail -3)"
+                fi
+            done
         done
     done
 done
