@@ -1,14 +1,72 @@
 /* blas_pick.c — see blas_pick.h. */
 #include "blas_pick.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <strings.h>
 
 char *openblas_get_corename(void);
+void openblas_set_num_threads(int num_threads);
 
 int tp_blas_threads_per_rank(int world, int cores)
 {
     return world > 0 && cores > world ? cores / world : 1;
+}
+
+/* The count OpenBLAS runs with (running) and the calls running on it
+ * (users), apart from the count set for large products (wanted). */
+static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t count_free = PTHREAD_COND_INITIALIZER;
+static int wanted = 1, running = 1, users;
+
+void tp_blas_set_threads(int threads)
+{
+    pthread_mutex_lock(&count_mu);
+    wanted = threads > 1 ? threads : 1;
+    while (users)
+        pthread_cond_wait(&count_free, &count_mu);
+    openblas_set_num_threads(wanted); /* starts the threads now, not in a step */
+    running = wanted;
+    pthread_mutex_unlock(&count_mu);
+}
+
+int tp_blas_threads(void)
+{
+    pthread_mutex_lock(&count_mu);
+    int n = wanted;
+    pthread_mutex_unlock(&count_mu);
+    return n;
+}
+
+int tp_blas_product_threads(int64_t M, int64_t N, int64_t K, int threads)
+{
+    if (threads <= 1 || M < TP_BLAS_THREADED_MIN_ROWS)
+        return 1;
+    /* M, N, K fit BLAS's int (ops_sgemm checks): the product fits int64 */
+    return M * N * K >= TP_BLAS_THREADED_MIN_MACS ? threads : 1;
+}
+
+int tp_blas_call_begin(int64_t M, int64_t N, int64_t K)
+{
+    pthread_mutex_lock(&count_mu);
+    int n = tp_blas_product_threads(M, N, K, wanted);
+    while (users && running != n)
+        pthread_cond_wait(&count_free, &count_mu);
+    if (running != n) {
+        openblas_set_num_threads(n);
+        running = n;
+    }
+    users++;
+    pthread_mutex_unlock(&count_mu);
+    return n;
+}
+
+void tp_blas_call_end(void)
+{
+    pthread_mutex_lock(&count_mu);
+    if (--users == 0)
+        pthread_cond_broadcast(&count_free);
+    pthread_mutex_unlock(&count_mu);
 }
 
 unsigned tp_cpu_blas_features(void)

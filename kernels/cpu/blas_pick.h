@@ -13,11 +13,51 @@
 #ifndef TP_BLAS_PICK_H
 #define TP_BLAS_PICK_H
 
+#include <stdint.h>
+
 /* OpenBLAS threads for each rank's GEMMs when `world` ranks share `cores`
  * usable CPUs (affinity and cgroup quota: tp_spin_cores): the cores shared
  * out, at least one. The ranks are the first parallelism; cores left over
  * go to the GEMMs (world size 1 on 2 cores: 2 threads; 2 ranks: 1 each). */
 int tp_blas_threads_per_rank(int world, int cores);
+
+/* Makes `threads` (>= 1) this process's OpenBLAS thread count for the
+ * products that gain from threads (tp_blas_product_threads), and starts
+ * them. The cpu backend calls it at creation; the last call wins (one
+ * OpenBLAS per process). */
+void tp_blas_set_threads(int threads);
+/* The count tp_blas_set_threads set (1 before any call). */
+int tp_blas_threads(void);
+
+/* Products smaller than these run on one OpenBLAS thread whatever the
+ * count. OpenBLAS 0.3.21 threads every product over 2^18 multiply-adds,
+ * and its threads meet through spin-and-yield loops at every block: below
+ * these sizes the second thread costs more than it does. Measured on the
+ * 2-core AMD EPYC VM (Zen kernels), 2 threads' time over 1's: attention's
+ * per-head products (128 x 64 x 128, 128 x 128 x 64: 2^20) 1.05-1.2x
+ * back to back and up to 4x between other work, 512 x 64 x 128 (2^22)
+ * 1.04-1.15x, 4-12 rows of 768 x 3072 1.15-1.7x; against 0.54-0.72x at
+ * 2^23 and beyond with 16 rows or more (16 x 768 x 768, 128 x 256 x 256,
+ * 1024 x 64 x 128, every weight product of a 128-token request). */
+#define TP_BLAS_THREADED_MIN_MACS ((int64_t)1 << 23)
+#define TP_BLAS_THREADED_MIN_ROWS 16
+
+/* The OpenBLAS threads an M x K by K x N product (M rows of c) runs on
+ * when the process's count is `threads`: all of them, or 1 for a product
+ * under the sizes above. */
+int tp_blas_product_threads(int64_t M, int64_t N, int64_t K, int threads);
+
+/* Around one OpenBLAS level-3 call of that product: begin makes OpenBLAS
+ * run it on tp_blas_product_threads's count and returns it; end lets the
+ * count change again. OpenBLAS has one count per process, read when a
+ * call starts, and its results depend on it (it splits the product
+ * between its threads: 1 and 2 threads differ in the last bits), so
+ * calls that want different counts never overlap: a call waits while
+ * others run on another count. Calls on one count overlap freely (ranks'
+ * one-thread products at once; OpenBLAS itself serializes its threaded
+ * ones). */
+int tp_blas_call_begin(int64_t M, int64_t N, int64_t K);
+void tp_blas_call_end(void);
 
 /* The CPU features the choice looks at. */
 enum {

@@ -502,9 +502,11 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
      * level3_thread.c): above one thread, their large GEMMs run one after
      * another, each on its share of the cores. OPENBLAS_NUM_THREADS=1 in
      * serve's environment (main.c) keeps OpenBLAS from starting a pool
-     * before this; the call below starts the threads it asks for. */
+     * before this; the call below starts the threads it asks for.
+     * Products too small to gain from them run on one
+     * (tp_blas_product_threads). */
     int cores = tp_spin_cores(), threads = tp_blas_threads_per_rank(world, cores);
-    openblas_set_num_threads(threads);
+    tp_blas_set_threads(threads);
     note_blas_kernels(b, threads, cores);
     *out = b;
     return TP_OK;

@@ -5,12 +5,15 @@
  * is 1 (row-major, or column-major passed as a transpose); anything else is
  * first copied into contiguous scratch. The batch dims and M are coalesced
  * together, so [B, S, K] x [K, N] with a contiguous is a single sgemm.
- * FP16/BF16 are widened to FP32, multiplied, and rounded once on store. */
+ * FP16/BF16 are widened to FP32, multiplied, and rounded once on store.
+ * Products too small to gain from OpenBLAS's threads (attention's per-head
+ * ones) run on one (blas_pick.h). */
 #include <cblas.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas_pick.h"
 #include "ops_internal.h"
 #include "small_gemm.h"
 
@@ -78,8 +81,10 @@ tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a
         small_sgemm(M, N, K, alpha, a, lda, b, ldb, c, ldc);
         return TP_OK;
     }
+    tp_blas_call_begin(M, N, K); /* small products on one thread (blas_pick.h) */
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, a,
                 (blasint)lda, b, (blasint)ldb, 0.0f, c, (blasint)ldc);
+    tp_blas_call_end();
     return TP_OK;
 }
 
