@@ -5,7 +5,7 @@
 // Google's double-conversion, which this file wrapped before. Writing FP32
 // moved to numtext.c (Schubfach), which is faster than std::to_chars' Ryu;
 // std::to_chars still rounds to a given precision for the FP16/BF16 writers.
-// FP32 tokens of up to 19 digits are read first by numtext.c
+// FP32 tokens of up to 19 digits are read first by numtext_read.c
 // (tp_numtext_wide_f32), which hands back what it cannot tell. Only plain
 // value-returning calls cross the extern "C" boundary; nothing here
 // allocates or throws.
@@ -88,7 +88,7 @@ T parse_library(const char *s, size_t len)
 extern "C" float tp_numtext_parse_f32(const char *s, size_t len)
 {
     float f;
-    if (tp_numtext_wide_f32(s, len, &f)) // up to 19 digits: numtext.c, 3-4x faster
+    if (tp_numtext_wide_f32(s, len, &f)) // up to 19 digits: numtext_read.c, 3-4x faster
         return f;
     return parse_library<float>(s, len);
 }

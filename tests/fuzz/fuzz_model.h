@@ -29,7 +29,7 @@ static const tp_kserve_model fuzz_model = {.name = "m", .version = "1", .inputs 
                                            .max_json_values = FUZZ_MAX_JSON_VALUES};
 
 /* Whether two decodes of one body gave the same request: the second
- * reused the thread's kept document or request (kserve.c), and must not
+ * reused the thread's kept document or request (kserve_doc_cache.c), and must not
  * differ from a fresh parse in anything but where a JSON input's bytes
  * were put. */
 static inline int fuzz_same_request(const tp_kserve_request *a, const tp_kserve_request *b)

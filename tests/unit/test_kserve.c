@@ -203,7 +203,7 @@ START_TEST(binary_fp16_and_mixed)
 END_TEST
 
 /* A thread reuses the document it parsed last when the next request's
- * text around the data is the same byte for byte (kserve.c): the data must
+ * text around the data is the same byte for byte (kserve_doc_cache.c): the data must
  * still be each request's own, and a different or broken text must still
  * be parsed, and judged, afresh. */
 static void check_x(const char *j, float x0, float x5)
@@ -279,7 +279,7 @@ END_TEST
 
 /* A thread also keeps the request it made of an all-binary header, and a
  * request with the same header over a binary section of the same length
- * is a copy of it (kserve.c): each copy's inputs must point into its own
+ * is a copy of it (kserve_doc_cache.c): each copy's inputs must point into its own
  * body, own its id, and be judged against the model it is parsed for, even
  * one built at the same address with another signature. */
 START_TEST(repeated_binary_headers)

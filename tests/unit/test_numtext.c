@@ -451,7 +451,7 @@ START_TEST(f32_short_reader)
 END_TEST
 
 /* The short reader multiplies by 10^-k in double instead of dividing by
- * 10^k in float (numtext.c says why that rounds the same): every mantissa
+ * 10^k in float (numtext_read.c says why that rounds the same): every mantissa
  * below 2^24 at every k it uses, against the division (correctly rounded,
  * both operands being exact floats), through both short readers. */
 START_TEST(f32_short_reader_every_mantissa)
@@ -693,7 +693,7 @@ END_TEST
 /* A shape that claims far more elements than the text holds allocates for
  * the text, not for the shape, and fails on the count. */
 /* Flat FP32 arrays are cut at their commas first and their elements read
- * each on its own (json_tensor.c): every spelling and spacing reads as
+ * each on its own (json_tensor_read.c): every spelling and spacing reads as
  * strtof reads it, at the start, middle and end of the text (where the
  * reader may not read ahead), and whatever is not a plain array of numbers
  * still gets the general reader's message. */
