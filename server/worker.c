@@ -114,8 +114,10 @@ int tp_worker_main(int argc, char **argv)
             opts.backend = argv[++i];
         else if (strcmp(argv[i], "--buckets") == 0 && i + 1 < argc)
             buckets = argv[++i];
-        else if (strcmp(argv[i], "--slots") == 0 && i + 1 < argc && parse_slots(argv[++i], &opts.state_slots))
-            return fail("--slots needs an integer in [1, 65536]", go.rank);
+        else if (strcmp(argv[i], "--slots") == 0 && i + 1 < argc) {
+            if (parse_slots(argv[++i], &opts.state_slots) != 0)
+                return fail("--slots needs an integer in [1, 65536]", go.rank);
+        }
         else if (strcmp(argv[i], "--rendezvous") == 0 && i + 1 < argc)
             go.rendezvous = argv[++i];
         else if (strcmp(argv[i], "--rendezvous-secret-file") == 0 && i + 1 < argc)

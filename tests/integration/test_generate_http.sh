@@ -7,7 +7,10 @@
 # as threads and as processes; bad requests get 400 naming what is wrong;
 # a server whose slots are all busy answers 503; a stream whose client goes frees its slot; /infer is
 # refused on a generation model; model config, statistics and /metrics
-# report the scheduler.
+# report the scheduler. Then the imported causal LMs (tests/onnx/gpt2_gen
+# and llama_gen, `import_onnx.py --generate`; RoPE and GQA in the second)
+# generate transformers' greedy tokens (NAME.tokens.json: 24 per prompt)
+# the same ways, and 32 requests at once each get the tokens it gets alone.
 #
 # env: TPSERVE, TP_GRAPHS, PYTHON; KEEP_TMP=1 keeps the logs.
 # shellcheck disable=SC2015 # "A && pass || fail": pass always succeeds
@@ -130,6 +133,36 @@ if start slots --graph "$TMP/gen_long.json" --generate-slots 2; then
         fail "saturate: $(cat "$TMP/c")"
     kill "$PID"; wait "$PID" 2>/dev/null
 fi
+
+# 4. the imported fixtures: transformers' tokens over HTTP
+. "$HERE/lib/onnx.sh"
+SIZES="1 2 4"
+[ -n "${TP_SANITIZED:-}" ] && SIZES=2 # the kernels of 1 and 4 ranks are those of 2
+for m in gpt2_gen llama_gen; do
+    for ws in $SIZES; do
+        G=${m}_tp$ws
+        $IMPORT "$FIX/$m.onnx" --world-size "$ws" --generate --out "$TMP/$G.json" >"$TMP/imp" 2>&1 ||
+            { fail "import $G: $(tail -2 "$TMP/imp")"; continue; }
+        for ranks in threads processes; do
+            [ "$ws" = 1 ] && [ "$ranks" = processes ] && continue
+            start "$G-$ranks" --graph "$TMP/$G.json" --ranks "$ranks" --generate-slots 32 || continue
+            for mode in "" --stream; do
+                for n in 1 8; do
+                    # shellcheck disable=SC2086
+                    $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent $n $mode >"$TMP/c" 2>&1 &&
+                        pass "$G $ranks: ${mode:-generate} x$n: transformers' 24 greedy tokens per prompt" ||
+                        fail "$G $ranks ${mode:-generate} x$n: $(head -3 "$TMP/c")"
+                done
+            done
+            if [ "$ws" = 2 ] && [ "$ranks" = threads ]; then
+                $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent 32 >"$TMP/c" 2>&1 &&
+                    pass "$G: 32 requests at once, each with transformers' tokens (as alone)" ||
+                    fail "$G x32: $(head -3 "$TMP/c")"
+            fi
+            kill "$PID"; wait "$PID" 2>/dev/null
+        done
+    done
+done
 
 echo "test_generate_http: $npass passed, $nfail failed"
 [ "$nfail" = 0 ]
