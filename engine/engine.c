@@ -131,13 +131,16 @@ static tp_status build_io_descs(tp_engine *e, tp_err *err)
 }
 
 /* Buckets from the options, or 1,2,4,8,16 (times world_size when the batch
- * itself is sharded across ranks, so every bucket divides evenly). */
+ * itself is sharded across ranks, so every bucket divides evenly); a
+ * generation graph's rows are tokens, so its default goes on to 64: a step
+ * carries one row per running sequence (16 slots by default) and prompt
+ * rows besides, and a step past the largest bucket runs in pieces. */
 static tp_status choose_buckets(tp_engine *e, const tp_engine_opts *o, tp_err *err)
 {
     int64_t scale = tp_graph_batch_sharded(e->g) ? e->g->world_size : 1;
     if (!o || !o->buckets || o->n_buckets == 0) {
-        e->n_buckets = 5;
-        for (int i = 0; i < 5; i++)
+        e->n_buckets = e->g->gen ? 7 : 5;
+        for (int i = 0; i < e->n_buckets; i++)
             e->bucket_size[i] = ((int64_t)1 << i) * scale;
         return TP_OK;
     }

@@ -63,7 +63,7 @@ static const key_desc keys[] = {
             "copies of the model, each running one batch at a time, so that many batches run at once "
             "(Triton's instance_group count; weights and arenas are loaded once per copy); above 1 "
             "needs the cpu backend with ranks=threads"),
-    STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty)"),
+    STR_KEY(buckets, NULL, "batch buckets captured at load, ascending (\"1,2,4,8,16\" when empty; up to 64 for a generation graph)"),
     STR_KEY(log_level, "error|warn|info|debug", "stderr verbosity"),
     STR_KEY(ranks, "threads|processes", "ranks as threads of this process, or one process per rank (GPUs)"),
     STR_KEY(rendezvous, NULL, "ranks=processes: unix socket path where externally started ranks join "

@@ -42,6 +42,7 @@ struct tp_gen {
     int started, stopped; /* the thread was started; joined and every sequence ended */
     tp_gen_seq **seqs;  /* by slot - 1; NULL: free */
     int64_t active;
+    int64_t next_prefill; /* the slot whose prompt is visited first next step */
     step_rows sr;
     tp_gen_stats st;
 };
@@ -104,25 +105,34 @@ static void add_row(step_rows *sr, int64_t id, int64_t pos, int64_t slot, tp_gen
     sr->owner[sr->rows++] = owner;
 }
 
-/* With g->mu held: the next step's rows. Running sequences first (one row
- * each), then prompts with the rows left, slot by slot. A cancelled
- * sequence leaves here. */
+/* With g->mu held: the next step's rows. Every running sequence's next
+ * token (a step of more rows than the largest bucket runs in pieces), then
+ * prompt rows up to max_rows, and at least a quarter of max_rows, so that
+ * neither the running sequences nor the waiting prompts ever starve. The
+ * prompts are visited from where the last step's prefill stopped, so a
+ * long one does not hold back the others. A cancelled sequence leaves
+ * here. */
 static void build_step(tp_gen *g)
 {
     step_rows *sr = &g->sr;
+    int64_t S = g->o.slots, start = g->next_prefill;
     sr->rows = 0;
-    for (int64_t s = 0; s < g->o.slots; s++) {
+    for (int64_t s = 0; s < S; s++) {
         tp_gen_seq *q = g->seqs[s];
         if (q && atomic_load(&q->cancelled))
             finish(g, q, TP_GEN_CANCELLED, TP_OK, NULL);
-        else if (q && q->prefilled == q->n_prompt && sr->rows < g->o.max_rows)
+        else if (q && q->prefilled == q->n_prompt)
             add_row(sr, q->tokens[q->n_tokens - 1], q->n_prompt + q->n_tokens - 1, q->slot, q);
     }
-    for (int64_t s = 0; s < g->o.slots && sr->rows < g->o.max_rows; s++) {
+    int64_t quarter = g->o.max_rows / 4 > 0 ? g->o.max_rows / 4 : 1;
+    int64_t budget = g->o.max_rows - sr->rows > quarter ? g->o.max_rows - sr->rows : quarter;
+    for (int64_t k = 0; k < S && budget > 0; k++) {
+        int64_t s = (start + k) % S;
         tp_gen_seq *q = g->seqs[s];
-        while (q && q->prefilled < q->n_prompt && sr->rows < g->o.max_rows) {
+        for (; q && q->prefilled < q->n_prompt && budget > 0; budget--) {
             int64_t i = q->prefilled++;
             add_row(sr, q->prompt[i], i, q->slot, i == q->n_prompt - 1 ? q : NULL);
+            g->next_prefill = (s + 1) % S;
         }
     }
 }
@@ -197,7 +207,7 @@ tp_status tp_gen_create(const tp_gen_opts *o, tp_gen **out, tp_err *err)
                        "and vocab_size (%lld) must be positive", (long long)o->max_rows, (long long)o->slots,
                        (long long)o->max_seq_len, (long long)o->vocab_size);
     tp_gen *g = calloc(1, sizeof *g);
-    size_t n = (size_t)o->max_rows;
+    size_t n = (size_t)(o->slots + o->max_rows); /* every running sequence, and prompt rows */
     if (g) {
         g->o = *o;
         g->seqs = calloc((size_t)o->slots, sizeof *g->seqs);

@@ -9,8 +9,8 @@
  * just arrived (prefill; a prompt longer than a step's rows is prefilled
  * over several steps). One scheduler thread builds each step from the
  * sequences in their slots, runs it, and hands every sequence the token of
- * its last row. Running sequences come first in a step, so a long prompt
- * slows the decodes around it by one step's worth of rows at most.
+ * its last row. Every running sequence has a row in every step, so a long
+ * prompt slows the decodes around it by one step's worth of rows at most.
  *
  * No HTTP in here: the caller is told through a notify callback (on the
  * scheduler thread) and reads a sequence's tokens when it likes. */
@@ -30,7 +30,8 @@ typedef tp_status tp_gen_step_fn(void *arg, const int64_t *ids, const int64_t *p
                                  int64_t rows, int64_t *next, tp_err *err);
 
 typedef struct {
-    int64_t max_rows;    /* rows per step (the engine's largest bucket) */
+    int64_t max_rows;    /* rows a step aims at (the engine's largest bucket): running
+                            sequences all get theirs, prompts what is left (a quarter at least) */
     int64_t slots;       /* sequences at once (the cache's slots) */
     int64_t max_seq_len; /* cache positions per slot: prompt + output tokens fed back */
     int64_t vocab_size;  /* prompt ids must be below it */

@@ -23,6 +23,11 @@ typedef struct {
     int steps;
     int64_t max_rows_seen;
     int fail_at; /* step number that fails, 0: none */
+    int last_step[SLOTS]; /* the last step with a row of the slot */
+    int max_gap;          /* the most steps between two rows of one slot */
+    int first_step[SLOTS];
+    int gate;             /* 1: the first step waits until the test opens it */
+    pthread_cond_t opened;
     int delay_us;
 } fake_model;
 
@@ -42,6 +47,8 @@ static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, co
     if (m->delay_us)
         usleep((useconds_t)m->delay_us);
     pthread_mutex_lock(&m->mu);
+    while (m->gate)
+        pthread_cond_wait(&m->opened, &m->mu);
     int step = ++m->steps;
     if (rows > m->max_rows_seen)
         m->max_rows_seen = rows;
@@ -53,6 +60,12 @@ static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, co
         ck_assert(pos[r] >= 0 && pos[r] < MAX_LEN);
         m->cache[slot[r] - 1][pos[r]] = ids[r];
         m->written[slot[r] - 1][pos[r]] = step;
+        if (!m->first_step[slot[r] - 1])
+            m->first_step[slot[r] - 1] = step;
+        int *last = &m->last_step[slot[r] - 1];
+        if (*last && step - *last > m->max_gap)
+            m->max_gap = step - *last;
+        *last = step;
     }
     for (int64_t r = 0; st == TP_OK && r < rows; r++) {
         for (int64_t j = 0; j <= pos[r]; j++)
@@ -68,6 +81,7 @@ static fake_model *new_model(void)
 {
     fake_model *m = calloc(1, sizeof *m);
     pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->opened, NULL);
     return m;
 }
 
@@ -177,6 +191,38 @@ START_TEST(concurrent_and_chunked_prefill)
         tp_gen_seq_release(q[s]);
     }
     ck_assert_int_le(m->max_rows_seen, 5);
+    tp_gen_free(g);
+    free(m);
+}
+END_TEST
+
+/* More sequences than rows a step aims at: every running sequence has a
+ * row in every step, and the waiting prompts still get theirs. The first
+ * step waits until all four are in. */
+START_TEST(every_sequence_gets_its_turn)
+{
+    fake_model *m = new_model();
+    m->gate = 1;
+    tp_gen *g = new_gen(m, 2);
+    int64_t p[SLOTS][1];
+    tp_gen_seq *q[SLOTS];
+    for (int s = 0; s < SLOTS; s++) {
+        p[s][0] = 100 + s;
+        q[s] = submit(g, p[s], 1, 12);
+    }
+    pthread_mutex_lock(&m->mu);
+    m->gate = 0;
+    pthread_cond_broadcast(&m->opened);
+    pthread_mutex_unlock(&m->mu);
+    for (int s = 0; s < SLOTS; s++) {
+        check_tokens(q[s], p[s], 1, 12, TP_GEN_LENGTH);
+        tp_gen_seq_release(q[s]);
+    }
+    /* prompts: 2 rows, then 1 a step (a quarter of 2, rounded up); decodes: all */
+    for (int s = 0; s < SLOTS; s++)
+        ck_assert_msg(m->first_step[s] >= 1 && m->first_step[s] <= 3, "slot %d first ran in step %d", s + 1,
+                      m->first_step[s]);
+    ck_assert_msg(m->max_gap == 1, "a running sequence waited %d steps for its next row", m->max_gap);
     tp_gen_free(g);
     free(m);
 }
@@ -378,6 +424,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, one_sequence_equals_reference);
     tcase_add_test(tc, concurrent_and_chunked_prefill);
+    tcase_add_test(tc, every_sequence_gets_its_turn);
     tcase_add_test(tc, stop_id_and_cache_full);
     tcase_add_test(tc, bad_requests_and_full_slots);
     tcase_add_test(tc, step_failure_ends_its_sequences);
