@@ -102,6 +102,7 @@ help:
 	@echo "make bench-ranks-ctx  context switches and CPU per request and per thread, c=1, threads and processes"
 	@echo "make bench-import  imported ONNX models: tpserve vs onnxruntime per request"
 	@echo "make bench-real    GPT-2, BERT-base, 125M Llama (random weights; needs torch): import, tpserve vs onnxruntime"
+	@echo "make bench-generate  GPT-2-small-shaped LM (needs torch): tokens/s, TPOT, TTFT vs onnxruntime and HF generate"
 	@echo "make run MODEL=gpt2 WS=2   import tests/onnx/gpt2.onnx (or MODEL=path.onnx) for 2 ranks and serve it"
 
 # Installs missing Debian packages once; re-checked when the stamp is gone.
@@ -434,6 +435,10 @@ bench-import: $(BUILD)/tpserve $(BUILD)/tools/blas_core | $(DEPS_OK)
 .PHONY: bench-real
 bench-real: $(BUILD)/tpserve | $(DEPS_OK)
 	$(PYTHON) tests/bench/bench_real.py --tpserve $(BUILD)/tpserve --cache $(BUILD)/real $(BENCH_REAL_ARGS)
+
+.PHONY: bench-generate
+bench-generate: $(BUILD)/tpserve | $(DEPS_OK)
+	$(PYTHON) tests/bench/bench_generate.py --tpserve $(BUILD)/tpserve --cache $(BUILD)/real $(BENCH_GENERATE_ARGS)
 
 run: $(BUILD)/tpserve $(GRAPHS) $(RUN_GRAPH)
 	$(BUILD)/tpserve serve --config config/default.json $(if $(RUN_GRAPH),--graph $(RUN_GRAPH))

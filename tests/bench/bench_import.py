@@ -41,10 +41,11 @@ def free_port():
     return port
 
 
-def start_server(tpserve, graph, log):
+def start_server(tpserve, graph, log, extra=()):
+    """EXTRA: more serve flags (a later flag overrides an earlier one)."""
     port = free_port()
     p = subprocess.Popen([tpserve, "serve", "--graph", graph, "--port", str(port), "--backend", "cpu",
-                          "--threads", "1", "--log-level", "info"], stdout=log, stderr=log)
+                          "--threads", "1", "--log-level", "info", *extra], stdout=log, stderr=log)
     for _ in range(300):
         if p.poll() is not None:
             raise SystemExit("bench_import: tpserve exited at startup (see %s)" % log.name)

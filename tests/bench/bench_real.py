@@ -71,10 +71,11 @@ print(time.perf_counter() - t0, ru.ru_maxrss, os.waitstatus_to_exitcode(status))
 """
 
 
-def run_import(src, ws, out):
-    """(seconds, peak RSS bytes, error or None) of import_onnx.py SRC at WS."""
+def run_import(src, ws, out, extra=()):
+    """(seconds, peak RSS bytes, error or None) of import_onnx.py SRC at WS
+    (EXTRA: more importer flags)."""
     r = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, os.path.join(ROOT, "graphs", "import_onnx.py"),
-                        src, "--world-size", str(ws), "--out", out], capture_output=True, text=True)
+                        src, "--world-size", str(ws), "--out", out, *extra], capture_output=True, text=True)
     try:
         dt, kb, rc = r.stdout.split()[-3:]
     except ValueError:
