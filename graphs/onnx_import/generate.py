@@ -68,7 +68,7 @@ class Export:
         if len(odims) != 3 or not odims[2].HasField("dim_value"):
             raise ImportFailure(pre + "expected one output (logits [batch, seq, vocab]), found %s"
                                 % ", ".join(o.name for o in outs))
-        self.logits, self.vocab = outs[0].name, int(odims[2].dim_value)
+        self.vocab = int(odims[2].dim_value)
         meta = {p.key: p.value for p in self.model.metadata_props}
         self.limit = next((int(meta[k]) for k in LIMIT_KEYS if k in meta and meta[k].isdigit()), None)
 
@@ -140,7 +140,8 @@ def _position_dim(name, short, longer, seq):
 
 def position_tables(export, nm, prog, max_len):
     """-> ({param: (table [L, n], position dim)}, the export's position
-    limit or None). max_len None: the limit."""
+    limit or None). max_len None: the limit; no tables when neither is
+    known (the caller refuses)."""
     cands = sorted(p for p in prog.params if p in nm.producer and p not in nm.initializers)
     if not cands:
         return {}, export.limit
@@ -158,9 +159,12 @@ def position_tables(export, nm, prog, max_len):
     names = sorted(dims)
     _, rows = export.evaluate(1, names)
     limit = export.limit if export.limit is not None else (min(rows) if rows else None)
+    if max_len is not None and limit is not None and max_len > limit:
+        raise ImportFailure("--max-seq-len %d: above the model's position limit %d (its position table's rows)"
+                            % (max_len, limit))
     L = max_len if max_len is not None else limit
     if L is None:
-        return {n: None for n in names}, None
+        return {}, None
     full, _ = export.evaluate(L, names)
     # rows 0, 1, the middle and the last, each from its own evaluation at that length
     direct = {0: [nm.const[n] for n in names], 1: at2}
@@ -272,14 +276,12 @@ def to_kv_attention(prog, causal, max_len):
 
 
 def make_generation(export, nm, prog, causal, max_len):
-    """The program at sequence length 1 -> the generation program; -> the
-    "generate" block (without names of graph objects it adds)."""
+    """The program at sequence length 1 -> the generation program, in
+    place; -> (the "generate" block, the states, the position tables'
+    params, which the plan keeps replicated)."""
     if export.limit is not None and max_len is not None and max_len > export.limit:
         raise ImportFailure("--max-seq-len %d: above the model's position limit %d" % (max_len, export.limit))
     tables, limit = position_tables(export, nm, prog, max_len)
-    if max_len is not None and limit is not None and max_len > limit:
-        raise ImportFailure("--max-seq-len %d: above the model's position limit %d (its position table's rows)"
-                            % (max_len, limit))
     L = max_len if max_len is not None else limit
     if L is None:
         raise ImportFailure("--generate: %s: the model's position limit is not in the export (no position table, no "

@@ -23,7 +23,8 @@
 #   transformers' tokens;
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), --sequence-parallel,
-#   --max-seq-len above the position limit.
+#   --max-seq-len above the position limit (the metadata's, or without it
+#   GPT-2's position table's rows), no limit known (RoPE without metadata).
 #
 # env: TPSERVE (binary), PYTHON (python3 with numpy, onnx, onnxruntime);
 #      KEEP_TMP=1 keeps the files.
@@ -228,11 +229,11 @@ PY
     fail "NumPy argmax keys"
 
 # ---- refusals: one line naming why, non-zero exit, nothing written --------------
-# refuse NAME WHY MODEL ARGS...: the import fails with WHY in its one line.
+# refuse NAME WHY MODEL.onnx ARGS...: the import fails with WHY in its one line.
 refuse() {
     name=$1 why=$2 model=$3
     shift 3
-    if $IMPORT "$FIX/$model.onnx" --world-size 2 --generate "$@" --out "$TMP/refused.json" 2>"$TMP/err"; then
+    if $IMPORT "$model" --world-size 2 --generate "$@" --out "$TMP/refused.json" 2>"$TMP/err"; then
         fail "$name: imported"
     elif [ "$(wc -l <"$TMP/err")" = 1 ] && grep -q "$why" "$TMP/err" && [ ! -e "$TMP/refused.json" ] &&
         [ ! -e "$TMP/refused.safetensors" ]; then
@@ -241,11 +242,38 @@ refuse() {
         fail "$name: $(cat "$TMP/err")"
     fi
 }
-refuse "non-causal attention" "is not causal" bert_gen
-refuse "fixed sequence dim" "no dynamic sequence dim" bert
-refuse "--sequence-parallel" "sequence-parallel with --generate" gpt2_gen --sequence-parallel
-refuse "--max-seq-len above n_positions" "above the model's position limit 64" gpt2_gen --max-seq-len 65
-refuse "--max-seq-len above max_position_embeddings" "above the model's position limit 64" llama_gen --max-seq-len 65
+refuse "non-causal attention" "is not causal" "$FIX/bert_gen.onnx"
+refuse "fixed sequence dim" "no dynamic sequence dim" "$FIX/bert.onnx"
+refuse "--sequence-parallel" "sequence-parallel with --generate" "$FIX/gpt2_gen.onnx" --sequence-parallel
+refuse "--max-seq-len above n_positions" "above the model's position limit 64" "$FIX/gpt2_gen.onnx" --max-seq-len 65
+refuse "--max-seq-len above max_position_embeddings" "above the model's position limit 64" "$FIX/llama_gen.onnx" \
+    --max-seq-len 65
+# Without the max_position_embeddings property (a plain torch.onnx.export):
+# GPT-2's limit is its position table's 64 rows; a RoPE model has none to
+# show, so --max-seq-len is needed.
+$PYTHON - "$FIX" "$TMP" <<'PY' || fail "exports without metadata"
+import os, sys
+import onnx
+for m in ("gpt2_gen", "llama_gen"):
+    model = onnx.load(os.path.join(sys.argv[1], m + ".onnx"))
+    del model.metadata_props[:]
+    onnx.save(model, os.path.join(sys.argv[2], m + "_nometa.onnx"))
+PY
+if $IMPORT "$TMP/gpt2_gen_nometa.onnx" --world-size 2 --generate --out "$TMP/nometa.json" 2>"$TMP/err" &&
+    grep -q '"max_seq_len": 64' "$TMP/nometa.json"; then
+    pass "no metadata: GPT-2's limit from its position table (64 rows)"
+else
+    fail "no metadata, GPT-2: $(cat "$TMP/err")"
+fi
+refuse "no metadata, --max-seq-len above the table" "above the model's position limit 64 (its position table's rows)" \
+    "$TMP/gpt2_gen_nometa.onnx" --max-seq-len 65
+refuse "no metadata, RoPE" "give --max-seq-len" "$TMP/llama_gen_nometa.onnx"
+if $IMPORT "$TMP/llama_gen_nometa.onnx" --world-size 2 --generate --max-seq-len 48 --out "$TMP/nometa.json" \
+    2>"$TMP/err" && grep -q '"max_seq_len": 48' "$TMP/nometa.json"; then
+    pass "no metadata, RoPE with --max-seq-len 48: imported, self-check passing"
+else
+    fail "no metadata, RoPE --max-seq-len 48: $(cat "$TMP/err")"
+fi
 # a shorter cache is fine: states of 20 positions, position tables of 20 rows
 if $IMPORT "$FIX/llama_gen.onnx" --world-size 2 --generate --max-seq-len 20 --out "$TMP/short.json" 2>"$TMP/err" &&
     grep -q '"max_seq_len": 20' "$TMP/short.json"; then
