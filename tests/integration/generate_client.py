@@ -62,7 +62,7 @@ def events(resp):
             data.append(line[5:].strip())
 
 
-def stream(url, model, prompt, max_tokens):
+def open_stream(url, model, prompt, max_tokens):
     c = connect(url)
     c.request("POST", "/v2/models/%s/generate_stream" % model,
               json.dumps({"input_ids": prompt, "max_tokens": max_tokens}),
@@ -70,6 +70,11 @@ def stream(url, model, prompt, max_tokens):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError("HTTP %d: %s" % (r.status, r.read().decode()))
+    return c, r
+
+
+def stream(url, model, prompt, max_tokens):
+    c, r = open_stream(url, model, prompt, max_tokens)
     if not r.getheader("Content-Type", "").startswith("text/event-stream"):
         raise RuntimeError("Content-Type %s" % r.getheader("Content-Type"))
     ids, final = [], None
@@ -132,17 +137,6 @@ def metric(url, name):
     c.close()
     m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
     return float(m.group(1)) if m else None
-
-
-def open_stream(url, model, prompt, max_tokens):
-    c = connect(url)
-    c.request("POST", "/v2/models/%s/generate_stream" % model,
-              json.dumps({"input_ids": prompt, "max_tokens": max_tokens}),
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, r.read().decode()))
-    return c, r
 
 
 def disconnect(url, model, prompt_id):

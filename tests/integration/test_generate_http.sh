@@ -45,21 +45,29 @@ expect_status() {
         fail "$1 $2: got $code $(cat "$TMP/body"), want $3 naming '$4'"
 }
 
+# check_every_way GRAPH_FILE TOKENS WHAT SERVE_ARGS...: a server of GRAPH_FILE
+# answers each prompt of TOKENS with its reference continuation through
+# generate and generate_stream, alone and 8 at once (then stopped)
+check_every_way() {
+    g=$1 toks=$2 what=$3
+    shift 3
+    G=$(basename "$g" .json)
+    start "$G-$*" --graph "$g" "$@" || return
+    for mode in "" --stream; do
+        for n in 1 8; do
+            # shellcheck disable=SC2086
+            $PYTHON "$CLIENT" check "$URL" "$G" "$toks" --concurrent $n $mode >"$TMP/c" 2>&1 &&
+                pass "$G $*: ${mode:-generate} x$n: $what" || fail "$G $* ${mode:-generate} x$n: $(head -3 "$TMP/c")"
+        done
+    done
+    kill "$PID"; wait "$PID" 2>/dev/null
+}
+
 # 1. every world size and rank mode, every way of asking, alone and 8 at once
 for ws in 1 2 4; do
     for ranks in threads processes; do
         [ "$ws" = 1 ] && [ "$ranks" = processes ] && continue
-        G=gen_decoder_tp$ws
-        start "$G-$ranks" --graph "$TP_GRAPHS/$G.json" --ranks "$ranks" || continue
-        for mode in "" --stream; do
-            for n in 1 8; do
-                # shellcheck disable=SC2086
-                $PYTHON "$CLIENT" check "$URL" "$G" "$TMP/tokens.json" --concurrent $n $mode >"$TMP/c" 2>&1 &&
-                    pass "ws $ws $ranks: ${mode:-generate} x$n equals the greedy reference" ||
-                    fail "ws $ws $ranks ${mode:-generate} x$n: $(head -3 "$TMP/c")"
-            done
-        done
-        kill "$PID"; wait "$PID" 2>/dev/null
+        check_every_way "$TP_GRAPHS/gen_decoder_tp$ws.json" "$TMP/tokens.json" "the greedy reference" --ranks $ranks
     done
 done
 
@@ -145,22 +153,13 @@ for m in gpt2_gen llama_gen; do
             { fail "import $G: $(tail -2 "$TMP/imp")"; continue; }
         for ranks in threads processes; do
             [ "$ws" = 1 ] && [ "$ranks" = processes ] && continue
-            start "$G-$ranks" --graph "$TMP/$G.json" --ranks "$ranks" --generate-slots 32 || continue
-            for mode in "" --stream; do
-                for n in 1 8; do
-                    # shellcheck disable=SC2086
-                    $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent $n $mode >"$TMP/c" 2>&1 &&
-                        pass "$G $ranks: ${mode:-generate} x$n: transformers' 24 greedy tokens per prompt" ||
-                        fail "$G $ranks ${mode:-generate} x$n: $(head -3 "$TMP/c")"
-                done
-            done
-            if [ "$ws" = 2 ] && [ "$ranks" = threads ]; then
-                $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent 32 >"$TMP/c" 2>&1 &&
-                    pass "$G: 32 requests at once, each with transformers' tokens (as alone)" ||
-                    fail "$G x32: $(head -3 "$TMP/c")"
-            fi
-            kill "$PID"; wait "$PID" 2>/dev/null
+            check_every_way "$TMP/$G.json" "$FIX/$m.tokens.json" "transformers' 24 greedy tokens per prompt" \
+                --ranks $ranks
         done
+        [ "$ws" = 2 ] && start "$G-32" --graph "$TMP/$G.json" --generate-slots 32 || continue
+        $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent 32 >"$TMP/c" 2>&1 &&
+            pass "$G: 32 requests at once, each with transformers' tokens (as alone)" || fail "$G x32: $(head -3 "$TMP/c")"
+        kill "$PID"; wait "$PID" 2>/dev/null
     done
 done
 
