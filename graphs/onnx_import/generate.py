@@ -52,9 +52,13 @@ class Export:
         self.model, self.weights = load_model(path)
         ins = _graph_inputs(self.model)
         pre = "--generate: %s: " % path
-        if len(ins) != 1 or ins[0].type.tensor_type.elem_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
-            raise ImportFailure(pre + "expected one integer input (input_ids [batch, seq]), found %s"
+        if len(ins) != 1:
+            raise ImportFailure(pre + "inputs %s: a generation graph is fed the token ids alone (every token row "
+                                "is a real token: no attention_mask): export with input_ids only"
                                 % ", ".join(i.name for i in ins))
+        if ins[0].type.tensor_type.elem_type != onnx.TensorProto.INT64:
+            raise ImportFailure(pre + "input '%s' is %s: expected INT64 token ids [batch, seq]"
+                                % (ins[0].name, onnx.TensorProto.DataType.Name(ins[0].type.tensor_type.elem_type)))
         dims = ins[0].type.tensor_type.shape.dim
         self.ids = ins[0].name
         if len(dims) != 2 or dims[0].HasField("dim_value"):

@@ -22,7 +22,8 @@
 #   POST /generate and /generate_stream, alone and 8 at once, answer
 #   transformers' tokens;
 # - the refusals, one line, nothing written: a non-causal export
-#   (bert_gen.onnx), a fixed sequence dim (bert.onnx), --sequence-parallel,
+#   (bert_gen.onnx), a fixed sequence dim (bert.onnx), an attention_mask
+#   input (gpt2_mask.onnx), --sequence-parallel,
 #   --max-seq-len above the position limit (the metadata's, or without it
 #   GPT-2's position table's rows), no limit known (RoPE without metadata).
 #
@@ -244,6 +245,7 @@ refuse() {
 }
 refuse "non-causal attention" "is not causal" "$FIX/bert_gen.onnx"
 refuse "fixed sequence dim" "no dynamic sequence dim" "$FIX/bert.onnx"
+refuse "an attention_mask input" "fed the token ids alone" "$FIX/gpt2_mask.onnx"
 refuse "--sequence-parallel" "sequence-parallel with --generate" "$FIX/gpt2_gen.onnx" --sequence-parallel
 refuse "--max-seq-len above n_positions" "above the model's position limit 64" "$FIX/gpt2_gen.onnx" --max-seq-len 65
 refuse "--max-seq-len above max_position_embeddings" "above the model's position limit 64" "$FIX/llama_gen.onnx" \
