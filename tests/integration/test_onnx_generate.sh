@@ -18,14 +18,14 @@
 #   rows of every prompt and its reference continuation, as prefills and as
 #   one decode step per position with the caches persisting between steps:
 #   each row's next_token is transformers' next token;
-# - served (gpt2_gen_tp2 with ranks as threads, llama_gen_tp4 as processes):
-#   POST /generate and /generate_stream, alone and 8 at once, answer
-#   transformers' tokens;
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), an attention_mask
 #   input (gpt2_mask.onnx), --sequence-parallel,
 #   --max-seq-len above the position limit (the metadata's, or without it
 #   GPT-2's position table's rows), no limit known (RoPE without metadata).
+#
+# Served through /generate and /generate_stream, the same imports are
+# checked by test_generate_http.sh.
 #
 # env: TPSERVE (binary), PYTHON (python3 with numpy, onnx, onnxruntime);
 #      KEEP_TMP=1 keeps the files.
@@ -159,28 +159,6 @@ for m in gpt2_gen llama_gen; do
             done
         done
     done
-done
-
-# ---- served: Triton's generate extension on the imported graphs ------------------
-# The server's scheduler drives the graph step by step on its own picks
-# (prefill steps, then decode steps of every running sequence):
-# tests/integration/generate_client.py sends the 3 prompts alone and 8 at
-# once (cycling through them), /generate and /generate_stream, and checks
-# every answer against transformers' tokens.
-for g in gpt2_gen_tp2:threads llama_gen_tp4:processes; do
-    G=${g%%:*} r=${g#*:}
-    [ -n "${TP_SANITIZED:-}" ] && [ "$G" = llama_gen_tp4 ] && continue
-    [ -f "$TMP/$G.json" ] && start "$G" --graph "$TMP/$G.json" --backend cpu --ranks "$r" || continue
-    for mode in "" --stream; do
-        for n in 1 8; do
-            # shellcheck disable=SC2086
-            $PYTHON "$HERE/generate_client.py" check "$URL" "$G" "$FIX/${G%_tp*}.tokens.json" --concurrent $n $mode \
-                >"$TMP/c" 2>&1 && pass "HTTP $G ($r): ${mode:-generate} x$n equals transformers' tokens" ||
-                fail "HTTP $G ($r) ${mode:-generate} x$n: $(head -3 "$TMP/c")"
-        done
-    done
-    kill "$PID"
-    wait "$PID" 2>/dev/null
 done
 
 # ---- the self-check catches a wrong graph ----------------------------------------
