@@ -322,8 +322,9 @@ def _ort_greedy(sess, ids_name, prompt, n):
 def graph_greedy(out_json, prompts, n):
     """Greedy tokens of the written generation graph (NumPy SPMD emulation
     of the engine's FP32 arithmetic): every prompt prefilled in one shared
-    step (token rows of both, one padding row with slot 0), then one decode
-    step per token for all sequences at once."""
+    step (the token rows of every prompt, plus one padding row of slot 0 as
+    a bucket would add), then one decode step per token for all sequences
+    at once."""
     import json
     from gen_examples import init_states, load_safetensors, simulate
     with open(out_json) as f:
@@ -358,9 +359,7 @@ def selfcheck(out_json, export, gen):
     L, rng = gen["max_seq_len"], np.random.default_rng(53)
     lens = [max(1, min(n, L - CHECK_TOKENS)) for n in CHECK_PROMPTS]
     prompts = [rng.integers(0, gen["vocab_size"], n).tolist() for n in lens]
-    tokens = min(CHECK_TOKENS, L - max(lens) + 1)
-    if tokens < 1:
-        return
+    tokens = min(CHECK_TOKENS, L - max(lens) + 1)  # the last fed token sits at position L - 1 at most
     got = graph_greedy(out_json, prompts, tokens)
     sess = _ort_session(export.path)
     for p, g in zip(prompts, got):
