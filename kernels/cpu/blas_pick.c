@@ -13,11 +13,12 @@ int tp_blas_threads_per_rank(int world, int cores)
     return world > 0 && cores > world ? cores / world : 1;
 }
 
-/* The count OpenBLAS runs with (running) and the calls running on it
- * (users), apart from the count set for large products (wanted). */
+/* The count OpenBLAS runs with (running; 0: OpenBLAS's own until the
+ * first call sets one) and the calls running on it (users), apart from
+ * the count set for large products (wanted). */
 static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t count_free = PTHREAD_COND_INITIALIZER;
-static int wanted = 1, running = 1, users;
+static int wanted = 1, running, users;
 
 void tp_blas_set_threads(int threads)
 {
@@ -42,8 +43,9 @@ int tp_blas_product_threads(int64_t M, int64_t N, int64_t K, int threads)
 {
     if (threads <= 1 || M < TP_BLAS_THREADED_MIN_ROWS)
         return 1;
-    /* M, N, K fit BLAS's int (ops_sgemm checks): the product fits int64 */
-    return M * N * K >= TP_BLAS_THREADED_MIN_MACS ? threads : 1;
+    /* N, K fit BLAS's int (ops_sgemm checks), so N * K fits int64; M * N * K
+     * might not */
+    return N * K >= (TP_BLAS_THREADED_MIN_MACS + M - 1) / M ? threads : 1;
 }
 
 int tp_blas_call_begin(int64_t M, int64_t N, int64_t K)

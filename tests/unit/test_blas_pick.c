@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <check.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -145,6 +146,7 @@ START_TEST(small_products_run_on_one_thread)
     ck_assert_int_eq(tp_blas_product_threads(16, 768, 768, 2), 2);
     ck_assert_int_eq(tp_blas_product_threads(128, 768, 768, 4), 4);
     ck_assert_int_eq(tp_blas_product_threads(1024, 128, 64, 2), 2); /* 2^23 */
+    ck_assert_int_eq(tp_blas_product_threads(INT_MAX, INT_MAX, INT_MAX, 2), 2); /* M * N * K past int64 */
     ck_assert_int_eq(tp_blas_product_threads(128, 768, 768, 1), 1);
     ck_assert_int_eq(tp_blas_product_threads(128, 768, 768, 0), 1);
 }
