@@ -106,8 +106,14 @@ def import_generation(args, plan):
     from onnx_import.tp_plan import Planner
 
     if args.sequence_parallel:
-        raise ImportFailure("--sequence-parallel with --generate: a generation step has one token per row, "
-                            "no sequence dim to split")
+        # Sequence parallelism splits a [B, T, E] activation on T between the
+        # row- and column-parallel halves; a generation step's rows are
+        # single tokens (T = 1) of a step of at most the largest bucket, so
+        # there is nothing to split and no activation memory to save: the
+        # graph is the tensor-parallel one, and the user is told.
+        print("import_onnx: --sequence-parallel with --generate: a generation step has one token per row, "
+              "so its graph splits heads and the MLP as without it", file=sys.stderr)
+        args.sequence_parallel = False
     if args.max_seq_len is not None and args.max_seq_len < 1:
         raise ImportFailure("--max-seq-len %d: must be at least 1" % args.max_seq_len)
     export = Export(args.model)

@@ -20,9 +20,10 @@
 #   each row's next_token is transformers' next token;
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), an attention_mask
-#   input (gpt2_mask.onnx), --sequence-parallel,
-#   --max-seq-len above the position limit (the metadata's, or without it
-#   GPT-2's position table's rows), no limit known (RoPE without metadata).
+#   input (gpt2_mask.onnx), --max-seq-len above the position limit (the
+#   metadata's, or without it GPT-2's position table's rows), no limit
+#   known (RoPE without metadata);
+# - --sequence-parallel: the same files as without it, and a note why.
 #
 # Served through /generate and /generate_stream, the same imports are
 # checked by test_generate_http.sh.
@@ -224,7 +225,15 @@ refuse() {
 refuse "non-causal attention" "is not causal" "$FIX/bert_gen.onnx"
 refuse "fixed sequence dim" "no dynamic sequence dim" "$FIX/bert.onnx"
 refuse "an attention_mask input" "fed the token ids alone" "$FIX/gpt2_mask.onnx"
-refuse "--sequence-parallel" "sequence-parallel with --generate" "$FIX/gpt2_gen.onnx" --sequence-parallel
+# --sequence-parallel: token rows have no sequence dim to split; the graph
+# written is the tensor-parallel one, and the importer says so
+if $IMPORT "$FIX/llama_gen.onnx" --world-size 2 --generate --sequence-parallel --out "$TMP/sp/llama_gen_tp2.json" \
+    2>"$TMP/err" && grep -q "one token per row" "$TMP/err" && cmp -s "$TMP/sp/llama_gen_tp2.json" "$TMP/llama_gen_tp2.json" &&
+    cmp -s "$TMP/sp/llama_gen_tp2.safetensors" "$TMP/llama_gen_tp2.safetensors"; then
+    pass "--sequence-parallel --generate: the tensor-parallel generation graph, byte for byte, with a note why"
+else
+    fail "--sequence-parallel --generate: $(cat "$TMP/err")"
+fi
 refuse "--max-seq-len above n_positions" "above the model's position limit 64" "$FIX/gpt2_gen.onnx" --max-seq-len 65
 refuse "--max-seq-len above max_position_embeddings" "above the model's position limit 64" "$FIX/llama_gen.onnx" \
     --max-seq-len 65
