@@ -529,6 +529,37 @@ START_TEST(test_matmul_strided)
 }
 END_TEST
 
+/* One row against a b wider than the small-product kernel takes (a
+ * generation step decoding one sequence: sgemv, not sgemm): b plain and
+ * transposed, a contiguous and strided. */
+START_TEST(test_matmul_one_row)
+{
+    enum { K = 64, N = 1100 };
+    static float a[2 * K], b[K * N], bt[N * K], o[N], want[N];
+    fill_rand(a, 2 * K);
+    fill_rand(b, K * N);
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < N; n++)
+            bt[n * K + k] = b[k * N + n];
+    float x[K];
+    for (int k = 0; k < K; k++)
+        x[k] = a[2 * k];
+    mm_ref(x, 0, b, 0, want, 1, 1, K, N, 0);
+    tp_tensor out = mk(o, TP_F32, 2, (int64_t[]){1, N});
+    tp_attrs tr = attrs0();
+    tr.transpose_b = 1;
+    for (int strided = 0; strided < 2; strided++)
+        for (int t = 0; t < 2; t++) {
+            tp_tensor ins[2] = {strided ? view(a, TP_F32, 2, (int64_t[]){1, K}, (int64_t[]){2 * K, 2})
+                                        : mk(x, TP_F32, 2, (int64_t[]){1, K}),
+                                t ? mk(bt, TP_F32, 2, (int64_t[]){N, K}) : mk(b, TP_F32, 2, (int64_t[]){K, N})};
+            memset(o, 0, sizeof o);
+            RUN_OK(TP_OP_MATMUL, t ? &tr : NULL, ins, 2, &out);
+            expect_near(o, want, N, 1e-5f, 1e-5f);
+        }
+}
+END_TEST
+
 /* An FP32 output that is a column block of a wider tensor (how the fused
  * all-gather+matmul places each weight's product) is written in place,
  * rows ldc apart, and nothing outside the block is touched: with b shared
@@ -1189,6 +1220,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_matmul_basic);
     tcase_add_test(tc, test_matmul_batch_broadcast);
     tcase_add_test(tc, test_matmul_strided);
+    tcase_add_test(tc, test_matmul_one_row);
     tcase_add_test(tc, test_matmul_into_column_block);
     tcase_add_test(tc, test_matmul_middle_dim_block);
     tcase_add_test(tc, test_matmul_half);
