@@ -220,7 +220,13 @@ int small_sgemm_takes(int64_t M, int64_t N, int64_t K)
     int64_t b_floats = N * K;
     if (u == SMALL_SGEMM_TINY_PRODUCTS)
         return M <= 16 && b_floats <= 1024;
-    return M <= (b_floats <= 2048 ? 512 : b_floats <= 65536 ? 32 : 8);
+    /* One row of a b past 256 KiB is a matrix-vector product, which
+     * OpenBLAS's sgemv streams faster than this kernel reads b
+     * (ops_matmul.c's one_row; one thread, same run: 768 x 768 171 us
+     * here vs 65, 768 x 3072 from 3072 rows 4519 vs 723): a decode step. */
+    if (b_floats > 65536)
+        return M >= 2 && M <= 8;
+    return M <= (b_floats <= 2048 ? 512 : 32);
 }
 
 const char *small_sgemm_use_name(small_sgemm_use u)

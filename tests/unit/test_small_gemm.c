@@ -149,6 +149,9 @@ START_TEST(takes_only_the_sizes_it_wins)
     ck_assert_int_eq(small_sgemm_takes(513, 32, 32), 0);
     ck_assert_int_eq(small_sgemm_takes(33, 64, 64), 0);   /* rows enough to pack */
     ck_assert_int_eq(small_sgemm_takes(9, 768, 768), 0);  /* b past 256 KiB: up to 8 rows */
+    ck_assert_int_eq(small_sgemm_takes(2, 768, 768), all);
+    ck_assert_int_eq(small_sgemm_takes(1, 768, 768), 0);  /* ... from 2: one row is an sgemv */
+    ck_assert_int_eq(small_sgemm_takes(1, 768, 3072), 0);
     ck_assert_int_eq(small_sgemm_takes(1, 3072, 768), 0); /* columns too far apart */
     ck_assert_int_eq(small_sgemm_takes(0, 32, 32), 0);
     ck_assert_int_eq(small_sgemm_takes(4, 32, 0), 0);
