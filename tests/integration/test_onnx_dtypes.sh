@@ -101,9 +101,9 @@ while IFS=: read -r m twin rtol sizes <&3; do
         fi
         check_graph "$g" $dt >"$TMP/chk" 2>&1 && pass "$g: params and weights $dt, no cast, fused ops kept" ||
             fail "$g: $(tail -1 "$TMP/chk")"
-        for b in $RUN_BATCHES; do
-            for r in threads processes; do run_check "$g" "$m" $b $r "$rtol"; done
-        done
+        for b in $RUN_BATCHES; do run_check "$g" "$m" $b threads "$rtol"; done
+        # processes at batch 3 when there are several ranks (as test_onnx.sh)
+        [ "$ws" = 1 ] || run_check "$g" "$m" 3 processes "$rtol"
     done
 done 3<<EOF
 $MODELS

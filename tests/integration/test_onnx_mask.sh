@@ -158,7 +158,9 @@ for m in bert_mask gpt2_mask legacy_mask; do
     masked request "$src" "$rows3" "$TMP/$m.b3.in.safetensors" "$TMP/$m.b3.ref.safetensors" 2>"$TMP/err" &&
         masked request "$src" "$rows3,0" "$TMP/$m.b4.in.safetensors" "$TMP/$m.b4.ref.safetensors" 2>>"$TMP/err" ||
         { fail "$m: onnxruntime reference: $(tail -2 "$TMP/err")"; continue; }
-    for ws in 1 2 4; do
+    sizes="1 2 4"
+    [ -n "${TP_SANITIZED:-}" ] && sizes=2 # under a sanitizer: the mask kernels of 1 and 4 ranks are those of 2
+    for ws in $sizes; do
         [ $ws = 4 ] && [ $m = legacy_mask ] && continue # 2 heads
         g=${m}_tp$ws
         $IMPORT "$src" --world-size $ws --out "$TMP/$g.json" 2>"$TMP/err" ||
@@ -177,9 +179,10 @@ assert all(n["attrs"]["causal"] == ("gpt2" in g["name"]) for n in att), att
 assert not any(n["op"] in ("where", "cast", "sub", "mul", "add") for n in g["nodes"] if "legacy" in g["name"]), g["nodes"]
 assert not any(n["op"] in ("where", "cast") for n in g["nodes"]), [n["op"] for n in g["nodes"]]
 PY
-        for b in b3 b4; do
-            for r in threads processes; do run_check "$g" "$m.$b" $r; done
-        done
+        # ranks as processes for the padded batch of 4 when there are
+        # several: the transport carries the mask as any input
+        for b in b3 b4; do run_check "$g" "$m.$b" threads; done
+        [ $ws = 1 ] || run_check "$g" "$m.b4" processes
     done
 done
 
