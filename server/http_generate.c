@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
 #include "engine.h"
 #include "gen_sched.h"
 #include "http_ctx.h"
@@ -32,7 +31,6 @@
 typedef struct http_gen {
     tp_gen_seq *seq;
     struct MHD_Connection *conn;
-    int stream;
     int64_t sent;          /* tokens already in events */
     char *out;             /* a stream's pending event bytes */
     size_t out_len, out_off, out_cap;
@@ -390,7 +388,6 @@ static enum MHD_Result generate(tp_http_ctx *h, req_ctx *r, int stream)
         st = tp_fail(&err, TP_NOMEM, "out of memory");
     if (st == TP_OK) {
         g->conn = r->conn;
-        g->stream = stream;
         snprintf(g->model, sizeof g->model, "%s", h->model.name);
         rq.notify = resume_conn;
         rq.notify_arg = g;
