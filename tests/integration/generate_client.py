@@ -28,16 +28,23 @@ def connect(url):
     return http.client.HTTPConnection(u.hostname, u.port, timeout=60)
 
 
-def generate(url, model, prompt, max_tokens):
+def post(url, model, route, prompt, max_tokens):
+    """POST a generate request to route; (connection, response) once its
+    status is 200, else RuntimeError with the answer."""
     c = connect(url)
-    c.request("POST", "/v2/models/%s/generate" % model,
+    c.request("POST", "/v2/models/%s/%s" % (model, route),
               json.dumps({"input_ids": prompt, "max_tokens": max_tokens}),
               {"Content-Type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, r.read().decode()))
+    return c, r
+
+
+def generate(url, model, prompt, max_tokens):
+    c, r = post(url, model, "generate", prompt, max_tokens)
     body = r.read()
     c.close()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, body.decode()))
     doc = json.loads(body)
     if doc.get("model_name") != model or doc.get("model_version") != "1":
         raise RuntimeError("bad answer header: %s" % body.decode())
@@ -62,19 +69,8 @@ def events(resp):
             data.append(line[5:].strip())
 
 
-def open_stream(url, model, prompt, max_tokens):
-    c = connect(url)
-    c.request("POST", "/v2/models/%s/generate_stream" % model,
-              json.dumps({"input_ids": prompt, "max_tokens": max_tokens}),
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, r.read().decode()))
-    return c, r
-
-
 def stream(url, model, prompt, max_tokens):
-    c, r = open_stream(url, model, prompt, max_tokens)
+    c, r = post(url, model, "generate_stream", prompt, max_tokens)
     if not r.getheader("Content-Type", "").startswith("text/event-stream"):
         raise RuntimeError("Content-Type %s" % r.getheader("Content-Type"))
     ids, final = [], None
@@ -141,7 +137,7 @@ def metric(url, name):
 
 def disconnect(url, model, prompt_id):
     cancelled = metric(url, "tpserve_generate_cancelled_total") or 0
-    c, r = open_stream(url, model, [prompt_id], 1000000)
+    c, r = post(url, model, "generate_stream", [prompt_id], 1000000)
     got = 0
     for _ in events(r):
         got += 1
