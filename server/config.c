@@ -77,6 +77,10 @@ static const key_desc keys[] = {
                                     "MiB; 0: what the largest bucket needs (a smaller value is refused at load)"),
     INT_KEY(generate_slots, 0, 1 << 16, "generation graphs: sequences generated at once (each holds a KV cache "
                                         "slot of max_seq_len positions on every rank); 0: 16"),
+    STR_KEY(generate_prefill, "mixed|separate", "generation graphs: mixed: prompt rows fill what the running "
+                                                "sequences' decode rows leave of a step (chunked prefill); "
+                                                "separate: prompts get steps of their own, alternating with "
+                                                "decode steps"),
     INT_KEY(rank_heap_mb, 16, 1 << 24, "ranks=processes, cpu backend: shared memory per rank (sparse)"),
     INT_KEY(step_timeout_ms, 0, 86400000, "ranks=processes: a step (loading weights included) a rank has not "
                                           "finished by then loses the group like a dead rank (0: never)"),
@@ -156,6 +160,7 @@ void tp_config_defaults(tp_config *c)
     c->staging_mb = 0; /* sized for the graph's largest bucket (engine.c) */
     c->rank_heap_mb = 4096;
     c->generate_slots = 0; /* the engine's default */
+    snprintf(c->generate_prefill, sizeof c->generate_prefill, "mixed");
     c->step_timeout_ms = 600000;
     /* libmicrohttpd zeroes the whole pool after each request: its default
      * 32 KiB cost ~2 us a request at 32 connections (server/README.md at 27cb4dd) */

@@ -37,6 +37,7 @@ typedef struct {
     int staging_mb;          /* processes: shared request staging; 0: the largest bucket's need */
     int rank_heap_mb;        /* processes, cpu backend: shared memory per rank */
     int generate_slots;      /* generation graphs: KV cache slots (sequences at once); 0: 16 */
+    char generate_prefill[16]; /* mixed | separate: whether prompt rows share steps with decode rows */
     int step_timeout_ms;     /* processes: a step a rank does not finish by then is a hung rank */
     int connection_memory_bytes; /* per connection: headers and read buffer (431 beyond) */
     int max_connections;     /* open HTTP connections in total */

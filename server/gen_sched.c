@@ -13,6 +13,7 @@ struct tp_gen_seq {
     pthread_mutex_t mu; /* tokens, n_tokens, end, err, notify, armed */
     int64_t *prompt, n_prompt;
     int64_t prefilled;  /* prompt rows fed (scheduler thread only) */
+    int64_t take;       /* prompt rows going into the step being built */
     int64_t *tokens, n_tokens, cap_tokens, max_tokens;
     int64_t *stop_ids;
     int n_stop;
@@ -26,9 +27,9 @@ struct tp_gen_seq {
     double t_first, t_last;
 };
 
-/* One step's rows and whom they belong to. */
+/* A step's rows and whom they belong to. */
 typedef struct {
-    int64_t *ids, *pos, *slot, *next;
+    int64_t *ids, *pos, *slot, *want, *next;
     tp_gen_seq **owner; /* the sequence whose next token is this row's output; NULL: a prompt row before its last */
     int64_t rows;
 } step_rows;
@@ -42,8 +43,11 @@ struct tp_gen {
     int started, stopped; /* the thread was started; joined and every sequence ended */
     tp_gen_seq **seqs;  /* by slot - 1; NULL: free */
     int64_t active;
-    int64_t next_prefill; /* the slot whose prompt is visited first next step */
-    step_rows sr;
+    tp_gen_seq **pending; /* sequences with prompt rows still to feed, oldest first */
+    int64_t n_pending;
+    int last_prefill;   /* the last step was a prefill step (TP_GEN_PREFILL_SEPARATE) */
+    step_rows sr;       /* the step being run, in causal order */
+    step_rows piece;    /* the engine call being run: <= max_rows rows, wanted ones first */
     tp_gen_stats st;
 };
 
@@ -92,6 +96,13 @@ static void finish(tp_gen *g, tp_gen_seq *q, tp_gen_end why, tp_status st, const
         g->st.decode_s += q->t_last - q->t_first;
         g->st.decode_tokens += (uint64_t)(q->n_tokens - 1);
     }
+    if (q->prefilled < q->n_prompt) { /* still in pending */
+        int64_t k = 0;
+        while (g->pending[k] != q)
+            k++;
+        g->n_pending--;
+        memmove(g->pending + k, g->pending + k + 1, (size_t)(g->n_pending - k) * sizeof *g->pending);
+    }
     g->seqs[q->slot - 1] = NULL;
     g->active--;
     seq_unref(q);
@@ -102,39 +113,86 @@ static void add_row(step_rows *sr, int64_t id, int64_t pos, int64_t slot, tp_gen
     sr->ids[sr->rows] = id;
     sr->pos[sr->rows] = pos;
     sr->slot[sr->rows] = slot;
+    sr->want[sr->rows] = owner != NULL;
     sr->owner[sr->rows++] = owner;
 }
 
-/* With g->mu held: the next step's rows. Every running sequence's next
- * token (a step of more rows than the largest bucket runs in pieces), then
- * prompt rows up to max_rows, and at least a quarter of max_rows, so that
- * neither the running sequences nor the waiting prompts ever starve. The
- * prompts are visited from where the last step's prefill stopped, so a
- * long one does not hold back the others. A cancelled sequence leaves
- * here. */
+static void add_decode_rows(tp_gen *g)
+{
+    for (int64_t s = 0; s < g->o.slots; s++) {
+        tp_gen_seq *q = g->seqs[s];
+        if (q && q->prefilled == q->n_prompt)
+            add_row(&g->sr, q->tokens[q->n_tokens - 1], q->n_prompt + q->n_tokens - 1, q->slot, q);
+    }
+}
+
+/* Up to budget prompt rows, oldest sequence first (first come, first
+ * served: a prompt that arrives while another is being fed waits for it,
+ * so prompts finish one after another rather than all late together).
+ * Rows of one sequence stay in position order: a step that runs in pieces
+ * writes a position before a later piece reads it. */
+static void add_prompt_rows(tp_gen *g, int64_t budget)
+{
+    int64_t done = 0;
+    for (int64_t k = 0; k < g->n_pending && budget > 0; k++) {
+        tp_gen_seq *q = g->pending[k];
+        q->take = q->n_prompt - q->prefilled < budget ? q->n_prompt - q->prefilled : budget;
+        budget -= q->take;
+        for (int64_t i = q->prefilled; i < q->prefilled + q->take; i++)
+            add_row(&g->sr, q->prompt[i], i, q->slot, i == q->n_prompt - 1 ? q : NULL);
+        q->prefilled += q->take;
+        done += q->prefilled == q->n_prompt;
+    }
+    g->n_pending -= done; /* the finished ones are the first `done` */
+    memmove(g->pending, g->pending + done, (size_t)g->n_pending * sizeof *g->pending);
+}
+
+/* With g->mu held: the next step's rows. A cancelled sequence leaves here.
+ *
+ * TP_GEN_PREFILL_MIXED (vLLM's chunked prefill): every running sequence's
+ * next token, then prompt rows up to max_rows, and at least a quarter of
+ * max_rows, so that neither the running sequences nor the waiting prompts
+ * ever starve. TP_GEN_PREFILL_SEPARATE: a step is all prompt rows (up to
+ * max_rows) or all decode rows; while both wait they alternate, so a
+ * running sequence waits at most one prefill step for its next token. */
 static void build_step(tp_gen *g)
 {
-    step_rows *sr = &g->sr;
-    int64_t S = g->o.slots, start = g->next_prefill;
-    sr->rows = 0;
-    for (int64_t s = 0; s < S; s++) {
+    g->sr.rows = 0;
+    int64_t decoding = 0;
+    for (int64_t s = 0; s < g->o.slots; s++) {
         tp_gen_seq *q = g->seqs[s];
         if (q && atomic_load(&q->cancelled))
             finish(g, q, TP_GEN_CANCELLED, TP_OK, NULL);
         else if (q && q->prefilled == q->n_prompt)
-            add_row(sr, q->tokens[q->n_tokens - 1], q->n_prompt + q->n_tokens - 1, q->slot, q);
+            decoding++;
     }
-    int64_t quarter = g->o.max_rows / 4 > 0 ? g->o.max_rows / 4 : 1;
-    int64_t budget = g->o.max_rows - sr->rows > quarter ? g->o.max_rows - sr->rows : quarter;
-    for (int64_t k = 0; k < S && budget > 0; k++) {
-        int64_t s = (start + k) % S;
-        tp_gen_seq *q = g->seqs[s];
-        for (; q && q->prefilled < q->n_prompt && budget > 0; budget--) {
-            int64_t i = q->prefilled++;
-            add_row(sr, q->prompt[i], i, q->slot, i == q->n_prompt - 1 ? q : NULL);
-            g->next_prefill = (s + 1) % S;
-        }
+    int64_t max = g->o.max_rows, quarter = max / 4 > 0 ? max / 4 : 1;
+    if (g->o.prefill == TP_GEN_PREFILL_SEPARATE) {
+        int prefill = g->n_pending > 0 && !(decoding > 0 && g->last_prefill);
+        if (prefill)
+            add_prompt_rows(g, max);
+        else
+            add_decode_rows(g);
+        g->last_prefill = prefill;
+        return;
     }
+    add_decode_rows(g);
+    add_prompt_rows(g, max - g->sr.rows > quarter ? max - g->sr.rows : quarter);
+}
+
+/* The rows [from, from + n) of the step into g->piece, the rows whose token
+ * is wanted first (a stable partition): a graph with logit rows computes
+ * its LM head only for those, as one run. Reordering inside one engine
+ * call is safe because kv_attention writes every row before any row
+ * reads. */
+static void make_piece(tp_gen *g, int64_t from, int64_t n)
+{
+    step_rows *sr = &g->sr, *p = &g->piece;
+    p->rows = 0;
+    for (int pass = 1; pass >= 0; pass--)
+        for (int64_t r = from; r < from + n; r++)
+            if (sr->want[r] == pass)
+                add_row(p, sr->ids[r], sr->pos[r], sr->slot[r], sr->owner[r]);
 }
 
 /* With g->mu held: q's next token is t. */
@@ -161,6 +219,36 @@ static void take_token(tp_gen *g, tp_gen_seq *q, int64_t t, double now)
         finish(g, q, end, TP_OK, NULL);
 }
 
+/* With g->mu held (released while the engine runs): one engine call of
+ * the step's rows from `from` on. When it fails, every sequence with a row
+ * in it or after it ends TP_GEN_FAILED. */
+static tp_status run_piece(tp_gen *g, int64_t from)
+{
+    int64_t n = g->sr.rows - from < g->o.max_rows ? g->sr.rows - from : g->o.max_rows;
+    make_piece(g, from, n);
+    step_rows *p = &g->piece;
+    pthread_mutex_unlock(&g->mu);
+    tp_err err = {0};
+    double t0 = tp_now_s();
+    tp_status st = g->o.step(g->o.step_arg, p->ids, p->pos, p->slot, p->want, p->rows, p->next, &err);
+    double t1 = tp_now_s();
+    pthread_mutex_lock(&g->mu);
+    g->st.steps++;
+    g->st.rows += (uint64_t)p->rows;
+    g->st.step_s += t1 - t0;
+    const step_rows *rows = st == TP_OK ? p : &g->sr;
+    for (int64_t r = st == TP_OK ? 0 : from; r < rows->rows; r++) {
+        tp_gen_seq *q = g->seqs[rows->slot[r] - 1];
+        if (!q)
+            continue; /* ended by an earlier row of this step */
+        if (st != TP_OK)
+            finish(g, q, TP_GEN_FAILED, st, &err);
+        else if (p->owner[r] == q)
+            take_token(g, q, p->next[r], t1);
+    }
+    return st;
+}
+
 static void *gen_main(void *arg)
 {
     tp_gen *g = arg;
@@ -171,27 +259,9 @@ static void *gen_main(void *arg)
         if (g->stopping)
             break;
         build_step(g);
-        step_rows *sr = &g->sr;
-        if (sr->rows == 0)
-            continue; /* every sequence was cancelled */
-        pthread_mutex_unlock(&g->mu);
-        tp_err err = {0};
-        double t0 = tp_now_s();
-        tp_status st = g->o.step(g->o.step_arg, sr->ids, sr->pos, sr->slot, sr->rows, sr->next, &err);
-        double t1 = tp_now_s();
-        pthread_mutex_lock(&g->mu);
-        g->st.steps++;
-        g->st.rows += (uint64_t)sr->rows;
-        g->st.step_s += t1 - t0;
-        for (int64_t r = 0; r < sr->rows; r++) {
-            tp_gen_seq *q = g->seqs[sr->slot[r] - 1];
-            if (!q)
-                continue; /* ended by an earlier row of this step */
-            if (st != TP_OK)
-                finish(g, q, TP_GEN_FAILED, st, &err);
-            else if (sr->owner[r] == q)
-                take_token(g, q, sr->next[r], t1);
-        }
+        for (int64_t from = 0; from < g->sr.rows; from += g->o.max_rows)
+            if (run_piece(g, from) != TP_OK)
+                break;
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -199,27 +269,47 @@ static void *gen_main(void *arg)
 
 /* ---- create, submit, read ------------------------------------------------ */
 
+static int rows_alloc(step_rows *sr, int64_t n)
+{
+    sr->ids = malloc((size_t)n * sizeof(int64_t));
+    sr->pos = malloc((size_t)n * sizeof(int64_t));
+    sr->slot = malloc((size_t)n * sizeof(int64_t));
+    sr->want = malloc((size_t)n * sizeof(int64_t));
+    sr->next = malloc((size_t)n * sizeof(int64_t));
+    sr->owner = malloc((size_t)n * sizeof(tp_gen_seq *));
+    return sr->ids && sr->pos && sr->slot && sr->want && sr->next && sr->owner;
+}
+
+static void rows_free(step_rows *sr)
+{
+    free(sr->ids);
+    free(sr->pos);
+    free(sr->slot);
+    free(sr->want);
+    free(sr->next);
+    free(sr->owner);
+}
+
 tp_status tp_gen_create(const tp_gen_opts *o, tp_gen **out, tp_err *err)
 {
     *out = NULL;
-    if (o->max_rows < 1 || o->slots < 1 || o->max_seq_len < 1 || o->vocab_size < 1 || !o->step)
+    if (o->max_rows < 1 || o->slots < 1 || o->max_seq_len < 1 || o->vocab_size < 1 || !o->step ||
+        (o->prefill != TP_GEN_PREFILL_MIXED && o->prefill != TP_GEN_PREFILL_SEPARATE))
         return tp_fail(err, TP_INVALID, "generation: rows per step (%lld), slots (%lld), max_seq_len (%lld) "
-                       "and vocab_size (%lld) must be positive", (long long)o->max_rows, (long long)o->slots,
+                       "and vocab_size (%lld) must be positive, prefill mixed or separate", (long long)o->max_rows, (long long)o->slots,
                        (long long)o->max_seq_len, (long long)o->vocab_size);
     tp_gen *g = calloc(1, sizeof *g);
-    size_t n = (size_t)(o->slots + o->max_rows); /* every running sequence, and prompt rows */
-    if (g) {
+    int ok = g != NULL;
+    if (ok) {
         g->o = *o;
         g->seqs = calloc((size_t)o->slots, sizeof *g->seqs);
-        g->sr.ids = malloc(n * sizeof(int64_t));
-        g->sr.pos = malloc(n * sizeof(int64_t));
-        g->sr.slot = malloc(n * sizeof(int64_t));
-        g->sr.next = malloc(n * sizeof(int64_t));
-        g->sr.owner = malloc(n * sizeof(tp_gen_seq *));
+        g->pending = calloc((size_t)o->slots, sizeof *g->pending);
+        /* every running sequence, and prompt rows */
+        ok = g->seqs && g->pending && rows_alloc(&g->sr, o->slots + o->max_rows) && rows_alloc(&g->piece, o->max_rows);
         g->st.slots = o->slots;
         g->st.max_seq_len = o->max_seq_len;
     }
-    if (!g || !g->seqs || !g->sr.ids || !g->sr.pos || !g->sr.slot || !g->sr.next || !g->sr.owner) {
+    if (!ok) {
         tp_gen_free(g);
         return tp_fail(err, TP_NOMEM, "generation: out of memory for %lld slots", (long long)o->slots);
     }
@@ -265,11 +355,9 @@ void tp_gen_free(tp_gen *g)
         pthread_cond_destroy(&g->cv);
     }
     free(g->seqs);
-    free(g->sr.ids);
-    free(g->sr.pos);
-    free(g->sr.slot);
-    free(g->sr.next);
-    free(g->sr.owner);
+    free(g->pending);
+    rows_free(&g->sr);
+    rows_free(&g->piece);
     free(g);
 }
 
@@ -346,6 +434,7 @@ tp_status tp_gen_submit(tp_gen *g, const tp_gen_request *rq, tp_gen_seq **out, t
     }
     q->slot = s + 1;
     g->seqs[s] = q;
+    g->pending[g->n_pending++] = q;
     g->active++;
     g->st.sequences++;
     g->st.prompt_tokens += (uint64_t)rq->n_prompt;

@@ -7,10 +7,12 @@
  * token after it. So one step can carry any mix of rows: the next token of
  * every running sequence (decode) and the prompt tokens of sequences that
  * just arrived (prefill; a prompt longer than a step's rows is prefilled
- * over several steps). One scheduler thread builds each step from the
- * sequences in their slots, runs it, and hands every sequence the token of
- * its last row. Every running sequence has a row in every step, so a long
- * prompt slows the decodes around it by one step's worth of rows at most.
+ * over several steps, oldest prompt first). One scheduler thread builds
+ * each step from the sequences in their slots, runs it, and hands every
+ * sequence the token of its last row. Whether prompts share steps with the
+ * running decodes or get steps of their own is tp_gen_prefill; either way
+ * a running sequence waits at most one step's worth of prompt rows for
+ * its next token.
  *
  * No HTTP in here: the caller is told through a notify callback (on the
  * scheduler thread) and reads a sequence's tokens when it likes. */
@@ -24,14 +26,24 @@
 typedef struct tp_gen tp_gen;
 typedef struct tp_gen_seq tp_gen_seq;
 
-/* One engine step: rows token rows in, the next token of each row out.
- * slot[r] == 0 never occurs (padding is the engine's business). */
+/* One engine call: rows (<= max_rows) token rows in, the next token of each
+ * row out. want[r] is 1 for the rows whose next token is read (a decode
+ * row, a prompt's last row), and they come first; next[r] of the others
+ * is ignored (a graph with logit rows does not compute it). slot[r] == 0
+ * never occurs (padding is the engine's business). */
 typedef tp_status tp_gen_step_fn(void *arg, const int64_t *ids, const int64_t *pos, const int64_t *slot,
-                                 int64_t rows, int64_t *next, tp_err *err);
+                                 const int64_t *want, int64_t rows, int64_t *next, tp_err *err);
+
+/* How prompt rows share steps with decode rows. */
+typedef enum {
+    TP_GEN_PREFILL_MIXED = 0, /* chunked prefill: prompt rows fill what decode rows leave of a step */
+    TP_GEN_PREFILL_SEPARATE,  /* prefill steps and decode steps, alternating while both have work */
+} tp_gen_prefill;
 
 typedef struct {
-    int64_t max_rows;    /* rows a step aims at (the engine's largest bucket): running
-                            sequences all get theirs, prompts what is left (a quarter at least) */
+    int64_t max_rows;    /* rows an engine call takes (the engine's largest bucket); a step
+                            with more runs in pieces */
+    tp_gen_prefill prefill;
     int64_t slots;       /* sequences at once (the cache's slots) */
     int64_t max_seq_len; /* cache positions per slot: prompt + output tokens fed back */
     int64_t vocab_size;  /* prompt ids must be below it */

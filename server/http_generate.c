@@ -56,15 +56,18 @@ static tp_host_tensor int64_rows(const char *name, const int64_t *v, int64_t row
 }
 
 static tp_status run_engine_step(void *arg, const int64_t *ids, const int64_t *pos, const int64_t *slot,
-                                 int64_t rows, int64_t *next, tp_err *err)
+                                 const int64_t *want, int64_t rows, int64_t *next, tp_err *err)
 {
     engine_step *es = arg;
-    tp_host_tensor in[3] = {int64_rows(es->gi->input_ids, ids, rows, 2),
+    tp_host_tensor in[4] = {int64_rows(es->gi->input_ids, ids, rows, 2),
                             int64_rows(es->gi->positions, pos, rows, 1),
                             int64_rows(es->gi->slots, slot, rows, 1)};
+    int n_in = 3;
+    if (es->gi->logit_rows) /* the LM head runs only on the rows whose token is read */
+        in[n_in++] = int64_rows(es->gi->logit_rows, want, rows, 1);
     tp_host_tensor *outs = NULL;
     int n_outs = 0;
-    tp_status st = tp_engine_infer(es->e, in, 3, &outs, &n_outs, err);
+    tp_status st = tp_engine_infer(es->e, in, n_in, &outs, &n_outs, err);
     int found = 0;
     for (int i = 0; st == TP_OK && i < n_outs; i++)
         if (strcmp(outs[i].name, es->gi->next_token) == 0 && outs[i].dtype == TP_I64 &&
@@ -90,12 +93,16 @@ tp_status http_generate_start(tp_http_ctx *h, tp_engine *e, tp_err *err)
     tp_engine_stats es;
     tp_engine_get_stats(e, &es);
     the_step = (engine_step){e, gi};
-    tp_gen_opts o = {.max_rows = es.bucket[es.n_buckets - 1], .slots = gi->slots_n, .max_seq_len = gi->max_seq_len,
+    tp_gen_prefill prefill = strcmp(h->cfg->generate_prefill, "separate") == 0 ? TP_GEN_PREFILL_SEPARATE
+                                                                             : TP_GEN_PREFILL_MIXED;
+    tp_gen_opts o = {.max_rows = es.bucket[es.n_buckets - 1], .prefill = prefill, .slots = gi->slots_n,
+                     .max_seq_len = gi->max_seq_len,
                      .vocab_size = gi->vocab_size, .step = run_engine_step, .step_arg = &the_step};
     tp_status st = tp_gen_create(&o, &h->gen, err);
     if (st == TP_OK)
-        TP_LOG_I("generation: %lld sequence slots of %lld positions, up to %lld token rows a step",
-                 (long long)o.slots, (long long)o.max_seq_len, (long long)o.max_rows);
+        TP_LOG_I("generation: %lld sequence slots of %lld positions, up to %lld token rows a step, %s prefill, "
+                 "LM head on %s", (long long)o.slots, (long long)o.max_seq_len, (long long)o.max_rows,
+                 h->cfg->generate_prefill, gi->logit_rows ? "the rows that give a token" : "every row");
     return st;
 }
 

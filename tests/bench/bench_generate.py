@@ -188,13 +188,13 @@ def session(path, threads):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def serve(a, graph, ws, tmp):
+def serve(a, graph, ws, prefill, tmp):
     """(process, url, model name, GEMM threads per rank) of tpserve serving GRAPH."""
-    log_path = os.path.join(tmp, "tp%d.log" % ws)
+    log_path = os.path.join(tmp, "tp%d_%s.log" % (ws, prefill))
     with open(log_path, "w") as log:
         try:
             proc, port = bi.start_server(a.tpserve, graph, log, ["--threads", "0", "--generate-slots", str(SLOTS),
-                                                                 "--buckets", BUCKETS])
+                                                                 "--buckets", BUCKETS, "--generate-prefill", prefill])
         except SystemExit as e:
             raise SystemExit("bench_generate: ws %d: tpserve: %s (%s)" % (ws, br.server_error(log_path), e))
     with open(log_path) as f:
@@ -218,9 +218,11 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--recompute-tokens", default="64,16,8", help="the full recompute's tokens, per concurrency")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prefill", default="mixed,separate", help="tpserve's generate_prefill modes to run")
     ap.add_argument("--keep", help="write the imported graphs and server logs here (default: a temporary directory)")
     a = ap.parse_args()
     conc = [int(x) for x in a.concurrency.split(",")]
+    modes = a.prefill.split(",")
     recompute = dict(zip(conc, (int(x) for x in a.recompute_tokens.split(","))))
     if len(recompute) != len(conc) or max(conc) > SLOTS or PROMPT + a.new_tokens > MAX_SEQ:
         ap.error("one --recompute-tokens per concurrency, at most %d sequences, prompt %d + new tokens <= %d"
@@ -239,13 +241,15 @@ def main():
             imports[ws], _, err = br.run_import(plain, ws, graph, ["--generate", "--max-seq-len", str(MAX_SEQ)])
             if err:
                 sys.exit("bench_generate: import at ws %d failed: %s" % (ws, err))
-            servers[ws] = serve(a, graph, ws, tmp)
+            for mode in modes:
+                servers[(ws, mode)] = serve(a, graph, ws, mode, tmp)
             print("bench_generate: ws %d imported in %.1f s, serving" % (ws, imports[ws]), file=sys.stderr, flush=True)
         torch.set_num_threads(threads)
         model = eg.model()
         full, kv = session(plain, threads), session(cached, threads)
         prompts = np.random.default_rng(53).integers(0, VOCAB, (max(conc), PROMPT)).tolist()
-        engines = [("tpserve", ws, lambda p, n, s=servers[ws]: tpserve_run(s[1], s[2], p, n)) for ws in (1, 2)]
+        engines = [("tpserve " + mode, ws, lambda p, n, s=servers[(ws, mode)]: tpserve_run(s[1], s[2], p, n))
+                   for ws in (1, 2) for mode in modes]
         engines += [("ort recompute", 1, lambda p, n: batch_run(ort_recompute(full), p, n)),
                     ("ort KV cache", 1, lambda p, n: batch_run(ort_cached(kv), p, n)),
                     ("HF generate", 1, lambda p, n: hf_run(model, p, n))]
@@ -267,10 +271,10 @@ def main():
             proc.wait(timeout=60)
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return report(a, conc, recompute, engines, results, first, loads, imports, servers, threads)
+    return report(a, conc, recompute, engines, results, first, loads, imports, servers, threads, modes)
 
 
-def report(a, conc, recompute, engines, results, first, loads, imports, servers, threads):
+def report(a, conc, recompute, engines, results, first, loads, imports, servers, threads, modes):
     med = {k: {m: float(np.median([s[m] for s in v])) for m in ("tps", "tpot", "ttft")} for k, v in results.items()}
     print("\nGPT-2-small-shaped LM (12 layers, 768, 12 heads, vocab 50257), FP32, random weights; prompt %d, %d new"
           " tokens (ort recompute: %s at %s sequences), greedy, no stop ids. import --generate --max-seq-len %d: %s."
@@ -278,10 +282,12 @@ def report(a, conc, recompute, engines, results, first, loads, imports, servers,
              ", ".join("ws %d %.1f s" % (ws, s) for ws, s in imports.items())))
     print("tpserve: cpu backend, ranks as threads, %d slots, buckets %s, GEMM threads per rank %s; anchors: %d threads."
           " Medians of %d interleaved rounds; load average (1 min) during the rounds %.1f-%.1f (median %.1f)"
-          " on %d CPUs.\n" % (SLOTS, BUCKETS, "/".join("%d (ws %d)" % (s[3], ws) for ws, s in servers.items()),
+          " on %d CPUs.\n" % (SLOTS, BUCKETS, "/".join("%d (ws %d)" % (s[3], ws) for (ws, mode), s in servers.items()
+                                                           if mode == modes[0]),
                               threads, a.repeats, min(loads), max(loads), float(np.median(loads)), os.cpu_count()))
-    print("| engine | ws | sequences | tokens/s | TPOT ms | TTFT ms | / ort recompute | / HF generate | = ref |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| engine | ws | sequences | tokens/s | TPOT ms | TTFT ms | / ort recompute | / ort KV cache | / HF generate"
+          " | = ref |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     wrong = []
     for c in conc:
         for name, ws, _ in engines:
@@ -290,9 +296,10 @@ def report(a, conc, recompute, engines, results, first, loads, imports, servers,
             same = agree(run, first[(ref_name, 1, c)])
             if same != c:
                 wrong.append("%s ws %d, %d sequences: %d differ from %s" % (name, ws, c, c - same, ref_name))
-            print("| %s | %s | %d | %.1f | %.1f | %.0f | %.2f | %.2f | %d/%d %s |" % (
-                name, ws if name == "tpserve" else "-", c, m["tps"], m["tpot"], m["ttft"],
-                m["tps"] / med[("ort recompute", 1, c)]["tps"], m["tps"] / med[("HF generate", 1, c)]["tps"],
+            print("| %s | %s | %d | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f | %d/%d %s |" % (
+                name, ws if name.startswith("tpserve") else "-", c, m["tps"], m["tpot"], m["ttft"],
+                m["tps"] / med[("ort recompute", 1, c)]["tps"], m["tps"] / med[("ort KV cache", 1, c)]["tps"],
+                m["tps"] / med[("HF generate", 1, c)]["tps"],
                 same, c, "ort" if name == "HF generate" else "HF"))
     if wrong:
         print("\nbench_generate: tokens differ:\n" + "\n".join("  " + w for w in wrong))

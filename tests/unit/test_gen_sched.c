@@ -29,6 +29,10 @@ typedef struct {
     int gate;             /* 1: the first step waits until the test opens it */
     pthread_cond_t opened;
     int delay_us;
+    int64_t wanted_rows;  /* rows whose token the scheduler said it reads */
+    int64_t prompt_len[SLOTS]; /* set by a test that classifies rows: pos < it is a prompt row */
+    int calls;            /* engine calls logged in mix[] */
+    struct { int prompt_rows, decode_rows, last_prompt_slot; } mix[512];
 } fake_model;
 
 static int64_t hash_prefix(const int64_t *tokens, int64_t n)
@@ -39,9 +43,26 @@ static int64_t hash_prefix(const int64_t *tokens, int64_t n)
     return (int64_t)(h % VOCAB);
 }
 
-/* Writes every row first, then reads, as kv_attention does. */
-static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, const int64_t *slot, int64_t rows,
-                           int64_t *next, tp_err *err)
+/* Logs what kind of rows call `step` had (for tests that set prompt_len). */
+static void log_call(fake_model *m, const int64_t *pos, const int64_t *slot, int64_t rows)
+{
+    if (m->calls >= (int)(sizeof m->mix / sizeof *m->mix))
+        return;
+    int c = m->calls++;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t len = m->prompt_len[slot[r] - 1];
+        m->mix[c].prompt_rows += pos[r] < len;
+        m->mix[c].decode_rows += pos[r] >= len;
+        if (pos[r] == len - 1)
+            m->mix[c].last_prompt_slot = (int)slot[r];
+    }
+}
+
+/* Writes every row first, then reads, as kv_attention does. A row the
+ * scheduler does not want gets -1, so a token taken from it would differ
+ * from the reference. */
+static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, const int64_t *slot,
+                           const int64_t *want, int64_t rows, int64_t *next, tp_err *err)
 {
     fake_model *m = arg;
     if (m->delay_us)
@@ -55,6 +76,12 @@ static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, co
     tp_status st = TP_OK;
     if (step == m->fail_at)
         st = tp_fail(err, TP_BACKEND, "rank 1: injected failure");
+    log_call(m, pos, slot, rows);
+    for (int64_t r = 0; r < rows; r++) {
+        ck_assert(want[r] == 0 || want[r] == 1);
+        ck_assert_msg(r == 0 || want[r] <= want[r - 1], "a wanted row after an unwanted one (row %lld)", (long long)r);
+        m->wanted_rows += want[r];
+    }
     for (int64_t r = 0; st == TP_OK && r < rows; r++) {
         ck_assert(slot[r] >= 1 && slot[r] <= SLOTS);
         ck_assert(pos[r] >= 0 && pos[r] < MAX_LEN);
@@ -71,7 +98,7 @@ static tp_status fake_step(void *arg, const int64_t *ids, const int64_t *pos, co
         for (int64_t j = 0; j <= pos[r]; j++)
             ck_assert_msg(m->written[slot[r] - 1][j], "slot %lld reads position %lld never written",
                           (long long)slot[r], (long long)j);
-        next[r] = hash_prefix(m->cache[slot[r] - 1], pos[r] + 1);
+        next[r] = want[r] ? hash_prefix(m->cache[slot[r] - 1], pos[r] + 1) : -1;
     }
     pthread_mutex_unlock(&m->mu);
     return st;
@@ -85,15 +112,17 @@ static fake_model *new_model(void)
     return m;
 }
 
-static tp_gen *new_gen(fake_model *m, int64_t max_rows)
+static tp_gen *new_gen_mode(fake_model *m, int64_t max_rows, tp_gen_prefill prefill)
 {
-    tp_gen_opts o = {.max_rows = max_rows, .slots = SLOTS, .max_seq_len = MAX_LEN, .vocab_size = VOCAB,
-                     .step = fake_step, .step_arg = m};
+    tp_gen_opts o = {.max_rows = max_rows, .prefill = prefill, .slots = SLOTS, .max_seq_len = MAX_LEN,
+                     .vocab_size = VOCAB, .step = fake_step, .step_arg = m};
     tp_gen *g;
     tp_err err;
     ck_assert_msg(tp_gen_create(&o, &g, &err) == TP_OK, "%s", err.msg);
     return g;
 }
+
+static tp_gen *new_gen(fake_model *m, int64_t max_rows) { return new_gen_mode(m, max_rows, TP_GEN_PREFILL_MIXED); }
 
 /* The greedy continuation of prompt by the fake model alone. */
 static int64_t reference(const int64_t *prompt, int64_t n, int64_t max_tokens, const int64_t *stop, int n_stop,
@@ -154,7 +183,7 @@ static void check_tokens(tp_gen_seq *q, const int64_t *prompt, int64_t n, int64_
 START_TEST(one_sequence_equals_reference)
 {
     fake_model *m = new_model();
-    tp_gen *g = new_gen(m, 8);
+    tp_gen *g = new_gen_mode(m, 8, (tp_gen_prefill)_i);
     int64_t prompt[] = {5, 17, 3};
     tp_gen_seq *q = submit(g, prompt, 3, 12);
     check_tokens(q, prompt, 3, 12, TP_GEN_LENGTH);
@@ -165,6 +194,7 @@ START_TEST(one_sequence_equals_reference)
     ck_assert_int_eq(s.prompt_tokens, 3);
     ck_assert_int_eq(s.steps, 12); /* the prompt in one step, then 11 decodes */
     ck_assert_int_eq(s.slots_in_use, 0);
+    ck_assert_int_eq(m->wanted_rows, 12); /* the prompt's first two rows give no token */
     tp_gen_free(g);
     free(m);
 }
@@ -176,7 +206,7 @@ START_TEST(concurrent_and_chunked_prefill)
 {
     fake_model *m = new_model();
     m->delay_us = 300;
-    tp_gen *g = new_gen(m, 5);
+    tp_gen *g = new_gen_mode(m, 5, (tp_gen_prefill)_i);
     int64_t p[SLOTS][12];
     int64_t len[SLOTS] = {1, 7, 12, 3};
     tp_gen_seq *q[SLOTS];
@@ -186,20 +216,24 @@ START_TEST(concurrent_and_chunked_prefill)
         q[s] = submit(g, p[s], len[s], 10 + s);
         usleep(700); /* each joins a running batch */
     }
+    int64_t tokens = 0;
     for (int s = 0; s < SLOTS; s++) {
         check_tokens(q[s], p[s], len[s], 10 + s, TP_GEN_LENGTH);
         tp_gen_seq_release(q[s]);
+        tokens += 10 + s;
     }
     ck_assert_int_le(m->max_rows_seen, 5);
+    ck_assert_int_eq(m->wanted_rows, tokens);
     tp_gen_free(g);
     free(m);
 }
 END_TEST
 
-/* More sequences than rows a step aims at: every running sequence has a
- * row in every step, and the waiting prompts still get theirs. The first
- * step's run waits until all four are in (its rows may have been chosen
- * with the first alone). */
+/* Mixed prefill, more sequences than an engine call takes: every running
+ * sequence has a row in every step (which runs in calls of at most 2
+ * rows), and the waiting prompts still get theirs. The first call waits
+ * until all four are in (its rows may have been chosen with the first
+ * alone). */
 START_TEST(every_sequence_gets_its_turn)
 {
     fake_model *m = new_model();
@@ -220,12 +254,88 @@ START_TEST(every_sequence_gets_its_turn)
         tp_gen_seq_release(q[s]);
     }
     /* prompts: up to 2 rows, then 1 a step (a quarter of 2, rounded up);
-     * decodes: all. Capping the decodes at 2 rows would start slot 3 only
-     * after 12 steps. */
+     * decodes: all. So a step is at most 4 decode rows and a prompt row,
+     * 3 calls, and slot 4 starts by call 6 (call 1 may have been chosen
+     * with slot 1 alone). Capping a step's decodes at 2 rows would start
+     * slot 3 only after 12 steps. */
     for (int s = 0; s < SLOTS; s++)
-        ck_assert_msg(m->first_step[s] >= 1 && m->first_step[s] <= 4, "slot %d first ran in step %d", s + 1,
+        ck_assert_msg(m->first_step[s] >= 1 && m->first_step[s] <= 6, "slot %d first ran in call %d", s + 1,
                       m->first_step[s]);
-    ck_assert_msg(m->max_gap == 1, "a running sequence waited %d steps for its next row", m->max_gap);
+    ck_assert_msg(m->max_gap <= 3, "a running sequence waited %d calls for its next row", m->max_gap);
+    tp_gen_free(g);
+    free(m);
+}
+END_TEST
+
+/* Separate prefill: a call is all prompt rows or all decode rows, and
+ * while a sequence decodes, prefill calls alternate with decode calls. */
+START_TEST(separate_prefill_steps_alternate)
+{
+    fake_model *m = new_model();
+    m->delay_us = 200;
+    tp_gen *g = new_gen_mode(m, 8, TP_GEN_PREFILL_SEPARATE);
+    int64_t p[SLOTS][20];
+    int64_t len[SLOTS] = {3, 20, 20, 20};
+    for (int s = 0; s < SLOTS; s++) {
+        m->prompt_len[s] = len[s];
+        for (int i = 0; i < len[s]; i++)
+            p[s][i] = (s * 37 + i * 11) % VOCAB;
+    }
+    tp_gen_seq *q[SLOTS];
+    q[0] = submit(g, p[0], len[0], 30);
+    int64_t got[MAX_LEN + 2];
+    tp_gen_end end;
+    while (tp_gen_seq_read(q[0], 0, got, 1, TP_GEN_WAKE_TOKEN, NULL, NULL, &end, NULL, NULL) == 0)
+        usleep(100); /* slot 1 decodes before the others come */
+    for (int s = 1; s < SLOTS; s++)
+        q[s] = submit(g, p[s], len[s], 5);
+    for (int s = 0; s < SLOTS; s++) {
+        check_tokens(q[s], p[s], len[s], s ? 5 : 30, TP_GEN_LENGTH);
+        tp_gen_seq_release(q[s]);
+    }
+    int prefill_calls = 0;
+    for (int c = 0; c < m->calls; c++) {
+        ck_assert_msg(!m->mix[c].prompt_rows || !m->mix[c].decode_rows, "call %d mixes %d prompt and %d decode rows",
+                      c + 1, m->mix[c].prompt_rows, m->mix[c].decode_rows);
+        prefill_calls += m->mix[c].prompt_rows > 0;
+    }
+    ck_assert_int_eq(prefill_calls, 1 + 60 / 8 + 1); /* slot 1's, then 60 rows in calls of 8 */
+    ck_assert_msg(m->max_gap <= 2, "slot 1 waited %d calls for its next row", m->max_gap);
+    tp_gen_free(g);
+    free(m);
+}
+END_TEST
+
+/* Prompts are fed oldest first: the first of three 12-token prompts is
+ * done after 12 rows (three calls of 5), whatever arrived after it. */
+START_TEST(prompts_first_come_first_served)
+{
+    fake_model *m = new_model();
+    m->gate = 1;
+    tp_gen *g = new_gen_mode(m, 5, (tp_gen_prefill)_i);
+    int64_t p[3][12];
+    tp_gen_seq *q[3];
+    for (int s = 0; s < 3; s++) {
+        m->prompt_len[s] = 12;
+        for (int i = 0; i < 12; i++)
+            p[s][i] = (s * 7 + i) % VOCAB;
+        q[s] = submit(g, p[s], 12, 2);
+    }
+    pthread_mutex_lock(&m->mu);
+    m->gate = 0;
+    pthread_cond_broadcast(&m->opened);
+    pthread_mutex_unlock(&m->mu);
+    for (int s = 0; s < 3; s++) {
+        check_tokens(q[s], p[s], 12, 2, TP_GEN_LENGTH);
+        tp_gen_seq_release(q[s]);
+    }
+    int done_at[4] = {0};
+    for (int c = 0; c < m->calls; c++)
+        if (m->mix[c].last_prompt_slot)
+            done_at[m->mix[c].last_prompt_slot] = c + 1;
+    ck_assert_int_eq(done_at[1], 3);
+    ck_assert_msg(done_at[1] < done_at[2] && done_at[2] < done_at[3], "prompts done at calls %d, %d, %d",
+                  done_at[1], done_at[2], done_at[3]);
     tp_gen_free(g);
     free(m);
 }
@@ -425,9 +535,11 @@ static Suite *suite(void)
     Suite *s = suite_create("gen_sched");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, one_sequence_equals_reference);
-    tcase_add_test(tc, concurrent_and_chunked_prefill);
+    tcase_add_loop_test(tc, one_sequence_equals_reference, TP_GEN_PREFILL_MIXED, TP_GEN_PREFILL_SEPARATE + 1);
+    tcase_add_loop_test(tc, concurrent_and_chunked_prefill, TP_GEN_PREFILL_MIXED, TP_GEN_PREFILL_SEPARATE + 1);
     tcase_add_test(tc, every_sequence_gets_its_turn);
+    tcase_add_test(tc, separate_prefill_steps_alternate);
+    tcase_add_loop_test(tc, prompts_first_come_first_served, TP_GEN_PREFILL_MIXED, TP_GEN_PREFILL_SEPARATE + 1);
     tcase_add_test(tc, stop_id_and_cache_full);
     tcase_add_test(tc, bad_requests_and_full_slots);
     tcase_add_test(tc, step_failure_ends_its_sequences);
