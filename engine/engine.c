@@ -403,7 +403,7 @@ static tp_status engine_new(const char *graph_path, const tp_engine_opts *opts, 
     if (g->gen)
         (*out)->gen = (tp_generate_info){.input_ids = g->gen->input_ids, .positions = g->gen->positions,
                                          .slots = g->gen->slots, .next_token = g->gen->next_token,
-                                         .max_seq_len = g->gen->max_seq_len, .vocab_size = g->gen->vocab_size,
+                                         .logit_rows = g->gen->logit_rows, .max_seq_len = g->gen->max_seq_len, .vocab_size = g->gen->vocab_size,
                                          .slots_n = g->state_slots};
     return TP_OK;
 }

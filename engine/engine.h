@@ -55,9 +55,13 @@ typedef struct {
  * names of its inputs input_ids [B, 1], positions [B], slots [B] (INT64,
  * slots 1-based, 0 = an inactive row) and output next_token [B]; the
  * cache length (positions 0 .. max_seq_len-1), the true vocabulary and the
- * slots the states were allocated with (slot values 1 .. slots_n). */
+ * slots the states were allocated with (slot values 1 .. slots_n).
+ * logit_rows: NULL, or the name of an input [B] (INT64 or INT32) whose
+ * nonzero rows want their next_token; the others' next_token is
+ * unspecified (the LM head skips them: matmul_rows). */
 typedef struct {
     const char *input_ids, *positions, *slots, *next_token;
+    const char *logit_rows;
     int64_t max_seq_len, vocab_size, slots_n;
 } tp_generate_info;
 

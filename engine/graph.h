@@ -54,6 +54,7 @@ typedef struct tp_node {
  * server drives (docs/models.md, "Generation graphs"). */
 typedef struct {
     char *input_ids, *positions, *slots, *next_token;
+    char *logit_rows; /* optional: NULL, every row's next_token is computed */
     int64_t max_seq_len, vocab_size;
 } tp_graph_generate;
 

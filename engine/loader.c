@@ -509,7 +509,7 @@ static tp_status gen_count(load_ctx *L, json_t *gen, const char *key, int64_t *o
 static tp_status parse_generate(load_ctx *L, tp_graph *g, json_t *root)
 {
     static const char *const keys[] = {"input_ids", "positions", "slots", "next_token", "max_seq_len",
-                                       "vocab_size", NULL};
+                                       "vocab_size", "logit_rows", NULL};
     json_t *gen = json_object_get(root, "generate");
     if (!gen)
         return TP_OK;
@@ -523,7 +523,7 @@ static tp_status parse_generate(load_ctx *L, tp_graph *g, json_t *root)
             known |= strcmp(keys[k], key) == 0;
         if (!known)
             return LFAIL(L, TP_INVALID, "generate: unknown key '%s' (expected input_ids, positions, slots, "
-                         "next_token, max_seq_len, vocab_size)", key);
+                         "next_token, max_seq_len, vocab_size, logit_rows)", key);
     }
     if (!(g->gen = calloc(1, sizeof *g->gen)))
         return LFAIL(L, TP_NOMEM, "out of memory");
@@ -539,21 +539,26 @@ static tp_status parse_generate(load_ctx *L, tp_graph *g, json_t *root)
         st = gen_count(L, gen, "max_seq_len", &G->max_seq_len);
     if (st == TP_OK)
         st = gen_count(L, gen, "vocab_size", &G->vocab_size);
+    if (st == TP_OK && json_object_get(gen, "logit_rows"))
+        st = gen_name(L, gen, "logit_rows", &G->logit_rows);
     return st;
 }
 
 /* A generate input: a replicated INT64 graph input of global shape
- * [B] (rank 1) or [B, 1] (rank 2). */
-static tp_status check_gen_input(load_ctx *L, const tp_graph *g, const char *key, const char *name, int rank)
+ * [B] (rank 1) or [B, 1] (rank 2); INT32 too when int32_ok. */
+static tp_status check_gen_input(load_ctx *L, const tp_graph *g, const char *key, const char *name, int rank,
+                                 int int32_ok)
 {
     int id = tp_graph_find(g, name);
     const tp_node *n = id >= 0 ? &g->nodes[id] : NULL;
     if (!n || n->op != TP_OP_INPUT)
         return LFAIL(L, TP_INVALID, "generate: '%s' names '%s', which is not a graph input", key, name);
-    if (n->dtype != TP_I64 || !n->batched || n->g_ndim != rank || (rank == 2 && n->gshape[1] != 1) ||
+    int dtype_ok = n->dtype == TP_I64 || (int32_ok && n->dtype == TP_I32);
+    if (!dtype_ok || !n->batched || n->g_ndim != rank || (rank == 2 && n->gshape[1] != 1) ||
         n->placement.kind != TP_PLACE_REPLICATE)
-        return LFAIL(L, TP_INVALID, "generate: %s input '%s' must be INT64 %s, replicated; it is %s%s%s", key,
-                     name, rank == 2 ? "[\"B\", 1]" : "[\"B\"]", tp_dtype_name(n->dtype),
+        return LFAIL(L, TP_INVALID, "generate: %s input '%s' must be %s %s, replicated; it is %s%s%s", key,
+                     name, int32_ok ? "INT64 or INT32" : "INT64", rank == 2 ? "[\"B\", 1]" : "[\"B\"]",
+                     tp_dtype_name(n->dtype),
                      n->batched ? "" : " without the batch dim \"B\"",
                      n->placement.kind == TP_PLACE_SHARD ? " and sharded" : "");
     return TP_OK;
@@ -566,11 +571,13 @@ static tp_status check_generate(load_ctx *L, tp_graph *g)
     const tp_graph_generate *G = g->gen;
     if (!G)
         return TP_OK;
-    tp_status st = check_gen_input(L, g, "input_ids", G->input_ids, 2);
+    tp_status st = check_gen_input(L, g, "input_ids", G->input_ids, 2, 0);
     if (st == TP_OK)
-        st = check_gen_input(L, g, "positions", G->positions, 1);
+        st = check_gen_input(L, g, "positions", G->positions, 1, 0);
     if (st == TP_OK)
-        st = check_gen_input(L, g, "slots", G->slots, 1);
+        st = check_gen_input(L, g, "slots", G->slots, 1, 0);
+    if (st == TP_OK && G->logit_rows)
+        st = check_gen_input(L, g, "logit_rows", G->logit_rows, 1, 1);
     if (st != TP_OK)
         return st;
     int out = -1, id = tp_graph_find(g, G->next_token);
@@ -721,6 +728,7 @@ static void generate_free(tp_graph_generate *G)
     free(G->positions);
     free(G->slots);
     free(G->next_token);
+    free(G->logit_rows);
     free(G);
 }
 
@@ -734,7 +742,8 @@ static tp_graph_generate *generate_clone(const tp_graph_generate *G)
     c->positions = dupstr(G->positions);
     c->slots = dupstr(G->slots);
     c->next_token = dupstr(G->next_token);
-    if (!c->input_ids || !c->positions || !c->slots || !c->next_token) {
+    c->logit_rows = G->logit_rows ? dupstr(G->logit_rows) : NULL;
+    if (!c->input_ids || !c->positions || !c->slots || !c->next_token || (G->logit_rows && !c->logit_rows)) {
         generate_free(c);
         return NULL;
     }

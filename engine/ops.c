@@ -244,6 +244,19 @@ static const tp_op_desc desc_ARGMAX_INDEX = {.name = "argmax_index", .kind = TP_
                                              .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs,
                                              .family = TP_FAMILY_ARGMAX};
 
+/* matmul_rows(x [B, ..., K], w [K, N] (or [N, K], transpose_b), mask [B]):
+ * matmul's product on the rows whose mask (INT32/INT64) is nonzero, zeros
+ * on the others, which cost no GEMM work: a generation graph's LM head,
+ * where only a sequence's last prompt row needs logits (docs/models.md).
+ * Its own op, not a third input of matmul, so the TP fusion passes (which
+ * match matmul) never see it. Row r reads only row r of x and of the mask:
+ * matmul's rows rule (the mask is batched on dim 0 exactly as x). Same
+ * family as matmul: a backend's matmul kernel runs both. */
+static const tp_op_desc desc_MATMUL_ROWS = {.name = "matmul_rows", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                            .min_inputs = 3, .max_inputs = 3, .comm_input = -1,
+                                            .shape = TP_SHAPE_MATMUL_ROWS, .rows = TP_ROWS_MATMUL,
+                                            .attrs = matmul_attrs, .family = TP_FAMILY_MATMUL};
+
 /* An op in TP_OP_LIST without its desc_NAME above fails right here. */
 static const tp_op_desc *const op_table[] = {
 #define TP_OP_ROW(e) [TP_OP_##e] = &desc_##e,

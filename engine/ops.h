@@ -65,7 +65,8 @@
     X(STATE) \
     X(KV_ATTENTION) \
     X(ARGMAX) \
-    X(ARGMAX_INDEX)
+    X(ARGMAX_INDEX) \
+    X(MATMUL_ROWS)
 
 typedef enum {
 #define TP_OP_ENUM(e) TP_OP_##e,
@@ -115,6 +116,7 @@ typedef enum {
     TP_SHAPE_KV_ATTENTION,  /* q's shape; k/v/caches/slot/pos checked against it */
     TP_SHAPE_ARGMAX,        /* last dim dropped, INT64 packed keys */
     TP_SHAPE_ARGMAX_INDEX,  /* same shape, INT64 keys -> INT64 ids */
+    TP_SHAPE_MATMUL_ROWS,   /* matmul of x [B, ..., K] by a 2-d w, mask [B] INT32/INT64 */
 } tp_shape_rule;
 
 /* Which backend kernel runs an op; one family per line, X(ENUM, name).

@@ -297,6 +297,28 @@ static tp_status infer_matmul(tp_graph *g, tp_node *n, tp_err *err)
     return TP_OK;
 }
 
+/* matmul_rows: matmul of x by a 2-d w (no batch broadcast: rows are x's
+ * alone), and a mask with one INT32/INT64 flag per row of x's dim 0. */
+static tp_status infer_matmul_rows(tp_graph *g, tp_node *n, tp_err *err)
+{
+    const tp_node *w = &g->nodes[n->inputs[1]], *m = &g->nodes[n->inputs[2]];
+    char sa[128], sb[128];
+    if (w->ndim != 2)
+        return node_fail(err, n, "the weight '%s' must be 2-d, got %s", w->name, SHAPE(sb, w));
+    tp_status st = infer_matmul(g, n, err);
+    if (st != TP_OK)
+        return st;
+    const tp_node *x = &g->nodes[n->inputs[0]];
+    if (m->dtype != TP_I32 && m->dtype != TP_I64)
+        return node_fail(err, n, "the row mask '%s' must be INT32 or INT64, got %s", m->name, tp_dtype_name(m->dtype));
+    if (m->ndim != 1 || m->shape[0] != x->shape[0]) {
+        char want[160];
+        snprintf(want, sizeof want, "[%lld], one flag per row of dim 0 of x %s", (long long)x->shape[0], SHAPE(sb, x));
+        return node_fail(err, n, "the row mask %s must be %s", SHAPE(sa, m), want);
+    }
+    return TP_OK;
+}
+
 static tp_status infer_attention(tp_graph *g, tp_node *n, tp_err *err)
 {
     tp_node *q = &g->nodes[n->inputs[0]], *k = &g->nodes[n->inputs[1]], *v = &g->nodes[n->inputs[2]];
@@ -773,6 +795,9 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         break;
     case TP_SHAPE_MATMUL:
         st = infer_matmul(g, n, err);
+        break;
+    case TP_SHAPE_MATMUL_ROWS:
+        st = infer_matmul_rows(g, n, err);
         break;
     case TP_SHAPE_ATTENTION:
         st = infer_attention(g, n, err);

@@ -588,7 +588,8 @@ def gen_greedy(p, prompt, new_tokens):
 
 def gen_graph(d):
     """The decoder as a tpgraph at world size d: vocab-parallel embedding and
-    head, Megatron attention and MLP, kv_attention over sharded caches. At
+    head (matmul_rows: only the rows logit_rows wants), Megatron attention
+    and MLP, kv_attention over sharded caches. At
     d > HKV each rank gets its own copy of the kv head its query heads read
     (the kv weights' columns repeated, as vLLM does), so the caches still
     shard by head."""
@@ -600,6 +601,7 @@ def gen_graph(d):
     g.input("input_ids", "INT64", ["B", 1], "replicate")
     g.input("position_ids", "INT64", ["B"], "replicate")
     g.input("cache_slot", "INT64", ["B"], "replicate")
+    g.input("logit_rows", "INT64", ["B"], "replicate")
     g.param("tok_emb", "FP32", [VP, E], "shard(0)")
     g.param("pos_emb", "FP32", [L, E], "replicate")
     g.node("tok_part", "embedding", ["input_ids", "tok_emb"], vocab_parallel=True)   # [B, 1, E]
@@ -637,7 +639,7 @@ def gen_graph(d):
     g.param("lnf_b", "FP32", [E], "replicate")
     g.param("lm_head", "FP32", [E, VP], "shard(1)")
     g.node("hf", "layer_norm", [x, "lnf_w", "lnf_b"], eps=c["EPS"])
-    g.node("logits_flat", "matmul", ["hf", "lm_head"])                                # [B, VP/d]
+    g.node("logits_flat", "matmul_rows", ["hf", "lm_head", "logit_rows"])             # [B, VP/d]
     g.node("logits", "view", ["logits_flat"], shape=[-1, 1, VP // d])
     g.node("key_local", "argmax", ["logits"], vocab_parallel=True, limit=c["V"])       # [B, 1]
     g.node("key", "all_reduce", ["key_local"], op="max")
@@ -645,7 +647,8 @@ def gen_graph(d):
     g.node("next_token", "view", ["token"], shape=[-1])
     g.output("next_token", "replicate")
     g.j["generate"] = {"input_ids": "input_ids", "positions": "position_ids", "slots": "cache_slot",
-                       "next_token": "next_token", "max_seq_len": L, "vocab_size": c["V"]}
+                       "next_token": "next_token", "max_seq_len": L, "vocab_size": c["V"],
+                       "logit_rows": "logit_rows"}
     return g
 
 
@@ -663,15 +666,18 @@ def gen_param_tensors(p, d):
 
 
 def gen_schedules(p):
-    """Steps of token rows with the reference's next token for each row.
-    batched: a and b prefill together; c's prefill joins a and b's decodes;
+    """Steps of token rows with the reference's next token for each row
+    and logit_rows: 1 on the last row of each sequence in a step (a
+    prompt's earlier rows want no token; the engine's next_token there is
+    the argmax of a zero row, id 0). batched: a and b prefill together; c's prefill joins a and b's decodes;
     d takes b's slot once b is done (the cache is overwritten, never reset).
     alone_a: sequence a by itself in slot 3."""
     ref = {s: gen_greedy(p, prompt, n) for s, (_, prompt, n) in GEN_SEQS.items()}
 
     def rows(seq, lo, hi, slot=None):
         tokens, picks = ref[seq]
-        return [(tokens[i], i, GEN_SEQS[seq][0] if slot is None else slot, picks[i]) for i in range(lo, hi)]
+        return [(tokens[i], i, GEN_SEQS[seq][0] if slot is None else slot, picks[i], int(i == hi - 1))
+                for i in range(lo, hi)]
 
     def length(seq):
         return len(GEN_SEQS[seq][1]) + GEN_SEQS[seq][2] - 1  # the last pick is never fed back
@@ -693,7 +699,7 @@ def gen_schedules(p):
 
     def as_json(steps):
         return [{"input_ids": [r[0] for r in st], "positions": [r[1] for r in st], "slots": [r[2] for r in st],
-                 "next_token": [r[3] for r in st]} for st in steps]
+                 "next_token": [r[3] for r in st], "logit_rows": [r[4] for r in st]} for st in steps]
 
     return {"batched": as_json(batched), "alone_a": as_json(alone),
             "tokens": {s: ref[s][0] for s in ref}}
@@ -745,6 +751,7 @@ ATTRS = {
     "all_gather": {"dim"}, "reduce_scatter": {"dim", "op"}, "all_reduce": {"op"},
     "all_to_all": {"split_dim", "concat_dim"}, "broadcast": {"src"}, "neg": set(),
     "kv_attention": {"scale"}, "argmax": {"vocab_parallel", "limit"}, "argmax_index": set(),
+    "matmul_rows": {"transpose_b"},
 }
 # ops whose result is INT64 whatever their input (argmax keys, token ids)
 INT64_OPS = {"argmax", "argmax_index"}
@@ -844,6 +851,16 @@ def _compute(op, a, ins, r, d):
         if x.shape[-1] != b.shape[-2]:
             raise GraphError("matmul shapes %s x %s" % (x.shape, b.shape))
         return np.matmul(x, b)
+    if op == "matmul_rows":
+        b, mask = ins[1], ins[2]
+        if a.get("transpose_b", False):
+            b = b.T
+        if b.ndim != 2 or x.shape[-1] != b.shape[0] or mask.shape != x.shape[:1]:
+            raise GraphError("matmul_rows shapes %s x %s, mask %s" % (x.shape, b.shape, mask.shape))
+        out = np.zeros(x.shape[:-1] + b.shape[1:], x.dtype)
+        want = mask != 0  # the other rows are never read: NaN there stays out
+        out[want] = np.matmul(x[want], b)
+        return out
     if op == "attention":
         q, k, v = ins
         if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:

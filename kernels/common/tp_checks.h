@@ -35,6 +35,20 @@ static inline tp_status tp_check_cat(int d, const tp_tensor *ins, int n_ins, con
     return TP_OK;
 }
 
+/* matmul_rows: a row mask INT32/INT64 [B] for x [B, ..., K] and out
+ * [B, ..., N], the weight 2-d (the product's own checks are matmul's). */
+static inline tp_status tp_check_matmul_rows(const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,
+                                             const tp_tensor *out, tp_err *err)
+{
+    char s1[96], s2[96];
+    if ((mask->dtype != TP_I32 && mask->dtype != TP_I64) || mask->ndim != 1 || x->ndim < 2 || w->ndim != 2 ||
+        out->ndim != x->ndim || mask->shape[0] != x->shape[0] || out->shape[0] != x->shape[0])
+        return tp_fail(err, TP_INVALID, "matmul_rows: a %s row mask %s does not fit x %s", tp_dtype_name(mask->dtype),
+                       tp_shape_str(s1, sizeof s1, mask->ndim, mask->shape),
+                       tp_shape_str(s2, sizeof s2, x->ndim, x->shape));
+    return TP_OK;
+}
+
 /* attention: q [B,H,S,D], k [B,H,T,D], v [B,H,T,Dv] of out's float dtype
  * give out [B,H,S,Dv]; the optional key-padding mask (NULL if absent) is
  * INT32/INT64 [B, T] (tp_attn_mask.h). */

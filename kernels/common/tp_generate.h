@@ -1,5 +1,5 @@
 /* tp_generate.h — the index and packing math of the generation ops
- * (kv_attention, argmax, argmax_index), shared by the CPU and CUDA kernels
+ * (kv_attention, argmax, argmax_index, matmul_rows' row mask), shared by the CPU and CUDA kernels
  * (TP_HD: host and device under nvcc), so the rules the CPU tests check are
  * the rules the GPU runs. docs/models.md, "Generation graphs", is the
  * reference for the ops themselves.
@@ -67,6 +67,24 @@ TP_HD int64_t tp_gen_key_index(int64_t key)
 TP_HD int64_t tp_gen_load_index(const void *p, tp_dtype dt, int64_t off)
 {
     return dt == TP_I64 ? ((const int64_t *)p)[off] : (int64_t)((const int32_t *)p)[off];
+}
+
+/* matmul_rows' row mask (a generation graph's logit_rows): whether row r
+ * of a [B] INT32/INT64 mask, elements stride apart, wants its product. */
+TP_HD int tp_gen_row_wanted(const void *mask, tp_dtype dt, int64_t stride, int64_t r)
+{
+    return tp_gen_load_index(mask, dt, r * stride) != 0;
+}
+
+/* The end (exclusive) of the run of rows from r on, of B, that share row
+ * r's wanted flag: each wanted run is one GEMM, each other run one fill of
+ * zeros (a server puts a step's wanted rows first: usually one of each). */
+TP_HD int64_t tp_gen_row_run_end(const void *mask, tp_dtype dt, int64_t stride, int64_t r, int64_t B)
+{
+    int w = tp_gen_row_wanted(mask, dt, stride, r);
+    while (++r < B && tp_gen_row_wanted(mask, dt, stride, r) == w)
+        ;
+    return r;
 }
 
 /* What a row's slot and position mean for kv_attention with S cache

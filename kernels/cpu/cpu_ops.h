@@ -13,7 +13,7 @@
 
 /* Runs op (kind COMPUTE or COPY: add sub mul div, the unary functions
  * gelu silu relu sqrt rsqrt exp neg tanh erf sigmoid pow, softmax
- * layer_norm rms_norm reduce_mean reduce_sum matmul attention embedding
+ * layer_norm rms_norm reduce_mean reduce_sum matmul matmul_rows attention embedding
  * gather where expand cast cat reshape contiguous).
  * rank/world are needed by embedding with vocab_parallel. Fails (without
  * crashing) on an id out of range or an op it does not implement. */

@@ -7,13 +7,16 @@
  * together, so [B, S, K] x [K, N] with a contiguous is a single sgemm.
  * FP16/BF16 are widened to FP32, multiplied, and rounded once on store.
  * Products too small to gain from OpenBLAS's threads (attention's per-head
- * ones) run on one (blas_pick.h). */
+ * ones) run on one (blas_pick.h). matmul_rows runs cpu_matmul on each run
+ * of wanted rows and zeros the rest. */
 #include <cblas.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blas_pick.h"
+#include "common/tp_checks.h"
+#include "common/tp_generate.h"
 #include "ops_internal.h"
 #include "small_gemm.h"
 
@@ -357,4 +360,30 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
     if (out->dtype != TP_F32)
         return matmul_half(a, b, tb, out, err);
     return matmul_f32(&pl, a->data, b->data, out->data, err);
+}
+
+/* matmul_rows: each run of consecutive wanted rows is one cpu_matmul on
+ * that slice of dim 0 (so the same sgemm/sgemv/small_gemm dispatch as
+ * matmul, one call per run); the other runs are zeroed without reading x,
+ * so their inputs (NaN or garbage included) never reach the output. */
+tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,
+                          tp_tensor *out, tp_err *err)
+{
+    tp_status s = tp_check_matmul_rows(x, w, mask, out, err);
+    if (s != TP_OK)
+        return s;
+    if (!tp_tensor_is_contiguous(out))
+        return tp_fail(err, TP_INTERNAL, "matmul_rows: the output must be contiguous");
+    int64_t B = x->shape[0], row = B > 0 ? tp_tensor_numel(out) / B : 0;
+    for (int64_t r = 0, end; s == TP_OK && r < B; r = end) {
+        end = tp_gen_row_run_end(mask->data, mask->dtype, mask->stride[0], r, B);
+        tp_tensor os = tp_tensor_narrow(out, 0, r, end - r);
+        if (tp_gen_row_wanted(mask->data, mask->dtype, mask->stride[0], r)) {
+            tp_tensor xs = tp_tensor_narrow(x, 0, r, end - r);
+            s = cpu_matmul(attrs, &xs, w, &os, err);
+        } else {
+            memset(os.data, 0, (size_t)((end - r) * row) * tp_dtype_size(out->dtype));
+        }
+    }
+    return s;
 }

@@ -306,6 +306,22 @@ static tp_status argmax(cu_ctx *x, tp_op op, const tp_attrs *at, const tp_tensor
     return TP_OK;
 }
 
+/* matmul_rows: the product of every row (one GEMM, as matmul: the mask
+ * stays on the device, and reading it back to skip rows would cost a
+ * synchronisation per step), then the unwanted rows zeroed, so their
+ * values (NaN included) never reach the output. Saves no GEMM work here,
+ * only the same output as the cpu backend's. */
+static tp_status matmul_rows(cu_ctx *x, const tp_attrs *a, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    const tp_tensor *mask = &ins[2];
+    TP_TRY(tp_check_matmul_rows(&ins[0], &ins[1], mask, out, err));
+    TP_TRY(cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err));
+    int64_t rows = out->shape[0], n = tp_tensor_numel(out);
+    KERNEL_TRY(x, err, tp_cuda_zero_rows(out->data, out->dtype, rows, rows > 0 ? n / rows : 0, mask->data,
+                                         mask->dtype, mask->stride[0], x->compute));
+    return TP_OK;
+}
+
 /* ------------------------------------------ reduce, gather, where, expand, cast */
 
 static tp_status reduce(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *in, tp_tensor *out, tp_err *err)
@@ -420,7 +436,9 @@ static tp_status k_softmax(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tens
 static tp_status k_matmul(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                           tp_err *err)
 {
-    (void)op, (void)n_ins;
+    (void)n_ins;
+    if (op == TP_OP_MATMUL_ROWS)
+        return matmul_rows(x, a, ins, out, err);
     return cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err);
 }
 static tp_status k_attention(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins,

@@ -1,6 +1,6 @@
 // generate.cu — the cuda kernels of the generation ops: kv_attention (cache
-// writes, then causal attention over the caches), argmax (packed keys) and
-// argmax_index. The index and packing math is kernels/common/tp_generate.h
+// writes, then causal attention over the caches), argmax (packed keys),
+// argmax_index and matmul_rows' zeroing of unwanted rows. The index and packing math is kernels/common/tp_generate.h
 // and the softmax pieces tp_math.h, the functions the cpu kernels
 // (kernels/cpu/ops_generate.c) run and test_generate checks on the CPU.
 // Launchers check their arguments and return cudaGetLastError() after every
@@ -157,6 +157,16 @@ __global__ void argmax_index_kernel(const int64_t *keys, int64_t *out, tp_layout
         out[tp_layout_offset(&l, 1, i)] = tp_gen_key_index(keys[tp_layout_offset(&l, 0, i)]);
 }
 
+// Every element of a row the mask does not want becomes +0.0 (all-zero
+// bits in FP32, FP16 and BF16 alike, so one element size is all it needs).
+template <typename E>
+__global__ void zero_rows_kernel(E *out, int64_t row_elems, const void *mask, tp_dtype mdt, int64_t ms, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        if (!tp_gen_row_wanted(mask, mdt, ms, i / row_elems))
+            out[i] = E(0);
+}
+
 // Calls f with the float dtype as a compile-time constant; other dtypes are
 // refused.
 template <typename F>
@@ -208,6 +218,24 @@ extern "C" int tp_cuda_argmax(const tp_cuda_argmax_args *a, void *stream)
     return by_float(a->dtype, [&](auto d) {
         argmax_kernel<decltype(d)::value><<<grid, kThreads, 0, as_stream(stream)>>>(ac, rows);
     });
+}
+
+extern "C" int tp_cuda_zero_rows(void *out, tp_dtype dtype, int64_t rows, int64_t row_elems, const void *mask,
+                                  tp_dtype mask_dtype, int64_t mask_stride, void *stream)
+{
+    if (!out || !mask || rows < 0 || row_elems < 0 || (mask_dtype != TP_I32 && mask_dtype != TP_I64) ||
+        (dtype != TP_F32 && dtype != TP_F16 && dtype != TP_BF16))
+        return (int)cudaErrorInvalidValue;
+    int64_t n = rows * row_elems;
+    if (n <= 0)
+        return (int)cudaSuccess;
+    if (dtype == TP_F32)
+        zero_rows_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<uint32_t *>(out), row_elems,
+                                                                            mask, mask_dtype, mask_stride, n);
+    else
+        zero_rows_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(static_cast<uint16_t *>(out), row_elems,
+                                                                            mask, mask_dtype, mask_stride, n);
+    return (int)cudaGetLastError();
 }
 
 extern "C" int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, void *stream)

@@ -165,6 +165,11 @@ int tp_cuda_argmax(const tp_cuda_argmax_args *a, void *stream);
 /* ids = tp_gen_key_index(keys): l over out's shape, operand 0 the keys,
  * operand 1 out (contiguous). */
 int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, void *stream);
+/* matmul_rows' unwanted rows: rows [rows, row_elems] of the contiguous
+ * float out whose mask element (INT32/INT64, mask_stride apart) is 0 are
+ * set to +0.0 (tp_gen_row_wanted), after the product of every row. */
+int tp_cuda_zero_rows(void *out, tp_dtype dtype, int64_t rows, int64_t row_elems, const void *mask,
+                      tp_dtype mask_dtype, int64_t mask_stride, void *stream);
 
 /* reduce_mean (mean = 1) / reduce_sum of x over p's dim into contiguous
  * out of n_out elements; float dtypes, FP32 sums in index order. */

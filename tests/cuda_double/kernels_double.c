@@ -111,6 +111,13 @@ int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, 
     return launch("argmax_index", stream);
 }
 
+int tp_cuda_zero_rows(void *out, tp_dtype dtype, int64_t rows, int64_t row_elems, const void *mask,
+                      tp_dtype mask_dtype, int64_t mask_stride, void *stream)
+{
+    (void)out, (void)dtype, (void)rows, (void)row_elems, (void)mask, (void)mask_dtype, (void)mask_stride;
+    return launch("zero_rows", stream);
+}
+
 int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d, int es,
                        int to_packed, void *stream)
 {

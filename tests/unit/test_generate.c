@@ -1,18 +1,25 @@
 /* test_generate.c — text generation in the engine (docs/models.md,
  * "Generation graphs"): the key packing and slot math of
  * kernels/common/tp_generate.h, the cpu kernels kv_attention / argmax /
- * argmax_index against naive references, the loader's errors for states
- * and the generate block, and the example decoder (graphs/gen_examples.py,
- * gen_decoder_tp{1,2,4}) driven step by step through tp_engine_infer at
- * world sizes 1, 2, 4, ranks as threads and as processes, giving exactly
- * the NumPy reference's greedy tokens.
+ * argmax_index against naive references, matmul_rows against matmul, the
+ * loader's errors for states and the generate block (logit_rows too), and
+ * the example decoder (graphs/gen_examples.py, gen_decoder_tp{1,2,4})
+ * driven step by step through tp_engine_infer at world sizes 1, 2, 4,
+ * ranks as threads and as processes, giving exactly the NumPy reference's
+ * greedy tokens on the rows logit_rows wants (and id 0, a zero row's
+ * argmax, on the others).
  *
  * Tolerances: kv_attention FP32 within 1e-5 absolute of the double
  * reference (FP32 accumulation of a few products); FP16 within 2e-3 and
  * BF16 within 1.6e-2 absolute (inputs are exact in the type and |out| < 1,
  * so this is about 2 ulp of the output's rounding plus the FP32 error).
  * Tokens are compared exactly: the reference refuses near ties (margin
- * >= 1e-3 between its two best logits), far above FP32's error here. */
+ * >= 1e-3 between its two best logits), far above FP32's error here.
+ * matmul_rows' wanted rows are compared bit for bit with matmul on the
+ * same run of rows (the same GEMM call), and (FP32) with matmul over every
+ * row within MM_ROWS_TOL relative: a different M may take another BLAS path
+ * (sgemv for one row, small_gemm, sgemm) that sums K = 64 products in
+ * another order, a few FP32 ulps of a sum of |terms| <= 64. */
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
@@ -31,6 +38,7 @@
 #define KV_FP32_TOL 1e-5
 #define KV_FP16_TOL 2e-3
 #define KV_BF16_TOL 1.6e-2
+#define MM_ROWS_TOL 1e-5
 
 /* ------------------------------------------------------- key packing */
 
@@ -362,6 +370,146 @@ START_TEST(argmax_vocab_parallel)
 }
 END_TEST
 
+/* -------------------------------------------------------- matmul_rows */
+
+enum { MR_B = 7, MR_K = 64, MR_N = 96 };
+
+/* x [B, 1, K] of dtype dt (values as floats in xf), w [K, N] or [N, K]. */
+static tp_status mr_matmul(tp_op op, tp_dtype dt, int tb, void *x, int64_t b, void *w, const tp_tensor *mask,
+                           void *out, tp_err *err)
+{
+    int64_t xs[3] = {b, 1, MR_K}, ws[2] = {tb ? MR_N : MR_K, tb ? MR_K : MR_N}, os[3] = {b, 1, MR_N};
+    tp_tensor ins[3] = {tp_tensor_make(x, dt, 3, xs), tp_tensor_make(w, dt, 2, ws)};
+    if (mask)
+        ins[2] = *mask;
+    tp_tensor o = tp_tensor_make(out, dt, 3, os);
+    tp_attrs a = {.transpose_b = tb};
+    return cpu_op_run(op, &a, ins, mask ? 3 : 2, &o, 0, 1, err);
+}
+
+static void mr_store(tp_dtype dt, float *f, void *raw, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == TP_F32)
+            ((float *)raw)[i] = f[i];
+        else
+            ((uint16_t *)raw)[i] = dt == TP_F16 ? tp_f32_to_f16(f[i]) : tp_f32_to_bf16(f[i]);
+    }
+}
+
+/* Rows 0, 1, 3, 6 wanted (three runs of wanted rows, two of others),
+ * the others' x all NaN: each wanted run equals matmul on those rows alone
+ * bit for bit and matmul over clean rows within MM_ROWS_TOL; every other
+ * row is exactly +0.0, untouched by its NaNs. INT64 and INT32 masks. */
+static void mr_case(tp_dtype dt, int tb, tp_dtype mask_dt)
+{
+    static const int wanted[MR_B] = {1, 1, 0, 5, 0, 0, -1}; /* nonzero: wanted */
+    size_t es = tp_dtype_size(dt);
+    float xf[MR_B * MR_K], wf[MR_K * MR_N], full[MR_B * MR_N];
+    tu_fill(xf, MR_B * MR_K, 11), tu_fill(wf, MR_K * MR_N, 12);
+    char x[sizeof xf], xnan[sizeof xf], w[sizeof wf], out[sizeof full], part[sizeof full], fullraw[sizeof full];
+    mr_store(dt, xf, x, MR_B * MR_K), mr_store(dt, wf, w, MR_K * MR_N);
+    float xn[MR_B * MR_K];
+    for (int r = 0; r < MR_B; r++)
+        for (int k = 0; k < MR_K; k++)
+            xn[r * MR_K + k] = wanted[r] ? xf[r * MR_K + k] : NAN;
+    mr_store(dt, xn, xnan, MR_B * MR_K);
+    int64_t m64[MR_B], ms[1] = {MR_B};
+    int32_t m32[MR_B];
+    for (int r = 0; r < MR_B; r++)
+        m64[r] = wanted[r], m32[r] = wanted[r];
+    tp_tensor mask = tp_tensor_make(mask_dt == TP_I64 ? (void *)m64 : (void *)m32, mask_dt, 1, ms);
+    tp_err err = {{0}};
+    ck_assert_msg(mr_matmul(TP_OP_MATMUL_ROWS, dt, tb, xnan, MR_B, w, &mask, out, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(mr_matmul(TP_OP_MATMUL, dt, tb, x, MR_B, w, NULL, fullraw, &err) == TP_OK, "%s", err.msg);
+    for (int i = 0; i < MR_B * MR_N; i++)
+        full[i] = tp_load_f32(fullraw, dt, i);
+    static const int runs[][2] = {{0, 2}, {3, 4}, {6, 7}};
+    for (int k = 0; k < 3; k++) {
+        int lo = runs[k][0], n = runs[k][1] - lo;
+        ck_assert_msg(mr_matmul(TP_OP_MATMUL, dt, tb, x + (size_t)lo * MR_K * es, n, w, NULL, part, &err) == TP_OK,
+                      "%s", err.msg);
+        ck_assert_msg(memcmp(part, out + (size_t)lo * MR_N * es, (size_t)n * MR_N * es) == 0,
+                      "%s rows %d..%d differ from matmul on them alone", tp_dtype_name(dt), lo, lo + n - 1);
+    }
+    for (int r = 0; r < MR_B; r++)
+        for (int c = 0; c < MR_N; c++) {
+            float got = tp_load_f32(out, dt, r * MR_N + c), ref = full[r * MR_N + c];
+            if (!wanted[r])
+                ck_assert_msg(got == 0.0f && !signbit(got), "row %d col %d: %g, want +0", r, c, got);
+            else if (dt == TP_F32)
+                ck_assert_msg(fabsf(got - ref) <= MM_ROWS_TOL * fmaxf(1.0f, fabsf(ref)), "row %d col %d: %g vs %g",
+                              r, c, got, ref);
+        }
+}
+
+START_TEST(matmul_rows_fp32) { mr_case(TP_F32, 0, TP_I64), mr_case(TP_F32, 1, TP_I32); }
+END_TEST
+START_TEST(matmul_rows_fp16_bf16) { mr_case(TP_F16, 1, TP_I64), mr_case(TP_BF16, 0, TP_I32); }
+END_TEST
+
+/* No row wanted: zeros and no GEMM (x is NaN throughout); a mask that does
+ * not fit x is refused, naming the op. */
+START_TEST(matmul_rows_none_wanted_and_bad_mask)
+{
+    float x[MR_B * MR_K], w[MR_K * MR_N], out[MR_B * MR_N];
+    for (int i = 0; i < MR_B * MR_K; i++)
+        x[i] = NAN;
+    tu_fill(w, MR_K * MR_N, 3);
+    int64_t m[MR_B] = {0}, ms[1] = {MR_B}, short_ms[1] = {MR_B - 1};
+    tp_tensor mask = tp_tensor_make(m, TP_I64, 1, ms);
+    tp_err err = {{0}};
+    memset(out, 0xff, sizeof out);
+    ck_assert_msg(mr_matmul(TP_OP_MATMUL_ROWS, TP_F32, 0, x, MR_B, w, &mask, out, &err) == TP_OK, "%s", err.msg);
+    for (int i = 0; i < MR_B * MR_N; i++)
+        ck_assert(out[i] == 0.0f);
+    mask = tp_tensor_make(m, TP_I64, 1, short_ms);
+    ck_assert_int_eq(mr_matmul(TP_OP_MATMUL_ROWS, TP_F32, 0, x, MR_B, w, &mask, out, &err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "matmul_rows: a INT64 row mask [6] does not fit x [7, 1, 64]"), "%s", err.msg);
+    mask = tp_tensor_make(w, TP_F32, 1, ms);
+    ck_assert_int_eq(mr_matmul(TP_OP_MATMUL_ROWS, TP_F32, 0, x, MR_B, w, &mask, out, &err), TP_INVALID);
+}
+END_TEST
+
+/* The loader's shape rule: the weight 2-d, the mask INT32/INT64 [B]. */
+START_TEST(matmul_rows_shape_errors)
+{
+    static const char *fmt =
+        "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"g\",\"world_size\":1,"
+        "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",1,4]},"
+        "{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":%s},"
+        "{\"name\":\"m\",\"datatype\":\"%s\",\"shape\":%s}],"
+        "\"nodes\":[{\"name\":\"y\",\"op\":\"matmul_rows\",\"inputs\":[\"x\",\"w\",\"m\"]}],"
+        "\"outputs\":[{\"name\":\"y\"}]}";
+    const struct {
+        const char *w, *m_dt, *m, *want; /* want NULL: loads */
+    } cases[] = {
+        {"[4,3]", "INT64", "[\"B\"]", NULL},
+        {"[4,3]", "INT32", "[\"B\"]", NULL},
+        {"[1,4,3]", "INT64", "[\"B\"]", "node 'y' (matmul_rows): the weight 'w' must be 2-d, got [1, 4, 3]"},
+        {"[5,3]", "INT64", "[\"B\"]", "node 'y' (matmul_rows): inner dims differ"},
+        {"[4,3]", "FP32", "[\"B\"]", "node 'y' (matmul_rows): the row mask 'm' must be INT32 or INT64, got FP32"},
+        {"[4,3]", "INT64", "[\"B\",1]", "node 'y' (matmul_rows): the row mask [1, 1] must be [1], one flag per row"},
+        {"[4,3]", "INT64", "[3]", "node 'y' (matmul_rows): the row mask [3] must be [1], one flag per row"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[2048], dir[64], path[128];
+        snprintf(json, sizeof json, fmt, cases[i].w, cases[i].m_dt, cases[i].m);
+        tu_write_graph(dir, path, json, NULL, 0);
+        tp_graph *g = NULL;
+        tp_err err = {{0}};
+        tp_status st = tp_graph_load(path, &g, &err);
+        if (!cases[i].want)
+            ck_assert_msg(st == TP_OK, "case %zu: %s", i, err.msg);
+        else
+            ck_assert_msg(st == TP_INVALID && strstr(err.msg, cases[i].want), "case %zu: got '%s', want '%s'", i,
+                          err.msg, cases[i].want);
+        tp_graph_free(g);
+        tu_rmdir(dir);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------- loader */
 
 /* A small generation graph whose pieces the cases below break. */
@@ -370,7 +518,7 @@ static const char *gen_json_fmt =
     "\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT64\",\"shape\":[\"B\",1]},"
     "{\"name\":\"pos\",\"datatype\":\"%s\",\"shape\":[\"B\"]},"
     "{\"name\":\"slot\",\"datatype\":\"INT64\",\"shape\":[\"B\"]},"
-    "{\"name\":\"q\",\"datatype\":\"FP32\",\"shape\":[\"B\",2,1,4]}],"
+    "{\"name\":\"q\",\"datatype\":\"FP32\",\"shape\":[\"B\",2,1,4]}%s],"
     "\"states\":[{\"name\":\"kc\",\"datatype\":\"FP32\",\"shape\":%s},"
     "{\"name\":\"vc\",\"datatype\":\"FP32\",\"shape\":[\"S\",1,8,4]}%s],"
     "\"nodes\":[{\"name\":\"k\",\"op\":\"slice\",\"inputs\":[\"q\"],\"attrs\":{\"dim\":1,\"start\":0,\"length\":1}},"
@@ -388,12 +536,15 @@ typedef struct {
     int max_seq_len;
     const char *extra_gen, *want; /* want NULL: loads */
     const char *ids, *next;       /* what generate names (NULL: "ids", "next") */
+    const char *extra_input;      /* NULL: none */
+    const char *logit_rows;       /* what a loaded graph's generate names (NULL: none) */
 } gen_case;
 
 static tp_status load_case(const gen_case *c, char *msg, size_t len)
 {
     char json[4096], dir[64], path[128];
-    snprintf(json, sizeof json, gen_json_fmt, c->pos_dtype, c->kc_shape, c->extra_state, c->vcache, c->extra_node,
+    snprintf(json, sizeof json, gen_json_fmt, c->pos_dtype, c->extra_input ? c->extra_input : "", c->kc_shape,
+             c->extra_state, c->vcache, c->extra_node,
              c->ids ? c->ids : "ids", c->next ? c->next : "next", c->max_seq_len, c->extra_gen);
     tu_write_graph(dir, path, json, NULL, 0);
     tp_graph *g = NULL;
@@ -405,6 +556,10 @@ static tp_status load_case(const gen_case *c, char *msg, size_t len)
         ck_assert_int_eq(g->nodes[g->state_ids[0]].shape[0], TP_DEFAULT_STATE_SLOTS);
         ck_assert_ptr_nonnull(g->gen);
         ck_assert_int_eq(g->gen->max_seq_len, 8);
+        if (c->logit_rows)
+            ck_assert_str_eq(g->gen->logit_rows, c->logit_rows);
+        else
+            ck_assert_ptr_null(g->gen->logit_rows);
     }
     tp_graph_free(g);
     tu_rmdir(dir);
@@ -413,29 +568,52 @@ static tp_status load_case(const gen_case *c, char *msg, size_t len)
 
 START_TEST(loader_generation_errors)
 {
-    const gen_case ok = {"INT64", "[\"S\",1,8,4]", "", "vc", "", 8, "", NULL, NULL, NULL};
+    const gen_case ok = {"INT64", "[\"S\",1,8,4]", "", "vc", "", 8, "", NULL, NULL, NULL, NULL, NULL};
     const gen_case cases[] = {
         ok,
-        {"INT32", ok.kc_shape, "", "vc", "", 8, "", "generate: positions input 'pos' must be INT64", NULL, NULL},
-        {"INT64", "[2,\"S\",8,4]", "", "vc", "", 8, "", "state 'kc': shape[1] must be a non-negative integer", NULL, NULL},
-        {"INT64", "[\"B\",1,8,4]", "", "vc", "", 8, "", "state 'kc': shape[0] must be a non-negative integer or \"S\"", NULL, NULL},
+        {"INT32", ok.kc_shape, "", "vc", "", 8, "", "generate: positions input 'pos' must be INT64", NULL, NULL, NULL, NULL},
+        {"INT64", "[2,\"S\",8,4]", "", "vc", "", 8, "", "state 'kc': shape[1] must be a non-negative integer", NULL, NULL, NULL, NULL},
+        {"INT64", "[\"B\",1,8,4]", "", "vc", "", 8, "", "state 'kc': shape[0] must be a non-negative integer or \"S\"", NULL, NULL, NULL, NULL},
         {"INT64", ok.kc_shape, ",{\"name\":\"xc\",\"datatype\":\"FP32\",\"shape\":[\"S\",1,8,4]}", "vc", "", 8, "",
-         "state 'xc': no kv_attention writes it", NULL, NULL},
+         "state 'xc': no kv_attention writes it", NULL, NULL, NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", ",{\"name\":\"r\",\"op\":\"relu\",\"inputs\":[\"vc\"]}", 8, "",
-         "state 'vc': node 'r' (relu) reads it as input 0", NULL, NULL},
-        {"INT64", ok.kc_shape, "", "q", "", 8, "", "state 'vc': no kv_attention writes it", NULL, NULL},
-        {"INT64", ok.kc_shape, "", "vc", "", 9, "", "generate: max_seq_len 9 differs from the cache length 8", NULL, NULL},
-        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"temperature\":1", "generate: unknown key 'temperature'", NULL, NULL},
-        {"INT64", "[\"S\",1,8,2]", "", "vc", "", 8, "", "caches must be [S, Hkv, L, D]", NULL, NULL},
+         "state 'vc': node 'r' (relu) reads it as input 0", NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "q", "", 8, "", "state 'vc': no kv_attention writes it", NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 9, "", "generate: max_seq_len 9 differs from the cache length 8", NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"temperature\":1", "generate: unknown key 'temperature'", NULL, NULL, NULL, NULL},
+        {"INT64", "[\"S\",1,8,2]", "", "vc", "", 8, "", "caches must be [S, Hkv, L, D]", NULL, NULL, NULL, NULL},
         {"INT64", ok.kc_shape, ",{\"name\":\"s2\",\"datatype\":\"FP32\",\"shape\":[\"S\",2],\"placement\":\"shard(0)\"}",
-         "vc", "", 8, "", "state 's2': shard(0) would split the slot dim", NULL, NULL},
+         "vc", "", 8, "", "state 's2': shard(0) would split the slot dim", NULL, NULL, NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'input_ids' names 'nope', which is not a graph input",
-         "nope", NULL},
+         "nope", NULL, NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'input_ids' names 'tok', which is not a graph input",
-         "tok", NULL},
+         "tok", NULL, NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: 'next_token' names 'tok', which is not a graph output",
-         NULL, "tok"},
+         NULL, "tok", NULL, NULL},
         {"INT64", ok.kc_shape, "", "vc", "", 8, "", "generate: input_ids input 'q' must be INT64 [\"B\", 1]", "q",
+         NULL, NULL, NULL},
+        /* logit_rows: an INT64 or INT32 input [B], replicated */
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"slot\"", NULL, NULL, NULL, NULL, "slot"},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"lr\"", NULL, NULL, NULL,
+         ",{\"name\":\"lr\",\"datatype\":\"INT32\",\"shape\":[\"B\"]}", "lr"},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"nope\"",
+         "generate: 'logit_rows' names 'nope', which is not a graph input", NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"\"", "generate: 'logit_rows' must name a graph input",
+         NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":1", "generate: 'logit_rows' must name a graph input",
+         NULL, NULL, NULL, NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"ids\"",
+         "generate: logit_rows input 'ids' must be INT64 or INT32 [\"B\"], replicated; it is INT64", NULL, NULL, NULL,
+         NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"lr\"",
+         "generate: logit_rows input 'lr' must be INT64 or INT32 [\"B\"], replicated; it is FP32", NULL, NULL,
+         ",{\"name\":\"lr\",\"datatype\":\"FP32\",\"shape\":[\"B\"]}", NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"lr\"",
+         "generate: logit_rows input 'lr' must be INT64 or INT32 [\"B\"], replicated; it is INT64 without the batch "
+         "dim", NULL, NULL, ",{\"name\":\"lr\",\"datatype\":\"INT64\",\"shape\":[4]}", NULL},
+        {"INT64", ok.kc_shape, "", "vc", "", 8, ",\"logit_rows\":\"lr\"",
+         "generate: logit_rows input 'lr' must be INT64 or INT32 [\"B\"], replicated; it is INT64 and sharded", NULL,
+         NULL, ",{\"name\":\"lr\",\"datatype\":\"INT64\",\"shape\":[\"B\"],\"placement\":\"shard(0)\"}",
          NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -562,18 +740,19 @@ START_TEST(decoder_refuses_bad_rows)
         {1, -3, 1, "input 'position_ids': element 0 holds -3", "embedding: id -3"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int64_t s1[1] = {1}, s2[2] = {1, 1}, batch;
-        tp_host_tensor in[3] = {tu_tensor("input_ids", TP_I64, (void *)&bad[i].id, 2, s2),
+        int64_t s1[1] = {1}, s2[2] = {1, 1}, batch, wanted = 1;
+        tp_host_tensor in[4] = {tu_tensor("input_ids", TP_I64, (void *)&bad[i].id, 2, s2),
                                 tu_tensor("position_ids", TP_I64, (void *)&bad[i].pos, 1, s1),
-                                tu_tensor("cache_slot", TP_I64, (void *)&bad[i].slot, 1, s1)};
+                                tu_tensor("cache_slot", TP_I64, (void *)&bad[i].slot, 1, s1),
+                                tu_tensor("logit_rows", TP_I64, &wanted, 1, s1)};
         tp_err err = {{0}};
-        ck_assert_int_eq(tp_engine_check_inputs(e, in, 3, &batch, &err), TP_INVALID);
+        ck_assert_int_eq(tp_engine_check_inputs(e, in, 4, &batch, &err), TP_INVALID);
         ck_assert_msg(strstr(err.msg, bad[i].want), "got '%s', want '%s'", err.msg, bad[i].want);
         if (!bad[i].kernel)
             continue;
         tp_host_tensor *out;
         int n_out;
-        ck_assert_int_ne(tp_engine_infer(e, in, 3, &out, &n_out, &err), TP_OK);
+        ck_assert_int_ne(tp_engine_infer(e, in, 4, &out, &n_out, &err), TP_OK);
         ck_assert_msg(strstr(err.msg, bad[i].kernel), "got '%s', want '%s'", err.msg, bad[i].kernel);
     }
     tp_engine_free(e);
@@ -622,6 +801,10 @@ static Suite *generate_suite(void)
     tcase_add_test(k, kv_attention_rows_of_t_tokens);
     tcase_add_test(k, argmax_ties_nan_limit);
     tcase_add_test(k, argmax_vocab_parallel);
+    tcase_add_test(k, matmul_rows_fp32);
+    tcase_add_test(k, matmul_rows_fp16_bf16);
+    tcase_add_test(k, matmul_rows_none_wanted_and_bad_mask);
+    tcase_add_test(k, matmul_rows_shape_errors);
     tcase_add_test(k, loader_generation_errors);
     suite_add_tcase(s, k);
     TCase *e = tcase_create("decoder");

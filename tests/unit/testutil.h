@@ -56,9 +56,10 @@ void tu_foreach_example(tu_example_fn fn);
  * "batched", "alone_a", each a list of steps of token rows with the
  * reference's next tokens); json_decref it. */
 json_t *tu_gen_steps(void);
-/* Runs each step of steps through e (a generation engine) and, with
- * check_tokens, fails naming what, the step and the row unless every next
- * token is the reference's. */
+/* Runs each step of steps through e (a generation engine; its logit_rows
+ * from the step's) and, with check_tokens, fails naming what, the step and
+ * the row unless every wanted row's next token is the reference's and
+ * every other row's is 0 (gen_decoder's argmax of a skipped row). */
 void tu_gen_schedule(tp_engine *e, json_t *steps, const char *what, int check_tokens);
 /* Every tensor of a safetensors file, copied (free with tp_host_tensors_free). */
 tp_host_tensor *tu_load_tensors(const char *path, int *n);
