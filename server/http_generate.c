@@ -290,7 +290,8 @@ static int out_printf(http_gen *g, const char *fmt, ...)
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
-        int n = vsnprintf(g->out + g->out_len, g->out_cap - g->out_len, fmt, ap);
+        /* before the first event out is NULL, and NULL + 0 is undefined */
+        int n = vsnprintf(g->out ? g->out + g->out_len : NULL, g->out_cap - g->out_len, fmt, ap);
         va_end(ap);
         if (n < 0)
             return -1;
