@@ -70,6 +70,12 @@ for ws in 1 2 4; do
         check_every_way "$TP_GRAPHS/gen_decoder_tp$ws.json" "$TMP/tokens.json" "the greedy reference" --ranks $ranks
     done
 done
+# prompts in steps of their own: the same tokens; the log names the mode and
+# that the LM head runs only on the rows that give a token (logit rows)
+check_every_way "$TP_GRAPHS/gen_decoder_tp2.json" "$TMP/tokens.json" "the greedy reference" --generate-prefill separate
+grep -q "separate prefill, LM head on the rows that give a token" "$TMP/gen_decoder_tp2---generate-prefill separate.log" &&
+    pass "the log says: separate prefill, LM head on the rows that give a token" ||
+    fail "no 'separate prefill, LM head on the rows that give a token' in the log"
 
 # 2. bad requests, /infer, what the server reports
 G=gen_decoder_tp2
@@ -156,9 +162,13 @@ for m in gpt2_gen llama_gen; do
             check_every_way "$TMP/$G.json" "$FIX/$m.tokens.json" "transformers' 24 greedy tokens per prompt" \
                 --ranks $ranks
         done
-        [ "$ws" = 2 ] && start "$G-32" --graph "$TMP/$G.json" --generate-slots 32 || continue
+        # 32 at once, each prefill mode on one model
+        prefill=mixed
+        [ "$m" = llama_gen ] && prefill=separate
+        [ "$ws" = 2 ] && start "$G-32" --graph "$TMP/$G.json" --generate-slots 32 --generate-prefill $prefill || continue
         $PYTHON "$CLIENT" check "$URL" "$G" "$FIX/$m.tokens.json" --concurrent 32 >"$TMP/c" 2>&1 &&
-            pass "$G: 32 requests at once, each with transformers' tokens (as alone)" || fail "$G x32: $(head -3 "$TMP/c")"
+            pass "$G: 32 requests at once ($prefill prefill), each with transformers' tokens (as alone)" ||
+            fail "$G x32 ($prefill prefill): $(head -3 "$TMP/c")"
         kill "$PID"; wait "$PID" 2>/dev/null
     done
 done
