@@ -82,6 +82,11 @@ def import_model(args):
     outs = planner.run()
     base = os.path.basename(args.out)[:-len(".json")]
     graph, tensors = build(planner, prog, outs, base, base + ".safetensors")
+    if args.generate:
+        from onnx_import.generate import rows_head
+        if not rows_head(graph):
+            print("import_onnx: --generate: no matmul by a 2-d weight gives the logits, so every row computes "
+                  "them (no logit_rows)", file=sys.stderr)
     write(args.out, graph, tensors)
     if args.generate:
         from onnx_import.generate import selfcheck

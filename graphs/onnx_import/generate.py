@@ -17,7 +17,11 @@ some position. Then:
   checked against direct evaluations at shorter lengths, and replaced by an
   embedding lookup of the position_ids input;
 - the logits end in the greedy chain argmax -> all_reduce max ->
-  argmax_index -> view [B] (next_token), done by the planner.
+  argmax_index -> view [B] (next_token), done by the planner;
+- the LM head (the matmul the chain reads, through views and a bias add)
+  becomes matmul_rows over a logit_rows input [B] (rows_head, on the
+  written graph), so a step computes logits only for the rows that want a
+  next token: a prompt's last row, not the others.
 
 selfcheck() then greedy-generates a few tokens with the SPMD NumPy
 interpreter (gen_examples.simulate) on the written files and compares them
@@ -42,6 +46,7 @@ LIMIT_KEYS = ("max_position_embeddings", "n_positions")
 # The self-check: prompt lengths and new tokens per prompt.
 CHECK_PROMPTS, CHECK_TOKENS = (3, 6), 4
 INPUT_POS, INPUT_SLOT, OUTPUT = "position_ids", "cache_slot", "next_token"
+INPUT_ROWS = "logit_rows"
 
 
 class Export:
@@ -302,6 +307,35 @@ def make_generation(export, nm, prog, causal, max_len):
             "max_seq_len": int(L), "vocab_size": export.vocab}, states, replicate
 
 
+def rows_head(graph):
+    """The built generation graph's LM head -> matmul_rows over a new input
+    logit_rows (INT64 [B], replicated), named in its "generate" block; in
+    place. The head is the matmul by a 2-d weight that the argmax reads
+    through views, reshapes and a bias add. Without one (another head) the
+    graph stays as it is: every row computes its logits, as correct."""
+    taken = {t["name"] for k in ("inputs", "params", "nodes", "states") for t in graph.get(k, [])}
+    if INPUT_ROWS in taken:
+        raise ImportFailure("--generate: the graph already has a value named '%s'" % INPUT_ROWS)
+    nodes = {n["name"]: n for n in graph["nodes"]}
+    params = {p["name"]: p for p in graph["params"]}
+    v = next(n for n in graph["nodes"] if n["op"] == "argmax")["inputs"][0]
+    while v in nodes:
+        n = nodes[v]
+        if n["op"] in ("view", "reshape"):
+            v = n["inputs"][0]
+        elif n["op"] == "add" and sum(i in params for i in n["inputs"]) == 1:
+            v = next(i for i in n["inputs"] if i not in params)
+        elif n["op"] == "matmul" and len(params.get(n["inputs"][1], {}).get("shape", ())) == 2:
+            n["op"] = "matmul_rows"
+            n["inputs"].append(INPUT_ROWS)
+            graph["inputs"].append({"name": INPUT_ROWS, "datatype": "INT64", "shape": ["B"], "placement": "replicate"})
+            graph["generate"]["logit_rows"] = INPUT_ROWS
+            return True
+        else:
+            break
+    return False
+
+
 # -- the self-check -------------------------------------------------------------
 
 def _ort_session(path):
@@ -324,7 +358,9 @@ def graph_greedy(out_json, prompts, n):
     of the engine's FP32 arithmetic): every prompt prefilled in one shared
     step (the token rows of every prompt, plus one padding row of slot 0 as
     a bucket would add), then one decode step per token for all sequences
-    at once."""
+    at once. With logit_rows, only each prompt's last row and the decode
+    rows want a token (the other prompt rows and the padding skip the
+    head)."""
     import json
     from gen_examples import init_states, load_safetensors, simulate
     with open(out_json) as f:
@@ -334,17 +370,19 @@ def graph_greedy(out_json, prompts, n):
     states, loaded = init_states(gj, len(prompts), "emulate"), {}
 
     def step(rows):
-        ids, pos, slot = (np.array([r[k] for r in rows] + [0], np.int64) for k in range(3))
+        ids, pos, slot, want = (np.array([r[k] for r in rows] + [0], np.int64) for k in range(4))
         inputs = {gen["input_ids"]: ("I64", ids.reshape(-1, 1)), gen["positions"]: ("I64", pos),
                   gen["slots"]: ("I64", slot)}
+        if "logit_rows" in gen:
+            inputs[gen["logit_rows"]] = ("I64", want)
         return simulate(gj, params, inputs, "emulate", states, loaded)[gen["next_token"]][1].astype(np.int64)
 
-    rows = [(t, p, s + 1) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
+    rows = [(t, p, s + 1, int(p == len(pr) - 1)) for s, pr in enumerate(prompts) for p, t in enumerate(pr)]
     out = step(rows)
     ends = np.cumsum([len(p) for p in prompts]) - 1
     got = [[int(out[e])] for e in ends]
     for _ in range(n - 1):
-        out = step([(g[-1], len(pr) + len(g) - 1, s + 1) for s, (pr, g) in enumerate(zip(prompts, got))])
+        out = step([(g[-1], len(pr) + len(g) - 1, s + 1, 1) for s, (pr, g) in enumerate(zip(prompts, got))])
         for s, g in enumerate(got):
             g.append(int(out[s]))
     return got

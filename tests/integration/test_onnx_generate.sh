@@ -8,16 +8,18 @@
 # greedy tokens of the written graph in NumPy against onnxruntime's loop)
 # passing — then:
 # - the graph's structure: inputs input_ids [B, 1], position_ids [B],
-#   cache_slot [B]; next_token the one output; one kv_attention per layer
-#   over two states split on the KV heads; the argmax chain; no logits out;
+#   cache_slot [B], logit_rows [B]; next_token the one output; one
+#   kv_attention per layer over two states split on the KV heads; the LM
+#   head a matmul_rows over logit_rows; the argmax chain; no logits out;
 # - the NumPy SPMD evaluation of each written graph (graphs/gen_examples.py,
 #   the engine's FP32 arithmetic emulated) generates transformers' 24
 #   reference tokens for every prompt (all prompts prefilled in one step,
-#   then decoded together);
+#   only their last rows wanting logits, then decoded together);
 # - `tpserve run` of each graph (ranks as threads and as processes) on the
 #   rows of every prompt and its reference continuation, as prefills and as
 #   one decode step per position with the caches persisting between steps:
-#   each row's next_token is transformers' next token;
+#   logit_rows wants the rows from each prompt's last on, whose next_token
+#   is transformers' next token; the earlier rows skip the head (id 0);
 # - the refusals, one line, nothing written: a non-causal export
 #   (bert_gen.onnx), a fixed sequence dim (bert.onnx), an attention_mask
 #   input (gpt2_mask.onnx), --max-seq-len above the position limit (the
@@ -52,17 +54,26 @@ for m in gpt2_gen llama_gen; do
 done
 
 # ---- structure -----------------------------------------------------------------
-$PYTHON - "$TMP" <<'PY' && pass "generation graphs: token-row inputs, kv_attention over KV-head-split states, argmax chain" ||
+$PYTHON - "$TMP" <<'PY' && pass "generation graphs: token-row inputs, kv_attention over KV-head-split states, matmul_rows head, argmax chain" ||
 import json, os, sys
 for m, heads_kv, dim, vocab in (("gpt2_gen", 4, 16, 251), ("llama_gen", 4, 8, 256)):
     for ws in (1, 2, 4):
         g = json.load(open(os.path.join(sys.argv[1], "%s_tp%d.json" % (m, ws))))
         ins = {i["name"]: (i["datatype"], i["shape"]) for i in g["inputs"]}
         assert ins == {"input_ids": ("INT64", ["B", 1]), "position_ids": ("INT64", ["B"]),
-                       "cache_slot": ("INT64", ["B"])}, ins
+                       "cache_slot": ("INT64", ["B"]), "logit_rows": ("INT64", ["B"])}, ins
         assert [o["name"] for o in g["outputs"]] == ["next_token"], g["outputs"]
         assert g["generate"] == {"input_ids": "input_ids", "positions": "position_ids", "slots": "cache_slot",
-                                 "next_token": "next_token", "max_seq_len": 64, "vocab_size": vocab}, g["generate"]
+                                 "next_token": "next_token", "max_seq_len": 64, "vocab_size": vocab,
+                                 "logit_rows": "logit_rows"}, g["generate"]
+        # the LM head: the one matmul_rows, over logit_rows, which the argmax reads (through views)
+        nodes = {n["name"]: n for n in g["nodes"]}
+        head = [n for n in g["nodes"] if n["op"] == "matmul_rows"]
+        assert len(head) == 1 and head[0]["inputs"][2] == "logit_rows", head
+        v = next(n for n in g["nodes"] if n["op"] == "argmax")["inputs"][0]
+        while nodes[v]["op"] in ("view", "reshape"):
+            v = nodes[v]["inputs"][0]
+        assert nodes[v] is head[0], nodes[v]
         kv = [n for n in g["nodes"] if n["op"] == "kv_attention"]
         assert len(kv) == 2 and not any(n["op"] == "attention" for n in g["nodes"])
         states = {s["name"]: s for s in g["states"]}
@@ -124,14 +135,19 @@ from gen_examples import load_safetensors, save_safetensors
 mode, layout, ref, path = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3])), sys.argv[4]
 seqs = [p + o[:-1] for p, o in zip(ref["prompts"], ref["output_ids"])]
 rows = [(k, pos, t) for k, s in enumerate(seqs) for pos, t in enumerate(s)]  # (sequence, position, token)
+wanted = lambda r: r[1] >= len(ref["prompts"][r[0]]) - 1  # logit_rows: from the prompt's last row on
 if layout == "steps":
     rows.sort(key=lambda r: (r[1], r[0]))
 if mode == "inputs":
     save_safetensors(path, {"input_ids": ("I64", np.array([[r[2]] for r in rows], np.int64)),
                             "position_ids": ("I64", np.array([r[1] for r in rows], np.int64)),
-                            "cache_slot": ("I64", np.array([r[0] + 1 for r in rows], np.int64))})
+                            "cache_slot": ("I64", np.array([r[0] + 1 for r in rows], np.int64)),
+                            "logit_rows": ("I64", np.array([int(wanted(r)) for r in rows], np.int64))})
     sys.exit(0)
 picks = {(r[0], r[1]): int(t) for r, t in zip(rows, load_safetensors(path)["next_token"][1])}
+skipped = sorted({picks[(r[0], r[1])] for r in rows if not wanted(r)})
+if skipped != [0]:  # the argmax of a skipped row's zero logits: id 0, the lowest of the tie
+    sys.exit("rows logit_rows does not want: next tokens %s, want 0" % skipped)
 for k, (p, o) in enumerate(zip(ref["prompts"], ref["output_ids"])):
     got = [picks[(k, pos)] for pos in range(len(p) - 1, len(seqs[k]))]
     if got != o:
