@@ -41,6 +41,21 @@
 #ifndef FUZZ_HTTP_RANKS
 #error "define FUZZ_HTTP_RANKS (\"threads\" or \"processes\") before including fuzz_http.h"
 #endif
+/* What the including harness may change (fuzz_http_generate.c does):
+ * the graph served (a name in TP_GRAPHS), its generation slots (0: the
+ * server's default), how an input becomes the clients' bytes
+ * (FUZZ_HTTP_FRAME, declared below; the raw split described above by
+ * default), and whether an answer of 500 or more other than 503 is a
+ * finding. */
+#ifndef FUZZ_HTTP_GRAPH
+#define FUZZ_HTTP_GRAPH "mlp_sp_tp2"
+#endif
+#ifndef FUZZ_HTTP_SLOTS
+#define FUZZ_HTTP_SLOTS 0
+#endif
+#ifndef FUZZ_HTTP_REFUSE_5XX
+#define FUZZ_HTTP_REFUSE_5XX 0
+#endif
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -176,7 +191,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         die("trace directory", strerror(errno));
     atexit(remove_trace_dir);
     snprintf(c.trace_file, sizeof c.trace_file, "%s/trace.json", trace_dir);
-    snprintf(c.graph, sizeof c.graph, "%s/mlp_sp_tp2.json", dir);
+    snprintf(c.graph, sizeof c.graph, "%s/" FUZZ_HTTP_GRAPH ".json", dir);
+    c.generate_slots = FUZZ_HTTP_SLOTS;
     snprintf(c.ranks, sizeof c.ranks, "%s", FUZZ_HTTP_RANKS);
     tp_err err;
     if (tp_config_validate(&c, &err) != TP_OK)
@@ -218,10 +234,26 @@ typedef struct {
     size_t n, sent, got;
     size_t pause_at; /* ANSWER_MARK's place in data (n: none) */
     int reset, shut, done;
+    int reset_late;      /* a reset waits for an answer byte first */
     int64_t until;       /* once shut: when it stops waiting for more */
     int64_t pause_until; /* at pause_at: when it sends the rest anyway */
+    int64_t reset_at;    /* reset_late: when it resets anyway */
     char head[16];
 } client;
+
+/* The clients of one input, from its bytes (the raw split by default):
+ * their number; each one's data in bytes[i] (malloc'd, freed after the
+ * input), fd not yet set. */
+#ifndef FUZZ_HTTP_FRAME
+#define FUZZ_HTTP_FRAME frame_raw
+#define FUZZ_HTTP_FRAME_RAW
+#endif
+static int FUZZ_HTTP_FRAME(const uint8_t *data, size_t n, client *cs, uint8_t **bytes);
+/* FUZZ_HTTP_SETTLE, when defined: called after each input's checks, to
+ * wait until what the input started has ended (fuzz_http_generate). */
+#ifdef FUZZ_HTTP_SETTLE
+static void FUZZ_HTTP_SETTLE(void);
+#endif
 
 /* Whether c has bytes it may send now: at ANSWER_MARK's place it waits
  * for an answer byte, or until its time is up. */
@@ -255,12 +287,16 @@ static void client_step(client *c, short revents, int64_t now)
             c->sent = c->n; /* the server closed: read what it said */
     }
     if (c->sent == c->n && c->reset) {
-        hang_up(c->fd);
-        c->fd = -1;
-        c->done = 1;
-        return;
+        if (c->reset_late && !c->reset_at)
+            c->reset_at = now + FIRST_BYTE_MS;
+        if (!c->reset_late || c->got > 0 || now >= c->reset_at) {
+            hang_up(c->fd);
+            c->fd = -1;
+            c->done = 1;
+            return;
+        }
     }
-    if (c->sent == c->n && !c->shut) {
+    if (c->sent == c->n && !c->shut && !c->reset) {
         shutdown(c->fd, SHUT_WR);
         c->shut = 1;
         c->until = now + FIRST_BYTE_MS;
@@ -302,7 +338,7 @@ static void run_clients(client *cs, int k)
                 continue;
             p[m] = (struct pollfd){cs[i].fd, (short)(POLLIN | (client_may_send(&cs[i], now) ? POLLOUT : 0)), 0};
             who[m++] = &cs[i];
-            int64_t until = cs[i].shut ? cs[i].until : cs[i].pause_until;
+            int64_t until = cs[i].shut ? cs[i].until : cs[i].reset_at ? cs[i].reset_at : cs[i].pause_until;
             if (until && until - now < wait)
                 wait = until - now > 0 ? (int)(until - now) : 0;
         }
@@ -398,12 +434,12 @@ static int split_input(const uint8_t *data, size_t n, client *cs)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+#ifdef FUZZ_HTTP_FRAME_RAW
+/* The raw split: CONN_SEP between connections, RESET_MARK and
+ * ANSWER_MARK taken out of each one's bytes and CLOSER after them. */
+static int frame_raw(const uint8_t *data, size_t n, client *cs, uint8_t **bytes)
 {
-    client cs[MAX_CONNS];
-    uint8_t *bytes[MAX_CONNS];
     int k = split_input(data, n, cs);
-    make_region();
     const size_t mark = sizeof RESET_MARK - 1;
     for (int i = 0; i < k; i++) {
         if (cs[i].n >= mark && memcmp(cs[i].data, RESET_MARK, mark) == 0) {
@@ -428,8 +464,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
         if (!pause)
             cs[i].pause_at = cs[i].n;
         cs[i].data = bytes[i];
-        cs[i].fd = dial();
     }
+    return k;
+}
+#endif
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+    client cs[MAX_CONNS];
+    uint8_t *bytes[MAX_CONNS];
+    make_region();
+    int k = FUZZ_HTTP_FRAME(data, n, cs, bytes);
+    for (int i = 0; i < k; i++)
+        cs[i].fd = dial();
     run_clients(cs, k);
     for (int i = 0; i < k; i++) {
         free(bytes[i]);
@@ -441,8 +488,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
                     i, (int)(got < sizeof cs[i].head ? got : sizeof cs[i].head), cs[i].head);
             abort();
         }
+        /* the status's first digit, and not 503 (busy or shutting down) */
+        if (FUZZ_HTTP_REFUSE_5XX && got >= 12 && cs[i].head[9] == '5' && memcmp(cs[i].head + 9, "503", 3) != 0) {
+            fprintf(stderr, "fuzz_http: connection %d's answer is a server error: '%.12s'\n", i, cs[i].head);
+            abort();
+        }
     }
     check_alive();
+#ifdef FUZZ_HTTP_SETTLE
+    FUZZ_HTTP_SETTLE();
+#endif
     /* An input may have turned the log up (POST /v2/logging): a line per
      * request after it would only slow the next inputs down. */
     tp_log_set_level(TP_LOG_ERROR);

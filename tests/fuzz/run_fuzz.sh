@@ -18,6 +18,8 @@ HERE=$(dirname "$0")
 KIND=${NAME#fuzz_}
 # the same server with its ranks as processes takes the same seeds
 KIND=${KIND%_processes}
+# fuzz_http_generate: corpus/generate, generate.dict
+KIND=${KIND#http_}
 mkdir -p "$B/corpus/$NAME" "$B/artifacts" "$B/logs"
 seeds=""
 for d in "$HERE/corpus/$KIND" "$B/seeds/$KIND"; do
