@@ -48,10 +48,19 @@ int tp_blas_product_threads(int64_t M, int64_t N, int64_t K, int threads)
     return N * K >= (TP_BLAS_THREADED_MIN_MACS + M - 1) / M ? threads : 1;
 }
 
+static _Thread_local int one_thread;
+
+int tp_blas_one_thread(int on)
+{
+    int was = one_thread;
+    one_thread = on;
+    return was;
+}
+
 int tp_blas_call_begin(int64_t M, int64_t N, int64_t K)
 {
     pthread_mutex_lock(&count_mu);
-    int n = tp_blas_product_threads(M, N, K, wanted);
+    int n = one_thread ? 1 : tp_blas_product_threads(M, N, K, wanted);
     while (users && running != n)
         pthread_cond_wait(&count_free, &count_mu);
     if (running != n) {

@@ -48,16 +48,22 @@ int tp_blas_threads(void);
 int tp_blas_product_threads(int64_t M, int64_t N, int64_t K, int threads);
 
 /* Around one OpenBLAS level-3 call of that product: begin makes OpenBLAS
- * run it on tp_blas_product_threads's count and returns it; end lets the
- * count change again. OpenBLAS has one count per process, read when a
- * call starts, and its results depend on it (it splits the product
- * between its threads: 1 and 2 threads differ in the last bits), so
- * calls that want different counts never overlap: a call waits while
- * others run on another count. Calls on one count overlap freely (ranks'
- * one-thread products at once; OpenBLAS itself serializes its threaded
- * ones). */
+ * run it on tp_blas_product_threads's count (1 under tp_blas_one_thread)
+ * and returns it; end lets the count change again. OpenBLAS has one count
+ * per process, read when a call starts, and its results depend on it (it
+ * splits the product between its threads: 1 and 2 threads differ in the
+ * last bits), so calls that want different counts never overlap: a call
+ * waits while others run on another count. Calls on one count overlap
+ * freely (ranks' one-thread products at once; OpenBLAS itself serializes
+ * its threaded ones). */
 int tp_blas_call_begin(int64_t M, int64_t N, int64_t K);
 void tp_blas_call_end(void);
+
+/* Per thread: while `on`, the calling thread's products run on one
+ * OpenBLAS thread whatever their size (tp_blas_call_begin answers 1). A
+ * cpu pool's tasks run so (cpu_pool.h): the pool already spreads its job
+ * over the rank's cores. Returns the previous setting, to restore. */
+int tp_blas_one_thread(int on);
 
 /* The CPU features the choice looks at. */
 enum {

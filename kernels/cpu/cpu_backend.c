@@ -28,6 +28,7 @@
 #include "blas_pick.h"
 #include "collectives.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 #include "fused.h"
 #include "grow.h"
 #include "heap.h"
@@ -67,6 +68,7 @@ typedef struct {
     cpu_comm *comm;
     tp_capture **capturing; /* per rank: the record in progress, or NULL */
     cpu_registry reg;
+    cpu_pool **pool;        /* [rank - rank_lo]: the threads that rank's attention runs on */
     int verify_replay;      /* setting verify_replay: check every replay */
     /* shared mode only (heap == NULL for threads) */
     int rank_lo, rank_hi;   /* the ranks this process runs */
@@ -75,6 +77,12 @@ typedef struct {
 } cpu_ctx;
 
 static cpu_ctx *ctx_of(tp_backend *b) { return b->ctx; }
+
+/* A local rank's pool; NULL (the caller's thread alone) for another. */
+static cpu_pool *pool_of(const cpu_ctx *x, int rank)
+{
+    return x->pool && rank >= x->rank_lo && rank < x->rank_hi ? x->pool[rank - x->rank_lo] : NULL;
+}
 
 static void cpu_capture_free(tp_backend *b, tp_capture *c);
 
@@ -246,7 +254,7 @@ static tp_status cpu_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a
     tp_capture *c = ctx_of(b)->capturing[rank];
     if (c)
         return record(c, op, 0, a, ins, n_ins, out, err);
-    return cpu_op_run(op, a, ins, n_ins, out, rank, b->world, err);
+    return cpu_op_run_on(pool_of(ctx_of(b), rank), op, a, ins, n_ins, out, rank, b->world, err);
 }
 
 static tp_status run_collective(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
@@ -311,7 +319,8 @@ static tp_status cpu_replay(tp_backend *b, int rank, tp_capture *c, tp_err *err)
         cpu_cmd *cmd = &c->cmds[i];
         tp_status st = cmd->collective
                            ? run_collective(b, rank, cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins, &cmd->out, err)
-                           : cpu_op_run(cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins, &cmd->out, rank, b->world, err);
+                           : cpu_op_run_on(pool_of(ctx_of(b), rank), cmd->op, &cmd->attrs, cmd->ins, cmd->n_ins,
+                                           &cmd->out, rank, b->world, err);
         if (st != TP_OK)
             return st;
     }
@@ -350,6 +359,9 @@ static void cpu_destroy(tp_backend *b)
     for (int r = 0; r < b->world; r++)
         cpu_capture_free(b, x->capturing[r]);
     free(x->capturing);
+    for (int r = x->rank_lo; x->pool && r < x->rank_hi; r++)
+        cpu_pool_free(x->pool[r - x->rank_lo]);
+    free(x->pool);
     cpu_comm_free(x->comm);
     if (x->heap) {
         for (int r = x->rank_lo; r < x->rank_hi; r++)
@@ -434,6 +446,25 @@ static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp
     return x->comm ? TP_OK : TP_INVALID;
 }
 
+/* One pool per local rank, of as many threads as its GEMMs get: at world
+ * size 1 on 2 cores attention's heads run on both cores, as the GEMMs
+ * around it do (cpu_pool.h). */
+static tp_status create_pools(cpu_ctx *x, int threads, tp_err *err)
+{
+    int n = x->rank_hi - x->rank_lo;
+    x->pool = calloc((size_t)(n ? n : 1), sizeof *x->pool);
+    if (!x->pool)
+        return tp_fail(err, TP_NOMEM, "cpu backend: out of memory");
+    for (int i = 0; i < n; i++) {
+        tp_status st = cpu_pool_create(threads, &x->pool[i], err);
+        if (st != TP_OK) {
+            tp_err_prefix(err, "cpu backend: rank %d: ", x->rank_lo + i);
+            return st;
+        }
+    }
+    return TP_OK;
+}
+
 /* The startup log names the OpenBLAS kernels the GEMMs run. An environment
  * can force another CPU's with OPENBLAS_CORETYPE, and the difference is
  * large: Haswell's AVX2 kernels where OpenBLAS would pick Cooperlake's
@@ -488,9 +519,13 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
     if (shared) {
         st = create_shared(x, world, shared, err);
     } else {
+        x->rank_hi = world; /* this process runs every rank */
         x->comm = cpu_comm_create(world, err);
         st = x->comm ? TP_OK : TP_NOMEM;
     }
+    int cores = tp_spin_cores(), threads = tp_blas_threads_per_rank(world, cores);
+    if (st == TP_OK)
+        st = create_pools(x, threads, err);
     if (st != TP_OK) {
         cpu_destroy(b);
         return st;
@@ -504,8 +539,8 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
      * serve's environment (main.c) keeps OpenBLAS from starting a pool
      * before this; the call below starts the threads it asks for.
      * Products too small to gain from them run on one
-     * (tp_blas_product_threads). */
-    int cores = tp_spin_cores(), threads = tp_blas_threads_per_rank(world, cores);
+     * (tp_blas_product_threads). Each rank's pool (create_pools) has as
+     * many threads for its attention. */
     tp_blas_set_threads(threads);
     note_blas_kernels(b, threads, cores);
     *out = b;

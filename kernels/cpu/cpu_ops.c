@@ -41,35 +41,35 @@ tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err)
 
 /* One signature for every kernel, so the table below maps family -> kernel. */
 typedef tp_status (*cpu_kernel)(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                                int rank, int world, tp_err *err);
+                                int rank, int world, cpu_pool *pool, tp_err *err);
 
-#define UNUSED_CALL (void)op, (void)n_ins, (void)rank, (void)world
+#define UNUSED_CALL (void)op, (void)n_ins, (void)rank, (void)world, (void)pool
 static tp_status k_binary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                          int rank, int world, tp_err *err)
+                          int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL, (void)a;
     return cpu_binary(op, &ins[0], &ins[1], out, err);
 }
 static tp_status k_unary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                         int rank, int world, tp_err *err)
+                         int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     return cpu_unary(op, a, &ins[0], out, err);
 }
 static tp_status k_softmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                           int rank, int world, tp_err *err)
+                           int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     return cpu_softmax(a, &ins[0], out, err);
 }
 static tp_status k_norm(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                        int rank, int world, tp_err *err)
+                        int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     return cpu_norm(op, a, ins, n_ins, out, err);
 }
 static tp_status k_matmul(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                          int rank, int world, tp_err *err)
+                          int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     if (op == TP_OP_MATMUL_ROWS)
@@ -77,71 +77,71 @@ static tp_status k_matmul(tp_op op, const tp_attrs *a, const tp_tensor *ins, int
     return cpu_matmul(a, &ins[0], &ins[1], out, err);
 }
 static tp_status k_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                             int rank, int world, tp_err *err)
+                             int rank, int world, cpu_pool *pool, tp_err *err)
 {
-    UNUSED_CALL;
-    return cpu_attention(a, &ins[0], &ins[1], &ins[2], n_ins > 3 ? &ins[3] : NULL, out, err);
+    (void)op, (void)rank, (void)world;
+    return cpu_attention(a, &ins[0], &ins[1], &ins[2], n_ins > 3 ? &ins[3] : NULL, out, pool, err);
 }
 static tp_status k_embedding(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                             int rank, int world, tp_err *err)
+                             int rank, int world, cpu_pool *pool, tp_err *err)
 {
-    (void)op, (void)n_ins;
+    (void)op, (void)n_ins, (void)pool;
     return cpu_embedding(a, &ins[0], &ins[1], out, rank, world, err);
 }
 static tp_status k_cat(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                       int world, tp_err *err)
+                       int world, cpu_pool *pool, tp_err *err)
 {
-    (void)op, (void)rank, (void)world;
+    (void)op, (void)rank, (void)world, (void)pool;
     return cpu_cat(a, ins, n_ins, out, err);
 }
 static tp_status k_copy(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                        int world, tp_err *err)
+                        int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL, (void)a;
     return cpu_copy(op, &ins[0], out, err);
 }
 
 static tp_status k_reduce(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                          int rank, int world, tp_err *err)
+                          int rank, int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     return cpu_reduce(op, a, &ins[0], out, err);
 }
 static tp_status k_where(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                         int world, tp_err *err)
+                         int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL, (void)a;
     return cpu_where(ins, out, err);
 }
 static tp_status k_gather(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                          int world, tp_err *err)
+                          int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL;
     return cpu_gather(a, &ins[0], &ins[1], out, err);
 }
 static tp_status k_expand(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                          int world, tp_err *err)
+                          int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL, (void)a;
     return cpu_expand(&ins[0], out, err);
 }
 static tp_status k_cast(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                        int world, tp_err *err)
+                        int world, cpu_pool *pool, tp_err *err)
 {
     UNUSED_CALL, (void)a;
     return cpu_cast(&ins[0], out, err);
 }
 
 static tp_status k_kv_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
-                                int rank, int world, tp_err *err)
+                                int rank, int world, cpu_pool *pool, tp_err *err)
 {
-    UNUSED_CALL;
-    return cpu_kv_attention(a, ins, out, err);
+    (void)op, (void)n_ins, (void)rank, (void)world;
+    return cpu_kv_attention(a, ins, out, pool, err);
 }
 static tp_status k_argmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
-                          int world, tp_err *err)
+                          int world, cpu_pool *pool, tp_err *err)
 {
-    (void)n_ins;
+    (void)n_ins, (void)pool;
     return cpu_argmax_family(op, a, &ins[0], out, rank, world, err);
 }
 
@@ -154,8 +154,8 @@ static cpu_kernel kernel_of(tp_op op) { return cpu_kernels[tp_op_family(op)]; }
 
 int cpu_op_has_kernel(tp_op op) { return kernel_of(op) != NULL; }
 
-tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
-                     tp_tensor *out, int rank, int world, tp_err *err)
+tp_status cpu_op_run_on(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                        tp_tensor *out, int rank, int world, tp_err *err)
 {
     if (!cpu_op_has_kernel(op))
         return tp_fail(err, TP_INTERNAL, "cpu backend: op '%s' has no cpu kernel", tp_op_name(op));
@@ -164,5 +164,11 @@ tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int 
                        tp_op_name(op), n_ins, tp_op_min_inputs(op), tp_op_max_inputs(op));
     if (!tp_tensor_is_contiguous(out))
         return tp_fail(err, TP_INTERNAL, "cpu backend: %s output must be contiguous", tp_op_name(op));
-    return kernel_of(op)(op, attrs, ins, n_ins, out, rank, world, err);
+    return kernel_of(op)(op, attrs, ins, n_ins, out, rank, world, pool, err);
+}
+
+tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                     tp_tensor *out, int rank, int world, tp_err *err)
+{
+    return cpu_op_run_on(NULL, op, attrs, ins, n_ins, out, rank, world, err);
 }

@@ -7,6 +7,7 @@
 #ifndef TP_CPU_OPS_H
 #define TP_CPU_OPS_H
 
+#include "cpu_pool.h"
 #include "ops.h"
 #include "status.h"
 #include "tensor.h"
@@ -19,6 +20,11 @@
  * crashing) on an id out of range or an op it does not implement. */
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                      tp_tensor *out, int rank, int world, tp_err *err);
+/* cpu_op_run on the rank's worker pool (cpu_pool.h; NULL: the caller's
+ * thread alone, which is cpu_op_run): attention and kv_attention spread
+ * their heads over it, with the same bits on any pool. */
+tp_status cpu_op_run_on(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                        tp_tensor *out, int rank, int world, tp_err *err);
 /* Whether cpu_op_run has a kernel for op. */
 int cpu_op_has_kernel(tp_op op);
 

@@ -1,23 +1,35 @@
 /* ops_attention.c — softmax(q k^T * scale [+ causal and key-padding
  * masks]) v, per (batch, head).
  *
- * Scores live in a per-call FP32 scratch [S, T]; both products go through
- * ops_sgemm, which reads q, k, v with their own strides. Which keys a query
- * sees (causal, bottom right; the optional key-padding mask [B, T]) and the
- * zero row of a query that sees none: kernels/common/tp_attn_mask.h. */
+ * The (batch, head) pairs are the tasks of one job on the rank's pool
+ * (cpu_pool.h), each with its participant's FP32 scratch (scores [S, T]);
+ * both products go through ops_sgemm, which reads q, k, v with their own
+ * strides. A pair's math is the same sequential code on whichever thread
+ * runs it, its products on one OpenBLAS thread, and pairs write disjoint
+ * parts of out: the result is bit-equal whatever the pool's size
+ * (test_cpu_pool: attention_same_bits_on_any_pool). Which keys a query
+ * sees (causal, bottom right; the optional key-padding mask [B, T]) and
+ * the zero row of a query that sees none: kernels/common/tp_attn_mask.h. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/tp_attn_mask.h"
 #include "common/tp_checks.h"
+#include "cpu_pool.h"
 #include "ops_internal.h"
 
+/* One participant's scratch, taken at its first task. */
 typedef struct {
-    tp_tensor q, k, v;   /* FP32 views */
-    const tp_tensor *mask; /* [B, T] or NULL */
-    float *scores, *o;   /* [S, T]; [S, Dv] when out is not FP32 */
+    ops_buf scores, o; /* [S, T]; [S, Dv] when out is not FP32 */
     ops_buf sa, sb;
+} attn_scratch;
+
+typedef struct {
+    tp_tensor q, k, v;     /* FP32 views */
+    const tp_tensor *mask; /* [B, T] or NULL */
+    tp_tensor *out;
+    attn_scratch *slot;    /* [cpu_pool_threads] */
     float scale;
     int causal;
 } attn_ctx;
@@ -39,30 +51,54 @@ static void attn_softmax(const attn_ctx *c, int64_t b, float *scores, int64_t S,
     }
 }
 
-static tp_status attn_head(attn_ctx *c, int64_t b, int64_t h, tp_tensor *out, tp_err *err)
+/* Task b * H + h of the pool's job. */
+static tp_status attn_head(void *arg, int64_t task, int slot, tp_err *err)
 {
+    attn_ctx *c = arg;
+    attn_scratch *w = &c->slot[slot];
     const tp_tensor *q = &c->q, *k = &c->k, *v = &c->v;
+    tp_tensor *out = c->out;
+    int64_t b = task / q->shape[1], h = task % q->shape[1];
     int64_t S = q->shape[2], D = q->shape[3], T = k->shape[2], Dv = v->shape[3];
     const float *qp = (const float *)q->data + b * q->stride[0] + h * q->stride[1];
     const float *kp = (const float *)k->data + b * k->stride[0] + h * k->stride[1];
     const float *vp = (const float *)v->data + b * v->stride[0] + h * v->stride[1];
     int64_t ooff = (b * out->shape[1] + h) * S * Dv;
-    float *op = out->dtype == TP_F32 ? (float *)out->data + ooff : c->o;
+    tp_status s = ops_buf_reserve(&w->scores, (size_t)(S * T), err);
+    if (s == TP_OK && out->dtype != TP_F32)
+        s = ops_buf_reserve(&w->o, (size_t)(S * Dv), err);
+    if (s != TP_OK) {
+        tp_err_prefix(err, "attention: ");
+        return s;
+    }
+    float *op = out->dtype == TP_F32 ? (float *)out->data + ooff : w->o.p;
     /* scores = q [S, D] . k^T [D, T]: k^T(d, t) is at t*ks2 + d*ks3 */
-    tp_status s = ops_sgemm(S, T, D, c->scale, qp, q->stride[2], q->stride[3], kp, k->stride[3],
-                            k->stride[2], c->scores, T, &c->sa, &c->sb, err);
+    s = ops_sgemm(S, T, D, c->scale, qp, q->stride[2], q->stride[3], kp, k->stride[3], k->stride[2],
+                  w->scores.p, T, &w->sa, &w->sb, err);
     if (s != TP_OK)
         return s;
-    attn_softmax(c, b, c->scores, S, T);
-    s = ops_sgemm(S, Dv, T, 1.0f, c->scores, T, 1, vp, v->stride[2], v->stride[3], op, Dv, &c->sa,
-                  &c->sb, err);
+    attn_softmax(c, b, w->scores.p, S, T);
+    s = ops_sgemm(S, Dv, T, 1.0f, w->scores.p, T, 1, vp, v->stride[2], v->stride[3], op, Dv, &w->sa,
+                  &w->sb, err);
     if (s == TP_OK && out->dtype != TP_F32)
         ops_store_row(ops_at(out->data, out->dtype, ooff), out->dtype, 1, S * Dv, op);
     return s;
 }
 
+static void scratch_free(attn_scratch *slot, int n)
+{
+    for (int i = 0; slot && i < n; i++) {
+        ops_buf_free(&slot[i].scores);
+        ops_buf_free(&slot[i].o);
+        ops_buf_free(&slot[i].sa);
+        ops_buf_free(&slot[i].sb);
+    }
+    free(slot);
+}
+
 tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
-                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, tp_err *err)
+                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, cpu_pool *pool,
+                        tp_err *err)
 {
     tp_status s = tp_check_attention(q, k, v, mask, out, err);
     if (s != TP_OK || tp_tensor_numel(out) == 0)
@@ -70,24 +106,21 @@ tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tens
     attn_ctx c;
     memset(&c, 0, sizeof c);
     float *owned[3] = {NULL, NULL, NULL};
-    int64_t S = q->shape[2], T = k->shape[2], Dv = v->shape[3];
+    int64_t tasks = q->shape[0] * q->shape[1];
+    int slots = cpu_pool_threads(pool);
     c.scale = attrs && attrs->has_scale ? attrs->scale : 1.0f / sqrtf((float)q->shape[3]);
     c.causal = attrs ? attrs->causal : 0;
     c.mask = mask;
+    c.out = out;
     if ((s = ops_as_f32(q, &c.q, &owned[0], "attention", err)) == TP_OK &&
         (s = ops_as_f32(k, &c.k, &owned[1], "attention", err)) == TP_OK &&
-        (s = ops_as_f32(v, &c.v, &owned[2], "attention", err)) == TP_OK &&
-        (s = ops_alloc_f32(&c.scores, (size_t)(S * T), "attention", err)) == TP_OK &&
-        (out->dtype == TP_F32 || (s = ops_alloc_f32(&c.o, (size_t)(S * Dv), "attention", err)) == TP_OK)) {
-        for (int64_t b = 0; b < q->shape[0] && s == TP_OK; b++)
-            for (int64_t h = 0; h < q->shape[1] && s == TP_OK; h++)
-                s = attn_head(&c, b, h, out, err);
+        (s = ops_as_f32(v, &c.v, &owned[2], "attention", err)) == TP_OK) {
+        c.slot = calloc((size_t)slots, sizeof *c.slot);
+        s = c.slot ? cpu_pool_run(pool, tasks, attn_head, &c, err)
+                   : tp_fail(err, TP_NOMEM, "attention: out of memory for %d threads' scratch", slots);
     }
     for (int i = 0; i < 3; i++)
         free(owned[i]);
-    free(c.scores);
-    free(c.o);
-    ops_buf_free(&c.sa);
-    ops_buf_free(&c.sb);
+    scratch_free(c.slot, slots);
     return s;
 }

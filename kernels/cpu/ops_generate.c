@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/tp_generate.h"
+#include "cpu_pool.h"
 #include "ops_internal.h"
 
 typedef struct {
@@ -111,29 +112,55 @@ static void kv_attend(const kv_ctx *c, int64_t b, int64_t h, int64_t t, int64_t 
         tp_store_f32(out->data, dt, o + d, acc[d]);
 }
 
-static tp_status kv_read(const kv_ctx *c, tp_tensor *out, tp_err *err)
+/* A kv_read job: its tensors and each participant's scratch (L + 2 D
+ * floats, kv_attend's). */
+typedef struct {
+    const kv_ctx *c;
+    tp_tensor *out;
+    float **scratch; /* [cpu_pool_threads], each taken at its first task */
+} kv_job;
+
+/* Task b * H + h: every token of row b's head h, or its zeros when row b
+ * is inactive (0 bits are 0.0 in every float type). */
+static tp_status kv_read_head(void *arg, int64_t task, int slot, tp_err *err)
 {
-    float *scratch;
-    tp_status st = ops_alloc_f32(&scratch, (size_t)(c->L + 2 * c->D), "kv_attention scratch", err);
-    if (st != TP_OK)
-        return st;
-    size_t row_bytes = (size_t)(c->H * c->T * c->D) * tp_dtype_size(out->dtype);
-    for (int64_t b = 0; b < c->B; b++) {
-        int64_t s = tp_gen_load_index(c->slot->data, c->slot->dtype, b * c->slot->stride[0]);
-        int64_t p = tp_gen_load_index(c->pos->data, c->pos->dtype, b * c->pos->stride[0]);
-        if (s == 0) { /* inactive: zeros (0 bits are 0.0 in every float type) */
-            memset(ops_at(out->data, out->dtype, b * c->H * c->T * c->D), 0, row_bytes);
-            continue;
-        }
-        for (int64_t h = 0; h < c->H; h++)
-            for (int64_t t = 0; t < c->T; t++)
-                kv_attend(c, b, h, t, s, p, scratch, out);
+    kv_job *j = arg;
+    const kv_ctx *c = j->c;
+    int64_t b = task / c->H, h = task % c->H;
+    int64_t s = tp_gen_load_index(c->slot->data, c->slot->dtype, b * c->slot->stride[0]);
+    int64_t p = tp_gen_load_index(c->pos->data, c->pos->dtype, b * c->pos->stride[0]);
+    if (s == 0) {
+        memset(ops_at(j->out->data, j->out->dtype, task * c->T * c->D), 0,
+               (size_t)(c->T * c->D) * tp_dtype_size(j->out->dtype));
+        return TP_OK;
     }
-    free(scratch);
+    if (!j->scratch[slot]) {
+        tp_status st = ops_alloc_f32(&j->scratch[slot], (size_t)(c->L + 2 * c->D), "kv_attention scratch", err);
+        if (st != TP_OK)
+            return st;
+    }
+    for (int64_t t = 0; t < c->T; t++)
+        kv_attend(c, b, h, t, s, p, j->scratch[slot], j->out);
     return TP_OK;
 }
 
-tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+/* The (row, head) pairs on the rank's pool: each pair's math is the same
+ * sequential code on any thread and pairs write disjoint parts of out, so
+ * the bits never depend on the pool's size (test_cpu_pool). */
+static tp_status kv_read(const kv_ctx *c, tp_tensor *out, cpu_pool *pool, tp_err *err)
+{
+    int slots = cpu_pool_threads(pool);
+    kv_job j = {c, out, calloc((size_t)slots, sizeof(float *))};
+    if (!j.scratch)
+        return tp_fail(err, TP_NOMEM, "kv_attention: out of memory for %d threads' scratch", slots);
+    tp_status st = cpu_pool_run(pool, c->B * c->H, kv_read_head, &j, err);
+    for (int i = 0; i < slots; i++)
+        free(j.scratch[i]);
+    free(j.scratch);
+    return st;
+}
+
+tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
     kv_ctx c = {.q = &ins[0], .k = &ins[1], .v = &ins[2], .kc = &ins[3], .vc = &ins[4], .slot = &ins[5],
                 .pos = &ins[6]};
@@ -144,7 +171,7 @@ tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tenso
     if (st != TP_OK)
         return st;
     kv_write(&c);
-    return kv_read(&c, out, err);
+    return kv_read(&c, out, pool, err);
 }
 
 /* ------------------------------------------------------------- argmax */

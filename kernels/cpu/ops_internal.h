@@ -8,6 +8,7 @@
 
 #include "common/tp_cuda_plan.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 
 #define OPS_MAX_OPERANDS TP_LAYOUT_OPS
 
@@ -129,9 +130,11 @@ int cpu_matmul_writes_in_place(const tp_tensor *out);
 tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,
                           tp_tensor *out, tp_err *err);
 /* mask: the optional key-padding mask [B, T] (INT32/INT64, nonzero =
- * attend), or NULL; kernels/common/tp_attn_mask.h */
+ * attend), or NULL; kernels/common/tp_attn_mask.h. The heads run on pool
+ * (NULL: the caller alone). */
 tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tensor *k,
-                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, tp_err *err);
+                        const tp_tensor *v, const tp_tensor *mask, tp_tensor *out, cpu_pool *pool,
+                        tp_err *err);
 tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_tensor *table,
                         tp_tensor *out, int rank, int world, tp_err *err);
 tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
@@ -143,8 +146,10 @@ tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_ten
 tp_status cpu_gather(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *ids, tp_tensor *out,
                      tp_err *err);
 tp_status cpu_expand(const tp_tensor *x, tp_tensor *out, tp_err *err);
-/* ins: q, k, v, k_cache, v_cache, slot, pos (ops_generate.c) */
-tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, tp_err *err);
+/* ins: q, k, v, k_cache, v_cache, slot, pos (ops_generate.c); the heads
+ * run on pool (NULL: the caller alone) */
+tp_status cpu_kv_attention(const tp_attrs *attrs, const tp_tensor *ins, tp_tensor *out, cpu_pool *pool,
+                           tp_err *err);
 /* argmax (x: floats -> INT64 keys) and argmax_index (keys -> ids), by op */
 tp_status cpu_argmax_family(tp_op op, const tp_attrs *a, const tp_tensor *x, tp_tensor *out, int rank, int world,
                             tp_err *err);

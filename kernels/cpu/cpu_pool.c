@@ -1,0 +1,185 @@
+/* cpu_pool.c — see cpu_pool.h.
+ *
+ * A job is published under the mutex with a new generation number and
+ * the workers woken; every participant then takes tasks from one atomic
+ * counter until none is left (or one failed). A worker joins the job
+ * (busy) only while it is open: once the caller has run out of tasks it
+ * closes the job and waits for the workers inside it alone, so a worker
+ * the scheduler wakes late (a busy machine) costs the job nothing; it
+ * finds the job closed and sleeps again. The job's arguments live in the
+ * caller's frame: no worker touches them after the caller returns. */
+#include "cpu_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas_pick.h"
+
+typedef struct {
+    cpu_pool *pool;
+    int slot;
+} worker_arg;
+
+struct cpu_pool {
+    int threads, started; /* participants; workers started (threads - 1 once created) */
+    pthread_t *workers;
+    worker_arg *args;
+    pthread_mutex_t run_mu; /* one job at a time */
+    pthread_mutex_t mu;     /* guards everything below but next and failed */
+    pthread_cond_t wake, done;
+    uint64_t gen;   /* the current job's number: a worker joins each once */
+    int stop, open; /* open: workers may still join the current job */
+    int busy;       /* workers inside the current job */
+    cpu_pool_fn fn;
+    void *arg;
+    int64_t n;
+    atomic_int_fast64_t next;
+    atomic_int failed;
+    tp_status st;
+    tp_err err;
+};
+
+/* Tasks until none is left or one failed; the first failure is kept. */
+static void take_tasks(cpu_pool *p, int slot)
+{
+    int was = tp_blas_one_thread(1);
+    int64_t i;
+    while (!atomic_load(&p->failed) && (i = atomic_fetch_add(&p->next, 1)) < p->n) {
+        tp_err e;
+        tp_status st = p->fn(p->arg, i, slot, &e);
+        if (st == TP_OK)
+            continue;
+        pthread_mutex_lock(&p->mu);
+        if (!atomic_exchange(&p->failed, 1)) {
+            p->st = st;
+            p->err = e;
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    tp_blas_one_thread(was);
+}
+
+static void *worker_main(void *v)
+{
+    worker_arg *w = v;
+    cpu_pool *p = w->pool;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->gen == seen)
+            pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->gen;
+        if (!p->open)
+            continue;
+        p->busy++;
+        pthread_mutex_unlock(&p->mu);
+        take_tasks(p, w->slot);
+        pthread_mutex_lock(&p->mu);
+        if (--p->busy == 0 && !p->open)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+tp_status cpu_pool_create(int threads, cpu_pool **out, tp_err *err)
+{
+    *out = NULL;
+    if (threads < 1)
+        return tp_fail(err, TP_INVALID, "cpu pool: %d threads (at least 1)", threads);
+    cpu_pool *p = calloc(1, sizeof *p);
+    if (p) {
+        p->workers = calloc((size_t)threads, sizeof *p->workers);
+        p->args = calloc((size_t)threads, sizeof *p->args);
+    }
+    if (!p || !p->workers || !p->args) {
+        if (p) {
+            free(p->workers);
+            free(p->args);
+        }
+        free(p);
+        return tp_fail(err, TP_NOMEM, "cpu pool: out of memory for %d threads", threads);
+    }
+    p->threads = threads;
+    pthread_mutex_init(&p->run_mu, NULL);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    for (int s = 1; s < threads; s++) {
+        p->args[s] = (worker_arg){p, s};
+        int rc = pthread_create(&p->workers[s], NULL, worker_main, &p->args[s]);
+        if (rc != 0) {
+            cpu_pool_free(p);
+            return tp_fail(err, TP_INTERNAL, "cpu pool: cannot start worker %d of %d: %s", s, threads - 1,
+                           strerror(rc));
+        }
+        p->started++;
+    }
+    *out = p;
+    return TP_OK;
+}
+
+void cpu_pool_free(cpu_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int s = 1; s <= p->started; s++)
+        pthread_join(p->workers[s], NULL);
+    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->run_mu);
+    free(p->workers);
+    free(p->args);
+    free(p);
+}
+
+int cpu_pool_threads(const cpu_pool *p) { return p ? p->threads : 1; }
+
+/* Every task on the caller: a pool without workers, or NULL. */
+static tp_status run_here(int64_t n_tasks, cpu_pool_fn fn, void *arg, tp_err *err)
+{
+    int was = tp_blas_one_thread(1);
+    tp_status st = TP_OK;
+    for (int64_t i = 0; i < n_tasks && st == TP_OK; i++)
+        st = fn(arg, i, 0, err);
+    tp_blas_one_thread(was);
+    return st;
+}
+
+tp_status cpu_pool_run(cpu_pool *p, int64_t n_tasks, cpu_pool_fn fn, void *arg, tp_err *err)
+{
+    if (!p || p->threads == 1 || n_tasks <= 1)
+        return run_here(n_tasks, fn, arg, err);
+    pthread_mutex_lock(&p->run_mu);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->n = n_tasks;
+    atomic_store(&p->next, 0);
+    atomic_store(&p->failed, 0);
+    p->st = TP_OK;
+    p->open = 1;
+    p->gen++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    take_tasks(p, 0);
+    pthread_mutex_lock(&p->mu);
+    p->open = 0;
+    while (p->busy)
+        pthread_cond_wait(&p->done, &p->mu);
+    tp_status st = p->st;
+    if (st != TP_OK && err)
+        *err = p->err;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->run_mu);
+    return st;
+}

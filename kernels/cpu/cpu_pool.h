@@ -1,0 +1,46 @@
+/* cpu_pool.h — a rank's worker threads for the kernels whose work splits
+ * into independent tasks outside the BLAS (attention's heads).
+ *
+ * The cpu backend gives each rank a pool of as many threads as its GEMMs
+ * get (tp_blas_threads_per_rank: the caller plus threads - 1 workers), so
+ * at world size 1 on 2 cores attention's heads run on both cores as the
+ * GEMMs around it do. Between jobs the workers sleep on a condition
+ * variable, never spin: OpenBLAS's threads need the cores right after.
+ *
+ * A job's tasks run on the caller and the workers in any order and on
+ * any of them. Each participant has a slot (0 for the caller, 1 ..
+ * threads - 1 the workers) whose scratch is its own for the job. Products
+ * a task computes run on one OpenBLAS thread whatever their size
+ * (tp_blas_one_thread): the pool already spreads the job over the rank's
+ * cores, and a product's bits depend on OpenBLAS's thread count, so the
+ * results of a job whose tasks are deterministic never depend on the
+ * pool's size. */
+#ifndef TP_CPU_POOL_H
+#define TP_CPU_POOL_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+typedef struct cpu_pool cpu_pool;
+
+/* Task `task` (0 .. n_tasks - 1) of a job, on participant `slot`. */
+typedef tp_status (*cpu_pool_fn)(void *arg, int64_t task, int slot, tp_err *err);
+
+/* A pool of `threads` participants (>= 1; 1: the caller alone, no worker
+ * started) into *out. */
+tp_status cpu_pool_create(int threads, cpu_pool **out, tp_err *err);
+/* Stops and joins the workers. NULL is a no-op. */
+void cpu_pool_free(cpu_pool *p);
+
+/* Participants of a job (1 for NULL). */
+int cpu_pool_threads(const cpu_pool *p);
+
+/* Runs fn(arg, task, slot) for every task and returns when all have
+ * finished. p NULL: every task on the caller (slot 0). On a failing task
+ * the tasks not yet started are skipped and the first failure's status
+ * and message are returned. One job at a time per pool (a second caller
+ * waits); a task must not run a job on its own pool. */
+tp_status cpu_pool_run(cpu_pool *p, int64_t n_tasks, cpu_pool_fn fn, void *arg, tp_err *err);
+
+#endif

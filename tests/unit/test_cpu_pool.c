@@ -1,0 +1,323 @@
+/* test_cpu_pool.c — the cpu backend's per-rank worker pool
+ * (kernels/cpu/cpu_pool.h) and the kernels that run on it: every task
+ * once, on the caller and the workers, failures returned with their
+ * message, products on one OpenBLAS thread inside a task, and attention /
+ * kv_attention bit for bit the same on any pool (each head is the same
+ * sequential code wherever it runs, so no tolerance). */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check_main.h"
+#include "common/tp_generate.h"
+#include "cpu/blas_pick.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_pool.h"
+#include "testutil.h"
+
+static cpu_pool *pool_make(int threads)
+{
+    cpu_pool *p = NULL;
+    tp_err err;
+    ck_assert_msg(cpu_pool_create(threads, &p, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(cpu_pool_threads(p), threads);
+    return p;
+}
+
+START_TEST(create_and_free)
+{
+    tp_err err;
+    cpu_pool *p = (cpu_pool *)&err;
+    ck_assert_int_eq(cpu_pool_create(0, &p, &err), TP_INVALID);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(err.msg, "0 threads") != NULL, "%s", err.msg);
+    ck_assert_int_eq(cpu_pool_threads(NULL), 1);
+    cpu_pool_free(NULL);
+    for (int t = 1; t <= 4; t++)
+        cpu_pool_free(pool_make(t));
+}
+END_TEST
+
+/* ------------------------------------------------------------ jobs */
+
+enum { MANY = 5000 };
+
+typedef struct {
+    atomic_int runs[MANY];
+    atomic_int bad_slot;
+    int threads;
+} count_job;
+
+static tp_status count_task(void *arg, int64_t task, int slot, tp_err *err)
+{
+    (void)err;
+    count_job *j = arg;
+    if (slot < 0 || slot >= j->threads)
+        atomic_fetch_add(&j->bad_slot, 1);
+    atomic_fetch_add(&j->runs[task], 1);
+    return TP_OK;
+}
+
+/* Every task exactly once, on slots of the pool, job after job (workers
+ * must see each new job, never run one twice), and with no pool. */
+START_TEST(every_task_once)
+{
+    static count_job j;
+    cpu_pool *pools[4] = {NULL, pool_make(1), pool_make(2), pool_make(3)};
+    for (int k = 0; k < 4; k++) {
+        j.threads = cpu_pool_threads(pools[k]);
+        for (int64_t n = 0; n <= MANY; n = n ? n * 3 : 1) {
+            for (int rep = 0; rep < 50; rep++) {
+                memset(&j.runs, 0, sizeof j.runs);
+                atomic_store(&j.bad_slot, 0);
+                tp_err err;
+                ck_assert_int_eq(cpu_pool_run(pools[k], n, count_task, &j, &err), TP_OK);
+                int64_t wrong = -1; /* one assertion a job: each is a write to Check's pipe */
+                for (int64_t i = 0; i < MANY && wrong < 0; i++)
+                    if (atomic_load(&j.runs[i]) != (i < n))
+                        wrong = i;
+                ck_assert_msg(wrong < 0 && atomic_load(&j.bad_slot) == 0,
+                              "%d threads, %lld tasks: task %lld ran %d times; %d on a slot out of range", j.threads,
+                              (long long)n, (long long)wrong, wrong < 0 ? 0 : atomic_load(&j.runs[wrong]),
+                              atomic_load(&j.bad_slot));
+            }
+        }
+        cpu_pool_free(pools[k]);
+    }
+}
+END_TEST
+
+/* Two tasks that each wait until both are running: they can only finish
+ * when a worker runs one while the caller runs the other. The wait is
+ * bounded so a broken pool fails the test instead of hanging it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inside;
+} meet_job;
+
+static tp_status meet_task(void *arg, int64_t task, int slot, tp_err *err)
+{
+    (void)slot;
+    meet_job *j = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&j->mu);
+    j->inside++;
+    pthread_cond_broadcast(&j->cv);
+    int rc = 0;
+    while (j->inside < 2 && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    int met = j->inside >= 2;
+    pthread_mutex_unlock(&j->mu);
+    return met ? TP_OK : tp_fail(err, TP_INTERNAL, "task %lld ran alone", (long long)task);
+}
+
+START_TEST(workers_take_tasks)
+{
+    cpu_pool *p = pool_make(2);
+    for (int rep = 0; rep < 20; rep++) {
+        meet_job j = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        tp_err err;
+        ck_assert_msg(cpu_pool_run(p, 2, meet_task, &j, &err) == TP_OK, "%s", err.msg);
+    }
+    cpu_pool_free(p);
+}
+END_TEST
+
+enum { FAIL_AT = 37 };
+
+static tp_status failing_task(void *arg, int64_t task, int slot, tp_err *err)
+{
+    (void)arg, (void)slot;
+    if (task == FAIL_AT)
+        return tp_fail(err, TP_INVALID, "task %lld refused", (long long)task);
+    return TP_OK;
+}
+
+/* The failing task's status and message come back, from any pool, and
+ * the pool runs the next job whole. */
+START_TEST(errors_propagate)
+{
+    static count_job j;
+    cpu_pool *pools[3] = {NULL, pool_make(1), pool_make(2)};
+    for (int k = 0; k < 3; k++) {
+        for (int rep = 0; rep < 50; rep++) {
+            tp_err err = {{0}};
+            ck_assert_int_eq(cpu_pool_run(pools[k], 1000, failing_task, NULL, &err), TP_INVALID);
+            ck_assert_str_eq(err.msg, "task 37 refused");
+        }
+        memset(&j.runs, 0, sizeof j.runs);
+        j.threads = cpu_pool_threads(pools[k]);
+        tp_err err;
+        ck_assert_int_eq(cpu_pool_run(pools[k], 100, count_task, &j, &err), TP_OK);
+        int once = 0;
+        for (int i = 0; i < 100; i++)
+            once += atomic_load(&j.runs[i]) == 1;
+        ck_assert_int_eq(once, 100);
+        cpu_pool_free(pools[k]);
+    }
+}
+END_TEST
+
+/* Inside a task, tp_blas_one_thread is on (products on one OpenBLAS
+ * thread); outside, the caller's setting is back. */
+static tp_status pinned_task(void *arg, int64_t task, int slot, tp_err *err)
+{
+    (void)task, (void)slot, (void)err;
+    int was = tp_blas_one_thread(1);
+    if (!was)
+        atomic_fetch_add((atomic_int *)arg, 1);
+    return TP_OK;
+}
+
+START_TEST(tasks_run_products_on_one_thread)
+{
+    cpu_pool *pools[3] = {NULL, pool_make(1), pool_make(2)};
+    for (int k = 0; k < 3; k++) {
+        atomic_int unpinned = 0;
+        tp_err err;
+        ck_assert_int_eq(cpu_pool_run(pools[k], 200, pinned_task, &unpinned, &err), TP_OK);
+        ck_assert_int_eq(atomic_load(&unpinned), 0);
+        ck_assert_int_eq(tp_blas_one_thread(0), 0); /* the caller's own setting, restored */
+        cpu_pool_free(pools[k]);
+    }
+}
+END_TEST
+
+/* ------------------------------------------- kernels on the pool */
+
+/* out of op on ins through cpu_op_run_on(pool) */
+static void run_on(cpu_pool *pool, tp_op op, const tp_attrs *a, tp_tensor *ins, int n, tp_tensor *out)
+{
+    tp_err err;
+    ck_assert_msg(cpu_op_run_on(pool, op, a, ins, n, out, 0, 1, &err) == TP_OK, "%s on %d threads: %s",
+                  tp_op_name(op), cpu_pool_threads(pool), err.msg);
+}
+
+/* n deterministic values of dtype dt (tu_fill's, rounded), malloc'd. */
+static void *filled(tp_dtype dt, int64_t n, unsigned seed)
+{
+    float *f = malloc(sizeof(float) * (size_t)n);
+    void *t = malloc(tp_dtype_size(dt) * (size_t)n);
+    ck_assert(f && t);
+    tu_fill(f, n, seed);
+    for (int64_t i = 0; i < n; i++)
+        tp_store_f32(t, dt, i, f[i]);
+    free(f);
+    return t;
+}
+
+/* Attention of q, k, v [B, H, S|T, D] of dtype dt with a causal flag and
+ * a key mask: the same bytes on pools of 1 to 3 threads and without one.
+ * With OpenBLAS's count at 2, one head of 512 x 512 x 64 is large enough
+ * to be threaded outside a task. */
+static void attention_case(int64_t B, int64_t H, int64_t S, int64_t T, int64_t D, tp_dtype dt)
+{
+    int64_t qs[4] = {B, H, S, D}, ks[4] = {B, H, T, D}, ms[2] = {B, T};
+    int64_t nq = B * H * S * D, nk = B * H * T * D, es = (int64_t)tp_dtype_size(dt);
+    void *q = filled(dt, nq, 1), *k = filled(dt, nk, 2), *v = filled(dt, nk, 3);
+    int64_t *mask = malloc(sizeof(int64_t) * (size_t)(B * T));
+    char *want = malloc((size_t)(nq * es)), *got = malloc((size_t)(nq * es));
+    ck_assert(mask && want && got);
+    for (int64_t i = 0; i < B * T; i++)
+        mask[i] = (i * 7) % 5 != 0;
+    tp_tensor ins[4] = {tp_tensor_make(q, dt, 4, qs), tp_tensor_make(k, dt, 4, ks), tp_tensor_make(v, dt, 4, ks),
+                        tp_tensor_make(mask, TP_I64, 2, ms)};
+    for (int causal = 0; causal <= 1; causal++) {
+        tp_attrs a;
+        memset(&a, 0, sizeof a);
+        a.causal = causal;
+        tp_tensor out = tp_tensor_make(want, dt, 4, qs);
+        run_on(NULL, TP_OP_ATTENTION, &a, ins, 4, &out);
+        for (int t = 1; t <= 3; t++) {
+            cpu_pool *p = pool_make(t);
+            memset(got, 0xa5, (size_t)(nq * es));
+            out.data = got;
+            run_on(p, TP_OP_ATTENTION, &a, ins, 4, &out);
+            ck_assert_msg(memcmp(got, want, (size_t)(nq * es)) == 0,
+                          "attention [%lld, %lld, %lld, %lld] %s causal %d: other bits on %d threads", (long long)B,
+                          (long long)H, (long long)S, (long long)D, tp_dtype_name(dt), causal, t);
+            cpu_pool_free(p);
+        }
+    }
+    free(q), free(k), free(v), free(mask), free(want), free(got);
+}
+
+START_TEST(attention_same_bits_on_any_pool)
+{
+    tp_blas_set_threads(2);
+    attention_case(2, 5, 37, 41, 16, TP_F32);
+    attention_case(3, 3, 24, 24, 8, TP_F16);
+    attention_case(1, 2, 512, 512, 64, TP_F32);
+    tp_blas_set_threads(1);
+}
+END_TEST
+
+/* kv_attention: two steps (a prefill of 3 tokens, then 1) over rows of
+ * which one is inactive, GQA 4 heads over 2: the same output and caches,
+ * byte for byte, on pools of 1 to 3 threads and without one. */
+enum { KB = 3, KH = 4, KHKV = 2, KD = 8, KS = 2, KL = 16 };
+
+typedef struct {
+    float kc[KS * KHKV * KL * KD], vc[KS * KHKV * KL * KD], out[2][KB * KH * 3 * KD];
+} kv_state;
+
+static void kv_steps(cpu_pool *pool, kv_state *st)
+{
+    memset(st, 0, sizeof *st);
+    int64_t slot[KB] = {2, 0, 1}, cs[4] = {KS, KHKV, KL, KD}, bs[1] = {KB};
+    for (int step = 0; step < 2; step++) {
+        int64_t T = step == 0 ? 3 : 1, pos[KB] = {step * 3, 5, step * 3};
+        int64_t qs[4] = {KB, KH, T, KD}, ks[4] = {KB, KHKV, T, KD};
+        float q[KB * KH * 3 * KD], k[KB * KHKV * 3 * KD], v[KB * KHKV * 3 * KD];
+        tu_fill(q, KB * KH * T * KD, 10u + (unsigned)step);
+        tu_fill(k, KB * KHKV * T * KD, 20u + (unsigned)step);
+        tu_fill(v, KB * KHKV * T * KD, 30u + (unsigned)step);
+        tp_tensor ins[7] = {tp_tensor_make(q, TP_F32, 4, qs),       tp_tensor_make(k, TP_F32, 4, ks),
+                            tp_tensor_make(v, TP_F32, 4, ks),       tp_tensor_make(st->kc, TP_F32, 4, cs),
+                            tp_tensor_make(st->vc, TP_F32, 4, cs),  tp_tensor_make(slot, TP_I64, 1, bs),
+                            tp_tensor_make(pos, TP_I64, 1, bs)};
+        tp_tensor out = tp_tensor_make(st->out[step], TP_F32, 4, qs);
+        memset(st->out[step], 0xa5, sizeof st->out[step]);
+        run_on(pool, TP_OP_KV_ATTENTION, NULL, ins, 7, &out);
+    }
+}
+
+START_TEST(kv_attention_same_bits_on_any_pool)
+{
+    static kv_state want, got;
+    kv_steps(NULL, &want);
+    for (int t = 1; t <= 3; t++) {
+        cpu_pool *p = pool_make(t);
+        kv_steps(p, &got);
+        ck_assert_msg(memcmp(&got, &want, sizeof want) == 0, "kv_attention: other bits on %d threads", t);
+        cpu_pool_free(p);
+    }
+}
+END_TEST
+
+static Suite *cpu_pool_suite(void)
+{
+    Suite *s = suite_create("cpu_pool");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, create_and_free);
+    tcase_add_test(tc, every_task_once);
+    tcase_add_test(tc, workers_take_tasks);
+    tcase_add_test(tc, errors_propagate);
+    tcase_add_test(tc, tasks_run_products_on_one_thread);
+    tcase_add_test(tc, attention_same_bits_on_any_pool);
+    tcase_add_test(tc, kv_attention_same_bits_on_any_pool);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(cpu_pool_suite)
