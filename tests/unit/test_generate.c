@@ -759,8 +759,8 @@ START_TEST(decoder_refuses_bad_rows)
 }
 END_TEST
 
-/* `tpserve plan` shows the states (text and JSON), and a graph without
- * states has no "states" key. */
+/* `tpserve plan` shows the states (text and JSON) and the head's
+ * matmul_rows, and a graph without states has no "states" key. */
 START_TEST(plan_reports_states)
 {
     char path[512], *buf = NULL;
@@ -774,6 +774,7 @@ START_TEST(plan_reports_states)
     /* 4 caches of [3, 1, 16, 4] FP32 per rank */
     ck_assert_msg(strstr(buf, "states per rank: 3072 B in 4 tensors (3 slots)"), "%s", buf);
     ck_assert_msg(strstr(buf, "k_cache.0") && strstr(buf, " state "), "%s", buf);
+    ck_assert_msg(strstr(buf, "logits_flat") && strstr(buf, "matmul_rows"), "%s", buf); /* the LM head */
     free(buf);
     f = open_memstream(&buf, &len);
     ck_assert_msg(tp_engine_plan(path, &o, 2, 1, f, &err) == TP_OK, "%s", err.msg);
