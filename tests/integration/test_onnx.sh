@@ -27,7 +27,7 @@ for m in mlp mlp_legacy gpt2 gpt2_vocab257 bert bert512 bert_legacy llama; do cp
 
 # reference MODEL BATCH: onnxruntime's answer to a random request.
 reference() {
-    $PYTHON "$FIX/reference.py" "$TMP/$1.onnx" --batch "$2" \
+    $REFERENCE "$TMP/$1.onnx" --batch "$2" \
         --inputs "$TMP/$1.in$2.safetensors" --ref "$TMP/$1.ref$2.safetensors"
 }
 
@@ -290,7 +290,7 @@ rc=$?
 
 # --dim makes the two-dynamic model importable; it then runs like any other.
 if $IMPORT "$TMP/two_dynamic.onnx" --world-size 2 --dim seq=8 --out "$TMP/two_dynamic_tp2.json" 2>"$TMP/err" &&
-    $PYTHON "$FIX/reference.py" "$TMP/two_dynamic.onnx" --batch 3 --dim seq=8 \
+    $REFERENCE "$TMP/two_dynamic.onnx" --batch 3 --dim seq=8 \
         --inputs "$TMP/two_dynamic.in3.safetensors" --ref "$TMP/two_dynamic.ref3.safetensors"; then
     run_check two_dynamic_tp2 two_dynamic 3 threads
 else
