@@ -12,11 +12,12 @@ set -u
 : "${TP_GRAPHS:?set TP_GRAPHS to the generated graphs directory}"
 PYTHON=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
-CLIENT="$PYTHON $HERE/kserve_client.py"
 G=mlp_sp_tp2
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tpserve_it.XXXXXX")
 . "$HERE/lib/server.sh"
 . "$HERE/lib/cpus.sh"
+. "$HERE/lib/pyrun.sh"
+CLIENT="pyrun $HERE/kserve_client.py"
 
 # req METHOD PATH [curl args...]: sets CODE; body in $TMP/body, headers in $TMP/hdr.
 req() {
@@ -772,7 +773,13 @@ s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.sendall(b"POST /v2/models/mlp_sp_tp2/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"in")
 time.sleep(0.3)
 os.kill(int(sys.argv[2]), signal.SIGTERM)
-time.sleep(4)
+# held until the server lets go of it (its exit closes it), 4 s at most
+s.settimeout(4)
+try:
+    while s.recv(4096):
+        pass
+except OSError:
+    pass
 s.close()
 EOF
 wait "$PID"
@@ -805,6 +812,7 @@ if command -v wrk >/dev/null 2>&1; then
     kill -TERM "$PID"
     wait "$PID"
     rc=$?
+    kill -INT "$WRK" # its report now: nothing is listening any more
     wait "$WRK"
     errs=$(sed -n 's/.*Socket errors: \(.*\)/\1/p' "$TMP/wrk.out")
     reqs=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$TMP/wrk.out")
@@ -838,7 +846,8 @@ if command -v wrk >/dev/null 2>&1; then
     start early --graph "$TP_GRAPHS/$G.json" --threads 2 --log-level debug || exit 1
     $CLIENT make --graphs "$TP_GRAPHS" --graph $G --out "$TMP/early_req" >/dev/null
     wrk_post_script "$TMP/early_req" "$TMP/early.lua"
-    wrk -t2 -c32 -d10s -s "$TMP/early.lua" "$URL/v2/models/$G/infer" >"$TMP/early_wrk.out" 2>&1 &
+    # until the clients below are done (stopped then, -d is only a bound)
+    wrk -t2 -c32 -d60s -s "$TMP/early.lua" "$URL/v2/models/$G/infer" >"$TMP/early_wrk.out" 2>&1 &
     WRK=$!
     sleep 1
     out=$($PYTHON - "$URL" "$G" "$TMP/early_req" <<'EOF'
@@ -878,6 +887,7 @@ EOF
     else
         fail "half-closed clients under wrk load: ${out:-no answer}"
     fi
+    kill -INT "$WRK"
     wait "$WRK"
     infer_curl "after 3,000 reset clients under wrk load, still answering" /v2/models/$G/infer
     orphans=$(grep -c "connection closed before its request ran" "$TMP/early.log")
