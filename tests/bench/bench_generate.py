@@ -95,7 +95,7 @@ def tpserve_run(url, model, prompts, new):
     def one(i):
         try:
             barrier.wait()
-            conn, resp = gc.open_stream(url, model, prompts[i], new)
+            conn, resp = gc.post(url, model, "generate_stream", prompts[i], new)
             for _, data in gc.events(resp):
                 doc = json.loads(data)
                 if "finish_reason" in doc:
