@@ -761,9 +761,7 @@ static void cuda_free(tp_backend *b, int rank, void *p)
 
 /* ------------------------------------------------------- iface: copies */
 
-/* Pinned staging of `bytes`; when full, waits for the DMA using it and
- * starts over, growing only when idle. */
-static tp_status pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err)
+tp_status cu_pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err)
 {
     size_t off = (x->pinned_used + 63) & ~(size_t)63;
     if (off + bytes > x->pinned_bytes) {
@@ -827,7 +825,7 @@ static tp_status cuda_copy_in(tp_backend *b, int rank, tp_tensor *dst, const tp_
     const char *from = src->data;
     if (!tp_tensor_is_contiguous(src) || !host_is_pinned(src->data)) {
         char *stage;
-        TP_TRY(pinned_take(x, bytes, &stage, err));
+        TP_TRY(cu_pinned_take(x, bytes, &stage, err));
         tp_tensor view = tp_tensor_make(stage, src->dtype, src->ndim, src->shape);
         tp_tensor_copy(&view, src);
         from = stage;
@@ -857,7 +855,7 @@ static tp_status cuda_copy_out(tp_backend *b, int rank, tp_tensor *dst, const tp
         return TP_OK;
     size_t es = tp_dtype_size(src->dtype);
     char *stage;
-    TP_TRY(pinned_take(x, (size_t)span, &stage, err));
+    TP_TRY(cu_pinned_take(x, (size_t)span, &stage, err));
     CU_TRY(x, err, cudaMemcpyAsync(stage, (char *)src->data + lo * (int64_t)es, (size_t)span,
                                    cudaMemcpyDeviceToHost, x->compute));
     TP_TRY(cu_wait(x, x->compute, "compute stream", err));

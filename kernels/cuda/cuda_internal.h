@@ -74,7 +74,7 @@ typedef struct cu_ctx {
     size_t scratch_bytes, scratch_used;
     char **retired; /* outgrown scratch blocks a capture may still use */
     int n_retired;
-    /* pinned host staging for copy_in / copy_out */
+    /* pinned host staging for copy_in / copy_out / matmul_rows' mask (cu_pinned_take) */
     char *pinned;
     size_t pinned_bytes, pinned_used;
     /* the rank group's shared request staging, registered (portable) */
@@ -183,6 +183,11 @@ tp_status cu_scratch_take(cu_ctx *x, size_t bytes, void **p, tp_err *err);
 /* Invariant 3 for one tensor (what names it in the message); while
  * capturing, remembers its allocation. */
 tp_status cu_check_tensor(cu_ctx *x, const tp_tensor *t, const char *what, tp_err *err);
+/* Pinned host staging of `bytes` (copy_in, copy_out, matmul_rows' mask),
+ * free again at the next copy_out or synchronize; when full, waits for the
+ * DMA using it and starts over, growing only when idle. Never while
+ * capturing. */
+tp_status cu_pinned_take(cu_ctx *x, size_t bytes, char **p, tp_err *err);
 /* The live allocation containing p, or NULL. */
 cu_alloc *cu_find_alloc(cu_ctx *x, const void *p);
 /* Waits until stream s has run its work, polling (cudaStreamQuery) so

@@ -306,20 +306,67 @@ static tp_status argmax(cu_ctx *x, tp_op op, const tp_attrs *at, const tp_tensor
     return TP_OK;
 }
 
-/* matmul_rows: the product of every row (one GEMM, as matmul: the mask
- * stays on the device, and reading it back to skip rows would cost a
- * synchronisation per step), then the unwanted rows zeroed, so their
- * values (NaN included) never reach the output. Saves no GEMM work here,
- * only the same output as the cpu backend's. */
-static tp_status matmul_rows(cu_ctx *x, const tp_attrs *a, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+/* matmul_rows. Inside a capture the mask's values are not known on the
+ * host: the product of every row (one GEMM, as matmul), then the unwanted
+ * rows zeroed on the device. Outside one (generation graphs mark the head
+ * fallback, so it always runs eagerly) the mask is read back to the host,
+ * after a wait for the compute stream, and each run of wanted rows is one
+ * GEMM on that slice, each other run one memset: a step pays the head only
+ * for the rows that want logits (tp_gen_row_run_end, as the cpu backend).
+ * Either way unwanted rows are +0.0 and their inputs (NaN included) never
+ * reach the output. */
+static tp_status matmul_rows_all(cu_ctx *x, int tb, const tp_tensor *ins, tp_tensor *out, tp_err *err)
 {
     const tp_tensor *mask = &ins[2];
-    TP_TRY(tp_check_matmul_rows(&ins[0], &ins[1], mask, out, err));
-    TP_TRY(cu_matmul(x, &ins[0], &ins[1], a ? a->transpose_b : 0, out, 0.0f, x->compute, err));
     int64_t rows = out->shape[0], n = tp_tensor_numel(out);
+    TP_TRY(cu_matmul(x, &ins[0], &ins[1], tb, out, 0.0f, x->compute, err));
     KERNEL_TRY(x, err, tp_cuda_zero_rows(out->data, out->dtype, rows, rows > 0 ? n / rows : 0, mask->data,
                                          mask->dtype, mask->stride[0], x->compute));
     return TP_OK;
+}
+
+static tp_status matmul_rows_runs(cu_ctx *x, int tb, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    const tp_tensor *mask = &ins[2];
+    int64_t B = out->shape[0], lo;
+    size_t mes = tp_dtype_size(mask->dtype), oes = tp_dtype_size(out->dtype);
+    int64_t span = tp_tensor_span(mask, &lo);
+    char *host;
+    TP_TRY(cu_pinned_take(x, (size_t)span, &host, err));
+    CU_TRY(x, err, cudaMemcpyAsync(host, (const char *)mask->data + lo * (int64_t)mes, (size_t)span,
+                                   cudaMemcpyDeviceToHost, x->compute));
+    TP_TRY(cu_wait(x, x->compute, "compute stream (matmul_rows' mask)", err));
+    const char *m = host - lo * (int64_t)mes;
+    /* a strided x packed whole, as the captured path packs it: the scratch
+     * this eager run grows is what a capture of the same op needs */
+    tp_tensor xin;
+    TP_TRY(cu_contiguous(x, &ins[0], &xin, x->compute, err));
+    int64_t row = tp_tensor_numel(out) / B;
+    for (int64_t r = 0, end; r < B; r = end) {
+        end = tp_gen_row_run_end(m, mask->dtype, mask->stride[0], r, B);
+        tp_tensor os = tp_tensor_narrow(out, 0, r, end - r);
+        if (tp_gen_row_wanted(m, mask->dtype, mask->stride[0], r)) {
+            tp_tensor xs = tp_tensor_narrow(&xin, 0, r, end - r);
+            TP_TRY(cu_matmul(x, &xs, &ins[1], tb, &os, 0.0f, x->compute, err));
+        } else {
+            CU_TRY(x, err, cudaMemsetAsync(os.data, 0, (size_t)((end - r) * row) * oes, x->compute));
+        }
+    }
+    return TP_OK;
+}
+
+static tp_status matmul_rows(cu_ctx *x, const tp_attrs *a, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    TP_TRY(tp_check_matmul_rows(&ins[0], &ins[1], &ins[2], out, err));
+    if (!tp_tensor_is_contiguous(out))
+        return tp_fail(err, TP_INTERNAL, "cuda rank %d: matmul_rows output must be contiguous", x->rank);
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    enum cudaStreamCaptureStatus cs;
+    CU_TRY(x, err, cudaStreamIsCapturing(x->compute, &cs));
+    int tb = a ? a->transpose_b : 0;
+    return cs == cudaStreamCaptureStatusNone ? matmul_rows_runs(x, tb, ins, out, err)
+                                             : matmul_rows_all(x, tb, ins, out, err);
 }
 
 /* ------------------------------------------ reduce, gather, where, expand, cast */

@@ -2,9 +2,12 @@
  * descriptors are host objects (leaks show under ASan), a heuristic offers
  * one algorithm without workspace unless TP_DOUBLE_FAIL blas_algo says it
  * finds none (then, as cuBLASLt does, CUBLAS_STATUS_NOT_SUPPORTED and a
- * count of 0), and a matmul is a recorded launch like any kernel. */
+ * count of 0), and a matmul is a recorded launch like any kernel, counted
+ * with the output columns it asks for (dbl_gemm_calls, dbl_gemm_cols). */
 #include <cublasLt.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_double.h"
 
@@ -61,11 +64,19 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     return new_desc(d);
 }
 
+/* What a layout's semi-opaque words hold here (cublasLtMatrixLayoutOpaque_t). */
+enum { LAYOUT_COLS, LAYOUT_BATCH };
+
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows,
                                           uint64_t cols, int64_t ld)
 {
-    (void)type, (void)rows, (void)cols, (void)ld;
-    return new_layout(l);
+    (void)type, (void)rows, (void)ld;
+    cublasStatus_t st = new_layout(l);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        (*l)->data[LAYOUT_COLS] = cols;
+        (*l)->data[LAYOUT_BATCH] = 1;
+    }
+    return st;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { return new_pref(p); }
@@ -80,7 +91,13 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
                                                 const void *buf, size_t n)
 {
-    (void)l, (void)a, (void)buf, (void)n;
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
+        int32_t count;
+        if (n != sizeof count)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&count, buf, sizeof count);
+        l->data[LAYOUT_BATCH] = (uint64_t)count;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -108,12 +125,21 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
+static atomic_long gemm_calls, gemm_cols;
+
+long dbl_gemm_calls(void) { return atomic_load(&gemm_calls); }
+long dbl_gemm_cols(void) { return atomic_load(&gemm_cols); }
+
+/* Counted when called (recorded once in a capture, however often it is
+ * replayed). */
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t ad, const void *B, cublasLtMatrixLayout_t bd, const void *beta,
                               const void *C, cublasLtMatrixLayout_t cd, void *D, cublasLtMatrixLayout_t dd,
                               const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t s)
 {
     (void)h, (void)d, (void)alpha, (void)A, (void)ad, (void)B, (void)bd, (void)beta, (void)C, (void)cd, (void)D,
-        (void)dd, (void)algo, (void)ws, (void)ws_bytes;
+        (void)algo, (void)ws, (void)ws_bytes;
+    atomic_fetch_add(&gemm_calls, 1);
+    atomic_fetch_add(&gemm_cols, (long)(dd->data[LAYOUT_COLS] * dd->data[LAYOUT_BATCH]));
     return dbl_launch(s, "cublasLtMatmul") == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

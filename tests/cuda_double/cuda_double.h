@@ -10,9 +10,10 @@
  * never runs (values are not checked: the cpu backend proves the math;
  * the barrier and one-shot kernels do run the cross-rank protocol of
  * kernels/cuda/comm_protocol.h on the stream's thread, kernels_double.c,
- * and the embedding and gather report injected bad ids), memory copies and
- * NCCL collectives really move bytes (between processes through one shared
- * memory segment per communicator, and through CUDA IPC mappings), and a
+ * the embedding and gather report injected bad ids, zero_rows zeroes),
+ * memory copies and NCCL collectives really move bytes (between processes
+ * through one shared memory segment per communicator, and through CUDA IPC
+ * mappings), and a
  * capture records every operation into a graph that cudaGraphLaunch
  * enqueues, as one piece of work, on the launch stream.
  *
@@ -126,6 +127,11 @@
 int dbl_rule_breaches(void);
 long dbl_kernel_launches(void);
 long dbl_graph_launches(void);
+/* cublasLtMatmul calls of this process, and the columns of their (column-
+ * major) outputs summed over batches: the backend's D is the graph's
+ * output transposed, so these are the graph rows the GEMMs compute. */
+long dbl_gemm_calls(void);
+long dbl_gemm_cols(void);
 /* Called by cudaGraphLaunch before it launches anything (NULL: nothing):
  * a test's way in between the backend's last check and the launch. */
 extern void (*dbl_before_graph_launch)(void);

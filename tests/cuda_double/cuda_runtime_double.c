@@ -1131,6 +1131,16 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
     return cudaSuccess;
 }
 
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
+{
+    if (s && s->magic != STREAM_MAGIC)
+        return fail(cudaErrorInvalidResourceHandle);
+    *status = !s || !s->cap         ? cudaStreamCaptureStatusNone
+              : s->cap->invalidated ? cudaStreamCaptureStatusInvalidated
+                                    : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
 static void graph_free(struct CUgraph_st *g)
 {
     for (int i = 0; i < g->n_comms; i++)

@@ -6,6 +6,8 @@
  *    (TP_DOUBLE_FAIL=embed_id), and breaks a rule when its ids are still
  *    the double's fill pattern (read before written); the gather reports
  *    a bad id likewise (TP_DOUBLE_FAIL=gather_id);
+ *  - zero_rows (matmul_rows' unwanted rows) zeroes them, so the captured
+ *    and the eager matmul_rows can be compared byte for byte;
  *  - the barrier and the one-shot all_reduce run the cross-rank protocol
  *    for real, from the same source as the device (kernels/cuda/
  *    comm_protocol.h), on the host thread that runs the stream: epochs
@@ -24,6 +26,7 @@
 
 #include "cuda/comm_protocol.h"
 #include "cuda/tp_cuda_kernels.h"
+#include "common/tp_generate.h"
 #include "cuda/tp_cuda_ops.h"
 #include "cuda_double.h"
 
@@ -111,11 +114,31 @@ int tp_cuda_argmax_index(const int64_t *keys, int64_t *out, const tp_layout *l, 
     return launch("argmax_index", stream);
 }
 
+typedef struct {
+    char *out;
+    size_t row_bytes;
+    int64_t rows, mask_stride;
+    const void *mask;
+    tp_dtype mask_dtype;
+} zero_rows_args;
+
+static int run_zero_rows(const void *p)
+{
+    const zero_rows_args *a = p;
+    dbl_count_launch();
+    for (int64_t r = 0; r < a->rows; r++)
+        if (!tp_gen_row_wanted(a->mask, a->mask_dtype, a->mask_stride, r))
+            memset(a->out + (size_t)r * a->row_bytes, 0, a->row_bytes);
+    return 0;
+}
+
 int tp_cuda_zero_rows(void *out, tp_dtype dtype, int64_t rows, int64_t row_elems, const void *mask,
                       tp_dtype mask_dtype, int64_t mask_stride, void *stream)
 {
-    (void)out, (void)dtype, (void)rows, (void)row_elems, (void)mask, (void)mask_dtype, (void)mask_stride;
-    return launch("zero_rows", stream);
+    zero_rows_args a = {out, (size_t)row_elems * tp_dtype_size(dtype), rows, mask_stride, mask, mask_dtype};
+    int e = dbl_enqueue(stream, "zero_rows", run_zero_rows, &a, sizeof a, NULL);
+    cudaError_t pending = cudaGetLastError(); /* as dbl_launch */
+    return e ? e : (int)pending;
 }
 
 int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d, int es,

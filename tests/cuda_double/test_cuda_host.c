@@ -1360,6 +1360,71 @@ START_TEST(no_gemm_algorithm_fails_cleanly)
 }
 END_TEST
 
+/* matmul_rows' two paths (cuda_ops.c): eagerly (a fallback node) one
+ * GEMM per run of wanted rows and the other runs zeroed; in a capture one
+ * GEMM over every row, then zero_rows. The double's GEMM writes nothing
+ * and its zero_rows zeroes, so both outputs, filled with 0x7f bytes
+ * first, must keep that fill in wanted rows and be +0.0 in the others. */
+START_TEST(matmul_rows_gemms_only_wanted_rows_eagerly)
+{
+    enum { B = 5, K = 4, N = 3 };
+    const int64_t mask_v[B] = {1, 1, 0, 0, 1}; /* wanted runs [0, 2) and [4, 5) */
+    tp_backend *b;
+    tp_err err;
+    ck_assert_msg(tp_backend_create("cuda", 1, &b, &err) == TP_OK, "%s", err.msg);
+    void *p[5];
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(b->iface->alloc(b, 0, 256, &p[i], &err) == TP_OK, "%s", err.msg);
+    int64_t sx[2] = {B, K}, sw[2] = {K, N}, sm[1] = {B}, so[2] = {B, N};
+    tp_tensor ins[3] = {tp_tensor_make(p[0], TP_F32, 2, sx), tp_tensor_make(p[1], TP_F32, 2, sw),
+                        tp_tensor_make(p[2], TP_I64, 1, sm)};
+    tp_tensor host_mask = tp_tensor_make((void *)mask_v, TP_I64, 1, sm);
+    ck_assert_msg(b->iface->copy_in(b, 0, &ins[2], &host_mask, &err) == TP_OK, "%s", err.msg);
+    tp_tensor out[2] = {tp_tensor_make(p[3], TP_F32, 2, so), tp_tensor_make(p[4], TP_F32, 2, so)};
+    float fill[B][N];
+    memset(fill, 0x7f, sizeof fill);
+    tp_tensor host_fill = tp_tensor_make(fill, TP_F32, 2, so);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(b->iface->copy_in(b, 0, &out[i], &host_fill, &err) == TP_OK, "%s", err.msg);
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+
+    long calls = dbl_gemm_calls(), cols = dbl_gemm_cols();
+    ck_assert_msg(b->iface->run_op(b, 0, TP_OP_MATMUL_ROWS, &a, ins, 3, &out[0], &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(dbl_gemm_calls() - calls, 2);
+    ck_assert_int_eq(dbl_gemm_cols() - cols, 3);
+
+    calls = dbl_gemm_calls(), cols = dbl_gemm_cols();
+    tp_capture *cap;
+    ck_assert_msg(b->iface->begin_capture(b, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->run_op(b, 0, TP_OP_MATMUL_ROWS, &a, ins, 3, &out[1], &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->end_capture(b, 0, &cap, &err) == TP_OK, "%s", err.msg);
+    ck_assert_int_eq(dbl_gemm_calls() - calls, 1);
+    ck_assert_int_eq(dbl_gemm_cols() - cols, B);
+    ck_assert_msg(b->iface->replay(b, 0, cap, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
+
+    float host[2][B][N];
+    for (int i = 0; i < 2; i++) {
+        tp_tensor h = tp_tensor_make(host[i], TP_F32, 2, so);
+        ck_assert_msg(b->iface->copy_out(b, 0, &h, &out[i], &err) == TP_OK, "%s", err.msg);
+        for (int r = 0; r < B; r++) {
+            uint32_t want = mask_v[r] ? 0x7f7f7f7fu : 0, got;
+            for (int c = 0; c < N; c++) {
+                memcpy(&got, &host[i][r][c], sizeof got);
+                ck_assert_msg(got == want, "%s path: row %d col %d is %08x, want %08x", i ? "captured" : "eager", r,
+                              c, got, want);
+            }
+        }
+    }
+    b->iface->capture_free(b, cap);
+    for (int i = 0; i < 5; i++)
+        b->iface->free(b, 0, p[i]);
+    tp_backend_destroy(b);
+    assert_no_breach("matmul_rows");
+}
+END_TEST
+
 static TCase *add_case(Suite *s, const char *name, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1383,6 +1448,7 @@ static Suite *cuda_host_suite(void)
     tcase_add_test(rules, double_user_object_destructors_run_later);
     tcase_add_test(rules, double_ipc_maps_across_processes);
     tcase_add_test(rules, no_gemm_algorithm_fails_cleanly);
+    tcase_add_test(rules, matmul_rows_gemms_only_wanted_rows_eagerly);
     TCase *ex = add_case(s, "examples", 300);
     tcase_add_test(ex, one_rank);
     tcase_add_test(ex, allocations_start_zeroed);

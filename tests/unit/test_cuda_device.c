@@ -267,9 +267,10 @@ static tp_backend *one_rank(void)
     return b;
 }
 
-/* Device output of op vs cpu_op_run on the host views. */
-static void compare_op(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins, int n, tp_dtype dt, int nd,
-                       const int64_t *oshape, double tol)
+/* Device output of op vs cpu_op_run on the host views; the op run
+ * eagerly, or captured and replayed (captured: 1). */
+static void compare_op_run(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins, int n, tp_dtype dt, int nd,
+                           const int64_t *oshape, double tol, int captured)
 {
     tp_tensor hin[8], din[8];
     for (int i = 0; i < n; i++) {
@@ -283,9 +284,18 @@ static void compare_op(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins,
     dout.data = dev_alloc(b, bytes + 8);
     tp_err err;
     ck_assert_msg(cpu_op_run(op, a, hin, n, &want, 0, 1, &err) == TP_OK, "cpu %s: %s", tp_op_name(op), err.msg);
+    tp_capture *c = NULL;
+    if (captured)
+        ck_assert_msg(b->iface->begin_capture(b, 0, &err) == TP_OK, "%s", err.msg);
     ck_assert_msg(b->iface->run_op(b, 0, op, a, din, n, &dout, &err) == TP_OK, "cuda %s: %s", tp_op_name(op), err.msg);
+    if (captured) {
+        ck_assert_msg(b->iface->end_capture(b, 0, &c, &err) == TP_OK, "%s", err.msg);
+        ck_assert_msg(b->iface->replay(b, 0, c, &err) == TP_OK, "%s", err.msg);
+    }
     ck_assert_msg(b->iface->copy_out(b, 0, &got, &dout, &err) == TP_OK, "%s", err.msg);
     ck_assert_msg(b->iface->synchronize(b, 0, &err) == TP_OK, "%s", err.msg);
+    if (c)
+        b->iface->capture_free(b, c);
     if (!KERNELS_RUN) {
         b->iface->free(b, 0, dout.data);
         free(want.data);
@@ -303,6 +313,12 @@ static void compare_op(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins,
     b->iface->free(b, 0, dout.data);
     free(want.data);
     free(got.data);
+}
+
+static void compare_op(tp_backend *b, tp_op op, const tp_attrs *a, operand *ins, int n, tp_dtype dt, int nd,
+                       const int64_t *oshape, double tol)
+{
+    compare_op_run(b, op, a, ins, n, dt, nd, oshape, tol, 0);
 }
 
 static double tol_of(tp_dtype dt) { return dt == TP_F32 ? 1e-4 : 2e-2; }
@@ -375,6 +391,19 @@ static void matmul_cases(tp_backend *b, tp_dtype dt)
         compare_op(b, TP_OP_ATTENTION, &a, atm, 4, dt, 4, qm, tol_of(dt));
     for (int i = 0; i < 4; i++)
         free_operand(b, &atm[i]);
+    /* matmul_rows, a strided x, rows 0 and 3 unwanted: eagerly one GEMM
+     * per wanted run (rows 1-2, row 4), captured one over every row */
+    int64_t xt[2] = {8, 5}, hw[2] = {8, 6}, rows = 5, ho[2] = {5, 6};
+    const int64_t wanted[5] = {0, 1, 1, 0, 1};
+    operand mr[3] = {make_operand(b, dt, 2, xt, 1, -1, 0, 0), make_operand(b, dt, 2, hw, 0, -1, 0, 0),
+                     mask_operand(b, 5, 1, wanted)}; /* [5, 1], read as [5] */
+    mr[2].host = tp_tensor_make(mr[2].host_base, TP_I64, 1, &rows);
+    mr[2].dev = tp_tensor_make(mr[2].dev_base, TP_I64, 1, &rows);
+    memset(&a, 0, sizeof a);
+    for (int captured = 0; captured < 2; captured++)
+        compare_op_run(b, TP_OP_MATMUL_ROWS, &a, mr, 3, dt, 2, ho, tol_of(dt), captured);
+    for (int i = 0; i < 3; i++)
+        free_operand(b, &mr[i]);
     for (int i = 0; i < 2; i++) {
         free_operand(b, &mm[i]);
         free_operand(b, &tb[i]);
