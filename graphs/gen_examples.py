@@ -639,7 +639,9 @@ def gen_graph(d):
     g.param("lnf_b", "FP32", [E], "replicate")
     g.param("lm_head", "FP32", [E, VP], "shard(1)")
     g.node("hf", "layer_norm", [x, "lnf_w", "lnf_b"], eps=c["EPS"])
-    g.node("logits_flat", "matmul_rows", ["hf", "lm_head", "logit_rows"])             # [B, VP/d]
+    # fallback: run eagerly, so the cuda backend reads logit_rows on the host
+    # and multiplies only the wanted rows (docs/models.md, "Generation graphs")
+    g.node("logits_flat", "matmul_rows", ["hf", "lm_head", "logit_rows"], fallback=True)  # [B, VP/d]
     g.node("logits", "view", ["logits_flat"], shape=[-1, 1, VP // d])
     g.node("key_local", "argmax", ["logits"], vocab_parallel=True, limit=c["V"])       # [B, 1]
     g.node("key", "all_reduce", ["key_local"], op="max")

@@ -21,7 +21,10 @@ some position. Then:
 - the LM head (the matmul the chain reads, through views and a bias add)
   becomes matmul_rows over a logit_rows input [B] (rows_head, on the
   written graph), so a step computes logits only for the rows that want a
-  next token: a prompt's last row, not the others.
+  next token: a prompt's last row, not the others. The head is marked
+  "fallback": it runs eagerly, outside the captured graph, where the cuda
+  backend can read logit_rows on the host and run the GEMM on the wanted
+  rows only (inside a capture it multiplies every row).
 
 selfcheck() then greedy-generates a few tokens with the SPMD NumPy
 interpreter (gen_examples.simulate) on the written files and compares them
@@ -328,6 +331,7 @@ def rows_head(graph):
         elif n["op"] == "matmul" and len(params.get(n["inputs"][1], {}).get("shape", ())) == 2:
             n["op"] = "matmul_rows"
             n["inputs"].append(INPUT_ROWS)
+            n["fallback"] = True  # eager: the cuda backend reads the mask and skips rows
             graph["inputs"].append({"name": INPUT_ROWS, "datatype": "INT64", "shape": ["B"], "placement": "replicate"})
             graph["generate"]["logit_rows"] = INPUT_ROWS
             return True

@@ -54,7 +54,7 @@ for m in gpt2_gen llama_gen; do
 done
 
 # ---- structure -----------------------------------------------------------------
-$PYTHON - "$TMP" <<'PY' && pass "generation graphs: token-row inputs, kv_attention over KV-head-split states, matmul_rows head, argmax chain" ||
+$PYTHON - "$TMP" <<'PY' && pass "generation graphs: token-row inputs, kv_attention over KV-head-split states, matmul_rows head (fallback), argmax chain" ||
 import json, os, sys
 for m, heads_kv, dim, vocab in (("gpt2_gen", 4, 16, 251), ("llama_gen", 4, 8, 256)):
     for ws in (1, 2, 4):
@@ -66,10 +66,12 @@ for m, heads_kv, dim, vocab in (("gpt2_gen", 4, 16, 251), ("llama_gen", 4, 8, 25
         assert g["generate"] == {"input_ids": "input_ids", "positions": "position_ids", "slots": "cache_slot",
                                  "next_token": "next_token", "max_seq_len": 64, "vocab_size": vocab,
                                  "logit_rows": "logit_rows"}, g["generate"]
-        # the LM head: the one matmul_rows, over logit_rows, which the argmax reads (through views)
+        # the LM head: the one matmul_rows, over logit_rows, which the argmax reads (through views),
+        # and the one fallback node (eager: the cuda backend multiplies only the wanted rows)
         nodes = {n["name"]: n for n in g["nodes"]}
         head = [n for n in g["nodes"] if n["op"] == "matmul_rows"]
         assert len(head) == 1 and head[0]["inputs"][2] == "logit_rows", head
+        assert [n["name"] for n in g["nodes"] if n.get("fallback")] == [head[0]["name"]], head
         v = next(n for n in g["nodes"] if n["op"] == "argmax")["inputs"][0]
         while nodes[v]["op"] in ("view", "reshape"):
             v = nodes[v]["inputs"][0]

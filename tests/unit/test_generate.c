@@ -760,7 +760,9 @@ START_TEST(decoder_refuses_bad_rows)
 END_TEST
 
 /* `tpserve plan` shows the states (text and JSON) and the head's
- * matmul_rows, and a graph without states has no "states" key. */
+ * matmul_rows, alone in a fallback partition (run eagerly, so the cuda
+ * backend multiplies only the wanted rows) between two captured ones, and
+ * a graph without states has no "states" key. */
 START_TEST(plan_reports_states)
 {
     char path[512], *buf = NULL;
@@ -775,6 +777,9 @@ START_TEST(plan_reports_states)
     ck_assert_msg(strstr(buf, "states per rank: 3072 B in 4 tensors (3 slots)"), "%s", buf);
     ck_assert_msg(strstr(buf, "k_cache.0") && strstr(buf, " state "), "%s", buf);
     ck_assert_msg(strstr(buf, "logits_flat") && strstr(buf, "matmul_rows"), "%s", buf); /* the LM head */
+    ck_assert_msg(strstr(buf, "0 captured ") && strstr(buf, "1 fallback  1 nodes (logits_flat .. logits_flat)") &&
+                      strstr(buf, "2 captured "),
+                  "%s", buf);
     free(buf);
     f = open_memstream(&buf, &len);
     ck_assert_msg(tp_engine_plan(path, &o, 2, 1, f, &err) == TP_OK, "%s", err.msg);
