@@ -112,6 +112,15 @@ static fake_model *new_model(void)
     return m;
 }
 
+/* Lets the steps a test held back (m->gate) run. */
+static void open_gate(fake_model *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->gate = 0;
+    pthread_cond_broadcast(&m->opened);
+    pthread_mutex_unlock(&m->mu);
+}
+
 static tp_gen *new_gen_mode(fake_model *m, int64_t max_rows, tp_gen_prefill prefill)
 {
     tp_gen_opts o = {.max_rows = max_rows, .prefill = prefill, .slots = SLOTS, .max_seq_len = MAX_LEN,
@@ -245,10 +254,7 @@ START_TEST(every_sequence_gets_its_turn)
         p[s][0] = 100 + s;
         q[s] = submit(g, p[s], 1, 12);
     }
-    pthread_mutex_lock(&m->mu);
-    m->gate = 0;
-    pthread_cond_broadcast(&m->opened);
-    pthread_mutex_unlock(&m->mu);
+    open_gate(m);
     for (int s = 0; s < SLOTS; s++) {
         check_tokens(q[s], p[s], 1, 12, TP_GEN_LENGTH);
         tp_gen_seq_release(q[s]);
@@ -321,10 +327,7 @@ START_TEST(prompts_first_come_first_served)
             p[s][i] = (s * 7 + i) % VOCAB;
         q[s] = submit(g, p[s], 12, 2);
     }
-    pthread_mutex_lock(&m->mu);
-    m->gate = 0;
-    pthread_cond_broadcast(&m->opened);
-    pthread_mutex_unlock(&m->mu);
+    open_gate(m);
     for (int s = 0; s < 3; s++) {
         check_tokens(q[s], p[s], 12, 2, TP_GEN_LENGTH);
         tp_gen_seq_release(q[s]);
