@@ -3,20 +3,22 @@
  * as a server-sent event as soon as its step ends. Both hand the prompt to
  * the model's generation scheduler (gen_sched.h), which owns the steps.
  *
- * /generate's connection is suspended until its sequence ends (the
- * scheduler's notify resumes it). A stream's response reads the sequence
+ * /generate's connection is suspended until its sequence's next token
+ * (the scheduler's notify resumes it), then again until it ends. A stream's response reads the sequence
  * as libmicrohttpd asks for bytes and suspends the connection when nothing
  * new is there; the next token resumes it. Both suspend inside the
  * sequence's lock (tp_gen_seq_read's armed callback) and are resumed inside
  * it, so a resume never comes before its suspend. A stream's client that
  * goes is noticed at the next token's write: its sequence is released and
  * its slot is free at the next step. A /generate client that goes is
- * noticed when its answer is written. */
+ * noticed at the next token by a peek at its socket. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "engine.h"
 #include "gen_sched.h"
@@ -31,7 +33,8 @@
 typedef struct http_gen {
     tp_gen_seq *seq;
     struct MHD_Connection *conn;
-    int64_t sent;          /* tokens already in events */
+    int64_t sent;          /* tokens already in events (a stream) or read (/generate) */
+    int64_t *ids;          /* /generate: the tokens read */
     char *out;             /* a stream's pending event bytes */
     size_t out_len, out_off, out_cap;
     int ended;             /* the final event is in out */
@@ -249,11 +252,26 @@ static void gen_free(http_gen *g)
         return;
     tp_gen_seq_release(g->seq);
     free(g->out);
+    free(g->ids);
     free(g);
 }
 
+/* Whether the client of c has gone: its socket reads end-of-file or an
+ * error. libmicrohttpd does not poll a suspended connection, so without
+ * this a /generate client that leaves would hold its slot until its
+ * answer is written; a client that closes only its sending side counts as
+ * gone too. */
+static int peer_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    char b;
+    ssize_t n = ci ? recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 /* /generate, on each call after the handler's: the answer once the
- * sequence has ended, else suspended until it does. */
+ * sequence has ended, else suspended until its next token, when the
+ * client is checked (one that has gone frees its slot at the next step). */
 enum MHD_Result http_generate_continue(tp_http_ctx *h, req_ctx *r)
 {
     http_gen *g = r->gen;
@@ -261,22 +279,26 @@ enum MHD_Result http_generate_continue(tp_http_ctx *h, req_ctx *r)
     tp_status st;
     tp_err err;
     int64_t cap = tp_gen_seq_max_tokens(g->seq);
-    int64_t *ids = malloc((size_t)cap * sizeof *ids);
-    if (!ids)
+    if (!g->ids && !(g->ids = malloc((size_t)cap * sizeof *g->ids)))
         return http_reply_error(h, r, 500, "out of memory reading the generated tokens");
-    int64_t n = tp_gen_seq_read(g->seq, 0, ids, cap, TP_GEN_WAKE_END, suspend_conn, g, &end, &st, &err);
-    if (end == TP_GEN_RUNNING) {
-        free(ids);
-        return MHD_YES; /* suspended: the end resumes it */
+    for (;;) {
+        int64_t n = tp_gen_seq_read(g->seq, g->sent, g->ids + g->sent, cap - g->sent, TP_GEN_WAKE_TOKEN,
+                                    suspend_conn, g, &end, &st, &err);
+        g->sent += n;
+        if (end != TP_GEN_RUNNING)
+            break;
+        if (n == 0)
+            return MHD_YES; /* suspended: the next token or the end resumes it */
+        if (peer_gone(g->conn))
+            tp_gen_seq_cancel(g->seq);
     }
     enum MHD_Result ret;
     if (end == TP_GEN_FAILED) {
         ret = http_reply_error(h, r, (unsigned)tp_status_http(st), "%s", err.msg);
     } else {
-        char *doc = answer_json(g, ids, n, end);
+        char *doc = answer_json(g, g->ids, g->sent, end);
         ret = doc ? http_reply_json(h, r, 200, doc) : http_reply_error(h, r, 500, "out of memory");
     }
-    free(ids);
     r->gen = NULL;
     gen_free(g);
     return ret;

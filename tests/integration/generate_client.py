@@ -6,9 +6,11 @@
       the reference continuations) N at a time in all (cycling through the
       prompts), each asking for as many tokens as its reference has, and
       checks every answer token for token.
-  disconnect URL MODEL PROMPT_ID
-      opens a stream, reads two tokens, closes the socket, and checks that
-      the slot is free again (/metrics) and the cancel was counted.
+  disconnect URL MODEL PROMPT_ID ROUTE
+      ROUTE generate_stream: opens a stream, reads two tokens; generate:
+      sends a request and waits for a token (/metrics); then closes the
+      socket, and checks that the slot is free again (/metrics) and the
+      cancel was counted.
   saturate URL MODEL SLOTS
       sends SLOTS + 1 long generations at once: exactly one must get 503
       naming the slots, the others run until their cache is full.
@@ -135,14 +137,25 @@ def metric(url, name):
     return float(m.group(1)) if m else None
 
 
-def disconnect(url, model, prompt_id):
+def disconnect(url, model, prompt_id, route):
+    """A client of route that goes mid-sequence (a stream after two events,
+    /generate once its sequence has produced a token): its slot is freed
+    and the cancel counted."""
     cancelled = metric(url, "tpserve_generate_cancelled_total") or 0
-    c, r = post(url, model, "generate_stream", [prompt_id], 1000000)
-    got = 0
-    for _ in events(r):
-        got += 1
-        if got == 2:
-            break
+    tokens = metric(url, "tpserve_generate_output_tokens_total") or 0
+    if route == "generate_stream":
+        c, r = post(url, model, route, [prompt_id], 1000000)
+        got = 0
+        for _ in events(r):
+            got += 1
+            if got == 2:
+                break
+    else:
+        c = connect(url)
+        c.request("POST", "/v2/models/%s/generate" % model, json.dumps({"input_ids": [prompt_id],
+                                                                         "max_tokens": 1000000}))
+        while (metric(url, "tpserve_generate_output_tokens_total") or 0) == tokens:
+            time.sleep(0.005)
     c.sock.close()
     c.close()
     deadline = time.time() + 10
@@ -190,8 +203,8 @@ def main(argv):
     if len(argv) >= 4 and argv[0] == "check":
         n = int(argv[argv.index("--concurrent") + 1]) if "--concurrent" in argv else 1
         return 0 if check(argv[1], argv[2], argv[3], n, "--stream" in argv) else 1
-    if len(argv) == 4 and argv[0] == "disconnect":
-        return 0 if disconnect(argv[1], argv[2], int(argv[3])) else 1
+    if len(argv) == 5 and argv[0] == "disconnect":
+        return 0 if disconnect(argv[1], argv[2], int(argv[3]), argv[4]) else 1
     if len(argv) == 4 and argv[0] == "saturate":
         return 0 if saturate(argv[1], argv[2], int(argv[3])) else 1
     print(__doc__, file=sys.stderr)

@@ -139,9 +139,11 @@ json.dump(g, open(dst + ".json", "w"))
 save_safetensors(dst + ".safetensors", w)
 EOF
 if start slots --graph "$TMP/gen_long.json" --generate-slots 2; then
-    $PYTHON "$CLIENT" disconnect "$URL" gen_long 3 >"$TMP/c" 2>&1 &&
-        pass "a stream whose client goes mid-stream frees its slot (counted as cancelled)" ||
-        fail "disconnect: $(cat "$TMP/c")"
+    for route in generate_stream generate; do
+        $PYTHON "$CLIENT" disconnect "$URL" gen_long 3 $route >"$TMP/c" 2>&1 &&
+            pass "a $route client that goes mid-sequence frees its slot (counted as cancelled)" ||
+            fail "disconnect from $route: $(cat "$TMP/c")"
+    done
     $PYTHON "$CLIENT" saturate "$URL" gen_long 2 >"$TMP/c" 2>&1 &&
         pass "3 long sequences on 2 slots: one gets 503 naming the slots, the others run to cache_full" ||
         fail "saturate: $(cat "$TMP/c")"
