@@ -73,8 +73,8 @@ static tp_status k_matmul(tp_op op, const tp_attrs *a, const tp_tensor *ins, int
 {
     UNUSED_CALL;
     if (op == TP_OP_MATMUL_ROWS)
-        return cpu_matmul_rows(a, &ins[0], &ins[1], &ins[2], out, err);
-    return cpu_matmul(a, &ins[0], &ins[1], out, err);
+        return cpu_matmul_rows(a, &ins[0], &ins[1], &ins[2], out, pool, err);
+    return cpu_matmul(a, &ins[0], &ins[1], out, pool, err);
 }
 static tp_status k_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                              int rank, int world, cpu_pool *pool, tp_err *err)

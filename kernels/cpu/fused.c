@@ -39,7 +39,7 @@ static tp_status matmul_into(const tp_attrs *attrs, const tp_tensor *a, const tp
     mm.transpose_b = attrs->transpose_b;
     tp_tensor ab[2] = {*a, *b};
     if (cpu_matmul_writes_in_place(dst)) /* contiguous, or FP32 rows ldc apart */
-        return cpu_matmul(&mm, a, b, dst, err);
+        return cpu_matmul(&mm, a, b, dst, NULL, err);
     size_t bytes = (size_t)tp_tensor_numel(dst) * tp_dtype_size(dst->dtype);
     void *scratch = scratch_take(bytes);
     if (!scratch)

@@ -121,14 +121,16 @@ tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_
                    tp_tensor *out, tp_err *err);
 /* out may be an FP32 view whose last dim is contiguous and whose rows are
  * further apart (a column block of a wider tensor): BLAS writes it in place
- * (cpu_matmul_writes_in_place). Other outputs must be contiguous. */
+ * (cpu_matmul_writes_in_place). Other outputs must be contiguous. A
+ * product of a few rows by a large b (a decode step's) splits b's columns
+ * over pool (NULL: the caller alone). */
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
-                     tp_tensor *out, tp_err *err);
+                     tp_tensor *out, cpu_pool *pool, tp_err *err);
 int cpu_matmul_writes_in_place(const tp_tensor *out);
 /* matmul of x's rows (dim 0) whose mask [B] (INT32/INT64) is nonzero by a
  * 2-d w; the other rows of the contiguous out are zeros (matmul_rows). */
 tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,
-                          tp_tensor *out, tp_err *err);
+                          tp_tensor *out, cpu_pool *pool, tp_err *err);
 /* mask: the optional key-padding mask [B, T] (INT32/INT64, nonzero =
  * attend), or NULL; kernels/common/tp_attn_mask.h. The heads run on pool
  * (NULL: the caller alone). */

@@ -262,16 +262,54 @@ static int one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, const tp_te
     return 1;
 }
 
-static tp_status matmul_one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out,
-                                  int64_t m, int64_t sam, int64_t ldc, tp_err *err)
+/* One sgemm's operands, and the column slices of it the pool's tasks take. */
+typedef struct {
+    int64_t M, N, K, sam, sak, sbk, sbn, ldc;
+    const float *a, *b;
+    float *c;
+    int slices;
+} sgemm_job;
+
+/* Below this many rows a product runs on one OpenBLAS thread or in
+ * small_gemm (blas_pick.h); from this many floats of b up, such a product
+ * is worth splitting by columns over the rank's pool: it streams b from
+ * memory (a decode step's weights), and one core's share of the memory
+ * bandwidth is what bounds it. A column of c is the same chain of
+ * operations whichever slice holds it in small_gemm (small_gemm.h); in
+ * OpenBLAS's sgemv, within its own last-bit differences between sizes. */
+#define SPLIT_COLUMNS_MIN_B ((int64_t)1 << 18)
+
+/* Slice t's first column: multiples of 16 (a 64-byte line of c). */
+static int64_t slice_start(const sgemm_job *j, int64_t t)
 {
+    return t == j->slices ? j->N : (j->N * t / j->slices) & ~(int64_t)15;
+}
+
+static tp_status sgemm_slice(void *arg, int64_t t, int slot, tp_err *err)
+{
+    (void)slot;
+    const sgemm_job *j = arg;
+    int64_t n0 = slice_start(j, t), n1 = slice_start(j, t + 1);
+    if (n1 <= n0)
+        return TP_OK;
     ops_buf sa = {0}, sb = {0};
-    tp_status s = ops_sgemm(m, out->shape[out->ndim - 1], a->shape[a->ndim - 1], 1.0f, a->data, sam,
-                            a->stride[a->ndim - 1], b->data, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1],
-                            out->data, ldc, &sa, &sb, err);
+    tp_status s = ops_sgemm(j->M, n1 - n0, j->K, 1.0f, j->a, j->sam, j->sak, j->b + n0 * j->sbn, j->sbk, j->sbn,
+                            j->c + n0, j->ldc, &sa, &sb, err);
     ops_buf_free(&sa);
     ops_buf_free(&sb);
     return s;
+}
+
+static tp_status matmul_one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb, tp_tensor *out,
+                                  int64_t m, int64_t sam, int64_t ldc, cpu_pool *pool, tp_err *err)
+{
+    sgemm_job j = {.M = m, .N = out->shape[out->ndim - 1], .K = a->shape[a->ndim - 1], .sam = sam,
+                   .sak = a->stride[a->ndim - 1], .sbk = b->stride[tb ? 1 : 0], .sbn = b->stride[tb ? 0 : 1],
+                   .ldc = ldc, .a = a->data, .b = b->data, .c = out->data, .slices = 1};
+    int threads = cpu_pool_threads(pool);
+    if (threads > 1 && m < TP_BLAS_THREADED_MIN_ROWS && j.N * j.K >= SPLIT_COLUMNS_MIN_B && j.N >= 32 * threads)
+        j.slices = threads;
+    return cpu_pool_run(j.slices > 1 ? pool : NULL, j.slices, sgemm_slice, &j, err);
 }
 
 /* Above this many multiply-adds per group of evenly spaced rows, a row
@@ -314,7 +352,7 @@ static tp_status rows_copied_once(const tp_tensor *a, const tp_tensor *b, int tb
     if (s == TP_OK && !one_sgemm(&ad, b, tb, &od, &m, &sam, &ldc)) /* contiguous copies always fold */
         s = tp_fail(err, TP_INTERNAL, "matmul: the copied rows do not make one sgemm");
     if (s == TP_OK)
-        s = matmul_one_sgemm(&ad, b, tb, &od, m, sam, ldc, err);
+        s = matmul_one_sgemm(&ad, b, tb, &od, m, sam, ldc, NULL, err);
     if (s == TP_OK && oc)
         tp_tensor_copy(out, &od);
     free(ac);
@@ -340,7 +378,7 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
 }
 
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
-                     tp_tensor *out, tp_err *err)
+                     tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
     int tb = attrs ? attrs->transpose_b : 0;
     if (a->dtype != out->dtype || b->dtype != out->dtype || !tp_dtype_is_float(out->dtype))
@@ -350,7 +388,7 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
         return tp_fail(err, TP_INTERNAL, "matmul: the output must be contiguous, or FP32 with contiguous rows");
     int64_t m, sam, ldc;
     if (one_sgemm(a, b, tb, out, &m, &sam, &ldc))
-        return matmul_one_sgemm(a, b, tb, out, m, sam, ldc, err);
+        return matmul_one_sgemm(a, b, tb, out, m, sam, ldc, pool, err);
     if (rows_worth_copying(a, b, tb, out))
         return matmul_rows_copied(a, b, tb, out, err);
     mm_plan pl;
@@ -367,7 +405,7 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
  * matmul, one call per run); the other runs are zeroed without reading x,
  * so their inputs (NaN or garbage included) never reach the output. */
 tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,
-                          tp_tensor *out, tp_err *err)
+                          tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
     tp_status s = tp_check_matmul_rows(x, w, mask, out, err);
     if (s != TP_OK)
@@ -380,7 +418,7 @@ tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_te
         tp_tensor os = tp_tensor_narrow(out, 0, r, end - r);
         if (tp_gen_row_wanted(mask->data, mask->dtype, mask->stride[0], r)) {
             tp_tensor xs = tp_tensor_narrow(x, 0, r, end - r);
-            s = cpu_matmul(attrs, &xs, w, &os, err);
+            s = cpu_matmul(attrs, &xs, w, &os, pool, err);
         } else {
             memset(os.data, 0, (size_t)((end - r) * row) * tp_dtype_size(out->dtype));
         }

@@ -581,7 +581,7 @@ START_TEST(test_matmul_into_column_block)
         if (per_batch)
             ins[1] = mk(b, TP_F32, 3, (int64_t[]){B, K, N});
         tp_err e;
-        ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &out, &e), TP_OK);
+        ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &out, NULL, &e), TP_OK);
         mm_ref(a, M * K, b, per_batch ? K * N : 0, want, B, M, K, N, 0);
         for (int r = 0; r < B * M; r++)
             for (int c = 0; c < W; c++) {
@@ -609,7 +609,7 @@ START_TEST(test_matmul_into_column_block)
         tp_tensor b2 = tb ? mk(bt, TP_F32, 2, (int64_t[]){N, K}) : mk(b, TP_F32, 2, (int64_t[]){K, N});
         tp_tensor out = view(o + C0, TP_F32, 2, (int64_t[]){M, N}, (int64_t[]){W, 1});
         tp_err e;
-        ck_assert_int_eq(cpu_matmul(&at, &a2, &b2, &out, &e), TP_OK);
+        ck_assert_int_eq(cpu_matmul(&at, &a2, &b2, &out, NULL, &e), TP_OK);
         for (int r = 0; r < M; r++)
             for (int c = 0; c < W; c++) {
                 float got = o[r * W + c];
@@ -628,7 +628,7 @@ START_TEST(test_matmul_into_column_block)
     tp_err e;
     ins[1] = mk(b, TP_F32, 2, (int64_t[]){K, N});
     ins[0] = mk(a, TP_F32, 2, (int64_t[]){M, K});
-    ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &overlap, &e), TP_INTERNAL);
+    ck_assert_int_eq(cpu_matmul(NULL, &ins[0], &ins[1], &overlap, NULL, &e), TP_INTERNAL);
 }
 END_TEST
 
@@ -663,7 +663,7 @@ static void middle_block_case(int B, int S, int strided)
     tp_tensor out = (strided & 2) ? view(o_full + H * N, TP_F32, 3, (int64_t[]){B, H, N}, (int64_t[]){S * N, N, 1})
                                   : mk(o_full, TP_F32, 3, (int64_t[]){B, H, N});
     tp_err e;
-    ck_assert_int_eq(cpu_matmul(NULL, &a, &w, &out, &e), TP_OK);
+    ck_assert_int_eq(cpu_matmul(NULL, &a, &w, &out, NULL, &e), TP_OK);
     for (int bi = 0; bi < B; bi++)
         for (int m = 0; m < S; m++)
             for (int n = 0; n < N; n++) {

@@ -1,11 +1,13 @@
 /* test_cpu_pool.c — the cpu backend's per-rank worker pool
  * (kernels/cpu/cpu_pool.h) and the kernels that run on it: every task
  * once, on the caller and the workers, failures returned with their
- * message, products on one OpenBLAS thread inside a task, and attention /
+ * message, products on one OpenBLAS thread inside a task, attention /
  * kv_attention bit for bit the same on any pool (each head is the same
- * sequential code wherever it runs, so no tolerance). */
+ * sequential code wherever it runs, so no tolerance), and matmul's column
+ * split of a few rows by a large b. */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -19,6 +21,7 @@
 #include "cpu/blas_pick.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_pool.h"
+#include "cpu/small_gemm.h"
 #include "testutil.h"
 
 static cpu_pool *pool_make(int threads)
@@ -304,6 +307,47 @@ START_TEST(kv_attention_same_bits_on_any_pool)
 }
 END_TEST
 
+/* A product of a few rows by a b of 2^18 floats or more splits b's
+ * columns over the pool (a decode step's GEMMs): the same values as
+ * without a pool, for every slice count. Bit for bit where small_gemm
+ * takes the whole product and its slices (each element one chain of FMAs
+ * whatever its column: N = 1024, 2 to 8 rows); elsewhere a slice may go
+ * to another kernel than the whole (small_gemm takes N <= 1024 only;
+ * OpenBLAS's edge columns), so within MATMUL_SPLIT_RTOL: two summation
+ * orders of K = 256 products of values under 1 differ by a few units of
+ * K * 2^-24. Widths of 1040 leave slices of unequal length. */
+#define MATMUL_SPLIT_RTOL 2e-5
+
+START_TEST(matmul_columns_split_on_any_pool)
+{
+    const int64_t K = 256, Ns[] = {1024, 1040}, Ms[] = {1, 2, 5, 8, 15};
+    float *b = filled(TP_F32, K * 1040, 7), *a = filled(TP_F32, 15 * K, 8);
+    float *want = malloc(sizeof(float) * 15 * 1040), *got = malloc(sizeof(float) * 15 * 1040);
+    ck_assert(want && got);
+    for (size_t n = 0; n < 2; n++)
+        for (size_t i = 0; i < sizeof Ms / sizeof *Ms; i++) {
+            int64_t M = Ms[i], N = Ns[n], as[2] = {M, K}, bs[2] = {K, N}, os[2] = {M, N};
+            tp_tensor ins[2] = {tp_tensor_make(a, TP_F32, 2, as), tp_tensor_make(b, TP_F32, 2, bs)};
+            tp_tensor out = tp_tensor_make(want, TP_F32, 2, os);
+            run_on(NULL, TP_OP_MATMUL, NULL, ins, 2, &out);
+            int exact = N <= 1024 && small_sgemm_takes(M, N, K);
+            for (int t = 1; t <= 3; t++) {
+                cpu_pool *p = pool_make(t);
+                memset(got, 0xa5, sizeof(float) * (size_t)(M * N));
+                out.data = got;
+                run_on(p, TP_OP_MATMUL, NULL, ins, 2, &out);
+                for (int64_t e = 0; e < M * N; e++)
+                    ck_assert_msg(exact ? memcmp(&got[e], &want[e], sizeof(float)) == 0
+                                        : fabsf(got[e] - want[e]) <= MATMUL_SPLIT_RTOL * (fabsf(want[e]) + 1.0f),
+                                  "%lld x %lld x %lld on %d threads: c[%lld] = %.9g, without a pool %.9g",
+                                  (long long)M, (long long)K, (long long)N, t, (long long)e, got[e], want[e]);
+                cpu_pool_free(p);
+            }
+        }
+    free(a), free(b), free(want), free(got);
+}
+END_TEST
+
 static Suite *cpu_pool_suite(void)
 {
     Suite *s = suite_create("cpu_pool");
@@ -316,6 +360,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, tasks_run_products_on_one_thread);
     tcase_add_test(tc, attention_same_bits_on_any_pool);
     tcase_add_test(tc, kv_attention_same_bits_on_any_pool);
+    tcase_add_test(tc, matmul_columns_split_on_any_pool);
     suite_add_tcase(s, tc);
     return s;
 }
