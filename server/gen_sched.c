@@ -13,7 +13,6 @@ struct tp_gen_seq {
     pthread_mutex_t mu; /* tokens, n_tokens, end, err, notify, armed */
     int64_t *prompt, n_prompt;
     int64_t prefilled;  /* prompt rows fed (scheduler thread only) */
-    int64_t take;       /* prompt rows going into the step being built */
     int64_t *tokens, n_tokens, cap_tokens, max_tokens;
     int64_t *stop_ids;
     int n_stop;
@@ -136,11 +135,11 @@ static void add_prompt_rows(tp_gen *g, int64_t budget)
     int64_t done = 0;
     for (int64_t k = 0; k < g->n_pending && budget > 0; k++) {
         tp_gen_seq *q = g->pending[k];
-        q->take = q->n_prompt - q->prefilled < budget ? q->n_prompt - q->prefilled : budget;
-        budget -= q->take;
-        for (int64_t i = q->prefilled; i < q->prefilled + q->take; i++)
+        int64_t take = q->n_prompt - q->prefilled < budget ? q->n_prompt - q->prefilled : budget;
+        budget -= take;
+        for (int64_t i = q->prefilled; i < q->prefilled + take; i++)
             add_row(&g->sr, q->prompt[i], i, q->slot, i == q->n_prompt - 1 ? q : NULL);
-        q->prefilled += q->take;
+        q->prefilled += take;
         done += q->prefilled == q->n_prompt;
     }
     g->n_pending -= done; /* the finished ones are the first `done` */

@@ -3,10 +3,11 @@
  * as a server-sent event as soon as its step ends. Both hand the prompt to
  * the model's generation scheduler (gen_sched.h), which owns the steps.
  *
- * /generate's connection is suspended until its sequence's next token
- * (the scheduler's notify resumes it), then again until it ends. A stream's response reads the sequence
- * as libmicrohttpd asks for bytes and suspends the connection when nothing
- * new is there; the next token resumes it. Both suspend inside the
+ * /generate's connection is suspended until its sequence's next token (the
+ * scheduler's notify resumes it), and so on until the sequence ends. A
+ * stream's response reads the sequence as libmicrohttpd asks for bytes and
+ * suspends the connection when nothing new is there; the next token
+ * resumes it. Both suspend inside the
  * sequence's lock (tp_gen_seq_read's armed callback) and are resumed inside
  * it, so a resume never comes before its suspend. A stream's client that
  * goes is noticed at the next token's write: its sequence is released and
