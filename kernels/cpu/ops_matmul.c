@@ -309,7 +309,11 @@ static tp_status matmul_one_sgemm(const tp_tensor *a, const tp_tensor *b, int tb
     int threads = cpu_pool_threads(pool);
     if (threads > 1 && m < TP_BLAS_THREADED_MIN_ROWS && j.N * j.K >= SPLIT_COLUMNS_MIN_B && j.N >= 32 * threads)
         j.slices = threads;
-    return cpu_pool_run(j.slices > 1 ? pool : NULL, j.slices, sgemm_slice, &j, err);
+    /* Unsplit, the call stays off the pool: a pool's tasks run on one
+     * OpenBLAS thread (cpu_pool.h), and a 128-row product needs them all. */
+    if (j.slices == 1)
+        return sgemm_slice(&j, 0, 0, err);
+    return cpu_pool_run(pool, j.slices, sgemm_slice, &j, err);
 }
 
 /* Above this many multiply-adds per group of evenly spaced rows, a row

@@ -5,6 +5,7 @@
  * kv_attention bit for bit the same on any pool (each head is the same
  * sequential code wherever it runs, so no tolerance), and matmul's column
  * split of a few rows by a large b. */
+#include <cblas.h>
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -348,6 +349,35 @@ START_TEST(matmul_columns_split_on_any_pool)
 }
 END_TEST
 
+/* A product too big to split (128 rows) keeps every OpenBLAS thread the
+ * rank has, with a pool or without: 55ab6bd ran every matmul through
+ * cpu_pool_run, whose tasks are pinned to one thread, which halved the
+ * GEMM rate of a 128-token request at world size 1 on 2 cores. */
+START_TEST(unsplit_matmul_keeps_the_rank_threads)
+{
+    const int64_t M = 128, K = 256, N = 512;
+    float *a = filled(TP_F32, M * K, 3), *b = filled(TP_F32, K * N, 4), *c = malloc(sizeof(float) * M * N);
+    ck_assert(c);
+    int64_t as[2] = {M, K}, bs[2] = {K, N}, os[2] = {M, N};
+    tp_tensor ins[2] = {tp_tensor_make(a, TP_F32, 2, as), tp_tensor_make(b, TP_F32, 2, bs)};
+    tp_tensor out = tp_tensor_make(c, TP_F32, 2, os);
+    ck_assert_int_eq(tp_blas_product_threads(M, N, K, 2), 2);
+    tp_blas_set_threads(2);
+    cpu_pool *pools[2] = {NULL, pool_make(2)};
+    for (int k = 0; k < 2; k++) {
+        tp_blas_call_begin(1, 1, 1); /* OpenBLAS keeps a call's count: leave it at 1 */
+        tp_blas_call_end();
+        ck_assert_int_eq(openblas_get_num_threads(), 1);
+        run_on(pools[k], TP_OP_MATMUL, NULL, ins, 2, &out);
+        ck_assert_msg(openblas_get_num_threads() == 2, "%s pool: OpenBLAS ran the product on %d threads",
+                      k ? "with a" : "without a", openblas_get_num_threads());
+        cpu_pool_free(pools[k]);
+    }
+    tp_blas_set_threads(1);
+    free(a), free(b), free(c);
+}
+END_TEST
+
 static Suite *cpu_pool_suite(void)
 {
     Suite *s = suite_create("cpu_pool");
@@ -361,6 +391,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, attention_same_bits_on_any_pool);
     tcase_add_test(tc, kv_attention_same_bits_on_any_pool);
     tcase_add_test(tc, matmul_columns_split_on_any_pool);
+    tcase_add_test(tc, unsplit_matmul_keeps_the_rank_threads);
     suite_add_tcase(s, tc);
     return s;
 }
