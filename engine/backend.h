@@ -55,6 +55,14 @@ typedef struct tp_backend_iface {
      * fused_matmul_reduce_scatter gets its symmetric workspace last. */
     tp_status (*collective)(tp_backend *b, int rank, tp_op op, const tp_attrs *a, const tp_tensor *ins,
                             int n_ins, tp_tensor *out, tp_err *err);
+    /* Optional (NULL: nothing to prepare). Once param w is loaded into
+     * rank memory: w is read only as the b of matmuls ([K, N], or [N, K]
+     * when transpose_b), never changes, and lives until freed. The
+     * backend may keep a faster layout of it (cpu: panels packed for its
+     * own GEMM). sole: every reader of w is such a matmul of exactly this
+     * view, so the backend may overwrite w with that layout. */
+    tp_status (*prepare_matmul_weight)(tp_backend *b, int rank, tp_tensor *w, int transpose_b, int sole,
+                                       tp_err *err);
     tp_status (*begin_capture)(tp_backend *b, int rank, tp_err *err);
     tp_status (*end_capture)(tp_backend *b, int rank, tp_capture **out, tp_err *err);
     tp_status (*replay)(tp_backend *b, int rank, tp_capture *c, tp_err *err);
@@ -95,7 +103,7 @@ struct tp_backend {
     const struct tp_backend_kind *kind; /* the registry entry it was made from */
     void *ctx;
     int world;
-    char note[320]; /* for the startup log: why "auto" chose it, what kernels it runs; or empty */
+    char note[448]; /* for the startup log: why "auto" chose it, what kernels it runs; or empty */
 };
 
 /* How collectives are lowered (choose_collectives): an all_reduce of at

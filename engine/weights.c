@@ -5,6 +5,13 @@
 
 #include "safetensors.h"
 
+/* How a param is read, for the backend's prepare_matmul_weight. */
+typedef struct {
+    int matmuls;     /* reads as the b of a matmul or matmul_rows */
+    int transpose_b; /* the first such read's */
+    int sole;        /* nothing else reads it: no other op, view or output */
+} weight_use;
+
 struct tp_weights {
     tp_backend *b;
     int world, n, n_states;
@@ -14,7 +21,45 @@ struct tp_weights {
     /* load-time only */
     const tp_graph *g;
     st_file *f;
+    weight_use *use; /* [p] */
 };
+
+/* Every read of param node pid: inputs of later nodes, views of its
+ * memory, the graph's outputs. A matmul read is input 1 of matmul or
+ * matmul_rows, the same transpose_b as the first one. */
+static weight_use use_of(const tp_graph *g, int pid)
+{
+    weight_use u = {0, 0, 1};
+    for (int o = 0; o < g->n_outputs; o++)
+        if (g->output_ids[o] == pid)
+            u.sole = 0;
+    for (int i = pid + 1; i < g->n_nodes; i++) {
+        const tp_node *n = &g->nodes[i];
+        if (n->storage == pid)
+            u.sole = 0;
+        for (int k = 0; k < n->n_inputs; k++) {
+            if (n->inputs[k] != pid)
+                continue;
+            int matmul = k == 1 && (n->op == TP_OP_MATMUL || n->op == TP_OP_MATMUL_ROWS);
+            if (matmul && u.matmuls++ == 0)
+                u.transpose_b = n->attrs.transpose_b != 0;
+            else if (!matmul || u.transpose_b != (n->attrs.transpose_b != 0))
+                u.sole = 0;
+        }
+    }
+    return u;
+}
+
+/* Offers a loaded param that matmuls read to the backend. */
+static tp_status prepare_param(tp_weights *w, int rank, int p, tp_err *err)
+{
+    const tp_node *n = &w->g->nodes[w->g->param_ids[p]];
+    const weight_use *u = &w->use[p];
+    if (!w->b->iface->prepare_matmul_weight || !u->matmuls)
+        return TP_OK;
+    tp_tensor t = tp_tensor_make(w->data[rank * w->n + p], n->dtype, n->ndim, n->shape);
+    return w->b->iface->prepare_matmul_weight(w->b, rank, &t, u->transpose_b, u->sole, err);
+}
 
 static tp_status load_param(tp_weights *w, int rank, int p, tp_err *err)
 {
@@ -82,6 +127,8 @@ static tp_status load_rank(void *ctx, int rank, tp_err *err)
     }
     for (int p = 0; p < w->n; p++) {
         tp_status st = load_param(w, rank, p, err);
+        if (st == TP_OK)
+            st = prepare_param(w, rank, p, err);
         if (st != TP_OK) {
             tp_err_prefix(err, "param '%s': ", w->g->nodes[w->g->param_ids[p]].name);
             return st;
@@ -103,12 +150,15 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
     w->g = g;
     w->data = calloc((size_t)(w->world * w->n) + 1, sizeof *w->data);
     w->states = calloc((size_t)(w->world * w->n_states) + 1, sizeof *w->states);
-    if (!w->data || !w->states) {
+    w->use = calloc((size_t)w->n + 1, sizeof *w->use);
+    if (!w->data || !w->states || !w->use) {
         tp_weights_free(w);
         return tp_fail(err, TP_NOMEM, "weights: out of memory");
     }
-    for (int p = 0; p < w->n; p++)
+    for (int p = 0; p < w->n; p++) {
         w->bytes += (size_t)tp_node_bytes(&g->nodes[g->param_ids[p]]);
+        w->use[p] = use_of(g, g->param_ids[p]);
+    }
     for (int s = 0; s < w->n_states; s++)
         w->state_bytes += (size_t)tp_node_bytes(&g->nodes[g->state_ids[s]]);
     tp_status st = TP_OK;
@@ -120,6 +170,8 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
         st_close(w->f);
     w->f = NULL;
     w->g = NULL;
+    free(w->use);
+    w->use = NULL;
     if (st != TP_OK) {
         tp_weights_free(w);
         return st;
@@ -140,6 +192,7 @@ void tp_weights_free(tp_weights *w)
             w->b->iface->free(w->b, i / w->n_states, w->states[i]);
     free(w->data);
     free(w->states);
+    free(w->use);
     free(w);
 }
 

@@ -34,6 +34,7 @@
 #include "heap.h"
 #include "small_gemm.h"
 #include "spin_wait.h"
+#include "weight_packs.h"
 
 typedef struct {
     tp_op op;
@@ -196,10 +197,24 @@ static void cpu_free(tp_backend *b, int rank, void *p)
     if (!p)
         return;
     registry_remove(&x->reg, p);
+    weight_packs_forget(p);
     if (x->heap)
         heap_free(x, rank, p);
     else
         free(p);
+}
+
+/* An FP32 2-d weight of a matmul gets panels for packed_gemm.h
+ * (weight_packs.h); other dtypes keep OpenBLAS, which they reach widened
+ * to FP32 per call. */
+static tp_status cpu_prepare_matmul_weight(tp_backend *b, int rank, tp_tensor *w, int transpose_b, int sole,
+                                           tp_err *err)
+{
+    (void)b, (void)rank;
+    if (w->dtype != TP_F32 || w->ndim != 2)
+        return TP_OK;
+    int tb = transpose_b != 0;
+    return weight_packs_add(w->data, w->shape[tb], w->shape[!tb], w->stride[tb], w->stride[!tb], sole, err);
 }
 
 /* Every tensor of every command lies in memory allocated through this
@@ -386,6 +401,7 @@ static const tp_backend_iface cpu_iface = {
     .copy_out = cpu_copy,
     .run_op = cpu_run_op,
     .collective = cpu_collective,
+    .prepare_matmul_weight = cpu_prepare_matmul_weight,
     .begin_capture = cpu_begin_capture,
     .end_capture = cpu_end_capture,
     .replay = cpu_replay,
@@ -493,6 +509,12 @@ static void note_blas_kernels(tp_backend *b, int threads, int cores)
              use ? small_sgemm_use_name(use) : "",
              use ? (small_sgemm_avx512_supported() ? ": tpserve's AVX-512 kernel" : ": tpserve's AVX2 kernel") : "",
              use ? " (kernels/cpu/small_gemm.h)" : "");
+    if (weight_packs_enabled()) {
+        size_t len = strlen(b->note);
+        snprintf(b->note + len, sizeof b->note - len,
+                 "; FP32 weights packed at load for tpserve's AVX2 GEMM (kernels/cpu/packed_gemm.h; "
+                 "TPSERVE_CPU_GEMM=openblas: OpenBLAS)");
+    }
 }
 
 tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backend **out, tp_err *err)

@@ -18,7 +18,9 @@
 #include "common/tp_checks.h"
 #include "common/tp_generate.h"
 #include "ops_internal.h"
+#include "packed_gemm.h"
 #include "small_gemm.h"
+#include "weight_packs.h"
 
 /* Can BLAS read a rows x cols matrix with strides (sr, sc) directly? */
 static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, CBLAS_TRANSPOSE *t,
@@ -381,6 +383,89 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
     return s;
 }
 
+/* A product by a weight packed at load (weight_packs.h): a's rows and c's
+ * rows each folded into one matrix (copied when they do not fold), and
+ * b's panels split between the pool's threads, one contiguous run of
+ * panels each. */
+typedef struct {
+    int64_t M, K, N, lda, ldc;
+    const float *a, *panels;
+    float *c;
+    int slices;
+} packed_job;
+
+static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
+{
+    (void)slot;
+    const packed_job *j = arg;
+    int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
+    if (p1 <= p0)
+        return TP_OK;
+    ops_buf scratch = {0};
+    tp_status s = ops_buf_reserve(&scratch, PGEMM_SCRATCH_FLOATS, err);
+    if (s == TP_OK)
+        pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch.p);
+    ops_buf_free(&scratch);
+    return s;
+}
+
+/* a as [M, K] rows with unit column stride into *rows, *lda (a copy in
+ * buf when a is not so already). */
+static tp_status packed_rows_of(const tp_tensor *a, int64_t K, ops_buf *buf, const float **rows, int64_t *lda,
+                                int64_t *M, tp_err *err)
+{
+    if (fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1)) {
+        *rows = a->data;
+        return TP_OK;
+    }
+    *M = tp_tensor_numel(a) / K;
+    *lda = K;
+    tp_status s = ops_buf_reserve(buf, (size_t)(*M * K), err);
+    if (s == TP_OK) {
+        tp_tensor flat = tp_tensor_make(buf->p, TP_F32, a->ndim, a->shape);
+        tp_tensor_copy(&flat, a);
+        *rows = buf->p;
+    }
+    return s;
+}
+
+static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t K, int64_t N, tp_tensor *out,
+                               cpu_pool *pool, tp_err *err)
+{
+    ops_buf ab = {0}, cb = {0};
+    packed_job j = {.K = K, .N = N, .panels = panels, .c = out->data};
+    int64_t mo;
+    tp_status s = packed_rows_of(a, K, &ab, &j.a, &j.lda, &j.M, err);
+    int c_folds = fold_rows(out, &mo, &j.ldc);
+    if (s == TP_OK && !c_folds) {
+        j.ldc = N;
+        s = ops_buf_reserve(&cb, (size_t)(j.M * N), err);
+        j.c = cb.p;
+    }
+    if (s == TP_OK && j.M > 0) {
+        int threads = cpu_pool_threads(pool);
+        j.slices = pgemm_panels(N) >= 2 * threads ? threads : 1;
+        s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
+    }
+    if (s == TP_OK && !c_folds) {
+        tp_tensor flat = tp_tensor_make(cb.p, TP_F32, out->ndim, out->shape);
+        tp_tensor_copy(out, &flat);
+    }
+    ops_buf_free(&ab);
+    ops_buf_free(&cb);
+    return s;
+}
+
+/* b's panels, when b is a weight packed at load and this is a product
+ * of rows by it (row_product); NULL otherwise. */
+static const float *packed_weight(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
+{
+    if (!row_product(a, b, tb, out))
+        return NULL;
+    int64_t K = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
+    return weight_packs_find(b->data, K, N, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1]);
+}
+
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
@@ -390,6 +475,9 @@ tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor 
                        tp_dtype_name(a->dtype), tp_dtype_name(b->dtype), tp_dtype_name(out->dtype));
     if (!cpu_matmul_writes_in_place(out))
         return tp_fail(err, TP_INTERNAL, "matmul: the output must be contiguous, or FP32 with contiguous rows");
+    const float *panels = packed_weight(a, b, tb, out);
+    if (panels)
+        return matmul_packed(a, panels, a->shape[a->ndim - 1], out->shape[out->ndim - 1], out, pool, err);
     int64_t m, sam, ldc;
     if (one_sgemm(a, b, tb, out, &m, &sam, &ldc))
         return matmul_one_sgemm(a, b, tb, out, m, sam, ldc, pool, err);

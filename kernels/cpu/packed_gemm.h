@@ -1,0 +1,50 @@
+/* packed_gemm.h — tpserve's FP32 GEMM by a weight packed once at load.
+ *
+ * OpenBLAS packs b into its kernel's layout on every call, and its
+ * threads meet in spin-and-yield loops at every block: at world size 1,
+ * a 128-token GPT-2 request spent 13% of its samples packing weights and
+ * 13% yielding (perf, 2-core EPYC), though a weight never changes. Here
+ * b is packed once into panels of PGEMM_NR columns (K rows of NR floats
+ * each, the last panel zero-padded), and c = a . b runs a 6 x 16
+ * AVX2/FMA micro-kernel over BLIS's blocking: a KC-deep slice of one
+ * panel (16 KB) stays in L1 while up to MC rows of a, packed per call,
+ * stream from L2. Callers split the panels between threads themselves.
+ *
+ * Every element of c is the same chain of operations whatever M, the
+ * rows beside it and the panels a call covers: KC-long chains of fused
+ * multiply-adds in k order, each added to c in k order. A row's result
+ * therefore never depends on its batch or on the thread split. */
+#ifndef TP_PACKED_GEMM_H
+#define TP_PACKED_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PGEMM_NR 16
+#define PGEMM_MR 6
+#define PGEMM_KC 256
+#define PGEMM_MC 132 /* 22 micro-panels of a: 132 KB of L2 at KC */
+
+/* Whether this CPU runs the kernel (AVX2 and FMA). */
+int pgemm_supported(void);
+
+/* Panels of b's N columns; floats of its packed form. */
+int64_t pgemm_panels(int64_t N);
+size_t pgemm_packed_floats(int64_t K, int64_t N);
+
+/* Packs b, a K x N matrix with element (k, n) at b[k * sbk + n * sbn]
+ * (a [N, K] weight read as transposed: sbk 1, sbn K), into dst
+ * (pgemm_packed_floats; must not overlap b). */
+void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, float *dst);
+
+/* Floats of scratch pgemm_run needs (a's packed block). */
+#define PGEMM_SCRATCH_FLOATS ((size_t)PGEMM_MC * PGEMM_KC)
+
+/* c[M, columns of panels p0 .. p1 - 1] = a[M, K] . b, with a's rows lda
+ * apart (unit column stride), c's ldc apart, b packed by pgemm_pack. c's
+ * columns past N in the last panel are never written. scratch: 32-byte
+ * aligned, PGEMM_SCRATCH_FLOATS. Only on a CPU pgemm_supported. */
+void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
+               int64_t ldc, int64_t p0, int64_t p1, float *scratch);
+
+#endif

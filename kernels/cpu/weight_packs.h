@@ -1,0 +1,43 @@
+/* weight_packs.h — the weights this process packed for packed_gemm.h,
+ * found by address when a matmul runs.
+ *
+ * The engine tells the backend, once a param is loaded, that it is read
+ * only as the b of matmuls (backend.h, prepare_matmul_weight). Its
+ * packed panels are kept here under the param's address and its [K, N]
+ * view (strides included): a matmul whose b is exactly that view runs on
+ * the panels; any other view of the same memory runs OpenBLAS on the
+ * param. When nothing else reads the param and its panels are as large
+ * as it is (N a multiple of PGEMM_NR), they overwrite it in place, so
+ * packing costs no memory; otherwise they live beside it.
+ *
+ * Process-wide, because a rank's weights are at addresses of their own
+ * (ranks as threads share the table; a rank process has its own):
+ * entries are added while the engine loads, read by every matmul, and
+ * removed when the backend frees the param's memory. */
+#ifndef TP_WEIGHT_PACKS_H
+#define TP_WEIGHT_PACKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Whether weights are packed in this process: the CPU runs packed_gemm.h
+ * and TPSERVE_CPU_GEMM is not "openblas" (read once). */
+int weight_packs_enabled(void);
+
+/* Packs w, a [K, N] view (element (k, n) at w[k * sbk + n * sbn]), and
+ * keeps it under w. in_place: nothing but matmuls of exactly this view
+ * reads w, so the panels may replace it. A second call for the same w is
+ * refused. No-op when weight_packs_enabled is 0. */
+tp_status weight_packs_add(float *w, int64_t K, int64_t N, int64_t sbk, int64_t sbn, int in_place, tp_err *err);
+
+/* w's panels when a matmul by this [K, N] view of it may use them, else
+ * NULL. */
+const float *weight_packs_find(const float *w, int64_t K, int64_t N, int64_t sbk, int64_t sbn);
+
+/* Forgets w (its memory is being freed) and frees panels kept beside it.
+ * Memory never packed is a no-op. */
+void weight_packs_forget(const void *w);
+
+#endif
