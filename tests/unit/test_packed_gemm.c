@@ -1,0 +1,607 @@
+/* test_packed_gemm.c — tpserve's FP32 GEMM by weights packed once at load
+ * (kernels/cpu/packed_gemm.h), the registry of packed weights
+ * (weight_packs.h), cpu_matmul on a registered weight, and the engine's
+ * choice of which params to pack and whether in place (engine/weights.c).
+ *
+ * The kernel against a double-precision reference over shapes that cross
+ * every blocking edge (MR 6, NR 16, KC 256, MC 132); bit for bit the same
+ * row alone or in a batch and over any split of the panels (the kernel's
+ * promise: each element is one fixed FMA chain); never a write outside
+ * c's M x N. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check_main.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_pool.h"
+#include "cpu/ops_internal.h"
+#include "cpu/packed_gemm.h"
+#include "cpu/weight_packs.h"
+#include "rank_group.h"
+#include "testutil.h"
+#include "weights.h"
+
+/* An FP32 result against its double reference: each element is a chain
+ * of K fused multiply-adds in FP32 (and one add per KC block), each
+ * rounding once by at most 2^-24 relative to the partial sum, itself at
+ * most sum_k |a_ik * b_kj|; so |got - ref| <= ~K * 2^-24 * that absolute
+ * sum in the worst case (K 600: 3.6e-5), and a random walk of roundings
+ * stays near sqrt(K) * 2^-24 (1.5e-6). 1e-5 of the absolute sum is far
+ * above what such chains give yet far below a missed or doubled product
+ * (|a * b| ~ 0.3 of values in [-1, 1)) or a wrong column. The 1e-30
+ * admits an exact zero against a reference of a denormal's size. */
+#define PGEMM_RTOL_ABS_SUM 1e-5
+#define PGEMM_ATOL 1e-30
+
+static float *falloc(size_t n)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+    ck_assert(p);
+    return p;
+}
+
+static float *filled(size_t n, unsigned seed)
+{
+    float *p = falloc(n);
+    tu_fill(p, (int64_t)n, seed);
+    return p;
+}
+
+/* A 0xa5 pattern in every byte of c: a NaN, never a product's result. */
+static void sentinel(float *c, size_t n) { memset(c, 0xa5, n * sizeof(float)); }
+
+static int is_sentinel(const float *x)
+{
+    static const unsigned char s[4] = {0xa5, 0xa5, 0xa5, 0xa5};
+    return memcmp(x, s, 4) == 0;
+}
+
+/* Whether this process packs; when the CPU cannot run the kernel, says so
+ * once and checks the registry is off, so the caller skips. */
+static int kernel_runs(const char *test)
+{
+    if (pgemm_supported())
+        return 1;
+    printf("%s: skipped, this CPU lacks AVX2 or FMA\n", test);
+    ck_assert_int_eq(weight_packs_enabled(), 0);
+    return 0;
+}
+
+/* c = a . b through pgemm_pack and pgemm_run over all panels. */
+static void pgemm(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *b, int64_t sbk,
+                  int64_t sbn, float *c, int64_t ldc, int64_t p0, int64_t p1)
+{
+    float *packed = falloc(pgemm_packed_floats(K, N)), *scratch = falloc(PGEMM_SCRATCH_FLOATS);
+    pgemm_pack(b, K, N, sbk, sbn, packed);
+    pgemm_run(M, K, N, a, lda, packed, c, ldc, p0, p1, scratch);
+    free(packed);
+    free(scratch);
+}
+
+/* ------------------------------------------------------------ kernel */
+
+START_TEST(kernel_matches_double_reference)
+{
+    if (!kernel_runs("kernel_matches_double_reference"))
+        return;
+    const int64_t Ms[] = {1, 2, 5, 6, 7, 131, 132, 133, 300}, Ks[] = {1, 7, 256, 257, 600},
+                  Ns[] = {1, 15, 16, 17, 40, 100};
+    float *a = filled(300 * 603, 1), *b = filled(600 * 100, 2), *c = falloc(300 * 100);
+    double *ref = malloc(sizeof(double) * 300 * 100), *abs_sum = malloc(sizeof(double) * 300 * 100);
+    ck_assert(ref && abs_sum);
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+            for (int tb = 0; tb <= 1; tb++) {
+                /* tb: b is a [N, K] weight read transposed */
+                int64_t K = Ks[ki], N = Ns[ni], sbk = tb ? 1 : N, sbn = tb ? K : 1, lda = tb ? K + 3 : K;
+                int64_t M = Ms[sizeof Ms / sizeof *Ms - 1];
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; j < N; j++) {
+                        double s = 0, s_abs = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            double p = (double)a[i * lda + k] * (double)b[k * sbk + j * sbn];
+                            s += p;
+                            s_abs += fabs(p);
+                        }
+                        ref[i * N + j] = s;
+                        abs_sum[i * N + j] = s_abs;
+                    }
+                /* Rows of the reference do not depend on M: one reference
+                 * of 300 rows serves every M. */
+                for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                    M = Ms[mi];
+                    sentinel(c, (size_t)(M * N));
+                    pgemm(M, K, N, a, lda, b, sbk, sbn, c, N, 0, pgemm_panels(N));
+                    int64_t bad = -1;
+                    for (int64_t e = 0; e < M * N && bad < 0; e++)
+                        if (!(fabs(c[e] - ref[e]) <= PGEMM_RTOL_ABS_SUM * abs_sum[e] + PGEMM_ATOL))
+                            bad = e;
+                    ck_assert_msg(bad < 0, "%lld x %lld x %lld%s: c[%lld][%lld] = %.9g, reference %.9g", (long long)M,
+                                  (long long)K, (long long)N, tb ? " (b transposed)" : "",
+                                  (long long)(bad / N), (long long)(bad % N), bad < 0 ? 0.0 : (double)c[bad],
+                                  bad < 0 ? 0.0 : ref[bad]);
+                }
+            }
+    free(a), free(b), free(c), free(ref), free(abs_sum);
+}
+END_TEST
+
+/* Bit equality, no tolerance: packed_gemm.h promises each element of c is
+ * the same chain of operations whatever M, the rows packed beside it and
+ * the panels a call covers (KC-long FMA chains in k order, added to c in
+ * k order), so a row alone, a row in a batch of 300 (three MC blocks, an
+ * MR edge) and any split of the panels between calls give the same bits. */
+START_TEST(rows_and_panel_splits_same_bits)
+{
+    if (!kernel_runs("rows_and_panel_splits_same_bits"))
+        return;
+    const int64_t M = 300, Ks[] = {257, 600}, Ns[] = {40, 100};
+    float *a = filled(M * 600, 3), *b = filled(600 * 100, 4), *whole = falloc(M * 100), *part = falloc(M * 100);
+    float *packed = falloc(pgemm_packed_floats(600, 100)), *scratch = falloc(PGEMM_SCRATCH_FLOATS);
+    for (size_t ki = 0; ki < 2; ki++)
+        for (size_t ni = 0; ni < 2; ni++) {
+            int64_t K = Ks[ki], N = Ns[ni], P = pgemm_panels(N);
+            pgemm_pack(b, K, N, N, 1, packed);
+            pgemm_run(M, K, N, a, K, packed, whole, N, 0, P, scratch);
+            for (int64_t i = 0; i < M; i++) {
+                sentinel(part, (size_t)N);
+                pgemm_run(1, K, N, a + i * K, K, packed, part, N, 0, P, scratch);
+                ck_assert_msg(memcmp(part, whole + i * N, sizeof(float) * (size_t)N) == 0,
+                              "%lld x %lld: row %lld alone differs from the same row of %lld", (long long)K,
+                              (long long)N, (long long)i, (long long)M);
+            }
+            for (int64_t p = 1; p < P; p++) {
+                sentinel(part, (size_t)(M * N));
+                pgemm_run(M, K, N, a, K, packed, part, N, 0, p, scratch);
+                /* the first call leaves the second's columns alone */
+                int64_t touched = -1;
+                for (int64_t e = 0; e < M * N && touched < 0; e++)
+                    if (e % N >= p * PGEMM_NR && !is_sentinel(&part[e]))
+                        touched = e;
+                ck_assert_msg(touched < 0, "%lld x %lld, panels [0, %lld): wrote c[%lld][%lld]", (long long)K,
+                              (long long)N, (long long)p, (long long)(touched / N), (long long)(touched % N));
+                pgemm_run(M, K, N, a, K, packed, part, N, p, P, scratch);
+                ck_assert_msg(memcmp(part, whole, sizeof(float) * (size_t)(M * N)) == 0,
+                              "%lld x %lld x %lld: panels [0, %lld) then [%lld, %lld) differ from the whole",
+                              (long long)M, (long long)K, (long long)N, (long long)p, (long long)p, (long long)P);
+            }
+        }
+    free(a), free(b), free(whole), free(part), free(packed), free(scratch);
+}
+END_TEST
+
+/* c's rows ldc apart with ldc > N, and rows past M: the kernel writes
+ * exactly the M x N block (its edge tiles go through a scratch tile). */
+START_TEST(writes_only_m_by_n)
+{
+    if (!kernel_runs("writes_only_m_by_n"))
+        return;
+    const int64_t Ms[] = {1, 5, 7, 133}, Ks[] = {7, 257}, Ns[] = {1, 15, 17, 40};
+    float *a = filled(133 * 257, 5), *b = filled(257 * 40, 6), *c = falloc(135 * 47);
+    for (size_t mi = 0; mi < 4; mi++)
+        for (size_t ki = 0; ki < 2; ki++)
+            for (size_t ni = 0; ni < 4; ni++) {
+                int64_t M = Ms[mi], K = Ks[ki], N = Ns[ni], ldc = N + 7, rows = M + 2;
+                sentinel(c, (size_t)(rows * ldc));
+                pgemm(M, K, N, a, K, b, N, 1, c, ldc, 0, pgemm_panels(N));
+                for (int64_t i = 0; i < rows; i++)
+                    for (int64_t j = 0; j < ldc; j++) {
+                        int inside = i < M && j < N;
+                        if (inside == is_sentinel(&c[i * ldc + j]))
+                            ck_assert_msg(0, "%lld x %lld x %lld, ldc %lld: c[%lld][%lld] %s", (long long)M,
+                                          (long long)K, (long long)N, (long long)ldc, (long long)i, (long long)j,
+                                          inside ? "not written" : "written outside M x N");
+                    }
+            }
+    free(a), free(b), free(c);
+}
+END_TEST
+
+/* ---------------------------------------------------------- registry */
+
+START_TEST(registry_add_find_forget)
+{
+    if (!kernel_runs("registry_add_find_forget"))
+        return;
+    if (!weight_packs_enabled()) {
+        printf("registry_add_find_forget: skipped, TPSERVE_CPU_GEMM=openblas\n");
+        return;
+    }
+    const int64_t K = 10;
+    tp_err err = {{0}};
+    /* N 32: panels exactly as large as w, w aligned -> packed in place */
+    float *w = filled(K * 32, 7), *want = falloc(pgemm_packed_floats(K, 32));
+    pgemm_pack(w, K, 32, 32, 1, want);
+    ck_assert_msg(weight_packs_add(w, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
+    ck_assert_mem_eq(w, want, sizeof(float) * pgemm_packed_floats(K, 32));
+    /* another view of the same memory, or another address: not these panels */
+    ck_assert_ptr_null(weight_packs_find(w, K, 32, 33, 1));
+    ck_assert_ptr_null(weight_packs_find(w, K, 32, 1, K));
+    ck_assert_ptr_null(weight_packs_find(w, K - 1, 32, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(w, K, 16, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(w + 1, K, 32, 32, 1));
+
+    /* N 20: the panels are larger than w -> beside it, w unchanged */
+    float *v = filled(K * 20, 8), *v0 = falloc(K * 20), *vwant = falloc(pgemm_packed_floats(K, 20));
+    memcpy(v0, v, sizeof(float) * K * 20);
+    pgemm_pack(v, K, 20, 20, 1, vwant);
+    ck_assert_msg(weight_packs_add(v, K, 20, 20, 1, 1, &err) == TP_OK, "%s", err.msg);
+    const float *vp = weight_packs_find(v, K, 20, 20, 1);
+    ck_assert_ptr_nonnull(vp);
+    ck_assert_ptr_ne(vp, v);
+    ck_assert_mem_eq(vp, vwant, sizeof(float) * pgemm_packed_floats(K, 20));
+    ck_assert_mem_eq(v, v0, sizeof(float) * K * 20);
+
+    /* N 32 but not in place (another reader), and N 32 in place but at an
+     * address the kernel's aligned loads cannot take: beside, unchanged */
+    float *u = filled(K * 32 + 8, 9), *u0 = falloc(K * 32 + 8);
+    memcpy(u0, u, sizeof(float) * (K * 32 + 8));
+    ck_assert_msg(weight_packs_add(u, K, 32, 32, 1, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(weight_packs_add(u + 1, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    for (int off = 0; off <= 1; off++) {
+        const float *up = weight_packs_find(u + off, K, 32, 32, 1);
+        ck_assert_ptr_nonnull(up);
+        ck_assert_ptr_ne(up, u + off);
+        pgemm_pack(u0 + off, K, 32, 32, 1, want);
+        ck_assert_mem_eq(up, want, sizeof(float) * pgemm_packed_floats(K, 32));
+    }
+    ck_assert_mem_eq(u, u0, sizeof(float) * (K * 32 + 8));
+
+    /* a second add of the same address is refused, the first entry kept */
+    memset(&err, 0, sizeof err);
+    ck_assert_int_eq(weight_packs_add(v, K, 20, 20, 1, 0, &err), TP_INTERNAL);
+    ck_assert_msg(strstr(err.msg, "already packed") != NULL, "%s", err.msg);
+    ck_assert_int_eq(weight_packs_add(w, K, 16, 16, 1, 0, &err), TP_INTERNAL);
+    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
+    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
+
+    /* forgetting memory never packed changes nothing */
+    float other[4];
+    weight_packs_forget(other);
+    weight_packs_forget(w + 2);
+    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
+    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
+
+    weight_packs_forget(w);
+    ck_assert_ptr_null(weight_packs_find(w, K, 32, 32, 1));
+    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
+    weight_packs_forget(v);
+    weight_packs_forget(u);
+    weight_packs_forget(u + 1);
+    ck_assert_ptr_null(weight_packs_find(v, K, 20, 20, 1));
+    ck_assert_ptr_null(weight_packs_find(u, K, 32, 32, 1));
+    /* and a forgotten address may be packed again */
+    ck_assert_msg(weight_packs_add(v, K, 20, 20, 1, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(weight_packs_find(v, K, 20, 20, 1));
+    weight_packs_forget(v);
+    free(w), free(want), free(v), free(v0), free(vwant), free(u), free(u0);
+}
+END_TEST
+
+/* TPSERVE_CPU_GEMM=openblas turns packing off. weight_packs_enabled
+ * reads the variable once per process (pthread_once): Check forks each
+ * test from a runner that never asks, so the setenv here comes first.
+ * Under CK_FORK=no an earlier test may have asked already, and the rest
+ * of the suite would run with packing off: skipped there. */
+START_TEST(openblas_env_turns_packing_off)
+{
+    const char *fork_mode = getenv("CK_FORK");
+    if (fork_mode && strcmp(fork_mode, "no") == 0) {
+        printf("openblas_env_turns_packing_off: skipped, CK_FORK=no (needs a fresh process)\n");
+        return;
+    }
+    ck_assert_int_eq(setenv("TPSERVE_CPU_GEMM", "openblas", 1), 0);
+    ck_assert_int_eq(weight_packs_enabled(), 0);
+    float *w = filled(4 * 32, 10), *w0 = falloc(4 * 32);
+    memcpy(w0, w, sizeof(float) * 4 * 32);
+    tp_err err = {{0}};
+    ck_assert_msg(weight_packs_add(w, 4, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_null(weight_packs_find(w, 4, 32, 32, 1));
+    ck_assert_mem_eq(w, w0, sizeof(float) * 4 * 32); /* not packed in place either */
+    free(w), free(w0);
+}
+END_TEST
+
+/* -------------------------------------------------------- cpu_matmul */
+
+/* OpenBLAS (the unregistered copy) and our kernel sum in other orders:
+ * tolerance as in testutil.h's TU_RTOL_REORDER (K 200 products of values
+ * under 1), relative to the element with 1 as a floor. */
+static void expect_close(const float *got, const float *want, int64_t n, const char *what)
+{
+    for (int64_t e = 0; e < n; e++)
+        ck_assert_msg(fabsf(got[e] - want[e]) <= TU_RTOL_REORDER * (fabsf(want[e]) + 1.0f),
+                      "%s: c[%lld] = %.9g, OpenBLAS on the unpacked weight %.9g", what, (long long)e, got[e],
+                      want[e]);
+}
+
+static void run_on(cpu_pool *pool, const tp_attrs *at, tp_tensor *a, tp_tensor *b, tp_tensor *out)
+{
+    tp_tensor ins[2] = {*a, *b};
+    tp_err err = {{0}};
+    ck_assert_msg(cpu_op_run_on(pool, TP_OP_MATMUL, at, ins, 2, out, 0, 1, &err) == TP_OK, "%s", err.msg);
+}
+
+/* One weight case: w [K, N] (or [N, K] with tb) registered (in place
+ * when it may be), against a copy nobody registered; a contiguous, a
+ * strided a whose rows still fold (every other row), a strided a whose
+ * rows do not (copied), an out whose rows do not fold; and a pool of 2
+ * threads bit-equal to none (each element one chain whatever the panel
+ * split, as above). */
+static void matmul_case(int64_t K, int64_t N, int tb, int in_place)
+{
+    const int64_t B = 3, S = 50, R = 20;
+    tp_attrs at;
+    memset(&at, 0, sizeof at);
+    at.transpose_b = tb;
+    float *w = filled((size_t)(K * N), 11), *copy = falloc((size_t)(K * N));
+    memcpy(copy, w, sizeof(float) * (size_t)(K * N));
+    tp_err err = {{0}};
+    int64_t sbk = tb ? 1 : N, sbn = tb ? K : 1;
+    ck_assert_msg(weight_packs_add(w, K, N, sbk, sbn, in_place, &err) == TP_OK, "%s", err.msg);
+    const float *panels = weight_packs_find(w, K, N, sbk, sbn);
+    ck_assert_ptr_nonnull(panels);
+    ck_assert_int_eq(panels == w, in_place && N % PGEMM_NR == 0);
+    int64_t ws[2] = {tb ? N : K, tb ? K : N};
+    tp_tensor tw = tp_tensor_make(w, TP_F32, 2, ws), tc = tp_tensor_make(copy, TP_F32, 2, ws);
+
+    float *a = filled((size_t)(B * S * K), 12), *want = falloc((size_t)(B * S * N)),
+          *got = falloc((size_t)(B * S * N)), *big = falloc((size_t)(B * S * N));
+    int64_t as[3] = {B, S, K}, os[3] = {B, S, N};
+    tp_tensor ta = tp_tensor_make(a, TP_F32, 3, as);
+    char what[128];
+
+    /* contiguous [3, 50, K] */
+    tp_tensor ow = tp_tensor_make(want, TP_F32, 3, os), og = tp_tensor_make(got, TP_F32, 3, os);
+    run_on(NULL, &at, &ta, &tc, &ow);
+    sentinel(got, (size_t)(B * S * N));
+    run_on(NULL, &at, &ta, &tw, &og);
+    snprintf(what, sizeof what, "K %lld N %lld%s, a contiguous", (long long)K, (long long)N, tb ? " transposed" : "");
+    expect_close(got, want, B * S * N, what);
+    cpu_pool *pool = NULL;
+    ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
+    memcpy(big, got, sizeof(float) * (size_t)(B * S * N));
+    sentinel(got, (size_t)(B * S * N));
+    run_on(pool, &at, &ta, &tw, &og);
+    ck_assert_msg(memcmp(got, big, sizeof(float) * (size_t)(B * S * N)) == 0,
+                  "%s: other bits on a pool of 2 threads", what);
+
+    /* every other row: [3, 25, K], rows 2K apart, which fold into one matrix */
+    tp_tensor sa = ta;
+    sa.shape[1] = S / 2;
+    sa.stride[1] = 2 * K;
+    int64_t os2[3] = {B, S / 2, N};
+    ow = tp_tensor_make(want, TP_F32, 3, os2), og = tp_tensor_make(got, TP_F32, 3, os2);
+    run_on(NULL, &at, &sa, &tc, &ow);
+    sentinel(got, (size_t)(B * S * N));
+    run_on(NULL, &at, &sa, &tw, &og);
+    snprintf(what, sizeof what, "K %lld N %lld%s, every other row of a", (long long)K, (long long)N,
+             tb ? " transposed" : "");
+    expect_close(got, want, B * S / 2 * N, what);
+
+    /* every other row of the first 20 of each batch row: [3, 20, K], which
+     * does not fold (copied); and out's rows 50 apart in [3, 50, N] */
+    sa.shape[1] = R;
+    int64_t os3[3] = {B, R, N};
+    ow = tp_tensor_make(want, TP_F32, 3, os3);
+    run_on(NULL, &at, &sa, &tc, &ow);
+    og = tp_tensor_make(big, TP_F32, 3, os3);
+    og.stride[0] = S * N;
+    for (int t = 0; t < 2; t++) {
+        sentinel(big, (size_t)(B * S * N));
+        /* cpu_op_run_on takes contiguous outputs only; a fused matmul's
+         * block (fused.c) calls cpu_matmul with such an out directly */
+        ck_assert_msg(cpu_matmul(&at, &sa, &tw, &og, t ? pool : NULL, &err) == TP_OK, "%s", err.msg);
+        for (int64_t i = 0; i < B; i++)
+            for (int64_t r = 0; r < S; r++)
+                for (int64_t j = 0; j < N; j++) {
+                    const float *x = &big[(i * S + r) * N + j];
+                    if (r >= R) {
+                        ck_assert_msg(is_sentinel(x), "K %lld N %lld: wrote out's gap [%lld][%lld][%lld]",
+                                      (long long)K, (long long)N, (long long)i, (long long)r, (long long)j);
+                        continue;
+                    }
+                    got[(i * R + r) * N + j] = *x;
+                }
+        snprintf(what, sizeof what, "K %lld N %lld%s, rows that do not fold, %s", (long long)K, (long long)N,
+                 tb ? " transposed" : "", t ? "pool of 2" : "no pool");
+        expect_close(got, want, B * R * N, what);
+    }
+    cpu_pool_free(pool);
+    weight_packs_forget(w);
+    free(w), free(copy), free(a), free(want), free(got), free(big);
+}
+
+START_TEST(matmul_by_registered_weight)
+{
+    if (!kernel_runs("matmul_by_registered_weight"))
+        return;
+    if (!weight_packs_enabled()) {
+        printf("matmul_by_registered_weight: skipped, TPSERVE_CPU_GEMM=openblas\n");
+        return;
+    }
+    /* in place: a matmul that missed the panels would read them as the
+     * weight and fail the comparison, so this also proves they are used */
+    matmul_case(200, 64, 0, 1);
+    matmul_case(200, 48, 1, 1);
+    matmul_case(200, 40, 0, 1); /* beside: N not a multiple of 16 */
+    matmul_case(200, 40, 1, 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------ engine */
+
+/* A GPT-2-like tie: e is both the embedding table and, transposed, the
+ * head's weight; w and v are read by one matmul each. */
+static const char *PACK_GRAPH =
+    "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"packs\",\"world_size\":1,\"weights\":\"w.safetensors\","
+    "\"inputs\":[{\"name\":\"ids\",\"datatype\":\"INT64\",\"shape\":[\"B\",4]},"
+    "{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[\"B\",4,8]}],"
+    "\"params\":[{\"name\":\"e\",\"datatype\":\"FP32\",\"shape\":[16,8]},"
+    "{\"name\":\"w\",\"datatype\":\"FP32\",\"shape\":[8,32]},"
+    "{\"name\":\"v\",\"datatype\":\"FP32\",\"shape\":[8,20]}],"
+    "\"nodes\":[{\"name\":\"emb\",\"op\":\"embedding\",\"inputs\":[\"ids\",\"e\"]},"
+    "{\"name\":\"logits\",\"op\":\"matmul\",\"inputs\":[\"emb\",\"e\"],\"attrs\":{\"transpose_b\":true}},"
+    "{\"name\":\"h\",\"op\":\"matmul\",\"inputs\":[\"x\",\"w\"]},"
+    "{\"name\":\"u\",\"op\":\"matmul\",\"inputs\":[\"x\",\"v\"]}],"
+    "\"outputs\":[{\"name\":\"logits\"},{\"name\":\"h\"},{\"name\":\"u\"}]}";
+
+static float e_data[16 * 8], w_data[8 * 32], v_data[8 * 20];
+
+static void write_pack_graph(char *dir, char *path)
+{
+    static const int64_t es[2] = {16, 8}, wsh[2] = {8, 32}, vs[2] = {8, 20};
+    tu_fill(e_data, 16 * 8, 21);
+    tu_fill(w_data, 8 * 32, 22);
+    tu_fill(v_data, 8 * 20, 23);
+    st_write_item items[3] = {
+        {"e", TP_F32, 2, es, e_data}, {"w", TP_F32, 2, wsh, w_data}, {"v", TP_F32, 2, vs, v_data}};
+    tu_write_graph(dir, path, PACK_GRAPH, items, 3);
+}
+
+static const tp_host_tensor *output_named(const tp_host_tensor *out, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(out[i].name, name) == 0)
+            return &out[i];
+    ck_assert_msg(0, "no output %s", name);
+    return NULL;
+}
+
+/* out [rows, N] against rows of a (K 8) times b (element (k, n) at
+ * b[k * sbk + n * sbn]) in double; tolerance as for the kernel (K 8
+ * products: OpenBLAS or the packed kernel, either within it). */
+static void expect_product(const tp_host_tensor *out, const float *a, int64_t rows, const float *b, int64_t N,
+                           int64_t sbk, int64_t sbn, const char *what)
+{
+    ck_assert_int_eq(out->dtype, TP_F32);
+    ck_assert_uint_eq(out->nbytes, sizeof(float) * (size_t)(rows * N));
+    const float *c = out->data;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, s_abs = 0;
+            for (int64_t k = 0; k < 8; k++) {
+                double p = (double)a[i * 8 + k] * (double)b[k * sbk + j * sbn];
+                s += p;
+                s_abs += fabs(p);
+            }
+            ck_assert_msg(fabs(c[i * N + j] - s) <= PGEMM_RTOL_ABS_SUM * s_abs + PGEMM_ATOL,
+                          "%s[%lld][%lld] = %.9g, reference %.9g", what, (long long)i, (long long)j,
+                          (double)c[i * N + j], s);
+        }
+}
+
+/* The engine, its tied, in-place and beside weights included, gives the
+ * products of the unpacked weights. */
+START_TEST(engine_outputs_with_packed_weights)
+{
+    char dir[64], path[128];
+    write_pack_graph(dir, path);
+    tp_engine *eng = tu_engine(path, 1, 0);
+    for (int64_t B = 1; B <= 3; B += 2) {
+        int64_t ids[3 * 4], is[2] = {B, 4}, xs[3] = {B, 4, 8};
+        float x[3 * 4 * 8], emb[3 * 4 * 8];
+        tu_fill(x, B * 32, 30u + (unsigned)B);
+        for (int64_t i = 0; i < B * 4; i++) {
+            ids[i] = (i * 7 + 3) % 16;
+            memcpy(&emb[i * 8], &e_data[ids[i] * 8], sizeof(float) * 8);
+        }
+        tp_host_tensor in[2] = {tu_tensor("ids", TP_I64, ids, 2, is), tu_f32("x", x, 3, xs)};
+        int n_out;
+        tp_host_tensor *out = tu_infer(eng, in, 2, &n_out);
+        ck_assert_int_eq(n_out, 3);
+        expect_product(output_named(out, n_out, "logits"), emb, B * 4, e_data, 16, 1, 8, "logits");
+        expect_product(output_named(out, n_out, "h"), x, B * 4, w_data, 32, 32, 1, "h");
+        expect_product(output_named(out, n_out, "u"), x, B * 4, v_data, 20, 20, 1, "u");
+        tp_host_tensors_free(out, n_out);
+    }
+    tp_engine_free(eng);
+    tu_rmdir(dir);
+}
+END_TEST
+
+static int param_index(const tp_graph *g, const char *name)
+{
+    for (int p = 0; p < g->n_params; p++)
+        if (strcmp(g->nodes[g->param_ids[p]].name, name) == 0)
+            return p;
+    ck_assert_msg(0, "no param %s", name);
+    return -1;
+}
+
+/* weights.c's decision, seen in the registry: w (read by one matmul only,
+ * N 32) packed in place; v (one matmul, N 20) beside; e (the embedding
+ * reads it too) beside, under its transposed view, its memory untouched. */
+START_TEST(engine_packs_sole_weights_in_place)
+{
+    if (!kernel_runs("engine_packs_sole_weights_in_place"))
+        return;
+    if (!weight_packs_enabled()) {
+        printf("engine_packs_sole_weights_in_place: skipped, TPSERVE_CPU_GEMM=openblas\n");
+        return;
+    }
+    char dir[64], path[128];
+    write_pack_graph(dir, path);
+    tp_graph *g = tu_load_passed(path, 2, NULL);
+    tp_backend *b;
+    tp_rank_group *rg;
+    tp_weights *wt;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_backend_create("cpu", 1, &b, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(tp_rank_group_create(&(tp_rank_group_opts){.world = 1}, &rg, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(tp_weights_load(g, b, rg, &wt, &err) == TP_OK, "%s", err.msg);
+
+    float *w = tp_weights_get(wt, 0, param_index(g, "w"));
+    float *v = tp_weights_get(wt, 0, param_index(g, "v"));
+    float *e = tp_weights_get(wt, 0, param_index(g, "e"));
+    float *want = falloc(pgemm_packed_floats(8, 32)); /* also holds e's 8 x 16 */
+    ck_assert_ptr_eq(weight_packs_find(w, 8, 32, 32, 1), w);
+    pgemm_pack(w_data, 8, 32, 32, 1, want);
+    ck_assert_mem_eq(w, want, sizeof(float) * pgemm_packed_floats(8, 32));
+
+    const float *vp = weight_packs_find(v, 8, 20, 20, 1);
+    ck_assert_ptr_nonnull(vp);
+    ck_assert_ptr_ne(vp, v);
+    ck_assert_mem_eq(v, v_data, sizeof v_data);
+
+    const float *ep = weight_packs_find(e, 8, 16, 1, 8);
+    ck_assert_ptr_nonnull(ep);
+    ck_assert_ptr_ne(ep, e);
+    ck_assert_mem_eq(e, e_data, sizeof e_data);
+    pgemm_pack(e_data, 8, 16, 1, 8, want);
+    ck_assert_mem_eq(ep, want, sizeof(float) * pgemm_packed_floats(8, 16));
+    ck_assert_ptr_null(weight_packs_find(e, 16, 8, 8, 1)); /* not as a [K, N] weight */
+
+    tp_weights_free(wt);
+    tp_rank_group_free(rg);
+    tp_backend_destroy(b);
+    tp_graph_free(g);
+    free(want);
+    tu_rmdir(dir);
+}
+END_TEST
+
+static Suite *packed_gemm_suite(void)
+{
+    Suite *s = suite_create("packed_gemm");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, kernel_matches_double_reference);
+    tcase_add_test(tc, rows_and_panel_splits_same_bits);
+    tcase_add_test(tc, writes_only_m_by_n);
+    tcase_add_test(tc, registry_add_find_forget);
+    tcase_add_test(tc, openblas_env_turns_packing_off);
+    tcase_add_test(tc, matmul_by_registered_weight);
+    tcase_add_test(tc, engine_outputs_with_packed_weights);
+    tcase_add_test(tc, engine_packs_sole_weights_in_place);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+TP_CHECK_MAIN(packed_gemm_suite)
