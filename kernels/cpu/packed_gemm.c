@@ -55,66 +55,79 @@ static void pack_a(const float *a, int64_t lda, int64_t mc, int64_t kc, float *p
     }
 }
 
-#define ROW_OUT(r, lo, hi)                                                                   \
-    do {                                                                                     \
-        float *cr = c + (r) * ldc;                                                           \
-        if (first) {                                                                         \
-            _mm256_storeu_ps(cr, lo);                                                        \
-            _mm256_storeu_ps(cr + 8, hi);                                                    \
-        } else {                                                                             \
-            _mm256_storeu_ps(cr, _mm256_add_ps(_mm256_loadu_ps(cr), lo));                    \
-            _mm256_storeu_ps(cr + 8, _mm256_add_ps(_mm256_loadu_ps(cr + 8), hi));            \
-        }                                                                                    \
-    } while (0)
-
-#define FMA_ROW(r, lo, hi)                          \
-    do {                                            \
-        __m256 ar = _mm256_broadcast_ss(pa + (r));  \
-        lo = _mm256_fmadd_ps(ar, b0, lo);           \
-        hi = _mm256_fmadd_ps(ar, b1, hi);           \
-    } while (0)
-
-/* c[6 x 16] (rows ldc apart) = or += the product of a micro-panel of a
- * and a kc-deep slice of a panel of b. The six rows of c are prefetched
- * first: c is written once per KC block, and its rows are a row of c
- * apart (12 KB for N 3072), which the hardware prefetcher does not
- * follow; without it the kernel ran at 45 GFLOP/s instead of 63 on one
- * EPYC core (128 x 768 x 3072). */
-PGEMM_TARGET static void kernel_6x16(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc,
-                                     int first)
+/* c[R x 16] (rows ldc apart) = or += the product of R rows of a packed
+ * micro-panel of a (rows MR apart) and a kc-deep slice of a panel of b:
+ * R x 2 accumulators, one fused multiply-add each per k. Instantiated
+ * with a constant R (kernel_of): R = 6 is the main kernel, 1-5 the last
+ * rows of a product (128 rows = 21 x 6 + 2), so no FMA is spent on rows
+ * that do not exist. Each element's chain of operations is the same in
+ * every instance. The rows of c are prefetched first: c is written once
+ * per KC block, a row of c apart (12 KB for N 3072), which the hardware
+ * prefetcher does not follow; without it the kernel ran at 45 GFLOP/s
+ * instead of 63 on one EPYC core (128 x 768 x 3072). */
+PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R, int64_t kc, const float *pa,
+                                                                             const float *pb, float *c,
+                                                                             int64_t ldc, int first)
 {
-    for (int r = 0; r < PGEMM_MR; r++) {
+    __m256 lo[PGEMM_MR], hi[PGEMM_MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + r * ldc + PGEMM_NR - 1), _MM_HINT_T0);
+        lo[r] = hi[r] = _mm256_setzero_ps();
     }
-    __m256 c0l = _mm256_setzero_ps(), c0h = c0l, c1l = c0l, c1h = c0l, c2l = c0l, c2h = c0l;
-    __m256 c3l = c0l, c3h = c0l, c4l = c0l, c4h = c0l, c5l = c0l, c5h = c0l;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += PGEMM_MR, pb += PGEMM_NR) {
         __m256 b0 = _mm256_load_ps(pb), b1 = _mm256_load_ps(pb + 8);
-        FMA_ROW(0, c0l, c0h);
-        FMA_ROW(1, c1l, c1h);
-        FMA_ROW(2, c2l, c2h);
-        FMA_ROW(3, c3l, c3h);
-        FMA_ROW(4, c4l, c4h);
-        FMA_ROW(5, c5l, c5h);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 ar = _mm256_broadcast_ss(pa + r);
+            lo[r] = _mm256_fmadd_ps(ar, b0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(ar, b1, hi[r]);
+        }
     }
-    ROW_OUT(0, c0l, c0h);
-    ROW_OUT(1, c1l, c1h);
-    ROW_OUT(2, c2l, c2h);
-    ROW_OUT(3, c3l, c3h);
-    ROW_OUT(4, c4l, c4h);
-    ROW_OUT(5, c5l, c5h);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        float *cr = c + r * ldc;
+        if (!first) {
+            lo[r] = _mm256_add_ps(_mm256_loadu_ps(cr), lo[r]);
+            hi[r] = _mm256_add_ps(_mm256_loadu_ps(cr + 8), hi[r]);
+        }
+        _mm256_storeu_ps(cr, lo[r]);
+        _mm256_storeu_ps(cr + 8, hi[r]);
+    }
 }
 
-/* A tile past c's last row or column: the same kernel into a 6 x 16
- * scratch tile, then the part inside c, stored or added as the kernel
- * would (the same single rounding per element). */
+#define KERNEL_R(R)                                                                                         \
+    PGEMM_TARGET static void kernel_##R(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, \
+                                        int first)                                                          \
+    {                                                                                                       \
+        kernel_rows(R, kc, pa, pb, c, ldc, first);                                                          \
+    }
+KERNEL_R(1)
+KERNEL_R(2)
+KERNEL_R(3)
+KERNEL_R(4)
+KERNEL_R(5)
+KERNEL_R(6)
+
+typedef void (*kernel_fn)(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int first);
+
+/* The kernel for mr rows (1 .. PGEMM_MR). */
+static kernel_fn kernel_of(int64_t mr)
+{
+    static const kernel_fn k[PGEMM_MR + 1] = {NULL, kernel_1, kernel_2, kernel_3, kernel_4, kernel_5, kernel_6};
+    return k[mr];
+}
+
+/* A tile past c's last column: the kernel into a scratch tile, then the
+ * part inside c, stored or added as the kernel would (the same single
+ * rounding per element). */
 PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int64_t mr,
                                    int64_t nr, int first)
 {
     float t[PGEMM_MR * PGEMM_NR] __attribute__((aligned(32)));
-    kernel_6x16(kc, pa, pb, t, PGEMM_NR, 1);
+    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1);
     for (int64_t r = 0; r < mr; r++)
         for (int64_t x = 0; x < nr; x++)
             c[r * ldc + x] = first ? t[r * PGEMM_NR + x] : c[r * ldc + x] + t[r * PGEMM_NR + x];
@@ -149,8 +162,8 @@ PGEMM_TARGET void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int
                     if (j + 1 < p1)
                         prefetch_share(pb + K * PGEMM_NR, kc, i / PGEMM_MR, (mc + PGEMM_MR - 1) / PGEMM_MR);
                     float *ct = c + (m0 + i) * ldc + n0;
-                    if (mr == PGEMM_MR && nr == PGEMM_NR)
-                        kernel_6x16(kc, scratch + i * kc, pb, ct, ldc, k0 == 0);
+                    if (nr == PGEMM_NR)
+                        kernel_of(mr)(kc, scratch + i * kc, pb, ct, ldc, k0 == 0);
                     else
                         edge_tile(kc, scratch + i * kc, pb, ct, ldc, mr, nr, k0 == 0);
                 }
