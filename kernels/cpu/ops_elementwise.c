@@ -117,7 +117,24 @@ static void bin_row(tp_op op, tp_dtype dt, const char *a, int64_t sa, const char
     }
 }
 
-tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out,
+typedef struct {
+    tp_op op;
+    tp_dtype dt;
+    const tp_tensor *a, *b, *out;
+    const ops_layout *l;
+} bin_job;
+
+static void bin_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
+{
+    const bin_job *j = arg;
+    int iter = j->l->nd - 1;
+    int64_t sa = j->l->stride[0][iter], sb = j->l->stride[1][iter], so = j->l->stride[2][iter];
+    bin_row(j->op, j->dt, ops_at(j->a->data, j->dt, p->off[0] + e0 * sa), sa,
+            ops_at(j->b->data, j->dt, p->off[1] + e0 * sb), sb, ops_at(j->out->data, j->dt, p->off[2] + e0 * so),
+            e1 - e0);
+}
+
+tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out, cpu_pool *pool,
                      tp_err *err)
 {
     char s1[96], s2[96], s3[96];
@@ -138,16 +155,10 @@ tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor
         return TP_OK;
     const int64_t *st[3] = {sa, sb, out->stride};
     ops_layout l;
-    int64_t n, rows = layout_rows(&l, out, 3, st, &n);
-    int iter = l.nd - 1;
-    tp_dtype dt = out->dtype;
-    ops_pos p;
-    memset(&p, 0, sizeof p);
-    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
-        bin_row(op, dt, ops_at(a->data, dt, p.off[0]), l.stride[0][iter],
-                ops_at(b->data, dt, p.off[1]), l.stride[1][iter], ops_at(out->data, dt, p.off[2]),
-                n);
-    return TP_OK;
+    int64_t n;
+    layout_rows(&l, out, 3, st, &n);
+    bin_job j = {op, out->dtype, a, b, out, &l};
+    return ops_run_rows(pool, &l, n, bin_part, &j, err);
 }
 
 /* y[i] = f(x[i*sx]); one loop per function, so each folds its switch. */
@@ -220,7 +231,23 @@ static void unary_row(tp_unary_fn f, float p, tp_dtype dt, const char *x, int64_
     }
 }
 
-tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out,
+typedef struct {
+    tp_unary_fn f;
+    float param;
+    const tp_tensor *x, *out;
+    const ops_layout *l;
+} unary_job;
+
+static void unary_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
+{
+    const unary_job *j = arg;
+    int iter = j->l->nd - 1;
+    int64_t sx = j->l->stride[0][iter], so = j->l->stride[1][iter];
+    unary_row(j->f, j->param, j->x->dtype, ops_at(j->x->data, j->x->dtype, p->off[0] + e0 * sx), sx,
+              ops_at(j->out->data, j->out->dtype, p->off[1] + e0 * so), e1 - e0);
+}
+
+tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, cpu_pool *pool,
                     tp_err *err)
 {
     char s1[96], s2[96];
@@ -235,18 +262,12 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
         return TP_OK;
     const int64_t *st[2] = {x->stride, out->stride};
     ops_layout l;
-    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
-    int iter = l.nd - 1;
-    tp_unary_fn f;
-    float param;
-    if (tp_unary_fn_of(op, attrs, &f, &param) != 0)
+    int64_t n;
+    layout_rows(&l, out, 2, st, &n);
+    unary_job j = {.x = x, .out = out, .l = &l};
+    if (tp_unary_fn_of(op, attrs, &j.f, &j.param) != 0)
         return tp_fail(err, TP_INTERNAL, "%s: not a unary op", tp_op_name(op));
-    ops_pos p;
-    memset(&p, 0, sizeof p);
-    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
-        unary_row(f, param, x->dtype, ops_at(x->data, x->dtype, p.off[0]), l.stride[0][iter],
-                  ops_at(out->data, out->dtype, p.off[1]), n);
-    return TP_OK;
+    return ops_run_rows(pool, &l, n, unary_part, &j, err);
 }
 
 /* out = cond != 0 ? x : y, element by element (any dtype: a byte copy). */

@@ -75,6 +75,17 @@ void ops_pos_next(const ops_layout *l, ops_pos *p, int iter);
 /* Broadcast strides: tp_broadcast_strides (kernels/common/tp_cuda_plan.h),
  * the same function the cuda kernels use. */
 
+/* Elements [e0, e1) of the row at p (every operand's offset) of an
+ * elementwise kernel's layout. */
+typedef void (*ops_row_fn)(void *arg, const ops_pos *p, int64_t e0, int64_t e1);
+
+/* Runs fn over every row of the first l->nd - 1 dims of l (n elements
+ * each), split over the pool's threads when the op is large enough to
+ * gain: by rows when there are enough of them, else by elements within
+ * each row. Each element is computed by the same code wherever it
+ * lands, so the split never changes a bit. NULL pool: the caller alone. */
+tp_status ops_run_rows(cpu_pool *pool, const ops_layout *l, int64_t n, ops_row_fn fn, void *arg, tp_err *err);
+
 /* n elements at stride s of dtype dt, widened to f32 / rounded from f32. */
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst);
 void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *src);
@@ -112,9 +123,9 @@ tp_status ops_sgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *a
                     ops_buf *sa, ops_buf *sb, tp_err *err);
 
 /* One function per op family. */
-tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out,
+tp_status cpu_binary(tp_op op, const tp_tensor *a, const tp_tensor *b, tp_tensor *out, cpu_pool *pool,
                      tp_err *err);
-tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out,
+tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, cpu_pool *pool,
                     tp_err *err);
 tp_status cpu_softmax(const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
 tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,

@@ -40,6 +40,65 @@ void ops_pos_next(const ops_layout *l, ops_pos *p, int iter)
     }
 }
 
+/* Below this many elements an elementwise op stays on the caller: waking
+ * the pool's workers costs tens of microseconds, as long as the op. */
+#define OPS_SPLIT_MIN_ELEMENTS ((int64_t)1 << 16)
+
+typedef struct {
+    const ops_layout *l;
+    int64_t n, rows;
+    int tasks, by_rows;
+    ops_row_fn fn;
+    void *arg;
+} rows_job;
+
+/* The position of row r (odometer order over the first iter dims). */
+static void pos_at(const ops_layout *l, int iter, int64_t r, ops_pos *p)
+{
+    memset(p, 0, sizeof *p);
+    for (int d = iter - 1; d >= 0; d--) {
+        p->idx[d] = r % l->shape[d];
+        r /= l->shape[d];
+        for (int k = 0; k < l->nops; k++)
+            p->off[k] += p->idx[d] * l->stride[k][d];
+    }
+}
+
+static tp_status rows_task(void *arg, int64_t t, int slot, tp_err *err)
+{
+    (void)slot, (void)err;
+    const rows_job *j = arg;
+    int iter = j->l->nd - 1;
+    int64_t r0 = 0, r1 = j->rows, e0 = 0, e1 = j->n;
+    if (j->by_rows) {
+        r0 = j->rows * t / j->tasks;
+        r1 = j->rows * (t + 1) / j->tasks;
+    } else { /* slices of 16 elements: a 64-byte line of FP32 never split */
+        e0 = t == 0 ? 0 : (j->n * t / j->tasks) & ~(int64_t)15;
+        e1 = t == j->tasks - 1 ? j->n : (j->n * (t + 1) / j->tasks) & ~(int64_t)15;
+    }
+    if (r0 >= r1 || e0 >= e1)
+        return TP_OK;
+    ops_pos p;
+    pos_at(j->l, iter, r0, &p);
+    for (int64_t r = r0; r < r1; r++, ops_pos_next(j->l, &p, iter))
+        j->fn(j->arg, &p, e0, e1);
+    return TP_OK;
+}
+
+tp_status ops_run_rows(cpu_pool *pool, const ops_layout *l, int64_t n, ops_row_fn fn, void *arg, tp_err *err)
+{
+    rows_job j = {.l = l, .n = n, .rows = ops_layout_count(l, l->nd - 1), .tasks = 1, .fn = fn, .arg = arg};
+    int threads = cpu_pool_threads(pool);
+    if (threads > 1 && j.rows * n >= OPS_SPLIT_MIN_ELEMENTS) {
+        j.tasks = threads;
+        j.by_rows = j.rows >= 2 * threads;
+    }
+    if (j.tasks == 1)
+        return rows_task(&j, 0, 0, err);
+    return cpu_pool_run(pool, j.tasks, rows_task, &j, err);
+}
+
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst)
 {
     switch (dt) {

@@ -349,6 +349,54 @@ START_TEST(matmul_columns_split_on_any_pool)
 }
 END_TEST
 
+/* Elementwise ops split their rows, or the elements of a few long rows,
+ * over the pool (ops_run_rows): every element is the same code wherever
+ * it lands, so the output is byte-equal to the caller alone, on pools of
+ * 1 to 3, for both splits (300 rows; one coalesced row of 2^17 + 7), a
+ * broadcast operand, a transposed (strided) input and FP16. The sizes are
+ * over the 2^16-element threshold, so the pool really runs them. */
+static void elementwise_case(tp_op op, tp_dtype dt, int ndim, const int64_t *shape, const int64_t *bshape,
+                             int transposed)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    void *x = filled(dt, n, 11), *y = filled(dt, n, 12);
+    size_t bytes = tp_dtype_size(dt) * (size_t)n;
+    char *want = malloc(bytes), *got = malloc(bytes);
+    ck_assert(want && got);
+    tp_tensor ins[2] = {tp_tensor_make(x, dt, ndim, shape), tp_tensor_make(y, dt, ndim, bshape ? bshape : shape)};
+    if (transposed) { /* x's memory read as its transpose: strides (1, rows) */
+        ins[0].stride[0] = 1;
+        ins[0].stride[1] = shape[0];
+    }
+    tp_tensor out = tp_tensor_make(want, dt, ndim, shape);
+    int n_ins = tp_op_max_inputs(op) >= 2 ? 2 : 1;
+    run_on(NULL, op, NULL, ins, n_ins, &out);
+    for (int t = 1; t <= 3; t++) {
+        cpu_pool *p = pool_make(t);
+        memset(got, 0xa5, bytes);
+        out.data = got;
+        run_on(p, op, NULL, ins, n_ins, &out);
+        ck_assert_msg(memcmp(got, want, bytes) == 0, "%s: other bytes on %d threads", tp_op_name(op), t);
+        cpu_pool_free(p);
+    }
+    free(x), free(y), free(want), free(got);
+}
+
+START_TEST(elementwise_same_bits_on_any_pool)
+{
+    int64_t rows[2] = {300, 1024}, one[1] = {(1 << 17) + 7};
+    elementwise_case(TP_OP_ADD, TP_F32, 2, rows, NULL, 0);
+    elementwise_case(TP_OP_MUL, TP_F32, 2, rows, (int64_t[]){1, 1024}, 0);
+    elementwise_case(TP_OP_SUB, TP_F16, 1, one, NULL, 0);
+    elementwise_case(TP_OP_TANH, TP_F32, 2, rows, NULL, 0);
+    elementwise_case(TP_OP_GELU, TP_F32, 1, one, NULL, 0);
+    elementwise_case(TP_OP_EXP, TP_BF16, 2, rows, NULL, 0);
+    elementwise_case(TP_OP_NEG, TP_F32, 2, rows, NULL, 1);
+}
+END_TEST
+
 /* A product too big to split (128 rows) keeps every OpenBLAS thread the
  * rank has, with a pool or without: 55ab6bd ran every matmul through
  * cpu_pool_run, whose tasks are pinned to one thread, which halved the
@@ -392,6 +440,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, kv_attention_same_bits_on_any_pool);
     tcase_add_test(tc, matmul_columns_split_on_any_pool);
     tcase_add_test(tc, unsplit_matmul_keeps_the_rank_threads);
+    tcase_add_test(tc, elementwise_same_bits_on_any_pool);
     suite_add_tcase(s, tc);
     return s;
 }
