@@ -1,5 +1,7 @@
-/* ops_matmul.c — matmul through OpenBLAS sgemm (small products through
- * small_gemm.h's kernel, where it wins), with batch broadcasting.
+/* ops_matmul.c — matmul by a weight packed at load through tpserve's own
+ * GEMM (packed_gemm.h, weight_packs.h); every other product through
+ * OpenBLAS sgemm (small products through small_gemm.h's kernel, where it
+ * wins), with batch broadcasting.
  *
  * Strided matrices go to BLAS as they are whenever one of their two strides
  * is 1 (row-major, or column-major passed as a transpose); anything else is
@@ -386,7 +388,11 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
 /* A product by a weight packed at load (weight_packs.h): a's rows and c's
  * rows each folded into one matrix (copied when they do not fold), and
  * b's panels split between the pool's threads, one contiguous run of
- * panels each. */
+ * panels each, once there are two panels a thread and the product is
+ * worth waking them for (the threshold elementwise ops use, in
+ * multiply-adds: a decode step's 1 x 768 x 768 is 9x it). */
+#define PACKED_SPLIT_MIN_MACS ((int64_t)1 << 16)
+
 typedef struct {
     int64_t M, K, N, lda, ldc;
     const float *a, *panels;
@@ -444,7 +450,7 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
     }
     if (s == TP_OK && j.M > 0) {
         int threads = cpu_pool_threads(pool);
-        j.slices = pgemm_panels(N) >= 2 * threads ? threads : 1;
+        j.slices = pgemm_panels(N) >= 2 * threads && j.M * K * N >= PACKED_SPLIT_MIN_MACS ? threads : 1;
         s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
     }
     if (s == TP_OK && !c_folds) {
