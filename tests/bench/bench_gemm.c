@@ -7,6 +7,9 @@
  *   sgemv              M = 1 only: cblas_sgemv on B, 1 thread
  *   small              tpserve's small-M kernel (small_gemm.h), 1 thread;
  *                      '*' where small_sgemm_takes gives it the product
+ *   packed             tpserve's packed-weight kernel (packed_gemm.h), B
+ *                      packed once before timing, 1 thread: what the cpu
+ *                      backend runs for FP32 weights (with AVX2 and FMA)
  *   onednn 1t / Nt     oneDNN's matmul with its weights reordered once, at
  *                      load, into the layout it picks for this M (format
  *                      "any"): what "weights packed once" would cost per
@@ -19,8 +22,9 @@
  * which leaves out the time a shared machine's neighbours hold the core
  * (they still share the caches and memory bandwidth: run it quiet).
  * The N-thread columns can only be wall time: the smallest of the 9, the
- * sample least disturbed. The last column checks oneDNN's result against
- * OpenBLAS's (largest |difference| over largest |value|). */
+ * sample least disturbed. The last columns check the packed kernel's and
+ * oneDNN's results against OpenBLAS's (largest |difference| over largest
+ * |value|). */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +33,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "cpu/packed_gemm.h"
 #include "cpu/small_gemm.h"
 #include "engine.h"
 #include "spin_wait.h"
@@ -69,6 +74,36 @@ static void run_small(const gemm *g, void *ctx)
 {
     (void)ctx;
     small_sgemm(g->M, g->N, g->K, 1.0f, g->a, g->K, g->b, g->N, g->c, g->N);
+}
+
+typedef struct {
+    const float *panels;
+    float *scratch;
+} packed_ctx;
+
+static void run_packed(const gemm *g, void *ctx)
+{
+    const packed_ctx *p = ctx;
+    pgemm_run(g->M, g->K, g->N, g->a, g->K, p->panels, g->c, g->N, 0, pgemm_panels(g->N), p->scratch);
+}
+
+/* Largest |c - ref| over largest |ref| of M x N values. */
+static double rel_err(const float *c, const float *ref, int64_t n)
+{
+    double big = 0, diff = 0;
+    for (int64_t i = 0; i < n; i++) {
+        big = fmax(big, fabs(ref[i]));
+        diff = fmax(diff, fabs(ref[i] - c[i]));
+    }
+    return big > 0 ? diff / big : diff;
+}
+
+static void print_err(double err)
+{
+    if (err < 0)
+        printf(" %10s", "-");
+    else
+        printf(" %10.1e", err);
 }
 
 static int cmp_double(const void *x, const void *y)
@@ -224,12 +259,19 @@ int main(int argc, char **argv)
 #else
     printf("oneDNN: not built in (install libdnnl-dev, then make bench-gemm)\n");
 #endif
-    printf("%5s %5s %5s %10s %10s %10s %10s %10s %10s %8s\n", "M", "K", "N", "openblas1t", "openblasNt", "sgemv1t",
-           "small1t", "onednn1t", "onednnNt", "dnnl_err");
+    int packed_ok = pgemm_supported();
+    float *panels = packed_ok ? malloc(sizeof(float) * pgemm_packed_floats(3072, 3072)) : NULL;
+    float *scratch = packed_ok ? malloc(sizeof(float) * PGEMM_SCRATCH_FLOATS) : NULL;
+    if (packed_ok && (!panels || !scratch)) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        return 1;
+    }
+    printf("%5s %5s %5s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "M", "K", "N", "openblas1t", "openblasNt",
+           "sgemv1t", "small1t", "packed1t", "onednn1t", "onednnNt", "packed_err", "dnnl_err");
     for (size_t s = 0; s < sizeof kn / sizeof kn[0]; s++)
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
             gemm g = {rows[r], kn[s][0], kn[s][1], a, b, c};
-            double t[6] = {-1, -1, -1, -1, -1, -1}, err = -1;
+            double t[7] = {-1, -1, -1, -1, -1, -1, -1}, err = -1, packed_err = -1;
             openblas_set_num_threads(1);
             t[0] = time_us(run_openblas, &g, NULL, 1);
             memcpy(ref, c, sizeof(float) * (size_t)(g.M * g.N));
@@ -240,29 +282,29 @@ int main(int argc, char **argv)
                 t[2] = time_us(run_gemv, &g, NULL, 1);
             if (small_ok)
                 t[3] = time_us(run_small, &g, NULL, 1);
+            if (packed_ok) {
+                packed_ctx p = {panels, scratch};
+                pgemm_pack(g.b, g.K, g.N, g.N, 1, panels);
+                t[4] = time_us(run_packed, &g, &p, 1);
+                packed_err = rel_err(c, ref, g.M * g.N);
+            }
 #ifdef TP_BENCH_DNNL
             packed_mm d;
             if (packed_mm_init(&d, eng, stream, &g) == 0) {
                 omp_set_num_threads(1);
-                t[4] = time_us(run_dnnl, &g, &d, 1);
+                t[5] = time_us(run_dnnl, &g, &d, 1);
                 omp_set_num_threads(cores);
-                t[5] = cores > 1 ? time_us(run_dnnl, &g, &d, cores) : -1;
-                double big = 0, diff = 0;
-                for (int64_t i = 0; i < g.M * g.N; i++) {
-                    big = fmax(big, fabs(ref[i]));
-                    diff = fmax(diff, fabs(ref[i] - c[i]));
-                }
-                err = big > 0 ? diff / big : diff;
+                t[6] = cores > 1 ? time_us(run_dnnl, &g, &d, cores) : -1;
+                err = rel_err(c, ref, g.M * g.N);
                 packed_mm_free(&d);
             }
 #endif
             printf("%5lld %5lld %5lld", (long long)g.M, (long long)g.K, (long long)g.N);
-            for (int k = 0; k < 6; k++)
+            for (int k = 0; k < 7; k++)
                 print_cell(t[k], k == 3 && small_sgemm_takes(g.M, g.N, g.K) ? '*' : ' ');
-            if (err < 0)
-                printf(" %8s\n", "-");
-            else
-                printf(" %8.1e\n", err);
+            print_err(packed_err);
+            print_err(err);
+            printf("\n");
         }
 #ifdef TP_BENCH_DNNL
     dnnl_stream_destroy(stream);
@@ -272,5 +314,7 @@ int main(int argc, char **argv)
     free(b);
     free(c);
     free(ref);
+    free(panels);
+    free(scratch);
     return 0;
 }
