@@ -34,7 +34,8 @@ size_t pgemm_packed_floats(int64_t K, int64_t N);
 
 /* Packs b, a K x N matrix with element (k, n) at b[k * sbk + n * sbn]
  * (a [N, K] weight read as transposed: sbk 1, sbn K), into dst
- * (pgemm_packed_floats; must not overlap b). */
+ * (pgemm_packed_floats; must not overlap b; 32-byte aligned: the kernel
+ * loads the panels with aligned AVX loads). */
 void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, float *dst);
 
 /* Floats of scratch pgemm_run needs (a's packed block). */

@@ -260,7 +260,7 @@ int main(int argc, char **argv)
     printf("oneDNN: not built in (install libdnnl-dev, then make bench-gemm)\n");
 #endif
     int packed_ok = pgemm_supported();
-    float *panels = packed_ok ? malloc(sizeof(float) * pgemm_packed_floats(3072, 3072)) : NULL;
+    float *panels = packed_ok ? aligned_alloc(64, sizeof(float) * pgemm_packed_floats(3072, 3072)) : NULL;
     float *scratch = packed_ok ? malloc(sizeof(float) * PGEMM_SCRATCH_FLOATS) : NULL;
     if (packed_ok && (!panels || !scratch)) {
         fprintf(stderr, "bench_gemm: out of memory\n");
