@@ -178,10 +178,16 @@ $(GRAPHS): graphs/gen_examples.py | $(DEPS_OK)
 graphs: $(GRAPHS)
 
 # TPSERVE: device tests start `tpserve worker` ranks (one process per GPU).
+# The engine suites run again with TPSERVE_CPU_GEMM=openblas: the path every
+# weight product takes on a CPU without AVX2 and FMA (kernels/cpu/packed_gemm.h).
+OPENBLAS_PATH_TESTS := engine exec generate batcher cpu_ops
 unit: $(TEST_BINS) $(BUILD)/tpserve
 	@fail=0; for t in $(TEST_BINS); do s=$$(date +%s); \
 	  CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve $$t || fail=1; \
-	  echo "   ($${t##*/}: $$(($$(date +%s) - s)) s)"; done; exit $$fail
+	  echo "   ($${t##*/}: $$(($$(date +%s) - s)) s)"; done; \
+	for n in $(OPENBLAS_PATH_TESTS); do echo "TPSERVE_CPU_GEMM=openblas test_$$n:"; \
+	  TPSERVE_CPU_GEMM=openblas CK_FORK=yes TP_GRAPHS=$(BUILD)/graphs TPSERVE=$(BUILD)/tpserve \
+	  $(BUILD)/tests/test_$$n || fail=1; done; exit $$fail
 
 integration: $(BUILD)/tpserve $(GRAPHS)
 	@fail=0; for t in tests/integration/*.sh; do \

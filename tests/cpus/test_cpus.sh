@@ -9,6 +9,12 @@
 # of SIGILL, which says nothing about our code) or when this OpenBLAS build
 # does not have it (openblas_get_corename answers another name).
 #
+# Products by FP32 weights run tpserve's own packed kernel where the CPU has
+# AVX2 and FMA (kernels/cpu/packed_gemm.h), whatever OpenBLAS's kernels: so
+# the core-type rows run with TPSERVE_CPU_GEMM=openblas, every product on
+# that core type's kernels, as a CPU without AVX2 would; a last row, "packed",
+# runs the default (OpenBLAS's own pick for the rest).
+#
 # Env: BUILD (build dir), TP_GRAPHS, TPSERVE, PYTHON. Prints one line per
 # core type; exits 1 if any ran and failed.
 set -u
@@ -25,8 +31,10 @@ trap 'rm -rf "$TMP"' EXIT
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 fail=0
 printf '%-12s %-7s %-34s %-10s %s\n' "core type" result "unit suites (checks, failures)" "examples" "max row-alone vs batch (FP32, FP16/BF16)"
-for entry in $CORES; do
+for entry in $CORES packed:avx2,fma; do
     core=${entry%%:*}
+    gemm=openblas
+    if [ "$core" = packed ]; then gemm=""; fi
     missing=""
     for f in $(echo "${entry#*:}" | tr ',' ' '); do
         case "$flags" in *" $f "*) ;; *) missing="$missing $f" ;; esac
@@ -35,15 +43,18 @@ for entry in $CORES; do
         printf '%-12s %s\n' "$core" "skipped: this CPU lacks$missing"
         continue
     fi
-    got=$(OPENBLAS_CORETYPE=$core "$BUILD/tools/blas_core")
-    if [ "$(echo "$got" | tr A-Z a-z)" != "$(echo "$core" | tr A-Z a-z)" ]; then
+    # the packed row leaves OpenBLAS its own pick: an env entry that changes nothing
+    cenv="OPENBLAS_CORETYPE=$core"
+    if [ -z "$gemm" ]; then cenv="TP_CPUS_ROW=packed"; fi
+    got=$(env "$cenv" "$BUILD/tools/blas_core")
+    if [ -n "$gemm" ] && [ "$(echo "$got" | tr A-Z a-z)" != "$(echo "$core" | tr A-Z a-z)" ]; then
         printf '%-12s %s\n' "$core" "skipped: this OpenBLAS runs $got kernels when asked for $core"
         continue
     fi
     checks=0; failures=0; suites=0; bad=""
     : >"$TMP/unit.log"
     for t in $TESTS; do
-        OPENBLAS_CORETYPE=$core CK_FORK=yes TP_GRAPHS=$TP_GRAPHS TPSERVE=$TPSERVE TP_REPORT_BATCH_DIFF=1 \
+        env "$cenv" TPSERVE_CPU_GEMM=$gemm CK_FORK=yes TP_GRAPHS=$TP_GRAPHS TPSERVE=$TPSERVE TP_REPORT_BATCH_DIFF=1 \
             "$BUILD/tests/test_$t" >"$TMP/$t.log" 2>&1
         rc=$?
         cat "$TMP/$t.log" >>"$TMP/unit.log"
@@ -58,7 +69,7 @@ for entry in $CORES; do
     ex_ok=0; ex_n=0
     for entry2 in $($PYTHON -c "import json,sys; m=json.load(open(sys.argv[1])); print(' '.join(g['name']+':'+repr(g['rtol']) for g in m['graphs']))" "$TP_GRAPHS/manifest.json"); do
         name=${entry2%%:*}; rtol=${entry2##*:}; ex_n=$((ex_n + 1))
-        if OPENBLAS_CORETYPE=$core "$TPSERVE" run "$TP_GRAPHS/$name.json" --inputs "$TP_GRAPHS/$name.inputs.safetensors" \
+        if env "$cenv" TPSERVE_CPU_GEMM=$gemm "$TPSERVE" run "$TP_GRAPHS/$name.json" --inputs "$TP_GRAPHS/$name.inputs.safetensors" \
                --output "$TMP/$name.out" --backend cpu 2>>"$TMP/unit.log" &&
            $PYTHON "$HERE/../integration/compare.py" "$TMP/$name.out" "$TP_GRAPHS/$name.ref.safetensors" "$rtol" >>"$TMP/unit.log"; then
             ex_ok=$((ex_ok + 1))
