@@ -157,7 +157,8 @@ tp_status tp_weights_load(const tp_graph *g, tp_backend *b, tp_rank_group *rg, t
     }
     for (int p = 0; p < w->n; p++) {
         w->bytes += (size_t)tp_node_bytes(&g->nodes[g->param_ids[p]]);
-        w->use[p] = use_of(g, g->param_ids[p]);
+        if (b->iface->prepare_matmul_weight) /* the scan only serves that hook */
+            w->use[p] = use_of(g, g->param_ids[p]);
     }
     for (int s = 0; s < w->n_states; s++)
         w->state_bytes += (size_t)tp_node_bytes(&g->nodes[g->state_ids[s]]);

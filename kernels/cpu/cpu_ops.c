@@ -47,13 +47,13 @@ typedef tp_status (*cpu_kernel)(tp_op op, const tp_attrs *a, const tp_tensor *in
 static tp_status k_binary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                           int rank, int world, cpu_pool *pool, tp_err *err)
 {
-    (void)n_ins, (void)rank, (void)world, (void)a;
+    UNUSED_CALL, (void)a;
     return cpu_binary(op, &ins[0], &ins[1], out, pool, err);
 }
 static tp_status k_unary(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
                          int rank, int world, cpu_pool *pool, tp_err *err)
 {
-    (void)n_ins, (void)rank, (void)world;
+    UNUSED_CALL;
     return cpu_unary(op, a, &ins[0], out, pool, err);
 }
 static tp_status k_softmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,

@@ -428,8 +428,7 @@ static tp_status packed_rows_of(const tp_tensor *a, int64_t K, ops_buf *buf, con
     *lda = K;
     tp_status s = ops_buf_reserve(buf, (size_t)(*M * K), err);
     if (s == TP_OK) {
-        tp_tensor flat = tp_tensor_make(buf->p, TP_F32, a->ndim, a->shape);
-        tp_tensor_copy(&flat, a);
+        ops_gather_f32(a, buf->p);
         *rows = buf->p;
     }
     return s;

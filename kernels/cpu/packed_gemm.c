@@ -50,7 +50,8 @@ void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, 
 }
 
 /* Rows m0 .. m0 + mc - 1, columns k0 .. k0 + kc - 1 of a into micro-panels
- * of PGEMM_MR rows ([k][MR] each), the rows past mc zero. */
+ * of PGEMM_MR rows ([k][MR] each). A last panel's rows past mc are left
+ * unwritten: its kernel (kernel_of(mr)) reads only its mr rows. */
 static void pack_a(const float *a, int64_t lda, int64_t mc, int64_t kc, float *pa)
 {
     for (int64_t i = 0; i < mc; i += PGEMM_MR, pa += PGEMM_MR * kc) {
@@ -60,9 +61,6 @@ static void pack_a(const float *a, int64_t lda, int64_t mc, int64_t kc, float *p
             for (int64_t k = 0; k < kc; k++)
                 pa[k * PGEMM_MR + r] = row[k];
         }
-        for (int64_t r = mr; r < PGEMM_MR; r++)
-            for (int64_t k = 0; k < kc; k++)
-                pa[k * PGEMM_MR + r] = 0.0f;
     }
 }
 
