@@ -24,6 +24,7 @@
 #define PGEMM_MR 6
 #define PGEMM_KC 256
 #define PGEMM_MC 132 /* 22 micro-panels of a: 132 KB of L2 at KC */
+#define PGEMM_NC_PANELS 64 /* 1024 columns: b's kc x NC slice is 1 MB */
 
 /* Whether this CPU runs the kernel (AVX2 and FMA). */
 int pgemm_supported(void);

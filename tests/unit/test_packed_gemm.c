@@ -175,6 +175,41 @@ START_TEST(rows_and_panel_splits_same_bits)
 }
 END_TEST
 
+/* More panels than one group (PGEMM_NC_PANELS): every group's columns
+ * against the double reference, and calls split inside and across groups
+ * (which moves the group boundaries) give the whole's bits. */
+START_TEST(panel_groups_match_reference_and_split)
+{
+    if (!kernel_runs("panel_groups_match_reference_and_split"))
+        return;
+    const int64_t M = 140, K = 300, N = PGEMM_NR * PGEMM_NC_PANELS + 40, P = pgemm_panels(N);
+    const int64_t splits[] = {5, PGEMM_NC_PANELS, PGEMM_NC_PANELS + 1};
+    float *a = filled(M * K, 5), *b = filled(K * N, 6), *whole = falloc(M * N), *part = falloc(M * N);
+    pgemm(M, K, N, a, K, b, N, 1, whole, N, 0, P);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, s_abs = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double x = (double)a[i * K + k] * (double)b[k * N + j];
+                s += x;
+                s_abs += fabs(x);
+            }
+            ck_assert_msg(fabs(whole[i * N + j] - s) <= PGEMM_RTOL_ABS_SUM * s_abs + PGEMM_ATOL,
+                          "%lld x %lld x %lld: c[%lld][%lld] = %.9g, reference %.9g", (long long)M, (long long)K,
+                          (long long)N, (long long)i, (long long)j, (double)whole[i * N + j], s);
+        }
+    for (size_t si = 0; si < sizeof splits / sizeof *splits; si++) {
+        sentinel(part, (size_t)(M * N));
+        pgemm(M, K, N, a, K, b, N, 1, part, N, 0, splits[si]);
+        pgemm(M, K, N, a, K, b, N, 1, part, N, splits[si], P);
+        ck_assert_msg(memcmp(part, whole, sizeof(float) * (size_t)(M * N)) == 0,
+                      "panels [0, %lld) then [%lld, %lld) differ from the whole", (long long)splits[si],
+                      (long long)splits[si], (long long)P);
+    }
+    free(a), free(b), free(whole), free(part);
+}
+END_TEST
+
 /* c's rows ldc apart with ldc > N, and rows past M: the kernel writes
  * exactly the M x N block (its edge tiles go through a scratch tile). */
 START_TEST(writes_only_m_by_n)
@@ -594,6 +629,7 @@ static Suite *packed_gemm_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, kernel_matches_double_reference);
     tcase_add_test(tc, rows_and_panel_splits_same_bits);
+    tcase_add_test(tc, panel_groups_match_reference_and_split);
     tcase_add_test(tc, writes_only_m_by_n);
     tcase_add_test(tc, registry_add_find_forget);
     tcase_add_test(tc, openblas_env_turns_packing_off);
