@@ -176,7 +176,17 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
     }
 }
 
-/* Loops, outermost first: groups of PGEMM_NC_PANELS panels, KC blocks of
+/* Each group packs a again: for 128 rows and GPT-2's head (1571 panels
+ * a thread), groups of 64 packed a 25 times a call, 2.5% of a request's
+ * samples; groups as wide as c's block allows took 4-5% off GPT-2's
+ * weight products at 128 rows. */
+int64_t pgemm_group_panels(int64_t M)
+{
+    int64_t fit = PGEMM_C_BLOCK_BYTES / ((M > 0 ? M : 1) * PGEMM_NR * (int64_t)sizeof(float));
+    return fit > PGEMM_NC_PANELS ? fit : PGEMM_NC_PANELS;
+}
+
+/* Loops, outermost first: groups of panels (pgemm_group_panels), KC blocks of
  * k, MC blocks of rows (a packed), the group's panels, MR-row tiles. A
  * group's kc x NC slice of b (1 MB) is reused from L3 by every MC block,
  * and its M x NC block of c (2 MB at 512 rows) stays in L3 across the KC
@@ -186,8 +196,9 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
 PGEMM_TARGET void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed,
                             float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch)
 {
-    for (int64_t g0 = p0; g0 < p1; g0 += PGEMM_NC_PANELS) {
-        int64_t g1 = p1 - g0 < PGEMM_NC_PANELS ? p1 : g0 + PGEMM_NC_PANELS;
+    int64_t group = pgemm_group_panels(M);
+    for (int64_t g0 = p0; g0 < p1; g0 += group) {
+        int64_t g1 = p1 - g0 < group ? p1 : g0 + group;
         for (int64_t k0 = 0; k0 < K; k0 += PGEMM_KC) {
             int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC) {

@@ -24,7 +24,8 @@
 #define PGEMM_MR 6
 #define PGEMM_KC 256
 #define PGEMM_MC 132 /* 22 micro-panels of a: 132 KB of L2 at KC */
-#define PGEMM_NC_PANELS 64 /* 1024 columns: b's kc x NC slice is 1 MB */
+#define PGEMM_NC_PANELS 64 /* at least 1024 columns a group: b's kc x NC slice is 1 MB */
+#define PGEMM_C_BLOCK_BYTES ((int64_t)2 << 20) /* a group's block of c: wider groups for fewer rows */
 
 /* Whether this CPU runs the kernel (AVX2 and FMA). */
 int pgemm_supported(void);
@@ -38,6 +39,11 @@ size_t pgemm_packed_floats(int64_t K, int64_t N);
  * (pgemm_packed_floats; must not overlap b; 32-byte aligned: the kernel
  * loads the panels with aligned AVX loads). */
 void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, float *dst);
+
+/* Panels pgemm_run takes at a time for M rows: at least PGEMM_NC_PANELS,
+ * and as many as keep the group's M x NC block of c within
+ * PGEMM_C_BLOCK_BYTES. */
+int64_t pgemm_group_panels(int64_t M);
 
 /* Floats of scratch pgemm_run needs (a's packed block). */
 #define PGEMM_SCRATCH_FLOATS ((size_t)PGEMM_MC * PGEMM_KC)

@@ -175,15 +175,15 @@ START_TEST(rows_and_panel_splits_same_bits)
 }
 END_TEST
 
-/* More panels than one group (PGEMM_NC_PANELS): every group's columns
+/* More panels than one group (pgemm_group_panels): every group's columns
  * against the double reference, and calls split inside and across groups
  * (which moves the group boundaries) give the whole's bits. */
 START_TEST(panel_groups_match_reference_and_split)
 {
     if (!kernel_runs("panel_groups_match_reference_and_split"))
         return;
-    const int64_t M = 140, K = 300, N = PGEMM_NR * PGEMM_NC_PANELS + 40, P = pgemm_panels(N);
-    const int64_t splits[] = {5, PGEMM_NC_PANELS, PGEMM_NC_PANELS + 1};
+    const int64_t M = 140, K = 300, G = pgemm_group_panels(M), N = PGEMM_NR * G + 40, P = pgemm_panels(N);
+    const int64_t splits[] = {5, G, G + 1};
     float *a = filled(M * K, 5), *b = filled(K * N, 6), *whole = falloc(M * N), *part = falloc(M * N);
     pgemm(M, K, N, a, K, b, N, 1, whole, N, 0, P);
     for (int64_t i = 0; i < M; i++)
