@@ -72,7 +72,11 @@ def compute_infer(port, model_name):
     return d["ns"], d["count"]
 
 
-def time_tpserve(port, model_name, feeds, ref, iters, rtol=RTOL):
+def time_tpserve(port, model_name, feeds, ref, iters, rtol=RTOL, between=None):
+    """(median HTTP ms, mean engine ms) of ITERS requests after 3 warm-ups,
+    the first checked against REF. BETWEEN, when given, runs after each
+    timed request (an anchor timed alternately with tpserve, so both see
+    the same moments of a noisy machine)."""
     body, hl = kserve_client.build_request({k: (NP_KS[v.dtype], v) for k, v in feeds.items()},
                                            binary=True, binary_out=True)
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(hl)}
@@ -97,6 +101,8 @@ def time_tpserve(port, model_name, feeds, ref, iters, rtol=RTOL):
                     raise SystemExit("bench_import: %s output %s: err %.3e > %g" % (model_name, name, err, rtol))
         if i >= 3:
             times.append(dt)
+            if between:
+                between()
     c.close()
     ns1, n1 = compute_infer(port, model_name)
     return 1e3 * float(np.median(times)), (ns1 - ns0) / 1e6 / max(n1 - n0, 1)

@@ -14,7 +14,8 @@ threads per rank x ranks). Prints one markdown table:
 - engine ms b1/b4: tpserve's compute_infer statistics (the engine alone,
   mean) at batch 1 and 4; HTTP ms: one binary KServe request on a keep-alive
   connection from this process (median); ort ms: onnxruntime in-process
-  (median); tpserve / ort: engine and HTTP over onnxruntime
+  (median), one run after each timed tpserve request, so both see the same
+  moments of a noisy machine; tpserve / ort: engine and HTTP over onnxruntime
 - GEMM GFLOP/s: the FLOPs of the model's weight matmuls per request over the
   engine time, beside OpenBLAS's cblas_sgemm alone (the library tpserve
   links, the kernels it runs, the same thread count) on the model's largest
@@ -206,16 +207,25 @@ def bench_one(a, name, src, model, ws, tmp, sessions, refs, lib):
                 feeds = reference.make_feeds(model, b, {}, seed=b)
                 if b not in refs:
                     refs[b] = dict(zip(names, sess.run(names, feeds)))
+                ort_ms = []
+
+                def ort_once():
+                    t0 = time.perf_counter()
+                    sess.run(names, feeds)
+                    ort_ms.append(1e3 * (time.perf_counter() - t0))
+
+                for _ in range(3):
+                    sess.run(names, feeds)  # onnxruntime's warm-ups
                 try:
                     http_ms, engine_ms = bi.time_tpserve(port, "%s_tp%d" % (name, ws), feeds, refs[b], a.iters,
-                                                         rtol=RTOL)
+                                                         rtol=RTOL, between=ort_once)
                 except SystemExit as e:
                     row["error"] = str(e.code).replace("bench_import: ", "")
                     if proc.poll() is not None:
                         row["error"] += " (tpserve exited: %s)" % server_error(log_path)
                     return row
                 row["http%d" % b], row["engine%d" % b] = http_ms, engine_ms
-                row["ort%d" % b] = bi.time_session(sess, feeds, a.iters)
+                row["ort%d" % b] = float(np.median(ort_ms))
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -289,8 +299,8 @@ def main():
           " ONNX initializers' bytes." % (SEQ, "" if a.import_only else "; batch 1 / batch 4"))
     if not a.import_only:
         print("engine: compute_infer statistics (mean of %d); HTTP: binary KServe, keep-alive, median of %d;"
-              " ort: onnxruntime CPU provider in-process, median of %d, intra-op threads %s (tpserve's GEMM threads"
-              " x ranks). OpenBLAS kernels %s." % (a.iters, a.iters, a.iters, "/".join(map(str, threads)) or "-",
+              " ort: onnxruntime CPU provider in-process, median of %d, alternating with tpserve's requests, intra-op"
+              " threads %s (tpserve's GEMM threads x ranks). OpenBLAS kernels %s." % (a.iters, a.iters, a.iters, "/".join(map(str, threads)) or "-",
                                                     kernels or "unknown"))
         print("GEMM GFLOP/s: weight-matmul FLOPs per request / engine time, vs cblas_sgemm alone on the largest"
               " weight matmul (K x N in the column) at batch x %d rows, same threads.\n" % SEQ)
