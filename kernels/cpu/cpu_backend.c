@@ -32,6 +32,7 @@
 #include "fused.h"
 #include "grow.h"
 #include "heap.h"
+#include "huge_pages.h"
 #include "small_gemm.h"
 #include "spin_wait.h"
 #include "weight_packs.h"
@@ -179,6 +180,7 @@ static tp_status cpu_alloc(tp_backend *b, int rank, size_t bytes, void **out, tp
     } else {
         size_t rounded = (bytes + 63) & ~(size_t)63;
         *out = aligned_alloc(64, rounded ? rounded : 64);
+        tp_advise_huge_pages(*out, rounded); /* before the weights or arenas first touch it */
     }
     if (!*out || registry_add(&x->reg, *out, bytes) != 0) {
         if (x->heap && *out)

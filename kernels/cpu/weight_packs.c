@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "huge_pages.h"
 #include "packed_gemm.h"
 
 typedef struct {
@@ -78,6 +79,7 @@ tp_status weight_packs_add(float *w, int64_t K, int64_t N, int64_t sbk, int64_t 
         return TP_OK;
     size_t floats = pgemm_packed_floats(K, N);
     float *panels = aligned_alloc(64, (floats * sizeof(float) + 63) & ~(size_t)63);
+    tp_advise_huge_pages(panels, floats * sizeof(float));
     if (!panels)
         return tp_fail(err, TP_NOMEM, "weight packs: cannot allocate %zu bytes of panels for a %lld x %lld weight",
                        floats * sizeof(float), (long long)K, (long long)N);

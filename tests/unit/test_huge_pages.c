@@ -1,0 +1,97 @@
+/* test_huge_pages.c — tp_advise_huge_pages advises exactly the whole
+ * 2 MiB pages inside a large block (the kernel's VmFlags show "hg" there,
+ * where the kernel takes the advice at all), and leaves small blocks,
+ * NULL and blocks holding no whole huge page alone. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "check_main.h"
+#include "huge_pages.h"
+
+#define MIB ((size_t)1 << 20)
+
+/* Whether the mapping holding addr carries VmFlag flag (/proc/self/smaps). */
+static int vm_flag_at(const void *addr, const char *flag)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    ck_assert_msg(f, "cannot read /proc/self/smaps");
+    char line[512], want[8];
+    snprintf(want, sizeof want, " %s", flag);
+    int inside = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char dash;
+        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
+            inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+        else if (inside && strncmp(line, "VmFlags:", 8) == 0)
+            found = strstr(line, want) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether this kernel takes MADV_HUGEPAGE at all (THP built in). */
+static int kernel_takes_advice(void)
+{
+    void *m = mmap(NULL, 4 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(m != MAP_FAILED);
+    void *aligned = (void *)(((uintptr_t)m + 2 * MIB - 1) & ~(uintptr_t)(2 * MIB - 1));
+    int ok = madvise(aligned, 2 * MIB, MADV_HUGEPAGE) == 0;
+    munmap(m, 4 * MIB);
+    return ok;
+}
+
+START_TEST(large_block_advised_inside_only)
+{
+    /* A mapping of its own, so no other block shares its VmFlags: 16 MiB
+     * with the block starting 64 bytes past a 2 MiB boundary. */
+    char *m = mmap(NULL, 16 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(m != MAP_FAILED);
+    char *base = (char *)(((uintptr_t)m + 2 * MIB - 1) & ~(uintptr_t)(2 * MIB - 1));
+    char *block = base + 64;
+    size_t bytes = 8 * MIB;
+    int took = tp_advise_huge_pages(block, bytes);
+    if (!kernel_takes_advice()) {
+        printf("large_block_advised_inside_only: this kernel refuses MADV_HUGEPAGE; only the refusal checked\n");
+        ck_assert_int_eq(took, 0);
+    } else {
+        ck_assert_int_eq(took, 1);
+        /* whole huge pages inside: [base + 2 MiB, base + 8 MiB) */
+        ck_assert_msg(vm_flag_at(base + 2 * MIB, "hg"), "the first whole huge page is not advised");
+        ck_assert_msg(vm_flag_at(base + 8 * MIB - 1, "hg"), "the last whole huge page is not advised");
+        /* the partial pages at either end share memory with other blocks */
+        ck_assert_msg(!vm_flag_at(base, "hg"), "the block's first, partial huge page was advised");
+        ck_assert_msg(!vm_flag_at(base + 8 * MIB, "hg"), "the block's last, partial huge page was advised");
+    }
+    memset(block, 1, bytes); /* the block works either way */
+    munmap(m, 16 * MIB);
+}
+END_TEST
+
+START_TEST(small_or_null_blocks_left_alone)
+{
+    char *m = mmap(NULL, 8 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(m != MAP_FAILED);
+    char *base = (char *)(((uintptr_t)m + 2 * MIB - 1) & ~(uintptr_t)(2 * MIB - 1));
+    ck_assert_int_eq(tp_advise_huge_pages(base, TP_HUGE_PAGES_MIN - 1), 0);
+    ck_assert_msg(!vm_flag_at(base, "hg"), "a block under TP_HUGE_PAGES_MIN was advised");
+    ck_assert_int_eq(tp_advise_huge_pages(NULL, 64 * MIB), 0);
+    munmap(m, 8 * MIB);
+}
+END_TEST
+
+static Suite *huge_pages_suite(void)
+{
+    Suite *s = suite_create("huge_pages");
+    TCase *t = tcase_create("core");
+    tcase_add_test(t, large_block_advised_inside_only);
+    tcase_add_test(t, small_or_null_blocks_left_alone);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+TP_CHECK_MAIN(huge_pages_suite)
