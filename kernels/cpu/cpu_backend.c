@@ -524,6 +524,11 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
     *out = NULL;
     if (world < 1)
         return tp_fail(err, TP_INVALID, "cpu backend: world size %d out of range", world);
+    tp_status checked = weight_packs_check_setting(err);
+    if (checked != TP_OK) {
+        tp_err_prefix(err, "cpu backend: ");
+        return checked;
+    }
     tp_backend *b = calloc(1, sizeof *b);
     cpu_ctx *x = calloc(1, sizeof *x);
     if (x)

@@ -29,6 +29,15 @@ static void read_enabled(void)
     enabled = pgemm_supported() && !(v && strcmp(v, "openblas") == 0);
 }
 
+tp_status weight_packs_check_setting(tp_err *err)
+{
+    const char *v = getenv("TPSERVE_CPU_GEMM");
+    if (!v || !*v || strcmp(v, "packed") == 0 || strcmp(v, "openblas") == 0)
+        return TP_OK;
+    return tp_fail(err, TP_INVALID, "TPSERVE_CPU_GEMM=%.40s: not a GEMM of the cpu backend (packed, the default, or "
+                   "openblas)", v);
+}
+
 int weight_packs_enabled(void)
 {
     pthread_once(&enabled_once, read_enabled);

@@ -26,6 +26,11 @@
  * and TPSERVE_CPU_GEMM is not "openblas" (read once). */
 int weight_packs_enabled(void);
 
+/* TPSERVE_CPU_GEMM's value checked: unset, empty, "packed" (the default)
+ * or "openblas". Anything else fails, naming it: a misspelt "openblas"
+ * would otherwise measure the packed GEMM while its user thinks not. */
+tp_status weight_packs_check_setting(tp_err *err);
+
 /* Packs w, a [K, N] view (element (k, n) at w[k * sbk + n * sbn]), and
  * keeps it under w. in_place: nothing but matmuls of exactly this view
  * reads w, so the panels may replace it. A second call for the same w is

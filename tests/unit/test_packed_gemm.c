@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "check_main.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_pool.h"
 #include "cpu/ops_internal.h"
@@ -316,6 +317,29 @@ START_TEST(registry_add_find_forget)
     ck_assert_ptr_nonnull(weight_packs_find(v, K, 20, 20, 1));
     weight_packs_forget(v);
     free(w), free(want), free(v), free(v0), free(vwant), free(u), free(u0);
+}
+END_TEST
+
+/* A TPSERVE_CPU_GEMM the backend has no GEMM for stops the backend,
+ * naming the value; the two names and unset/empty pass. */
+START_TEST(unknown_gemm_setting_refused)
+{
+    const char *ok[] = {"", "packed", "openblas"};
+    tp_err err = {{0}};
+    ck_assert_int_eq(unsetenv("TPSERVE_CPU_GEMM"), 0);
+    ck_assert_int_eq(weight_packs_check_setting(&err), TP_OK);
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        ck_assert_int_eq(setenv("TPSERVE_CPU_GEMM", ok[i], 1), 0);
+        ck_assert_msg(weight_packs_check_setting(&err) == TP_OK, "'%s' refused: %s", ok[i], err.msg);
+    }
+    ck_assert_int_eq(setenv("TPSERVE_CPU_GEMM", "opnblas", 1), 0);
+    ck_assert_int_eq(weight_packs_check_setting(&err), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "TPSERVE_CPU_GEMM=opnblas") && strstr(err.msg, "openblas)"), "%s", err.msg);
+    tp_backend *b = NULL;
+    ck_assert_int_eq(tp_cpu_backend_create(1, NULL, &b, &err), TP_INVALID);
+    ck_assert_ptr_null(b);
+    ck_assert_msg(strstr(err.msg, "cpu backend: TPSERVE_CPU_GEMM=opnblas"), "%s", err.msg);
+    ck_assert_int_eq(unsetenv("TPSERVE_CPU_GEMM"), 0);
 }
 END_TEST
 
@@ -630,6 +654,7 @@ static Suite *packed_gemm_suite(void)
     tcase_add_test(tc, kernel_matches_double_reference);
     tcase_add_test(tc, rows_and_panel_splits_same_bits);
     tcase_add_test(tc, panel_groups_match_reference_and_split);
+    tcase_add_test(tc, unknown_gemm_setting_refused);
     tcase_add_test(tc, writes_only_m_by_n);
     tcase_add_test(tc, registry_add_find_forget);
     tcase_add_test(tc, openblas_env_turns_packing_off);
