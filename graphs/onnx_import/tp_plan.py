@@ -78,6 +78,7 @@ class Planner:
         self.params = {}  # emitted param name -> dict(source, dim, segs, placement)
         self.param_key = {}  # (source, dim, segs) -> emitted param name
         self.gathered = {}
+        self.out_place = {}  # emitted output name -> its placement when not replicate
         self.taken = {v.name for v in prog.inputs} | {v.name for v in self.states}
         self.uses = prog.consumers()
         self.used_plan = set()
@@ -149,6 +150,19 @@ class Planner:
             self.gathered[v] = g
         return self.gathered[v]
 
+    def output(self, v):
+        """v's emitted name as a graph output. Split in d contiguous chunks
+        (one segment, no padded vocab), it stays split and is declared
+        shard(dim): the server concatenates the ranks' chunks as it copies
+        them out, where an all_gather would copy the whole output on every
+        rank first (a 127M Llama's logits at world size 2: engine 226 ms
+        against 241)."""
+        pl = self.place.get(v)
+        if pl is not None and len(pl.segs) == 1 and not pl.pad:
+            self.out_place[self.name[v]] = "shard(%d)" % pl.dim
+            return self.name[v]
+        return self.replicated(v)
+
     def seq_dim(self, v):
         """The sequence dim of an activation [B, S, ...] when --sequence-parallel applies."""
         val = self.prog.values[v]
@@ -182,7 +196,7 @@ class Planner:
         if self.generate:
             outs = [self.greedy(o) for o in self.prog.outputs]
         else:
-            outs = [self.replicated(o) for o in self.prog.outputs]
+            outs = [self.output(o) for o in self.prog.outputs]
         unused = set(self.plan) - self.used_plan
         if unused:
             raise ImportFailure("--plan: pattern '%s' matches no weight" % sorted(unused)[0])

@@ -88,8 +88,9 @@ def build(planner, prog, outs, graph_name, weights_file):
             entry["tensor"] = key
         params.append(entry)
     if planner.generate:
-        out_names = list(outs)
+        out_names, places = list(outs), ["replicate"] * len(outs)
     else:
+        places = [planner.out_place.get(o, "replicate") for o in outs]
         _rename_outputs(planner, prog, outs)
         out_names = prog.output_names
     graph = {
@@ -99,7 +100,7 @@ def build(planner, prog, outs, graph_name, weights_file):
                     "shape": ["B" if k == v.bdim else int(s) for k, s in enumerate(v.shape)],
                     "placement": "replicate"} for v in prog.inputs],
         "params": params,
-        "outputs": [{"name": o, "placement": "replicate"} for o in out_names],
+        "outputs": [{"name": o, "placement": pl} for o, pl in zip(out_names, places)],
         "nodes": [{k: v for k, v in n.items() if k != "attrs" or v} for n in planner.nodes],
     }
     if planner.generate:

@@ -160,19 +160,24 @@ assert mask and mask[0]["datatype"] == "INT32" and mask[0]["placement"] == "shar
 PY
 
 # ---- the default plan's structure, and --plan overrides --------------------------
-$PYTHON - "$TMP/gpt2_tp2.json" "$TMP/llama_tp2.json" "$TMP/fused_gqa_tp2.json" <<'PY' && pass "default plan: Megatron placements and collectives" || fail "default plan structure"
+$PYTHON - "$TMP/gpt2_tp2.json" "$TMP/llama_tp2.json" "$TMP/fused_gqa_tp2.json" "$TMP/gpt2_vocab257_tp2.json" <<'PY' && pass "default plan: Megatron placements and collectives" || fail "default plan structure"
 import json, sys
-g, l, f = (json.load(open(p)) for p in sys.argv[1:])
+g, l, f, v = (json.load(open(p)) for p in sys.argv[1:])
 pl = {p["name"]: p for p in g["params"]}
 # GPT-2: fused QKV column-parallel stored rank-major, c_proj row-parallel,
-# tied embedding / LM head vocab-parallel (one param), logits all_gathered.
+# tied embedding / LM head vocab-parallel (one param), logits left sharded
+# (the server concatenates the ranks' vocab chunks); a padded vocab's are
+# all_gathered and sliced back instead.
 assert pl["m.transformer.h.0.attn.c_attn.weight"]["placement"] == "shard(1)"
 assert pl["m.transformer.h.0.attn.c_attn.weight"]["tensor"].endswith(".rank_major2")
 assert pl["m.transformer.h.0.attn.c_proj.weight"]["placement"] == "shard(0)"
 assert pl["m.transformer.h.0.mlp.c_fc.weight"]["placement"] == "shard(1)"
 assert pl["m.lm_head.weight"]["placement"] == "shard(0)"
 ops = [n["op"] for n in g["nodes"]]
-assert ops.count("all_reduce") == 5 and ops[-1] == "all_gather", ops
+assert ops.count("all_reduce") == 5 and ops[-1] == "matmul" and "all_gather" not in ops, ops
+assert [o["placement"] for o in g["outputs"]] == ["shard(2)"], g["outputs"]
+assert [n["op"] for n in v["nodes"]][-2:] == ["all_gather", "slice"], [n["op"] for n in v["nodes"]][-3:]
+assert [o["placement"] for o in v["outputs"]] == ["replicate"], v["outputs"]
 emb = [n for n in g["nodes"] if n["op"] == "embedding"][0]
 assert emb["attrs"] == {"vocab_parallel": True}
 assert [n["op"] for n in l["nodes"]].count("attention") == 2
