@@ -21,7 +21,9 @@ typedef enum { TP_PLACE_REPLICATE = 0, TP_PLACE_SHARD } tp_place_kind;
 
 typedef struct {
     tp_place_kind kind;
-    int dim; /* shard(k): k, normalised non-negative */
+    int dim;        /* shard(k): k, normalised non-negative */
+    int64_t length; /* shard: the global size of dim when its last chunks are cut
+                       short (an output of pass shard_outputs); 0: d chunks whole */
 } tp_placement;
 
 typedef struct tp_node {

@@ -834,6 +834,8 @@ const char *tp_placement_str(tp_placement p, char *buf, int len)
 {
     if (p.kind == TP_PLACE_REPLICATE)
         snprintf(buf, (size_t)len, "replicate");
+    else if (p.length)
+        snprintf(buf, (size_t)len, "shard(%d) cut to %lld", p.dim, (long long)p.length);
     else
         snprintf(buf, (size_t)len, "shard(%d)", p.dim);
     return buf;

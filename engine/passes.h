@@ -14,6 +14,7 @@
 /* fuse_tp runs before insert_contiguous so that a view feeding a fused
  * node's communicated operand also gets its contiguous copy. */
 #define TP_PASS_MAP(X)                                                  \
+    X(SHARD_OUTPUTS, "shard_outputs", tp_pass_shard_outputs)             \
     X(FUSE_TP, "fuse_tp", tp_pass_fuse_tp)                               \
     X(INSERT_CONTIGUOUS, "insert_contiguous", tp_pass_insert_contiguous) \
     X(CHOOSE_COLLECTIVES, "choose_collectives", tp_pass_choose_collectives) \

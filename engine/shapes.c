@@ -77,8 +77,9 @@ int tp_graph_output_shape(const tp_graph *g, int i, int64_t *shape)
 {
     const tp_node *n = &g->nodes[g->output_ids[i]];
     memcpy(shape, n->shape, sizeof(int64_t) * TP_MAX_DIMS);
-    if (g->output_place[i].kind == TP_PLACE_SHARD)
-        shape[g->output_place[i].dim] *= g->world_size;
+    const tp_placement *p = &g->output_place[i];
+    if (p->kind == TP_PLACE_SHARD)
+        shape[p->dim] = p->length ? p->length : shape[p->dim] * g->world_size;
     return n->ndim;
 }
 
