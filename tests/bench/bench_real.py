@@ -72,6 +72,10 @@ print(time.perf_counter() - t0, ru.ru_maxrss, os.waitstatus_to_exitcode(status))
 """
 
 
+# Seconds between a tpserve request and an onnxruntime run (ort_once).
+QUIET_S = 0.05
+
+
 def run_import(src, ws, out, extra=()):
     """(seconds, peak RSS bytes, error or None) of import_onnx.py SRC at WS
     (EXTRA: more importer flags)."""
@@ -210,9 +214,15 @@ def bench_one(a, name, src, model, ws, tmp, sessions, refs, lib):
                 ort_ms = []
 
                 def ort_once():
+                    # Each side's threads idle before the other runs:
+                    # onnxruntime's spin after a run for more work, and a
+                    # tpserve request right after it ran 260 ms instead of
+                    # 227 (Llama, world size 2).
+                    time.sleep(QUIET_S)
                     t0 = time.perf_counter()
                     sess.run(names, feeds)
                     ort_ms.append(1e3 * (time.perf_counter() - t0))
+                    time.sleep(QUIET_S)
 
                 for _ in range(3):
                     sess.run(names, feeds)  # onnxruntime's warm-ups
