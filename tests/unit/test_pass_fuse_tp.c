@@ -336,14 +336,7 @@ static void write_chunk_form(const chunk_form *f, int rs, char *dir, char *path)
  * passes with ranks as threads. */
 static void expect_processes_same_as_unfused(const char *path, const tp_host_tensor *in)
 {
-    const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
-    char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cpu", NULL};
-    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
-    tp_engine_opts o = {.backend = "cpu", .group = &go};
-    tp_engine *procs;
-    tp_err err = {{0}};
-    ck_assert_msg(tp_engine_create(path, &o, &procs, &err) == TP_OK, "%s", err.msg);
-    expect_same_as_unfused_by(procs, path, in, 1);
+    expect_same_as_unfused_by(tu_engine_processes(path), path, in, 1);
 }
 
 /* Every fused node is the direct form of the collective on the cat dim:

@@ -4,11 +4,9 @@
  * with ranks as threads and as processes; anything else is left alone. */
 #include <check.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "check_main.h"
-#include "rank_group.h"
 #include "safetensors.h"
 #include "testutil.h"
 
@@ -45,17 +43,7 @@ static tp_host_tensor *infer(const char *path, int passes, int procs, int *n_out
     tu_fill(x, 3 * 4 * K, 9);
     int64_t shape[3] = {3, 4, K};
     tp_host_tensor in = tu_f32("x", x, 3, shape);
-    tp_engine *e;
-    if (procs) {
-        const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
-        char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cpu", NULL};
-        tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
-        tp_engine_opts o = {.backend = "cpu", .group = &go};
-        tp_err err = {{0}};
-        ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
-    } else {
-        e = tu_engine(path, passes, 0);
-    }
+    tp_engine *e = procs ? tu_engine_processes(path) : tu_engine(path, passes, 0);
     tp_host_tensor *out = tu_infer(e, &in, 1, n_out);
     tp_engine_free(e);
     return out;
@@ -108,32 +96,26 @@ START_TEST(cut_gather_becomes_a_cut_shard)
 }
 END_TEST
 
-START_TEST(other_outputs_left_alone)
+/* The graph of write_graph(length, start, extra) keeps its gather and its
+ * replicated output, with the same bytes. */
+static void expect_left_alone(int length, int start, const char *extra)
 {
     char dir[64], path[128];
-    /* the slice does not start at 0 */
-    write_graph(5, 2, "", dir, path);
+    write_graph(length, start, extra, dir, path);
     tp_graph *g = tu_load_passed(path, 2, NULL);
     ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), 1);
     ck_assert_int_eq(g->output_place[0].kind, TP_PLACE_REPLICATE);
     tp_graph_free(g);
-    same_bytes_as_unpassed(path, 5);
+    same_bytes_as_unpassed(path, length);
     tu_rmdir(dir);
-    /* the gather is an output too: it must stay whole */
-    write_graph(7, 0, ",{\"name\":\"y.all\"}", dir, path);
-    g = tu_load_passed(path, 2, NULL);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), 1);
-    ck_assert_int_eq(g->output_place[0].kind, TP_PLACE_REPLICATE);
-    tp_graph_free(g);
-    same_bytes_as_unpassed(path, 7);
-    tu_rmdir(dir);
+}
+
+START_TEST(other_outputs_left_alone)
+{
+    expect_left_alone(5, 2, "");                          /* the slice does not start at 0 */
+    expect_left_alone(7, 0, ",{\"name\":\"y.all\"}"); /* the gather is an output too */
     /* the local product is an output already (shard(2), as written) */
-    write_graph(7, 0, ",{\"name\":\"y.local\",\"placement\":\"shard(2)\"}", dir, path);
-    g = tu_load_passed(path, 2, NULL);
-    ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), 1);
-    tp_graph_free(g);
-    same_bytes_as_unpassed(path, 7);
-    tu_rmdir(dir);
+    expect_left_alone(7, 0, ",{\"name\":\"y.local\",\"placement\":\"shard(2)\"}");
 }
 END_TEST
 

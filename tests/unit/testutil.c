@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rank_group.h"
+
 void tu_write_graph(char *dir, char *path, const char *json, const st_write_item *items, int n)
 {
     strcpy(dir, "/tmp/tp_test_XXXXXX");
@@ -43,6 +45,18 @@ void tu_fill(float *p, int64_t n, unsigned seed)
 tp_engine *tu_engine(const char *path, int passes, int eager)
 {
     tp_engine_opts o = {.backend = "cpu", .no_passes = !passes, .eager = eager};
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);
+    return e;
+}
+
+tp_engine *tu_engine_processes(const char *path)
+{
+    const char *exe = getenv("TPSERVE") ? getenv("TPSERVE") : "build/tpserve";
+    char *argv[] = {(char *)exe, "worker", (char *)path, "--backend", "cpu", NULL};
+    tp_rank_group_opts go = {.mode = TP_GROUP_PROCESSES, .worker_argv = argv};
+    tp_engine_opts o = {.backend = "cpu", .group = &go};
     tp_engine *e;
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, &o, &e, &err) == TP_OK, "%s", err.msg);

@@ -19,6 +19,9 @@ void tu_rmdir(const char *dir);
 void tu_fill(float *p, int64_t n, unsigned seed);
 /* An engine with every pass (passes=1) or none (passes=0); eager skips capture. */
 tp_engine *tu_engine(const char *path, int passes, int eager);
+/* The graph at path with its ranks as `tpserve worker` processes ($TPSERVE,
+ * as `make unit` sets it; else build/tpserve), passes on. */
+tp_engine *tu_engine_processes(const char *path);
 /* Runs e on inputs; aborts the test on failure. */
 tp_host_tensor *tu_infer(tp_engine *e, const tp_host_tensor *in, int n_in, int *n_out);
 /* The metric of graphs/README.md, max|out-ref| / max(max|ref|, 1e-6);
