@@ -26,7 +26,10 @@ static int gathered_then_cut(const tp_graph *g, int i)
         return -1;
     int a = slice->inputs[0];
     const tp_node *gather = &g->nodes[a];
-    if (gather->op != TP_OP_ALL_GATHER || gather->attrs.dim != slice->attrs.dim || tp_graph_n_users(g, a) != 1)
+    /* not along dim 0, which may be the batch: a cut there would be a cut
+     * of the request's rows, which the server assembles itself */
+    if (gather->op != TP_OP_ALL_GATHER || gather->attrs.dim != slice->attrs.dim || gather->attrs.dim == 0 ||
+        tp_graph_n_users(g, a) != 1)
         return -1;
     int x = tp_comm_input(gather);
     for (int k = 0; k < g->n_outputs; k++)

@@ -110,12 +110,31 @@ static void expect_left_alone(int length, int start, const char *extra)
     tu_rmdir(dir);
 }
 
+/* A gather along dim 0 (it may be the batch) cut back is left as it is. */
+static void expect_left_alone_rows(void)
+{
+    char dir[64], path[128], json[2048];
+    snprintf(json, sizeof json,
+             "{\"format\":\"tpgraph\",\"version\":1,\"name\":\"rows\",\"world_size\":2,"
+             "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[4,6],\"placement\":\"shard(0)\"}],"
+             "\"nodes\":[{\"name\":\"y.all\",\"op\":\"all_gather\",\"inputs\":[\"x\"],\"attrs\":{\"dim\":0}},"
+             "{\"name\":\"y\",\"op\":\"slice\",\"inputs\":[\"y.all\"],\"attrs\":{\"dim\":0,\"start\":0,\"length\":3}}],"
+             "\"outputs\":[{\"name\":\"y\"}]}");
+    tu_write_graph(dir, path, json, NULL, 0);
+    tp_graph *g = tu_load_passed(path, 1, NULL);
+    ck_assert_int_eq(tu_count_op(g, TP_OP_ALL_GATHER), 1);
+    ck_assert_int_eq(g->output_place[0].kind, TP_PLACE_REPLICATE);
+    tp_graph_free(g);
+    tu_rmdir(dir);
+}
+
 START_TEST(other_outputs_left_alone)
 {
     expect_left_alone(5, 2, "");                          /* the slice does not start at 0 */
     expect_left_alone(7, 0, ",{\"name\":\"y.all\"}"); /* the gather is an output too */
     /* the local product is an output already (shard(2), as written) */
     expect_left_alone(7, 0, ",{\"name\":\"y.local\",\"placement\":\"shard(2)\"}");
+    expect_left_alone_rows();
 }
 END_TEST
 
