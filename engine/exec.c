@@ -328,17 +328,24 @@ static tp_status copy_inputs(tp_exec *x, int rank, tp_err *err)
     return TP_OK;
 }
 
-/* A shard cut short (placement length): the rank's columns that fall
- * inside the length, in the global tensor and in its own chunk. */
-static int64_t cut_part(const tp_tensor *global, tp_placement p, int rank, tp_tensor *local, tp_tensor *part)
+/* The part of output `global` this rank writes, and the part of its own
+ * tensor `local` that goes there: all of both for replicate; for shard,
+ * the rank's chunk (local's size along the dim) at rank x chunk, clipped
+ * at the end of global, which a shard cut short (placement length, pass
+ * shard_outputs) ends inside the last chunks. 0: none of the chunk is
+ * inside. */
+static int out_part(const tp_tensor *global, tp_placement p, int rank, tp_tensor *local, tp_tensor *part)
 {
-    int64_t chunk = local->shape[p.dim], start = rank * chunk;
-    int64_t n = p.length - start < chunk ? p.length - start : chunk;
+    *part = *global;
+    if (p.kind != TP_PLACE_SHARD)
+        return 1;
+    int64_t chunk = local->shape[p.dim], start = rank * chunk, size = global->shape[p.dim];
+    int64_t n = size - start < chunk ? size - start : chunk;
     if (n <= 0)
         return 0;
     *part = tp_tensor_narrow(global, p.dim, start, n);
     *local = tp_tensor_narrow(local, p.dim, 0, n);
-    return n;
+    return 1;
 }
 
 static tp_status copy_outputs(tp_exec *x, int rank, tp_err *err)
@@ -346,15 +353,9 @@ static tp_status copy_outputs(tp_exec *x, int rank, tp_err *err)
     tp_graph *g = x->g;
     for (int i = 0; i < g->n_outputs; i++) {
         tp_placement p = g->output_place[i];
-        if (p.kind == TP_PLACE_REPLICATE && rank != 0)
-            continue;
         tp_tensor src = x->rs[rank].t[g->output_ids[i]], dst;
-        if (p.kind == TP_PLACE_SHARD && p.length) {
-            if (!cut_part(&x->run_out[i], p, rank, &src, &dst))
-                continue; /* all of this rank's chunk is past the length */
-        } else {
-            dst = rank_part(&x->run_out[i], p, rank, x->world);
-        }
+        if ((p.kind == TP_PLACE_REPLICATE && rank != 0) || !out_part(&x->run_out[i], p, rank, &src, &dst))
+            continue;
         tp_status st = x->b->iface->copy_out(x->b, rank, &dst, &src, err);
         if (st != TP_OK)
             return st;

@@ -13,8 +13,6 @@
  * left as written. */
 #include "passes.h"
 
-#include <stdlib.h>
-
 /* The all_gather under output i when the output is slice(all_gather(x))
  * from 0 along the gathered dim, each read only there; -1 otherwise. */
 static int gathered_then_cut(const tp_graph *g, int i)
