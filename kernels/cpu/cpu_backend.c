@@ -213,10 +213,11 @@ static tp_status cpu_prepare_matmul_weight(tp_backend *b, int rank, tp_tensor *w
                                            tp_err *err)
 {
     (void)b, (void)rank;
-    if (w->dtype != TP_F32 || w->ndim != 2)
+    if (w->ndim != 2)
         return TP_OK;
     int tb = transpose_b != 0;
-    return weight_packs_add(w->data, w->shape[tb], w->shape[!tb], w->stride[tb], w->stride[!tb], sole, err);
+    return weight_packs_add(w->data, w->dtype, w->shape[tb], w->shape[!tb], w->stride[tb], w->stride[!tb], sole,
+                            err);
 }
 
 /* Every tensor of every command lies in memory allocated through this
@@ -514,8 +515,8 @@ static void note_blas_kernels(tp_backend *b, int threads, int cores)
     if (weight_packs_enabled()) {
         size_t len = strlen(b->note);
         snprintf(b->note + len, sizeof b->note - len,
-                 "; FP32 weights packed at load for tpserve's AVX2 GEMM (kernels/cpu/packed_gemm.h; "
-                 "TPSERVE_CPU_GEMM=openblas: OpenBLAS)");
+                 "; FP32 weights packed at load for tpserve's AVX2 GEMM, FP16/BF16 ones widened into FP32 panels "
+                 "beside them (kernels/cpu/packed_gemm.h; TPSERVE_CPU_GEMM=openblas: OpenBLAS)");
     }
 }
 

@@ -7,7 +7,8 @@
  * is 1 (row-major, or column-major passed as a transpose); anything else is
  * first copied into contiguous scratch. The batch dims and M are coalesced
  * together, so [B, S, K] x [K, N] with a contiguous is a single sgemm.
- * FP16/BF16 are widened to FP32, multiplied, and rounded once on store.
+ * FP16/BF16 are widened to FP32, multiplied, and rounded once on store
+ * (a weight packed at load was widened once, into its panels).
  * Products too small to gain from OpenBLAS's threads (attention's per-head
  * ones) run on one (blas_pick.h). matmul_rows runs cpu_matmul on each run
  * of wanted rows and zeros the rest. */
@@ -234,12 +235,12 @@ static int fold_rows(const tp_tensor *t, int64_t *rows, int64_t *stride)
     return 1;
 }
 
-/* FP32 [..., M, K] x [K, N] (or [N, K] with transpose_b) -> [..., M, N]:
- * a product of rows, whatever a's and out's strides. */
-static int row_product(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
+/* [..., M, K] x [K, N] (or [N, K] with transpose_b) -> [..., M, N]:
+ * a product of rows, whatever a's and out's strides and dtype. */
+static int row_shapes(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
 {
     int nd = a->ndim;
-    if (b->ndim != 2 || out->ndim != nd || nd < 2 || out->dtype != TP_F32)
+    if (b->ndim != 2 || out->ndim != nd || nd < 2)
         return 0;
     int64_t kb = tb ? b->shape[1] : b->shape[0], n = tb ? b->shape[0] : b->shape[1];
     if (kb != a->shape[nd - 1] || out->shape[nd - 1] != n)
@@ -248,6 +249,12 @@ static int row_product(const tp_tensor *a, const tp_tensor *b, int tb, const tp_
         if (out->shape[i] != a->shape[i])
             return 0;
     return 1;
+}
+
+/* An FP32 product of rows (row_shapes). */
+static int row_product(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
+{
+    return out->dtype == TP_F32 && row_shapes(a, b, tb, out);
 }
 
 /* A row product with a's and out's rows evenly spaced: every block of a
@@ -393,12 +400,40 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
  * multiply-adds: a decode step's 1 x 768 x 768 is 9x it). */
 #define PACKED_SPLIT_MIN_MACS ((int64_t)1 << 16)
 
+/* An FP16/BF16 product is computed this many panels at a time into FP32
+ * scratch and rounded into out: a whole M x N FP32 result (25 MB for
+ * GPT-2's head at 128 rows) was fresh memory on every call, whose page
+ * faults and unmapping were 4.5% of an FP16 request's samples. */
+#define NARROW_CHUNK_PANELS 64
+
 typedef struct {
     int64_t M, K, N, lda, ldc;
     const float *a, *panels;
-    float *c;
+    float *c;         /* FP32 c, ldc apart; NULL when narrow is set */
+    uint16_t *narrow; /* else: a contiguous FP16/BF16 [M, N] */
+    tp_dtype dt;
     int slices;
 } packed_job;
+
+/* Panels p0 .. p1 - 1 into the narrow out, NARROW_CHUNK_PANELS at a time:
+ * a chunk's panels are a packed matrix of their own (panels lie K x NR
+ * apart), and each element is the same chain of operations whatever the
+ * column split (packed_gemm.h), so the bits are those of one product. */
+static tp_status narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *scratch, tp_err *err)
+{
+    ops_buf cs = {0};
+    tp_status s = ops_buf_reserve(&cs, (size_t)(j->M * NARROW_CHUNK_PANELS * PGEMM_NR), err);
+    for (int64_t g0 = p0; s == TP_OK && g0 < p1; g0 += NARROW_CHUNK_PANELS) {
+        int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
+        int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
+        int64_t ldc = (g1 - g0) * PGEMM_NR;
+        pgemm_run(j->M, j->K, n, j->a, j->lda, j->panels + g0 * j->K * PGEMM_NR, cs.p, ldc, 0, g1 - g0, scratch);
+        for (int64_t i = 0; i < j->M; i++)
+            ops_store_row(j->narrow + i * j->N + n0, j->dt, 1, n, cs.p + i * ldc);
+    }
+    ops_buf_free(&cs);
+    return s;
+}
 
 static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
 {
@@ -409,18 +444,20 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
         return TP_OK;
     ops_buf scratch = {0};
     tp_status s = ops_buf_reserve(&scratch, PGEMM_SCRATCH_FLOATS, err);
-    if (s == TP_OK)
+    if (s == TP_OK && j->narrow)
+        s = narrow_panels(j, p0, p1, scratch.p, err);
+    else if (s == TP_OK)
         pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch.p);
     ops_buf_free(&scratch);
     return s;
 }
 
-/* a as [M, K] rows with unit column stride into *rows, *lda (a copy in
- * buf when a is not so already). */
+/* a as FP32 [M, K] rows with unit column stride into *rows, *lda (a
+ * copy in buf, widened from FP16/BF16, when a is not so already). */
 static tp_status packed_rows_of(const tp_tensor *a, int64_t K, ops_buf *buf, const float **rows, int64_t *lda,
                                 int64_t *M, tp_err *err)
 {
-    if (fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1)) {
+    if (a->dtype == TP_F32 && fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1)) {
         *rows = a->data;
         return TP_OK;
     }
@@ -438,11 +475,15 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
                                cpu_pool *pool, tp_err *err)
 {
     ops_buf ab = {0}, cb = {0};
-    packed_job j = {.K = K, .N = N, .panels = panels, .c = out->data};
+    packed_job j = {.K = K, .N = N, .panels = panels, .dt = out->dtype};
     int64_t mo;
     tp_status s = packed_rows_of(a, K, &ab, &j.a, &j.lda, &j.M, err);
-    int c_folds = fold_rows(out, &mo, &j.ldc);
-    if (s == TP_OK && !c_folds) {
+    int c_folds = out->dtype == TP_F32 && fold_rows(out, &mo, &j.ldc);
+    if (out->dtype != TP_F32) { /* contiguous (cpu_matmul_writes_in_place) */
+        j.narrow = out->data;
+    } else if (c_folds) {
+        j.c = out->data;
+    } else if (s == TP_OK) {
         j.ldc = N;
         s = ops_buf_reserve(&cb, (size_t)(j.M * N), err);
         j.c = cb.p;
@@ -452,7 +493,7 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
         j.slices = pgemm_panels(N) >= 2 * threads && j.M * K * N >= PACKED_SPLIT_MIN_MACS ? threads : 1;
         s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
     }
-    if (s == TP_OK && !c_folds) {
+    if (s == TP_OK && cb.p) {
         tp_tensor flat = tp_tensor_make(cb.p, TP_F32, out->ndim, out->shape);
         tp_tensor_copy(out, &flat);
     }
@@ -462,13 +503,13 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
 }
 
 /* b's panels, when b is a weight packed at load and this is a product
- * of rows by it (row_product); NULL otherwise. */
+ * of rows by it (row_shapes; any float dtype); NULL otherwise. */
 static const float *packed_weight(const tp_tensor *a, const tp_tensor *b, int tb, const tp_tensor *out)
 {
-    if (!row_product(a, b, tb, out))
+    if (!row_shapes(a, b, tb, out))
         return NULL;
     int64_t K = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
-    return weight_packs_find(b->data, K, N, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1]);
+    return weight_packs_find(b->data, b->dtype, K, N, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1]);
 }
 
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "common/tp_math.h"
+#include "narrow_rows.h"
 #include "ops_internal.h"
 
 /* The coalescing is tp_layout_init's (kernels/common): the cuda kernels
@@ -113,12 +114,13 @@ void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *ds
         break;
     }
     case TP_F16:
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = tp_f16_to_f32(((const uint16_t *)base)[i * s]);
-        break;
     case TP_BF16:
+        if (s == 1) {
+            narrow_rows_load(base, dt, n, dst);
+            break;
+        }
         for (int64_t i = 0; i < n; i++)
-            dst[i] = tp_bf16_to_f32(((const uint16_t *)base)[i * s]);
+            dst[i] = tp_load_f32(base, dt, i * s);
         break;
     case TP_I32:
         for (int64_t i = 0; i < n; i++)
@@ -147,12 +149,13 @@ void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *s
         break;
     }
     case TP_F16:
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)base)[i * s] = tp_f32_to_f16(src[i]);
-        break;
     case TP_BF16:
+        if (s == 1) {
+            narrow_rows_store(base, dt, n, src);
+            break;
+        }
         for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)base)[i * s] = tp_f32_to_bf16(src[i]);
+            tp_store_f32(base, dt, i * s, src[i]);
         break;
     default: /* integer outputs never come from float math */
         break;

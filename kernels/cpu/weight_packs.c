@@ -8,10 +8,12 @@
 #include <string.h>
 
 #include "huge_pages.h"
+#include "narrow_rows.h"
 #include "packed_gemm.h"
 
 typedef struct {
-    const float *w;
+    const void *w;
+    tp_dtype dt;
     int64_t K, N, sbk, sbn;
     float *panels; /* == w when packed in place */
 } pack_entry;
@@ -82,9 +84,27 @@ static tp_status insert(const pack_entry *e, tp_err *err)
     return st;
 }
 
-tp_status weight_packs_add(float *w, int64_t K, int64_t N, int64_t sbk, int64_t sbn, int in_place, tp_err *err)
+/* Packs an FP16/BF16 view through an FP32 copy of the elements it spans,
+ * in w's own order: pgemm_pack then reads it along its unit stride, as
+ * for an FP32 weight. The copy lives only while packing. */
+static tp_status pack_narrow(const void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn,
+                             float *panels, tp_err *err)
 {
-    if (!weight_packs_enabled() || K < 1 || N < 1)
+    int64_t span = (K - 1) * sbk + (N - 1) * sbn + 1;
+    float *wide = malloc(sizeof(float) * (size_t)span);
+    if (!wide)
+        return tp_fail(err, TP_NOMEM, "weight packs: cannot allocate %zu bytes to widen a %lld x %lld %s weight",
+                       sizeof(float) * (size_t)span, (long long)K, (long long)N, tp_dtype_name(dt));
+    narrow_rows_load(w, dt, span, wide);
+    pgemm_pack(wide, K, N, sbk, sbn, panels);
+    free(wide);
+    return TP_OK;
+}
+
+tp_status weight_packs_add(void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn, int in_place,
+                           tp_err *err)
+{
+    if (!weight_packs_enabled() || !tp_dtype_is_float(dt) || K < 1 || N < 1 || sbk < 0 || sbn < 0)
         return TP_OK;
     size_t floats = pgemm_packed_floats(K, N);
     float *panels = aligned_alloc(64, (floats * sizeof(float) + 63) & ~(size_t)63);
@@ -92,11 +112,19 @@ tp_status weight_packs_add(float *w, int64_t K, int64_t N, int64_t sbk, int64_t 
     if (!panels)
         return tp_fail(err, TP_NOMEM, "weight packs: cannot allocate %zu bytes of panels for a %lld x %lld weight",
                        floats * sizeof(float), (long long)K, (long long)N);
-    pgemm_pack(w, K, N, sbk, sbn, panels);
-    pack_entry e = {.w = w, .K = K, .N = N, .sbk = sbk, .sbn = sbn, .panels = panels};
-    /* In place only where the panels fit exactly and w's memory is
+    if (dt == TP_F32) {
+        pgemm_pack(w, K, N, sbk, sbn, panels);
+    } else {
+        tp_status st = pack_narrow(w, dt, K, N, sbk, sbn, panels, err);
+        if (st != TP_OK) {
+            free(panels);
+            return st;
+        }
+    }
+    pack_entry e = {.w = w, .dt = dt, .K = K, .N = N, .sbk = sbk, .sbn = sbn, .panels = panels};
+    /* In place only where the panels fit exactly (FP32) and w's memory is
      * aligned for the kernel's loads (the allocators give 64 bytes). */
-    if (in_place && floats == (size_t)(K * N) && ((uintptr_t)w & 31) == 0) {
+    if (in_place && dt == TP_F32 && floats == (size_t)(K * N) && ((uintptr_t)w & 31) == 0) {
         memcpy(w, panels, floats * sizeof(float));
         free(panels);
         e.panels = w;
@@ -107,14 +135,14 @@ tp_status weight_packs_add(float *w, int64_t K, int64_t N, int64_t sbk, int64_t 
     return st;
 }
 
-const float *weight_packs_find(const float *w, int64_t K, int64_t N, int64_t sbk, int64_t sbn)
+const float *weight_packs_find(const void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn)
 {
     const float *found = NULL;
     pthread_rwlock_rdlock(&lock);
     int at = n_entries ? lower_bound(w) : 0;
     if (at < n_entries) {
         const pack_entry *e = &entries[at];
-        if (e->w == w && e->K == K && e->N == N && e->sbk == sbk && e->sbn == sbn)
+        if (e->w == w && e->dt == dt && e->K == K && e->N == N && e->sbk == sbk && e->sbn == sbn)
             found = e->panels;
     }
     pthread_rwlock_unlock(&lock);
@@ -126,7 +154,7 @@ void weight_packs_forget(const void *w)
     pthread_rwlock_wrlock(&lock);
     int at = n_entries ? lower_bound(w) : 0;
     if (at < n_entries && (const void *)entries[at].w == w) {
-        if (entries[at].panels != entries[at].w)
+        if ((const void *)entries[at].panels != entries[at].w)
             free(entries[at].panels);
         memmove(&entries[at], &entries[at + 1], sizeof *entries * (size_t)(n_entries - at - 1));
         n_entries--;

@@ -1,6 +1,7 @@
 /* test_packed_gemm.c — tpserve's FP32 GEMM by weights packed once at load
  * (kernels/cpu/packed_gemm.h), the registry of packed weights
- * (weight_packs.h), cpu_matmul on a registered weight, and the engine's
+ * (weight_packs.h), cpu_matmul on a registered weight (FP32, and FP16/BF16
+ * widened into FP32 panels), and the engine's
  * choice of which params to pack and whether in place (engine/weights.c).
  *
  * The kernel against a double-precision reference over shapes that cross
@@ -253,22 +254,22 @@ START_TEST(registry_add_find_forget)
     /* N 32: panels exactly as large as w, w aligned -> packed in place */
     float *w = filled(K * 32, 7), *want = falloc(pgemm_packed_floats(K, 32));
     pgemm_pack(w, K, 32, 32, 1, want);
-    ck_assert_msg(weight_packs_add(w, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
-    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
+    ck_assert_msg(weight_packs_add(w, TP_F32, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_eq(weight_packs_find(w, TP_F32, K, 32, 32, 1), w);
     ck_assert_mem_eq(w, want, sizeof(float) * pgemm_packed_floats(K, 32));
     /* another view of the same memory, or another address: not these panels */
-    ck_assert_ptr_null(weight_packs_find(w, K, 32, 33, 1));
-    ck_assert_ptr_null(weight_packs_find(w, K, 32, 1, K));
-    ck_assert_ptr_null(weight_packs_find(w, K - 1, 32, 32, 1));
-    ck_assert_ptr_null(weight_packs_find(w, K, 16, 32, 1));
-    ck_assert_ptr_null(weight_packs_find(w + 1, K, 32, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K, 32, 33, 1));
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K, 32, 1, K));
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K - 1, 32, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K, 16, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(w + 1, TP_F32, K, 32, 32, 1));
 
     /* N 20: the panels are larger than w -> beside it, w unchanged */
     float *v = filled(K * 20, 8), *v0 = falloc(K * 20), *vwant = falloc(pgemm_packed_floats(K, 20));
     memcpy(v0, v, sizeof(float) * K * 20);
     pgemm_pack(v, K, 20, 20, 1, vwant);
-    ck_assert_msg(weight_packs_add(v, K, 20, 20, 1, 1, &err) == TP_OK, "%s", err.msg);
-    const float *vp = weight_packs_find(v, K, 20, 20, 1);
+    ck_assert_msg(weight_packs_add(v, TP_F32, K, 20, 20, 1, 1, &err) == TP_OK, "%s", err.msg);
+    const float *vp = weight_packs_find(v, TP_F32, K, 20, 20, 1);
     ck_assert_ptr_nonnull(vp);
     ck_assert_ptr_ne(vp, v);
     ck_assert_mem_eq(vp, vwant, sizeof(float) * pgemm_packed_floats(K, 20));
@@ -278,10 +279,10 @@ START_TEST(registry_add_find_forget)
      * address the kernel's aligned loads cannot take: beside, unchanged */
     float *u = filled(K * 32 + 8, 9), *u0 = falloc(K * 32 + 8);
     memcpy(u0, u, sizeof(float) * (K * 32 + 8));
-    ck_assert_msg(weight_packs_add(u, K, 32, 32, 1, 0, &err) == TP_OK, "%s", err.msg);
-    ck_assert_msg(weight_packs_add(u + 1, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(weight_packs_add(u, TP_F32, K, 32, 32, 1, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(weight_packs_add(u + 1, TP_F32, K, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
     for (int off = 0; off <= 1; off++) {
-        const float *up = weight_packs_find(u + off, K, 32, 32, 1);
+        const float *up = weight_packs_find(u + off, TP_F32, K, 32, 32, 1);
         ck_assert_ptr_nonnull(up);
         ck_assert_ptr_ne(up, u + off);
         pgemm_pack(u0 + off, K, 32, 32, 1, want);
@@ -291,30 +292,30 @@ START_TEST(registry_add_find_forget)
 
     /* a second add of the same address is refused, the first entry kept */
     memset(&err, 0, sizeof err);
-    ck_assert_int_eq(weight_packs_add(v, K, 20, 20, 1, 0, &err), TP_INTERNAL);
+    ck_assert_int_eq(weight_packs_add(v, TP_F32, K, 20, 20, 1, 0, &err), TP_INTERNAL);
     ck_assert_msg(strstr(err.msg, "already packed") != NULL, "%s", err.msg);
-    ck_assert_int_eq(weight_packs_add(w, K, 16, 16, 1, 0, &err), TP_INTERNAL);
-    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
-    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
+    ck_assert_int_eq(weight_packs_add(w, TP_F32, K, 16, 16, 1, 0, &err), TP_INTERNAL);
+    ck_assert_ptr_eq(weight_packs_find(v, TP_F32, K, 20, 20, 1), vp);
+    ck_assert_ptr_eq(weight_packs_find(w, TP_F32, K, 32, 32, 1), w);
 
     /* forgetting memory never packed changes nothing */
     float other[4];
     weight_packs_forget(other);
     weight_packs_forget(w + 2);
-    ck_assert_ptr_eq(weight_packs_find(w, K, 32, 32, 1), w);
-    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
+    ck_assert_ptr_eq(weight_packs_find(w, TP_F32, K, 32, 32, 1), w);
+    ck_assert_ptr_eq(weight_packs_find(v, TP_F32, K, 20, 20, 1), vp);
 
     weight_packs_forget(w);
-    ck_assert_ptr_null(weight_packs_find(w, K, 32, 32, 1));
-    ck_assert_ptr_eq(weight_packs_find(v, K, 20, 20, 1), vp);
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K, 32, 32, 1));
+    ck_assert_ptr_eq(weight_packs_find(v, TP_F32, K, 20, 20, 1), vp);
     weight_packs_forget(v);
     weight_packs_forget(u);
     weight_packs_forget(u + 1);
-    ck_assert_ptr_null(weight_packs_find(v, K, 20, 20, 1));
-    ck_assert_ptr_null(weight_packs_find(u, K, 32, 32, 1));
+    ck_assert_ptr_null(weight_packs_find(v, TP_F32, K, 20, 20, 1));
+    ck_assert_ptr_null(weight_packs_find(u, TP_F32, K, 32, 32, 1));
     /* and a forgotten address may be packed again */
-    ck_assert_msg(weight_packs_add(v, K, 20, 20, 1, 0, &err) == TP_OK, "%s", err.msg);
-    ck_assert_ptr_nonnull(weight_packs_find(v, K, 20, 20, 1));
+    ck_assert_msg(weight_packs_add(v, TP_F32, K, 20, 20, 1, 0, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(weight_packs_find(v, TP_F32, K, 20, 20, 1));
     weight_packs_forget(v);
     free(w), free(want), free(v), free(v0), free(vwant), free(u), free(u0);
 }
@@ -360,8 +361,8 @@ START_TEST(openblas_env_turns_packing_off)
     float *w = filled(4 * 32, 10), *w0 = falloc(4 * 32);
     memcpy(w0, w, sizeof(float) * 4 * 32);
     tp_err err = {{0}};
-    ck_assert_msg(weight_packs_add(w, 4, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
-    ck_assert_ptr_null(weight_packs_find(w, 4, 32, 32, 1));
+    ck_assert_msg(weight_packs_add(w, TP_F32, 4, 32, 32, 1, 1, &err) == TP_OK, "%s", err.msg);
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, 4, 32, 32, 1));
     ck_assert_mem_eq(w, w0, sizeof(float) * 4 * 32); /* not packed in place either */
     free(w), free(w0);
 }
@@ -403,8 +404,8 @@ static void matmul_case(int64_t K, int64_t N, int tb, int in_place)
     memcpy(copy, w, sizeof(float) * (size_t)(K * N));
     tp_err err = {{0}};
     int64_t sbk = tb ? 1 : N, sbn = tb ? K : 1;
-    ck_assert_msg(weight_packs_add(w, K, N, sbk, sbn, in_place, &err) == TP_OK, "%s", err.msg);
-    const float *panels = weight_packs_find(w, K, N, sbk, sbn);
+    ck_assert_msg(weight_packs_add(w, TP_F32, K, N, sbk, sbn, in_place, &err) == TP_OK, "%s", err.msg);
+    const float *panels = weight_packs_find(w, TP_F32, K, N, sbk, sbn);
     ck_assert_ptr_nonnull(panels);
     ck_assert_int_eq(panels == w, in_place && N % PGEMM_NR == 0);
     int64_t ws[2] = {tb ? N : K, tb ? K : N};
@@ -491,6 +492,82 @@ START_TEST(matmul_by_registered_weight)
     matmul_case(200, 48, 1, 1);
     matmul_case(200, 40, 0, 1); /* beside: N not a multiple of 16 */
     matmul_case(200, 40, 1, 0);
+}
+END_TEST
+
+/* An FP16/BF16 weight, widened once into panels beside it (never in
+ * place: FP32 panels are twice its size). Its memory is overwritten once
+ * registered, so only a product that reads the panels still gives the
+ * product of its original values: here OpenBLAS on an unregistered copy
+ * (widened per call, cpu_matmul's matmul_half). Both sum the same FP32
+ * products in other orders and round once to the dtype, so they may
+ * differ by one unit in its last place: 2^-10 relative for FP16, 2^-7
+ * for BF16 (plus TU_RTOL_REORDER for the sums, relative to 1 at least). */
+static void narrow_case(tp_dtype dt, int64_t K, int64_t N, int tb)
+{
+    const int64_t M = 37;
+    tp_attrs at;
+    memset(&at, 0, sizeof at);
+    at.transpose_b = tb;
+    float *wf = filled((size_t)(K * N), 41), *af = filled((size_t)(M * K), 42);
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)(K * N)), *copy = malloc(sizeof(uint16_t) * (size_t)(K * N)),
+             *a = malloc(sizeof(uint16_t) * (size_t)(M * K)), *want = malloc(sizeof(uint16_t) * (size_t)(M * N)),
+             *got = malloc(sizeof(uint16_t) * (size_t)(M * N)), *pooled = malloc(sizeof(uint16_t) * (size_t)(M * N));
+    ck_assert(w && copy && a && want && got && pooled);
+    for (int64_t i = 0; i < K * N; i++)
+        tp_store_f32(w, dt, i, wf[i]);
+    for (int64_t i = 0; i < M * K; i++)
+        tp_store_f32(a, dt, i, af[i]);
+    memcpy(copy, w, sizeof(uint16_t) * (size_t)(K * N));
+    tp_err err = {{0}};
+    int64_t sbk = tb ? 1 : N, sbn = tb ? K : 1;
+    ck_assert_msg(weight_packs_add(w, dt, K, N, sbk, sbn, 1, &err) == TP_OK, "%s", err.msg);
+    const float *panels = weight_packs_find(w, dt, K, N, sbk, sbn);
+    ck_assert_ptr_nonnull(panels);
+    ck_assert_ptr_ne(panels, (const void *)w);
+    ck_assert_ptr_null(weight_packs_find(w, TP_F32, K, N, sbk, sbn)); /* the dtype is part of the key */
+    memset(w, 0x7b, sizeof(uint16_t) * (size_t)(K * N)); /* 60768 as FP16, 1.3e36 as BF16 */
+
+    int64_t ws[2] = {tb ? N : K, tb ? K : N}, as[2] = {M, K}, os[2] = {M, N};
+    tp_tensor tw = tp_tensor_make(w, dt, 2, ws), tc = tp_tensor_make(copy, dt, 2, ws);
+    tp_tensor ta = tp_tensor_make(a, dt, 2, as), ow = tp_tensor_make(want, dt, 2, os),
+              og = tp_tensor_make(got, dt, 2, os), op = tp_tensor_make(pooled, dt, 2, os);
+    run_on(NULL, &at, &ta, &tc, &ow);
+    run_on(NULL, &at, &ta, &tw, &og);
+    cpu_pool *pool = NULL;
+    ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
+    run_on(pool, &at, &ta, &tw, &op);
+    cpu_pool_free(pool);
+    double ulp = dt == TP_F16 ? 0x1p-10 : 0x1p-7;
+    for (int64_t e = 0; e < M * N; e++) {
+        float g = tp_load_f32(got, dt, e), x = tp_load_f32(want, dt, e);
+        if (fabsf(g - x) > (float)ulp * fmaxf(fabsf(g), fabsf(x)) + TU_RTOL_REORDER * (fabsf(x) + 1.0f))
+            ck_assert_msg(0, "%s K %lld N %lld%s: c[%lld] = %.6g on the panels, %.6g on the unpacked weight",
+                          tp_dtype_name(dt), (long long)K, (long long)N, tb ? " transposed" : "", (long long)e,
+                          (double)g, (double)x);
+    }
+    ck_assert_msg(memcmp(got, pooled, sizeof(uint16_t) * (size_t)(M * N)) == 0,
+                  "%s: other bits on a pool of 2 threads", tp_dtype_name(dt));
+    weight_packs_forget(w);
+    free(wf), free(af), free(w), free(copy), free(a), free(want), free(got), free(pooled);
+}
+
+START_TEST(matmul_by_narrow_weight)
+{
+    if (!kernel_runs("matmul_by_narrow_weight"))
+        return;
+    if (!weight_packs_enabled()) {
+        printf("matmul_by_narrow_weight: skipped, TPSERVE_CPU_GEMM=openblas\n");
+        return;
+    }
+    for (int d = 0; d < 2; d++) {
+        tp_dtype dt = d ? TP_BF16 : TP_F16;
+        narrow_case(dt, 200, 64, 0);
+        narrow_case(dt, 300, 40, 1); /* a last panel past N, and KC blocks */
+        /* 131 panels: chunks of the narrow result (ops_matmul.c's
+         * NARROW_CHUNK_PANELS, 64) inside each thread's share of 65-66 */
+        narrow_case(dt, 100, 2088, 0);
+    }
 }
 END_TEST
 
@@ -620,22 +697,22 @@ START_TEST(engine_packs_sole_weights_in_place)
     float *v = tp_weights_get(wt, 0, param_index(g, "v"));
     float *e = tp_weights_get(wt, 0, param_index(g, "e"));
     float *want = falloc(pgemm_packed_floats(8, 32)); /* also holds e's 8 x 16 */
-    ck_assert_ptr_eq(weight_packs_find(w, 8, 32, 32, 1), w);
+    ck_assert_ptr_eq(weight_packs_find(w, TP_F32, 8, 32, 32, 1), w);
     pgemm_pack(w_data, 8, 32, 32, 1, want);
     ck_assert_mem_eq(w, want, sizeof(float) * pgemm_packed_floats(8, 32));
 
-    const float *vp = weight_packs_find(v, 8, 20, 20, 1);
+    const float *vp = weight_packs_find(v, TP_F32, 8, 20, 20, 1);
     ck_assert_ptr_nonnull(vp);
     ck_assert_ptr_ne(vp, v);
     ck_assert_mem_eq(v, v_data, sizeof v_data);
 
-    const float *ep = weight_packs_find(e, 8, 16, 1, 8);
+    const float *ep = weight_packs_find(e, TP_F32, 8, 16, 1, 8);
     ck_assert_ptr_nonnull(ep);
     ck_assert_ptr_ne(ep, e);
     ck_assert_mem_eq(e, e_data, sizeof e_data);
     pgemm_pack(e_data, 8, 16, 1, 8, want);
     ck_assert_mem_eq(ep, want, sizeof(float) * pgemm_packed_floats(8, 16));
-    ck_assert_ptr_null(weight_packs_find(e, 16, 8, 8, 1)); /* not as a [K, N] weight */
+    ck_assert_ptr_null(weight_packs_find(e, TP_F32, 16, 8, 8, 1)); /* not as a [K, N] weight */
 
     tp_weights_free(wt);
     tp_rank_group_free(rg);
@@ -659,6 +736,7 @@ static Suite *packed_gemm_suite(void)
     tcase_add_test(tc, registry_add_find_forget);
     tcase_add_test(tc, openblas_env_turns_packing_off);
     tcase_add_test(tc, matmul_by_registered_weight);
+    tcase_add_test(tc, matmul_by_narrow_weight);
     tcase_add_test(tc, engine_outputs_with_packed_weights);
     tcase_add_test(tc, engine_packs_sole_weights_in_place);
     suite_add_tcase(s, tc);
