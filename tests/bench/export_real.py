@@ -11,6 +11,7 @@ tests/onnx/export_fixtures.py's helpers:
 | gpt2.onnx | GPT2LMHeadModel, GPT-2 small: 12 layers, 768, 12 heads, vocab 50257, the LM head | logits |
 | bert.onnx | BertModel, BERT-base: 12 layers, 768, 12 heads, ffn 3072, 512 positions, type vocab 2 | last_hidden_state |
 | llama.onnx | LlamaForCausalLM, ~125M: 12 layers, 768, 12 heads, 4 KV heads, ffn 2048, vocab 32000 | logits |
+| gpt2_fp16.onnx, bert_fp16.onnx, llama_fp16.onnx (by name only) | the model above after `model.half()`: FP16 weights and compute | as above |
 | llama1b.onnx (--llama-1b only) | LlamaForCausalLM, 0.85B parameters (3.4 GB): 16 layers, 2048, 32 heads, 8 KV heads, ffn 5632, vocab 32000; weights in llama1b.onnx.data (> 2 GB) | logits |
 
 Weights are normal with std 0.02 (HF's initializer_range; biases too, and
@@ -73,6 +74,10 @@ def llama1b():
 
 MODELS = {"gpt2": (gpt2, "logits"), "bert": (bert, "last_hidden_state"), "llama": (llama, "logits"),
           "llama1b": (llama1b, "logits")}
+# NAME_fp16: the same model (same seed) after model.half()
+for _name in ("gpt2", "bert", "llama"):
+    _make, _out = MODELS[_name]
+    MODELS[_name + "_fp16"] = (lambda make=_make: make().half(), _out)
 
 
 def export_external(model, ids, path):
@@ -117,7 +122,7 @@ def main():
     ap.add_argument("--force", action="store_true", help="export again even if the file exists")
     ap.add_argument("--llama-1b", action="store_true",
                     help="also the 0.85B-parameter Llama (by hand: minutes, ~5 GB of memory)")
-    ap.add_argument("models", nargs="*", help="gpt2, bert, llama (default: all three)")
+    ap.add_argument("models", nargs="*", help="gpt2, bert, llama (default: all three), or one of them + _fp16")
     a = ap.parse_args()
     names = a.models or ["gpt2", "bert", "llama"]
     if a.llama_1b and "llama1b" not in names:
