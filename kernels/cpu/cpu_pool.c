@@ -22,6 +22,11 @@ typedef struct {
     int slot;
 } worker_arg;
 
+typedef struct {
+    float *p;
+    size_t cap; /* floats */
+} pool_scratch;
+
 struct cpu_pool {
     int threads, started; /* participants; workers started (threads - 1 once created) */
     pthread_t *workers;
@@ -39,6 +44,7 @@ struct cpu_pool {
     atomic_int failed;
     tp_status st;
     tp_err err;
+    pool_scratch *scratch; /* [threads * CPU_POOL_SCRATCHES] */
 };
 
 /* Tasks until none is left or one failed; the first failure is kept. */
@@ -95,11 +101,13 @@ tp_status cpu_pool_create(int threads, cpu_pool **out, tp_err *err)
     if (p) {
         p->workers = calloc((size_t)threads, sizeof *p->workers);
         p->args = calloc((size_t)threads, sizeof *p->args);
+        p->scratch = calloc((size_t)threads * CPU_POOL_SCRATCHES, sizeof *p->scratch);
     }
-    if (!p || !p->workers || !p->args) {
+    if (!p || !p->workers || !p->args || !p->scratch) {
         if (p) {
             free(p->workers);
             free(p->args);
+            free(p->scratch);
         }
         free(p);
         return tp_fail(err, TP_NOMEM, "cpu pool: out of memory for %d threads", threads);
@@ -137,9 +145,26 @@ void cpu_pool_free(cpu_pool *p)
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->run_mu);
+    for (int i = 0; i < p->threads * CPU_POOL_SCRATCHES; i++)
+        free(p->scratch[i].p);
+    free(p->scratch);
     free(p->workers);
     free(p->args);
     free(p);
+}
+
+float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats)
+{
+    if (!p || slot < 0 || slot >= p->threads || which < 0 || which >= CPU_POOL_SCRATCHES)
+        return NULL;
+    pool_scratch *b = &p->scratch[slot * CPU_POOL_SCRATCHES + which];
+    if (b->cap < floats) {
+        free(b->p);
+        size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
+        b->p = aligned_alloc(64, bytes);
+        b->cap = b->p ? floats : 0;
+    }
+    return b->p;
 }
 
 int cpu_pool_threads(const cpu_pool *p) { return p ? p->threads : 1; }

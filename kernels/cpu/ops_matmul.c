@@ -400,11 +400,13 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
  * multiply-adds: a decode step's 1 x 768 x 768 is 9x it). */
 #define PACKED_SPLIT_MIN_MACS ((int64_t)1 << 16)
 
-/* An FP16/BF16 product is computed this many panels at a time into FP32
- * scratch and rounded into out: a whole M x N FP32 result (25 MB for
- * GPT-2's head at 128 rows) was fresh memory on every call, whose page
- * faults and unmapping were 4.5% of an FP16 request's samples. */
+/* An FP16/BF16 product is computed NARROW_CHUNK_PANELS panels and at
+ * most NARROW_CHUNK_ROWS rows at a time into FP32 scratch (2 MB) and
+ * rounded into out: a whole M x N FP32 result (25 MB for GPT-2's head at
+ * 128 rows) was fresh memory on every call, whose page faults and
+ * unmapping were 4.5% of an FP16 request's samples. */
 #define NARROW_CHUNK_PANELS 64
+#define NARROW_CHUNK_ROWS 512
 
 typedef struct {
     int64_t M, K, N, lda, ldc;
@@ -413,49 +415,58 @@ typedef struct {
     uint16_t *narrow; /* else: a contiguous FP16/BF16 [M, N] */
     tp_dtype dt;
     int slices;
+    cpu_pool *pool; /* its slots' scratch (cpu_pool_scratch), or NULL */
 } packed_job;
 
-/* Panels p0 .. p1 - 1 into the narrow out, NARROW_CHUNK_PANELS at a time:
+/* Panels p0 .. p1 - 1 into the narrow out, a chunk at a time through cs:
  * a chunk's panels are a packed matrix of their own (panels lie K x NR
  * apart), and each element is the same chain of operations whatever the
- * column split (packed_gemm.h), so the bits are those of one product. */
-static tp_status narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *scratch, tp_err *err)
+ * rows or the column split (packed_gemm.h), so the bits are those of one
+ * product. */
+static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *cs, float *scratch)
 {
-    ops_buf cs = {0};
-    tp_status s = ops_buf_reserve(&cs, (size_t)(j->M * NARROW_CHUNK_PANELS * PGEMM_NR), err);
-    for (int64_t g0 = p0; s == TP_OK && g0 < p1; g0 += NARROW_CHUNK_PANELS) {
+    for (int64_t g0 = p0; g0 < p1; g0 += NARROW_CHUNK_PANELS) {
         int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
         int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
         int64_t ldc = (g1 - g0) * PGEMM_NR;
-        pgemm_run(j->M, j->K, n, j->a, j->lda, j->panels + g0 * j->K * PGEMM_NR, cs.p, ldc, 0, g1 - g0, scratch);
-        for (int64_t i = 0; i < j->M; i++)
-            ops_store_row(j->narrow + i * j->N + n0, j->dt, 1, n, cs.p + i * ldc);
+        for (int64_t r0 = 0; r0 < j->M; r0 += NARROW_CHUNK_ROWS) {
+            int64_t rows = j->M - r0 < NARROW_CHUNK_ROWS ? j->M - r0 : NARROW_CHUNK_ROWS;
+            pgemm_run(rows, j->K, n, j->a + r0 * j->lda, j->lda, j->panels + g0 * j->K * PGEMM_NR, cs, ldc, 0,
+                      g1 - g0, scratch);
+            for (int64_t i = 0; i < rows; i++)
+                ops_store_row(j->narrow + (r0 + i) * j->N + n0, j->dt, 1, n, cs + i * ldc);
+        }
     }
-    ops_buf_free(&cs);
-    return s;
 }
 
 static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
 {
-    (void)slot;
     const packed_job *j = arg;
     int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
     if (p1 <= p0)
         return TP_OK;
-    ops_buf scratch = {0};
-    tp_status s = ops_buf_reserve(&scratch, PGEMM_SCRATCH_FLOATS, err);
-    if (s == TP_OK && j->narrow)
-        s = narrow_panels(j, p0, p1, scratch.p, err);
-    else if (s == TP_OK)
-        pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch.p);
-    ops_buf_free(&scratch);
-    return s;
+    size_t cs = j->narrow ? (size_t)NARROW_CHUNK_ROWS * NARROW_CHUNK_PANELS * PGEMM_NR : 0;
+    ops_buf own = {0};
+    float *scratch = cpu_pool_scratch(j->pool, slot, 0, PGEMM_SCRATCH_FLOATS + cs);
+    if (!scratch) {
+        tp_status s = ops_buf_reserve(&own, PGEMM_SCRATCH_FLOATS + cs, err);
+        if (s != TP_OK)
+            return s;
+        scratch = own.p;
+    }
+    if (j->narrow)
+        narrow_panels(j, p0, p1, scratch + PGEMM_SCRATCH_FLOATS, scratch);
+    else
+        pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch);
+    ops_buf_free(&own);
+    return TP_OK;
 }
 
-/* a as FP32 [M, K] rows with unit column stride into *rows, *lda (a
- * copy in buf, widened from FP16/BF16, when a is not so already). */
-static tp_status packed_rows_of(const tp_tensor *a, int64_t K, ops_buf *buf, const float **rows, int64_t *lda,
-                                int64_t *M, tp_err *err)
+/* a as FP32 [M, K] rows with unit column stride into *rows, *lda: a
+ * itself, or a copy (widened from FP16/BF16) in the pool's slot-0
+ * scratch 1, or in buf without a pool. */
+static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, ops_buf *buf, const float **rows,
+                                int64_t *lda, int64_t *M, tp_err *err)
 {
     if (a->dtype == TP_F32 && fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1)) {
         *rows = a->data;
@@ -463,21 +474,25 @@ static tp_status packed_rows_of(const tp_tensor *a, int64_t K, ops_buf *buf, con
     }
     *M = tp_tensor_numel(a) / K;
     *lda = K;
-    tp_status s = ops_buf_reserve(buf, (size_t)(*M * K), err);
-    if (s == TP_OK) {
-        ops_gather_f32(a, buf->p);
-        *rows = buf->p;
+    float *copy = cpu_pool_scratch(pool, 0, 1, (size_t)(*M * K));
+    if (!copy) {
+        tp_status s = ops_buf_reserve(buf, (size_t)(*M * K), err);
+        if (s != TP_OK)
+            return s;
+        copy = buf->p;
     }
-    return s;
+    ops_gather_f32(a, copy);
+    *rows = copy;
+    return TP_OK;
 }
 
 static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t K, int64_t N, tp_tensor *out,
                                cpu_pool *pool, tp_err *err)
 {
     ops_buf ab = {0}, cb = {0};
-    packed_job j = {.K = K, .N = N, .panels = panels, .dt = out->dtype};
+    packed_job j = {.K = K, .N = N, .panels = panels, .dt = out->dtype, .pool = pool};
     int64_t mo;
-    tp_status s = packed_rows_of(a, K, &ab, &j.a, &j.lda, &j.M, err);
+    tp_status s = packed_rows_of(a, K, pool, &ab, &j.a, &j.lda, &j.M, err);
     int c_folds = out->dtype == TP_F32 && fold_rows(out, &mo, &j.ldc);
     if (out->dtype != TP_F32) { /* contiguous (cpu_matmul_writes_in_place) */
         j.narrow = out->data;

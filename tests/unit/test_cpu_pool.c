@@ -70,6 +70,43 @@ static tp_status count_task(void *arg, int64_t task, int slot, tp_err *err)
 
 /* Every task exactly once, on slots of the pool, job after job (workers
  * must see each new job, never run one twice), and with no pool. */
+/* Each slot's buffers are its own, kept between calls while large
+ * enough (the point: no fresh pages per call), grown when asked for
+ * more, 64-byte aligned; none without a pool or outside its slots. */
+START_TEST(scratch_kept_per_slot)
+{
+    cpu_pool *p = pool_make(2);
+    float *b[2][CPU_POOL_SCRATCHES];
+    for (int s = 0; s < 2; s++)
+        for (int w = 0; w < CPU_POOL_SCRATCHES; w++) {
+            b[s][w] = cpu_pool_scratch(p, s, w, 1000);
+            ck_assert_ptr_nonnull(b[s][w]);
+            ck_assert_uint_eq((uintptr_t)b[s][w] % 64, 0);
+            for (int i = 0; i < 1000; i++) /* writable to its end (ASan checks) */
+                b[s][w][i] = (float)(s * 10 + w);
+        }
+    for (int s = 0; s < 2; s++)
+        for (int w = 0; w < CPU_POOL_SCRATCHES; w++) {
+            for (int o = 0; o < 2; o++)
+                for (int v = 0; v < CPU_POOL_SCRATCHES; v++)
+                    if (o != s || v != w)
+                        ck_assert_ptr_ne(b[s][w], b[o][v]);
+            ck_assert_ptr_eq(cpu_pool_scratch(p, s, w, 1000), b[s][w]);
+            ck_assert_ptr_eq(cpu_pool_scratch(p, s, w, 10), b[s][w]);
+        }
+    float *grown = cpu_pool_scratch(p, 1, 0, 1 << 20);
+    ck_assert_ptr_nonnull(grown);
+    grown[(1 << 20) - 1] = 1.0f;
+    ck_assert_ptr_eq(cpu_pool_scratch(p, 1, 0, 1000), grown);
+    ck_assert_ptr_eq(cpu_pool_scratch(p, 0, 0, 1000), b[0][0]);
+    ck_assert_ptr_null(cpu_pool_scratch(NULL, 0, 0, 16));
+    ck_assert_ptr_null(cpu_pool_scratch(p, 2, 0, 16));
+    ck_assert_ptr_null(cpu_pool_scratch(p, -1, 0, 16));
+    ck_assert_ptr_null(cpu_pool_scratch(p, 0, CPU_POOL_SCRATCHES, 16));
+    cpu_pool_free(p); /* frees them (LeakSanitizer under make asan) */
+}
+END_TEST
+
 START_TEST(every_task_once)
 {
     static count_job j;
@@ -432,6 +469,7 @@ static Suite *cpu_pool_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, create_and_free);
+    tcase_add_test(tc, scratch_kept_per_slot);
     tcase_add_test(tc, every_task_once);
     tcase_add_test(tc, workers_take_tasks);
     tcase_add_test(tc, errors_propagate);

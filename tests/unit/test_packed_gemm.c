@@ -503,9 +503,8 @@ END_TEST
  * products in other orders and round once to the dtype, so they may
  * differ by one unit in its last place: 2^-10 relative for FP16, 2^-7
  * for BF16 (plus TU_RTOL_REORDER for the sums, relative to 1 at least). */
-static void narrow_case(tp_dtype dt, int64_t K, int64_t N, int tb)
+static void narrow_case(tp_dtype dt, int64_t M, int64_t K, int64_t N, int tb)
 {
-    const int64_t M = 37;
     tp_attrs at;
     memset(&at, 0, sizeof at);
     at.transpose_b = tb;
@@ -562,11 +561,13 @@ START_TEST(matmul_by_narrow_weight)
     }
     for (int d = 0; d < 2; d++) {
         tp_dtype dt = d ? TP_BF16 : TP_F16;
-        narrow_case(dt, 200, 64, 0);
-        narrow_case(dt, 300, 40, 1); /* a last panel past N, and KC blocks */
+        narrow_case(dt, 37, 200, 64, 0);
+        narrow_case(dt, 37, 300, 40, 1); /* a last panel past N, and KC blocks */
         /* 131 panels: chunks of the narrow result (ops_matmul.c's
          * NARROW_CHUNK_PANELS, 64) inside each thread's share of 65-66 */
-        narrow_case(dt, 100, 2088, 0);
+        narrow_case(dt, 37, 100, 2088, 0);
+        /* 1100 rows: blocks of NARROW_CHUNK_ROWS (512) */
+        narrow_case(dt, 1100, 24, 70, 1);
     }
 }
 END_TEST
