@@ -249,6 +249,34 @@ expect_error "external data truncated" "external.onnx: cannot read its external 
 # GatherElements) is an error naming the node, never a wrapped-around value.
 expect_error "folding a bad GatherElements" "ONNX node 'type_ids_gather' (op GatherElements): evaluating at batch 3 failed: index 100 is out of bounds" "$TMP/gather_elements_oob.onnx" --world-size 2
 expect_error "a node that fails to evaluate" "ONNX node 'the_matmul' (op MatMul): evaluating at batch 3 failed: shapes (3,16) and (12,16) not aligned" "$TMP/bad_matmul.onnx" --world-size 2
+# Products of the inputs' values are not computed at import (only their
+# shapes matter; half of a 0.85B Llama's import); products of constants
+# are, since their values are folded in. Counts onnx's numpy_matmul calls.
+$PYTHON - "$ROOT/graphs" <<'PY' && pass "import computes products of constants, not of inputs" ||
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np, onnx, tempfile, os
+from onnx import helper, numpy_helper, TensorProto as TP
+import onnx.reference.ops.op_matmul as op_matmul
+from onnx_import.normalize import normalize
+rng = np.random.default_rng(5)
+w1, w2, w3 = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6), (6, 4), (4, 5)))
+nodes = [helper.make_node("MatMul", ["w1", "w2"], ["w12"]),  # a constant: folded
+         helper.make_node("MatMul", ["x", "w12"], ["h"]),     # of the input: shape only
+         helper.make_node("Gemm", ["h", "w3"], ["y"])]
+g = helper.make_graph(nodes, "products", [helper.make_tensor_value_info("x", TP.FLOAT, ["B", 8])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, ["B", 5])],
+                      [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2"), (w3, "w3"))])
+path = os.path.join(tempfile.mkdtemp(), "products.onnx")
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+calls, real = [], op_matmul.numpy_matmul
+op_matmul.numpy_matmul = lambda a, b: calls.append((a.shape, b.shape)) or real(a, b)
+nm = normalize(path, {})
+assert calls == [((8, 6), (6, 4))] * 2, calls  # the constant at both probe batches, nothing else
+assert np.array_equal(nm.const["w12"], w1 @ w2)
+assert nm.shape["h"] == (3, 4) and nm.shape["y"] == (3, 5) and nm.bdim["y"] == 0, (nm.shape, nm.bdim)
+PY
+    fail "import computes products of constants, not of inputs"
 expect_error "onnxruntime fusion" "ONNX node 'the_fusion' (op FastGelu): not a standard ONNX op (domain 'com.microsoft'), so it cannot be folded or lowered: export with standard ops only" "$TMP/foreign_op.onnx" --world-size 2
 expect_error "missing file" "nope.onnx: cannot read" "$TMP/nope.onnx" --world-size 2
 expect_error "--dim of no input" "--dim nosuch: no input has a dynamic dim of that name" "$TMP/mlp.onnx" --world-size 1 --dim nosuch=4
