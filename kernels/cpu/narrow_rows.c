@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define NARROW_TARGET __attribute__((target("avx2,f16c")))
 #endif
@@ -98,8 +99,11 @@ static int vectorized;
 static void probe(void)
 {
 #if defined(__x86_64__)
+    /* F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not
+     * know it); "avx2" also means the OS saves the ymm registers. */
+    unsigned a, b, c, d;
     __builtin_cpu_init();
-    vectorized = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    vectorized = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 #endif
 }
 
