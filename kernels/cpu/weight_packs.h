@@ -10,6 +10,10 @@
  * large as it is (N a multiple of PGEMM_NR), they overwrite it in place,
  * so packing costs no memory; otherwise they live beside it.
  *
+ * A sole param whose panels cannot replace it (FP16/BF16, N not a
+ * multiple of PGEMM_NR, unaligned) has the whole pages inside it given
+ * back to the kernel once packed: nothing reads it again.
+ *
  * FP16/BF16 weights are widened into FP32 panels once, beside the param:
  * without them every product converted its whole weight to FP32 on every
  * call (an FP16 GPT-2 small at 4.7x onnxruntime's time, which also holds
@@ -41,8 +45,10 @@ tp_status weight_packs_check_setting(tp_err *err);
 /* Packs w, a [K, N] view of dt elements (FP32, FP16 or BF16; element
  * (k, n) at w[k * sbk + n * sbn], strides >= 0), and keeps it under w.
  * in_place: nothing but matmuls of exactly this view reads w, so FP32
- * panels may replace it. A second call for the same w is refused. No-op
- * when weight_packs_enabled is 0 or dt is not a float type. */
+ * panels may replace it, and panels beside it leave it dead (its whole
+ * pages are released and read as zeros). A second call for the same w is
+ * refused. No-op when weight_packs_enabled is 0 or dt is not a float
+ * type. */
 tp_status weight_packs_add(void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn, int in_place,
                            tp_err *err);
 

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "check_main.h"
@@ -323,6 +324,54 @@ END_TEST
 
 /* A TPSERVE_CPU_GEMM the backend has no GEMM for stops the backend,
  * naming the value; the two names and unset/empty pass. */
+/* A sole weight packed beside its memory (FP16: panels twice its size)
+ * is dead: the whole pages inside it are given back and read as zeros,
+ * while the bytes it shares with its neighbours' pages stay; a weight
+ * with other readers keeps every byte. */
+START_TEST(sole_weight_beside_released)
+{
+    if (!kernel_runs("sole_weight_beside_released"))
+        return;
+    if (!weight_packs_enabled()) {
+        printf("sole_weight_beside_released: skipped, TPSERVE_CPU_GEMM=openblas\n");
+        return;
+    }
+    const int64_t K = 64, N = 512;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(uint16_t) * (size_t)(K * N);
+    unsigned char *block[2];
+    uint16_t *w[2];
+    tp_err err = {{0}};
+    for (int sole = 0; sole < 2; sole++) {
+        block[sole] = aligned_alloc(page, bytes + 2 * page);
+        ck_assert_ptr_nonnull(block[sole]);
+        w[sole] = (uint16_t *)(block[sole] + 100); /* partial pages at both ends */
+        for (int64_t i = 0; i < K * N; i++)
+            w[sole][i] = 0x3c00; /* 1.0 */
+        ck_assert_msg(weight_packs_add(w[sole], TP_F16, K, N, N, 1, sole, &err) == TP_OK, "%s", err.msg);
+        ck_assert_ptr_nonnull(weight_packs_find(w[sole], TP_F16, K, N, N, 1));
+    }
+    size_t zeros = 0;
+    for (size_t i = 0; i < bytes; i++) {
+        uintptr_t at = (uintptr_t)((unsigned char *)w[1] + i);
+        int inside = at >= (((uintptr_t)w[1] + page - 1) & ~(uintptr_t)(page - 1)) &&
+                     at < (((uintptr_t)w[1] + bytes) & ~(uintptr_t)(page - 1));
+        unsigned char want = inside ? 0 : (i % 2 ? 0x3c : 0x00);
+        if (((unsigned char *)w[1])[i] != want)
+            ck_assert_msg(0, "sole weight byte %zu (%s a whole page): 0x%02x", i, inside ? "inside" : "outside",
+                          ((unsigned char *)w[1])[i]);
+        zeros += inside;
+    }
+    ck_assert_uint_ge(zeros, bytes - 2 * page); /* pages were released */
+    for (int64_t i = 0; i < K * N; i++)
+        if (w[0][i] != 0x3c00)
+            ck_assert_msg(0, "weight with other readers: element %lld changed", (long long)i);
+    for (int sole = 0; sole < 2; sole++) {
+        weight_packs_forget(w[sole]);
+        free(block[sole]);
+    }
+}
+END_TEST
+
 START_TEST(unknown_gemm_setting_refused)
 {
     const char *ok[] = {"", "packed", "openblas"};
@@ -735,6 +784,7 @@ static Suite *packed_gemm_suite(void)
     tcase_add_test(tc, unknown_gemm_setting_refused);
     tcase_add_test(tc, writes_only_m_by_n);
     tcase_add_test(tc, registry_add_find_forget);
+    tcase_add_test(tc, sole_weight_beside_released);
     tcase_add_test(tc, openblas_env_turns_packing_off);
     tcase_add_test(tc, matmul_by_registered_weight);
     tcase_add_test(tc, matmul_by_narrow_weight);
