@@ -428,7 +428,7 @@ static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *cs
     for (int64_t g0 = p0; g0 < p1; g0 += NARROW_CHUNK_PANELS) {
         int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
         int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
-        int64_t ldc = (g1 - g0) * PGEMM_NR;
+        int64_t ldc = (g1 - g0) * PGEMM_NR; /* at most the chunk packed_slice sized cs for */
         for (int64_t r0 = 0; r0 < j->M; r0 += NARROW_CHUNK_ROWS) {
             int64_t rows = j->M - r0 < NARROW_CHUNK_ROWS ? j->M - r0 : NARROW_CHUNK_ROWS;
             pgemm_run(rows, j->K, n, j->a + r0 * j->lda, j->lda, j->panels + g0 * j->K * PGEMM_NR, cs, ldc, 0,
@@ -445,7 +445,11 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
     if (p1 <= p0)
         return TP_OK;
-    size_t cs = j->narrow ? (size_t)NARROW_CHUNK_ROWS * NARROW_CHUNK_PANELS * PGEMM_NR : 0;
+    /* a narrow out's chunk, no larger than this slice needs: without a
+     * pool (a fused kernel's blocks) it is allocated on every call */
+    int64_t rows = j->M < NARROW_CHUNK_ROWS ? j->M : NARROW_CHUNK_ROWS,
+            panels = p1 - p0 < NARROW_CHUNK_PANELS ? p1 - p0 : NARROW_CHUNK_PANELS;
+    size_t cs = j->narrow ? (size_t)(rows * panels * PGEMM_NR) : 0;
     ops_buf own = {0};
     float *scratch = cpu_pool_scratch(j->pool, slot, 0, PGEMM_SCRATCH_FLOATS + cs);
     if (!scratch) {

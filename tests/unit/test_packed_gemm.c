@@ -75,6 +75,18 @@ static int kernel_runs(const char *test)
     return 0;
 }
 
+/* Whether weights are packed in this process: kernel_runs, and
+ * TPSERVE_CPU_GEMM is not openblas (says so once when it is). */
+static int packing_runs(const char *test)
+{
+    if (!kernel_runs(test))
+        return 0;
+    if (weight_packs_enabled())
+        return 1;
+    printf("%s: skipped, TPSERVE_CPU_GEMM=openblas\n", test);
+    return 0;
+}
+
 /* c = a . b through pgemm_pack and pgemm_run over all panels. */
 static void pgemm(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *b, int64_t sbk,
                   int64_t sbn, float *c, int64_t ldc, int64_t p0, int64_t p1)
@@ -244,12 +256,8 @@ END_TEST
 
 START_TEST(registry_add_find_forget)
 {
-    if (!kernel_runs("registry_add_find_forget"))
+    if (!packing_runs("registry_add_find_forget"))
         return;
-    if (!weight_packs_enabled()) {
-        printf("registry_add_find_forget: skipped, TPSERVE_CPU_GEMM=openblas\n");
-        return;
-    }
     const int64_t K = 10;
     tp_err err = {{0}};
     /* N 32: panels exactly as large as w, w aligned -> packed in place */
@@ -322,20 +330,14 @@ START_TEST(registry_add_find_forget)
 }
 END_TEST
 
-/* A TPSERVE_CPU_GEMM the backend has no GEMM for stops the backend,
- * naming the value; the two names and unset/empty pass. */
 /* A sole weight packed beside its memory (FP16: panels twice its size)
  * is dead: the whole pages inside it are given back and read as zeros,
  * while the bytes it shares with its neighbours' pages stay; a weight
  * with other readers keeps every byte. */
 START_TEST(sole_weight_beside_released)
 {
-    if (!kernel_runs("sole_weight_beside_released"))
+    if (!packing_runs("sole_weight_beside_released"))
         return;
-    if (!weight_packs_enabled()) {
-        printf("sole_weight_beside_released: skipped, TPSERVE_CPU_GEMM=openblas\n");
-        return;
-    }
     const int64_t K = 64, N = 512;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(uint16_t) * (size_t)(K * N);
     unsigned char *block[2];
@@ -372,6 +374,8 @@ START_TEST(sole_weight_beside_released)
 }
 END_TEST
 
+/* A TPSERVE_CPU_GEMM the backend has no GEMM for stops the backend,
+ * naming the value; the two names and unset/empty pass. */
 START_TEST(unknown_gemm_setting_refused)
 {
     const char *ok[] = {"", "packed", "openblas"};
@@ -529,12 +533,8 @@ static void matmul_case(int64_t K, int64_t N, int tb, int in_place)
 
 START_TEST(matmul_by_registered_weight)
 {
-    if (!kernel_runs("matmul_by_registered_weight"))
+    if (!packing_runs("matmul_by_registered_weight"))
         return;
-    if (!weight_packs_enabled()) {
-        printf("matmul_by_registered_weight: skipped, TPSERVE_CPU_GEMM=openblas\n");
-        return;
-    }
     /* in place: a matmul that missed the panels would read them as the
      * weight and fail the comparison, so this also proves they are used */
     matmul_case(200, 64, 0, 1);
@@ -602,12 +602,8 @@ static void narrow_case(tp_dtype dt, int64_t M, int64_t K, int64_t N, int tb)
 
 START_TEST(matmul_by_narrow_weight)
 {
-    if (!kernel_runs("matmul_by_narrow_weight"))
+    if (!packing_runs("matmul_by_narrow_weight"))
         return;
-    if (!weight_packs_enabled()) {
-        printf("matmul_by_narrow_weight: skipped, TPSERVE_CPU_GEMM=openblas\n");
-        return;
-    }
     for (int d = 0; d < 2; d++) {
         tp_dtype dt = d ? TP_BF16 : TP_F16;
         narrow_case(dt, 37, 200, 64, 0);
@@ -726,12 +722,8 @@ static int param_index(const tp_graph *g, const char *name)
  * reads it too) beside, under its transposed view, its memory untouched. */
 START_TEST(engine_packs_sole_weights_in_place)
 {
-    if (!kernel_runs("engine_packs_sole_weights_in_place"))
+    if (!packing_runs("engine_packs_sole_weights_in_place"))
         return;
-    if (!weight_packs_enabled()) {
-        printf("engine_packs_sole_weights_in_place: skipped, TPSERVE_CPU_GEMM=openblas\n");
-        return;
-    }
     char dir[64], path[128];
     write_pack_graph(dir, path);
     tp_graph *g = tu_load_passed(path, 2, NULL);
