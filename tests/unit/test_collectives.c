@@ -637,6 +637,81 @@ START_TEST(test_all_reduce_int)
 }
 END_TEST
 
+static void *ring_main(void *p)
+{
+    job_t *j = p;
+    j->st = cpu_ring_all_reduce(j->c, j->rank, &j->attrs, j->in, j->out, &j->err);
+    return NULL;
+}
+
+/* The ring all_reduce in FP16/BF16 (collectives.c combines its chunks
+ * eight elements at a time): against a simulation of its steps element by
+ * element in dtype.h's conversions (each step widens both partials, adds
+ * or takes the max, rounds once), bit for bit, on every rank; 1000
+ * elements, so chunks of n/d end in a scalar tail. */
+START_TEST(test_ring_all_reduce_narrow)
+{
+    enum { N = 1000 };
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    tp_reduce reds[3] = {TP_REDUCE_SUM, TP_REDUCE_AVG, TP_REDUCE_MAX};
+    for (int d = 2; d <= 4; d++)
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 3; q++) {
+                tp_dtype dt = dts[k];
+                int64_t sh[1] = {N};
+                tp_tensor in[MAXD], out[MAXD];
+                setup(d, dt, 1, sh, 0, sh, in, out);
+                static uint16_t sim[MAXD][N];
+                for (int r = 0; r < d; r++)
+                    for (int i = 0; i < N; i++) {
+                        tp_store_f32(in[r].data, dt, i, fval(dt, r, i));
+                        sim[r][i] = ((uint16_t *)in[r].data)[i];
+                    }
+                cpu_comm *c = comm(d);
+                tp_attrs a = {0};
+                a.reduce = reds[q];
+                job_t jobs[MAXD];
+                for (int r = 0; r < d; r++)
+                    jobs[r] = (job_t){.c = c, .rank = r, .op = TP_OP_ALL_REDUCE, .attrs = a, .in = &in[r],
+                                      .out = &out[r]};
+                spawn(d, ring_main, jobs, sizeof jobs[0]);
+                for (int r = 0; r < d; r++)
+                    ck_assert_msg(jobs[r].st == TP_OK, "ring rank %d: %s", r, jobs[r].err.msg);
+                /* step s: rank r folds its left neighbour's chunk (r-1-s) into its own */
+                for (int st = 0; st < d - 1; st++) {
+                    uint16_t prev[MAXD][N];
+                    memcpy(prev, sim, sizeof prev);
+                    for (int r = 0; r < d; r++) {
+                        int left = (r + d - 1) % d, ch = ((r - 1 - st) % d + d) % d;
+                        for (int i = ch * N / d; i < (ch + 1) * N / d; i++) {
+                            float x = tp_load_f32(prev[r], dt, i), y = tp_load_f32(prev[left], dt, i);
+                            float v = reds[q] == TP_REDUCE_MAX ? (x >= y || isnan(x) ? x : y) : x + y;
+                            tp_store_f32(sim[r], dt, i, v);
+                        }
+                    }
+                }
+                for (int ch = 0; ch < d; ch++) {
+                    int owner = (ch + d - 1) % d; /* rank r finishes chunk (r + 1) % d */
+                    for (int i = ch * N / d; i < (ch + 1) * N / d; i++) {
+                        uint16_t want = sim[owner][i];
+                        if (reds[q] == TP_REDUCE_AVG) {
+                            float sum = dt == TP_F16 ? tp_f16_to_f32(want) : tp_bf16_to_f32(want);
+                            want = dt == TP_F16 ? tp_f32_to_f16(sum / (float)d) : tp_f32_to_bf16(sum / (float)d);
+                        }
+                        for (int r = 0; r < d; r++)
+                            if (((uint16_t *)out[r].data)[i] != want)
+                                ck_assert_msg(0, "ring %s d=%d red=%d rank %d elt %d: 0x%04x, simulated 0x%04x",
+                                              tp_dtype_name(dt), d, (int)reds[q], r, i,
+                                              ((uint16_t *)out[r].data)[i], want);
+                    }
+                }
+                cpu_comm_free(c);
+                free_all(in, d);
+                free_all(out, d);
+            }
+}
+END_TEST
+
 START_TEST(test_all_reduce_noncontiguous)
 {
     /* transposed views (strides [1, 5]) of a [7, 5] buffer, every dtype */
@@ -1199,6 +1274,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(tc, test_reduce_scatter);
     tcase_add_test(tc, test_all_reduce_float);
     tcase_add_test(tc, test_all_reduce_half_literal);
+    tcase_add_test(tc, test_ring_all_reduce_narrow);
     tcase_add_test(tc, test_all_reduce_int);
     tcase_add_test(tc, test_all_reduce_noncontiguous);
     tcase_add_test(tc, test_bit_identical);
