@@ -671,15 +671,32 @@ static void reduce_run(const tp_tensor *v, const int64_t *base, const int64_t *s
     }
 }
 
-/* Contiguous F32: same arithmetic as reduce_run, without dtype dispatch. */
-static void reduce_f32_contig(const tp_tensor *v, int d, float *o, int64_t n, tp_reduce red)
+/* Elements i0 .. i0 + m - 1 of a contiguous float tensor as FP32: the
+ * tensor's own memory (FP32), or widened into buf (FP16/BF16). */
+static const float *chunk_of(const tp_tensor *t, int64_t i0, int64_t m, float *buf)
+{
+    if (t->dtype == TP_F32)
+        return (const float *)t->data + i0;
+    narrow_rows_load((const uint16_t *)t->data + i0, t->dtype, m, buf);
+    return buf;
+}
+
+/* Contiguous float tensors: reduce_run's arithmetic (widen, accumulate in
+ * rank order, round once to the dtype) a chunk at a time, without its
+ * per-element dtype dispatch. FP16/BF16 chunks are widened and rounded
+ * eight elements at a time (narrow_rows.h, bit for bit dtype.h's
+ * conversions): one at a time, an FP16 GPT-2's all_reduces were 13% of
+ * its samples at ws 2. */
+static void reduce_float_contig(const tp_tensor *v, int d, tp_tensor *out, int64_t n, tp_reduce red)
 {
     for (int64_t i0 = 0; i0 < n; i0 += RED_CHUNK) {
         int64_t m = n - i0 < RED_CHUNK ? n - i0 : RED_CHUNK;
-        float acc[RED_CHUNK];
-        memcpy(acc, (const float *)v[0].data + i0, (size_t)m * sizeof(float));
+        float acc[RED_CHUNK], x[RED_CHUNK];
+        const float *first = chunk_of(&v[0], i0, m, acc);
+        if (first != acc)
+            memcpy(acc, first, (size_t)m * sizeof(float));
         for (int r = 1; r < d; r++) {
-            const float *p = (const float *)v[r].data + i0;
+            const float *p = chunk_of(&v[r], i0, m, x);
             if (red == TP_REDUCE_MAX) {
                 for (int64_t i = 0; i < m; i++)
                     if (p[i] > acc[i] || isnan(p[i]))
@@ -692,36 +709,10 @@ static void reduce_f32_contig(const tp_tensor *v, int d, float *o, int64_t n, tp
         if (red == TP_REDUCE_AVG)
             for (int64_t i = 0; i < m; i++)
                 acc[i] /= (float)d;
-        memcpy(o + i0, acc, (size_t)m * sizeof(float));
-    }
-}
-
-/* Contiguous FP16/BF16: reduce_run's arithmetic (widen, accumulate in
- * rank order, round once) over rows widened and rounded eight at a time
- * (narrow_rows.h, bit for bit dtype.h's conversions). One element at a
- * time, an FP16 GPT-2's all_reduces were 13% of its samples at ws 2. */
-static void reduce_narrow_contig(const tp_tensor *v, int d, tp_tensor *out, int64_t n, tp_reduce red)
-{
-    tp_dtype dt = out->dtype;
-    for (int64_t i0 = 0; i0 < n; i0 += RED_CHUNK) {
-        int64_t m = n - i0 < RED_CHUNK ? n - i0 : RED_CHUNK;
-        float acc[RED_CHUNK], x[RED_CHUNK];
-        narrow_rows_load((const uint16_t *)v[0].data + i0, dt, m, acc);
-        for (int r = 1; r < d; r++) {
-            narrow_rows_load((const uint16_t *)v[r].data + i0, dt, m, x);
-            if (red == TP_REDUCE_MAX) {
-                for (int64_t i = 0; i < m; i++)
-                    if (x[i] > acc[i] || isnan(x[i]))
-                        acc[i] = x[i];
-            } else {
-                for (int64_t i = 0; i < m; i++)
-                    acc[i] += x[i];
-            }
-        }
-        if (red == TP_REDUCE_AVG)
-            for (int64_t i = 0; i < m; i++)
-                acc[i] /= (float)d;
-        narrow_rows_store((uint16_t *)out->data + i0, dt, m, acc);
+        if (out->dtype == TP_F32)
+            memcpy((float *)out->data + i0, acc, (size_t)m * sizeof(float));
+        else
+            narrow_rows_store((uint16_t *)out->data + i0, out->dtype, m, acc);
     }
 }
 
@@ -731,15 +722,9 @@ static tp_status reduce_views(const tp_tensor *v, int d, tp_tensor *out, tp_redu
     int64_t n = tp_tensor_numel(out);
     if (n == 0)
         return TP_OK;
-    if (all_contiguous(v, d, out)) {
-        if (out->dtype == TP_F32) {
-            reduce_f32_contig(v, d, out->data, n, red);
-            return TP_OK;
-        }
-        if (out->dtype == TP_F16 || out->dtype == TP_BF16) {
-            reduce_narrow_contig(v, d, out, n, red);
-            return TP_OK;
-        }
+    if (tp_dtype_is_float(out->dtype) && all_contiguous(v, d, out)) {
+        reduce_float_contig(v, d, out, n, red);
+        return TP_OK;
     }
     int64_t *base = malloc(2 * (size_t)d * sizeof *base);
     if (!base)
