@@ -418,6 +418,18 @@ typedef struct {
     cpu_pool *pool; /* its slots' scratch (cpu_pool_scratch), or NULL */
 } packed_job;
 
+/* n floats of scratch: the pool's buffer `which` of `slot`, kept between
+ * calls (cpu_pool_scratch), or without a pool own's, freed by the caller. */
+static tp_status scratch_of(cpu_pool *pool, int slot, int which, size_t n, ops_buf *own, float **p, tp_err *err)
+{
+    *p = cpu_pool_scratch(pool, slot, which, n);
+    if (*p)
+        return TP_OK;
+    tp_status s = ops_buf_reserve(own, n, err);
+    *p = own->p;
+    return s;
+}
+
 /* Panels p0 .. p1 - 1 into the narrow out, a chunk at a time through cs:
  * a chunk's panels are a packed matrix of their own (panels lie K x NR
  * apart), and each element is the same chain of operations whatever the
@@ -451,19 +463,14 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
             panels = p1 - p0 < NARROW_CHUNK_PANELS ? p1 - p0 : NARROW_CHUNK_PANELS;
     size_t cs = j->narrow ? (size_t)(rows * panels * PGEMM_NR) : 0;
     ops_buf own = {0};
-    float *scratch = cpu_pool_scratch(j->pool, slot, 0, PGEMM_SCRATCH_FLOATS + cs);
-    if (!scratch) {
-        tp_status s = ops_buf_reserve(&own, PGEMM_SCRATCH_FLOATS + cs, err);
-        if (s != TP_OK)
-            return s;
-        scratch = own.p;
-    }
-    if (j->narrow)
+    float *scratch;
+    tp_status s = scratch_of(j->pool, slot, 0, PGEMM_SCRATCH_FLOATS + cs, &own, &scratch, err);
+    if (s == TP_OK && j->narrow)
         narrow_panels(j, p0, p1, scratch + PGEMM_SCRATCH_FLOATS, scratch);
-    else
+    else if (s == TP_OK)
         pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch);
     ops_buf_free(&own);
-    return TP_OK;
+    return s;
 }
 
 /* a as FP32 [M, K] rows with unit column stride into *rows, *lda: a
@@ -478,16 +485,12 @@ static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, o
     }
     *M = tp_tensor_numel(a) / K;
     *lda = K;
-    float *copy = cpu_pool_scratch(pool, 0, 1, (size_t)(*M * K));
-    if (!copy) {
-        tp_status s = ops_buf_reserve(buf, (size_t)(*M * K), err);
-        if (s != TP_OK)
-            return s;
-        copy = buf->p;
-    }
-    ops_gather_f32(a, copy);
+    float *copy;
+    tp_status s = scratch_of(pool, 0, 1, (size_t)(*M * K), buf, &copy, err);
+    if (s == TP_OK)
+        ops_gather_f32(a, copy);
     *rows = copy;
-    return TP_OK;
+    return s;
 }
 
 static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t K, int64_t N, tp_tensor *out,
