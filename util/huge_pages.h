@@ -1,4 +1,5 @@
-/* huge_pages.h — large blocks of memory asked onto transparent huge pages.
+/* huge_pages.h — large blocks of memory asked onto transparent huge pages,
+ * and pages nothing will read again given back (tp_release_pages).
  *
  * A block glibc serves from mmap (the server sets the threshold at
  * 1 MiB) is fresh memory: its first touch faults once per 4 KiB page,
@@ -21,5 +22,12 @@
  * when bytes >= TP_HUGE_PAGES_MIN. Best effort: returns 1 when the
  * kernel took the advice, 0 when it was refused or not given. */
 int tp_advise_huge_pages(void *p, size_t bytes);
+
+/* Gives the whole pages inside [p, p + bytes) back to the kernel: memory
+ * nothing will read again, which then reads as zeros. MADV_REMOVE frees a
+ * shared mapping's pages (ranks as processes allocate from shared
+ * memory); private memory refuses it and takes MADV_DONTNEED. Best
+ * effort: pages the kernel keeps only cost what they did before. */
+void tp_release_pages(void *p, size_t bytes);
 
 #endif

@@ -6,8 +6,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "huge_pages.h"
 #include "narrow_rows.h"
@@ -86,13 +84,16 @@ static tp_status insert(const pack_entry *e, tp_err *err)
     return st;
 }
 
+/* The elements a [K, N] view with strides >= 0 spans, from its first. */
+static int64_t view_span(int64_t K, int64_t N, int64_t sbk, int64_t sbn) { return (K - 1) * sbk + (N - 1) * sbn + 1; }
+
 /* Packs an FP16/BF16 view through an FP32 copy of the elements it spans,
  * in w's own order: pgemm_pack then reads it along its unit stride, as
  * for an FP32 weight. The copy lives only while packing. */
 static tp_status pack_narrow(const void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn,
                              float *panels, tp_err *err)
 {
-    int64_t span = (K - 1) * sbk + (N - 1) * sbn + 1;
+    int64_t span = view_span(K, N, sbk, sbn);
     float *wide = malloc(sizeof(float) * (size_t)span);
     if (!wide)
         return tp_fail(err, TP_NOMEM, "weight packs: cannot allocate %zu bytes to widen a %lld x %lld %s weight",
@@ -101,24 +102,6 @@ static tp_status pack_narrow(const void *w, tp_dtype dt, int64_t K, int64_t N, i
     pgemm_pack(wide, K, N, sbk, sbn, panels);
     free(wide);
     return TP_OK;
-}
-
-/* Gives the whole pages inside [p, p + bytes) back to the kernel: w's
- * memory once nothing will read it again (its panels live beside it),
- * which then reads as zeros. MADV_REMOVE frees a shared mapping's pages
- * (ranks as processes allocate from shared memory); private memory
- * refuses it and takes MADV_DONTNEED. An FP16 GPT-2's sole weights
- * are 170 MB, beside their 340 MB of panels. Best effort: memory the
- * kernel keeps only costs what it did before. */
-static void release_pages(void *p, size_t bytes)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0)
-        return;
-    uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
-    uintptr_t hi = ((uintptr_t)p + bytes) & ~((uintptr_t)page - 1);
-    if (hi > lo && madvise((void *)lo, hi - lo, MADV_REMOVE) != 0)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 tp_status weight_packs_add(void *w, tp_dtype dt, int64_t K, int64_t N, int64_t sbk, int64_t sbn, int in_place,
@@ -152,8 +135,8 @@ tp_status weight_packs_add(void *w, tp_dtype dt, int64_t K, int64_t N, int64_t s
     tp_status st = insert(&e, err);
     if (st != TP_OK && e.panels != w)
         free(e.panels);
-    else if (in_place && e.panels != w) /* packed beside: w is dead */
-        release_pages(w, (size_t)((K - 1) * sbk + (N - 1) * sbn + 1) * tp_dtype_size(dt));
+    else if (in_place && e.panels != w) /* packed beside: w is dead (an FP16 GPT-2: 170 MB) */
+        tp_release_pages(w, (size_t)view_span(K, N, sbk, sbn) * tp_dtype_size(dt));
     return st;
 }
 
