@@ -406,7 +406,7 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
  * 128 rows) was fresh memory on every call, whose page faults and
  * unmapping were 4.5% of an FP16 request's samples. */
 #define NARROW_CHUNK_PANELS 64
-#define NARROW_CHUNK_ROWS 512
+#define NARROW_CHUNK_ROWS (85 * PGEMM_MR) /* 510: a chunk's rows start a micro-panel of a packed once */
 
 typedef struct {
     int64_t M, K, N, lda, ldc;
@@ -434,17 +434,23 @@ static tp_status scratch_of(cpu_pool *pool, int slot, int which, size_t n, ops_b
  * a chunk's panels are a packed matrix of their own (panels lie K x NR
  * apart), and each element is the same chain of operations whatever the
  * rows or the column split (packed_gemm.h), so the bits are those of one
- * product. */
-static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *cs, float *scratch)
+ * product. a is packed once for every chunk when `once`
+ * (pgemm_packs_a_once), else a block at a time in each. */
+static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once, float *cs, float *scratch)
 {
+    if (once)
+        pgemm_pack_a(j->M, j->K, j->a, j->lda, scratch);
     for (int64_t g0 = p0; g0 < p1; g0 += NARROW_CHUNK_PANELS) {
         int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
         int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
         int64_t ldc = (g1 - g0) * PGEMM_NR; /* at most the chunk packed_slice sized cs for */
+        const float *panels = j->panels + g0 * j->K * PGEMM_NR;
         for (int64_t r0 = 0; r0 < j->M; r0 += NARROW_CHUNK_ROWS) {
             int64_t rows = j->M - r0 < NARROW_CHUNK_ROWS ? j->M - r0 : NARROW_CHUNK_ROWS;
-            pgemm_run(rows, j->K, n, j->a + r0 * j->lda, j->lda, j->panels + g0 * j->K * PGEMM_NR, cs, ldc, 0,
-                      g1 - g0, scratch);
+            if (once)
+                pgemm_run_packed_a(rows, j->K, n, scratch + r0 * j->K, panels, cs, ldc, 0, g1 - g0);
+            else
+                pgemm_run_blocks(rows, j->K, n, j->a + r0 * j->lda, j->lda, panels, cs, ldc, 0, g1 - g0, scratch);
             for (int64_t i = 0; i < rows; i++)
                 ops_store_row(j->narrow + (r0 + i) * j->N + n0, j->dt, 1, n, cs + i * ldc);
         }
@@ -462,11 +468,14 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     int64_t rows = j->M < NARROW_CHUNK_ROWS ? j->M : NARROW_CHUNK_ROWS,
             panels = p1 - p0 < NARROW_CHUNK_PANELS ? p1 - p0 : NARROW_CHUNK_PANELS;
     size_t cs = j->narrow ? (size_t)(rows * panels * PGEMM_NR) : 0;
+    int64_t chunks = (j->M + rows - 1) / rows * ((p1 - p0 + panels - 1) / panels);
+    int64_t uses = j->narrow ? chunks : pgemm_groups(j->M, p1 - p0);
+    size_t sa = pgemm_scratch_floats(j->M, j->K, uses);
     ops_buf own = {0};
     float *scratch;
-    tp_status s = scratch_of(j->pool, slot, 0, PGEMM_SCRATCH_FLOATS + cs, &own, &scratch, err);
+    tp_status s = scratch_of(j->pool, slot, 0, sa + cs, &own, &scratch, err);
     if (s == TP_OK && j->narrow)
-        narrow_panels(j, p0, p1, scratch + PGEMM_SCRATCH_FLOATS, scratch);
+        narrow_panels(j, p0, p1, pgemm_packs_a_once(j->M, j->K, uses), scratch + sa, scratch);
     else if (s == TP_OK)
         pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch);
     ops_buf_free(&own);

@@ -49,19 +49,73 @@ void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, 
     }
 }
 
-/* Rows m0 .. m0 + mc - 1, columns k0 .. k0 + kc - 1 of a into micro-panels
- * of PGEMM_MR rows ([k][MR] each). A last panel's rows past mc are left
- * unwritten: its kernel (kernel_of(mr)) reads only its mr rows. */
-static void pack_a(const float *a, int64_t lda, int64_t mc, int64_t kc, float *pa)
+/* Six rows of a (lda apart), 8 columns from a, into 8 consecutive
+ * k-steps of a micro-panel ([k][MR]): the 6 x 8 block transposed in
+ * registers, two zero rows padding it to 8 x 8. A scalar copy's stores
+ * MR floats apart were 2.7% of a 128-token request's samples (4.8% at
+ * 512 tokens). */
+PGEMM_TARGET static inline void transpose_6x8(const float *a, int64_t lda, float *p)
 {
-    for (int64_t i = 0; i < mc; i += PGEMM_MR, pa += PGEMM_MR * kc) {
-        int64_t mr = mc - i < PGEMM_MR ? mc - i : PGEMM_MR;
-        for (int64_t r = 0; r < mr; r++) {
-            const float *row = a + (i + r) * lda;
-            for (int64_t k = 0; k < kc; k++)
-                pa[k * PGEMM_MR + r] = row[k];
-        }
+    __m256 z = _mm256_setzero_ps();
+    __m256 t0 = _mm256_unpacklo_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + lda));
+    __m256 t1 = _mm256_unpackhi_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + lda));
+    __m256 t2 = _mm256_unpacklo_ps(_mm256_loadu_ps(a + 2 * lda), _mm256_loadu_ps(a + 3 * lda));
+    __m256 t3 = _mm256_unpackhi_ps(_mm256_loadu_ps(a + 2 * lda), _mm256_loadu_ps(a + 3 * lda));
+    __m256 t4 = _mm256_unpacklo_ps(_mm256_loadu_ps(a + 4 * lda), _mm256_loadu_ps(a + 5 * lda));
+    __m256 t5 = _mm256_unpackhi_ps(_mm256_loadu_ps(a + 4 * lda), _mm256_loadu_ps(a + 5 * lda));
+    /* rows 0-3 and rows 4-5 of k-steps {0, 4}, {1, 5}, {2, 6}, {3, 7} */
+    __m256 lo[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                    _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+    __m256 hi[4] = {_mm256_shuffle_ps(t4, z, 0x44), _mm256_shuffle_ps(t4, z, 0xEE), _mm256_shuffle_ps(t5, z, 0x44),
+                    _mm256_shuffle_ps(t5, z, 0xEE)};
+    for (int j = 0; j < 4; j++) {
+        __m256 k_lo = _mm256_permute2f128_ps(lo[j], hi[j], 0x20), k_hi = _mm256_permute2f128_ps(lo[j], hi[j], 0x31);
+        _mm_storeu_ps(p + j * PGEMM_MR, _mm256_castps256_ps128(k_lo));
+        _mm_storel_pi((__m64 *)(p + j * PGEMM_MR + 4), _mm256_extractf128_ps(k_lo, 1));
+        _mm_storeu_ps(p + (j + 4) * PGEMM_MR, _mm256_castps256_ps128(k_hi));
+        _mm_storel_pi((__m64 *)(p + (j + 4) * PGEMM_MR + 4), _mm256_extractf128_ps(k_hi, 1));
     }
+}
+
+/* mr rows of a (lda apart), kc columns, into one micro-panel p ([k][MR]).
+ * A last panel's rows past mr are left unwritten: its kernel
+ * (kernel_of(mr)) reads only its mr rows. */
+PGEMM_TARGET static void pack_panel(const float *a, int64_t lda, int64_t mr, int64_t kc, float *p)
+{
+    _Static_assert(PGEMM_MR == 6, "transpose_6x8 packs six rows");
+    int64_t k = 0;
+    if (mr == PGEMM_MR)
+        for (; k + 8 <= kc; k += 8)
+            transpose_6x8(a + k, lda, p + k * PGEMM_MR);
+    for (; k < kc; k++)
+        for (int64_t r = 0; r < mr; r++)
+            p[k * PGEMM_MR + r] = a[r * lda + k];
+}
+
+/* Rows m0 .. m0 + mc - 1, columns k0 .. k0 + kc - 1 of a into micro-panels
+ * of PGEMM_MR rows, MR x kc floats apart. */
+PGEMM_TARGET static void pack_block(const float *a, int64_t lda, int64_t mc, int64_t kc, float *pa)
+{
+    for (int64_t i = 0; i < mc; i += PGEMM_MR, pa += PGEMM_MR * kc)
+        pack_panel(a + i * lda, lda, mc - i < PGEMM_MR ? mc - i : PGEMM_MR, kc, pa);
+}
+
+int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses) { return uses > 1 && M * K <= PGEMM_A_ONCE_MAX_FLOATS; }
+
+size_t pgemm_packed_a_floats(int64_t M, int64_t K)
+{
+    return (size_t)((M + PGEMM_MR - 1) / PGEMM_MR * PGEMM_MR * K);
+}
+
+size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses)
+{
+    return pgemm_packs_a_once(M, K, uses) ? pgemm_packed_a_floats(M, K) : (size_t)PGEMM_MC * PGEMM_KC;
+}
+
+PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
+{
+    for (int64_t i = 0; i < M; i += PGEMM_MR)
+        pack_panel(a + i * lda, lda, M - i < PGEMM_MR ? M - i : PGEMM_MR, K, pa + i * K);
 }
 
 /* c[R x 16] (rows ldc apart) = or += the product of R rows of a packed
@@ -155,10 +209,10 @@ static void prefetch_share(const float *next, int64_t kc, int64_t t, int64_t til
         _mm_prefetch((const char *)(next + l * 16), _MM_HINT_T0);
 }
 
-/* Rows of one MC block (a packed in pa) times panels j0 .. j1 - 1 at one
- * KC block. */
+/* Rows of one MC block times panels j0 .. j1 - 1 at one KC block: pa is
+ * the block's first micro-panel at k0, the next pstep floats on. */
 PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc, int64_t k0, const float *packed,
-                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *pa)
+                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *pa, int64_t pstep)
 {
     for (int64_t j = j0; j < j1; j++) {
         const float *pb = packed + (j * K + k0) * PGEMM_NR;
@@ -169,32 +223,53 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
                 prefetch_share(pb + K * PGEMM_NR, kc, i / PGEMM_MR, (mc + PGEMM_MR - 1) / PGEMM_MR);
             float *ct = c + i * ldc + n0;
             if (nr == PGEMM_NR)
-                kernel_of(mr)(kc, pa + i * kc, pb, ct, ldc, k0 == 0);
+                kernel_of(mr)(kc, pa + i / PGEMM_MR * pstep, pb, ct, ldc, k0 == 0);
             else
-                edge_tile(kc, pa + i * kc, pb, ct, ldc, mr, nr, k0 == 0);
+                edge_tile(kc, pa + i / PGEMM_MR * pstep, pb, ct, ldc, mr, nr, k0 == 0);
         }
     }
 }
 
-/* Each group packs a again: for 128 rows and GPT-2's head (1571 panels
- * a thread), groups of 64 packed a 25 times a call, 2.5% of a request's
- * samples; groups as wide as c's block allows took 4-5% off GPT-2's
- * weight products at 128 rows. */
+/* Groups as wide as c's block allows took 4-5% off GPT-2's weight
+ * products at 128 rows, when each group packed a again. */
 int64_t pgemm_group_panels(int64_t M)
 {
     int64_t fit = PGEMM_C_BLOCK_BYTES / ((M > 0 ? M : 1) * PGEMM_NR * (int64_t)sizeof(float));
     return fit > PGEMM_NC_PANELS ? fit : PGEMM_NC_PANELS;
 }
 
+int64_t pgemm_groups(int64_t M, int64_t panels)
+{
+    int64_t g = pgemm_group_panels(M);
+    return (panels + g - 1) / g;
+}
+
 /* Loops, outermost first: groups of panels (pgemm_group_panels), KC blocks of
- * k, MC blocks of rows (a packed), the group's panels, MR-row tiles. A
- * group's kc x NC slice of b (1 MB) is reused from L3 by every MC block,
- * and its M x NC block of c (2 MB at 512 rows) stays in L3 across the KC
- * blocks. Without groups every MC block streamed all of b from memory and
- * c went to memory between KC blocks: GPT-2's weight products at 512 rows
- * on two threads ran 16% slower, its head (c 103 MB) 25-30%. */
-PGEMM_TARGET void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed,
-                            float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch)
+ * k, MC blocks of rows, the group's panels, MR-row tiles. A group's kc x
+ * NC slice of b (1 MB) is reused from L3 by every MC block, and its M x
+ * NC block of c (2 MB at 512 rows) stays in L3 across the KC blocks.
+ * Without groups every MC block streamed all of b from memory and c went
+ * to memory between KC blocks: GPT-2's weight products at 512 rows on two
+ * threads ran 16% slower, its head (c 103 MB) 25-30%. */
+PGEMM_TARGET void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,
+                                     int64_t ldc, int64_t p0, int64_t p1)
+{
+    int64_t group = pgemm_group_panels(M);
+    for (int64_t g0 = p0; g0 < p1; g0 += group) {
+        int64_t g1 = p1 - g0 < group ? p1 : g0 + group;
+        for (int64_t k0 = 0; k0 < K; k0 += PGEMM_KC) {
+            int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
+            for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
+                run_block(M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1,
+                          pa + m0 * K + k0 * PGEMM_MR, PGEMM_MR * K);
+        }
+    }
+}
+
+/* The loops of pgemm_run_packed_a, a packed one MC x KC block at a time:
+ * every group packs it again. */
+PGEMM_TARGET void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda,
+                                   const float *packed, float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch)
 {
     int64_t group = pgemm_group_panels(M);
     for (int64_t g0 = p0; g0 < p1; g0 += group) {
@@ -203,9 +278,20 @@ PGEMM_TARGET void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int
             int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC) {
                 int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
-                pack_a(a + m0 * lda + k0, lda, mc, kc, scratch);
-                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch);
+                pack_block(a + m0 * lda + k0, lda, mc, kc, scratch);
+                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, PGEMM_MR * kc);
             }
         }
+    }
+}
+
+void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
+               int64_t ldc, int64_t p0, int64_t p1, float *scratch)
+{
+    if (pgemm_packs_a_once(M, K, pgemm_groups(M, p1 - p0))) {
+        pgemm_pack_a(M, K, a, lda, scratch);
+        pgemm_run_packed_a(M, K, N, scratch, packed, c, ldc, p0, p1);
+    } else {
+        pgemm_run_blocks(M, K, N, a, lda, packed, c, ldc, p0, p1, scratch);
     }
 }

@@ -45,15 +45,47 @@ void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, 
  * PGEMM_C_BLOCK_BYTES. */
 int64_t pgemm_group_panels(int64_t M);
 
-/* Floats of scratch pgemm_run needs (a's packed block). */
-#define PGEMM_SCRATCH_FLOATS ((size_t)PGEMM_MC * PGEMM_KC)
+/* Groups of panels pgemm_run runs over `panels` panels for M rows: the
+ * times it would pack a block of a again. */
+int64_t pgemm_groups(int64_t M, int64_t panels);
+
+/* a is packed once, whole, when a call would otherwise pack it more than
+ * once and it has at most this many floats (8 MB: 512 rows of K 3072,
+ * 2048 of K 768): GPT-2's head at 512 rows packed a 25 times a call on
+ * each thread, a block at a time. Used once, a is packed a block at a
+ * time: a block stays in L2, where a whole a (1.5-6 MB at 512 rows) goes
+ * out to L3 and comes back. */
+#define PGEMM_A_ONCE_MAX_FLOATS ((int64_t)2 << 20)
+
+/* Whether M x K a, packed `uses` times a block at a time, is packed once
+ * instead. */
+int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses);
+
+/* Floats of scratch for M x K a used `uses` times: all of a packed
+ * (pgemm_packed_a_floats) when pgemm_packs_a_once, else one MC x KC
+ * block. pgemm_run's uses are pgemm_groups(M, p1 - p0). */
+size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses);
 
 /* c[M, columns of panels p0 .. p1 - 1] = a[M, K] . b, with a's rows lda
  * apart (unit column stride), c's ldc apart, b packed by pgemm_pack. c's
  * columns past N in the last panel are never written. scratch:
- * PGEMM_SCRATCH_FLOATS floats, any alignment (the kernel only broadcasts
- * single floats from it). Only on a CPU pgemm_supported. */
+ * pgemm_scratch_floats(M, K, pgemm_groups(M, p1 - p0)) floats, any alignment (the kernel only
+ * broadcasts single floats from it). Only on a CPU pgemm_supported. */
 void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
                int64_t ldc, int64_t p0, int64_t p1, float *scratch);
+
+/* pgemm_run's two halves, for a caller that runs one a against several
+ * runs of panels: a packed whole into pa (pgemm_packed_a_floats: MR x K
+ * floats for each MR rows, rows r0 .. on at pa + r0 * K when r0 is a
+ * multiple of PGEMM_MR), then c as pgemm_run gives it. */
+size_t pgemm_packed_a_floats(int64_t M, int64_t K);
+void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa);
+void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,
+                        int64_t ldc, int64_t p0, int64_t p1);
+
+/* pgemm_run packing a one MC x KC block at a time into scratch
+ * (PGEMM_MC x PGEMM_KC floats), whatever a's size: the same bits. */
+void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed,
+                      float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch);
 
 #endif

@@ -261,7 +261,7 @@ int main(int argc, char **argv)
 #endif
     int packed_ok = pgemm_supported();
     float *panels = packed_ok ? aligned_alloc(64, sizeof(float) * pgemm_packed_floats(3072, 3072)) : NULL;
-    float *scratch = packed_ok ? malloc(sizeof(float) * PGEMM_SCRATCH_FLOATS) : NULL;
+    float *scratch = packed_ok ? malloc(sizeof(float) * pgemm_packed_a_floats(512, 3072)) : NULL; /* the most pgemm_run takes here */
     if (packed_ok && (!panels || !scratch)) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         return 1;

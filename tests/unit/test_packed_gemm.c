@@ -91,7 +91,7 @@ static int packing_runs(const char *test)
 static void pgemm(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *b, int64_t sbk,
                   int64_t sbn, float *c, int64_t ldc, int64_t p0, int64_t p1)
 {
-    float *packed = falloc(pgemm_packed_floats(K, N)), *scratch = falloc(PGEMM_SCRATCH_FLOATS);
+    float *packed = falloc(pgemm_packed_floats(K, N)), *scratch = falloc(pgemm_scratch_floats(M, K, 2));
     pgemm_pack(b, K, N, sbk, sbn, packed);
     pgemm_run(M, K, N, a, lda, packed, c, ldc, p0, p1, scratch);
     free(packed);
@@ -157,7 +157,7 @@ START_TEST(rows_and_panel_splits_same_bits)
         return;
     const int64_t M = 300, Ks[] = {257, 600}, Ns[] = {40, 100};
     float *a = filled(M * 600, 3), *b = filled(600 * 100, 4), *whole = falloc(M * 100), *part = falloc(M * 100);
-    float *packed = falloc(pgemm_packed_floats(600, 100)), *scratch = falloc(PGEMM_SCRATCH_FLOATS);
+    float *packed = falloc(pgemm_packed_floats(600, 100)), *scratch = falloc(pgemm_scratch_floats(M, 600, 2));
     for (size_t ki = 0; ki < 2; ki++)
         for (size_t ni = 0; ni < 2; ni++) {
             int64_t K = Ks[ki], N = Ns[ni], P = pgemm_panels(N);
@@ -187,6 +187,52 @@ START_TEST(rows_and_panel_splits_same_bits)
             }
         }
     free(a), free(b), free(whole), free(part), free(packed), free(scratch);
+}
+END_TEST
+
+/* a packed whole once (pgemm_pack_a, pgemm_run_packed_a) and a block at
+ * a time (pgemm_run_blocks) feed the kernel the same values in the same
+ * order: the same bits, for rows that end mid micro-panel, k past the
+ * 8-column transposes and KC blocks, and a's rows lda apart. Rows from a
+ * later micro-panel are reached at pa + r0 * K, as FP16 chunks use it.
+ * pgemm_run packs once only for a used more than once, within the bound. */
+START_TEST(a_packed_once_or_by_block_same_bits)
+{
+    if (!kernel_runs("a_packed_once_or_by_block_same_bits"))
+        return;
+    const int64_t Ms[] = {1, 7, 133, 300}, Ks[] = {5, 263, 600}, N = 100, P = pgemm_panels(N);
+    float *a = filled(300 * 603, 7), *b = filled(600 * 100, 8), *once = falloc(300 * 100), *blocks = falloc(300 * 100);
+    float *packed = falloc(pgemm_packed_floats(600, 100)), *pa = falloc(pgemm_packed_a_floats(300, 600)),
+          *block = falloc(PGEMM_MC * PGEMM_KC);
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+        for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+            int64_t M = Ms[mi], K = Ks[ki], lda = K + 3;
+            pgemm_pack(b, K, N, N, 1, packed);
+            sentinel(once, (size_t)(M * N));
+            sentinel(blocks, (size_t)(M * N));
+            pgemm_pack_a(M, K, a, lda, pa);
+            pgemm_run_packed_a(M, K, N, pa, packed, once, N, 0, P);
+            pgemm_run_blocks(M, K, N, a, lda, packed, blocks, N, 0, P, block);
+            ck_assert_msg(memcmp(once, blocks, sizeof(float) * (size_t)(M * N)) == 0,
+                          "%lld x %lld x %lld: a packed once differs from a packed by block", (long long)M,
+                          (long long)K, (long long)N);
+            int64_t r0 = PGEMM_MR * ((M - 1) / PGEMM_MR); /* the last micro-panel */
+            sentinel(once, (size_t)(M * N));
+            pgemm_run_packed_a(M - r0, K, N, pa + r0 * K, packed, once, N, 0, P);
+            ck_assert_msg(memcmp(once, blocks + r0 * N, sizeof(float) * (size_t)((M - r0) * N)) == 0,
+                          "%lld x %lld: rows from %lld of a packed once differ", (long long)M, (long long)K,
+                          (long long)r0);
+        }
+    const int64_t big = PGEMM_A_ONCE_MAX_FLOATS / 600 + 1;
+    ck_assert(pgemm_packs_a_once(300, 600, 2));
+    ck_assert(!pgemm_packs_a_once(300, 600, 1));
+    ck_assert(!pgemm_packs_a_once(big, 600, 2));
+    ck_assert_uint_eq(pgemm_scratch_floats(300, 600, 2), pgemm_packed_a_floats(300, 600));
+    ck_assert_uint_eq(pgemm_scratch_floats(300, 600, 1), PGEMM_MC * PGEMM_KC);
+    ck_assert_uint_eq(pgemm_scratch_floats(big, 600, 2), PGEMM_MC * PGEMM_KC);
+    ck_assert_int_eq(pgemm_groups(140, pgemm_group_panels(140)), 1);
+    ck_assert_int_eq(pgemm_groups(140, pgemm_group_panels(140) + 1), 2);
+    free(a), free(b), free(once), free(blocks), free(packed), free(pa), free(block);
 }
 END_TEST
 
@@ -611,8 +657,10 @@ START_TEST(matmul_by_narrow_weight)
         /* 131 panels: chunks of the narrow result (ops_matmul.c's
          * NARROW_CHUNK_PANELS, 64) inside each thread's share of 65-66 */
         narrow_case(dt, 37, 100, 2088, 0);
-        /* 1100 rows: blocks of NARROW_CHUNK_ROWS (512) */
+        /* 1100 rows: blocks of NARROW_CHUNK_ROWS (510), a packed once */
         narrow_case(dt, 1100, 24, 70, 1);
+        /* a past PGEMM_A_ONCE_MAX_FLOATS: packed a block at a time */
+        narrow_case(dt, 4400, 480, 20, 0);
     }
 }
 END_TEST
@@ -772,6 +820,7 @@ static Suite *packed_gemm_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, kernel_matches_double_reference);
     tcase_add_test(tc, rows_and_panel_splits_same_bits);
+    tcase_add_test(tc, a_packed_once_or_by_block_same_bits);
     tcase_add_test(tc, panel_groups_match_reference_and_split);
     tcase_add_test(tc, unknown_gemm_setting_refused);
     tcase_add_test(tc, writes_only_m_by_n);
