@@ -1,7 +1,8 @@
 /* test_huge_pages.c — tp_advise_huge_pages advises exactly the whole
  * 2 MiB pages inside a large block (the kernel's VmFlags show "hg" there,
  * where the kernel takes the advice at all), and leaves small blocks,
- * NULL and blocks holding no whole huge page alone. */
+ * NULL and blocks holding no whole huge page alone; the engine's large
+ * result blocks (host_block.h) are advised, small ones not. */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "check_main.h"
+#include "host_block.h"
 #include "huge_pages.h"
 
 #define MIB ((size_t)1 << 20)
@@ -84,12 +86,33 @@ START_TEST(small_or_null_blocks_left_alone)
 }
 END_TEST
 
+/* A result block is written once, by the rank copying the outputs: on
+ * 4 KiB pages each faulted on that copy (engine/host_block.c). */
+START_TEST(large_result_blocks_advised)
+{
+    size_t bytes = 40 * MIB; /* past glibc's largest mmap threshold: a mapping of its own */
+    tp_host_block *big = tp_host_block_create(bytes, 1), *small = tp_host_block_create(TP_HUGE_PAGES_MIN / 2, 1);
+    ck_assert(big && small);
+    char *data = tp_host_block_data(big);
+    if (!kernel_takes_advice()) {
+        printf("large_result_blocks_advised: this kernel refuses MADV_HUGEPAGE; nothing to check\n");
+    } else {
+        ck_assert_msg(vm_flag_at(data + bytes / 2, "hg"), "a 40 MiB result block is not advised");
+        ck_assert_msg(!vm_flag_at(tp_host_block_data(small), "hg"), "a 2 MiB result block was advised");
+    }
+    memset(data, 1, bytes);
+    tp_host_block_release(big);
+    tp_host_block_release(small);
+}
+END_TEST
+
 static Suite *huge_pages_suite(void)
 {
     Suite *s = suite_create("huge_pages");
     TCase *t = tcase_create("core");
     tcase_add_test(t, large_block_advised_inside_only);
     tcase_add_test(t, small_or_null_blocks_left_alone);
+    tcase_add_test(t, large_result_blocks_advised);
     suite_add_tcase(s, t);
     return s;
 }
