@@ -270,8 +270,10 @@ static tp_status cpu_run_op(tp_backend *b, int rank, tp_op op, const tp_attrs *a
                             int n_ins, tp_tensor *out, tp_err *err)
 {
     tp_capture *c = ctx_of(b)->capturing[rank];
-    if (c)
-        return record(c, op, 0, a, ins, n_ins, out, err);
+    if (c) {
+        tp_status st = cpu_op_reserve(pool_of(ctx_of(b), rank), op, a, ins, n_ins, out, err);
+        return st == TP_OK ? record(c, op, 0, a, ins, n_ins, out, err) : st;
+    }
     return cpu_op_run_on(pool_of(ctx_of(b), rank), op, a, ins, n_ins, out, rank, b->world, err);
 }
 
@@ -578,6 +580,15 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
 }
 
 void tp_cpu_backend_verify_replay(tp_backend *b, int on) { ctx_of(b)->verify_replay = on; }
+
+size_t tp_cpu_backend_scratch_bytes(tp_backend *b)
+{
+    const cpu_ctx *x = ctx_of(b);
+    size_t n = 0;
+    for (int r = x->rank_lo; x->pool && r < x->rank_hi; r++)
+        n += cpu_pool_scratch_bytes(x->pool[r - x->rank_lo]);
+    return n;
+}
 
 /* ------------------------------------------------------- registry entry */
 

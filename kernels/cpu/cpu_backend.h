@@ -37,6 +37,10 @@ extern const tp_backend_kind tp_cpu_backend_kind;
 /* Re-run every replay eagerly and compare (setting verify_replay). */
 void tp_cpu_backend_verify_replay(tp_backend *b, int on);
 
+/* Bytes of scratch this process's ranks' pools keep (cpu_pool.h): all of
+ * it reserved by the captures, so resident once the engine is loaded. */
+size_t tp_cpu_backend_scratch_bytes(tp_backend *b);
+
 /* Bytes the comm area needs for world ranks (it must also be 64-byte aligned
  * in every process's mapping). */
 size_t tp_cpu_shared_comm_bytes(int world);

@@ -167,6 +167,14 @@ tp_status cpu_op_run_on(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const t
     return kernel_of(op)(op, attrs, ins, n_ins, out, rank, world, pool, err);
 }
 
+tp_status cpu_op_reserve(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                         const tp_tensor *out, tp_err *err)
+{
+    if ((op != TP_OP_MATMUL && op != TP_OP_MATMUL_ROWS) || n_ins < 2 || !ins || !out)
+        return TP_OK;
+    return cpu_matmul_reserve(attrs, &ins[0], &ins[1], out, pool, err);
+}
+
 tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                      tp_tensor *out, int rank, int world, tp_err *err)
 {

@@ -25,6 +25,11 @@ tp_status cpu_op_run(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int 
  * their heads over it, with the same bits on any pool. */
 tp_status cpu_op_run_on(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                         tp_tensor *out, int rank, int world, tp_err *err);
+/* Keeps in pool what cpu_op_run_on will take from it for this op and
+ * these tensors (cpu_pool_reserve): a capture calls it for each command
+ * it records, so replays find their scratch resident. */
+tp_status cpu_op_reserve(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
+                         const tp_tensor *out, tp_err *err);
 /* Whether cpu_op_run has a kernel for op. */
 int cpu_op_has_kernel(tp_op op);
 

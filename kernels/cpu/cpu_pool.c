@@ -153,8 +153,11 @@ void cpu_pool_free(cpu_pool *p)
     free(p);
 }
 
-float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats)
+/* Buffer `which` of `slot`, at least `floats` floats; NULL when out of
+ * range or out of memory. *grown: whether it was (re)allocated. */
+static pool_scratch *scratch_at(cpu_pool *p, int slot, int which, size_t floats, int *grown)
 {
+    *grown = 0;
     if (!p || slot < 0 || slot >= p->threads || which < 0 || which >= CPU_POOL_SCRATCHES)
         return NULL;
     pool_scratch *b = &p->scratch[slot * CPU_POOL_SCRATCHES + which];
@@ -163,8 +166,37 @@ float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats)
         size_t bytes = (floats * sizeof(float) + 63) & ~(size_t)63;
         b->p = aligned_alloc(64, bytes);
         b->cap = b->p ? floats : 0;
+        *grown = b->p != NULL;
     }
-    return b->p;
+    return b->p ? b : NULL;
+}
+
+float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats)
+{
+    int grown;
+    pool_scratch *b = scratch_at(p, slot, which, floats, &grown);
+    return b ? b->p : NULL;
+}
+
+int cpu_pool_reserve(cpu_pool *p, int which, int slots, size_t floats)
+{
+    for (int slot = 0; p && slot < slots && slot < p->threads; slot++) {
+        int grown;
+        pool_scratch *b = scratch_at(p, slot, which, floats, &grown);
+        if (!b)
+            return -1;
+        if (grown) /* resident now, as the model is when the budget is set */
+            memset(b->p, 0, b->cap * sizeof(float));
+    }
+    return 0;
+}
+
+size_t cpu_pool_scratch_bytes(const cpu_pool *p)
+{
+    size_t n = 0;
+    for (int i = 0; p && i < p->threads * CPU_POOL_SCRATCHES; i++)
+        n += p->scratch[i].cap * sizeof(float);
+    return n;
 }
 
 int cpu_pool_threads(const cpu_pool *p) { return p ? p->threads : 1; }

@@ -57,4 +57,14 @@ tp_status cpu_pool_run(cpu_pool *p, int64_t n_tasks, cpu_pool_fn fn, void *arg, 
 #define CPU_POOL_SCRATCHES 2
 float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats);
 
+/* Grows buffer `which` of slots 0 .. slots - 1 to at least `floats` floats and
+ * touches what it grew, so that the memory is resident now: a capture
+ * reserves what its replays will ask for (cpu_op_reserve), and the server's
+ * memory budget, set once the model is loaded, counts it. Only while no
+ * job runs. 0, or -1 when out of memory (p NULL: 0, nothing kept). */
+int cpu_pool_reserve(cpu_pool *p, int which, int slots, size_t floats);
+
+/* Bytes of scratch the pool keeps. */
+size_t cpu_pool_scratch_bytes(const cpu_pool *p);
+
 #endif

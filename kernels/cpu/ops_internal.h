@@ -138,6 +138,10 @@ tp_status cpu_norm(tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,
                      tp_tensor *out, cpu_pool *pool, tp_err *err);
 int cpu_matmul_writes_in_place(const tp_tensor *out);
+/* Keeps in pool the scratch cpu_matmul will ask of it for a by b into
+ * out, or for any fewer of a's rows (cpu_matmul_rows runs row subsets). */
+tp_status cpu_matmul_reserve(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b, const tp_tensor *out,
+                             cpu_pool *pool, tp_err *err);
 /* matmul of x's rows (dim 0) whose mask [B] (INT32/INT64) is nonzero by a
  * 2-d w; the other rows of the contiguous out are zeros (matmul_rows). */
 tp_status cpu_matmul_rows(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *w, const tp_tensor *mask,

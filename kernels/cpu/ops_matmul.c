@@ -457,17 +457,25 @@ static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once,
     }
 }
 
+/* Floats of a narrow out's chunk for M rows and a slice of `panels`
+ * panels: no larger than the slice needs. */
+static size_t narrow_chunk_floats(int64_t M, int64_t panels)
+{
+    int64_t rows = M < NARROW_CHUNK_ROWS ? M : NARROW_CHUNK_ROWS;
+    return (size_t)(rows * (panels < NARROW_CHUNK_PANELS ? panels : NARROW_CHUNK_PANELS) * PGEMM_NR);
+}
+
 static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
 {
     const packed_job *j = arg;
     int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
     if (p1 <= p0)
         return TP_OK;
-    /* a narrow out's chunk, no larger than this slice needs: without a
-     * pool (a fused kernel's blocks) it is allocated on every call */
+    /* without a pool (a fused kernel's blocks) the chunk is allocated on
+     * every call */
+    size_t cs = j->narrow ? narrow_chunk_floats(j->M, p1 - p0) : 0;
     int64_t rows = j->M < NARROW_CHUNK_ROWS ? j->M : NARROW_CHUNK_ROWS,
             panels = p1 - p0 < NARROW_CHUNK_PANELS ? p1 - p0 : NARROW_CHUNK_PANELS;
-    size_t cs = j->narrow ? (size_t)(rows * panels * PGEMM_NR) : 0;
     int64_t chunks = (j->M + rows - 1) / rows * ((p1 - p0 + panels - 1) / panels);
     int64_t uses = j->narrow ? chunks : pgemm_groups(j->M, p1 - p0);
     size_t sa = pgemm_scratch_floats(j->M, j->K, uses);
@@ -485,10 +493,17 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
 /* a as FP32 [M, K] rows with unit column stride into *rows, *lda: a
  * itself, or a copy (widened from FP16/BF16) in the pool's slot-0
  * scratch 1, or in buf without a pool. */
+/* Whether a's rows are an FP32 [M, K] matrix as they lie (rows *lda
+ * apart, unit column stride), which the kernel reads without a copy. */
+static int rows_as_they_lie(const tp_tensor *a, int64_t K, int64_t *M, int64_t *lda)
+{
+    return a->dtype == TP_F32 && fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1);
+}
+
 static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, ops_buf *buf, const float **rows,
                                 int64_t *lda, int64_t *M, tp_err *err)
 {
-    if (a->dtype == TP_F32 && fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1)) {
+    if (rows_as_they_lie(a, K, M, lda)) {
         *rows = a->data;
         return TP_OK;
     }
@@ -541,6 +556,21 @@ static const float *packed_weight(const tp_tensor *a, const tp_tensor *b, int tb
         return NULL;
     int64_t K = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
     return weight_packs_find(b->data, b->dtype, K, N, b->stride[tb ? 1 : 0], b->stride[tb ? 0 : 1]);
+}
+
+tp_status cpu_matmul_reserve(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b, const tp_tensor *out,
+                             cpu_pool *pool, tp_err *err)
+{
+    const float *panels = packed_weight(a, b, attrs ? attrs->transpose_b : 0, out);
+    if (!panels || !pool)
+        return TP_OK;
+    int64_t K = a->shape[a->ndim - 1], N = out->shape[out->ndim - 1], M = K ? tp_tensor_numel(a) / K : 0, lda;
+    size_t floats = pgemm_scratch_bound(M, K) + (out->dtype != TP_F32 ? narrow_chunk_floats(M, pgemm_panels(N)) : 0);
+    int ok = cpu_pool_reserve(pool, 0, cpu_pool_threads(pool), floats) == 0;
+    if (ok && !rows_as_they_lie(a, K, &M, &lda))
+        ok = cpu_pool_reserve(pool, 1, 1, (size_t)(tp_tensor_numel(a))) == 0;
+    return ok ? TP_OK : tp_fail(err, TP_NOMEM, "matmul: cannot keep scratch for %lld x %lld x %lld",
+                                (long long)(tp_tensor_numel(a) / (K ? K : 1)), (long long)K, (long long)N);
 }
 
 tp_status cpu_matmul(const tp_attrs *attrs, const tp_tensor *a, const tp_tensor *b,

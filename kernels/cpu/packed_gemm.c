@@ -112,6 +112,13 @@ size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses)
     return pgemm_packs_a_once(M, K, uses) ? pgemm_packed_a_floats(M, K) : (size_t)PGEMM_MC * PGEMM_KC;
 }
 
+size_t pgemm_scratch_bound(int64_t M, int64_t K)
+{
+    int64_t most = K > 0 ? PGEMM_A_ONCE_MAX_FLOATS / K : M; /* rows a packed once may have */
+    size_t whole = pgemm_packed_a_floats(M < most ? M : most, K), block = (size_t)PGEMM_MC * PGEMM_KC;
+    return whole > block ? whole : block;
+}
+
 PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
 {
     for (int64_t i = 0; i < M; i += PGEMM_MR)

@@ -66,6 +66,10 @@ int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses);
  * block. pgemm_run's uses are pgemm_groups(M, p1 - p0). */
 size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses);
 
+/* The most pgemm_scratch_floats(m, K, uses) asks for any m <= M and any
+ * uses: what a caller keeps for products of up to M rows. */
+size_t pgemm_scratch_bound(int64_t M, int64_t K);
+
 /* c[M, columns of panels p0 .. p1 - 1] = a[M, K] . b, with a's rows lda
  * apart (unit column stride), c's ldc apart, b packed by pgemm_pack. c's
  * columns past N in the last panel are never written. scratch:

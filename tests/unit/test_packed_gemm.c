@@ -230,6 +230,20 @@ START_TEST(a_packed_once_or_by_block_same_bits)
     ck_assert_uint_eq(pgemm_scratch_floats(300, 600, 2), pgemm_packed_a_floats(300, 600));
     ck_assert_uint_eq(pgemm_scratch_floats(300, 600, 1), PGEMM_MC * PGEMM_KC);
     ck_assert_uint_eq(pgemm_scratch_floats(big, 600, 2), PGEMM_MC * PGEMM_KC);
+    /* the bound a pool keeps is the most any fewer rows ask, and no more */
+    const int64_t bound_Ks[] = {1, 600, 3072, PGEMM_A_ONCE_MAX_FLOATS + 1};
+    for (size_t ki = 0; ki < sizeof bound_Ks / sizeof *bound_Ks; ki++)
+        for (int64_t M = 1; M <= 4096; M = M * 3 + 1) {
+            int64_t K = bound_Ks[ki];
+            size_t most = 0;
+            for (int64_t m = 1; m <= M; m++)
+                for (int64_t uses = 1; uses <= 2; uses++) {
+                    size_t f = pgemm_scratch_floats(m, K, uses);
+                    most = f > most ? f : most;
+                }
+            ck_assert_msg(pgemm_scratch_bound(M, K) == most, "M %lld K %lld: bound %zu, most asked %zu",
+                          (long long)M, (long long)K, pgemm_scratch_bound(M, K), most);
+        }
     ck_assert_int_eq(pgemm_groups(140, pgemm_group_panels(140)), 1);
     ck_assert_int_eq(pgemm_groups(140, pgemm_group_panels(140) + 1), 2);
     free(a), free(b), free(once), free(blocks), free(packed), free(pa), free(block);
@@ -487,6 +501,24 @@ static void run_on(cpu_pool *pool, const tp_attrs *at, tp_tensor *a, tp_tensor *
     ck_assert_msg(cpu_op_run_on(pool, TP_OP_MATMUL, at, ins, 2, out, 0, 1, &err) == TP_OK, "%s", err.msg);
 }
 
+/* run_on a pool after reserving what the product takes from it
+ * (cpu_op_reserve, as a capture does): the pool keeps some scratch, and
+ * neither the product nor one of fewer rows (matmul_rows runs row
+ * subsets) grows it. */
+static void run_reserved(cpu_pool *pool, const tp_attrs *at, tp_tensor *a, tp_tensor *b, tp_tensor *out)
+{
+    tp_tensor ins[2] = {*a, *b};
+    tp_err err = {{0}};
+    ck_assert_msg(cpu_op_reserve(pool, TP_OP_MATMUL, at, ins, 2, out, &err) == TP_OK, "%s", err.msg);
+    size_t kept = cpu_pool_scratch_bytes(pool);
+    ck_assert_uint_gt(kept, 0);
+    tp_tensor a1 = tp_tensor_narrow(a, 0, 0, 1), o1 = tp_tensor_narrow(out, 0, 0, 1);
+    run_on(pool, at, &a1, b, &o1);
+    run_on(pool, at, a, b, out);
+    ck_assert_msg(cpu_pool_scratch_bytes(pool) == kept, "scratch grew from %zu to %zu bytes past its reservation",
+                  kept, cpu_pool_scratch_bytes(pool));
+}
+
 /* One weight case: w [K, N] (or [N, K] with tb) registered (in place
  * when it may be), against a copy nobody registered; a contiguous, a
  * strided a whose rows still fold (every other row), a strided a whose
@@ -527,7 +559,7 @@ static void matmul_case(int64_t K, int64_t N, int tb, int in_place)
     ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
     memcpy(big, got, sizeof(float) * (size_t)(B * S * N));
     sentinel(got, (size_t)(B * S * N));
-    run_on(pool, &at, &ta, &tw, &og);
+    run_reserved(pool, &at, &ta, &tw, &og);
     ck_assert_msg(memcmp(got, big, sizeof(float) * (size_t)(B * S * N)) == 0,
                   "%s: other bits on a pool of 2 threads", what);
 
@@ -630,7 +662,7 @@ static void narrow_case(tp_dtype dt, int64_t M, int64_t K, int64_t N, int tb)
     run_on(NULL, &at, &ta, &tw, &og);
     cpu_pool *pool = NULL;
     ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
-    run_on(pool, &at, &ta, &tw, &op);
+    run_reserved(pool, &at, &ta, &tw, &op);
     cpu_pool_free(pool);
     double ulp = dt == TP_F16 ? 0x1p-10 : 0x1p-7;
     for (int64_t e = 0; e < M * N; e++) {
@@ -728,12 +760,17 @@ static void expect_product(const tp_host_tensor *out, const float *a, int64_t ro
 }
 
 /* The engine, its tied, in-place and beside weights included, gives the
- * products of the unpacked weights. */
+ * products of the unpacked weights; its pools' scratch is all reserved at
+ * load. */
 START_TEST(engine_outputs_with_packed_weights)
 {
     char dir[64], path[128];
     write_pack_graph(dir, path);
     tp_engine *eng = tu_engine(path, 1, 0);
+    /* the captures reserved every product's scratch: requests keep no more */
+    size_t kept = tp_cpu_backend_scratch_bytes(tp_engine_backend(eng));
+    if (weight_packs_enabled())
+        ck_assert_uint_gt(kept, 0);
     for (int64_t B = 1; B <= 3; B += 2) {
         int64_t ids[3 * 4], is[2] = {B, 4}, xs[3] = {B, 4, 8};
         float x[3 * 4 * 8], emb[3 * 4 * 8];
@@ -751,6 +788,7 @@ START_TEST(engine_outputs_with_packed_weights)
         expect_product(output_named(out, n_out, "u"), x, B * 4, v_data, 20, 20, 1, "u");
         tp_host_tensors_free(out, n_out);
     }
+    ck_assert_uint_eq(tp_cpu_backend_scratch_bytes(tp_engine_backend(eng)), kept);
     tp_engine_free(eng);
     tu_rmdir(dir);
 }
