@@ -406,7 +406,7 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
  * 128 rows) was fresh memory on every call, whose page faults and
  * unmapping were 4.5% of an FP16 request's samples. */
 #define NARROW_CHUNK_PANELS 64
-#define NARROW_CHUNK_ROWS (85 * PGEMM_MR) /* 510: a chunk's rows start a micro-panel of a packed once */
+#define NARROW_CHUNK_ROWS (4 * PGEMM_MC) /* 528: a chunk starts an MC block of a packed once */
 
 typedef struct {
     int64_t M, K, N, lda, ldc;

@@ -77,9 +77,18 @@ PGEMM_TARGET static inline void transpose_6x8(const float *a, int64_t lda, float
     }
 }
 
-/* mr rows of a (lda apart), kc columns, into one micro-panel p ([k][MR]).
- * A last panel's rows past mr are left unwritten: its kernel
- * (kernel_of(mr)) reads only its mr rows. */
+/* Rows of the tile that starts r rows before the end of its MC block: MR,
+ * but the last 7-9 rows as two tiles (4 + 3, 4 + 4, 5 + 4). A tile of R
+ * rows has 2R chains of multiply-adds in flight, and the two FMA units
+ * (4 cycles each) need 8 to stay busy: 128 rows as 21 x 6 + 2 ran the last
+ * two at half speed (kernel_2, 2.0% of a 128-token request's samples). */
+static inline int64_t tile_rows(int64_t r)
+{
+    return r <= PGEMM_MR ? r : r <= PGEMM_MR + 3 ? (r + 1) / 2 : PGEMM_MR;
+}
+
+/* mr rows of a (lda apart), kc columns, into one micro-panel p ([k][mr]:
+ * mr x kc floats, the layout kernel_of(mr) reads). */
 PGEMM_TARGET static void pack_panel(const float *a, int64_t lda, int64_t mr, int64_t kc, float *p)
 {
     _Static_assert(PGEMM_MR == 6, "transpose_6x8 packs six rows");
@@ -89,23 +98,22 @@ PGEMM_TARGET static void pack_panel(const float *a, int64_t lda, int64_t mr, int
             transpose_6x8(a + k, lda, p + k * PGEMM_MR);
     for (; k < kc; k++)
         for (int64_t r = 0; r < mr; r++)
-            p[k * PGEMM_MR + r] = a[r * lda + k];
+            p[k * mr + r] = a[r * lda + k];
 }
 
-/* Rows m0 .. m0 + mc - 1, columns k0 .. k0 + kc - 1 of a into micro-panels
- * of PGEMM_MR rows, MR x kc floats apart. */
+/* mc rows of a (lda apart, one MC block), kc columns, into its tiles'
+ * micro-panels: the tile at row i at pa + i * kc. */
 PGEMM_TARGET static void pack_block(const float *a, int64_t lda, int64_t mc, int64_t kc, float *pa)
 {
-    for (int64_t i = 0; i < mc; i += PGEMM_MR, pa += PGEMM_MR * kc)
-        pack_panel(a + i * lda, lda, mc - i < PGEMM_MR ? mc - i : PGEMM_MR, kc, pa);
+    for (int64_t i = 0, mr; i < mc; i += mr) {
+        mr = tile_rows(mc - i);
+        pack_panel(a + i * lda, lda, mr, kc, pa + i * kc);
+    }
 }
 
 int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses) { return uses > 1 && M * K <= PGEMM_A_ONCE_MAX_FLOATS; }
 
-size_t pgemm_packed_a_floats(int64_t M, int64_t K)
-{
-    return (size_t)((M + PGEMM_MR - 1) / PGEMM_MR * PGEMM_MR * K);
-}
+size_t pgemm_packed_a_floats(int64_t M, int64_t K) { return (size_t)(M * K); }
 
 size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses)
 {
@@ -121,17 +129,16 @@ size_t pgemm_scratch_bound(int64_t M, int64_t K)
 
 PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
 {
-    for (int64_t i = 0; i < M; i += PGEMM_MR)
-        pack_panel(a + i * lda, lda, M - i < PGEMM_MR ? M - i : PGEMM_MR, K, pa + i * K);
+    for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
+        pack_block(a + m0 * lda, lda, M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, pa + m0 * K);
 }
 
-/* c[R x 16] (rows ldc apart) = or += the product of R rows of a packed
- * micro-panel of a (rows MR apart) and a kc-deep slice of a panel of b:
- * R x 2 accumulators, one fused multiply-add each per k. Instantiated
- * with a constant R (kernel_of): R = 6 is the main kernel, 1-5 the last
- * rows of a product (128 rows = 21 x 6 + 2), so no FMA is spent on rows
- * that do not exist. Each element's chain of operations is the same in
- * every instance. The rows of c are prefetched first: c is written once
+/* c[R x 16] (rows ldc apart) = or += the product of an R-row micro-panel
+ * of a ([k][R]) and a kc-deep slice of a panel of b: R x 2 accumulators,
+ * one fused multiply-add each per k. Instantiated with a constant R
+ * (kernel_of): R = 6 is the main kernel, 1-5 the last rows of an MC
+ * block (tile_rows), so no FMA is spent on rows that do not exist. Each
+ * element's chain of operations is the same in every instance. The rows of c are prefetched first: c is written once
  * per KC block, a row of c apart (12 KB for N 3072), which the hardware
  * prefetcher does not follow; without it the kernel ran at 45 GFLOP/s
  * instead of 63 on one EPYC core (128 x 768 x 3072). */
@@ -147,7 +154,7 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
         lo[r] = hi[r] = _mm256_setzero_ps();
     }
 #pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++, pa += PGEMM_MR, pb += PGEMM_NR) {
+    for (int64_t k = 0; k < kc; k++, pa += R, pb += PGEMM_NR) {
         __m256 b0 = _mm256_load_ps(pb), b1 = _mm256_load_ps(pb + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -216,23 +223,27 @@ static void prefetch_share(const float *next, int64_t kc, int64_t t, int64_t til
         _mm_prefetch((const char *)(next + l * 16), _MM_HINT_T0);
 }
 
-/* Rows of one MC block times panels j0 .. j1 - 1 at one KC block: pa is
- * the block's first micro-panel at k0, the next pstep floats on. */
+/* Rows of one MC block times panels j0 .. j1 - 1 at one KC block. The
+ * block's tile at row i has its micro-panel at pa + i * depth (depth: the
+ * k-steps packed, kc or all of K), its k-steps from k_off on. */
 PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc, int64_t k0, const float *packed,
-                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *pa, int64_t pstep)
+                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *pa, int64_t depth,
+                                   int64_t k_off)
 {
     for (int64_t j = j0; j < j1; j++) {
         const float *pb = packed + (j * K + k0) * PGEMM_NR;
         int64_t n0 = j * PGEMM_NR, nr = N - n0 < PGEMM_NR ? N - n0 : PGEMM_NR;
-        for (int64_t i = 0; i < mc; i += PGEMM_MR) {
-            int64_t mr = mc - i < PGEMM_MR ? mc - i : PGEMM_MR;
+        int64_t tiles = (mc + PGEMM_MR - 1) / PGEMM_MR; /* the splits of tile_rows keep the count */
+        for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
+            mr = tile_rows(mc - i);
             if (j + 1 < j1)
-                prefetch_share(pb + K * PGEMM_NR, kc, i / PGEMM_MR, (mc + PGEMM_MR - 1) / PGEMM_MR);
+                prefetch_share(pb + K * PGEMM_NR, kc, t, tiles);
+            const float *pt = pa + i * depth + k_off * mr;
             float *ct = c + i * ldc + n0;
             if (nr == PGEMM_NR)
-                kernel_of(mr)(kc, pa + i / PGEMM_MR * pstep, pb, ct, ldc, k0 == 0);
+                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0);
             else
-                edge_tile(kc, pa + i / PGEMM_MR * pstep, pb, ct, ldc, mr, nr, k0 == 0);
+                edge_tile(kc, pt, pb, ct, ldc, mr, nr, k0 == 0);
         }
     }
 }
@@ -268,7 +279,7 @@ PGEMM_TARGET void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const floa
             int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
                 run_block(M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1,
-                          pa + m0 * K + k0 * PGEMM_MR, PGEMM_MR * K);
+                          pa + m0 * K, K, k0);
         }
     }
 }
@@ -286,7 +297,7 @@ PGEMM_TARGET void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float 
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC) {
                 int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
                 pack_block(a + m0 * lda + k0, lda, mc, kc, scratch);
-                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, PGEMM_MR * kc);
+                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, kc, 0);
             }
         }
     }

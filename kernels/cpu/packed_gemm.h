@@ -79,9 +79,9 @@ void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, con
                int64_t ldc, int64_t p0, int64_t p1, float *scratch);
 
 /* pgemm_run's two halves, for a caller that runs one a against several
- * runs of panels: a packed whole into pa (pgemm_packed_a_floats: MR x K
- * floats for each MR rows, rows r0 .. on at pa + r0 * K when r0 is a
- * multiple of PGEMM_MR), then c as pgemm_run gives it. */
+ * runs of panels: a packed whole into pa (pgemm_packed_a_floats: M x K
+ * floats; rows r0 .. on at pa + r0 * K when r0 is a multiple of
+ * PGEMM_MC), then c as pgemm_run gives it. */
 size_t pgemm_packed_a_floats(int64_t M, int64_t K);
 void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa);
 void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,

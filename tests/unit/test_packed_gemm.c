@@ -104,7 +104,8 @@ START_TEST(kernel_matches_double_reference)
 {
     if (!kernel_runs("kernel_matches_double_reference"))
         return;
-    const int64_t Ms[] = {1, 2, 5, 6, 7, 131, 132, 133, 300}, Ks[] = {1, 7, 256, 257, 600},
+    /* 7-9 rows and blocks ending in them (128, 141) take split tiles */
+    const int64_t Ms[] = {1, 2, 5, 6, 7, 8, 9, 128, 131, 132, 133, 141, 300}, Ks[] = {1, 7, 256, 257, 600},
                   Ns[] = {1, 15, 16, 17, 40, 100};
     float *a = filled(300 * 603, 1), *b = filled(600 * 100, 2), *c = falloc(300 * 100);
     double *ref = malloc(sizeof(double) * 300 * 100), *abs_sum = malloc(sizeof(double) * 300 * 100);
@@ -149,13 +150,14 @@ END_TEST
 /* Bit equality, no tolerance: packed_gemm.h promises each element of c is
  * the same chain of operations whatever M, the rows packed beside it and
  * the panels a call covers (KC-long FMA chains in k order, added to c in
- * k order), so a row alone, a row in a batch of 300 (three MC blocks, an
- * MR edge) and any split of the panels between calls give the same bits. */
+ * k order), so a row alone, a row in a batch of 297 (three MC blocks, the
+ * last ending in tiles of 5 and 4 rows) and any split of the panels
+ * between calls give the same bits. */
 START_TEST(rows_and_panel_splits_same_bits)
 {
     if (!kernel_runs("rows_and_panel_splits_same_bits"))
         return;
-    const int64_t M = 300, Ks[] = {257, 600}, Ns[] = {40, 100};
+    const int64_t M = 297, Ks[] = {257, 600}, Ns[] = {40, 100};
     float *a = filled(M * 600, 3), *b = filled(600 * 100, 4), *whole = falloc(M * 100), *part = falloc(M * 100);
     float *packed = falloc(pgemm_packed_floats(600, 100)), *scratch = falloc(pgemm_scratch_floats(M, 600, 2));
     for (size_t ki = 0; ki < 2; ki++)
@@ -194,13 +196,13 @@ END_TEST
  * a time (pgemm_run_blocks) feed the kernel the same values in the same
  * order: the same bits, for rows that end mid micro-panel, k past the
  * 8-column transposes and KC blocks, and a's rows lda apart. Rows from a
- * later micro-panel are reached at pa + r0 * K, as FP16 chunks use it.
+ * later MC block are reached at pa + r0 * K, as FP16 chunks use it.
  * pgemm_run packs once only for a used more than once, within the bound. */
 START_TEST(a_packed_once_or_by_block_same_bits)
 {
     if (!kernel_runs("a_packed_once_or_by_block_same_bits"))
         return;
-    const int64_t Ms[] = {1, 7, 133, 300}, Ks[] = {5, 263, 600}, N = 100, P = pgemm_panels(N);
+    const int64_t Ms[] = {1, 7, 8, 9, 128, 133, 141, 300}, Ks[] = {5, 263, 600}, N = 100, P = pgemm_panels(N);
     float *a = filled(300 * 603, 7), *b = filled(600 * 100, 8), *once = falloc(300 * 100), *blocks = falloc(300 * 100);
     float *packed = falloc(pgemm_packed_floats(600, 100)), *pa = falloc(pgemm_packed_a_floats(300, 600)),
           *block = falloc(PGEMM_MC * PGEMM_KC);
@@ -216,7 +218,7 @@ START_TEST(a_packed_once_or_by_block_same_bits)
             ck_assert_msg(memcmp(once, blocks, sizeof(float) * (size_t)(M * N)) == 0,
                           "%lld x %lld x %lld: a packed once differs from a packed by block", (long long)M,
                           (long long)K, (long long)N);
-            int64_t r0 = PGEMM_MR * ((M - 1) / PGEMM_MR); /* the last micro-panel */
+            int64_t r0 = PGEMM_MC * ((M - 1) / PGEMM_MC); /* the last MC block */
             sentinel(once, (size_t)(M * N));
             pgemm_run_packed_a(M - r0, K, N, pa + r0 * K, packed, once, N, 0, P);
             ck_assert_msg(memcmp(once, blocks + r0 * N, sizeof(float) * (size_t)((M - r0) * N)) == 0,
@@ -689,7 +691,7 @@ START_TEST(matmul_by_narrow_weight)
         /* 131 panels: chunks of the narrow result (ops_matmul.c's
          * NARROW_CHUNK_PANELS, 64) inside each thread's share of 65-66 */
         narrow_case(dt, 37, 100, 2088, 0);
-        /* 1100 rows: blocks of NARROW_CHUNK_ROWS (510), a packed once */
+        /* 1100 rows: blocks of NARROW_CHUNK_ROWS (528), a packed once */
         narrow_case(dt, 1100, 24, 70, 1);
         /* a past PGEMM_A_ONCE_MAX_FLOATS: packed a block at a time */
         narrow_case(dt, 4400, 480, 20, 0);
