@@ -1,6 +1,7 @@
 /* The backend registry and capabilities: lookups by name, what each
  * backend offers (read without a device), and a backend lacking an op
- * refusing a graph that uses it, naming node, op and backend. */
+ * refusing a graph that uses it, naming node, op and backend; the cpu
+ * backend's large copies, split over its rank's threads, exact. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "backend.h"
 #include "check_main.h"
+#include "cpu/cpu_backend.h"
 #include "engine.h"
 #include "graph.h"
 #include "testutil.h"
@@ -187,6 +189,44 @@ START_TEST(dead_backend_makes_the_engine_lost)
 }
 END_TEST
 
+/* copy_out of 4 MiB or more runs in parts on the rank's pool, cut along
+ * the first dim longer than 1: every element lands where one copy puts
+ * it, from contiguous and strided sources, for a leading dim of 1 (a
+ * batch of one's logits) or not. */
+START_TEST(cpu_large_copies_exact)
+{
+    tp_backend *b;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_cpu_backend_create(1, NULL, &b, &err) == TP_OK, "%s", err.msg);
+    const int64_t shapes[][3] = {{1, 64, 33001}, {3, 1000, 701}, {1, 1, 3000017}};
+    for (int c = 0; c < 3; c++)
+        for (int strided = 0; strided <= 1; strided++) {
+            int64_t n = shapes[c][0] * shapes[c][1] * shapes[c][2];
+            float *buf = malloc(sizeof(float) * (size_t)(2 * n)), *got = malloc(sizeof(float) * (size_t)n),
+                  *want = malloc(sizeof(float) * (size_t)n);
+            ck_assert(buf && got && want);
+            for (int64_t i = 0; i < 2 * n; i++)
+                buf[i] = (float)(i % 100003);
+            int64_t big[3] = {shapes[c][0], shapes[c][1], 2 * shapes[c][2]};
+            tp_tensor src = tp_tensor_make(buf, TP_F32, 3, shapes[c]);
+            if (strided) { /* every other element of the last dim of a twice wider tensor */
+                src = tp_tensor_make(buf, TP_F32, 3, big);
+                src.shape[2] = shapes[c][2];
+                src.stride[2] = 2;
+            }
+            tp_tensor dst = tp_tensor_make(got, TP_F32, 3, shapes[c]), ref = tp_tensor_make(want, TP_F32, 3, shapes[c]);
+            memset(got, 0xa5, sizeof(float) * (size_t)n);
+            tp_tensor_copy(&ref, &src);
+            ck_assert_msg(b->iface->copy_out(b, 0, &dst, &src, &err) == TP_OK, "%s", err.msg);
+            ck_assert_msg(memcmp(got, want, sizeof(float) * (size_t)n) == 0, "[%lld, %lld, %lld]%s: copy differs",
+                          (long long)shapes[c][0], (long long)shapes[c][1], (long long)shapes[c][2],
+                          strided ? " strided" : "");
+            free(buf), free(got), free(want);
+        }
+    tp_backend_destroy(b);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     Suite *s = suite_create("backend");
@@ -196,6 +236,7 @@ static Suite *backend_suite(void)
     tcase_add_test(tc, capabilities_without_a_device);
     tcase_add_test(tc, verify_replay_setting_checks_replays);
     tcase_add_test(tc, dead_backend_makes_the_engine_lost);
+    tcase_add_test(tc, cpu_large_copies_exact);
     suite_add_tcase(s, tc);
     return s;
 }
