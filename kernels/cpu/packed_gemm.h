@@ -73,8 +73,9 @@ size_t pgemm_scratch_bound(int64_t M, int64_t K);
 /* c[M, columns of panels p0 .. p1 - 1] = a[M, K] . b, with a's rows lda
  * apart (unit column stride), c's ldc apart, b packed by pgemm_pack. c's
  * columns past N in the last panel are never written. scratch:
- * pgemm_scratch_floats(M, K, pgemm_groups(M, p1 - p0)) floats, any alignment (the kernel only
- * broadcasts single floats from it). Only on a CPU pgemm_supported. */
+ * pgemm_scratch_floats(M, K, pgemm_groups(M, p1 - p0)) floats, any
+ * alignment (the kernel only broadcasts single floats from it). Only on a
+ * CPU pgemm_supported. */
 void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
                int64_t ldc, int64_t p0, int64_t p1, float *scratch);
 
