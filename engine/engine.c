@@ -792,21 +792,48 @@ static void stage_inputs(tp_engine *e, const tp_host_tensor *const *in, int n_pa
     }
 }
 
-/* A step whose outputs are exactly the request's results (every row the
- * request's, none padded) has its ranks copy them straight into the
- * results instead of the staging: one copy of each output fewer, and a
- * 128-token GPT-2 request's logits are 25 MB. Not with shared staging: a
- * rank process writes nowhere else. */
-static int results_in_place(const tp_engine *e, tp_tensor *out_t, const tp_host_tensor *outs)
+/* Whether output i of a step fits its place in the results: a batched
+ * output's rows (n * out_rows of them) are as long as the results' and
+ * the step has at least that many; an output without batch rows is the
+ * same size. */
+static int fits_results(const tp_engine *e, int i, const tp_tensor *t, const tp_host_tensor *o, int64_t batch,
+                        int64_t n)
+{
+    size_t bytes = (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
+    int64_t rows = e->out_rows[i];
+    if (!rows)
+        return bytes == o->nbytes;
+    return t->ndim > 0 && t->shape[0] >= n * rows && t->shape[0] > 0 &&
+           bytes / (size_t)t->shape[0] * (size_t)(batch * rows) == o->nbytes;
+}
+
+/* A step's ranks copy its outputs straight into the results, rows [row,
+ * row + n) of a batch of `batch`, instead of into the staging: one copy
+ * of each output fewer, and a 128-token GPT-2 request's logits are 25 MB.
+ * A batched output gives the step's first n * out_rows rows, so a
+ * bucket's padded rows are never copied (exec.c's copy_outputs cuts
+ * them); an output without batch rows goes there from the first piece
+ * only, later pieces leave theirs in the staging. Not with shared
+ * staging: a rank process writes nowhere else. 0: every output stays in
+ * the staging (unstage_outputs). */
+static int results_in_place(const tp_engine *e, tp_tensor *out_t, const tp_host_tensor *outs, int64_t batch,
+                            int64_t row, int64_t n)
 {
     int no = e->g->n_outputs;
     if (e->stage_shared)
         return 0;
     for (int i = 0; i < no; i++)
-        if ((size_t)tp_tensor_numel(&out_t[i]) * tp_dtype_size(out_t[i].dtype) != outs[i].nbytes)
+        if (!fits_results(e, i, &out_t[i], &outs[i], batch, n))
             return 0;
-    for (int i = 0; i < no; i++)
-        out_t[i].data = outs[i].data;
+    for (int i = 0; i < no; i++) {
+        if (e->out_rows[i]) {
+            size_t rb = outs[i].nbytes / (size_t)batch;
+            out_t[i].data = (char *)outs[i].data + (size_t)row * rb;
+            out_t[i].shape[0] = n * e->out_rows[i];
+        } else if (row == 0) {
+            out_t[i].data = outs[i].data;
+        }
+    }
     return 1;
 }
 
@@ -823,7 +850,7 @@ static tp_status run_exact(tp_engine *e, const tp_host_tensor *const *in, int n_
     if (st != TP_OK)
         return st;
     stage_inputs(e, in, n_parts, 0, batch, in_t); /* the exact batch: nothing to pad */
-    int direct = results_in_place(e, out_t, outs);
+    int direct = results_in_place(e, out_t, outs, batch, 0, batch);
     tp_exec_stats xs = {0};
     st = tp_exec_run(x, in_t, out_t, &xs, err);
     add_run_stats(e, &xs, -1);
@@ -862,7 +889,7 @@ static tp_status run_padded(tp_engine *e, const tp_host_tensor *const *in, int n
         if (st != TP_OK)
             break;
         stage_inputs(e, in, n_parts, row, n, in_t);
-        int direct = n == batch && e->bucket_size[k] == n && results_in_place(e, out_t, outs);
+        int direct = results_in_place(e, out_t, outs, batch, row, n);
         tp_exec_stats xs = {0};
         st = tp_exec_run(x, in_t, out_t, &xs, err);
         add_run_stats(e, &xs, k);

@@ -356,6 +356,10 @@ static tp_status copy_outputs(tp_exec *x, int rank, tp_err *err)
         tp_tensor src = x->rs[rank].t[g->output_ids[i]], dst;
         if ((p.kind == TP_PLACE_REPLICATE && rank != 0) || !out_part(&x->run_out[i], p, rank, &src, &dst))
             continue;
+        /* a padded step's results take the batch's rows only (engine.c's
+         * results_in_place); out_part already cut a shard along dim 0 */
+        if (dst.ndim > 0 && dst.shape[0] < src.shape[0] && !(p.kind == TP_PLACE_SHARD && p.dim == 0))
+            src = tp_tensor_narrow(&src, 0, 0, dst.shape[0]);
         tp_status st = x->b->iface->copy_out(x->b, rank, &dst, &src, err);
         if (st != TP_OK)
             return st;

@@ -92,7 +92,9 @@ tp_tensor tp_exec_output_desc(const tp_exec *x, int i);
 /* Rank-local tensor of node i (where the plan put it), for tests. */
 tp_tensor tp_exec_node_tensor(const tp_exec *x, int rank, int i);
 /* inputs: global contiguous tensors in graph input order; outputs: global
- * contiguous tensors (from tp_exec_output_desc) in graph output order. */
+ * contiguous tensors (from tp_exec_output_desc) in graph output order, or
+ * with fewer rows along dim 0: each takes that many of the output's first
+ * rows (a padded batch's own rows). */
 tp_status tp_exec_run(tp_exec *x, const tp_tensor *inputs, tp_tensor *outputs, tp_exec_stats *stats,
                       tp_err *err);
 

@@ -399,6 +399,95 @@ START_TEST(parts_equal_concatenation_every_example)
 }
 END_TEST
 
+/* ---- padded steps write their rows straight into the results ------------- */
+
+static int padded_rows_checked;
+
+/* ex's batched inputs as `total` rows (example rows repeating), into cat
+ * (the caller frees each data). */
+static void repeat_rows(const tp_host_tensor *ex, int ni, int64_t total, int64_t first, tp_host_tensor *cat)
+{
+    for (int i = 0; i < ni; i++) {
+        size_t rb = ex[i].nbytes / (size_t)ex[i].shape[0];
+        cat[i] = ex[i];
+        cat[i].shape[0] = total;
+        cat[i].nbytes = (size_t)total * rb;
+        cat[i].data = malloc(cat[i].nbytes);
+        ck_assert(cat[i].data);
+        for (int64_t r = 0; r < total; r++)
+            memcpy((char *)cat[i].data + (size_t)r * rb, example_row(&ex[i], first + r), rb);
+    }
+}
+
+/* A batch that does not fill its bucket (3 rows in a bucket of 4) and one
+ * past the largest bucket (two steps, the second padded) give each row
+ * what that row alone gives, and the outputs without batch rows what a
+ * batch of one gives: the ranks copy a padded step's own rows, and only
+ * those, into the results at the step's first row (engine.c's
+ * results_in_place, exec.c's copy_outputs). */
+static void padded_rows_every_example(const char *path, const char *in_path, const char *ref_path, double rtol)
+{
+    (void)ref_path;
+    tp_engine *e;
+    tp_err err = {{0}};
+    ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
+    int n_in, ni = tp_engine_n_inputs(e), all_batched = 1;
+    tp_host_tensor *in = tu_load_tensors(in_path, &n_in), ordered[ni + 1];
+    for (int i = 0; i < ni; i++) {
+        all_batched &= is_batched(e, tp_engine_input(e, i)->name);
+        for (int k = 0; k < n_in; k++)
+            if (strcmp(in[k].name, tp_engine_input(e, i)->name) == 0)
+                ordered[i] = in[k];
+    }
+    tp_engine_stats es;
+    tp_engine_get_stats(e, &es);
+    int64_t rows = batch_rows(e, ordered, ni), totals[2] = {3, es.bucket[es.n_buckets - 1] + 3};
+    for (int t = 0; all_batched && tp_engine_padded(e, NULL) && t < 2; t++) {
+        tp_host_tensor cat[ni + 1], one[ni + 1], *out, *out1;
+        int n_out, n1;
+        repeat_rows(ordered, ni, totals[t], 0, cat);
+        tp_status st = tp_engine_infer(e, cat, ni, &out, &n_out, &err);
+        if (st != TP_OK) { /* a batch sharded across ranks needs a multiple of world_size */
+            ck_assert_msg(strstr(err.msg, "not divisible by world_size"), "%s: %s", path, err.msg);
+        }
+        for (int64_t b = 0; st == TP_OK && b < rows && b < totals[t]; b++) {
+            repeat_rows(ordered, ni, 1, b, one);
+            ck_assert_msg(tp_engine_infer(e, one, ni, &out1, &n1, &err) == TP_OK, "%s: %s", path, err.msg);
+            for (int o = 0; o < n_out; o++)
+                for (int64_t r = b; r < totals[t]; r += rows) { /* every row that repeats example row b */
+                    tp_host_tensor got = out[o];
+                    if (tp_engine_output_rows(e, o)) { /* batch item r: out_rows rows of dim 0 */
+                        got.shape[0] = out[o].shape[0] / totals[t];
+                        got.nbytes = out[o].nbytes / (size_t)totals[t];
+                        got.data = (char *)out[o].data + (size_t)r * got.nbytes;
+                    }
+                    double d = tu_rel_error(&out1[o], &got), tol = out[o].dtype == TP_F32 ? TU_RTOL_REORDER : rtol;
+                    ck_assert_msg(d <= tol, "%s output '%s' row %lld of %lld: %g from the row alone", path,
+                                  out[o].name, (long long)r, (long long)totals[t], d);
+                }
+            tp_host_tensors_free(out1, n1);
+            for (int i = 0; i < ni; i++)
+                free(one[i].data);
+        }
+        if (st == TP_OK) {
+            tp_host_tensors_free(out, n_out);
+            padded_rows_checked++;
+        }
+        for (int i = 0; i < ni; i++)
+            free(cat[i].data);
+    }
+    tp_host_tensors_free(in, n_in);
+    tp_engine_free(e);
+}
+
+START_TEST(padded_rows_match_row_alone_every_example)
+{
+    padded_rows_checked = 0;
+    tu_foreach_example(padded_rows_every_example);
+    ck_assert_int_gt(padded_rows_checked, 0);
+}
+END_TEST
+
 static void expect_infer_error(tp_engine *e, tp_host_tensor *in, int n, const char *a, const char *b)
 {
     tp_host_tensor *out;
@@ -523,6 +612,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, row_alone_matches_batch_every_example);
     tcase_add_test(tc, serial_steps_match_rank_threads_every_example);
     tcase_add_test(tc, parts_equal_concatenation_every_example);
+    tcase_add_test(tc, padded_rows_match_row_alone_every_example);
     tcase_add_test(tc, request_validation);
     tcase_add_test(tc, failing_rank_is_an_error_not_a_hang);
     suite_add_tcase(s, tc);
