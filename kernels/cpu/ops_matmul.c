@@ -474,9 +474,8 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     /* without a pool (a fused kernel's blocks) the chunk is allocated on
      * every call */
     size_t cs = j->narrow ? narrow_chunk_floats(j->M, p1 - p0) : 0;
-    int64_t rows = j->M < NARROW_CHUNK_ROWS ? j->M : NARROW_CHUNK_ROWS,
-            panels = p1 - p0 < NARROW_CHUNK_PANELS ? p1 - p0 : NARROW_CHUNK_PANELS;
-    int64_t chunks = (j->M + rows - 1) / rows * ((p1 - p0 + panels - 1) / panels);
+    int64_t chunks = (j->M + NARROW_CHUNK_ROWS - 1) / NARROW_CHUNK_ROWS *
+                     ((p1 - p0 + NARROW_CHUNK_PANELS - 1) / NARROW_CHUNK_PANELS);
     int64_t uses = j->narrow ? chunks : pgemm_groups(j->M, p1 - p0);
     size_t sa = pgemm_scratch_floats(j->M, j->K, uses);
     ops_buf own = {0};
@@ -490,9 +489,6 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     return s;
 }
 
-/* a as FP32 [M, K] rows with unit column stride into *rows, *lda: a
- * itself, or a copy (widened from FP16/BF16) in the pool's slot-0
- * scratch 1, or in buf without a pool. */
 /* Whether a's rows are an FP32 [M, K] matrix as they lie (rows *lda
  * apart, unit column stride), which the kernel reads without a copy. */
 static int rows_as_they_lie(const tp_tensor *a, int64_t K, int64_t *M, int64_t *lda)
@@ -500,6 +496,9 @@ static int rows_as_they_lie(const tp_tensor *a, int64_t K, int64_t *M, int64_t *
     return a->dtype == TP_F32 && fold_rows(a, M, lda) && (K == 1 || a->stride[a->ndim - 1] == 1);
 }
 
+/* a as FP32 [M, K] rows with unit column stride into *rows, *lda: a
+ * itself, or a copy (widened from FP16/BF16) in the pool's slot-0
+ * scratch 1, or in buf without a pool. */
 static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, ops_buf *buf, const float **rows,
                                 int64_t *lda, int64_t *M, tp_err *err)
 {
