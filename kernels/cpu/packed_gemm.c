@@ -138,10 +138,11 @@ PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda
  * one fused multiply-add each per k. Instantiated with a constant R
  * (kernel_of): R = 6 is the main kernel, 1-5 the last rows of an MC
  * block (tile_rows), so no FMA is spent on rows that do not exist. Each
- * element's chain of operations is the same in every instance. The rows of c are prefetched first: c is written once
- * per KC block, a row of c apart (12 KB for N 3072), which the hardware
- * prefetcher does not follow; without it the kernel ran at 45 GFLOP/s
- * instead of 63 on one EPYC core (128 x 768 x 3072). */
+ * element's chain of operations is the same in every instance. The rows
+ * of c are prefetched first: c is written once per KC block, a row of c
+ * apart (12 KB for N 3072), which the hardware prefetcher does not
+ * follow; without it the kernel ran at 45 GFLOP/s instead of 63 on one
+ * EPYC core (128 x 768 x 3072). */
 PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R, int64_t kc, const float *pa,
                                                                              const float *pb, float *c,
                                                                              int64_t ldc, int first)
