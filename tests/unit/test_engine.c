@@ -334,6 +334,20 @@ static int parts_match_concatenation(tp_engine *e, const tp_host_tensor *ex, con
     return st == TP_OK;
 }
 
+/* The example's inputs in e's input order into ordered; whether every
+ * one has a batch dim. */
+static int inputs_in_order(const tp_engine *e, const tp_host_tensor *in, int n_in, tp_host_tensor *ordered)
+{
+    int all_batched = 1;
+    for (int i = 0; i < tp_engine_n_inputs(e); i++) {
+        all_batched &= is_batched(e, tp_engine_input(e, i)->name);
+        for (int k = 0; k < n_in; k++)
+            if (strcmp(in[k].name, tp_engine_input(e, i)->name) == 0)
+                ordered[i] = in[k];
+    }
+    return all_batched;
+}
+
 static void parts_every_example(const char *path, const char *in_path, const char *ref_path, double rtol)
 {
     (void)ref_path;
@@ -341,14 +355,9 @@ static void parts_every_example(const char *path, const char *in_path, const cha
     tp_engine *e;
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
-    int n_in, ni = tp_engine_n_inputs(e), all_batched = 1;
+    int n_in, ni = tp_engine_n_inputs(e);
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), ordered[ni + 1];
-    for (int i = 0; i < ni; i++) {
-        all_batched &= is_batched(e, tp_engine_input(e, i)->name);
-        for (int k = 0; k < n_in; k++)
-            if (strcmp(in[k].name, tp_engine_input(e, i)->name) == 0)
-                ordered[i] = in[k];
-    }
+    int all_batched = inputs_in_order(e, in, n_in, ordered);
     if (!all_batched) { /* requests without a batch dim cannot share a run */
         const tp_host_tensor *pieces[2 * ni + 1];
         for (int i = 0; i < ni; i++)
@@ -431,14 +440,9 @@ static void padded_rows_every_example(const char *path, const char *in_path, con
     tp_engine *e;
     tp_err err = {{0}};
     ck_assert_msg(tp_engine_create(path, NULL, &e, &err) == TP_OK, "%s", err.msg);
-    int n_in, ni = tp_engine_n_inputs(e), all_batched = 1;
+    int n_in, ni = tp_engine_n_inputs(e);
     tp_host_tensor *in = tu_load_tensors(in_path, &n_in), ordered[ni + 1];
-    for (int i = 0; i < ni; i++) {
-        all_batched &= is_batched(e, tp_engine_input(e, i)->name);
-        for (int k = 0; k < n_in; k++)
-            if (strcmp(in[k].name, tp_engine_input(e, i)->name) == 0)
-                ordered[i] = in[k];
-    }
+    int all_batched = inputs_in_order(e, in, n_in, ordered);
     tp_engine_stats es;
     tp_engine_get_stats(e, &es);
     int64_t rows = batch_rows(e, ordered, ni), totals[2] = {3, es.bucket[es.n_buckets - 1] + 3};
