@@ -269,26 +269,12 @@ int64_t pgemm_groups(int64_t M, int64_t panels)
  * NC block of c (2 MB at 512 rows) stays in L3 across the KC blocks.
  * Without groups every MC block streamed all of b from memory and c went
  * to memory between KC blocks: GPT-2's weight products at 512 rows on two
- * threads ran 16% slower, its head (c 103 MB) 25-30%. */
-PGEMM_TARGET void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,
-                                     int64_t ldc, int64_t p0, int64_t p1)
-{
-    int64_t group = pgemm_group_panels(M);
-    for (int64_t g0 = p0; g0 < p1; g0 += group) {
-        int64_t g1 = p1 - g0 < group ? p1 : g0 + group;
-        for (int64_t k0 = 0; k0 < K; k0 += PGEMM_KC) {
-            int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
-            for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
-                run_block(M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1,
-                          pa + m0 * K, K, k0);
-        }
-    }
-}
-
-/* The loops of pgemm_run_packed_a, a packed one MC x KC block at a time:
- * every group packs it again. */
-PGEMM_TARGET void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda,
-                                   const float *packed, float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch)
+ * threads ran 16% slower, its head (c 103 MB) 25-30%. a's blocks come
+ * from pa, all of a packed once (pgemm_pack_a), or with pa NULL are
+ * packed into scratch one MC x KC block at a time, again in every group. */
+PGEMM_TARGET static void run_groups(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *pa,
+                                    const float *packed, float *c, int64_t ldc, int64_t p0, int64_t p1,
+                                    float *scratch)
 {
     int64_t group = pgemm_group_panels(M);
     for (int64_t g0 = p0; g0 < p1; g0 += group) {
@@ -297,11 +283,27 @@ PGEMM_TARGET void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float 
             int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC) {
                 int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
-                pack_block(a + m0 * lda + k0, lda, mc, kc, scratch);
-                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, kc, 0);
+                if (pa) {
+                    run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, pa + m0 * K, K, k0);
+                } else {
+                    pack_block(a + m0 * lda + k0, lda, mc, kc, scratch);
+                    run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, kc, 0);
+                }
             }
         }
     }
+}
+
+void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c, int64_t ldc,
+                        int64_t p0, int64_t p1)
+{
+    run_groups(M, K, N, NULL, 0, pa, packed, c, ldc, p0, p1, NULL);
+}
+
+void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
+                      int64_t ldc, int64_t p0, int64_t p1, float *scratch)
+{
+    run_groups(M, K, N, a, lda, NULL, packed, c, ldc, p0, p1, scratch);
 }
 
 void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
