@@ -276,6 +276,22 @@ static const char *example_row(const tp_host_tensor *t, int64_t r)
     return (const char *)t->data + (size_t)(r % t->shape[0]) * rb;
 }
 
+/* ex's batched inputs as `total` rows from row `first` on (example rows
+ * repeating), into cat (the caller frees each data). */
+static void repeat_rows(const tp_host_tensor *ex, int ni, int64_t total, int64_t first, tp_host_tensor *cat)
+{
+    for (int i = 0; i < ni; i++) {
+        size_t rb = ex[i].nbytes / (size_t)ex[i].shape[0];
+        cat[i] = ex[i];
+        cat[i].shape[0] = total;
+        cat[i].nbytes = (size_t)total * rb;
+        cat[i].data = malloc(cat[i].nbytes);
+        ck_assert(cat[i].data);
+        for (int64_t r = 0; r < total; r++)
+            memcpy((char *)cat[i].data + (size_t)r * rb, example_row(&ex[i], first + r), rb);
+    }
+}
+
 /* Runs the requests of rows[] once as pieces (each its own malloc'ed
  * tensor) and once concatenated into one tensor per input (what the batcher
  * used to build): the outputs must be bit-identical, because the same
@@ -290,24 +306,13 @@ static int parts_match_concatenation(tp_engine *e, const tp_host_tensor *ex, con
         total += rows[p];
     tp_host_tensor cat[ni + 1], part[ni * n + 1];
     const tp_host_tensor *pieces[ni * n + 1];
-    for (int i = 0; i < ni; i++) {
-        const tp_host_tensor *t = &ex[i];
-        size_t rb = t->nbytes / (size_t)t->shape[0];
-        cat[i] = *t;
-        cat[i].shape[0] = total;
-        cat[i].nbytes = (size_t)total * rb;
-        cat[i].data = malloc(cat[i].nbytes);
-        for (int64_t r = 0, p = 0, first = 0; p < n; first += rows[p], p++) {
-            tp_host_tensor *q = &part[i * n + p];
-            *q = *t;
-            q->shape[0] = rows[p];
-            q->nbytes = (size_t)rows[p] * rb;
-            q->data = malloc(q->nbytes);
-            for (int64_t k = 0; k < rows[p]; k++, r++) {
-                memcpy((char *)q->data + (size_t)k * rb, example_row(t, first + k), rb);
-                memcpy((char *)cat[i].data + (size_t)r * rb, example_row(t, first + k), rb);
-            }
-            pieces[i * n + p] = q;
+    repeat_rows(ex, ni, total, 0, cat);
+    for (int64_t p = 0, first = 0; p < n; first += rows[p], p++) {
+        tp_host_tensor one[ni + 1];
+        repeat_rows(ex, ni, rows[p], first, one);
+        for (int i = 0; i < ni; i++) {
+            part[i * n + p] = one[i];
+            pieces[i * n + p] = &part[i * n + p];
         }
     }
     tp_host_tensor *want, *got;
@@ -411,22 +416,6 @@ END_TEST
 /* ---- padded steps write their rows straight into the results ------------- */
 
 static int padded_rows_checked;
-
-/* ex's batched inputs as `total` rows (example rows repeating), into cat
- * (the caller frees each data). */
-static void repeat_rows(const tp_host_tensor *ex, int ni, int64_t total, int64_t first, tp_host_tensor *cat)
-{
-    for (int i = 0; i < ni; i++) {
-        size_t rb = ex[i].nbytes / (size_t)ex[i].shape[0];
-        cat[i] = ex[i];
-        cat[i].shape[0] = total;
-        cat[i].nbytes = (size_t)total * rb;
-        cat[i].data = malloc(cat[i].nbytes);
-        ck_assert(cat[i].data);
-        for (int64_t r = 0; r < total; r++)
-            memcpy((char *)cat[i].data + (size_t)r * rb, example_row(&ex[i], first + r), rb);
-    }
-}
 
 /* A batch that does not fill its bucket (3 rows in a bucket of 4) and one
  * past the largest bucket (two steps, the second padded) give each row
