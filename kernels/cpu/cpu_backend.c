@@ -503,14 +503,17 @@ static tp_status create_shared(cpu_ctx *x, int world, const tp_cpu_shared *s, tp
 /* One pool per local rank, of as many threads as its GEMMs get: at world
  * size 1 on 2 cores attention's heads run on both cores, as the GEMMs
  * around it do (cpu_pool.h). */
-static tp_status create_pools(cpu_ctx *x, int threads, tp_err *err)
+/* threads per rank; every rank of the world, in this process or
+ * another, keeps its pool's threads busy during a step. */
+static tp_status create_pools(cpu_ctx *x, int world, int threads, int cores, tp_err *err)
 {
+    int64_t spin_ns = tp_spin_budget(world * threads, cores);
     int n = x->rank_hi - x->rank_lo;
     x->pool = calloc((size_t)(n ? n : 1), sizeof *x->pool);
     if (!x->pool)
         return tp_fail(err, TP_NOMEM, "cpu backend: out of memory");
     for (int i = 0; i < n; i++) {
-        tp_status st = cpu_pool_create(threads, &x->pool[i], err);
+        tp_status st = cpu_pool_create(threads, spin_ns, &x->pool[i], err);
         if (st != TP_OK) {
             tp_err_prefix(err, "cpu backend: rank %d: ", x->rank_lo + i);
             return st;
@@ -590,7 +593,7 @@ tp_status tp_cpu_backend_create(int world, const tp_cpu_shared *shared, tp_backe
     }
     int cores = tp_spin_cores(), threads = tp_blas_threads_per_rank(world, cores);
     if (st == TP_OK)
-        st = create_pools(x, threads, err);
+        st = create_pools(x, world, threads, cores, err);
     if (st != TP_OK) {
         cpu_destroy(b);
         return st;

@@ -4,8 +4,10 @@
  * The cpu backend gives each rank a pool of as many threads as its GEMMs
  * get (tp_blas_threads_per_rank: the caller plus threads - 1 workers), so
  * at world size 1 on 2 cores attention's heads run on both cores as the
- * GEMMs around it do. Between jobs the workers sleep on a condition
- * variable, never spin: OpenBLAS's threads need the cores right after.
+ * GEMMs around it do. A worker waiting for the next job, and the caller
+ * waiting for the workers still in its job, spin for a bounded time
+ * before they sleep (cpu_pool.c says why), and stop spinning where spins
+ * keep running out (tp_spin_site).
  *
  * A job's tasks run on the caller and the workers in any order and on
  * any of them. Each participant has a slot (0 for the caller, 1 ..
@@ -28,8 +30,10 @@ typedef struct cpu_pool cpu_pool;
 typedef tp_status (*cpu_pool_fn)(void *arg, int64_t task, int slot, tp_err *err);
 
 /* A pool of `threads` participants (>= 1; 1: the caller alone, no worker
- * started) into *out. */
-tp_status cpu_pool_create(int threads, cpu_pool **out, tp_err *err);
+ * started) into *out. Its waits spin up to spin_ns before they sleep:
+ * tp_spin_budget of every busy thread on the cores, 0 where they
+ * outnumber them. */
+tp_status cpu_pool_create(int threads, int64_t spin_ns, cpu_pool **out, tp_err *err);
 /* Stops and joins the workers. NULL is a no-op. */
 void cpu_pool_free(cpu_pool *p);
 

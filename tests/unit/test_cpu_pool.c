@@ -23,22 +23,29 @@
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_pool.h"
 #include "cpu/small_gemm.h"
+#include "spin_wait.h"
 #include "testutil.h"
 
-static cpu_pool *pool_make(int threads)
+/* A minute: longer than any test runs, so a wait that should end in its
+ * spin never falls back on a wake-up that would hide a lost one. */
+#define SPIN_LONG ((int64_t)60 * 1000 * 1000 * 1000)
+
+static cpu_pool *pool_spinning(int threads, int64_t spin_ns)
 {
     cpu_pool *p = NULL;
     tp_err err;
-    ck_assert_msg(cpu_pool_create(threads, &p, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(cpu_pool_create(threads, spin_ns, &p, &err) == TP_OK, "%s", err.msg);
     ck_assert_int_eq(cpu_pool_threads(p), threads);
     return p;
 }
+
+static cpu_pool *pool_make(int threads) { return pool_spinning(threads, TP_SPIN_NS); }
 
 START_TEST(create_and_free)
 {
     tp_err err;
     cpu_pool *p = (cpu_pool *)&err;
-    ck_assert_int_eq(cpu_pool_create(0, &p, &err), TP_INVALID);
+    ck_assert_int_eq(cpu_pool_create(0, 0, &p, &err), TP_INVALID);
     ck_assert_ptr_null(p);
     ck_assert_msg(strstr(err.msg, "0 threads") != NULL, "%s", err.msg);
     ck_assert_int_eq(cpu_pool_threads(NULL), 1);
@@ -68,8 +75,6 @@ static tp_status count_task(void *arg, int64_t task, int slot, tp_err *err)
     return TP_OK;
 }
 
-/* Every task exactly once, on slots of the pool, job after job (workers
- * must see each new job, never run one twice), and with no pool. */
 /* Each slot's buffers are its own, kept between calls while large
  * enough (the point: no fresh pages per call), grown when asked for
  * more, 64-byte aligned; none without a pool or outside its slots. */
@@ -107,11 +112,14 @@ START_TEST(scratch_kept_per_slot)
 }
 END_TEST
 
+/* Every task exactly once, on slots of the pool, job after job (workers
+ * must see each new job, never run one twice), with no pool, and with
+ * waits that sleep at once, spin a while, or spin all along. */
 START_TEST(every_task_once)
 {
     static count_job j;
-    cpu_pool *pools[4] = {NULL, pool_make(1), pool_make(2), pool_make(3)};
-    for (int k = 0; k < 4; k++) {
+    cpu_pool *pools[] = {NULL, pool_make(1), pool_make(2), pool_make(3), pool_spinning(2, 0), pool_spinning(3, SPIN_LONG)};
+    for (int k = 0; k < (int)(sizeof pools / sizeof pools[0]); k++) {
         j.threads = cpu_pool_threads(pools[k]);
         for (int64_t n = 0; n <= MANY; n = n ? n * 3 : 1) {
             for (int rep = 0; rep < 50; rep++) {
@@ -161,15 +169,35 @@ static tp_status meet_task(void *arg, int64_t task, int slot, tp_err *err)
     return met ? TP_OK : tp_fail(err, TP_INTERNAL, "task %lld ran alone", (long long)task);
 }
 
+/* A worker joins job after job, whether it slept, spun, or is still
+ * spinning from the last one. */
 START_TEST(workers_take_tasks)
 {
-    cpu_pool *p = pool_make(2);
-    for (int rep = 0; rep < 20; rep++) {
-        meet_job j = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-        tp_err err;
-        ck_assert_msg(cpu_pool_run(p, 2, meet_task, &j, &err) == TP_OK, "%s", err.msg);
+    int64_t spins[] = {0, TP_SPIN_NS, SPIN_LONG};
+    for (int k = 0; k < 3; k++) {
+        cpu_pool *p = pool_spinning(2, spins[k]);
+        for (int rep = 0; rep < 20; rep++) {
+            meet_job j = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+            tp_err err;
+            ck_assert_msg(cpu_pool_run(p, 2, meet_task, &j, &err) == TP_OK, "%d: %s", k, err.msg);
+        }
+        cpu_pool_free(p);
     }
-    cpu_pool_free(p);
+}
+END_TEST
+
+/* Workers spinning for the next job see the pool stop: freeing it must
+ * not wait out their spin (a minute here, past Check's timeout). */
+START_TEST(free_stops_spinning_workers)
+{
+    static count_job j;
+    for (int rep = 0; rep < 20; rep++) {
+        cpu_pool *p = pool_spinning(3, SPIN_LONG);
+        j.threads = 3;
+        tp_err err;
+        ck_assert_int_eq(cpu_pool_run(p, 64, count_task, &j, &err), TP_OK);
+        cpu_pool_free(p);
+    }
 }
 END_TEST
 
@@ -472,6 +500,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, scratch_kept_per_slot);
     tcase_add_test(tc, every_task_once);
     tcase_add_test(tc, workers_take_tasks);
+    tcase_add_test(tc, free_stops_spinning_workers);
     tcase_add_test(tc, errors_propagate);
     tcase_add_test(tc, tasks_run_products_on_one_thread);
     tcase_add_test(tc, attention_same_bits_on_any_pool);

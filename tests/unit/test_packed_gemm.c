@@ -26,6 +26,7 @@
 #include "cpu/packed_gemm.h"
 #include "cpu/weight_packs.h"
 #include "rank_group.h"
+#include "spin_wait.h"
 #include "testutil.h"
 #include "weights.h"
 
@@ -558,7 +559,7 @@ static void matmul_case(int64_t K, int64_t N, int tb, int in_place)
     snprintf(what, sizeof what, "K %lld N %lld%s, a contiguous", (long long)K, (long long)N, tb ? " transposed" : "");
     expect_close(got, want, B * S * N, what);
     cpu_pool *pool = NULL;
-    ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(cpu_pool_create(2, TP_SPIN_NS, &pool, &err) == TP_OK, "%s", err.msg);
     memcpy(big, got, sizeof(float) * (size_t)(B * S * N));
     sentinel(got, (size_t)(B * S * N));
     run_reserved(pool, &at, &ta, &tw, &og);
@@ -663,7 +664,7 @@ static void narrow_case(tp_dtype dt, int64_t M, int64_t K, int64_t N, int tb)
     run_on(NULL, &at, &ta, &tc, &ow);
     run_on(NULL, &at, &ta, &tw, &og);
     cpu_pool *pool = NULL;
-    ck_assert_msg(cpu_pool_create(2, &pool, &err) == TP_OK, "%s", err.msg);
+    ck_assert_msg(cpu_pool_create(2, TP_SPIN_NS, &pool, &err) == TP_OK, "%s", err.msg);
     run_reserved(pool, &at, &ta, &tw, &op);
     cpu_pool_free(pool);
     /* Both sides sum the same K products in FP32, in other orders (the
