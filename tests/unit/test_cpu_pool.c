@@ -26,9 +26,10 @@
 #include "spin_wait.h"
 #include "testutil.h"
 
-/* A minute: longer than any test runs, so a wait that should end in its
- * spin never falls back on a wake-up that would hide a lost one. */
-#define SPIN_LONG ((int64_t)60 * 1000 * 1000 * 1000)
+/* Ten minutes: longer than any test runs (and than the case's timeout),
+ * so a wait that should end in its spin never falls back on a wake-up
+ * that would hide a lost one. */
+#define SPIN_LONG ((int64_t)600 * 1000 * 1000 * 1000)
 
 static cpu_pool *pool_spinning(int threads, int64_t spin_ns)
 {
@@ -187,7 +188,7 @@ START_TEST(workers_take_tasks)
 END_TEST
 
 /* Workers spinning for the next job see the pool stop: freeing it must
- * not wait out their spin (a minute here, past Check's timeout). */
+ * not wait out their spin (SPIN_LONG, past the case's timeout). */
 START_TEST(free_stops_spinning_workers)
 {
     static count_job j;
