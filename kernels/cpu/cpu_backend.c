@@ -35,6 +35,7 @@
 #include "huge_pages.h"
 #include "small_gemm.h"
 #include "spin_wait.h"
+#include "packed_gemm.h"
 #include "weight_packs.h"
 
 typedef struct {
@@ -553,8 +554,9 @@ static void note_blas_kernels(tp_backend *b, int threads, int cores)
     if (weight_packs_enabled()) {
         size_t len = strlen(b->note);
         snprintf(b->note + len, sizeof b->note - len,
-                 "; FP32 weights packed at load for tpserve's AVX2 GEMM, FP16/BF16 ones widened into FP32 panels "
-                 "beside them (kernels/cpu/packed_gemm.h; TPSERVE_CPU_GEMM=openblas: OpenBLAS)");
+                 "; FP32 weights packed at load for tpserve's %s GEMM, FP16/BF16 ones widened into FP32 panels "
+                 "beside them (kernels/cpu/packed_gemm.h; TPSERVE_CPU_GEMM=openblas: OpenBLAS)",
+                 pgemm_wide() ? "AVX-512" : pgemm_wide_supported() ? "AVX2 (" PGEMM_NARROW_ENV ")" : "AVX2");
     }
 }
 

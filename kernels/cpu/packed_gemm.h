@@ -8,7 +8,9 @@
  * each, the last panel zero-padded), and c = a . b runs a 6 x 16
  * AVX2/FMA micro-kernel over BLIS's blocking: a KC-deep slice of one
  * panel (16 KB) stays in L1 while up to MC rows of a, packed per call,
- * stream from L2. Callers split the panels between threads themselves.
+ * stream from L2. Where the CPU has AVX-512F, a 6 x 32 kernel takes two
+ * adjacent panels at once (pgemm_wide). Callers split the panels between
+ * threads themselves.
  *
  * Every element of c is the same chain of operations whatever M, the
  * rows beside it and the panels a call covers: KC-long chains of fused
@@ -29,6 +31,24 @@
 
 /* Whether this CPU runs the kernel (AVX2 and FMA). */
 int pgemm_supported(void);
+
+/* Whether it also runs the wide kernel: two panels at once in AVX-512
+ * registers, the same chain of operations for every element, so the same
+ * bits as the AVX2 kernel. */
+int pgemm_wide_supported(void);
+
+/* TPSERVE_CPU_GEMM_AVX2=1 keeps the AVX2 kernel where AVX-512 runs: to
+ * compare the two, and to run on a machine what a CPU without AVX-512
+ * would. Read once, on first use. */
+#define PGEMM_NARROW_ENV "TPSERVE_CPU_GEMM_AVX2"
+
+/* Whether products run the wide kernel now: pgemm_wide_supported and not
+ * turned off by PGEMM_NARROW_ENV. */
+int pgemm_wide(void);
+
+/* Turns the wide kernel on (where supported) or off; returns whether it
+ * was on. For tests: set it while no product runs. */
+int pgemm_set_wide(int on);
 
 /* Panels of b's N columns; floats of its packed form. */
 int64_t pgemm_panels(int64_t N);

@@ -12,8 +12,11 @@
 # Products by FP32 weights run tpserve's own packed kernel where the CPU has
 # AVX2 and FMA (kernels/cpu/packed_gemm.h), whatever OpenBLAS's kernels: so
 # the core-type rows run with TPSERVE_CPU_GEMM=openblas, every product on
-# that core type's kernels, as a CPU without AVX2 would; a last row, "packed",
-# runs the default (OpenBLAS's own pick for the rest).
+# that core type's kernels, as a CPU without AVX2 would; a row "packed"
+# runs the default (OpenBLAS's own pick for the rest). Where the CPU has
+# AVX-512 the packed kernel runs two panels at once in AVX-512 registers; a
+# last row, "packed-avx2", runs its AVX2 kernel there (TPSERVE_CPU_GEMM_AVX2),
+# as a CPU without AVX-512 would.
 #
 # Env: BUILD (build dir), TP_GRAPHS, TPSERVE, PYTHON. Prints one line per
 # core type; exits 1 if any ran and failed.
@@ -31,10 +34,10 @@ trap 'rm -rf "$TMP"' EXIT
 flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 fail=0
 printf '%-12s %-7s %-34s %-10s %s\n' "core type" result "unit suites (checks, failures)" "examples" "max row-alone vs batch (FP32, FP16/BF16)"
-for entry in $CORES packed:avx2,fma; do
+for entry in $CORES packed:avx2,fma packed-avx2:avx512f; do
     core=${entry%%:*}
     gemm=openblas
-    if [ "$core" = packed ]; then gemm=""; fi
+    case "$core" in packed*) gemm="" ;; esac
     missing=""
     for f in $(echo "${entry#*:}" | tr ',' ' '); do
         case "$flags" in *" $f "*) ;; *) missing="$missing $f" ;; esac
@@ -45,7 +48,8 @@ for entry in $CORES packed:avx2,fma; do
     fi
     # the packed row leaves OpenBLAS its own pick: an env entry that changes nothing
     cenv="OPENBLAS_CORETYPE=$core"
-    if [ -z "$gemm" ]; then cenv="TP_CPUS_ROW=packed"; fi
+    if [ "$core" = packed ]; then cenv="TP_CPUS_ROW=packed"; fi
+    if [ "$core" = packed-avx2 ]; then cenv="TPSERVE_CPU_GEMM_AVX2=1"; fi
     got=$(env "$cenv" "$BUILD/tools/blas_core")
     if [ -n "$gemm" ] && [ "$(echo "$got" | tr A-Z a-z)" != "$(echo "$core" | tr A-Z a-z)" ]; then
         printf '%-12s %s\n' "$core" "skipped: this OpenBLAS runs $got kernels when asked for $core"

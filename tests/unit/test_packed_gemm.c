@@ -193,6 +193,49 @@ START_TEST(rows_and_panel_splits_same_bits)
 }
 END_TEST
 
+/* The wide kernel (two panels at once in AVX-512 registers) runs each
+ * element's chain as the AVX2 kernel does: the same bits, for tiles of 1-6
+ * rows, pairs and lone panels (an odd p0 or p1, a last panel past N), one
+ * or more KC blocks, and b read transposed. Skipped where the CPU lacks
+ * AVX-512: there only the AVX2 kernel runs. */
+START_TEST(wide_and_avx2_kernels_same_bits)
+{
+    if (!kernel_runs("wide_and_avx2_kernels_same_bits"))
+        return;
+    if (!pgemm_wide_supported()) {
+        printf("wide_and_avx2_kernels_same_bits: skipped, this CPU lacks AVX-512\n");
+        return;
+    }
+    const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 9, 128, 141, 297}, Ks[] = {1, 5, 257, 600}, Ns[] = {16, 31, 32, 33, 100, 161};
+    float *a = filled(297 * 600, 11), *b = filled(600 * 161, 12), *wide = falloc(297 * 161), *avx2 = falloc(297 * 161);
+    float *packed = falloc(pgemm_packed_floats(600, 161)), *scratch = falloc(pgemm_scratch_floats(297, 600, 2));
+    int was = pgemm_set_wide(1);
+    for (size_t ki = 0; ki < sizeof Ks / sizeof *Ks; ki++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++)
+            for (int tb = 0; tb <= 1; tb++) {
+                int64_t K = Ks[ki], N = Ns[ni], P = pgemm_panels(N);
+                pgemm_pack(b, K, N, tb ? 1 : N, tb ? K : 1, packed);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++)
+                    for (int64_t p0 = 0; p0 < 2 && p0 < P; p0++) {
+                        int64_t M = Ms[mi];
+                        sentinel(wide, (size_t)(M * N));
+                        sentinel(avx2, (size_t)(M * N));
+                        pgemm_set_wide(1);
+                        pgemm_run(M, K, N, a, K, packed, wide, N, p0, P, scratch);
+                        pgemm_set_wide(0);
+                        pgemm_run(M, K, N, a, K, packed, avx2, N, p0, P, scratch);
+                        ck_assert_msg(memcmp(wide, avx2, sizeof(float) * (size_t)(M * N)) == 0,
+                                      "%lld x %lld x %lld%s, panels [%lld, %lld): the wide kernel's bits differ",
+                                      (long long)M, (long long)K, (long long)N, tb ? " (b transposed)" : "",
+                                      (long long)p0, (long long)P);
+                    }
+            }
+    pgemm_set_wide(was);
+    ck_assert_int_eq(pgemm_wide(), was);
+    free(a), free(b), free(wide), free(avx2), free(packed), free(scratch);
+}
+END_TEST
+
 /* a packed whole once (pgemm_pack_a, pgemm_run_packed_a) and a block at
  * a time (pgemm_run_blocks) feed the kernel the same values in the same
  * order: the same bits, for rows that end mid micro-panel, k past the
@@ -874,6 +917,7 @@ static Suite *packed_gemm_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, kernel_matches_double_reference);
     tcase_add_test(tc, rows_and_panel_splits_same_bits);
+    tcase_add_test(tc, wide_and_avx2_kernels_same_bits);
     tcase_add_test(tc, a_packed_once_or_by_block_same_bits);
     tcase_add_test(tc, panel_groups_match_reference_and_split);
     tcase_add_test(tc, unknown_gemm_setting_refused);
