@@ -2,7 +2,8 @@
  * 2 MiB pages inside a large block (the kernel's VmFlags show "hg" there,
  * where the kernel takes the advice at all), and leaves small blocks,
  * NULL and blocks holding no whole huge page alone; the engine's large
- * result blocks (host_block.h) are advised, small ones not. */
+ * result blocks (host_block.h) are advised, small ones not, and kept for
+ * reuse once released. */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +35,26 @@ static int vm_flag_at(const void *addr, const char *flag)
     }
     fclose(f);
     return found;
+}
+
+/* The kB of LazyFree in the mapping holding addr (/proc/self/smaps). */
+static long lazy_free_kb_at(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    ck_assert_msg(f, "cannot read /proc/self/smaps");
+    char line[512];
+    int inside = 0;
+    long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char dash;
+        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
+            inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+        else if (inside && strncmp(line, "LazyFree:", 9) == 0)
+            kb = strtol(line + 9, NULL, 10);
+    }
+    fclose(f);
+    return kb;
 }
 
 /* Whether this kernel takes MADV_HUGEPAGE at all (THP built in). */
@@ -106,6 +127,51 @@ START_TEST(large_result_blocks_advised)
 }
 END_TEST
 
+/* A large block released by its last holder is kept for the next one
+ * of about its size (a need of at least half of it), its pages marked
+ * MADV_FREE so the kernel may take them back meanwhile: a fresh block
+ * faulted and zeroed every page on the ranks' copy of the outputs. At
+ * most four are kept. */
+START_TEST(released_large_blocks_kept_lazily)
+{
+    size_t bytes = 24 * MIB;
+    tp_host_block *b = tp_host_block_create(bytes, 2);
+    ck_assert(b);
+    char *data = tp_host_block_data(b);
+    memset(data, 1, bytes);
+    tp_host_block_release(b);
+    ck_assert_msg(lazy_free_kb_at(data + bytes / 2) <= 0, "a block still held was marked free");
+    tp_host_block_release(b);
+    long lazy = lazy_free_kb_at(data + bytes / 2);
+    ck_assert_msg(lazy < 0 || lazy >= (long)(bytes >> 10) - 4096, "%ld kB of a released 24 MiB block lazily free",
+                  lazy);
+    tp_host_block *again = tp_host_block_create(bytes - 4096, 1);
+    ck_assert_ptr_eq(again, b);
+    memset(tp_host_block_data(again), 2, bytes - 4096); /* writable to its end (ASan checks) */
+    ck_assert_int_eq(((char *)tp_host_block_data(again))[bytes - 4097], 2);
+    tp_host_block_release(again);
+    tp_host_block *smaller = tp_host_block_create(bytes / 2 - 4096, 1);
+    ck_assert_msg(smaller != b, "a need under half its size took a kept block");
+    tp_host_block_release(smaller);
+
+    enum { N = 5 };
+    tp_host_block *first[N], *second[N];
+    for (int i = 0; i < N; i++)
+        ck_assert((first[i] = tp_host_block_create(8 * MIB, 1)) != NULL);
+    for (int i = 0; i < N; i++)
+        tp_host_block_release(first[i]);
+    int reused = 0;
+    for (int i = 0; i < N; i++) {
+        ck_assert((second[i] = tp_host_block_create(8 * MIB, 1)) != NULL);
+        for (int j = 0; j < N; j++)
+            reused += second[i] == first[j];
+    }
+    ck_assert_msg(reused >= 1 && reused <= 4, "%d of 5 released blocks came back (at most 4 are kept)", reused);
+    for (int i = 0; i < N; i++)
+        tp_host_block_release(second[i]);
+}
+END_TEST
+
 static Suite *huge_pages_suite(void)
 {
     Suite *s = suite_create("huge_pages");
@@ -113,6 +179,7 @@ static Suite *huge_pages_suite(void)
     tcase_add_test(t, large_block_advised_inside_only);
     tcase_add_test(t, small_or_null_blocks_left_alone);
     tcase_add_test(t, large_result_blocks_advised);
+    tcase_add_test(t, released_large_blocks_kept_lazily);
     suite_add_tcase(s, t);
     return s;
 }
