@@ -202,6 +202,7 @@ static-checks:
 	@CC="$(CC)" INC_util="$(INC_util)" INC_engine="$(INC_engine)" INC_kernels="$(INC_kernels)" \
 	  INC_server="$(INC_server)" sh tests/static/layers.sh
 	@sh tests/static/config_doc.sh
+	@CC="$(CC)" sh tests/static/prefetch_kept.sh
 	@PYTHON="$(PYTHON)" sh tests/static/doc_links.sh
 
 test: all $(GRAPHS)
