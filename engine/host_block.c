@@ -35,6 +35,10 @@ tp_host_block tp_host_borrowed = {.borrowed = 1};
  * CACHED_BYTES; a block is reused for a need of at least half its size. */
 enum { CACHED = 4 };
 #define CACHED_BYTES ((size_t)512 << 20)
+/* Smaller blocks come from malloc's heap, which serve.c keeps from giving
+ * pages back (keep_freed_memory): no faults to save, and a madvise call
+ * per answer would cost a small request a syscall. */
+#define CACHED_MIN_BYTES ((size_t)1 << 20)
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static tp_host_block *cache[CACHED];
 
@@ -72,7 +76,8 @@ static int cache_keep(tp_host_block *b)
     }
     /* the advice before the block is visible to cache_take: once there,
      * another thread may write it, and the advice would drop those writes */
-    int ok = slot >= 0 && held <= CACHED_BYTES && (hi <= lo || madvise((void *)lo, hi - lo, MADV_FREE) == 0);
+    int ok = slot >= 0 && b->bytes >= CACHED_MIN_BYTES && held <= CACHED_BYTES &&
+             madvise((void *)lo, hi - lo, MADV_FREE) == 0;
     if (ok)
         cache[slot] = b;
     pthread_mutex_unlock(&cache_mu);
