@@ -6,7 +6,8 @@
 # on demand, 128 x 768 x 3072 with cold weights at 133-136 GFLOP/s on one
 # Xeon core instead of 143 (kernels/cpu/packed_gemm.c, prefetch_share). The
 # kernels' own prefetches of c sit beside their stores and were kept, so
-# this looks for a prefetch outside the kernel_* functions.
+# this looks for a prefetch outside the kernel_* functions (the AVX2
+# path's prefetch_share; the wide kernel's asm prefetches are inside it).
 # Usage: CC=cc sh tests/static/prefetch_kept.sh   (from the repository root)
 CC=${CC:-cc}
 asm=$($CC -std=c11 -D_GNU_SOURCE -O2 -DNDEBUG -Iutil -Iengine -Ikernels -Ikernels/cpu -S -o - \
