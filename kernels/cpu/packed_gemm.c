@@ -166,6 +166,44 @@ PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda
         pack_block(a + m0 * lda, lda, M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, pa + m0 * K);
 }
 
+/* What a tile prefetches of the next panels' kc-deep slices while it
+ * runs: its share of their lines (a panel's slice has one line, 16
+ * floats, per k), `lines` from p0 and as many from p1 (the same panel
+ * twice when one comes next), one of each at k-steps 0, every, 2 every...
+ * The weights stream from memory (a model's do not fit in L3) and the
+ * hardware prefetcher starts on a new panel only after its first misses:
+ * without this, 40 cold 768 x 3072 weights at 128 rows ran at 133-136
+ * GFLOP/s on a Xeon core, against 166-170 for one hot weight; with it,
+ * 154-160. Spread over the k loop: issued in one burst before each tile,
+ * the same lines stalled on the line fill buffers (8% of a GPT-2
+ * request's samples), and a tile alone in its block (a few rows) could
+ * not cover a slice. In asm: GCC 12 takes a function whose only effect is
+ * _mm_prefetch for one without side effects and deletes its calls
+ * (tests/static/prefetch_kept.sh). */
+typedef struct {
+    const float *p0, *p1;
+    int64_t lines, every, next;
+} tile_prefetch;
+
+static inline __attribute__((always_inline)) void prefetch_step(tile_prefetch *pf, int64_t k)
+{
+    if (k == pf->next && pf->lines > 0) {
+        __asm__ volatile("prefetcht0 %0" : : "m"(*pf->p0));
+        __asm__ volatile("prefetcht0 %0" : : "m"(*pf->p1));
+        pf->p0 += PGEMM_NR, pf->p1 += PGEMM_NR, pf->lines--, pf->next += pf->every;
+    }
+}
+
+/* Tile t of `tiles` over a KC block: its share of the slices at next0 and
+ * next1 (kc lines each; next0 NULL: nothing comes next). */
+static tile_prefetch tile_share(const float *next0, const float *next1, int64_t kc, int64_t t, int64_t tiles)
+{
+    int64_t per = (kc + tiles - 1) / tiles, l0 = t * per, n = kc - l0 < per ? kc - l0 : per;
+    if (!next0 || n <= 0)
+        return (tile_prefetch){next0, next0, 0, kc, 0};
+    return (tile_prefetch){next0 + l0 * PGEMM_NR, next1 + l0 * PGEMM_NR, n, kc / n, 0};
+}
+
 /* c[R x 16] (rows ldc apart) = or += the product of an R-row micro-panel
  * of a ([k][R]) and a kc-deep slice of a panel of b: R x 2 accumulators,
  * one fused multiply-add each per k. Instantiated with a constant R
@@ -178,7 +216,7 @@ PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda
  * EPYC core (128 x 768 x 3072). */
 PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R, int64_t kc, const float *pa,
                                                                              const float *pb, float *c,
-                                                                             int64_t ldc, int first)
+                                                                             int64_t ldc, int first, tile_prefetch pf)
 {
     __m256 lo[PGEMM_MR], hi[PGEMM_MR];
 #pragma GCC unroll 6
@@ -189,6 +227,7 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
     }
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += R, pb += PGEMM_NR) {
+        prefetch_step(&pf, k);
         __m256 b0 = _mm256_load_ps(pb), b1 = _mm256_load_ps(pb + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -211,9 +250,9 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
 
 #define KERNEL_R(R)                                                                                         \
     PGEMM_TARGET static void kernel_##R(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, \
-                                        int first)                                                          \
+                                        int first, tile_prefetch pf)                                        \
     {                                                                                                       \
-        kernel_rows(R, kc, pa, pb, c, ldc, first);                                                          \
+        kernel_rows(R, kc, pa, pb, c, ldc, first, pf);                                                      \
     }
 KERNEL_R(1)
 KERNEL_R(2)
@@ -222,7 +261,8 @@ KERNEL_R(4)
 KERNEL_R(5)
 KERNEL_R(6)
 
-typedef void (*kernel_fn)(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int first);
+typedef void (*kernel_fn)(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int first,
+                          tile_prefetch pf);
 
 /* The kernel for mr rows (1 .. PGEMM_MR). */
 static kernel_fn kernel_of(int64_t mr)
@@ -231,14 +271,6 @@ static kernel_fn kernel_of(int64_t mr)
     return k[mr];
 }
 
-/* What a wide tile prefetches of the next pair's kc-deep slices while it
- * runs: `lines` lines (a panel's slice has one line, 16 floats, per k)
- * from p0 and as many from p1, one from each every `every` k-steps. */
-typedef struct {
-    const float *p0, *p1;
-    int64_t lines, every;
-} tile_prefetch;
-
 /* The same for two adjacent panels at once, 32 columns, in AVX-512
  * registers: c[R x 32] from pb0's and pb1's kc-deep slices (panels j and
  * j + 1, K * NR floats apart). 2R accumulators, one fused multiply-add
@@ -246,11 +278,7 @@ typedef struct {
  * computes, bit for bit: only the vector width differs. On a core with
  * two 512-bit FMA units this is twice kernel_rows's work per cycle (an
  * Intel Xeon with AVX-512 ran onnxruntime's GPT-2 at 139 ms where the
- * AVX2 kernel took 237). The prefetch of the next pair is spread over the
- * k loop (pf): issued in one burst per tile, as prefetch_share does, it
- * stalled on the line fill buffers (8% of a GPT-2 request's samples), and
- * 128 x 768 x 3072 with cold weights ran at 150-151 GFLOP/s on a Xeon
- * core instead of 156-158 (hot: 166-170). */
+ * AVX2 kernel took 237). pf: the next pair's lines (tile_prefetch). */
 PGEMM_TARGET512 static inline __attribute__((always_inline)) void
 kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const float *pb1, float *c, int64_t ldc,
                  int first, tile_prefetch pf)
@@ -263,14 +291,9 @@ kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const flo
         _mm_prefetch((const char *)(c + r * ldc + 2 * PGEMM_NR - 1), _MM_HINT_T0);
         lo[r] = hi[r] = _mm512_setzero_ps();
     }
-    int64_t next_pf = 0;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += R, pb0 += PGEMM_NR, pb1 += PGEMM_NR) {
-        if (k == next_pf && pf.lines > 0) { /* asm: kept, see prefetch_share */
-            __asm__ volatile("prefetcht0 %0" : : "m"(*pf.p0));
-            __asm__ volatile("prefetcht0 %0" : : "m"(*pf.p1));
-            pf.p0 += PGEMM_NR, pf.p1 += PGEMM_NR, pf.lines--, next_pf += pf.every;
-        }
+        prefetch_step(&pf, k);
         __m512 b0 = _mm512_loadu_ps(pb0), b1 = _mm512_loadu_ps(pb1);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -321,28 +344,10 @@ PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb,
                                    int64_t nr, int first)
 {
     float t[PGEMM_MR * PGEMM_NR] __attribute__((aligned(32)));
-    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1);
+    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1, tile_share(NULL, NULL, kc, 0, 1));
     for (int64_t r = 0; r < mr; r++)
         for (int64_t x = 0; x < nr; x++)
             c[r * ldc + x] = first ? t[r * PGEMM_NR + x] : c[r * ldc + x] + t[r * PGEMM_NR + x];
-}
-
-/* Tile t of `tiles` over one panel's slice prefetches its share of the
- * next panel's kc x NR slice. The weights stream from memory (a model's
- * do not fit in L3), and the hardware prefetcher starts on a new panel
- * only after its first misses: without this, 128 x 768 x 2304 ran at
- * 58 GFLOP/s on one EPYC core; with it and the unrolled k loop, 76-78
- * (the best of 20 runs each), as fast as OpenBLAS with its own packing.
- * In asm: GCC 12 takes a function whose only effect is _mm_prefetch for
- * one without side effects and deletes its calls, inlined or not (the
- * weights then came on demand: 133-136 GFLOP/s instead of 143 for
- * 128 x 768 x 3072 with cold weights on a Xeon core).
- * tests/static/prefetch_kept.sh checks the prefetches are emitted. */
-static void prefetch_share(const float *next, int64_t kc, int64_t t, int64_t tiles)
-{
-    int64_t lines = kc * PGEMM_NR / 16, per = (lines + tiles - 1) / tiles; /* 16 floats a line */
-    for (int64_t l = t * per; l < (t + 1) * per && l < lines; l++)
-        __asm__ volatile("prefetcht0 %0" : : "m"(next[l * 16]));
 }
 
 /* Panels j and j + 1 (both whole) for the rows of one MC block, in the
@@ -353,13 +358,11 @@ PGEMM_TARGET512 static void run_pair(int64_t mc, int64_t K, int64_t kc, const fl
                                      const float *pa, int64_t depth, int64_t k_off, int next0, int next1, int first)
 {
     int64_t tiles = (mc + PGEMM_MR - 1) / PGEMM_MR, panel = K * PGEMM_NR;
-    int64_t per = (kc + tiles - 1) / tiles; /* lines of each slice a tile prefetches */
+    const float *next = next0 ? pb + 2 * panel : NULL;
     for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
         mr = tile_rows(mc - i);
-        int64_t l0 = t * per, n = kc - l0 < per ? kc - l0 : per;
-        tile_prefetch pf = {pb + 2 * panel + l0 * PGEMM_NR, pb + (next1 ? 3 : 2) * panel + l0 * PGEMM_NR,
-                            next0 && n > 0 ? n : 0, n > 0 ? kc / n : kc};
-        kernel_wide_of(mr)(kc, pa + i * depth + k_off * mr, pb, pb + panel, c + i * ldc, ldc, first, pf);
+        kernel_wide_of(mr)(kc, pa + i * depth + k_off * mr, pb, pb + panel, c + i * ldc, ldc, first,
+                           tile_share(next, next1 ? next + panel : next, kc, t, tiles));
     }
 }
 
@@ -381,14 +384,13 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
             continue;
         }
         int64_t tiles = (mc + PGEMM_MR - 1) / PGEMM_MR; /* the splits of tile_rows keep the count */
+        const float *next = j + 1 < j1 ? pb + K * PGEMM_NR : NULL;
         for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
             mr = tile_rows(mc - i);
-            if (j + 1 < j1)
-                prefetch_share(pb + K * PGEMM_NR, kc, t, tiles);
             const float *pt = pa + i * depth + k_off * mr;
             float *ct = c + i * ldc + n0;
             if (nr == PGEMM_NR)
-                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0);
+                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0, tile_share(next, next, kc, t, tiles));
             else
                 edge_tile(kc, pt, pb, ct, ldc, mr, nr, k0 == 0);
         }
