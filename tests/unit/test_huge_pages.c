@@ -17,44 +17,40 @@
 
 #define MIB ((size_t)1 << 20)
 
-/* Whether the mapping holding addr carries VmFlag flag (/proc/self/smaps). */
-static int vm_flag_at(const void *addr, const char *flag)
+/* The line of /proc/self/smaps that starts with key in the mapping holding
+ * addr, into line (n bytes); 0 when there is none. */
+static int smaps_line_at(const void *addr, const char *key, char *line, size_t n)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     ck_assert_msg(f, "cannot read /proc/self/smaps");
-    char line[512], want[8];
-    snprintf(want, sizeof want, " %s", flag);
+    char buf[512];
     int inside = 0, found = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (fgets(buf, sizeof buf, f)) {
         unsigned long lo, hi;
         char dash;
-        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
+        if (sscanf(buf, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
             inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
-        else if (inside && strncmp(line, "VmFlags:", 8) == 0)
-            found = strstr(line, want) != NULL;
+        else if (inside && strncmp(buf, key, strlen(key)) == 0)
+            found = snprintf(line, n, "%s", buf) >= 0;
     }
     fclose(f);
     return found;
 }
 
-/* The kB of LazyFree in the mapping holding addr (/proc/self/smaps). */
+/* Whether the mapping holding addr carries VmFlag flag. */
+static int vm_flag_at(const void *addr, const char *flag)
+{
+    char line[512], want[8];
+    snprintf(want, sizeof want, " %s", flag);
+    return smaps_line_at(addr, "VmFlags:", line, sizeof line) && strstr(line, want) != NULL;
+}
+
+/* The kB of LazyFree in the mapping holding addr; -1 where smaps has no
+ * such field (kernels before 4.12). */
 static long lazy_free_kb_at(const void *addr)
 {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    ck_assert_msg(f, "cannot read /proc/self/smaps");
     char line[512];
-    int inside = 0;
-    long kb = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        char dash;
-        if (sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-')
-            inside = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
-        else if (inside && strncmp(line, "LazyFree:", 9) == 0)
-            kb = strtol(line + 9, NULL, 10);
-    }
-    fclose(f);
-    return kb;
+    return smaps_line_at(addr, "LazyFree:", line, sizeof line) ? strtol(line + 9, NULL, 10) : -1;
 }
 
 /* Whether this kernel takes MADV_HUGEPAGE at all (THP built in). */
