@@ -511,7 +511,7 @@ static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, o
     float *copy;
     tp_status s = scratch_of(pool, 0, 1, (size_t)(*M * K), buf, &copy, err);
     if (s == TP_OK)
-        ops_gather_f32(a, copy);
+        s = ops_gather_f32_on(pool, a, copy, err);
     *rows = copy;
     return s;
 }

@@ -162,20 +162,40 @@ void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *s
     }
 }
 
-void ops_gather_f32(const tp_tensor *t, float *dst)
+typedef struct {
+    const tp_tensor *t;
+    const ops_layout *l;
+    float *dst;
+} gather_job;
+
+static void gather_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
+{
+    const gather_job *j = arg;
+    int64_t s = j->l->stride[0][j->l->nd - 1];
+    ops_load_row(ops_at(j->t->data, j->t->dtype, p->off[0] + e0 * s), j->t->dtype, s, e1 - e0,
+                 j->dst + p->off[1] + e0);
+}
+
+tp_status ops_gather_f32_on(cpu_pool *pool, const tp_tensor *t, float *dst, tp_err *err)
 {
     if (tp_tensor_numel(t) == 0)
-        return;
-    const int64_t *st[1] = {t->stride};
+        return TP_OK;
+    int64_t packed[TP_MAX_DIMS], step = 1; /* dst's strides: contiguous */
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        packed[d] = step;
+        step *= t->shape[d];
+    }
+    const int64_t *st[2] = {t->stride, packed};
     ops_layout l;
-    ops_layout_init(&l, t->ndim, t->shape, 1, st);
-    int iter = l.nd - 1;
-    int64_t rows = ops_layout_count(&l, iter), n = l.shape[iter];
-    ops_pos p;
-    memset(&p, 0, sizeof p);
-    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
-        ops_load_row(ops_at(t->data, t->dtype, p.off[0]), t->dtype, l.stride[0][iter], n,
-                     dst + r * n);
+    ops_layout_init(&l, t->ndim, t->shape, 2, st);
+    gather_job j = {.t = t, .l = &l, .dst = dst};
+    return ops_run_rows(pool, &l, l.shape[l.nd - 1], gather_part, &j, err);
+}
+
+void ops_gather_f32(const tp_tensor *t, float *dst)
+{
+    tp_err err;
+    (void)ops_gather_f32_on(NULL, t, dst, &err); /* the caller alone: rows never fail */
 }
 
 tp_status ops_alloc_f32(float **p, size_t n, const char *what, tp_err *err)

@@ -332,7 +332,7 @@ typedef void (*kernel_wide_fn)(int64_t kc, const float *pa, const float *pb0, co
 
 static kernel_wide_fn kernel_wide_of(int64_t mr)
 {
-    static const kernel_wide_fn k[PGEMM_MR + 1] = {NULL,           kernel_wide_1, kernel_wide_2, kernel_wide_3,
+    static const kernel_wide_fn k[PGEMM_MR + 1] = {NULL,          kernel_wide_1, kernel_wide_2, kernel_wide_3,
                                                    kernel_wide_4, kernel_wide_5, kernel_wide_6};
     return k[mr];
 }

@@ -22,6 +22,7 @@
 #include "cpu/blas_pick.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_pool.h"
+#include "cpu/ops_internal.h"
 #include "cpu/small_gemm.h"
 #include "spin_wait.h"
 #include "testutil.h"
@@ -450,6 +451,45 @@ static void elementwise_case(tp_op op, tp_dtype dt, int ndim, const int64_t *sha
     free(x), free(y), free(want), free(got);
 }
 
+/* An FP16/BF16 tensor widened into contiguous FP32 rows, split over a
+ * pool by rows (many of them) or within rows (two long ones), and read
+ * through a transposed view: every element where ops_gather_f32 alone
+ * puts it, with the value tp_load_f32 reads (widening is exact). */
+START_TEST(gather_same_on_any_pool)
+{
+    const int64_t shapes[3][2] = {{300, 700}, {2, 40000}, {700, 300}};
+    for (int c = 0; c < 3; c++) {
+        tp_dtype dt = c == 1 ? TP_BF16 : TP_F16;
+        int64_t n = shapes[c][0] * shapes[c][1];
+        uint16_t *x = malloc(sizeof(uint16_t) * (size_t)n);
+        float *want = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+        ck_assert(x && want && got);
+        for (int64_t i = 0; i < n; i++)
+            tp_store_f32(x, dt, i, (float)((i * 7919) % 2003) / 1001.0f - 1.0f);
+        tp_tensor t = tp_tensor_make(x, dt, 2, shapes[c]);
+        if (c == 2) { /* a [700, 300] view of [300, 700] storage: (i, k) at k * 700 + i */
+            t.stride[0] = 1;
+            t.stride[1] = 700;
+        }
+        ops_gather_f32(&t, want);
+        for (int64_t i = 0; i < t.shape[0]; i++)
+            for (int64_t k = 0; k < t.shape[1]; k++)
+                ck_assert_msg(want[i * t.shape[1] + k] == tp_load_f32(x, dt, i * t.stride[0] + k * t.stride[1]),
+                              "case %d: element (%lld, %lld)", c, (long long)i, (long long)k);
+        for (int threads = 1; threads <= 3; threads++) {
+            cpu_pool *p = pool_make(threads);
+            memset(got, 0xa5, sizeof(float) * (size_t)n);
+            tp_err err;
+            ck_assert_int_eq(ops_gather_f32_on(p, &t, got, &err), TP_OK);
+            ck_assert_msg(memcmp(got, want, sizeof(float) * (size_t)n) == 0, "case %d, %d threads: other values", c,
+                          threads);
+            cpu_pool_free(p);
+        }
+        free(x), free(want), free(got);
+    }
+}
+END_TEST
+
 START_TEST(elementwise_same_bits_on_any_pool)
 {
     int64_t rows[2] = {300, 1024}, one[1] = {(1 << 17) + 7};
@@ -509,6 +549,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, matmul_columns_split_on_any_pool);
     tcase_add_test(tc, unsplit_matmul_keeps_the_rank_threads);
     tcase_add_test(tc, elementwise_same_bits_on_any_pool);
+    tcase_add_test(tc, gather_same_on_any_pool);
     suite_add_tcase(s, tc);
     return s;
 }
