@@ -411,6 +411,7 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
 typedef struct {
     int64_t M, K, N, lda, ldc;
     const float *a, *panels;
+    const float *pa;  /* a packed once for every slice (shares_packed_a), or NULL */
     float *c;         /* FP32 c, ldc apart; NULL when narrow is set */
     uint16_t *narrow; /* else: a contiguous FP16/BF16 [M, N] */
     tp_dtype dt;
@@ -438,8 +439,10 @@ static tp_status scratch_of(cpu_pool *pool, int slot, int which, size_t n, ops_b
  * (pgemm_packs_a_once), else a block at a time in each. */
 static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once, float *cs, float *scratch)
 {
-    if (once)
+    if (once && !j->pa)
         pgemm_pack_a(j->M, j->K, j->a, j->lda, scratch);
+    const float *pa = j->pa ? j->pa : scratch;
+    once |= j->pa != NULL;
     for (int64_t g0 = p0; g0 < p1; g0 += NARROW_CHUNK_PANELS) {
         int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
         int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
@@ -448,7 +451,7 @@ static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once,
         for (int64_t r0 = 0; r0 < j->M; r0 += NARROW_CHUNK_ROWS) {
             int64_t rows = j->M - r0 < NARROW_CHUNK_ROWS ? j->M - r0 : NARROW_CHUNK_ROWS;
             if (once)
-                pgemm_run_packed_a(rows, j->K, n, scratch + r0 * j->K, panels, cs, ldc, 0, g1 - g0);
+                pgemm_run_packed_a(rows, j->K, n, pa + r0 * j->K, panels, cs, ldc, 0, g1 - g0);
             else
                 pgemm_run_blocks(rows, j->K, n, j->a + r0 * j->lda, j->lda, panels, cs, ldc, 0, g1 - g0, scratch);
             for (int64_t i = 0; i < rows; i++)
@@ -471,13 +474,17 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
     if (p1 <= p0)
         return TP_OK;
+    if (j->pa && !j->narrow) {
+        pgemm_run_packed_a(j->M, j->K, j->N, j->pa, j->panels, j->c, j->ldc, p0, p1);
+        return TP_OK;
+    }
     /* without a pool (a fused kernel's blocks) the chunk is allocated on
      * every call */
     size_t cs = j->narrow ? narrow_chunk_floats(j->M, p1 - p0) : 0;
     int64_t chunks = (j->M + NARROW_CHUNK_ROWS - 1) / NARROW_CHUNK_ROWS *
                      ((p1 - p0 + NARROW_CHUNK_PANELS - 1) / NARROW_CHUNK_PANELS);
     int64_t uses = j->narrow ? chunks : pgemm_groups(j->M, p1 - p0);
-    size_t sa = pgemm_scratch_floats(j->M, j->K, uses);
+    size_t sa = j->pa ? 0 : pgemm_scratch_floats(j->M, j->K, uses);
     ops_buf own = {0};
     float *scratch;
     tp_status s = scratch_of(j->pool, slot, 0, sa + cs, &own, &scratch, err);
@@ -516,6 +523,38 @@ static tp_status packed_rows_of(const tp_tensor *a, int64_t K, cpu_pool *pool, o
     return s;
 }
 
+/* Slices of a product of M rows by N columns of panels on a pool of
+ * `threads`: one per thread once there are two panels a thread and the
+ * product is worth waking them for. */
+static int packed_slices(int64_t M, int64_t K, int64_t N, int threads)
+{
+    return pgemm_panels(N) >= 2 * threads && M * K * N >= PACKED_SPLIT_MIN_MACS ? threads : 1;
+}
+
+/* Whether the slices share one a packed once, its tiles split between
+ * the threads (pack_part), instead of each packing all of it: 3-4% of a
+ * 128-token request's samples went to packing a, twice over at two
+ * threads. Only for an a pgemm packs whole (pgemm_packs_a_once). */
+static int shares_packed_a(int64_t M, int64_t K, int64_t N, int threads)
+{
+    return packed_slices(M, K, N, threads) > 1 && pgemm_packs_a_once(M, K, 2);
+}
+
+typedef struct {
+    const packed_job *j;
+    float *pa;
+    int64_t tiles, parts;
+} pack_job;
+
+static tp_status pack_part(void *arg, int64_t t, int slot, tp_err *err)
+{
+    (void)slot, (void)err;
+    const pack_job *p = arg;
+    pgemm_pack_a_tiles(p->j->M, p->j->K, p->j->a, p->j->lda, p->pa, p->tiles * t / p->parts,
+                       p->tiles * (t + 1) / p->parts);
+    return TP_OK;
+}
+
 static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t K, int64_t N, tp_tensor *out,
                                cpu_pool *pool, tp_err *err)
 {
@@ -535,8 +574,16 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
     }
     if (s == TP_OK && j.M > 0) {
         int threads = cpu_pool_threads(pool);
-        j.slices = pgemm_panels(N) >= 2 * threads && j.M * K * N >= PACKED_SPLIT_MIN_MACS ? threads : 1;
-        s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
+        j.slices = packed_slices(j.M, K, N, threads);
+        /* slot 0's scratch 2, read by every slice (the caller keeps it) */
+        float *pa = shares_packed_a(j.M, K, N, threads) ? cpu_pool_scratch(pool, 0, 2, (size_t)(j.M * K)) : NULL;
+        if (pa) {
+            pack_job pj = {.j = &j, .pa = pa, .tiles = pgemm_a_tiles(j.M), .parts = threads};
+            s = cpu_pool_run(pool, threads, pack_part, &pj, err);
+            j.pa = pa;
+        }
+        if (s == TP_OK)
+            s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
     }
     if (s == TP_OK && cb.p) {
         tp_tensor flat = tp_tensor_make(cb.p, TP_F32, out->ndim, out->shape);
@@ -566,6 +613,8 @@ tp_status cpu_matmul_reserve(const tp_attrs *attrs, const tp_tensor *a, const tp
     int64_t K = a->shape[a->ndim - 1], N = out->shape[out->ndim - 1], M = K ? tp_tensor_numel(a) / K : 0, lda;
     size_t floats = pgemm_scratch_bound(M, K) + (out->dtype != TP_F32 ? narrow_chunk_floats(M, pgemm_panels(N)) : 0);
     int ok = cpu_pool_reserve(pool, 0, cpu_pool_threads(pool), floats) == 0;
+    if (ok && shares_packed_a(M, K, N, cpu_pool_threads(pool)))
+        ok = cpu_pool_reserve(pool, 2, 1, (size_t)(M * K)) == 0;
     if (ok && !rows_as_they_lie(a, K, &M, &lda))
         ok = cpu_pool_reserve(pool, 1, 1, (size_t)(tp_tensor_numel(a))) == 0;
     return ok ? TP_OK : tp_fail(err, TP_NOMEM, "matmul: cannot keep scratch for %lld x %lld x %lld",

@@ -160,10 +160,33 @@ size_t pgemm_scratch_bound(int64_t M, int64_t K)
     return whole > block ? whole : block;
 }
 
-PGEMM_TARGET void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
+/* The splits of tile_rows keep ceil(mc / MR) tiles a block. */
+int64_t pgemm_a_tiles(int64_t M)
 {
+    int64_t n = 0;
     for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
-        pack_block(a + m0 * lda, lda, M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC, K, pa + m0 * K);
+        n += ((M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC) + PGEMM_MR - 1) / PGEMM_MR;
+    return n;
+}
+
+/* A block's tile at row i has its micro-panel at pa + i * K (pack_block
+ * with kc = K), and block m0 starts at pa + m0 * K. */
+PGEMM_TARGET void pgemm_pack_a_tiles(int64_t M, int64_t K, const float *a, int64_t lda, float *pa, int64_t t0,
+                                     int64_t t1)
+{
+    for (int64_t m0 = 0, t = 0; m0 < M && t < t1; m0 += PGEMM_MC) {
+        int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
+        for (int64_t i = 0, mr; i < mc && t < t1; i += mr, t++) {
+            mr = tile_rows(mc - i);
+            if (t >= t0)
+                pack_panel(a + (m0 + i) * lda, lda, mr, K, pa + (m0 + i) * K);
+        }
+    }
+}
+
+void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
+{
+    pgemm_pack_a_tiles(M, K, a, lda, pa, 0, pgemm_a_tiles(M));
 }
 
 /* What a tile prefetches of the next panels' kc-deep slices while it

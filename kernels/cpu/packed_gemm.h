@@ -105,6 +105,13 @@ void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, con
  * PGEMM_MC), then c as pgemm_run gives it. */
 size_t pgemm_packed_a_floats(int64_t M, int64_t K);
 void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa);
+
+/* pgemm_pack_a in parts, for threads that share one packed a: its M rows
+ * are pgemm_a_tiles(M) micro-panels, and pgemm_pack_a_tiles packs tiles
+ * t0 .. t1 - 1 where pgemm_pack_a puts them, so any split of the tiles
+ * between calls packs what pgemm_pack_a does. */
+int64_t pgemm_a_tiles(int64_t M);
+void pgemm_pack_a_tiles(int64_t M, int64_t K, const float *a, int64_t lda, float *pa, int64_t t0, int64_t t1);
 void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,
                         int64_t ldc, int64_t p0, int64_t p1);
 

@@ -239,7 +239,9 @@ END_TEST
 /* a packed whole once (pgemm_pack_a, pgemm_run_packed_a) and a block at
  * a time (pgemm_run_blocks) feed the kernel the same values in the same
  * order: the same bits, for rows that end mid micro-panel, k past the
- * 8-column transposes and KC blocks, and a's rows lda apart. Rows from a
+ * 8-column transposes and KC blocks, and a's rows lda apart. Packed in
+ * parts of its tiles (pgemm_pack_a_tiles, in any order), a is the same
+ * floats as packed whole. Rows from a
  * later MC block are reached at pa + r0 * K, as FP16 chunks use it.
  * pgemm_run packs once only for a used more than once, within the bound. */
 START_TEST(a_packed_once_or_by_block_same_bits)
@@ -256,6 +258,19 @@ START_TEST(a_packed_once_or_by_block_same_bits)
             pgemm_pack(b, K, N, N, 1, packed);
             sentinel(once, (size_t)(M * N));
             sentinel(blocks, (size_t)(M * N));
+            /* packed in parts, as threads sharing one packed a do: the same floats */
+            for (int64_t parts = 2; parts <= 3; parts++) {
+                sentinel(pa, pgemm_packed_a_floats(M, K));
+                int64_t T = pgemm_a_tiles(M);
+                for (int64_t part = parts - 1; part >= 0; part--)
+                    pgemm_pack_a_tiles(M, K, a, lda, pa, T * part / parts, T * (part + 1) / parts);
+                float *whole = falloc(pgemm_packed_a_floats(M, K));
+                pgemm_pack_a(M, K, a, lda, whole);
+                ck_assert_msg(memcmp(pa, whole, sizeof(float) * pgemm_packed_a_floats(M, K)) == 0,
+                              "%lld x %lld: a packed in %lld parts differs from pgemm_pack_a", (long long)M,
+                              (long long)K, (long long)parts);
+                free(whole);
+            }
             pgemm_pack_a(M, K, a, lda, pa);
             pgemm_run_packed_a(M, K, N, pa, packed, once, N, 0, P);
             pgemm_run_blocks(M, K, N, a, lda, packed, blocks, N, 0, P, block);
