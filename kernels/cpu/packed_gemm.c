@@ -205,15 +205,30 @@ void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
  * (tests/static/prefetch_kept.sh). */
 typedef struct {
     const float *p0, *p1;
-    int64_t lines, every, next;
+    int64_t lines, every;
 } tile_prefetch;
 
-static inline __attribute__((always_inline)) void prefetch_step(tile_prefetch *pf, int64_t k)
+/* A kernel's progress through its tile_prefetch, in registers: the
+ * kernels take the plan by address and read its fields one by one. Passed
+ * by value, it was four scalar stores in the caller and one 32-byte load
+ * in the kernel, which store forwarding cannot serve: 3.5% of a GPT-2
+ * request's samples stalled on that load. */
+typedef struct {
+    const float *p0, *p1;
+    int64_t left, every, next;
+} prefetch_run;
+
+static inline __attribute__((always_inline)) prefetch_run prefetch_start(const tile_prefetch *pf)
 {
-    if (k == pf->next && pf->lines > 0) {
-        __asm__ volatile("prefetcht0 %0" : : "m"(*pf->p0));
-        __asm__ volatile("prefetcht0 %0" : : "m"(*pf->p1));
-        pf->p0 += PGEMM_NR, pf->p1 += PGEMM_NR, pf->lines--, pf->next += pf->every;
+    return (prefetch_run){pf->p0, pf->p1, pf->lines, pf->every, 0};
+}
+
+static inline __attribute__((always_inline)) void prefetch_step(prefetch_run *r, int64_t k)
+{
+    if (k == r->next && r->left > 0) {
+        __asm__ volatile("prefetcht0 %0" : : "m"(*r->p0));
+        __asm__ volatile("prefetcht0 %0" : : "m"(*r->p1));
+        r->p0 += PGEMM_NR, r->p1 += PGEMM_NR, r->left--, r->next += r->every;
     }
 }
 
@@ -223,8 +238,8 @@ static tile_prefetch tile_share(const float *next0, const float *next1, int64_t 
 {
     int64_t per = (kc + tiles - 1) / tiles, l0 = t * per, n = kc - l0 < per ? kc - l0 : per;
     if (!next0 || n <= 0)
-        return (tile_prefetch){next0, next0, 0, kc, 0};
-    return (tile_prefetch){next0 + l0 * PGEMM_NR, next1 + l0 * PGEMM_NR, n, kc / n, 0};
+        return (tile_prefetch){next0, next0, 0, kc};
+    return (tile_prefetch){next0 + l0 * PGEMM_NR, next1 + l0 * PGEMM_NR, n, kc / n};
 }
 
 /* c[R x 16] (rows ldc apart) = or += the product of an R-row micro-panel
@@ -239,9 +254,11 @@ static tile_prefetch tile_share(const float *next0, const float *next1, int64_t 
  * EPYC core (128 x 768 x 3072). */
 PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R, int64_t kc, const float *pa,
                                                                              const float *pb, float *c,
-                                                                             int64_t ldc, int first, tile_prefetch pf)
+                                                                             int64_t ldc, int first,
+                                                                             const tile_prefetch *pf)
 {
     __m256 lo[PGEMM_MR], hi[PGEMM_MR];
+    prefetch_run run = prefetch_start(pf);
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
@@ -250,7 +267,7 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
     }
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += R, pb += PGEMM_NR) {
-        prefetch_step(&pf, k);
+        prefetch_step(&run, k);
         __m256 b0 = _mm256_load_ps(pb), b1 = _mm256_load_ps(pb + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -273,7 +290,7 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
 
 #define KERNEL_R(R)                                                                                         \
     PGEMM_TARGET static void kernel_##R(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, \
-                                        int first, tile_prefetch pf)                                        \
+                                        int first, const tile_prefetch *pf)                                 \
     {                                                                                                       \
         kernel_rows(R, kc, pa, pb, c, ldc, first, pf);                                                      \
     }
@@ -285,7 +302,7 @@ KERNEL_R(5)
 KERNEL_R(6)
 
 typedef void (*kernel_fn)(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int first,
-                          tile_prefetch pf);
+                          const tile_prefetch *pf);
 
 /* The kernel for mr rows (1 .. PGEMM_MR). */
 static kernel_fn kernel_of(int64_t mr)
@@ -304,9 +321,10 @@ static kernel_fn kernel_of(int64_t mr)
  * AVX2 kernel took 237). pf: the next pair's lines (tile_prefetch). */
 PGEMM_TARGET512 static inline __attribute__((always_inline)) void
 kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const float *pb1, float *c, int64_t ldc,
-                 int first, tile_prefetch pf)
+                 int first, const tile_prefetch *pf)
 {
     __m512 lo[PGEMM_MR], hi[PGEMM_MR];
+    prefetch_run run = prefetch_start(pf);
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
@@ -316,7 +334,7 @@ kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const flo
     }
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += R, pb0 += PGEMM_NR, pb1 += PGEMM_NR) {
-        prefetch_step(&pf, k);
+        prefetch_step(&run, k);
         __m512 b0 = _mm512_loadu_ps(pb0), b1 = _mm512_loadu_ps(pb1);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
@@ -339,7 +357,7 @@ kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const flo
 
 #define KERNEL_WIDE_R(R)                                                                                         \
     PGEMM_TARGET512 static void kernel_wide_##R(int64_t kc, const float *pa, const float *pb0, const float *pb1, \
-                                                float *c, int64_t ldc, int first, tile_prefetch pf)            \
+                                                float *c, int64_t ldc, int first, const tile_prefetch *pf)     \
     {                                                                                                          \
         kernel_rows_wide(R, kc, pa, pb0, pb1, c, ldc, first, pf);                                              \
     }
@@ -351,7 +369,7 @@ KERNEL_WIDE_R(5)
 KERNEL_WIDE_R(6)
 
 typedef void (*kernel_wide_fn)(int64_t kc, const float *pa, const float *pb0, const float *pb1, float *c,
-                               int64_t ldc, int first, tile_prefetch pf);
+                               int64_t ldc, int first, const tile_prefetch *pf);
 
 static kernel_wide_fn kernel_wide_of(int64_t mr)
 {
@@ -367,7 +385,8 @@ PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb,
                                    int64_t nr, int first)
 {
     float t[PGEMM_MR * PGEMM_NR] __attribute__((aligned(32)));
-    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1, tile_share(NULL, NULL, kc, 0, 1));
+    tile_prefetch none = tile_share(NULL, NULL, kc, 0, 1);
+    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1, &none);
     for (int64_t r = 0; r < mr; r++)
         for (int64_t x = 0; x < nr; x++)
             c[r * ldc + x] = first ? t[r * PGEMM_NR + x] : c[r * ldc + x] + t[r * PGEMM_NR + x];
@@ -384,8 +403,8 @@ PGEMM_TARGET512 static void run_pair(int64_t mc, int64_t K, int64_t kc, const fl
     const float *next = next0 ? pb + 2 * panel : NULL;
     for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
         mr = tile_rows(mc - i);
-        kernel_wide_of(mr)(kc, pa + i * depth + k_off * mr, pb, pb + panel, c + i * ldc, ldc, first,
-                           tile_share(next, next1 ? next + panel : next, kc, t, tiles));
+        tile_prefetch pf = tile_share(next, next1 ? next + panel : next, kc, t, tiles);
+        kernel_wide_of(mr)(kc, pa + i * depth + k_off * mr, pb, pb + panel, c + i * ldc, ldc, first, &pf);
     }
 }
 
@@ -412,8 +431,9 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
             mr = tile_rows(mc - i);
             const float *pt = pa + i * depth + k_off * mr;
             float *ct = c + i * ldc + n0;
+            tile_prefetch pf = tile_share(next, next, kc, t, tiles);
             if (nr == PGEMM_NR)
-                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0, tile_share(next, next, kc, t, tiles));
+                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0, &pf);
             else
                 edge_tile(kc, pt, pb, ct, ldc, mr, nr, k0 == 0);
         }
