@@ -33,9 +33,9 @@
 #include "grow.h"
 #include "heap.h"
 #include "huge_pages.h"
+#include "packed_gemm.h"
 #include "small_gemm.h"
 #include "spin_wait.h"
-#include "packed_gemm.h"
 #include "weight_packs.h"
 
 typedef struct {

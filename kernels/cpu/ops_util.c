@@ -180,12 +180,8 @@ tp_status ops_gather_f32_on(cpu_pool *pool, const tp_tensor *t, float *dst, tp_e
 {
     if (tp_tensor_numel(t) == 0)
         return TP_OK;
-    int64_t packed[TP_MAX_DIMS], step = 1; /* dst's strides: contiguous */
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        packed[d] = step;
-        step *= t->shape[d];
-    }
-    const int64_t *st[2] = {t->stride, packed};
+    tp_tensor d = tp_tensor_make(dst, TP_F32, t->ndim, t->shape); /* for its contiguous strides */
+    const int64_t *st[2] = {t->stride, d.stride};
     ops_layout l;
     ops_layout_init(&l, t->ndim, t->shape, 2, st);
     gather_job j = {.t = t, .l = &l, .dst = dst};

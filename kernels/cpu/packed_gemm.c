@@ -160,12 +160,15 @@ size_t pgemm_scratch_bound(int64_t M, int64_t K)
     return whole > block ? whole : block;
 }
 
-/* The splits of tile_rows keep ceil(mc / MR) tiles a block. */
+/* Tiles of an MC block of mc rows: the splits of tile_rows keep
+ * ceil(mc / MR). */
+static int64_t block_tiles(int64_t mc) { return (mc + PGEMM_MR - 1) / PGEMM_MR; }
+
 int64_t pgemm_a_tiles(int64_t M)
 {
     int64_t n = 0;
     for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
-        n += ((M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC) + PGEMM_MR - 1) / PGEMM_MR;
+        n += block_tiles(M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC);
     return n;
 }
 
@@ -399,7 +402,7 @@ PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb,
 PGEMM_TARGET512 static void run_pair(int64_t mc, int64_t K, int64_t kc, const float *pb, float *c, int64_t ldc,
                                      const float *pa, int64_t depth, int64_t k_off, int next0, int next1, int first)
 {
-    int64_t tiles = (mc + PGEMM_MR - 1) / PGEMM_MR, panel = K * PGEMM_NR;
+    int64_t tiles = block_tiles(mc), panel = K * PGEMM_NR;
     const float *next = next0 ? pb + 2 * panel : NULL;
     for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
         mr = tile_rows(mc - i);
@@ -425,7 +428,7 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
             j++;
             continue;
         }
-        int64_t tiles = (mc + PGEMM_MR - 1) / PGEMM_MR; /* the splits of tile_rows keep the count */
+        int64_t tiles = block_tiles(mc);
         const float *next = j + 1 < j1 ? pb + K * PGEMM_NR : NULL;
         for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
             mr = tile_rows(mc - i);
