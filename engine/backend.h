@@ -128,6 +128,7 @@ typedef struct {
 typedef struct {
     tp_lowering lowering; /* without symmetric memory: every threshold 0, no one_shot lowering */
     int dma_input_copies; /* copy_in is an async DMA into device memory, not a memcpy */
+    int f32_activations;  /* FP16/BF16 graphs keep activations in FP32 (pass widen_activations) */
 } tp_backend_caps;
 
 /* The part of a process rank group a backend uses (engine/backend.c fills

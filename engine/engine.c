@@ -181,6 +181,7 @@ static tp_status run_passes(tp_engine *e, const tp_backend_kind *k, const tp_eng
     tp_pass_opts *po_ = &e->passes, po;
     tp_pass_opts_default(po_);
     po_->lowering = k->caps->lowering;
+    po_->f32_activations = k->caps->f32_activations;
     if (o && o->no_passes)
         for (int i = 0; i < TP_PASS_COUNT; i++)
             po_->disabled[i] = 1;

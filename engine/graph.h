@@ -42,6 +42,8 @@ typedef struct tp_node {
     int slotted; /* states: gshape[0] is the slot dim "S" (the graph's state_slots) */
     tp_placement placement;
     char *tensor_key; /* params: key in the safetensors file */
+    tp_dtype stored;  /* params: the file's dtype when widen_activations loads an FP16/BF16 one as FP32
+                         (dtype TP_F32); otherwise dtype */
 
     /* Inferred by tp_graph_infer for the current batch. */
     tp_dtype dtype;

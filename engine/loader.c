@@ -290,6 +290,7 @@ static tp_status parse_source(load_ctx *L, tp_graph *g, json_t *obj, tp_op op, i
     if (!dt || tp_dtype_from_name(dt, &n->dtype) != 0)
         return LFAIL(L, TP_INVALID, "%s: unknown datatype '%s' (expected FP32, FP16, BF16, INT32 or INT64)",
                      what, dt ? dt : "(missing)");
+    n->stored = n->dtype;
     json_t *shape = json_object_get(obj, "shape");
     if (!json_is_array(shape) || json_array_size(shape) > TP_MAX_DIMS)
         return LFAIL(L, TP_INVALID, "%s: 'shape' must be an array of at most %d dims", what, TP_MAX_DIMS);

@@ -15,6 +15,7 @@ void tp_pass_opts_default(tp_pass_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->lowering = tp_backend_default()->caps->lowering;
+    o->f32_activations = tp_backend_default()->caps->f32_activations;
 }
 
 int tp_pass_disable(tp_pass_opts *o, const char *name)

@@ -15,6 +15,7 @@
  * node's communicated operand also gets its contiguous copy. */
 #define TP_PASS_MAP(X)                                                  \
     X(SHARD_OUTPUTS, "shard_outputs", tp_pass_shard_outputs)             \
+    X(WIDEN_ACTIVATIONS, "widen_activations", tp_pass_widen_activations) \
     X(FUSE_TP, "fuse_tp", tp_pass_fuse_tp)                               \
     X(INSERT_CONTIGUOUS, "insert_contiguous", tp_pass_insert_contiguous) \
     X(CHOOSE_COLLECTIVES, "choose_collectives", tp_pass_choose_collectives) \
@@ -30,6 +31,7 @@ typedef enum {
 typedef struct {
     int disabled[TP_PASS_COUNT];
     tp_lowering lowering; /* the backend's (tp_backend_caps), read by choose_collectives */
+    int f32_activations;  /* the backend's (tp_backend_caps), read by widen_activations */
 } tp_pass_opts;
 
 typedef struct {

@@ -61,22 +61,47 @@ static tp_status prepare_param(tp_weights *w, int rank, int p, tp_err *err)
     return w->b->iface->prepare_matmul_weight(w->b, rank, &t, u->transpose_b, u->sole, err);
 }
 
+/* A shard whose file dtype is FP16/BF16 read into dst as FP32 (pass
+ * widen_activations): through a buffer of the file's bytes, freed here. */
+static tp_status read_widened(const tp_weights *w, const tp_node *n, const st_tensor_info *t, int dim, int rank,
+                              float *dst, tp_err *err)
+{
+    int64_t count = tp_node_bytes(n) / (int64_t)sizeof(float);
+    uint16_t *narrow = malloc(sizeof *narrow * (size_t)(count ? count : 1));
+    if (!narrow)
+        return tp_fail(err, TP_NOMEM, "cannot allocate %lld %s elements to widen", (long long)count,
+                       tp_dtype_name(n->stored));
+    tp_status st = st_read_shard(w->f, t, dim, rank, w->world, narrow, err);
+    for (int64_t i = 0; st == TP_OK && i < count; i++)
+        dst[i] = tp_load_f32(narrow, n->stored, i);
+    free(narrow);
+    return st;
+}
+
+/* The rank's shard of param n into dst, in n's dtype. */
+static tp_status read_param(const tp_weights *w, const tp_node *n, int rank, void *dst, tp_err *err)
+{
+    const st_tensor_info *t = st_find(w->f, n->tensor_key);
+    int dim = n->placement.kind == TP_PLACE_SHARD ? n->placement.dim : -1;
+    if (n->stored != n->dtype)
+        return read_widened(w, n, t, dim, rank, dst, err);
+    return st_read_shard(w->f, t, dim, rank, w->world, dst, err);
+}
+
 static tp_status load_param(tp_weights *w, int rank, int p, tp_err *err)
 {
     const tp_node *n = &w->g->nodes[w->g->param_ids[p]];
-    const st_tensor_info *t = st_find(w->f, n->tensor_key);
     size_t bytes = (size_t)tp_node_bytes(n);
-    int dim = n->placement.kind == TP_PLACE_SHARD ? n->placement.dim : -1;
     void **slot = &w->data[rank * w->n + p];
     tp_status st = w->b->iface->alloc(w->b, rank, bytes, slot, err);
     if (st != TP_OK)
         return st;
     if (w->b->iface->host_addressable)
-        return st_read_shard(w->f, t, dim, rank, w->world, *slot, err);
+        return read_param(w, n, rank, *slot, err);
     void *staging = malloc(bytes ? bytes : 1);
     if (!staging)
         return tp_fail(err, TP_NOMEM, "param '%s': cannot allocate %zu staging bytes", n->name, bytes);
-    st = st_read_shard(w->f, t, dim, rank, w->world, staging, err);
+    st = read_param(w, n, rank, staging, err);
     if (st == TP_OK) {
         tp_tensor src = tp_tensor_make(staging, n->dtype, n->ndim, n->shape);
         tp_tensor dst = tp_tensor_make(*slot, n->dtype, n->ndim, n->shape);

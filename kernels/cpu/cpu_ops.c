@@ -128,8 +128,8 @@ static tp_status k_expand(tp_op op, const tp_attrs *a, const tp_tensor *ins, int
 static tp_status k_cast(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
                         int world, cpu_pool *pool, tp_err *err)
 {
-    UNUSED_CALL, (void)a;
-    return cpu_cast(&ins[0], out, err);
+    (void)op, (void)n_ins, (void)rank, (void)world, (void)a;
+    return cpu_cast(&ins[0], out, pool, err);
 }
 
 static tp_status k_kv_attention(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,

@@ -300,7 +300,32 @@ tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err)
 }
 
 /* out = x converted to out's dtype (tp_cast_elem). */
-tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err)
+typedef struct {
+    const tp_tensor *x, *out;
+    const ops_layout *l;
+} cast_job;
+
+/* FP32 to or from FP16/BF16 with the FP32 side contiguous goes through
+ * narrow_rows (dtype.h's bits, eight lanes at a time): a widened graph's
+ * casts (pass widen_activations) include its logits. */
+static void cast_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
+{
+    const cast_job *j = arg;
+    int iter = j->l->nd - 1;
+    int64_t sx = j->l->stride[0][iter], so = j->l->stride[1][iter], n = e1 - e0;
+    tp_dtype xt = j->x->dtype, ot = j->out->dtype;
+    char *x = ops_at(j->x->data, xt, p->off[0] + e0 * sx), *o = ops_at(j->out->data, ot, p->off[1] + e0 * so);
+    if (xt == TP_F32 && sx == 1 && tp_dtype_is_float(ot)) {
+        ops_store_row(o, ot, so, n, (const float *)x);
+    } else if (ot == TP_F32 && so == 1 && tp_dtype_is_float(xt)) {
+        ops_load_row(x, xt, sx, n, (float *)o);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            tp_cast_elem(o, ot, i * so, x, xt, i * sx);
+    }
+}
+
+tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
     tp_status s = tp_check_cast(x, out, err);
     if (s != TP_OK)
@@ -309,13 +334,8 @@ tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err)
         return TP_OK;
     const int64_t *st[2] = {x->stride, out->stride};
     ops_layout l;
-    int64_t n, rows = layout_rows(&l, out, 2, st, &n);
-    int iter = l.nd - 1;
-    ops_pos p;
-    memset(&p, 0, sizeof p);
-    for (int64_t r = 0; r < rows; r++, ops_pos_next(&l, &p, iter))
-        for (int64_t i = 0; i < n; i++)
-            tp_cast_elem(out->data, out->dtype, p.off[1] + i * l.stride[1][iter], x->data, x->dtype,
-                         p.off[0] + i * l.stride[0][iter]);
-    return TP_OK;
+    int64_t n;
+    layout_rows(&l, out, 2, st, &n);
+    cast_job j = {x, out, &l};
+    return ops_run_rows(pool, &l, n, cast_part, &j, err);
 }

@@ -162,7 +162,7 @@ tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_ten
                   tp_err *err);
 tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err);
 tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err);
-tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
 tp_status cpu_gather(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *ids, tp_tensor *out,
                      tp_err *err);
