@@ -35,6 +35,9 @@ static const tp_backend_caps cuda_caps = {
                  .large_all_reduce = TP_ALGO_NCCL,
                  .other_collectives = TP_ALGO_NCCL},
     .dma_input_copies = 1,
+    /* FP16/BF16 run as such: halves the bytes every kernel moves, and the
+     * tensor cores take them */
+    .f32_activations = 0,
 };
 
 /* cuda_ops.c maps every kernel family to a kernel (TP_FAMILY_KERNELS), so

@@ -66,6 +66,7 @@ START_TEST(capabilities_without_a_device)
 {
     const tp_backend_caps *cpu = tp_backend_find("cpu")->caps;
     ck_assert_int_eq(cpu->dma_input_copies, 0);
+    ck_assert_int_eq(cpu->f32_activations, 1);
     ck_assert_int_eq(cpu->lowering.large_all_reduce, TP_ALGO_RING);
     ck_assert_int_eq(cpu->lowering.other_collectives, TP_ALGO_ONE_SHOT);
     ck_assert_int_gt(cpu->lowering.one_shot_max_bytes[2], cpu->lowering.one_shot_max_bytes[8]);
@@ -73,6 +74,7 @@ START_TEST(capabilities_without_a_device)
     const tp_backend_kind *cuda = tp_backend_find("cuda");
     ck_assert_ptr_nonnull(cuda);
     ck_assert_int_eq(cuda->caps->dma_input_copies, 1);
+    ck_assert_int_eq(cuda->caps->f32_activations, 0);
     ck_assert_int_eq(cuda->caps->lowering.large_all_reduce, TP_ALGO_NCCL);
     ck_assert_int_eq(cuda->caps->lowering.other_collectives, TP_ALGO_NCCL);
     ck_assert(cuda->supports_op(TP_OP_MATMUL, TP_F32));
