@@ -3,6 +3,7 @@
 Shapes are concrete at the reference batch (normalize.B_REF); `bdim` says
 which dim scales with the batch (it becomes -1 in reshapes and "B" in
 inputs). The tensor-parallel planner turns this into the SPMD program."""
+import numpy as np
 
 
 class Value:
@@ -18,6 +19,22 @@ class Node(Value):
         self.op, self.inputs, self.attrs = op, list(inputs), dict(attrs)
         # The ONNX node this one came from (for error messages).
         self.onnx_node = onnx_node
+
+
+class Joined:
+    """Params joined along one axis, made only when written (write.py
+    streams one tensor at a time), so an import never holds the weights of
+    fused sibling matmuls twice; np.asarray gives the array."""
+
+    def __init__(self, names, parts, axis):
+        self.names, self.parts, self.axis = list(names), list(parts), axis
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        self.shape, self.ndim, self.dtype = tuple(shape), len(shape), parts[0].dtype
+
+    def __array__(self, dtype=None, copy=None):
+        a = np.concatenate(self.parts, axis=self.axis)
+        return a if dtype is None else a.astype(dtype)
 
 
 class Program:
@@ -62,6 +79,16 @@ class Program:
         self.params = {k: v for k, v in self.params.items() if k in live}
         live.update(i.name for i in self.inputs)
         self.values = {k: v for k, v in self.values.items() if k in live}
+
+    def weight(self, name):
+        """Param name, or the part of a joined param that was called name
+        (error messages name the ONNX model's weights); None if neither."""
+        if name in self.params:
+            return self.params[name]
+        for j in self.params.values():
+            if isinstance(j, Joined) and name in j.names:
+                return j.parts[j.names.index(name)]
+        return None
 
     def replace_uses(self, old, new):
         for n in self.nodes:

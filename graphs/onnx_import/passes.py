@@ -1,5 +1,9 @@
 """Clean-ups on the lowered program that keep it exact."""
+import fnmatch
+
 import numpy as np
+
+from .ir import Joined, Node
 
 
 def _fold_flatten_matmul(prog, uses):
@@ -43,6 +47,103 @@ def _fold_flatten_matmul(prog, uses):
         prog.nodes.remove(r2)
         uses.clear()
         uses.update(prog.consumers())
+
+
+def _sole_param(prog, uses, name, ndim):
+    """Whether name is an ndim-d param that one node reads, once."""
+    return (name in prog.params and prog.params[name].ndim == ndim and len(uses.get(name, [])) == 1
+            and uses[name][0].inputs.count(name) == 1)
+
+
+def _bias_of(prog, uses, m):
+    """The add of a 1-d param bias that alone reads matmul m, and the bias;
+    (None, None) when m has anything else (or is an output)."""
+    us = uses.get(m.name, [])
+    if len(us) != 1 or m.name in prog.outputs or us[0].op != "add":
+        return None, None
+    b = [i for i in us[0].inputs if i != m.name]
+    if (len(b) != 1 or not _sole_param(prog, uses, b[0], 1) or prog.params[b[0]].shape != m.shape[-1:]
+            or prog.values[b[0]].datatype != m.datatype):
+        return None, None
+    return us[0], b[0]
+
+
+def _siblings(prog, uses, planned):
+    """Groups of >= 2 matmuls of one input by 2-d params of one dtype, K and
+    transpose_b, each param read by its matmul alone and named by no --plan
+    glob (a plan decides per weight; a joined weight would hide it)."""
+    groups = {}
+    for n in prog.nodes:
+        if n.op != "matmul" or len(n.inputs) != 2:
+            continue
+        x, w = n.inputs
+        if x == w or not _sole_param(prog, uses, w, 2) or any(fnmatch.fnmatchcase(w, g) for g in planned):
+            continue
+        tb = bool(n.attrs.get("transpose_b", False))
+        k = prog.params[w].shape[1 if tb else 0]
+        groups.setdefault((x, tb, k, prog.values[w].datatype), []).append(n)
+    return [(tb, ms) for (_, tb, _, _), ms in groups.items() if len(ms) > 1]
+
+
+def _join(prog, name, parts, axis, datatype):
+    """A param named after name (free in prog) joining parts along axis."""
+    while name in prog.values:
+        name += "_"
+    return prog.add_param(name, Joined(parts, [prog.params[p] for p in parts], axis), datatype)
+
+
+def _fuse_group(prog, uses, tb, ms):
+    """matmul(x, w_i) [+ b_i] for the group ms -> one matmul by the joined
+    weights [+ one add of the joined biases], each old value a slice of
+    the result under its own name (so outputs keep theirs)."""
+    first = ms[0]
+    at = prog.nodes.index(first)
+    ws = [m.inputs[1] for m in ms]
+    adds = [_bias_of(prog, uses, m) for m in ms]
+    with_bias = all(a is not None for a, _ in adds)
+    widths = [m.shape[-1] for m in ms]
+    shape = first.shape[:-1] + (sum(widths),)
+    w = _join(prog, ws[0] + ".cat%d" % len(ms), ws, 0 if tb else 1, first.datatype)
+    mm = Node(_free(prog, first.name + ".cat"), "matmul", [first.inputs[0], w], first.attrs, shape, first.bdim,
+              first.datatype, first.onnx_node)
+    new, last = [mm], mm
+    if with_bias:
+        b = _join(prog, adds[0][1] + ".cat%d" % len(ms), [bb for _, bb in adds], 0, first.datatype)
+        last = Node(_free(prog, adds[0][0].name + ".cat"), "add", [mm.name, b], {}, shape, first.bdim,
+                    first.datatype, adds[0][0].onnx_node)
+        new.append(last)
+    olds = [a for a, _ in adds] if with_bias else ms
+    for n in ms + ([a for a, _ in adds] if with_bias else []):
+        prog.nodes.remove(n)
+        del prog.values[n.name]
+    start = 0
+    for old, width in zip(olds, widths):
+        new.append(Node(old.name, "slice", [last.name], {"dim": len(shape) - 1, "start": start, "length": width},
+                        old.shape, old.bdim, old.datatype, old.onnx_node))
+        start += width
+    for i, n in enumerate(new):
+        prog.nodes.insert(at + i, n)
+        prog.values[n.name] = n
+
+
+def _free(prog, name):
+    while name in prog.values:
+        name += "_"
+    return name
+
+
+def fuse_sibling_matmuls(prog, planned=()):
+    """Matmuls of one input by their own weights (attention's q, k and v;
+    an MLP's gate and up) become one matmul by the weights joined along N,
+    sliced back: the input is packed and read once, one product of N
+    1280-4096 runs instead of two or three of 256-2048 (a 128-row q, k, v
+    of 768 x 768 ran at 134 GFLOP/s a core where 768 x 2304 runs at 159),
+    and their biases are one add. The planner splits a joined weight by
+    its segments, rank-major, as it does a fused QKV export. Every column
+    is the same dot product as before; planned: the --plan globs."""
+    for tb, ms in _siblings(prog, prog.consumers(), planned):
+        _fuse_group(prog, prog.consumers(), tb, ms)
+    prog.prune()
 
 
 def simplify(prog):

@@ -27,6 +27,7 @@ from collections import namedtuple
 import numpy as np
 
 from .errors import ImportFailure
+from .ir import Joined
 
 MODES = ("colwise", "rowwise", "replicate", "vocab_parallel")
 # Megatron's make-vocab-size-divisible-by: a padded vocab is a multiple of
@@ -119,11 +120,15 @@ class Planner:
             segs = tuple(segs or (arr.shape[dim],))
             if vocab and len(segs) == 1 and segs[0] % self.d:
                 pad = -segs[0] % (VOCAB_PAD * self.d)
-            for s in segs:
+            for i, s in enumerate(segs):
                 if s % self.d and not pad:
+                    name, shape, sizes = p, arr.shape, " + ".join(map(str, segs))
+                    if isinstance(arr, Joined) and len(segs) == len(arr.names):
+                        # the model's own weight, which the plan can name (fuse_sibling_matmuls)
+                        name, shape, sizes = arr.names[i], arr.parts[i].shape, str(s)
                     raise ImportFailure("weight '%s' %s: dim %d (%s) is not divisible by world size %d: "
                                         "replicate it with a --plan file holding {\"%s\": \"replicate\"}"
-                                        % (p, _fmt(arr.shape), dim, " + ".join(map(str, segs)), self.d, p))
+                                        % (name, _fmt(shape), dim, sizes, self.d, name))
         k = (p, dim, segs if dim is not None and len(segs) > 1 else None)
         if k in self.param_key:
             return self.param_key[k]
@@ -457,10 +462,16 @@ class Planner:
         bounds = list(np.cumsum((0,) + pl.segs))
         if start in bounds and start + length in bounds:
             i, j = bounds.index(start), bounds.index(start + length)
-            self.emit_same(n, [self.name[x]], Shard(dim, pl.segs[i:j], pl.origin),
+            self.emit_same(n, [self.name[x]], Shard(dim, pl.segs[i:j], self._part_origin(pl.origin, i, j)),
                            {"dim": dim, "start": start // self.d, "length": length // self.d})
         else:
             self.emit_same(n, [self.replicated(x)], None, whole)
+
+    def _part_origin(self, origin, i, j):
+        """The weight segment i of a joined param came from, when a slice
+        takes that segment alone: errors then name the model's weight."""
+        w = self.prog.params.get(origin)
+        return w.names[i] if isinstance(w, Joined) and j == i + 1 else origin
 
     def op_reshape(self, n):
         x = n.inputs[0]
@@ -486,7 +497,7 @@ class Planner:
                 return None
             o = sj[0]
             if dst[o] % self.d:
-                w = self.prog.params.get(pl.origin)
+                w = self.prog.weight(pl.origin)
                 raise ImportFailure("weight '%s'%s: '%s' splits its dim of %d into %s and %d (heads) is not divisible by world size %d: "
                                     "replicate it with a --plan file holding {\"%s\": \"replicate\"}"
                                     % (pl.origin, "" if w is None else " " + _fmt(w.shape), n.name, src[pl.dim],

@@ -17,6 +17,7 @@ from .errors import ImportFailure
 
 def _rank_major(arr, dim, segs, d):
     """Reorders dim so that plain shard(dim) gives rank r chunk r of every segment."""
+    arr = np.asarray(arr)  # an ir.Joined is made once here
     pieces, bounds = [], np.cumsum((0,) + tuple(segs))
     for r in range(d):
         for s, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -63,7 +64,7 @@ def _layout(arr, p, d):
         return shape, lambda: _padded(arr, p["dim"], p["pad"])
     if p["segs"] is not None:
         return shape, lambda: _rank_major(arr, p["dim"], p["segs"], d)
-    return shape, lambda: arr
+    return shape, lambda: np.asarray(arr)
 
 
 def build(planner, prog, outs, graph_name, weights_file):

@@ -216,6 +216,29 @@ else
     fail "llama at 4 ranks with k/v replicated: $(cat "$TMP/err")"
 fi
 
+# ---- sibling matmuls: q, k, v (and gate, up) of one input joined -------------------
+$PYTHON - "$TMP/llama_tp2.json" "$TMP/bert_tp2.json" "$TMP/llama_kvrep4.json" <<'PY' && pass "sibling matmuls joined: q|k|v and gate|up one product each, biases one add, rank-major; a planned weight left alone" || fail "sibling matmul fusion structure"
+import json, sys
+l, b, r = (json.load(open(p)) for p in sys.argv[1:])
+def joined(g, n):
+    return [p for p in g["params"] if p["name"].endswith(".cat%d" % n)]
+# Llama (GQA, q 64 | k 32 | v 32): one [64, 128] product a layer for q, k, v
+# and one for gate | up, each split per segment and stored rank-major
+qkv, gu = joined(l, 3), joined(l, 2)
+assert len(qkv) == 2 and len(gu) == 2, ([p["name"] for p in l["params"]])
+assert all(p["placement"] == "shard(1)" and p["tensor"].endswith(".rank_major2") for p in qkv + gu), qkv + gu
+mm = [n for n in l["nodes"] if n["op"] == "matmul" and n["inputs"][1] == qkv[0]["name"]][0]
+cuts = [(n["attrs"]["start"], n["attrs"]["length"]) for n in l["nodes"] if n["op"] == "slice" and n["inputs"] == [mm["name"]]]
+assert cuts == [(0, 32), (32, 16), (48, 16)], cuts  # local: rank r's q, k, v heads side by side
+# a layer: q|k|v, o, gate|up, down (the fixture has no head)
+assert sum(n["op"] == "matmul" for n in l["nodes"]) == 2 * 4, [n["op"] for n in l["nodes"]]
+# BERT: q, k, v with biases: one product and one add of the joined bias
+bias = [p for p in b["params"] if p["name"].endswith(".cat3") and len(p["shape"]) == 1]
+assert len(bias) == 2 and all(p["placement"] == "shard(0)" for p in bias), bias
+# a --plan naming k and v keeps them out: q alone is left as it was
+assert not joined(r, 3) and len(joined(r, 2)) == 2, [p["name"] for p in r["params"]]
+PY
+
 # ---- errors: one line naming the culprit, exit 1, nothing written ---------------
 # expect_error DESC SUBSTRING ARGS...
 expect_error() {
