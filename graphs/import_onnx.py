@@ -108,7 +108,7 @@ def import_generation(args, plan):
     from onnx_import.generate import Export, make_generation, probe_causal
     from onnx_import.lower import lower
     from onnx_import.normalize import normalize
-    from onnx_import.passes import simplify
+    from onnx_import.passes import fuse_sibling_matmuls, simplify
     from onnx_import.tp_plan import Planner
 
     if args.sequence_parallel:
@@ -139,6 +139,7 @@ def import_generation(args, plan):
     gen, states, replicate = make_generation(export, nm, prog, causal, args.max_seq_len)
     # position tables stay whole on every rank: one row per token, no collective
     plan = dict({name: "replicate" for name in replicate}, **(plan or {}))
+    fuse_sibling_matmuls(prog, plan)
     planner = Planner(prog, args.world_size, plan, False, gen, states)
     planner.export = export
     return nm, prog, planner
