@@ -820,6 +820,13 @@ START_TEST(test_attention_f32)
     attn_case(1, 3, 2, 5, 8, 1, 0); /* S != T: KV cache, bottom-right mask */
     attn_case(1, 2, 4, 4, 4, 1, 1); /* explicit scale */
     attn_case(1, 1, 1, 7, 4, 1, 0); /* decode: one query sees every key */
+    /* causal queries in blocks of 32, each over the keys its last query
+     * sees: whole and partial blocks, a KV offset, and S > T, whose first
+     * 50 queries see no key (two blocks of zero rows, one part-zero) */
+    attn_case(1, 2, 100, 100, 16, 1, 0);
+    attn_case(2, 1, 70, 90, 8, 1, 0);
+    attn_case(1, 1, 90, 40, 8, 1, 0);
+    attn_case(1, 2, 100, 100, 16, 0, 0);
 }
 END_TEST
 
@@ -937,6 +944,11 @@ START_TEST(test_attention_key_padding)
         attn_mask_case(3, 2, 5, 5, 4, c, TP_I32, pad);
         attn_mask_case(2, 3, 2, 5, 8, c, TP_I64, odd); /* S < T: KV cache */
     }
+    /* causal blocks of 32 queries with padding: 70 and 45 real tokens */
+    int64_t long_pad[2 * 70];
+    for (int i = 0; i < 2 * 70; i++)
+        long_pad[i] = i < 70 || i - 70 < 45;
+    attn_mask_case(2, 1, 70, 70, 8, 1, TP_I64, long_pad);
 }
 END_TEST
 
