@@ -234,11 +234,17 @@ TP_HD_FLAT float tp_gelu_erf_low(float x)
     return tp_gelu_from_erf(x, tp_erf_at(x * TP_SQRT1_2, 0.0f));
 }
 
-/* The tanh approximation (approximate="tanh"). */
+/* The tanh approximation (approximate="tanh"), 0.5 x (1 + tanh(u)), as
+ * the equal x sigmoid(2u) = x / (1 + e^-2u): one exp and one division,
+ * where tp_tanhf takes its polynomial and its exp for every element (GELU
+ * was 2.6% of a GPT-2 step). Within a few ulp of 0.5 x (1 + tanh(u)) in
+ * double, sigmoid having no cancellation; for very negative x, e^-2u
+ * overflows to infinity and the quotient is -0 (at -inf NaN, as the
+ * tanh form gives). */
 TP_HD_FLAT float tp_gelu_tanh(float x)
 {
     float u = TP_SQRT_2_OVER_PI * (x + TP_GELU_TANH_K * x * x * x);
-    return 0.5f * x * (1.0f + tp_tanhf(u));
+    return x / (1.0f + tp_expf(-2.0f * u));
 }
 
 TP_HD_FLAT float tp_gelu(float x, int approx_tanh)

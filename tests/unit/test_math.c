@@ -148,6 +148,35 @@ START_TEST(special_values_as_libm)
 }
 END_TEST
 
+/* GELU's tanh form, computed as x / (1 + e^-2u), against the same in
+ * double (0.5 (1 + tanh(u)) cancels for negative u, in double too) on a
+ * dense sample of [-12, 12] (past it the result is x or -0), wherever the
+ * result is over 1e-30 in magnitude: within 4 ulp for u >= 0 and 4 + 8|u|
+ * below. The four roundings of u (x^3, times k, plus x, times c) move
+ * e^-2u by up to ~8|u| ulp, and for negative u the result is e^-2u's
+ * reciprocal (x = -5: ~70 ulp of a 1e-6 result); no FP32 evaluation of u
+ * avoids that. From x = -10 e^-2u overflows and the result is -0 where
+ * 1e-38 was due. */
+START_TEST(gelu_tanh_within_bound)
+{
+    double worst = 0;
+    float at = 0;
+    for (int i = -1200000; i <= 1200000; i++) {
+        float x = (float)i * 1e-5f;
+        double xd = x, u = 0.7978845608028654 * (xd + 0.044715 * xd * xd * xd);
+        double want = xd / (1.0 + exp(-2.0 * u));
+        if (fabs(want) < 1e-30)
+            continue;
+        double e = ulp_error(tp_gelu_tanh(x), want) / (4.0 + 8.0 * (u < 0 ? -u : 0.0));
+        if (e > worst)
+            worst = e, at = x;
+    }
+    ck_assert_msg(worst <= 1.0, "gelu tanh(%a): %.2f of the bound", (double)at, worst);
+    ck_assert(tp_gelu_tanh(20.0f) == 20.0f && tp_gelu_tanh(INFINITY) == INFINITY);
+    ck_assert(tp_gelu_tanh(-20.0f) == 0.0f && tp_gelu_tanh(0.0f) == 0.0f && isnan(tp_gelu_tanh(NAN)));
+}
+END_TEST
+
 /* The cpu kernel over a row (a vector loop with a scalar tail; whichever
  * clone this CPU picks) against tp_unary one element at a time: bit-equal,
  * since no clone contracts to FMA and all do the same IEEE operations per
@@ -287,6 +316,7 @@ static Suite *math_suite(void)
     tcase_add_loop_test(tc, within_bound_on_a_dense_sample, 0, 3);
     tcase_add_loop_test(tc, within_bound_at_the_edges, 0, 3);
     tcase_add_test(tc, special_values_as_libm);
+    tcase_add_test(tc, gelu_tanh_within_bound);
     tcase_add_test(tc, kernel_loops_give_the_scalar_bits);
     tcase_add_test(tc, gelu_blocks_give_the_scalar_bits);
     tcase_add_test(tc, row_kernels_give_the_scalar_bits);
