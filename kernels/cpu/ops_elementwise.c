@@ -231,20 +231,30 @@ static void unary_row(tp_unary_fn f, float p, tp_dtype dt, const char *x, int64_
     }
 }
 
+/* One input, one output, elementwise (unary ops, cast): the job of
+ * ops_run_rows, and where a part's row starts in each. */
 typedef struct {
-    tp_unary_fn f;
+    tp_unary_fn f; /* unary ops */
     float param;
     const tp_tensor *x, *out;
     const ops_layout *l;
-} unary_job;
+} map_job;
+
+static void map_row(const map_job *j, const ops_pos *p, int64_t e0, char **x, int64_t *sx, char **o, int64_t *so)
+{
+    int iter = j->l->nd - 1;
+    *sx = j->l->stride[0][iter], *so = j->l->stride[1][iter];
+    *x = ops_at(j->x->data, j->x->dtype, p->off[0] + e0 * *sx);
+    *o = ops_at(j->out->data, j->out->dtype, p->off[1] + e0 * *so);
+}
 
 static void unary_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
 {
-    const unary_job *j = arg;
-    int iter = j->l->nd - 1;
-    int64_t sx = j->l->stride[0][iter], so = j->l->stride[1][iter];
-    unary_row(j->f, j->param, j->x->dtype, ops_at(j->x->data, j->x->dtype, p->off[0] + e0 * sx), sx,
-              ops_at(j->out->data, j->out->dtype, p->off[1] + e0 * so), e1 - e0);
+    const map_job *j = arg;
+    char *x, *o;
+    int64_t sx, so;
+    map_row(j, p, e0, &x, &sx, &o, &so);
+    unary_row(j->f, j->param, j->x->dtype, x, sx, o, e1 - e0);
 }
 
 tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, cpu_pool *pool,
@@ -264,7 +274,7 @@ tp_status cpu_unary(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tens
     ops_layout l;
     int64_t n;
     layout_rows(&l, out, 2, st, &n);
-    unary_job j = {.x = x, .out = out, .l = &l};
+    map_job j = {.x = x, .out = out, .l = &l};
     if (tp_unary_fn_of(op, attrs, &j.f, &j.param) != 0)
         return tp_fail(err, TP_INTERNAL, "%s: not a unary op", tp_op_name(op));
     return ops_run_rows(pool, &l, n, unary_part, &j, err);
@@ -299,22 +309,16 @@ tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err)
     return TP_OK;
 }
 
-/* out = x converted to out's dtype (tp_cast_elem). */
-typedef struct {
-    const tp_tensor *x, *out;
-    const ops_layout *l;
-} cast_job;
-
 /* FP32 to or from FP16/BF16 with the FP32 side contiguous goes through
  * narrow_rows (dtype.h's bits, eight lanes at a time): a widened graph's
  * casts (pass widen_activations) include its logits. */
 static void cast_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
 {
-    const cast_job *j = arg;
-    int iter = j->l->nd - 1;
-    int64_t sx = j->l->stride[0][iter], so = j->l->stride[1][iter], n = e1 - e0;
+    const map_job *j = arg;
+    char *x, *o;
+    int64_t sx, so, n = e1 - e0;
     tp_dtype xt = j->x->dtype, ot = j->out->dtype;
-    char *x = ops_at(j->x->data, xt, p->off[0] + e0 * sx), *o = ops_at(j->out->data, ot, p->off[1] + e0 * so);
+    map_row(j, p, e0, &x, &sx, &o, &so);
     if (xt == TP_F32 && sx == 1 && tp_dtype_is_float(ot)) {
         ops_store_row(o, ot, so, n, (const float *)x);
     } else if (ot == TP_F32 && so == 1 && tp_dtype_is_float(xt)) {
@@ -336,6 +340,6 @@ tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *e
     ops_layout l;
     int64_t n;
     layout_rows(&l, out, 2, st, &n);
-    cast_job j = {x, out, &l};
+    map_job j = {.x = x, .out = out, .l = &l};
     return ops_run_rows(pool, &l, n, cast_part, &j, err);
 }
