@@ -162,30 +162,12 @@ void ops_store_row(void *base, tp_dtype dt, int64_t s, int64_t n, const float *s
     }
 }
 
-typedef struct {
-    const tp_tensor *t;
-    const ops_layout *l;
-    float *dst;
-} gather_job;
-
-static void gather_part(void *arg, const ops_pos *p, int64_t e0, int64_t e1)
-{
-    const gather_job *j = arg;
-    int64_t s = j->l->stride[0][j->l->nd - 1];
-    ops_load_row(ops_at(j->t->data, j->t->dtype, p->off[0] + e0 * s), j->t->dtype, s, e1 - e0,
-                 j->dst + p->off[1] + e0);
-}
-
+/* A cast to FP32 into dst's contiguous layout: the same rows, widened by
+ * the same ops_load_row where they are floats. */
 tp_status ops_gather_f32_on(cpu_pool *pool, const tp_tensor *t, float *dst, tp_err *err)
 {
-    if (tp_tensor_numel(t) == 0)
-        return TP_OK;
-    tp_tensor d = tp_tensor_make(dst, TP_F32, t->ndim, t->shape); /* for its contiguous strides */
-    const int64_t *st[2] = {t->stride, d.stride};
-    ops_layout l;
-    ops_layout_init(&l, t->ndim, t->shape, 2, st);
-    gather_job j = {.t = t, .l = &l, .dst = dst};
-    return ops_run_rows(pool, &l, l.shape[l.nd - 1], gather_part, &j, err);
+    tp_tensor d = tp_tensor_make(dst, TP_F32, t->ndim, t->shape);
+    return cpu_cast(t, &d, pool, err);
 }
 
 void ops_gather_f32(const tp_tensor *t, float *dst)
