@@ -85,11 +85,16 @@ def _siblings(prog, uses, planned):
     return [(tb, ms) for (_, tb, _, _), ms in groups.items() if len(ms) > 1]
 
 
-def _join(prog, name, parts, axis, datatype):
-    """A param named after name (free in prog) joining parts along axis."""
+def _free(prog, name):
+    """name, or name with "_"s appended until no value of prog has it."""
     while name in prog.values:
         name += "_"
-    return prog.add_param(name, Joined(parts, [prog.params[p] for p in parts], axis), datatype)
+    return name
+
+
+def _join(prog, name, parts, axis, datatype):
+    """A param named after name (made free) joining parts along axis."""
+    return prog.add_param(_free(prog, name), Joined(parts, [prog.params[p] for p in parts], axis), datatype)
 
 
 def _fuse_group(prog, uses, tb, ms):
@@ -113,7 +118,7 @@ def _fuse_group(prog, uses, tb, ms):
                     first.datatype, adds[0][0].onnx_node)
         new.append(last)
     olds = [a for a, _ in adds] if with_bias else ms
-    for n in ms + ([a for a, _ in adds] if with_bias else []):
+    for n in ms + (olds if with_bias else []):
         prog.nodes.remove(n)
         del prog.values[n.name]
     start = 0
@@ -124,12 +129,6 @@ def _fuse_group(prog, uses, tb, ms):
     for i, n in enumerate(new):
         prog.nodes.insert(at + i, n)
         prog.values[n.name] = n
-
-
-def _free(prog, name):
-    while name in prog.values:
-        name += "_"
-    return name
 
 
 def fuse_sibling_matmuls(prog, planned=()):
