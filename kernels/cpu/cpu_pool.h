@@ -58,9 +58,9 @@ tp_status cpu_pool_run(cpu_pool *p, int64_t n_tasks, cpu_pool_fn fn, void *arg, 
  * its buffers, until its task returns (slot 0: the thread that runs the
  * pool's jobs, also between them), except that slot 0's may be read by
  * every participant of a job the slot-0 thread runs (an FP16 matmul's
- * widened a, a packed a its slices share). NULL when p is NULL or out of
- * memory: the caller allocates its own. */
-#define CPU_POOL_SCRATCHES 3
+ * widened a). NULL when p is NULL or out of memory: the caller allocates
+ * its own. */
+#define CPU_POOL_SCRATCHES 2
 float *cpu_pool_scratch(cpu_pool *p, int slot, int which, size_t floats);
 
 /* Grows buffer `which` of slots 0 .. slots - 1 to at least `floats` floats and

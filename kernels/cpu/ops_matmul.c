@@ -406,12 +406,11 @@ static tp_status matmul_rows_copied(const tp_tensor *a, const tp_tensor *b, int 
  * 128 rows) was fresh memory on every call, whose page faults and
  * unmapping were 4.5% of an FP16 request's samples. */
 #define NARROW_CHUNK_PANELS 64
-#define NARROW_CHUNK_ROWS (4 * PGEMM_MC) /* 528: a chunk starts an MC block of a packed once */
+#define NARROW_CHUNK_ROWS (4 * PGEMM_MC) /* 528: a chunk starts an MC block */
 
 typedef struct {
     int64_t M, K, N, lda, ldc;
     const float *a, *panels;
-    const float *pa;  /* a packed once for every slice (shares_packed_a), or NULL */
     float *c;         /* FP32 c, ldc apart; NULL when narrow is set */
     uint16_t *narrow; /* else: a contiguous FP16/BF16 [M, N] */
     tp_dtype dt;
@@ -435,14 +434,9 @@ static tp_status scratch_of(cpu_pool *pool, int slot, int which, size_t n, ops_b
  * a chunk's panels are a packed matrix of their own (panels lie K x NR
  * apart), and each element is the same chain of operations whatever the
  * rows or the column split (packed_gemm.h), so the bits are those of one
- * product. a is packed once for every chunk when `once`
- * (pgemm_packs_a_once), else a block at a time in each. */
-static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once, float *cs, float *scratch)
+ * product. */
+static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, float *cs)
 {
-    if (once && !j->pa)
-        pgemm_pack_a(j->M, j->K, j->a, j->lda, scratch);
-    const float *pa = j->pa ? j->pa : scratch;
-    once |= j->pa != NULL;
     for (int64_t g0 = p0; g0 < p1; g0 += NARROW_CHUNK_PANELS) {
         int64_t g1 = p1 - g0 < NARROW_CHUNK_PANELS ? p1 : g0 + NARROW_CHUNK_PANELS;
         int64_t n0 = g0 * PGEMM_NR, n = (g1 * PGEMM_NR < j->N ? g1 * PGEMM_NR : j->N) - n0;
@@ -450,10 +444,7 @@ static void narrow_panels(const packed_job *j, int64_t p0, int64_t p1, int once,
         const float *panels = j->panels + g0 * j->K * PGEMM_NR;
         for (int64_t r0 = 0; r0 < j->M; r0 += NARROW_CHUNK_ROWS) {
             int64_t rows = j->M - r0 < NARROW_CHUNK_ROWS ? j->M - r0 : NARROW_CHUNK_ROWS;
-            if (once)
-                pgemm_run_packed_a(rows, j->K, n, pa + r0 * j->K, panels, cs, ldc, 0, g1 - g0);
-            else
-                pgemm_run_blocks(rows, j->K, n, j->a + r0 * j->lda, j->lda, panels, cs, ldc, 0, g1 - g0, scratch);
+            pgemm_run(rows, j->K, n, j->a + r0 * j->lda, j->lda, panels, cs, ldc, 0, g1 - g0);
             for (int64_t i = 0; i < rows; i++)
                 ops_store_row(j->narrow + (r0 + i) * j->N + n0, j->dt, 1, n, cs + i * ldc);
         }
@@ -474,24 +465,17 @@ static tp_status packed_slice(void *arg, int64_t t, int slot, tp_err *err)
     int64_t P = pgemm_panels(j->N), p0 = P * t / j->slices, p1 = P * (t + 1) / j->slices;
     if (p1 <= p0)
         return TP_OK;
-    if (j->pa && !j->narrow) {
-        pgemm_run_packed_a(j->M, j->K, j->N, j->pa, j->panels, j->c, j->ldc, p0, p1);
+    if (!j->narrow) {
+        pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1);
         return TP_OK;
     }
     /* without a pool (a fused kernel's blocks) the chunk is allocated on
      * every call */
-    size_t cs = j->narrow ? narrow_chunk_floats(j->M, p1 - p0) : 0;
-    int64_t chunks = (j->M + NARROW_CHUNK_ROWS - 1) / NARROW_CHUNK_ROWS *
-                     ((p1 - p0 + NARROW_CHUNK_PANELS - 1) / NARROW_CHUNK_PANELS);
-    int64_t uses = j->narrow ? chunks : pgemm_groups(j->M, p1 - p0);
-    size_t sa = j->pa ? 0 : pgemm_scratch_floats(j->M, j->K, uses);
     ops_buf own = {0};
-    float *scratch;
-    tp_status s = scratch_of(j->pool, slot, 0, sa + cs, &own, &scratch, err);
-    if (s == TP_OK && j->narrow)
-        narrow_panels(j, p0, p1, pgemm_packs_a_once(j->M, j->K, uses), scratch + sa, scratch);
-    else if (s == TP_OK)
-        pgemm_run(j->M, j->K, j->N, j->a, j->lda, j->panels, j->c, j->ldc, p0, p1, scratch);
+    float *cs;
+    tp_status s = scratch_of(j->pool, slot, 0, narrow_chunk_floats(j->M, p1 - p0), &own, &cs, err);
+    if (s == TP_OK)
+        narrow_panels(j, p0, p1, cs);
     ops_buf_free(&own);
     return s;
 }
@@ -531,30 +515,6 @@ static int packed_slices(int64_t M, int64_t K, int64_t N, int threads)
     return pgemm_panels(N) >= 2 * threads && M * K * N >= PACKED_SPLIT_MIN_MACS ? threads : 1;
 }
 
-/* Whether the slices share one a packed once, its tiles split between
- * the threads (pack_part), instead of each packing all of it: 3-4% of a
- * 128-token request's samples went to packing a, twice over at two
- * threads. Only for an a pgemm packs whole (pgemm_packs_a_once). */
-static int shares_packed_a(int64_t M, int64_t K, int64_t N, int threads)
-{
-    return packed_slices(M, K, N, threads) > 1 && pgemm_packs_a_once(M, K, 2);
-}
-
-typedef struct {
-    const packed_job *j;
-    float *pa;
-    int64_t tiles, parts;
-} pack_job;
-
-static tp_status pack_part(void *arg, int64_t t, int slot, tp_err *err)
-{
-    (void)slot, (void)err;
-    const pack_job *p = arg;
-    pgemm_pack_a_tiles(p->j->M, p->j->K, p->j->a, p->j->lda, p->pa, p->tiles * t / p->parts,
-                       p->tiles * (t + 1) / p->parts);
-    return TP_OK;
-}
-
 static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t K, int64_t N, tp_tensor *out,
                                cpu_pool *pool, tp_err *err)
 {
@@ -575,15 +535,7 @@ static tp_status matmul_packed(const tp_tensor *a, const float *panels, int64_t 
     if (s == TP_OK && j.M > 0) {
         int threads = cpu_pool_threads(pool);
         j.slices = packed_slices(j.M, K, N, threads);
-        /* slot 0's scratch 2, read by every slice (the caller keeps it) */
-        float *pa = shares_packed_a(j.M, K, N, threads) ? cpu_pool_scratch(pool, 0, 2, (size_t)(j.M * K)) : NULL;
-        if (pa) {
-            pack_job pj = {.j = &j, .pa = pa, .tiles = pgemm_a_tiles(j.M), .parts = threads};
-            s = cpu_pool_run(pool, threads, pack_part, &pj, err);
-            j.pa = pa;
-        }
-        if (s == TP_OK)
-            s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
+        s = j.slices == 1 ? packed_slice(&j, 0, 0, err) : cpu_pool_run(pool, j.slices, packed_slice, &j, err);
     }
     if (s == TP_OK && cb.p) {
         tp_tensor flat = tp_tensor_make(cb.p, TP_F32, out->ndim, out->shape);
@@ -611,10 +563,9 @@ tp_status cpu_matmul_reserve(const tp_attrs *attrs, const tp_tensor *a, const tp
     if (!panels || !pool)
         return TP_OK;
     int64_t K = a->shape[a->ndim - 1], N = out->shape[out->ndim - 1], M = K ? tp_tensor_numel(a) / K : 0, lda;
-    size_t floats = pgemm_scratch_bound(M, K) + (out->dtype != TP_F32 ? narrow_chunk_floats(M, pgemm_panels(N)) : 0);
-    int ok = cpu_pool_reserve(pool, 0, cpu_pool_threads(pool), floats) == 0;
-    if (ok && shares_packed_a(M, K, N, cpu_pool_threads(pool)))
-        ok = cpu_pool_reserve(pool, 2, 1, (size_t)(M * K)) == 0;
+    int ok = 1;
+    if (out->dtype != TP_F32)
+        ok = cpu_pool_reserve(pool, 0, cpu_pool_threads(pool), narrow_chunk_floats(M, pgemm_panels(N))) == 0;
     if (ok && !rows_as_they_lie(a, K, &M, &lda))
         ok = cpu_pool_reserve(pool, 1, 1, (size_t)(tp_tensor_numel(a))) == 0;
     return ok ? TP_OK : tp_fail(err, TP_NOMEM, "matmul: cannot keep scratch for %lld x %lld x %lld",

@@ -82,34 +82,6 @@ void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, 
     }
 }
 
-/* Six rows of a (lda apart), 8 columns from a, into 8 consecutive
- * k-steps of a micro-panel ([k][MR]): the 6 x 8 block transposed in
- * registers, two zero rows padding it to 8 x 8. A scalar copy's stores
- * MR floats apart were 2.7% of a 128-token request's samples (4.8% at
- * 512 tokens). */
-PGEMM_TARGET static inline void transpose_6x8(const float *a, int64_t lda, float *p)
-{
-    __m256 z = _mm256_setzero_ps();
-    __m256 t0 = _mm256_unpacklo_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + lda));
-    __m256 t1 = _mm256_unpackhi_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + lda));
-    __m256 t2 = _mm256_unpacklo_ps(_mm256_loadu_ps(a + 2 * lda), _mm256_loadu_ps(a + 3 * lda));
-    __m256 t3 = _mm256_unpackhi_ps(_mm256_loadu_ps(a + 2 * lda), _mm256_loadu_ps(a + 3 * lda));
-    __m256 t4 = _mm256_unpacklo_ps(_mm256_loadu_ps(a + 4 * lda), _mm256_loadu_ps(a + 5 * lda));
-    __m256 t5 = _mm256_unpackhi_ps(_mm256_loadu_ps(a + 4 * lda), _mm256_loadu_ps(a + 5 * lda));
-    /* rows 0-3 and rows 4-5 of k-steps {0, 4}, {1, 5}, {2, 6}, {3, 7} */
-    __m256 lo[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
-                    _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
-    __m256 hi[4] = {_mm256_shuffle_ps(t4, z, 0x44), _mm256_shuffle_ps(t4, z, 0xEE), _mm256_shuffle_ps(t5, z, 0x44),
-                    _mm256_shuffle_ps(t5, z, 0xEE)};
-    for (int j = 0; j < 4; j++) {
-        __m256 k_lo = _mm256_permute2f128_ps(lo[j], hi[j], 0x20), k_hi = _mm256_permute2f128_ps(lo[j], hi[j], 0x31);
-        _mm_storeu_ps(p + j * PGEMM_MR, _mm256_castps256_ps128(k_lo));
-        _mm_storel_pi((__m64 *)(p + j * PGEMM_MR + 4), _mm256_extractf128_ps(k_lo, 1));
-        _mm_storeu_ps(p + (j + 4) * PGEMM_MR, _mm256_castps256_ps128(k_hi));
-        _mm_storel_pi((__m64 *)(p + (j + 4) * PGEMM_MR + 4), _mm256_extractf128_ps(k_hi, 1));
-    }
-}
-
 /* Rows of the tile that starts r rows before the end of its MC block: MR,
  * but the last 7-9 rows as two tiles (4 + 3, 4 + 4, 5 + 4). A tile of R
  * rows has 2R chains of multiply-adds in flight, and the two FMA units
@@ -120,77 +92,9 @@ static inline int64_t tile_rows(int64_t r)
     return r <= PGEMM_MR ? r : r <= PGEMM_MR + 3 ? (r + 1) / 2 : PGEMM_MR;
 }
 
-/* mr rows of a (lda apart), kc columns, into one micro-panel p ([k][mr]:
- * mr x kc floats, the layout kernel_of(mr) reads). */
-PGEMM_TARGET static void pack_panel(const float *a, int64_t lda, int64_t mr, int64_t kc, float *p)
-{
-    _Static_assert(PGEMM_MR == 6, "transpose_6x8 packs six rows");
-    int64_t k = 0;
-    if (mr == PGEMM_MR)
-        for (; k + 8 <= kc; k += 8)
-            transpose_6x8(a + k, lda, p + k * PGEMM_MR);
-    for (; k < kc; k++)
-        for (int64_t r = 0; r < mr; r++)
-            p[k * mr + r] = a[r * lda + k];
-}
-
-/* mc rows of a (lda apart, one MC block), kc columns, into its tiles'
- * micro-panels: the tile at row i at pa + i * kc. */
-PGEMM_TARGET static void pack_block(const float *a, int64_t lda, int64_t mc, int64_t kc, float *pa)
-{
-    for (int64_t i = 0, mr; i < mc; i += mr) {
-        mr = tile_rows(mc - i);
-        pack_panel(a + i * lda, lda, mr, kc, pa + i * kc);
-    }
-}
-
-int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses) { return uses > 1 && M * K <= PGEMM_A_ONCE_MAX_FLOATS; }
-
-size_t pgemm_packed_a_floats(int64_t M, int64_t K) { return (size_t)(M * K); }
-
-size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses)
-{
-    return pgemm_packs_a_once(M, K, uses) ? pgemm_packed_a_floats(M, K) : (size_t)PGEMM_MC * PGEMM_KC;
-}
-
-size_t pgemm_scratch_bound(int64_t M, int64_t K)
-{
-    int64_t most = K > 0 ? PGEMM_A_ONCE_MAX_FLOATS / K : M; /* rows a packed once may have */
-    size_t whole = pgemm_packed_a_floats(M < most ? M : most, K), block = (size_t)PGEMM_MC * PGEMM_KC;
-    return whole > block ? whole : block;
-}
-
 /* Tiles of an MC block of mc rows: the splits of tile_rows keep
  * ceil(mc / MR). */
 static int64_t block_tiles(int64_t mc) { return (mc + PGEMM_MR - 1) / PGEMM_MR; }
-
-int64_t pgemm_a_tiles(int64_t M)
-{
-    int64_t n = 0;
-    for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC)
-        n += block_tiles(M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC);
-    return n;
-}
-
-/* A block's tile at row i has its micro-panel at pa + i * K (pack_block
- * with kc = K), and block m0 starts at pa + m0 * K. */
-PGEMM_TARGET void pgemm_pack_a_tiles(int64_t M, int64_t K, const float *a, int64_t lda, float *pa, int64_t t0,
-                                     int64_t t1)
-{
-    for (int64_t m0 = 0, t = 0; m0 < M && t < t1; m0 += PGEMM_MC) {
-        int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
-        for (int64_t i = 0, mr; i < mc && t < t1; i += mr, t++) {
-            mr = tile_rows(mc - i);
-            if (t >= t0)
-                pack_panel(a + (m0 + i) * lda, lda, mr, K, pa + (m0 + i) * K);
-        }
-    }
-}
-
-void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa)
-{
-    pgemm_pack_a_tiles(M, K, a, lda, pa, 0, pgemm_a_tiles(M));
-}
 
 /* What a tile prefetches of the next panels' kc-deep slices while it
  * runs: its share of their lines (a panel's slice has one line, 16
@@ -245,8 +149,8 @@ static tile_prefetch tile_share(const float *next0, const float *next1, int64_t 
     return (tile_prefetch){next0 + l0 * PGEMM_NR, next1 + l0 * PGEMM_NR, n, kc / n};
 }
 
-/* c[R x 16] (rows ldc apart) = or += the product of an R-row micro-panel
- * of a ([k][R]) and a kc-deep slice of a panel of b: R x 2 accumulators,
+/* c[R x 16] (rows ldc apart) = or += the product of R rows of a (lda
+ * apart, kc columns from pa) and a kc-deep slice of a panel of b: R x 2 accumulators,
  * one fused multiply-add each per k. Instantiated with a constant R
  * (kernel_of): R = 6 is the main kernel, 1-5 the last rows of an MC
  * block (tile_rows), so no FMA is spent on rows that do not exist. Each
@@ -256,7 +160,7 @@ static tile_prefetch tile_share(const float *next0, const float *next1, int64_t 
  * follow; without it the kernel ran at 45 GFLOP/s instead of 63 on one
  * EPYC core (128 x 768 x 3072). */
 PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R, int64_t kc, const float *pa,
-                                                                             const float *pb, float *c,
+                                                                             int64_t lda, const float *pb, float *c,
                                                                              int64_t ldc, int first,
                                                                              const tile_prefetch *pf)
 {
@@ -269,12 +173,12 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
         lo[r] = hi[r] = _mm256_setzero_ps();
     }
 #pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++, pa += R, pb += PGEMM_NR) {
+    for (int64_t k = 0; k < kc; k++, pa++, pb += PGEMM_NR) {
         prefetch_step(&run, k);
         __m256 b0 = _mm256_load_ps(pb), b1 = _mm256_load_ps(pb + 8);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            __m256 ar = _mm256_broadcast_ss(pa + r);
+            __m256 ar = _mm256_broadcast_ss(pa + r * lda);
             lo[r] = _mm256_fmadd_ps(ar, b0, lo[r]);
             hi[r] = _mm256_fmadd_ps(ar, b1, hi[r]);
         }
@@ -292,10 +196,10 @@ PGEMM_TARGET static inline __attribute__((always_inline)) void kernel_rows(int R
 }
 
 #define KERNEL_R(R)                                                                                         \
-    PGEMM_TARGET static void kernel_##R(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, \
-                                        int first, const tile_prefetch *pf)                                 \
+    PGEMM_TARGET static void kernel_##R(int64_t kc, const float *pa, int64_t lda, const float *pb, float *c,   \
+                                        int64_t ldc, int first, const tile_prefetch *pf)                    \
     {                                                                                                       \
-        kernel_rows(R, kc, pa, pb, c, ldc, first, pf);                                                      \
+        kernel_rows(R, kc, pa, lda, pb, c, ldc, first, pf);                                                 \
     }
 KERNEL_R(1)
 KERNEL_R(2)
@@ -304,8 +208,8 @@ KERNEL_R(4)
 KERNEL_R(5)
 KERNEL_R(6)
 
-typedef void (*kernel_fn)(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int first,
-                          const tile_prefetch *pf);
+typedef void (*kernel_fn)(int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,
+                          int first, const tile_prefetch *pf);
 
 /* The kernel for mr rows (1 .. PGEMM_MR). */
 static kernel_fn kernel_of(int64_t mr)
@@ -323,8 +227,8 @@ static kernel_fn kernel_of(int64_t mr)
  * Intel Xeon with AVX-512 ran onnxruntime's GPT-2 at 139 ms where the
  * AVX2 kernel took 237). pf: the next pair's lines (tile_prefetch). */
 PGEMM_TARGET512 static inline __attribute__((always_inline)) void
-kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const float *pb1, float *c, int64_t ldc,
-                 int first, const tile_prefetch *pf)
+kernel_rows_wide(int R, int64_t kc, const float *pa, int64_t lda, const float *pb0, const float *pb1, float *c,
+                 int64_t ldc, int first, const tile_prefetch *pf)
 {
     __m512 lo[PGEMM_MR], hi[PGEMM_MR];
     prefetch_run run = prefetch_start(pf);
@@ -336,12 +240,12 @@ kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const flo
         lo[r] = hi[r] = _mm512_setzero_ps();
     }
 #pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++, pa += R, pb0 += PGEMM_NR, pb1 += PGEMM_NR) {
+    for (int64_t k = 0; k < kc; k++, pa++, pb0 += PGEMM_NR, pb1 += PGEMM_NR) {
         prefetch_step(&run, k);
         __m512 b0 = _mm512_loadu_ps(pb0), b1 = _mm512_loadu_ps(pb1);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            __m512 ar = _mm512_set1_ps(pa[r]);
+            __m512 ar = _mm512_set1_ps(pa[r * lda]);
             lo[r] = _mm512_fmadd_ps(ar, b0, lo[r]);
             hi[r] = _mm512_fmadd_ps(ar, b1, hi[r]);
         }
@@ -359,10 +263,11 @@ kernel_rows_wide(int R, int64_t kc, const float *pa, const float *pb0, const flo
 }
 
 #define KERNEL_WIDE_R(R)                                                                                         \
-    PGEMM_TARGET512 static void kernel_wide_##R(int64_t kc, const float *pa, const float *pb0, const float *pb1, \
-                                                float *c, int64_t ldc, int first, const tile_prefetch *pf)     \
+    PGEMM_TARGET512 static void kernel_wide_##R(int64_t kc, const float *pa, int64_t lda, const float *pb0,   \
+                                                const float *pb1, float *c, int64_t ldc, int first,            \
+                                                const tile_prefetch *pf)                                       \
     {                                                                                                          \
-        kernel_rows_wide(R, kc, pa, pb0, pb1, c, ldc, first, pf);                                              \
+        kernel_rows_wide(R, kc, pa, lda, pb0, pb1, c, ldc, first, pf);                                         \
     }
 KERNEL_WIDE_R(1)
 KERNEL_WIDE_R(2)
@@ -371,8 +276,8 @@ KERNEL_WIDE_R(4)
 KERNEL_WIDE_R(5)
 KERNEL_WIDE_R(6)
 
-typedef void (*kernel_wide_fn)(int64_t kc, const float *pa, const float *pb0, const float *pb1, float *c,
-                               int64_t ldc, int first, const tile_prefetch *pf);
+typedef void (*kernel_wide_fn)(int64_t kc, const float *pa, int64_t lda, const float *pb0, const float *pb1,
+                               float *c, int64_t ldc, int first, const tile_prefetch *pf);
 
 static kernel_wide_fn kernel_wide_of(int64_t mr)
 {
@@ -384,12 +289,12 @@ static kernel_wide_fn kernel_wide_of(int64_t mr)
 /* A tile past c's last column: the kernel into a scratch tile, then the
  * part inside c, stored or added as the kernel would (the same single
  * rounding per element). */
-PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc, int64_t mr,
-                                   int64_t nr, int first)
+PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, int64_t lda, const float *pb, float *c,
+                                   int64_t ldc, int64_t mr, int64_t nr, int first)
 {
     float t[PGEMM_MR * PGEMM_NR] __attribute__((aligned(32)));
     tile_prefetch none = tile_share(NULL, NULL, kc, 0, 1);
-    kernel_of(mr)(kc, pa, pb, t, PGEMM_NR, 1, &none);
+    kernel_of(mr)(kc, pa, lda, pb, t, PGEMM_NR, 1, &none);
     for (int64_t r = 0; r < mr; r++)
         for (int64_t x = 0; x < nr; x++)
             c[r * ldc + x] = first ? t[r * PGEMM_NR + x] : c[r * ldc + x] + t[r * PGEMM_NR + x];
@@ -400,31 +305,29 @@ PGEMM_TARGET static void edge_tile(int64_t kc, const float *pa, const float *pb,
  * (next0: panel j + 2 exists below j1; next1: j + 3), each a run of lines
  * spread over its k loop. */
 PGEMM_TARGET512 static void run_pair(int64_t mc, int64_t K, int64_t kc, const float *pb, float *c, int64_t ldc,
-                                     const float *pa, int64_t depth, int64_t k_off, int next0, int next1, int first)
+                                     const float *a, int64_t lda, int next0, int next1, int first)
 {
     int64_t tiles = block_tiles(mc), panel = K * PGEMM_NR;
     const float *next = next0 ? pb + 2 * panel : NULL;
     for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
         mr = tile_rows(mc - i);
         tile_prefetch pf = tile_share(next, next1 ? next + panel : next, kc, t, tiles);
-        kernel_wide_of(mr)(kc, pa + i * depth + k_off * mr, pb, pb + panel, c + i * ldc, ldc, first, &pf);
+        kernel_wide_of(mr)(kc, a + i * lda, lda, pb, pb + panel, c + i * ldc, ldc, first, &pf);
     }
 }
 
-/* Rows of one MC block times panels j0 .. j1 - 1 at one KC block. The
- * block's tile at row i has its micro-panel at pa + i * depth (depth: the
- * k-steps packed, kc or all of K), its k-steps from k_off on. Pairs of
- * whole panels go to the wide kernel where the CPU has it. */
+/* Rows of one MC block (a: its first row at the KC block's first column)
+ * times panels j0 .. j1 - 1 at one KC block. Pairs of whole panels go to
+ * the wide kernel where the CPU has it. */
 PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc, int64_t k0, const float *packed,
-                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *pa, int64_t depth,
-                                   int64_t k_off)
+                                   float *c, int64_t ldc, int64_t j0, int64_t j1, const float *a, int64_t lda)
 {
     int wide = pgemm_wide();
     for (int64_t j = j0; j < j1; j++) {
         const float *pb = packed + (j * K + k0) * PGEMM_NR;
         int64_t n0 = j * PGEMM_NR, nr = N - n0 < PGEMM_NR ? N - n0 : PGEMM_NR;
         if (wide && j + 1 < j1 && N - n0 >= 2 * PGEMM_NR) {
-            run_pair(mc, K, kc, pb, c + n0, ldc, pa, depth, k_off, j + 2 < j1, j + 3 < j1, k0 == 0);
+            run_pair(mc, K, kc, pb, c + n0, ldc, a, lda, j + 2 < j1, j + 3 < j1, k0 == 0);
             j++;
             continue;
         }
@@ -432,29 +335,22 @@ PGEMM_TARGET static void run_block(int64_t mc, int64_t K, int64_t N, int64_t kc,
         const float *next = j + 1 < j1 ? pb + K * PGEMM_NR : NULL;
         for (int64_t i = 0, t = 0, mr; i < mc; i += mr, t++) {
             mr = tile_rows(mc - i);
-            const float *pt = pa + i * depth + k_off * mr;
             float *ct = c + i * ldc + n0;
             tile_prefetch pf = tile_share(next, next, kc, t, tiles);
             if (nr == PGEMM_NR)
-                kernel_of(mr)(kc, pt, pb, ct, ldc, k0 == 0, &pf);
+                kernel_of(mr)(kc, a + i * lda, lda, pb, ct, ldc, k0 == 0, &pf);
             else
-                edge_tile(kc, pt, pb, ct, ldc, mr, nr, k0 == 0);
+                edge_tile(kc, a + i * lda, lda, pb, ct, ldc, mr, nr, k0 == 0);
         }
     }
 }
 
 /* Groups as wide as c's block allows took 4-5% off GPT-2's weight
- * products at 128 rows, when each group packed a again. */
+ * products at 128 rows. */
 int64_t pgemm_group_panels(int64_t M)
 {
     int64_t fit = PGEMM_C_BLOCK_BYTES / ((M > 0 ? M : 1) * PGEMM_NR * (int64_t)sizeof(float));
     return fit > PGEMM_NC_PANELS ? fit : PGEMM_NC_PANELS;
-}
-
-int64_t pgemm_groups(int64_t M, int64_t panels)
-{
-    int64_t g = pgemm_group_panels(M);
-    return (panels + g - 1) / g;
 }
 
 /* Loops, outermost first: groups of panels (pgemm_group_panels), KC blocks of
@@ -463,12 +359,10 @@ int64_t pgemm_groups(int64_t M, int64_t panels)
  * NC block of c (2 MB at 512 rows) stays in L3 across the KC blocks.
  * Without groups every MC block streamed all of b from memory and c went
  * to memory between KC blocks: GPT-2's weight products at 512 rows on two
- * threads ran 16% slower, its head (c 103 MB) 25-30%. a's blocks come
- * from pa, all of a packed once (pgemm_pack_a), or with pa NULL are
- * packed into scratch one MC x KC block at a time, again in every group. */
-PGEMM_TARGET static void run_groups(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *pa,
-                                    const float *packed, float *c, int64_t ldc, int64_t p0, int64_t p1,
-                                    float *scratch)
+ * threads ran 16% slower, its head (c 103 MB) 25-30%. An MC x KC block of
+ * a stays in L2 while the group's panels run over it. */
+PGEMM_TARGET void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed,
+                            float *c, int64_t ldc, int64_t p0, int64_t p1)
 {
     int64_t group = pgemm_group_panels(M);
     for (int64_t g0 = p0; g0 < p1; g0 += group) {
@@ -477,36 +371,8 @@ PGEMM_TARGET static void run_groups(int64_t M, int64_t K, int64_t N, const float
             int64_t kc = K - k0 < PGEMM_KC ? K - k0 : PGEMM_KC;
             for (int64_t m0 = 0; m0 < M; m0 += PGEMM_MC) {
                 int64_t mc = M - m0 < PGEMM_MC ? M - m0 : PGEMM_MC;
-                if (pa) {
-                    run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, pa + m0 * K, K, k0);
-                } else {
-                    pack_block(a + m0 * lda + k0, lda, mc, kc, scratch);
-                    run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, scratch, kc, 0);
-                }
+                run_block(mc, K, N, kc, k0, packed, c + m0 * ldc, ldc, g0, g1, a + m0 * lda + k0, lda);
             }
         }
-    }
-}
-
-void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c, int64_t ldc,
-                        int64_t p0, int64_t p1)
-{
-    run_groups(M, K, N, NULL, 0, pa, packed, c, ldc, p0, p1, NULL);
-}
-
-void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
-                      int64_t ldc, int64_t p0, int64_t p1, float *scratch)
-{
-    run_groups(M, K, N, a, lda, NULL, packed, c, ldc, p0, p1, scratch);
-}
-
-void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
-               int64_t ldc, int64_t p0, int64_t p1, float *scratch)
-{
-    if (pgemm_packs_a_once(M, K, pgemm_groups(M, p1 - p0))) {
-        pgemm_pack_a(M, K, a, lda, scratch);
-        pgemm_run_packed_a(M, K, N, scratch, packed, c, ldc, p0, p1);
-    } else {
-        pgemm_run_blocks(M, K, N, a, lda, packed, c, ldc, p0, p1, scratch);
     }
 }

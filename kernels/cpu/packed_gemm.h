@@ -7,8 +7,11 @@
  * b is packed once into panels of PGEMM_NR columns (K rows of NR floats
  * each, the last panel zero-padded), and c = a . b runs a 6 x 16
  * AVX2/FMA micro-kernel over BLIS's blocking: a KC-deep slice of one
- * panel (16 KB) stays in L1 while up to MC rows of a, packed per call,
- * stream from L2. Where the CPU has AVX-512F, a 6 x 32 kernel takes two
+ * panel (16 KB) stays in L1 while up to MC rows of a stream from L2. a
+ * is read where it lies, each tile broadcasting from its rows lda apart:
+ * packing it first (as BLIS does) was 2% of a 512-row Llama request's
+ * CPU time and a pool job of its own per product, and a 512 x 768 x 640
+ * product ran 2-5% faster on a Xeon core without it (11% at N 384). Where the CPU has AVX-512F, a 6 x 32 kernel takes two
  * adjacent panels at once (pgemm_wide). Callers split the panels between
  * threads themselves.
  *
@@ -25,7 +28,7 @@
 #define PGEMM_NR 16
 #define PGEMM_MR 6
 #define PGEMM_KC 256
-#define PGEMM_MC 132 /* 22 micro-panels of a: 132 KB of L2 at KC */
+#define PGEMM_MC 132 /* 22 tiles of a: 132 KB of L2 at KC */
 #define PGEMM_NC_PANELS 64 /* at least 1024 columns a group: b's kc x NC slice is 1 MB */
 #define PGEMM_C_BLOCK_BYTES ((int64_t)2 << 20) /* a group's block of c: wider groups for fewer rows */
 
@@ -65,59 +68,11 @@ void pgemm_pack(const float *b, int64_t K, int64_t N, int64_t sbk, int64_t sbn, 
  * PGEMM_C_BLOCK_BYTES. */
 int64_t pgemm_group_panels(int64_t M);
 
-/* Groups of panels pgemm_run runs over `panels` panels for M rows: the
- * times it would pack a block of a again. */
-int64_t pgemm_groups(int64_t M, int64_t panels);
-
-/* a is packed once, whole, when a call would otherwise pack it more than
- * once and it has at most this many floats (8 MB: 512 rows of K 3072,
- * 2048 of K 768): GPT-2's head at 512 rows packed a 25 times a call on
- * each thread, a block at a time. Used once, a is packed a block at a
- * time: a block stays in L2, where a whole a (1.5-6 MB at 512 rows) goes
- * out to L3 and comes back. */
-#define PGEMM_A_ONCE_MAX_FLOATS ((int64_t)2 << 20)
-
-/* Whether M x K a, packed `uses` times a block at a time, is packed once
- * instead. */
-int pgemm_packs_a_once(int64_t M, int64_t K, int64_t uses);
-
-/* Floats of scratch for M x K a used `uses` times: all of a packed
- * (pgemm_packed_a_floats) when pgemm_packs_a_once, else one MC x KC
- * block. pgemm_run's uses are pgemm_groups(M, p1 - p0). */
-size_t pgemm_scratch_floats(int64_t M, int64_t K, int64_t uses);
-
-/* The most pgemm_scratch_floats(m, K, uses) asks for any m <= M and any
- * uses: what a caller keeps for products of up to M rows. */
-size_t pgemm_scratch_bound(int64_t M, int64_t K);
-
 /* c[M, columns of panels p0 .. p1 - 1] = a[M, K] . b, with a's rows lda
  * apart (unit column stride), c's ldc apart, b packed by pgemm_pack. c's
- * columns past N in the last panel are never written. scratch:
- * pgemm_scratch_floats(M, K, pgemm_groups(M, p1 - p0)) floats, any
- * alignment (the kernel only broadcasts single floats from it). Only on a
- * CPU pgemm_supported. */
+ * columns past N in the last panel are never written. Only on a CPU
+ * pgemm_supported. */
 void pgemm_run(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed, float *c,
-               int64_t ldc, int64_t p0, int64_t p1, float *scratch);
-
-/* pgemm_run's two halves, for a caller that runs one a against several
- * runs of panels: a packed whole into pa (pgemm_packed_a_floats: M x K
- * floats; rows r0 .. on at pa + r0 * K when r0 is a multiple of
- * PGEMM_MC), then c as pgemm_run gives it. */
-size_t pgemm_packed_a_floats(int64_t M, int64_t K);
-void pgemm_pack_a(int64_t M, int64_t K, const float *a, int64_t lda, float *pa);
-
-/* pgemm_pack_a in parts, for threads that share one packed a: its M rows
- * are pgemm_a_tiles(M) micro-panels, and pgemm_pack_a_tiles packs tiles
- * t0 .. t1 - 1 where pgemm_pack_a puts them, so any split of the tiles
- * between calls packs what pgemm_pack_a does. */
-int64_t pgemm_a_tiles(int64_t M);
-void pgemm_pack_a_tiles(int64_t M, int64_t K, const float *a, int64_t lda, float *pa, int64_t t0, int64_t t1);
-void pgemm_run_packed_a(int64_t M, int64_t K, int64_t N, const float *pa, const float *packed, float *c,
-                        int64_t ldc, int64_t p0, int64_t p1);
-
-/* pgemm_run packing a one MC x KC block at a time into scratch
- * (PGEMM_MC x PGEMM_KC floats), whatever a's size: the same bits. */
-void pgemm_run_blocks(int64_t M, int64_t K, int64_t N, const float *a, int64_t lda, const float *packed,
-                      float *c, int64_t ldc, int64_t p0, int64_t p1, float *scratch);
+               int64_t ldc, int64_t p0, int64_t p1);
 
 #endif
