@@ -326,8 +326,11 @@ static tp_status infer_attention(tp_graph *g, tp_node *n, tp_err *err)
     char sa[128], sb[128];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
         return node_fail(err, n, "q, k, v must be 4-d [B, H, S, D]; q is %s, k is %s", SHAPE(sa, q), SHAPE(sb, k));
-    if (k->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] || k->shape[3] != q->shape[3])
-        return node_fail(err, n, "k %s does not match q %s in B, H or D", SHAPE(sb, k), SHAPE(sa, q));
+    /* GQA: k and v may have Hkv heads that divide q's H (tp_attn_kv_head) */
+    if (k->shape[0] != q->shape[0] || k->shape[3] != q->shape[3] ||
+        (k->shape[1] != q->shape[1] && (k->shape[1] < 1 || q->shape[1] % k->shape[1] != 0)))
+        return node_fail(err, n, "k %s does not fit q %s (same B and D; q's heads, or a number of heads that "
+                         "divides them)", SHAPE(sb, k), SHAPE(sa, q));
     if (memcmp(k->shape, v->shape, 4 * sizeof(int64_t)) != 0)
         return node_fail(err, n, "v %s does not match k %s", SHAPE(sa, v), SHAPE(sb, k));
     if (q->dtype != k->dtype || q->dtype != v->dtype || !tp_dtype_is_float(q->dtype))

@@ -61,7 +61,7 @@ def read_plan(path):
 def import_model(args):
     from onnx_import.lower import lower
     from onnx_import.normalize import normalize
-    from onnx_import.passes import fuse_sibling_matmuls, simplify
+    from onnx_import.passes import attention_reads_kv_heads, fuse_sibling_matmuls, simplify
     from onnx_import.tp_plan import Planner
     from onnx_import.write import build, write
 
@@ -78,6 +78,7 @@ def import_model(args):
         nm = normalize(args.model, parse_dims(args.dim))
         prog = lower(nm)
         simplify(prog)
+        attention_reads_kv_heads(prog)
         fuse_sibling_matmuls(prog, plan or {})
         planner = Planner(prog, args.world_size, plan, args.sequence_parallel)
     outs = planner.run()

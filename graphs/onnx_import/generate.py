@@ -41,6 +41,7 @@ from .errors import ImportFailure
 from .ir import Node, Value
 from .narrow_eval import fold_in_fp32
 from .normalize import GatherElements, _graph_inputs, _reads, _skeleton, load_model
+from .passes import before_repeat_kv
 
 # The sequence length the attentions' masks are checked at (causal or not).
 PROBE_SEQ = 8
@@ -230,28 +231,6 @@ def _lookup(prog, name, table, pos_input):
 
 # -- attention -> kv_attention -------------------------------------------------
 
-def _before_repeat(prog, t, heads):
-    """repeat_kv (k [B,Hkv,T,D] -> reshape -> expand -> reshape [B,H,T,D]):
-    the tensor before it when the chain repeats each kv head H/Hkv times
-    (replayed on index arrays), else t."""
-    chain, x = [], t
-    while len(chain) < 4:
-        node = prog.values.get(x)
-        if not isinstance(node, Node) or node.op not in ("reshape", "expand"):
-            break
-        chain.append(node)
-        x = node.inputs[0]
-        s = prog.values[x].shape
-        if len(s) == 4 and s[1] < heads and heads % s[1] == 0 and node.op == "reshape":
-            idx = np.arange(int(np.prod(s))).reshape(s)
-            y = idx
-            for n in reversed(chain):
-                y = np.broadcast_to(y, n.shape) if n.op == "expand" else y.reshape(n.shape)
-            if y.shape == prog.values[t].shape and np.array_equal(y, np.repeat(idx, heads // s[1], axis=1)):
-                return x
-    return t
-
-
 def to_kv_attention(prog, causal, max_len):
     """Each attention -> kv_attention over two new states; -> [state Values]."""
     states, layer = [], 0
@@ -267,7 +246,7 @@ def to_kv_attention(prog, causal, max_len):
                                 % (n.name, PROBE_SEQ))
         q, k, v = n.inputs
         heads = prog.values[q].shape[1]
-        k0, v0 = _before_repeat(prog, k, heads), _before_repeat(prog, v, heads)
+        k0, v0 = before_repeat_kv(prog, k, heads), before_repeat_kv(prog, v, heads)
         _, hkv, _, dim = prog.values[k0].shape
         if prog.values[v0].shape != prog.values[k0].shape:
             raise ImportFailure("--generate: attention '%s': k %s and v %s differ after repeat_kv"

@@ -11,7 +11,9 @@
  *   1 = real token, 0 = padding). It is per batch row and key, never per
  *   head, so tensor parallelism replicates it.
  * A query that sees no key gets a zero output row (defined, never NaN; an
- * exporter's Where(IsNaN(p), 0, p) after its softmax gives the same). */
+ * exporter's Where(IsNaN(p), 0, p) after its softmax gives the same).
+ * With grouped-query attention (GQA: Hkv kv heads for H query heads, H a
+ * multiple of Hkv) query head h reads kv head tp_attn_kv_head. */
 #ifndef TP_ATTN_MASK_H
 #define TP_ATTN_MASK_H
 
@@ -34,5 +36,10 @@ TP_HD int tp_attn_key_on(const void *mask, tp_dtype mask_dtype, int64_t off)
 {
     return mask_dtype == TP_I64 ? ((const int64_t *)mask)[off] != 0 : ((const int32_t *)mask)[off] != 0;
 }
+
+/* GQA: the kv head query head h reads, with H query and Hkv kv heads
+ * (H % Hkv == 0, checked at load): each kv head serves H / Hkv
+ * consecutive query heads, as Hugging Face's repeat_kv lays them out. */
+TP_HD int64_t tp_attn_kv_head(int64_t h, int64_t H, int64_t Hkv) { return h / (H / Hkv); }
 
 #endif

@@ -49,8 +49,9 @@ static inline tp_status tp_check_matmul_rows(const tp_tensor *x, const tp_tensor
     return TP_OK;
 }
 
-/* attention: q [B,H,S,D], k [B,H,T,D], v [B,H,T,Dv] of out's float dtype
- * give out [B,H,S,Dv]; the optional key-padding mask (NULL if absent) is
+/* attention: q [B,H,S,D], k [B,Hkv,T,D], v [B,Hkv,T,Dv] of out's float
+ * dtype give out [B,H,S,Dv], Hkv = H or a divisor of it (GQA,
+ * tp_attn_kv_head); the optional key-padding mask (NULL if absent) is
  * INT32/INT64 [B, T] (tp_attn_mask.h). */
 static inline tp_status tp_check_attention(const tp_tensor *q, const tp_tensor *k, const tp_tensor *v,
                                            const tp_tensor *mask, const tp_tensor *out, tp_err *err)
@@ -61,12 +62,15 @@ static inline tp_status tp_check_attention(const tp_tensor *q, const tp_tensor *
         return tp_fail(err, TP_INVALID, "attention: q, k, v must be float of the output dtype %s",
                        tp_dtype_name(dt));
     int ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4;
-    for (int i = 0; ok && i < 2; i++)
-        ok = k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i] && out->shape[i] == q->shape[i];
+    ok = ok && k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0] && out->shape[0] == q->shape[0] &&
+         out->shape[1] == q->shape[1] && v->shape[1] == k->shape[1] &&
+         (k->shape[1] == q->shape[1] || (k->shape[1] > 0 && q->shape[1] % k->shape[1] == 0));
     ok = ok && k->shape[3] == q->shape[3] && v->shape[2] == k->shape[2] && out->shape[2] == q->shape[2] &&
          out->shape[3] == v->shape[3];
     if (!ok)
-        return tp_fail(err, TP_INVALID, "attention: q %s, k %s, v %s do not give output %s",
+        return tp_fail(err, TP_INVALID,
+                       "attention: q %s, k %s, v %s do not give output %s (k and v: q's B and D, and q's heads "
+                       "or a number of heads that divides them)",
                        tp_shape_str(s1, sizeof s1, q->ndim, q->shape), tp_shape_str(s2, sizeof s2, k->ndim, k->shape),
                        tp_shape_str(s3, sizeof s3, v->ndim, v->shape),
                        tp_shape_str(s4, sizeof s4, out->ndim, out->shape));

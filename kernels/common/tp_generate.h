@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "tp_attn_mask.h"
 
 /* A row with no candidate (every index at or past the limit): below every
  * real key, so any rank's candidate beats it. */
@@ -106,10 +107,6 @@ TP_HD tp_gen_row tp_gen_row_check(int64_t slot, int64_t pos, int64_t S, int64_t 
         return TP_GEN_ROW_BAD_POS;
     return TP_GEN_ROW_ACTIVE;
 }
-
-/* GQA: the kv head query head h reads, with H query and Hkv kv heads
- * (H % Hkv == 0, checked at load). */
-TP_HD int64_t tp_gen_kv_head(int64_t h, int64_t H, int64_t Hkv) { return h / (H / Hkv); }
 
 /* Element offset of cache[s, kvh, j, 0] in a contiguous [S, Hkv, L, D]
  * cache. */

@@ -1,5 +1,6 @@
 /* ops_attention.c — softmax(q k^T * scale [+ causal and key-padding
- * masks]) v, per (batch, head).
+ * masks]) v, per (batch, head); with GQA each query head reads its kv
+ * head (tp_attn_kv_head) where it lies, no repeated copy of k and v.
  *
  * The (batch, head) pairs are the tasks of one job on the rank's pool
  * (cpu_pool.h), each with its participant's FP32 scratch (scores [S, T]);
@@ -66,11 +67,11 @@ static tp_status attn_head(void *arg, int64_t task, int slot, tp_err *err)
     attn_scratch *w = &c->slot[slot];
     const tp_tensor *q = &c->q, *k = &c->k, *v = &c->v;
     tp_tensor *out = c->out;
-    int64_t b = task / q->shape[1], h = task % q->shape[1];
+    int64_t b = task / q->shape[1], h = task % q->shape[1], kvh = tp_attn_kv_head(h, q->shape[1], k->shape[1]);
     int64_t S = q->shape[2], D = q->shape[3], T = k->shape[2], Dv = v->shape[3];
     const float *qp = (const float *)q->data + b * q->stride[0] + h * q->stride[1];
-    const float *kp = (const float *)k->data + b * k->stride[0] + h * k->stride[1];
-    const float *vp = (const float *)v->data + b * v->stride[0] + h * v->stride[1];
+    const float *kp = (const float *)k->data + b * k->stride[0] + kvh * k->stride[1];
+    const float *vp = (const float *)v->data + b * v->stride[0] + kvh * v->stride[1];
     int64_t ooff = (b * out->shape[1] + h) * S * Dv;
     tp_status s = ops_buf_reserve(&w->scores, (size_t)(S * T), err);
     if (s == TP_OK && out->dtype != TP_F32)

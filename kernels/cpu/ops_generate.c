@@ -88,7 +88,7 @@ static void kv_write(const kv_ctx *c)
 static void kv_attend(const kv_ctx *c, int64_t b, int64_t h, int64_t t, int64_t s, int64_t p, float *scratch,
                       tp_tensor *out)
 {
-    int64_t D = c->D, n = p + t + 1, kvh = tp_gen_kv_head(h, c->H, c->Hkv);
+    int64_t D = c->D, n = p + t + 1, kvh = tp_attn_kv_head(h, c->H, c->Hkv);
     float *sc = scratch, *qr = scratch + c->L, *acc = qr + D;
     tp_dtype dt = c->q->dtype;
     const tp_tensor *q = c->q;

@@ -100,7 +100,7 @@ __global__ void kv_attend_kernel(tp_cuda_kv_args a)
     for (int j = 0; j < kPerLane; j++)
         acc[j] = 0.0f;
     if (state == TP_GEN_ROW_ACTIVE) { // the same for the whole warp
-        int64_t kvh = tp_gen_kv_head(h, a.H, a.Hkv), qb = b * a.qs[0] + h * a.qs[1] + t * a.qs[2];
+        int64_t kvh = tp_attn_kv_head(h, a.H, a.Hkv), qb = b * a.qs[0] + h * a.qs[1] + t * a.qs[2];
         for (int64_t key = 0; key <= pos + t; key++) {
             int64_t cb = tp_gen_cache_off(seq, kvh, key, a.Hkv, a.L, a.D);
             float dot = 0.0f;

@@ -155,7 +155,8 @@ __global__ void attention_kernel(tp_cuda_attn_args a)
         return; // whole warps leave together: shuffles stay converged
     int64_t s = row % a.S, h = (row / a.S) % a.H, b = row / (a.S * a.H);
     int64_t qb = b * a.qs[0] + h * a.qs[1] + s * a.qs[2];
-    int64_t kb = b * a.ks[0] + h * a.ks[1], vb = b * a.vs[0] + h * a.vs[1];
+    int64_t kvh = tp_attn_kv_head(h, a.H, a.Hkv);
+    int64_t kb = b * a.ks[0] + kvh * a.ks[1], vb = b * a.vs[0] + kvh * a.vs[1];
     int64_t allowed = tp_attn_causal_keys(s, a.S, a.T, a.causal);
     float m = -INFINITY, l = 0.0f, acc[kAttnPerLane];
     for (int j = 0; j < kAttnPerLane; j++)

@@ -116,6 +116,7 @@ typedef struct {
     const void *q, *k, *v;
     void *out;               /* contiguous [B, H, S, Dv] */
     int64_t B, H, S, T, D, Dv;
+    int64_t Hkv;             /* k's and v's heads: H, or a divisor of it (GQA: tp_attn_kv_head) */
     int64_t qs[4], ks[4], vs[4];
     float scale;
     int causal;              /* bottom-right aligned: query i sees keys j <= i + T - S */

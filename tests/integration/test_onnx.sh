@@ -239,6 +239,23 @@ assert len(bias) == 2 and all(p["placement"] == "shard(0)" for p in bias), bias
 assert not joined(r, 3) and len(joined(r, 2)) == 2, [p["name"] for p in r["params"]]
 PY
 
+# ---- GQA: attention reads k and v with their kv heads --------------------------
+# Llama's repeat_kv (reshape, expand, reshape to H heads) is dropped: attention
+# takes k and v [B, Hkv, T, D] and each query head reads its kv head, so no
+# layer copies them H / Hkv times; replicated k/v (kvrep4) too. The outputs
+# are checked against onnxruntime above.
+$PYTHON - "$TMP/llama_tp1.json" "$TMP/llama_tp2.json" "$TMP/fused_gqa_tp2.json" "$TMP/llama_kvrep4.json" <<'PY' && pass "GQA: attention reads k and v with their kv heads, no repeat_kv expand" || fail "GQA attention structure"
+import json, sys
+for path in sys.argv[1:]:
+    g = json.load(open(path))
+    by = {n["name"]: n for n in g["nodes"]}
+    att = [n for n in g["nodes"] if n["op"] == "attention"]
+    assert att and not [n for n in g["nodes"] if n["op"] == "expand"], (path, [n["op"] for n in g["nodes"]])
+    for n in att:
+        for kv in n["inputs"][1:3]:
+            assert by[kv]["op"] != "reshape" or by[by[kv]["inputs"][0]]["op"] != "expand", (path, kv)
+PY
+
 # ---- errors: one line naming the culprit, exit 1, nothing written ---------------
 # expect_error DESC SUBSTRING ARGS...
 expect_error() {

@@ -1007,6 +1007,61 @@ START_TEST(test_attention_mask_bucket_rows)
 }
 END_TEST
 
+/* Grouped-query attention: k, v [B, Hkv, T, D] with Hkv dividing H, each
+ * kv head serving H / Hkv consecutive query heads (tp_attn_kv_head, as
+ * repeat_kv lays them out): the bits of the same op on k and v repeated
+ * to H heads (each head's math is the same code over the same values),
+ * and the double reference; a head count that does not divide is refused. */
+static void gqa_case(int B, int H, int Hkv, int S, int T, int D, int causal)
+{
+    int nq = B * H * S * D, nk = B * Hkv * T * D, nr = B * H * T * D, g = H / Hkv;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
+    float *kr = malloc(sizeof(float) * nr), *vr = malloc(sizeof(float) * nr);
+    float *o = malloc(sizeof(float) * nq), *orep = malloc(sizeof(float) * nq), *want = malloc(sizeof(float) * nq);
+    fill_rand(q, nq);
+    fill_rand(k, nk);
+    fill_rand(v, nk);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            size_t dst = (size_t)((b * H + h) * T * D), src = (size_t)((b * Hkv + h / g) * T * D);
+            memcpy(kr + dst, k + src, sizeof(float) * (size_t)(T * D));
+            memcpy(vr + dst, v + src, sizeof(float) * (size_t)(T * D));
+        }
+    tp_attrs a = attrs0();
+    a.causal = causal;
+    tp_tensor ins[3] = {mk(q, TP_F32, 4, (int64_t[]){B, H, S, D}), mk(k, TP_F32, 4, (int64_t[]){B, Hkv, T, D}),
+                        mk(v, TP_F32, 4, (int64_t[]){B, Hkv, T, D})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    ins[1] = mk(kr, TP_F32, 4, (int64_t[]){B, H, T, D});
+    ins[2] = mk(vr, TP_F32, 4, (int64_t[]){B, H, T, D});
+    out = mk(orep, TP_F32, 4, (int64_t[]){B, H, S, D});
+    RUN_OK(TP_OP_ATTENTION, &a, ins, 3, &out);
+    ck_assert_msg(memcmp(o, orep, sizeof(float) * (size_t)nq) == 0,
+                  "GQA H %d Hkv %d: other bits than with k and v repeated", H, Hkv);
+    attn_ref(q, kr, vr, want, B, H, S, T, D, causal, 1.0 / sqrt(D));
+    expect_near(o, want, nq, 1e-5f, 1e-5f);
+    free(q), free(k), free(v), free(kr), free(vr), free(o), free(orep), free(want);
+}
+
+START_TEST(test_attention_gqa)
+{
+    gqa_case(2, 4, 2, 5, 5, 8, 0);
+    gqa_case(2, 4, 2, 70, 70, 8, 1); /* causal blocks */
+    gqa_case(1, 6, 1, 3, 9, 4, 1);   /* one kv head for all, S != T */
+    gqa_case(1, 3, 3, 4, 4, 4, 1);   /* Hkv = H: plain attention */
+    float x[4 * 2 * 2] = {0}, o[4 * 2 * 2];
+    tp_tensor ins[3] = {mk(x, TP_F32, 4, (int64_t[]){1, 4, 2, 2}), mk(x, TP_F32, 4, (int64_t[]){1, 3, 2, 2}),
+                        mk(x, TP_F32, 4, (int64_t[]){1, 3, 2, 2})};
+    tp_tensor out = mk(o, TP_F32, 4, (int64_t[]){1, 4, 2, 2});
+    ck_assert_int_eq(run(TP_OP_ATTENTION, NULL, ins, 3, &out), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "[1, 3, 2, 2]") && strstr(err.msg, "divides"), "%s", err.msg);
+    ins[2] = mk(x, TP_F32, 4, (int64_t[]){1, 4, 2, 2}); /* k and v with other head counts */
+    ins[1] = mk(x, TP_F32, 4, (int64_t[]){1, 2, 2, 2});
+    ck_assert_int_eq(run(TP_OP_ATTENTION, NULL, ins, 3, &out), TP_INVALID);
+}
+END_TEST
+
 START_TEST(test_attention_mask_refused)
 {
     float q[4] = {0}, o[4];
@@ -1243,6 +1298,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_attention_mask_hand);
     tcase_add_test(tc, test_attention_mask_bucket_rows);
     tcase_add_test(tc, test_attention_mask_refused);
+    tcase_add_test(tc, test_attention_gqa);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_embedding_vocab_parallel);
     tcase_add_test(tc, test_cat);

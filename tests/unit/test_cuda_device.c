@@ -391,6 +391,14 @@ static void matmul_cases(tp_backend *b, tp_dtype dt)
         compare_op(b, TP_OP_ATTENTION, &a, atm, 4, dt, 4, qm, tol_of(dt));
     for (int i = 0; i < 4; i++)
         free_operand(b, &atm[i]);
+    /* GQA: 4 query heads over 2 kv heads (tp_attn_kv_head), causal */
+    int64_t qg[4] = {2, 4, 4, 8}, kg[4] = {2, 2, 4, 8};
+    operand gqa[3] = {make_operand(b, dt, 4, qg, 0, -1, 0, 0), make_operand(b, dt, 4, kg, 0, -1, 0, 0),
+                      make_operand(b, dt, 4, kg, 0, -1, 0, 0)};
+    a.causal = 1;
+    compare_op(b, TP_OP_ATTENTION, &a, gqa, 3, dt, 4, qg, tol_of(dt));
+    for (int i = 0; i < 3; i++)
+        free_operand(b, &gqa[i]);
     /* matmul_rows, a strided x, rows 0 and 3 unwanted: eagerly one GEMM
      * per wanted run (rows 1-2, row 4), captured one over every row */
     int64_t xt[2] = {8, 5}, hw[2] = {8, 6}, rows = 5, ho[2] = {5, 6};

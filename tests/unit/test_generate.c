@@ -76,8 +76,8 @@ START_TEST(row_checks_and_heads)
     /* GQA: 8 query heads over 2 kv heads, 4 per group */
     int64_t want[8] = {0, 0, 0, 0, 1, 1, 1, 1};
     for (int h = 0; h < 8; h++)
-        ck_assert_int_eq(tp_gen_kv_head(h, 8, 2), want[h]);
-    ck_assert_int_eq(tp_gen_kv_head(3, 4, 4), 3);
+        ck_assert_int_eq(tp_attn_kv_head(h, 8, 2), want[h]);
+    ck_assert_int_eq(tp_attn_kv_head(3, 4, 4), 3);
 }
 END_TEST
 

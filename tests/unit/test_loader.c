@@ -264,6 +264,35 @@ START_TEST(attention_mask_refused)
 }
 END_TEST
 
+/* Grouped-query attention: k and v may have fewer heads than q when
+ * their count divides q's (x [B, 3, 4] viewed as q [B, 4, 3, 1] and k = v
+ * [B, 2, 6, 1]: output [B, 4, 3, 1]; B is 1 at load); 3 kv heads for 4 are refused
+ * naming both shapes. */
+START_TEST(attention_gqa_heads)
+{
+    tp_graph *g = NULL;
+    tp_err err = {{0}};
+    ck_assert_msg(load_text(PARAM_IDS "\"nodes\":["
+                            "{\"name\":\"q\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,4,3,1]}},"
+                            "{\"name\":\"k\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,2,6,1]}},"
+                            "{\"name\":\"h\",\"op\":\"attention\",\"inputs\":[\"q\",\"k\",\"k\"]}],"
+                            "\"outputs\":[{\"name\":\"h\",\"placement\":\"replicate\"}]",
+                            &g, &err) == TP_OK,
+                  "%s", err.msg);
+    const tp_node *h = &g->nodes[g->n_nodes - 1];
+    ck_assert_int_eq(h->ndim, 4);
+    ck_assert_int_eq(h->shape[1], 4);
+    ck_assert_int_eq(h->shape[2], 3);
+    tp_graph_free(g);
+    expect_error(PARAM_IDS "\"nodes\":["
+                 "{\"name\":\"q\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,4,3,1]}},"
+                 "{\"name\":\"k\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,3,4,1]}},"
+                 "{\"name\":\"h\",\"op\":\"attention\",\"inputs\":[\"q\",\"k\",\"k\"]}]," OUT("h"),
+                 "node 'h' (attention)", "k [1, 3, 4, 1] does not fit q [1, 4, 3, 1] (same B and D; q's heads, or a "
+                 "number of heads that divides them)");
+}
+END_TEST
+
 /* A mask given as a graph input [B, T] loads, and keeps batch rows apart:
  * padded batches stay allowed. */
 START_TEST(attention_mask_input_rows)
@@ -359,6 +388,7 @@ Suite *loader_suite(void)
     tcase_add_test(tc, onnx_ops_batch_rows);
     tcase_add_test(tc, attention_mask_refused);
     tcase_add_test(tc, attention_mask_input_rows);
+    tcase_add_test(tc, attention_gqa_heads);
     tcase_add_test(tc, param_vs_safetensors);
     tcase_add_test(tc, malformed_safetensors_header);
     suite_add_tcase(s, tc);
