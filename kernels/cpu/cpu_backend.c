@@ -245,40 +245,9 @@ static tp_status verify_capture(tp_backend *b, const tp_capture *c, tp_err *err)
  * on one thread while the others waited was 5% of the step's time. */
 #define COPY_SPLIT_MIN_BYTES ((int64_t)4 << 20)
 
-typedef struct {
-    tp_tensor *dst;
-    const tp_tensor *src;
-    int dim;
-    int64_t parts;
-} copy_job;
-
-/* Part t of the copy: a run of indices of dim, the first dim longer than
- * 1 (every dim before it is 1, so the runs cover the tensor). */
-static tp_status copy_part(void *arg, int64_t t, int slot, tp_err *err)
-{
-    (void)slot;
-    (void)err;
-    const copy_job *j = arg;
-    int64_t n = j->dst->shape[j->dim], i0 = n * t / j->parts, i1 = n * (t + 1) / j->parts;
-    tp_tensor d = tp_tensor_narrow(j->dst, j->dim, i0, i1 - i0), s = tp_tensor_narrow(j->src, j->dim, i0, i1 - i0);
-    tp_tensor_copy(&d, &s);
-    return TP_OK;
-}
-
 static tp_status cpu_copy(tp_backend *b, int rank, tp_tensor *dst, const tp_tensor *src, tp_err *err)
 {
-    cpu_pool *pool = pool_of(ctx_of(b), rank);
-    copy_job j = {dst, src, 0, cpu_pool_threads(pool)};
-    while (j.dim < dst->ndim && dst->shape[j.dim] == 1)
-        j.dim++;
-    if (j.parts < 2 || j.dim == dst->ndim ||
-        tp_tensor_numel(dst) * (int64_t)tp_dtype_size(dst->dtype) < COPY_SPLIT_MIN_BYTES) {
-        tp_tensor_copy(dst, src);
-        return TP_OK;
-    }
-    if (j.parts > dst->shape[j.dim])
-        j.parts = dst->shape[j.dim];
-    return cpu_pool_run(pool, j.parts, copy_part, &j, err);
+    return cpu_tensor_copy_on(pool_of(ctx_of(b), rank), dst, src, COPY_SPLIT_MIN_BYTES, err);
 }
 
 static tp_status record(tp_capture *c, tp_op op, int collective, const tp_attrs *a,

@@ -2,10 +2,45 @@
  * reshape, contiguous). The compute kernels live in kernels/cpu/ops_*.c. */
 #include <string.h>
 
+#include "cpu_ops.h"
 #include "ops_internal.h"
 #include "common/tp_checks.h"
 
-tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
+typedef struct {
+    tp_tensor *dst;
+    const tp_tensor *src;
+    int dim;
+    int64_t parts;
+} copy_job;
+
+/* Part t of the copy: a run of indices of dim, the first dim longer than
+ * 1 (every dim before it is 1, so the runs cover the tensor). */
+static tp_status copy_part(void *arg, int64_t t, int slot, tp_err *err)
+{
+    (void)slot;
+    (void)err;
+    const copy_job *j = arg;
+    int64_t n = j->dst->shape[j->dim], i0 = n * t / j->parts, i1 = n * (t + 1) / j->parts;
+    tp_tensor d = tp_tensor_narrow(j->dst, j->dim, i0, i1 - i0), s = tp_tensor_narrow(j->src, j->dim, i0, i1 - i0);
+    tp_tensor_copy(&d, &s);
+    return TP_OK;
+}
+
+tp_status cpu_tensor_copy_on(cpu_pool *pool, tp_tensor *dst, const tp_tensor *src, int64_t split_bytes, tp_err *err)
+{
+    copy_job j = {dst, src, 0, cpu_pool_threads(pool)};
+    while (j.dim < dst->ndim && dst->shape[j.dim] == 1)
+        j.dim++;
+    if (j.parts < 2 || j.dim == dst->ndim || tp_tensor_numel(dst) * (int64_t)tp_dtype_size(dst->dtype) < split_bytes) {
+        tp_tensor_copy(dst, src);
+        return TP_OK;
+    }
+    if (j.parts > dst->shape[j.dim])
+        j.parts = dst->shape[j.dim];
+    return cpu_pool_run(pool, j.parts, copy_part, &j, err);
+}
+
+tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out, cpu_pool *pool,
                   tp_err *err)
 {
     int d = attrs ? attrs->dim : 0;
@@ -17,14 +52,15 @@ tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_ten
         tp_tensor view = *out; /* out's strides, the input's shape */
         view.data = ops_at(out->data, out->dtype, off * out->stride[d]);
         memcpy(view.shape, ins[i].shape, sizeof view.shape);
-        tp_tensor_copy(&view, &ins[i]);
+        if ((st = cpu_tensor_copy_on(pool, &view, &ins[i], OPS_COPY_SPLIT_MIN_BYTES, err)) != TP_OK)
+            return st;
         off += ins[i].shape[d];
     }
     return TP_OK;
 }
 
 /* reshape and contiguous: x's elements in row-major order into out. */
-tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err)
+tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err)
 {
     char s1[96], s2[96];
     if (x->dtype != out->dtype || tp_tensor_numel(x) != tp_tensor_numel(out))
@@ -35,8 +71,7 @@ tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err)
     if (x->data == out->data && tp_tensor_is_contiguous(x))
         return TP_OK; /* already in place */
     tp_tensor dst = tp_tensor_make(out->data, out->dtype, x->ndim, x->shape);
-    tp_tensor_copy(&dst, x);
-    return TP_OK;
+    return cpu_tensor_copy_on(pool, &dst, x, OPS_COPY_SPLIT_MIN_BYTES, err);
 }
 
 /* One signature for every kernel, so the table below maps family -> kernel. */
@@ -91,14 +126,14 @@ static tp_status k_embedding(tp_op op, const tp_attrs *a, const tp_tensor *ins, 
 static tp_status k_cat(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
                        int world, cpu_pool *pool, tp_err *err)
 {
-    (void)op, (void)rank, (void)world, (void)pool;
-    return cpu_cat(a, ins, n_ins, out, err);
+    (void)op, (void)rank, (void)world;
+    return cpu_cat(a, ins, n_ins, out, pool, err);
 }
 static tp_status k_copy(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
                         int world, cpu_pool *pool, tp_err *err)
 {
-    UNUSED_CALL, (void)a;
-    return cpu_copy(op, &ins[0], out, err);
+    (void)n_ins, (void)rank, (void)world, (void)a;
+    return cpu_copy(op, &ins[0], out, pool, err);
 }
 
 static tp_status k_reduce(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,

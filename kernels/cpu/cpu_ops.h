@@ -30,6 +30,11 @@ tp_status cpu_op_run_on(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const t
  * it records, so replays find their scratch resident. */
 tp_status cpu_op_reserve(cpu_pool *pool, tp_op op, const tp_attrs *attrs, const tp_tensor *ins, int n_ins,
                          const tp_tensor *out, tp_err *err);
+/* dst = src (the same shape, any strides), split over pool's threads
+ * along the first dim longer than 1 once it has at least split_bytes
+ * (pool NULL: on the caller's thread). */
+tp_status cpu_tensor_copy_on(cpu_pool *pool, tp_tensor *dst, const tp_tensor *src, int64_t split_bytes,
+                             tp_err *err);
 /* Whether cpu_op_run has a kernel for op. */
 int cpu_op_has_kernel(tp_op op);
 

@@ -103,6 +103,12 @@ tp_status ops_gather_f32_on(cpu_pool *pool, const tp_tensor *t, float *dst, tp_e
  * fused kernels exist not to materialize a gathered input). */
 #define OPS_COPY_MAX_BYTES (256 * 1024)
 
+/* cat, reshape and contiguous split a copy of at least this many bytes
+ * over the rank's pool (cpu_tensor_copy_on), as elementwise ops split
+ * from 2^16 elements: RoPE's cat of a 512-row Llama's q ([4, 12, 128, 64],
+ * runs of 32 floats) took 225 us on one thread while the other waited. */
+#define OPS_COPY_SPLIT_MIN_BYTES ((int64_t)256 * 1024)
+
 /* A growable float scratch buffer. */
 typedef struct {
     float *p;
@@ -158,9 +164,9 @@ tp_status cpu_attention(const tp_attrs *attrs, const tp_tensor *q, const tp_tens
                         tp_err *err);
 tp_status cpu_embedding(const tp_attrs *attrs, const tp_tensor *ids, const tp_tensor *table,
                         tp_tensor *out, int rank, int world, tp_err *err);
-tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out,
+tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_tensor *out, cpu_pool *pool,
                   tp_err *err);
-tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, tp_err *err);
+tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err);
 tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);

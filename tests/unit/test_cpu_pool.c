@@ -490,6 +490,53 @@ START_TEST(gather_same_on_any_pool)
 }
 END_TEST
 
+/* cat, reshape and contiguous split copies of OPS_COPY_SPLIT_MIN_BYTES
+ * or more over the pool: RoPE's cat of two half-head views of permuted q
+ * ([B, H, 128, 32] each, rows 32 floats apart in [B, 128, H, 64]) into
+ * [B, H, 128, 64], split on dim 0 (B 4) or, past a dim of 1, on dim 1
+ * (B 1), and that permuted q made contiguous: every byte as on the caller
+ * alone, on 1-3 threads. */
+static void copies_case(int64_t B, int64_t H)
+{
+    int64_t n = B * 128 * H * 64, qs[4] = {B, H, 128, 64};
+    ck_assert(n / 2 * (int64_t)sizeof(float) >= OPS_COPY_SPLIT_MIN_BYTES); /* each half is split */
+    float *x = malloc(sizeof(float) * (size_t)n), *want = malloc(sizeof(float) * (size_t)n);
+    float *got = malloc(sizeof(float) * (size_t)n);
+    ck_assert(x && want && got);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)i;
+    tp_tensor q = tp_tensor_make(x, TP_F32, 4, qs); /* [B, H, 128, 64] over [B, 128, H, 64] storage */
+    q.stride[1] = 64, q.stride[2] = H * 64;
+    tp_tensor halves[2] = {tp_tensor_narrow(&q, 3, 32, 32), tp_tensor_narrow(&q, 3, 0, 32)};
+    tp_attrs a;
+    memset(&a, 0, sizeof a);
+    a.dim = 3;
+    for (int op = 0; op < 2; op++) {
+        tp_tensor w = tp_tensor_make(want, TP_F32, 4, qs), g = tp_tensor_make(got, TP_F32, 4, qs);
+        tp_err err;
+        tp_op o = op ? TP_OP_CONTIGUOUS : TP_OP_CAT;
+        ck_assert_int_eq(cpu_op_run(o, &a, op ? &q : halves, op ? 1 : 2, &w, 0, 1, &err), TP_OK);
+        ck_assert(want[1] == (op ? x[1] : x[33])); /* cat puts the second half first */
+        for (int threads = 1; threads <= 3; threads++) {
+            cpu_pool *p = pool_make(threads);
+            memset(got, 0xa5, sizeof(float) * (size_t)n);
+            ck_assert_msg(cpu_op_run_on(p, o, &a, op ? &q : halves, op ? 1 : 2, &g, 0, 1, &err) == TP_OK, "%s",
+                          err.msg);
+            ck_assert_msg(memcmp(got, want, sizeof(float) * (size_t)n) == 0, "%s, B %lld, %d threads: other bytes",
+                          tp_op_name(o), (long long)B, threads);
+            cpu_pool_free(p);
+        }
+    }
+    free(x), free(want), free(got);
+}
+
+START_TEST(copies_same_on_any_pool)
+{
+    copies_case(4, 12);
+    copies_case(1, 24);
+}
+END_TEST
+
 START_TEST(elementwise_same_bits_on_any_pool)
 {
     int64_t rows[2] = {300, 1024}, one[1] = {(1 << 17) + 7};
@@ -550,6 +597,7 @@ static Suite *cpu_pool_suite(void)
     tcase_add_test(tc, unsplit_matmul_keeps_the_rank_threads);
     tcase_add_test(tc, elementwise_same_bits_on_any_pool);
     tcase_add_test(tc, gather_same_on_any_pool);
+    tcase_add_test(tc, copies_same_on_any_pool);
     suite_add_tcase(s, tc);
     return s;
 }
