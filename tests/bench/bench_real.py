@@ -11,8 +11,8 @@ threads per rank x ranks). Prints one markdown table:
 
 - import s, peak RSS / weights: graphs/import_onnx.py's wall time and its
   peak RSS (the child's ru_maxrss) over the bytes of the ONNX initializers
-- engine ms b1/b4: tpserve's compute_infer statistics (the engine alone,
-  mean) at batch 1 and 4; HTTP ms: one binary KServe request on a keep-alive
+- engine ms b1/b4: tpserve's compute_infer statistics (the engine alone;
+  median over requests) at batch 1 and 4; HTTP ms: one binary KServe request on a keep-alive
   connection from this process (median); ort ms: onnxruntime in-process
   (median), one run after each timed tpserve request, so both see the same
   moments of a noisy machine; tpserve / ort: engine and HTTP over onnxruntime
@@ -314,7 +314,7 @@ def main():
     print("\nsequence %d, FP32 (FP16 in *_fp16 rows), random weights%s. import: graphs/import_onnx.py's wall time, its peak RSS over the"
           " ONNX initializers' bytes." % (SEQ, "" if a.import_only else "; batch 1 / batch 4"))
     if not a.import_only:
-        print("engine: compute_infer statistics (mean of %d); HTTP: binary KServe, keep-alive, median of %d;"
+        print("engine: compute_infer statistics (median of %d requests); HTTP: binary KServe, keep-alive, median of %d;"
               " ort: onnxruntime CPU provider in-process, median of %d, alternating with tpserve's requests, intra-op"
               " threads %s (tpserve's GEMM threads x ranks). OpenBLAS kernels %s." % (a.iters, a.iters, a.iters, "/".join(map(str, threads)) or "-",
                                                     kernels or "unknown"))
