@@ -188,6 +188,16 @@ static const tp_op_desc desc_WHERE = {.name = "where", .kind = TP_KIND_COMPUTE,
                                       .max_inputs = 3, .comm_input = -1, .shape = TP_SHAPE_WHERE,
                                       .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_WHERE};
 
+/* rope(x, cos, sin) = x cos + rotate_half(x) sin, rotate_half(x) = (-x[h:],
+ * x[:h]) over the last dim D = 2h (Hugging Face's rotary embedding, what
+ * Llama's exports spell as mul, slice, neg, cat, mul, add). cos and sin
+ * broadcast to x: position tables [S, D] (params) or a step's rows [B, 1,
+ * T, D], so a row reads only its own row. Not elementwise: element i
+ * reads i + h or i - h too, so it never runs in place. */
+static const tp_op_desc desc_ROPE = {.name = "rope", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,
+                                     .min_inputs = 3, .max_inputs = 3, .comm_input = -1, .shape = TP_SHAPE_ROPE,
+                                     .rows = TP_ROWS_INDEPENDENT, .attrs = no_attrs, .family = TP_FAMILY_ROPE};
+
 /* gather(x, ids) along dim: gathering along the batch dim mixes rows. */
 static const tp_attr_spec gather_attrs[] = {OPT("dim", TP_ATTR_DIM, dim, 0), END};
 static const tp_op_desc desc_GATHER = {.name = "gather", .kind = TP_KIND_COMPUTE, .flags = TP_OPF_GRAPH,

@@ -66,7 +66,8 @@
     X(KV_ATTENTION) \
     X(ARGMAX) \
     X(ARGMAX_INDEX) \
-    X(MATMUL_ROWS)
+    X(MATMUL_ROWS) \
+    X(ROPE)
 
 typedef enum {
 #define TP_OP_ENUM(e) TP_OP_##e,
@@ -117,6 +118,7 @@ typedef enum {
     TP_SHAPE_ARGMAX,        /* last dim dropped, INT64 packed keys */
     TP_SHAPE_ARGMAX_INDEX,  /* same shape, INT64 keys -> INT64 ids */
     TP_SHAPE_MATMUL_ROWS,   /* matmul of x [B, ..., K] by a 2-d w, mask [B] INT32/INT64 */
+    TP_SHAPE_ROPE,          /* x's shape (last dim even); cos, sin of its dtype broadcast to it */
 } tp_shape_rule;
 
 /* Which backend kernel runs an op; one family per line, X(ENUM, name).
@@ -143,7 +145,8 @@ typedef enum {
     X(EXPAND, expand) \
     X(CAST, cast) \
     X(KV_ATTENTION, kv_attention) \
-    X(ARGMAX, argmax)
+    X(ARGMAX, argmax) \
+    X(ROPE, rope)
 
 /* A backend's table family -> kernel, built from the list:
  * `static const K table[TP_FAMILY_COUNT] = {TP_FAMILY_KERNELS};` with a

@@ -164,6 +164,34 @@ static tp_status infer_where(tp_graph *g, tp_node *n, tp_err *err)
     return TP_OK;
 }
 
+/* rope(x, cos, sin): x's shape and dtype; x floating point with an even,
+ * non-empty last dim; cos and sin of x's dtype, each broadcasting to x's
+ * shape without growing it. */
+static tp_status infer_rope(tp_graph *g, tp_node *n, tp_err *err)
+{
+    tp_node *x = &g->nodes[n->inputs[0]];
+    char sa[128], sb[128];
+    if (!tp_dtype_is_float(x->dtype) || x->ndim < 1 || x->shape[x->ndim - 1] < 2 || x->shape[x->ndim - 1] % 2)
+        return node_fail(err, n, "x must be floating point with an even last dim of at least 2, got %s %s",
+                         tp_dtype_name(x->dtype), SHAPE(sa, x));
+    for (int i = 1; i <= 2; i++) {
+        tp_node *t = &g->nodes[n->inputs[i]];
+        int nd;
+        int64_t b[TP_MAX_DIMS];
+        if (t->dtype != x->dtype)
+            return node_fail(err, n, i == 1 ? "cos '%s' is not of x's dtype %s" : "sin '%s' is not of x's dtype %s",
+                             t->name, tp_dtype_name(x->dtype));
+        if (broadcast_shapes(x->ndim, x->shape, t->ndim, t->shape, &nd, b) != 0 || nd != x->ndim ||
+            memcmp(b, x->shape, sizeof(int64_t) * (size_t)nd) != 0)
+            return node_fail(err, n, i == 1 ? "cos %s does not broadcast to x %s" : "sin %s does not broadcast to x %s",
+                             SHAPE(sa, t), SHAPE(sb, x));
+    }
+    n->ndim = x->ndim;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->dtype = x->dtype;
+    return TP_OK;
+}
+
 /* reduce_mean / reduce_sum over attr dim. */
 static tp_status infer_reduce(tp_graph *g, tp_node *n, tp_err *err)
 {
@@ -844,6 +872,9 @@ static tp_status infer_node(tp_graph *g, int i, int64_t batch, tp_err *err)
         break;
     case TP_SHAPE_WHERE:
         st = infer_where(g, n, err);
+        break;
+    case TP_SHAPE_ROPE:
+        st = infer_rope(g, n, err);
         break;
     case TP_SHAPE_GATHER_IDS:
         st = infer_gather(g, n, err);

@@ -753,7 +753,7 @@ ATTRS = {
     "all_gather": {"dim"}, "reduce_scatter": {"dim", "op"}, "all_reduce": {"op"},
     "all_to_all": {"split_dim", "concat_dim"}, "broadcast": {"src"}, "neg": set(),
     "kv_attention": {"scale"}, "argmax": {"vocab_parallel", "limit"}, "argmax_index": set(),
-    "matmul_rows": {"transpose_b"},
+    "matmul_rows": {"transpose_b"}, "rope": set(),
 }
 # ops whose result is INT64 whatever their input (argmax keys, token ids)
 INT64_OPS = {"argmax", "argmax_index"}
@@ -810,6 +810,9 @@ def _compute(op, a, ins, r, d):
     x = ins[0]
     if op == "neg":
         return -x
+    if op == "rope":  # x cos + rotate_half(x) sin over the last dim
+        h = x.shape[-1] // 2
+        return x * ins[1] + np.concatenate([-x[..., h:], x[..., :h]], axis=-1) * ins[2]
     if op == "kv_attention":
         return _kv_attention(a, *ins)
     if op == "argmax":

@@ -1,5 +1,6 @@
 """Pattern matching on the folded ONNX graph: decomposed subgraphs that are
-exactly one fused tpgraph op (gelu, silu, rms_norm, layer_norm, attention).
+exactly one fused tpgraph op (gelu, silu, rms_norm, layer_norm, attention,
+rope).
 
 Each matcher takes an anchor node and returns a Match or None. A match is
 accepted only when every tensor inside it is used by the match alone, so
@@ -349,6 +350,56 @@ def match_silu(g, sig):
     if m is None or m.op_type != "Mul" or g.other(m, sig.output[0]) != x:
         return None
     return _accept(g, Match("silu", [x], {}, [sig, m], m))
+
+
+# -- rope ------------------------------------------------------------------
+
+def _half_slice(g, node, x, first):
+    """node = x[..., :D/2] (first) or x[..., D/2:] on x's last axis, D even,
+    from constant starts, ends, axes and steps -> True."""
+    if node is None or node.op_type != "Slice" or node.input[0] != x or len(node.input) < 4:
+        return False
+    shape = g.nm.shape.get(x)
+    consts = [g.nm.const.get(t) for t in node.input[1:]]
+    if not shape or shape[-1] % 2 or any(c is None or c.size != 1 for c in consts):
+        return False
+    d, h = shape[-1], shape[-1] // 2
+    start, end, axis = (int(c.reshape(-1)[0]) for c in consts[:3])
+    step = int(consts[3].reshape(-1)[0]) if len(consts) > 3 else 1
+    if axis % len(shape) != len(shape) - 1 or step != 1:
+        return False
+    return (start, min(end, d)) == ((0, h) if first else (h, d))
+
+
+def match_rope(g, neg):
+    """Hugging Face's apply_rotary_pos_emb on one tensor: x cos +
+    rotate_half(x) sin, rotate_half(x) = Concat(-x[..., D/2:], x[..., :D/2])
+    on the last axis -> rope(x, cos, sin). Anchored at the Neg; cos and sin
+    are whatever the export multiplies by (folded tables, or a gather of
+    position ids)."""
+    hi = g.producer(neg.input[0], "Slice")
+    cat = g.only_use(neg.output[0])
+    if hi is None or cat is None or cat.op_type != "Concat" or list(cat.input[:1]) != [neg.output[0]]:
+        return None
+    x = hi.input[0]
+    if len(cat.input) != 2 or not _half_slice(g, hi, x, False) or not _half_slice(g, g.producer(cat.input[1]), x, True):
+        return None
+    if g.attr(cat, "axis") % len(g.nm.shape[x]) != len(g.nm.shape[x]) - 1:
+        return None
+    m_sin = g.only_use(cat.output[0])
+    if m_sin is None or m_sin.op_type != "Mul":
+        return None
+    sin = g.other(m_sin, cat.output[0])
+    add = g.only_use(m_sin.output[0])
+    if add is None or add.op_type != "Add":
+        return None
+    m_cos = g.producer(g.other(add, m_sin.output[0]), "Mul")
+    cos = g.other(m_cos, x) if m_cos is not None else None
+    if cos is None or g.nm.shape.get(add.output[0]) != g.nm.shape[x] or g.nm.dtype.get(cos) != g.nm.dtype[x] or \
+            g.nm.dtype.get(sin) != g.nm.dtype[x]:
+        return None
+    lo = g.producer(cat.input[1])
+    return _accept(g, Match("rope", [x, cos, sin], {}, [hi, lo, neg, cat, m_sin, m_cos, add], add))
 
 
 # -- norms -----------------------------------------------------------------
@@ -729,6 +780,7 @@ MATCHERS = {
     "Erf": [match_gelu_erf],
     "Tanh": [match_gelu_tanh],
     "Sigmoid": [match_silu],
+    "Neg": [match_rope],
     "ReduceMean": [match_rms_norm, match_layer_norm_decomposed],
     "Softmax": [match_attention, match_softmax_cast],
     "LayerNormalization": [match_layer_norm_cast],

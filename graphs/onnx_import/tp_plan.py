@@ -327,6 +327,18 @@ class Planner:
                 ins.append(self.name[i])
         self.emit_same(n, ins, target)
 
+    def op_rope(self, n):
+        """Elementwise but along the last dim, whose halves rotate into each
+        other: x split there (never by the default plan: heads are dim 1)
+        is gathered first, with cos and sin whole."""
+        x = n.inputs[0]
+        pl = self.place.get(x)
+        if pl is None or pl.dim != len(self.shape(x)) - 1:
+            self.op_elementwise(n)
+            return
+        rest = [self.use_param(i) if self.is_param(i) else self.replicated(i) for i in n.inputs[1:]]
+        self.emit_same(n, [self.replicated(x)] + rest, None)
+
     def _along(self, n, dim):
         """Unary op along `dim` (softmax, norms): that dim must be whole."""
         x = n.inputs[0]

@@ -176,6 +176,47 @@ static inline tp_status tp_check_where(const tp_tensor *ins, const tp_tensor *ou
     return TP_OK;
 }
 
+/* rope: x of out's shape and float dtype, with an even last dim of at
+ * least 2; cos and sin of its dtype broadcasting to it. st: the strides
+ * of x, cos and sin over out's shape. */
+static inline tp_status tp_check_rope(const tp_tensor *ins, const tp_tensor *out, int64_t st[3][TP_MAX_DIMS],
+                                      tp_err *err)
+{
+    char s1[96], s2[96];
+    int64_t D = out->ndim > 0 ? out->shape[out->ndim - 1] : 0;
+    if (!tp_dtype_is_float(out->dtype) || !tp_tensor_same_shape(&ins[0], out) || D < 2 || D % 2)
+        return tp_fail(err, TP_INVALID, "rope: x %s %s must be float, of the output's shape %s, its last dim even",
+                       tp_dtype_name(ins[0].dtype), tp_shape_str(s1, sizeof s1, ins[0].ndim, ins[0].shape),
+                       tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    for (int k = 0; k < 3; k++)
+        if (ins[k].dtype != out->dtype || tp_broadcast_strides(&ins[k], out->ndim, out->shape, st[k]))
+            return tp_fail(err, TP_INVALID, "rope: input %d %s %s does not broadcast to %s %s", k,
+                           tp_dtype_name(ins[k].dtype), tp_shape_str(s1, sizeof s1, ins[k].ndim, ins[k].shape),
+                           tp_dtype_name(out->dtype), tp_shape_str(s2, sizeof s2, out->ndim, out->shape));
+    return TP_OK;
+}
+
+/* rope's rows, what both backends iterate: out's dims but the last (one
+ * dim of 1 for a 1-d out), with the strides there of x, cos, sin (st) and
+ * out. Returns the number of dims. */
+static inline int tp_rope_rows(const tp_tensor *out, const int64_t st[3][TP_MAX_DIMS], int64_t shape[TP_MAX_DIMS],
+                               int64_t rs[4][TP_MAX_DIMS])
+{
+    int nd = out->ndim - 1;
+    for (int d = 0; d < nd; d++) {
+        shape[d] = out->shape[d];
+        for (int k = 0; k < 3; k++)
+            rs[k][d] = st[k][d];
+        rs[3][d] = out->stride[d];
+    }
+    if (nd > 0)
+        return nd;
+    shape[0] = 1;
+    for (int k = 0; k < 4; k++)
+        rs[k][0] = 0;
+    return 1;
+}
+
 /* expand: x broadcast to out's shape, as a view with zero strides. */
 static inline tp_status tp_expand_view(const tp_tensor *x, const tp_tensor *out, tp_tensor *view, tp_err *err)
 {

@@ -365,6 +365,21 @@ TP_HD void tp_cast_elem(void *dst, tp_dtype dt, int64_t di, const void *src, tp_
         tp_store_f32(dst, dt, di, f);
 }
 
+/* ---- rotary embedding ---- */
+
+/* Element i of rope over a row of D = 2h (ops.c): x[i] cos[i] + r sin[i],
+ * r = -x[i + h] for i < h (second_half 0) and x[i - h] past it; partner
+ * is that other x. Two products and their sum, each rounded, as the
+ * decomposed graph's mul, mul and add round them (neg is exact): the same
+ * bits on the cpu, where C11 does not contract them into an FMA (nvcc may,
+ * within the tests' tolerance). */
+TP_HD_FLAT float tp_rope(float x, float partner, float c, float s, int second_half)
+{
+    float r = second_half ? partner : -partner;
+    float a = x * c, b = r * s;
+    return a + b;
+}
+
 /* ---- reductions ---- */
 
 TP_HD float tp_reduce_finish(float sum, int64_t n, int mean)

@@ -180,6 +180,13 @@ static tp_status k_argmax(tp_op op, const tp_attrs *a, const tp_tensor *ins, int
     return cpu_argmax_family(op, a, &ins[0], out, rank, world, err);
 }
 
+static tp_status k_rope(tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out, int rank,
+                       int world, cpu_pool *pool, tp_err *err)
+{
+    (void)op, (void)a, (void)n_ins, (void)rank, (void)world;
+    return cpu_rope(ins, out, pool, err);
+}
+
 /* The cpu backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name
  * above. An op whose family has no kernel here (NONE, UNSET) is refused at
  * load ("backend 'cpu' has no kernel for op ..."). */

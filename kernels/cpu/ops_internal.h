@@ -85,6 +85,10 @@ typedef void (*ops_row_fn)(void *arg, const ops_pos *p, int64_t e0, int64_t e1);
  * each row. Each element is computed by the same code wherever it
  * lands, so the split never changes a bit. NULL pool: the caller alone. */
 tp_status ops_run_rows(cpu_pool *pool, const ops_layout *l, int64_t n, ops_row_fn fn, void *arg, tp_err *err);
+/* ops_run_rows whose elements are `unit` values each (rope: a row of x's
+ * last dim), which the split threshold counts. */
+tp_status ops_run_rows_of(cpu_pool *pool, const ops_layout *l, int64_t n, int64_t unit, ops_row_fn fn, void *arg,
+                          tp_err *err);
 
 /* n elements at stride s of dtype dt, widened to f32 / rounded from f32. */
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst);
@@ -168,6 +172,8 @@ tp_status cpu_cat(const tp_attrs *attrs, const tp_tensor *ins, int n_ins, tp_ten
                   tp_err *err);
 tp_status cpu_copy(tp_op op, const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_where(const tp_tensor *ins, tp_tensor *out, tp_err *err);
+/* ins: x, cos, sin (ops_rope.c); rows split over pool (NULL: the caller). */
+tp_status cpu_rope(const tp_tensor *ins, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_cast(const tp_tensor *x, tp_tensor *out, cpu_pool *pool, tp_err *err);
 tp_status cpu_reduce(tp_op op, const tp_attrs *attrs, const tp_tensor *x, tp_tensor *out, tp_err *err);
 tp_status cpu_gather(const tp_attrs *attrs, const tp_tensor *x, const tp_tensor *ids, tp_tensor *out,

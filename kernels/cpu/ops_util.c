@@ -87,17 +87,23 @@ static tp_status rows_task(void *arg, int64_t t, int slot, tp_err *err)
     return TP_OK;
 }
 
-tp_status ops_run_rows(cpu_pool *pool, const ops_layout *l, int64_t n, ops_row_fn fn, void *arg, tp_err *err)
+tp_status ops_run_rows_of(cpu_pool *pool, const ops_layout *l, int64_t n, int64_t unit, ops_row_fn fn, void *arg,
+                          tp_err *err)
 {
     rows_job j = {.l = l, .n = n, .rows = ops_layout_count(l, l->nd - 1), .tasks = 1, .fn = fn, .arg = arg};
     int threads = cpu_pool_threads(pool);
-    if (threads > 1 && j.rows * n >= OPS_SPLIT_MIN_ELEMENTS) {
+    if (threads > 1 && j.rows * n * unit >= OPS_SPLIT_MIN_ELEMENTS) {
         j.tasks = threads;
         j.by_rows = j.rows >= 2 * threads;
     }
     if (j.tasks == 1)
         return rows_task(&j, 0, 0, err);
     return cpu_pool_run(pool, j.tasks, rows_task, &j, err);
+}
+
+tp_status ops_run_rows(cpu_pool *pool, const ops_layout *l, int64_t n, ops_row_fn fn, void *arg, tp_err *err)
+{
+    return ops_run_rows_of(pool, l, n, 1, fn, arg, err);
 }
 
 void ops_load_row(const void *base, tp_dtype dt, int64_t s, int64_t n, float *dst)

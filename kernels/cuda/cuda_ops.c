@@ -409,6 +409,22 @@ static tp_status where(cu_ctx *x, const tp_tensor *ins, tp_tensor *out, tp_err *
     return TP_OK;
 }
 
+static tp_status rope(cu_ctx *x, const tp_tensor *ins, tp_tensor *out, tp_err *err)
+{
+    int64_t st[3][TP_MAX_DIMS], shape[TP_MAX_DIMS], rs[4][TP_MAX_DIMS];
+    TP_TRY(tp_check_rope(ins, out, st, err));
+    if (tp_tensor_numel(out) == 0)
+        return TP_OK;
+    int nd = tp_rope_rows(out, (const int64_t(*)[TP_MAX_DIMS])st, shape, rs), last = out->ndim - 1;
+    const int64_t *rows[4] = {rs[0], rs[1], rs[2], rs[3]};
+    tp_cuda_rope_args a = {.x = ins[0].data, .cos = ins[1].data, .sin = ins[2].data, .out = out->data,
+                           .D = out->shape[last], .xs = st[0][last], .cs = st[1][last], .ss = st[2][last],
+                           .dtype = out->dtype};
+    tp_layout_init(&a.rows, nd, shape, 4, rows);
+    KERNEL_TRY(x, err, tp_cuda_rope(&a, x->compute));
+    return TP_OK;
+}
+
 static tp_status expand(cu_ctx *x, const tp_tensor *in, tp_tensor *out, tp_err *err)
 {
     tp_tensor src;
@@ -555,6 +571,13 @@ static tp_status k_argmax(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tenso
 {
     (void)n_ins;
     return argmax(x, op, a, &ins[0], out, err);
+}
+
+static tp_status k_rope(cu_ctx *x, tp_op op, const tp_attrs *a, const tp_tensor *ins, int n_ins, tp_tensor *out,
+                       tp_err *err)
+{
+    (void)op, (void)a, (void)n_ins;
+    return rope(x, ins, out, err);
 }
 
 /* The cuda backend's kernel of each family (TP_FAMILY_LIST, ops.h): k_name

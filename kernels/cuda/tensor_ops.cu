@@ -353,6 +353,37 @@ extern "C" int tp_cuda_attention(const tp_cuda_attn_args *a, void *stream)
     });
 }
 
+// ---- rope ----
+
+template <int DT>
+__global__ void rope_kernel(tp_cuda_rope_args a, int64_t n)
+{
+    int64_t h = a.D / 2;
+    for (int64_t i = first_index(); i < n; i += grid_step()) {
+        int64_t row = i / a.D, j = i % a.D, second = j >= h, pj = second ? j - h : j + h;
+        int64_t xb = tp_layout_offset(&a.rows, 0, row), cb = tp_layout_offset(&a.rows, 1, row);
+        int64_t sb = tp_layout_offset(&a.rows, 2, row), ob = tp_layout_offset(&a.rows, 3, row);
+        float x = tp_load_f32(a.x, (tp_dtype)DT, xb + j * a.xs), p = tp_load_f32(a.x, (tp_dtype)DT, xb + pj * a.xs);
+        float c = tp_load_f32(a.cos, (tp_dtype)DT, cb + j * a.cs), s = tp_load_f32(a.sin, (tp_dtype)DT, sb + j * a.ss);
+        tp_store_f32(a.out, (tp_dtype)DT, ob + j, tp_rope(x, p, c, s, (int)second));
+    }
+}
+
+extern "C" int tp_cuda_rope(const tp_cuda_rope_args *a, void *stream)
+{
+    if (!a || !a->x || !a->cos || !a->sin || !a->out || a->rows.nops < 4 || a->D < 2 || a->D % 2 ||
+        (a->dtype != TP_F32 && a->dtype != TP_F16 && a->dtype != TP_BF16))
+        return (int)cudaErrorInvalidValue;
+    int64_t n = tp_layout_numel(&a->rows) * a->D;
+    if (n <= 0)
+        return (int)cudaSuccess;
+    tp_cuda_rope_args ac = *a;
+    return by_dtype(a->dtype, [&](auto d) {
+        if constexpr (decltype(d)::value != TP_I32 && decltype(d)::value != TP_I64)
+            rope_kernel<decltype(d)::value><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(ac, n);
+    });
+}
+
 extern "C" int tp_cuda_block_pack(const void *src, void *dst, int64_t outer, int64_t len, int64_t inner, int d,
                                   int es, int to_packed, void *stream)
 {

@@ -194,6 +194,17 @@ int tp_cuda_gather(const tp_cuda_gather_args *a, int64_t n_out, void *stream);
 int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const void *y, void *out,
                   const tp_layout *l, int es, void *stream);
 
+typedef struct {
+    const void *x, *cos, *sin;
+    void *out;
+    tp_layout rows;          /* out's dims but the last (tp_rope_rows): operands x, cos, sin, out */
+    int64_t D;               /* the last dim, even */
+    int64_t xs, cs, ss;      /* x's, cos's and sin's strides along it (out's is 1) */
+    tp_dtype dtype;          /* FP32, FP16 or BF16 */
+} tp_cuda_rope_args;
+/* out = x cos + rotate_half(x) sin, one thread per element (tp_rope). */
+int tp_cuda_rope(const tp_cuda_rope_args *a, void *stream);
+
 /* out = x converted (tp_cast_elem) over l (operand 0 x, 1 out). */
 int tp_cuda_cast(const void *x, tp_dtype x_dtype, void *out, tp_dtype out_dtype, const tp_layout *l,
                  void *stream);

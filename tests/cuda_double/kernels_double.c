@@ -269,6 +269,12 @@ int tp_cuda_where(const void *cond, tp_dtype cond_dtype, const void *x, const vo
     return launch("where", stream);
 }
 
+int tp_cuda_rope(const tp_cuda_rope_args *a, void *stream)
+{
+    (void)a;
+    return launch("rope", stream);
+}
+
 int tp_cuda_cast(const void *x, tp_dtype x_dtype, void *out, tp_dtype out_dtype, const tp_layout *l, void *stream)
 {
     (void)x, (void)x_dtype, (void)out, (void)out_dtype, (void)l;

@@ -1078,6 +1078,103 @@ START_TEST(test_attention_mask_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------ rope */
+
+/* rope(x, cos, sin) against the decomposed graph Llama's exports hold
+ * (mul, slice, neg, cat, mul, add), run by the same cpu kernels: the same
+ * bits in FP32 (tp_rope rounds as they do). x is q as the importer sees
+ * it, [B, H, S, D] over [B, S, H, D] storage (a permuted view); cos and
+ * sin are a [S, D] table or a step's rows [B, 1, S, D]. Then FP16/BF16:
+ * the FP32 result of the widened inputs, rounded once. */
+static void rope_case(int B, int H, int S, int D, int batched_tables, int x_transposed)
+{
+    int n = B * H * S * D, hD = D / 2, nt = batched_tables ? B * S * D : S * D;
+    float *x = malloc(sizeof(float) * n), *c = malloc(sizeof(float) * nt), *sn = malloc(sizeof(float) * nt);
+    float *got = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n), *neg = malloc(sizeof(float) * n / 2);
+    float *cat = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+    fill_rand(x, n);
+    fill_rand(c, nt);
+    fill_rand(sn, nt);
+    tp_tensor xv = mk(x, TP_F32, 4, (int64_t[]){B, H, S, D});
+    xv.stride[1] = D, xv.stride[2] = (int64_t)H * D; /* [B, S, H, D] storage */
+    if (x_transposed) /* [B, H, D, S] storage: x's last dim S apart */
+        xv.stride[1] = (int64_t)S * D, xv.stride[2] = 1, xv.stride[3] = S;
+    tp_tensor ct = batched_tables ? mk(c, TP_F32, 4, (int64_t[]){B, 1, S, D}) : mk(c, TP_F32, 2, (int64_t[]){S, D});
+    tp_tensor st = batched_tables ? mk(sn, TP_F32, 4, (int64_t[]){B, 1, S, D}) : mk(sn, TP_F32, 2, (int64_t[]){S, D});
+    int64_t full[4] = {B, H, S, D}, half[4] = {B, H, S, hD};
+    tp_tensor ins[3] = {xv, ct, st}, out = mk(got, TP_F32, 4, full);
+    RUN_OK(TP_OP_ROPE, NULL, ins, 3, &out);
+    /* the decomposed graph */
+    tp_tensor mi[2] = {xv, ct}, ma = mk(a, TP_F32, 4, full);
+    RUN_OK(TP_OP_MUL, NULL, mi, 2, &ma);
+    tp_tensor x2 = tp_tensor_narrow(&xv, 3, hD, hD), x1 = tp_tensor_narrow(&xv, 3, 0, hD), ng = mk(neg, TP_F32, 4, half);
+    RUN_OK(TP_OP_NEG, NULL, &x2, 1, &ng);
+    tp_attrs at = attrs0();
+    at.dim = 3;
+    tp_tensor ci[2] = {ng, x1}, co = mk(cat, TP_F32, 4, full);
+    RUN_OK(TP_OP_CAT, &at, ci, 2, &co);
+    tp_tensor bi[2] = {co, st}, bo = mk(b, TP_F32, 4, full), ai[2] = {ma, bo}, ao = mk(want, TP_F32, 4, full);
+    RUN_OK(TP_OP_MUL, NULL, bi, 2, &bo);
+    RUN_OK(TP_OP_ADD, NULL, ai, 2, &ao);
+    ck_assert_msg(memcmp(got, want, sizeof(float) * (size_t)n) == 0, "rope [%d, %d, %d, %d]: other bits than the "
+                  "decomposed graph", B, H, S, D);
+    /* FP16 / BF16: x, cos, sin rounded to the type; the FP32 rope of those, rounded once */
+    tp_dtype dts[2] = {TP_F16, TP_BF16};
+    for (int di = 0; di < 2; di++) {
+        tp_dtype dt = dts[di];
+        uint16_t *xh = malloc(2 * (size_t)n), *ch = malloc(2 * (size_t)nt), *sh = malloc(2 * (size_t)nt);
+        uint16_t *oh = malloc(2 * (size_t)n);
+        float *xw = malloc(sizeof(float) * n), *cw = malloc(sizeof(float) * nt), *sw = malloc(sizeof(float) * nt);
+        for (int i = 0; i < n; i++)
+            xw[i] = from_half(dt, xh[i] = to_half(dt, x[i]));
+        for (int i = 0; i < nt; i++) {
+            cw[i] = from_half(dt, ch[i] = to_half(dt, c[i]));
+            sw[i] = from_half(dt, sh[i] = to_half(dt, sn[i]));
+        }
+        tp_tensor hin[3] = {xv, ct, st}, win[3] = {xv, ct, st}, ho = mk(oh, dt, 4, full), wo = mk(want, TP_F32, 4, full);
+        hin[0].data = xh, hin[1].data = ch, hin[2].data = sh;
+        win[0].data = xw, win[1].data = cw, win[2].data = sw;
+        for (int k = 0; k < 3; k++)
+            hin[k].dtype = dt;
+        RUN_OK(TP_OP_ROPE, NULL, hin, 3, &ho);
+        RUN_OK(TP_OP_ROPE, NULL, win, 3, &wo);
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(oh[i] == to_half(dt, want[i]), "%s rope element %d: got %g, want %g rounded",
+                          tp_dtype_name(dt), i, from_half(dt, oh[i]), want[i]);
+        free(xh), free(ch), free(sh), free(oh), free(xw), free(cw), free(sw);
+    }
+    free(x), free(c), free(sn), free(got), free(a), free(neg), free(cat), free(b), free(want);
+}
+
+START_TEST(test_rope)
+{
+    rope_case(2, 3, 5, 8, 0, 0);
+    rope_case(2, 3, 5, 8, 1, 0);
+    rope_case(2, 3, 5, 8, 0, 1);    /* x's last dim strided */
+    rope_case(1, 2, 7, 2, 0, 0);    /* one element a half */
+    rope_case(1, 1, 3, 1024, 0, 1); /* halves past one narrow chunk */
+    /* hand values: D 2, x (1, 2), cos (0.5, 0.25), sin (3, 4): (1*0.5 - 2*3, 2*0.25 + 1*4) */
+    float x[2] = {1, 2}, c[2] = {0.5f, 0.25f}, sn[2] = {3, 4}, o[2];
+    tp_tensor ins[3] = {mk(x, TP_F32, 1, (int64_t[]){2}), mk(c, TP_F32, 1, (int64_t[]){2}),
+                        mk(sn, TP_F32, 1, (int64_t[]){2})};
+    tp_tensor out = mk(o, TP_F32, 1, (int64_t[]){2});
+    RUN_OK(TP_OP_ROPE, NULL, ins, 3, &out);
+    expect_near(o, (float[]){-5.5f, 4.5f}, 2, 0, 0);
+    /* refused: an odd last dim; a table that does not broadcast */
+    float y[6] = {0}, oy[6];
+    tp_tensor bad[3] = {mk(y, TP_F32, 2, (int64_t[]){2, 3}), mk(y, TP_F32, 1, (int64_t[]){3}),
+                        mk(y, TP_F32, 1, (int64_t[]){3})};
+    tp_tensor bo = mk(oy, TP_F32, 2, (int64_t[]){2, 3});
+    ck_assert_int_eq(run(TP_OP_ROPE, NULL, bad, 3, &bo), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "last dim even"), "%s", err.msg);
+    bad[0] = mk(y, TP_F32, 2, (int64_t[]){3, 2});
+    bad[1] = mk(y, TP_F32, 1, (int64_t[]){3});
+    bo = mk(oy, TP_F32, 2, (int64_t[]){3, 2});
+    ck_assert_int_eq(run(TP_OP_ROPE, NULL, bad, 3, &bo), TP_INVALID);
+    ck_assert_msg(strstr(err.msg, "input 1") && strstr(err.msg, "does not broadcast"), "%s", err.msg);
+}
+END_TEST
+
 /* ------------------------------------------------------------ embedding */
 
 START_TEST(test_embedding)
@@ -1299,6 +1396,7 @@ static Suite *cpu_ops_suite(void)
     tcase_add_test(tc, test_attention_mask_bucket_rows);
     tcase_add_test(tc, test_attention_mask_refused);
     tcase_add_test(tc, test_attention_gqa);
+    tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_embedding_vocab_parallel);
     tcase_add_test(tc, test_cat);

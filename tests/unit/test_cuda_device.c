@@ -399,6 +399,13 @@ static void matmul_cases(tp_backend *b, tp_dtype dt)
     compare_op(b, TP_OP_ATTENTION, &a, gqa, 3, dt, 4, qg, tol_of(dt));
     for (int i = 0; i < 3; i++)
         free_operand(b, &gqa[i]);
+    /* rope: x [2, 3, 4, 8] (its last two dims transposed: strided rows), a [4, 8] cos and sin table */
+    int64_t rx[4] = {2, 3, 8, 4}, rt[2] = {4, 8}, ro[4] = {2, 3, 4, 8};
+    operand rp[3] = {make_operand(b, dt, 4, rx, 1, -1, 0, 0), make_operand(b, dt, 2, rt, 0, -1, 0, 0),
+                     make_operand(b, dt, 2, rt, 0, -1, 0, 0)};
+    compare_op(b, TP_OP_ROPE, NULL, rp, 3, dt, 4, ro, tol_of(dt));
+    for (int i = 0; i < 3; i++)
+        free_operand(b, &rp[i]);
     /* matmul_rows, a strided x, rows 0 and 3 unwanted: eagerly one GEMM
      * per wanted run (rows 1-2, row 4), captured one over every row */
     int64_t xt[2] = {8, 5}, hw[2] = {8, 6}, rows = 5, ho[2] = {5, 6};

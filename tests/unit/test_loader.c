@@ -293,6 +293,37 @@ START_TEST(attention_gqa_heads)
 }
 END_TEST
 
+/* rope(x, cos, sin): x [B, 3, 4] with [3, 4] tables loads with x's shape;
+ * an odd last dim, a table that does not broadcast and one of another
+ * dtype are refused naming the node. */
+/* [3, 4] and [3, 5] tables sliced from w [4, 6] */
+#define ROPE_PARAMS PARAM_IDS "\"nodes\":[" \
+    "{\"name\":\"c0\",\"op\":\"slice\",\"inputs\":[\"w\"],\"attrs\":{\"dim\":0,\"start\":0,\"length\":3}}," \
+    "{\"name\":\"c\",\"op\":\"slice\",\"inputs\":[\"c0\"],\"attrs\":{\"dim\":1,\"start\":0,\"length\":4}}," \
+    "{\"name\":\"c5\",\"op\":\"slice\",\"inputs\":[\"c0\"],\"attrs\":{\"dim\":1,\"start\":0,\"length\":5}},"
+#define ROPE(x, c, s) "{\"name\":\"h\",\"op\":\"rope\",\"inputs\":[\"" x "\",\"" c "\",\"" s "\"]}"
+START_TEST(rope_shapes)
+{
+    tp_graph *g = NULL;
+    tp_err err = {{0}};
+    ck_assert_msg(load_text(ROPE_PARAMS ROPE("x", "c", "c") "]," OUT("h"), &g, &err) == TP_OK, "%s",
+                  err.msg);
+    const tp_node *h = &g->nodes[g->n_nodes - 1];
+    ck_assert_int_eq(h->ndim, 3);
+    ck_assert_int_eq(h->shape[2], 4);
+    tp_graph_free(g);
+    expect_error(ROPE_PARAMS "{\"name\":\"v\",\"op\":\"view\",\"inputs\":[\"x\"],\"attrs\":{\"shape\":[-1,4,3]}},"
+                 ROPE("v", "c", "c") "]," OUT("h"), "node 'h' (rope)",
+                 "x must be floating point with an even last dim of at least 2, got FP32 [1, 4, 3]");
+    expect_error(ROPE_PARAMS ROPE("x", "c5", "c") "]," OUT("h"), "node 'h' (rope)",
+                 "cos [3, 5] does not broadcast to x [1, 3, 4]");
+    expect_error(ROPE_PARAMS ROPE("x", "c", "ids") "]," OUT("h"), "node 'h' (rope)",
+                 "sin 'ids' is not of x's dtype FP32");
+}
+END_TEST
+#undef ROPE_PARAMS
+#undef ROPE
+
 /* A mask given as a graph input [B, T] loads, and keeps batch rows apart:
  * padded batches stay allowed. */
 START_TEST(attention_mask_input_rows)
@@ -389,6 +420,7 @@ Suite *loader_suite(void)
     tcase_add_test(tc, attention_mask_refused);
     tcase_add_test(tc, attention_mask_input_rows);
     tcase_add_test(tc, attention_gqa_heads);
+    tcase_add_test(tc, rope_shapes);
     tcase_add_test(tc, param_vs_safetensors);
     tcase_add_test(tc, malformed_safetensors_header);
     suite_add_tcase(s, tc);
