@@ -384,7 +384,8 @@ def match_rope(g, neg):
     x = hi.input[0]
     if len(cat.input) != 2 or not _half_slice(g, hi, x, False) or not _half_slice(g, g.producer(cat.input[1]), x, True):
         return None
-    if g.attr(cat, "axis") % len(g.nm.shape[x]) != len(g.nm.shape[x]) - 1:
+    axis = g.attr(cat, "axis")
+    if axis is None or axis % len(g.nm.shape[x]) != len(g.nm.shape[x]) - 1:
         return None
     m_sin = g.only_use(cat.output[0])
     if m_sin is None or m_sin.op_type != "Mul":
