@@ -296,6 +296,28 @@ def ex_mlp_sp(d, dtype="FP32", approximate=None, suffix="", rtol=1e-4, seed=100)
                    "sequence-parallel MLP, gelu approximate=%s" % (approximate or "default(none)"))
 
 
+def _block_tail(g, S, HL, up_transposed):
+    """The rest of a block after `attn` [B, heads/d, S, DH]: row-parallel
+    out-projection `wo`, all_reduce, residual (`h1`); rms_norm (`rms_w`) and
+    a SwiGLU MLP (`w_gate`, `w_up`, row-parallel `w_down`), all_reduce,
+    residual (`y`). Outputs y and h1."""
+    g.node("attn_bshd", "permute", ["attn"], dims=[0, 2, 1, 3])
+    g.node("attn_m", "reshape", ["attn_bshd"], shape=[-1, S, HL])
+    g.node("o_partial", "matmul", ["attn_m", "wo"])
+    g.node("o", "all_reduce", ["o_partial"], op="sum")
+    g.node("h1", "add", ["x", "o"])
+    g.node("n2", "rms_norm", ["h1", "rms_w"], eps=1e-6)
+    g.node("gate", "matmul", ["n2", "w_gate"])
+    g.node("up", "matmul", ["n2", "w_up"], **({"transpose_b": True} if up_transposed else {}))
+    g.node("gate_act", "silu", ["gate"])
+    g.node("act", "mul", ["gate_act", "up"])
+    g.node("down_partial", "matmul", ["act", "w_down"])
+    g.node("down", "all_reduce", ["down_partial"], op="sum")
+    g.node("y", "add", ["h1", "down"])
+    g.output("y", "replicate")
+    g.output("h1", "replicate")
+
+
 def ex_megatron_block(d):
     """A pre-norm transformer block with Megatron tensor parallelism."""
     B, S, H, NH, F = 2, 8, 64, 8, 128
@@ -324,21 +346,7 @@ def ex_megatron_block(d):
         g.node(t + "_heads", "view", [t + "_cols"], shape=[-1, S, NHL, DH])
         g.node(t, "permute", [t + "_heads"], dims=[0, 2, 1, 3])  # [B, NHL, S, DH]
     g.node("attn", "attention", ["q", "k", "v"], fallback=True, causal=True)
-    g.node("attn_bshd", "permute", ["attn"], dims=[0, 2, 1, 3])
-    g.node("attn_m", "reshape", ["attn_bshd"], shape=[-1, S, HL])
-    g.node("o_partial", "matmul", ["attn_m", "wo"])
-    g.node("o", "all_reduce", ["o_partial"], op="sum")
-    g.node("h1", "add", ["x", "o"])
-    g.node("n2", "rms_norm", ["h1", "rms_w"], eps=1e-6)
-    g.node("gate", "matmul", ["n2", "w_gate"])
-    g.node("up", "matmul", ["n2", "w_up"], transpose_b=True)
-    g.node("gate_act", "silu", ["gate"])
-    g.node("act", "mul", ["gate_act", "up"])
-    g.node("down_partial", "matmul", ["act", "w_down"])
-    g.node("down", "all_reduce", ["down_partial"], op="sum")
-    g.node("y", "add", ["h1", "down"])
-    g.output("y", "replicate")
-    g.output("h1", "replicate")
+    _block_tail(g, S, HL, up_transposed=True)
 
     x_raw, x = rand(rng, (B, S, H), 1.0, dtype)
     ln1_w_raw, ln1_w = rand(rng, (H,), 0.1, dtype, offset=1.0)
@@ -371,6 +379,93 @@ def ex_megatron_block(d):
               "mlp.up.weight": (st, wu_raw), "mlp.down.weight": (st, wd_raw)}
     return Example(g, dtype, 1e-4, params, {"x": (st, x_raw)},
                    {"y": (dtype, y), "h1": (dtype, h1)}, "Megatron transformer block")
+
+
+def ref_rope(x, cos, sin):
+    """x [..., S, D] * cos + rotate_half(x) * sin, cos/sin [S, D]."""
+    h = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., h:], x[..., :h]], axis=-1) * sin
+
+
+def ref_causal_gqa(q, k, v):
+    """q [B, H, S, D], k/v [B, Hkv, S, D]: query head h reads kv head h // (H / Hkv)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    S = s.shape[-1]
+    s = np.where(np.triu(np.ones((S, S), bool), 1), -np.inf, s)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+def ex_llama_block(d):
+    """A Llama block as the importer writes it: fused q|k|v with grouped-query
+    heads (8 query, 4 kv), rope on q and k, attention reading the kv heads,
+    SwiGLU MLP; Megatron tensor parallelism."""
+    B, S, H, NH, NKV, DH, F = 2, 8, 64, 8, 4, 8, 64
+    NHL, NKVL = NH // d, NKV // d
+    HL, KL = NHL * DH, NKVL * DH
+    dtype, st = "FP32", "F32"
+    rng = np.random.default_rng(250 + d)
+    g = Graph("llama_block_tp%d" % d, d)
+    g.input("x", dtype, ["B", S, H], "replicate")
+    g.param("rms1_w", dtype, [H], "replicate", tensor="attn_norm.weight")
+    g.param("w_qkv", dtype, [H, (NH + 2 * NKV) * DH], "shard(1)", tensor="attn.qkv.weight")
+    g.param("cos", dtype, [S, DH], "replicate", tensor="rope.cos")
+    g.param("sin", dtype, [S, DH], "replicate", tensor="rope.sin")
+    g.param("wo", dtype, [H, H], "shard(0)", tensor="attn.out.weight")
+    g.param("rms_w", dtype, [H], "replicate", tensor="mlp_norm.weight")
+    g.param("w_gate", dtype, [H, F], "shard(1)", tensor="mlp.gate.weight")
+    g.param("w_up", dtype, [H, F], "shard(1)", tensor="mlp.up.weight")
+    g.param("w_down", dtype, [F, H], "shard(0)", tensor="mlp.down.weight")
+
+    g.node("n1", "rms_norm", ["x", "rms1_w"], eps=1e-6)
+    g.node("qkv", "matmul", ["n1", "w_qkv"])                   # [B, S, HL + 2 KL]
+    # this rank's columns: [q heads | k heads | v heads] (rank-major packing)
+    for t, start, width, heads in (("q", 0, HL, NHL), ("k", HL, KL, NKVL), ("v", HL + KL, KL, NKVL)):
+        g.node(t + "_cols", "slice", ["qkv"], dim=2, start=start, length=width)
+        g.node(t + "_heads", "view", [t + "_cols"], shape=[-1, S, heads, DH])
+        g.node(t, "permute", [t + "_heads"], dims=[0, 2, 1, 3])  # [B, heads, S, DH]
+    g.node("q_rot", "rope", ["q", "cos", "sin"])
+    g.node("k_rot", "rope", ["k", "cos", "sin"])
+    g.node("attn", "attention", ["q_rot", "k_rot", "v"], causal=True)  # k, v: the kv heads
+    _block_tail(g, S, HL, up_transposed=False)
+
+    x_raw, x = rand(rng, (B, S, H), 1.0, dtype)
+    w1_raw, w1 = rand(rng, (H,), 0.1, dtype, offset=1.0)
+    wq_raw, wq = rand(rng, (H, NH * DH), 1.0 / math.sqrt(H), dtype)
+    wk_raw, wk = rand(rng, (H, NKV * DH), 1.0 / math.sqrt(H), dtype)
+    wv_raw, wv = rand(rng, (H, NKV * DH), 1.0 / math.sqrt(H), dtype)
+    wo_raw, wo = rand(rng, (H, H), 1.0 / math.sqrt(H), dtype)
+    w2_raw, w2 = rand(rng, (H,), 0.1, dtype, offset=1.0)
+    wg_raw, wg = rand(rng, (H, F), 1.0 / math.sqrt(H), dtype)
+    wu_raw, wu = rand(rng, (H, F), 1.0 / math.sqrt(H), dtype)
+    wd_raw, wd = rand(rng, (F, H), 1.0 / math.sqrt(F), dtype)
+    # Llama's tables: angle pos * 10000^(-2i/DH), each half repeated
+    inv = 10000.0 ** (-np.arange(0, DH, 2) / DH)
+    ang = np.arange(S)[:, None] * inv[None, :]
+    ang = np.concatenate([ang, ang], axis=-1)
+    cos_raw, sin_raw = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = cos_raw.astype(np.float64), sin_raw.astype(np.float64)
+    blocks = []
+    for r in range(d):
+        blocks += [wq_raw[:, r * HL:(r + 1) * HL], wk_raw[:, r * KL:(r + 1) * KL], wv_raw[:, r * KL:(r + 1) * KL]]
+    wqkv_raw = np.ascontiguousarray(np.concatenate(blocks, axis=1))
+
+    # reference: the plain block with the logical wq, wk, wv
+    def heads(t, n):
+        return np.swapaxes(t.reshape(B, S, n, DH), 1, 2)
+    n1 = ref_rms_norm(x, w1, 1e-6)
+    att = ref_causal_gqa(ref_rope(heads(n1 @ wq, NH), cos, sin), ref_rope(heads(n1 @ wk, NKV), cos, sin),
+                         heads(n1 @ wv, NKV))
+    h1 = x + np.swapaxes(att, 1, 2).reshape(B, S, H) @ wo
+    n2 = ref_rms_norm(h1, w2, 1e-6)
+    y = h1 + (ref_silu(n2 @ wg) * (n2 @ wu)) @ wd
+    params = {"attn_norm.weight": (st, w1_raw), "attn.qkv.weight": (st, wqkv_raw), "rope.cos": (st, cos_raw),
+              "rope.sin": (st, sin_raw), "attn.out.weight": (st, wo_raw), "mlp_norm.weight": (st, w2_raw),
+              "mlp.gate.weight": (st, wg_raw), "mlp.up.weight": (st, wu_raw), "mlp.down.weight": (st, wd_raw)}
+    return Example(g, dtype, 1e-4, params, {"x": (st, x_raw)}, {"y": (dtype, y), "h1": (dtype, h1)},
+                   "Llama block: GQA attention reading its kv heads, rope, SwiGLU")
 
 
 def ex_a2a_reshard(d):
@@ -500,6 +595,7 @@ def all_examples():
     for d in (2, 4):
         out.append(ex_mlp_sp(d))
         out.append(ex_megatron_block(d))
+        out.append(ex_llama_block(d))
         out.append(ex_a2a_reshard(d))
         out.append(ex_vocab_embed(d))
         out.append(ex_mlp_sp(d, "FP16", approximate="tanh", suffix="_fp16", rtol=5e-3, seed=110))
@@ -868,8 +964,11 @@ def _compute(op, a, ins, r, d):
         return out
     if op == "attention":
         q, k, v = ins
-        if q.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        if q.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or \
+                k.shape[1] < 1 or q.shape[1] % k.shape[1]:
             raise GraphError("attention shapes %s %s %s" % (q.shape, k.shape, v.shape))
+        # GQA: query head h reads kv head h // (H / Hkv)
+        k, v = np.repeat(k, q.shape[1] // k.shape[1], axis=1), np.repeat(v, q.shape[1] // k.shape[1], axis=1)
         scale = a.get("scale", 1.0 / math.sqrt(q.shape[-1]))
         s = np.matmul(q, np.swapaxes(k, -1, -2)) * ct.type(scale)
         if a.get("causal", False):
