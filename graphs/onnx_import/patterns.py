@@ -381,8 +381,8 @@ def match_rope(g, neg):
     cat = g.only_use(neg.output[0])
     if hi is None or cat is None or cat.op_type != "Concat" or list(cat.input[:1]) != [neg.output[0]]:
         return None
-    x = hi.input[0]
-    if len(cat.input) != 2 or not _half_slice(g, hi, x, False) or not _half_slice(g, g.producer(cat.input[1]), x, True):
+    x, lo = hi.input[0], g.producer(cat.input[-1])
+    if len(cat.input) != 2 or not _half_slice(g, hi, x, False) or not _half_slice(g, lo, x, True):
         return None
     axis = g.attr(cat, "axis")
     if axis is None or axis % len(g.nm.shape[x]) != len(g.nm.shape[x]) - 1:
@@ -399,7 +399,6 @@ def match_rope(g, neg):
     if cos is None or g.nm.shape.get(add.output[0]) != g.nm.shape[x] or g.nm.dtype.get(cos) != g.nm.dtype[x] or \
             g.nm.dtype.get(sin) != g.nm.dtype[x]:
         return None
-    lo = g.producer(cat.input[1])
     return _accept(g, Match("rope", [x, cos, sin], {}, [hi, lo, neg, cat, m_sin, m_cos, add], add))
 
 

@@ -197,7 +197,8 @@ static tp_status attention(cu_ctx *x, const tp_attrs *at, const tp_tensor *q, co
         return tp_fail(err, TP_INTERNAL, "cuda rank %d: attention output must be contiguous", x->rank);
     tp_cuda_attn_args a = {
         .q = q->data, .k = k->data, .v = v->data, .out = out->data,
-        .B = q->shape[0], .H = q->shape[1], .Hkv = k->shape[1], .S = q->shape[2], .T = k->shape[2], .D = q->shape[3], .Dv = v->shape[3],
+        .B = q->shape[0], .H = q->shape[1], .Hkv = k->shape[1], .S = q->shape[2], .T = k->shape[2],
+        .D = q->shape[3], .Dv = v->shape[3],
         .scale = at && at->has_scale ? at->scale : 1.0f / sqrtf((float)q->shape[3]),
         .causal = at ? at->causal : 0,
         .mask = mask ? mask->data : NULL,
